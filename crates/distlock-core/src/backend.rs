@@ -1,0 +1,239 @@
+//! What a backend implements: the primitive lock operations and its
+//! declared capabilities.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::error::{LostReason, Result};
+use crate::name::LockName;
+use crate::token::{FencingToken, Owner};
+
+/// One acquisition as the backend sees it: which lock, which owner value
+/// (fresh per acquisition), and the TTL to grant or extend by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockRequest {
+    /// The lock.
+    pub name: LockName,
+    /// The owner value stored on the server for this acquisition.
+    pub owner: Owner,
+    /// The lease TTL to grant (or, for `extend`, to extend to from now).
+    pub ttl: Duration,
+}
+
+impl LockRequest {
+    /// A request with a fresh random owner.
+    pub fn new(name: LockName, ttl: Duration) -> Self {
+        Self {
+            name,
+            owner: Owner::random(),
+            ttl,
+        }
+    }
+
+    /// The same acquisition with another TTL.
+    pub fn with_ttl(&self, ttl: Duration) -> Self {
+        Self {
+            ttl,
+            ..self.clone()
+        }
+    }
+}
+
+/// How strong a backend's fencing tokens are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fencing {
+    /// Tokens strictly increase across successive holders of a name, across
+    /// releases, expiries and server restarts.
+    Strong,
+    /// Tokens increase only while the backend's own assumptions hold (for
+    /// example: no Redis node loses data). Treat with care.
+    BestEffort,
+    /// Tokens carry no ordering guarantee; do not use them for fencing.
+    None,
+}
+
+/// Where a backend sits between consistency and availability.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Consistency {
+    /// Linearizable grants: a consensus system, a single database, or one
+    /// process. Prefers refusing service to granting a lock twice.
+    Cp,
+    /// Stays available through failures (asynchronous replication, failover)
+    /// and can then grant the same lock twice.
+    Ap,
+}
+
+/// How a waiting `acquire` learns that the lock became free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Waiting {
+    /// The server notifies waiters (pub/sub, watch, LISTEN/NOTIFY, a local
+    /// notification), with a bounded re-check for expiries.
+    Notification,
+    /// Waiters poll with jittered, capped exponential backoff.
+    Polling,
+}
+
+/// Whose clock decides when a lease has expired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TrustedClock {
+    /// The monotonic clock of this one process (the in-memory backend).
+    Local,
+    /// One server's clock (a database's `now()`, a Redis node's expiry).
+    Server,
+    /// Each of several independent servers' clocks, assumed to drift by a
+    /// bounded rate (Redlock).
+    Servers,
+    /// A lease or session timer kept by a consensus leader (etcd, ZooKeeper).
+    ConsensusLeader,
+}
+
+/// What a backend declares about itself. Core and the conformance suite act
+/// on these values, never on the backend's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Short backend name used in errors and test names (`memory`, `sqlite`, `redis`...).
+    pub backend: &'static str,
+    /// Strength of fencing tokens.
+    pub fencing: Fencing,
+    /// CP or AP.
+    pub consistency: Consistency,
+    /// How waiting works.
+    pub waiting: Waiting,
+    /// Which clock judges expiry.
+    pub clock: TrustedClock,
+    /// Shortest TTL the backend can honour.
+    pub min_ttl: Duration,
+    /// Longest TTL the backend accepts.
+    pub max_ttl: Duration,
+    /// Whether `extend` is supported (needed for renewal).
+    pub extend: bool,
+    /// Whether one client's locks share a session or lease whose end is
+    /// reported through [`Backend::session_lost`].
+    pub session: bool,
+}
+
+impl Capabilities {
+    /// Capabilities with the given essentials; TTL bounds default to 10 ms
+    /// and 1 day, `extend` to supported, `session` to none.
+    pub fn new(
+        backend: &'static str,
+        fencing: Fencing,
+        consistency: Consistency,
+        waiting: Waiting,
+        clock: TrustedClock,
+    ) -> Self {
+        Self {
+            backend,
+            fencing,
+            consistency,
+            waiting,
+            clock,
+            min_ttl: Duration::from_millis(10),
+            max_ttl: Duration::from_secs(24 * 3600),
+            extend: true,
+            session: false,
+        }
+    }
+
+    /// Sets the accepted TTL range.
+    pub fn with_ttl_range(mut self, min: Duration, max: Duration) -> Self {
+        self.min_ttl = min;
+        self.max_ttl = max;
+        self
+    }
+
+    /// Declares that locks share a session reported by [`Backend::session_lost`].
+    pub fn with_session(mut self) -> Self {
+        self.session = true;
+        self
+    }
+
+    /// Declares that `extend` is not supported.
+    pub fn without_extend(mut self) -> Self {
+        self.extend = false;
+        self
+    }
+}
+
+/// The primitive operations a backend implements.
+///
+/// Everything a user holds (guards, renewal, `lost()`, reentrancy,
+/// in-process coalescing) lives in [`LockClient`](crate::LockClient) and is
+/// shared by every backend; a backend only talks to its server.
+///
+/// Contract:
+/// - `try_acquire` returns `Ok(None)` on contention; it is not an error.
+/// - `acquire` waits until `deadline` (forever when `None`) and then returns
+///   [`Error::WaitTimeout`](crate::Error::WaitTimeout). It must be
+///   cancellation-safe: when its future is dropped it leaves no queue entry
+///   behind. (If the drop lands while a grant is in flight, core releases the
+///   request's owner afterwards, so a backend need not handle that case.)
+/// - `extend` and `release` act only if `req.owner` still holds `req.name`,
+///   and return `Ok(false)` otherwise. Neither may ever touch another
+///   owner's lock.
+/// - `release` must also clean up a request that is only queued or was
+///   perhaps granted (a lost reply), so core can call it after any failure.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// What this backend guarantees.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One attempt: the fencing token if granted, `None` if someone else holds it.
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>>;
+
+    /// Waits for the lock until `deadline`. The default polls `try_acquire`
+    /// with jittered exponential backoff; backends that can be notified
+    /// override it.
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        crate::poll::acquire_by_polling(self, req, deadline, crate::poll::Backoff::default()).await
+    }
+
+    /// Extends the lease to `req.ttl` from now if `req.owner` still holds it.
+    async fn extend(&self, req: &LockRequest) -> Result<bool>;
+
+    /// Releases the lock if `req.owner` holds it; `Ok(false)` if it did not.
+    async fn release(&self, req: &LockRequest) -> Result<bool>;
+
+    /// Resolves when the session or lease behind `req` ends. Backends
+    /// without sessions keep the default, which never resolves.
+    async fn session_lost(&self, req: &LockRequest) -> LostReason {
+        let _ = req;
+        std::future::pending().await
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<T: Backend + ?Sized> Backend for Arc<T> {
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        (**self).try_acquire(req).await
+    }
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        (**self).acquire(req, deadline).await
+    }
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        (**self).extend(req).await
+    }
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        (**self).release(req).await
+    }
+    async fn session_lost(&self, req: &LockRequest) -> LostReason {
+        (**self).session_lost(req).await
+    }
+}
+
+/// A backend behind dynamic dispatch.
+pub type DynBackend = Arc<dyn Backend>;

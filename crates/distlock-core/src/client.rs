@@ -1,0 +1,414 @@
+//! What a user holds: the client, its lock builder, and the per-name local
+//! state that gives reentrancy and in-process coalescing.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{Backend, Capabilities, DynBackend, LockRequest};
+use crate::error::{Error, InputKind, Result};
+use crate::guard::{Hold, LockGuard};
+use crate::name::LockName;
+
+/// The default lease TTL: long enough to survive a slow renewal round trip,
+/// short enough that a crashed holder frees the lock within half a minute.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// A lock client over one backend.
+///
+/// Cheap to clone; clones share the backend connection and the in-process
+/// state. Everything a user relies on lives here and behaves the same on
+/// every backend:
+/// - a conservative local deadline per lock, measured on a monotonic clock
+///   started before the acquire request was sent;
+/// - automatic renewal by a watchdog at about TTL/3;
+/// - [`LockGuard::lost`] when the lock may no longer be held;
+/// - reentrancy for an explicit [`holder`](LockBuilder::holder);
+/// - in-process coalescing: tasks of one client waiting for the same name
+///   queue locally, and only the task at the head talks to the backend.
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) backend: DynBackend,
+    pub(crate) caps: Capabilities,
+    slots: Mutex<HashMap<LockName, Arc<Slot>>>,
+}
+
+/// Local state for one lock name inside one client.
+pub(crate) struct Slot {
+    /// One permit: whoever holds it may talk to the backend about this name
+    /// (and keeps it for the whole hold), so other local tasks wait here
+    /// instead of adding load on the server. Tokio's semaphore is FIFO, so
+    /// local waiters are served in arrival order.
+    pub(crate) gate: Arc<Semaphore>,
+    /// The current hold, for reentrant acquires.
+    pub(crate) held: Mutex<Option<Arc<Hold>>>,
+}
+
+/// A reference to a [`Slot`] that removes the slot from its client's map
+/// when the last user is gone.
+pub(crate) struct SlotRef {
+    client: Arc<ClientInner>,
+    name: LockName,
+    pub(crate) slot: Arc<Slot>,
+}
+
+impl Drop for SlotRef {
+    fn drop(&mut self) {
+        let mut slots = lock(&self.client.slots);
+        // The map and this reference: nobody else can reach the slot, and
+        // new references are only made under this same mutex.
+        if Arc::strong_count(&self.slot) == 2 {
+            slots.remove(&self.name);
+        }
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these short critical sections leaves the
+    // data consistent (every update is a single assignment), so poisoning is
+    // not a reason to take the whole client down.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.inner.backend)
+            .field("local_names", &lock(&self.inner.slots).len())
+            .finish()
+    }
+}
+
+impl LockClient {
+    /// A client over `backend`.
+    pub fn new(backend: impl Backend) -> Self {
+        Self::from_dyn(Arc::new(backend))
+    }
+
+    /// A client over an already shared backend.
+    pub fn from_dyn(backend: DynBackend) -> Self {
+        let caps = backend.capabilities();
+        Self {
+            inner: Arc::new(ClientInner {
+                backend,
+                caps,
+                slots: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The backend's declared capabilities.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    /// The backend itself, for its primitive operations.
+    pub fn backend(&self) -> &DynBackend {
+        &self.inner.backend
+    }
+
+    /// Starts building a lock on `name`. An invalid name is reported when
+    /// the lock is acquired, as [`Error::InvalidInput`].
+    pub fn lock(&self, name: impl AsRef<str>) -> LockBuilder {
+        LockBuilder {
+            client: self.inner.clone(),
+            name: LockName::new(name),
+            ttl: DEFAULT_TTL,
+            wait: None,
+            renew: true,
+            max_hold: None,
+            holder: None,
+        }
+    }
+
+    fn slot_ref(inner: &Arc<ClientInner>, name: &LockName) -> SlotRef {
+        let slot = lock(&inner.slots)
+            .entry(name.clone())
+            .or_insert_with(|| {
+                Arc::new(Slot {
+                    gate: Arc::new(Semaphore::new(1)),
+                    held: Mutex::new(None),
+                })
+            })
+            .clone();
+        SlotRef {
+            client: inner.clone(),
+            name: name.clone(),
+            slot,
+        }
+    }
+}
+
+/// Options for one acquisition; finish with [`acquire`](Self::acquire),
+/// [`try_acquire`](Self::try_acquire) or [`run`](Self::run).
+#[must_use = "a lock builder does nothing until acquired"]
+pub struct LockBuilder {
+    client: Arc<ClientInner>,
+    name: Result<LockName>,
+    ttl: Duration,
+    wait: Option<Duration>,
+    renew: bool,
+    max_hold: Option<Duration>,
+    holder: Option<String>,
+}
+
+impl fmt::Debug for LockBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockBuilder")
+            .field("name", &self.name.as_ref().ok())
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .field("renew", &self.renew)
+            .field("max_hold", &self.max_hold)
+            .field("holder", &self.holder)
+            .finish()
+    }
+}
+
+impl LockBuilder {
+    /// The lease TTL (default [`DEFAULT_TTL`]). The watchdog renews at
+    /// about a third of it.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long [`acquire`](Self::acquire) waits (default: forever).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Wait forever (the default).
+    pub fn wait_forever(mut self) -> Self {
+        self.wait = None;
+        self
+    }
+
+    /// Do not renew: the lease ends after its TTL and the guard reports
+    /// [`LostReason::DeadlinePassed`](crate::LostReason::DeadlinePassed).
+    pub fn no_renew(mut self) -> Self {
+        self.renew = false;
+        self
+    }
+
+    /// Stop renewing once the lock has been held this long; the guard then
+    /// reports [`LostReason::MaxHoldReached`](crate::LostReason::MaxHoldReached)
+    /// and the lease expires on the server.
+    pub fn max_hold(mut self, max: Duration) -> Self {
+        self.max_hold = Some(max);
+        self
+    }
+
+    /// Names who holds the lock in your program. A second acquire with the
+    /// same holder while the first is held nests (a hold count) instead of
+    /// deadlocking; the backend lock is released when the last nested guard
+    /// is released. Not tied to threads, so it works across `.await`.
+    pub fn holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = Some(holder.into());
+        self
+    }
+
+    /// Waits for the lock (see [`wait`](Self::wait)). Dropping the returned
+    /// future leaves nothing held or queued.
+    pub async fn acquire(self) -> Result<LockGuard> {
+        let deadline = self.wait.map(|w| Instant::now() + w);
+        match self.acquire_inner(Attempt::Wait(deadline)).await? {
+            Some(guard) => Ok(guard),
+            // Attempt::Wait only returns a guard or an error.
+            None => Err(Error::invalid(
+                InputKind::Config,
+                "internal: waiting acquire returned nothing",
+            )),
+        }
+    }
+
+    /// One attempt: `Ok(None)` if the lock is held elsewhere (or by another
+    /// task of this client).
+    pub async fn try_acquire(self) -> Result<Option<LockGuard>> {
+        self.acquire_inner(Attempt::Once).await
+    }
+
+    /// Acquires, runs `fut` while the lock is held, and releases. If the lock
+    /// may have been lost first, `fut` is dropped (cancelled) and
+    /// [`Error::LeaseLost`] is returned, the way `consul lock` stops its child.
+    pub async fn run<F: Future>(self, fut: F) -> Result<F::Output> {
+        let guard = self.acquire().await?;
+        let out = guard.run_until_lost(fut).await;
+        let released = guard.release().await;
+        let out = out?;
+        released?;
+        Ok(out)
+    }
+
+    fn validate(&self) -> Result<LockName> {
+        let name = match &self.name {
+            Ok(n) => n.clone(),
+            Err(e) => return Err(Error::invalid(InputKind::LockName, e.to_string())),
+        };
+        let caps = &self.client.caps;
+        if self.ttl.is_zero() {
+            return Err(Error::invalid(
+                InputKind::Duration,
+                "TTL must be greater than zero",
+            ));
+        }
+        if self.ttl < caps.min_ttl || self.ttl > caps.max_ttl {
+            return Err(Error::invalid(
+                InputKind::Duration,
+                format!(
+                    "TTL {:?} is outside {}'s range {:?}..={:?}",
+                    self.ttl, caps.backend, caps.min_ttl, caps.max_ttl
+                ),
+            ));
+        }
+        if self.max_hold.is_some_and(|m| m.is_zero()) {
+            return Err(Error::invalid(
+                InputKind::Duration,
+                "max hold time must be greater than zero",
+            ));
+        }
+        Ok(name)
+    }
+
+    async fn acquire_inner(self, attempt: Attempt) -> Result<Option<LockGuard>> {
+        let name = self.validate()?;
+        let span = tracing::debug_span!("distlock.acquire", lock = %name, backend = self.client.caps.backend, ttl = ?self.ttl);
+        self.acquire_validated(name, attempt).instrument(span).await
+    }
+
+    async fn acquire_validated(
+        self,
+        name: LockName,
+        attempt: Attempt,
+    ) -> Result<Option<LockGuard>> {
+        let start = Instant::now();
+        let slot = LockClient::slot_ref(&self.client, &name);
+
+        if let Some(holder) = &self.holder {
+            let current = lock(&slot.slot.held).clone();
+            if let Some(hold) = current.filter(|h| h.holder.as_deref() == Some(holder.as_str())) {
+                return hold.nest().map(Some);
+            }
+        }
+
+        let gate = slot.slot.gate.clone();
+        let permit = match attempt {
+            Attempt::Once => match gate.try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => return Ok(None),
+            },
+            Attempt::Wait(deadline) => {
+                let wait = gate.acquire_owned();
+                let acquired = match deadline {
+                    None => Ok(wait.await),
+                    Some(d) => tokio::time::timeout_at(d, wait).await,
+                };
+                match acquired {
+                    Ok(Ok(p)) => p,
+                    // The gate is never closed; both arms mean we ran out of time.
+                    _ => {
+                        return Err(Error::WaitTimeout {
+                            name,
+                            waited: start.elapsed(),
+                        })
+                    }
+                }
+            }
+        };
+
+        let backend = self.client.backend.clone();
+        let req = LockRequest::new(name, self.ttl);
+        // Started before the request is sent: the lease can only have begun
+        // after this instant, so deadlines computed from it are conservative.
+        let sent = Instant::now();
+        let mut cleanup = ReleaseIfDropped::arm(backend.clone(), req.clone());
+        let granted = match attempt {
+            Attempt::Once => backend.try_acquire(&req).await,
+            Attempt::Wait(deadline) => backend.acquire(&req, deadline).await.map(Some),
+        };
+        let token = match granted {
+            Ok(Some(token)) => token,
+            Ok(None) => {
+                cleanup.disarm();
+                return Ok(None);
+            }
+            Err(e) => {
+                if matches!(e, Error::WaitTimeout { .. } | Error::InvalidInput { .. }) {
+                    cleanup.disarm();
+                }
+                // Otherwise the reply may have been lost after the server
+                // granted the lock: `cleanup` releases our owner on drop, so
+                // no lock is left held by nobody.
+                tracing::debug!(error = %e, "acquire failed");
+                return Err(e);
+            }
+        };
+        cleanup.disarm();
+        tracing::debug!(%token, waited = ?start.elapsed(), "acquired");
+        let hold = Hold::start(
+            self.client.clone(),
+            slot,
+            permit,
+            req,
+            token,
+            sent,
+            self.renew,
+            self.max_hold,
+            self.holder,
+        );
+        Ok(Some(LockGuard::new(hold)))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Attempt {
+    Once,
+    Wait(Option<Instant>),
+}
+
+/// Releases a request's owner if dropped while armed: covers a caller that
+/// drops the acquire future mid-flight and an acquire whose reply was lost.
+struct ReleaseIfDropped {
+    armed: Option<(DynBackend, LockRequest)>,
+}
+
+impl ReleaseIfDropped {
+    fn arm(backend: DynBackend, req: LockRequest) -> Self {
+        Self {
+            armed: Some((backend, req)),
+        }
+    }
+    fn disarm(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for ReleaseIfDropped {
+    fn drop(&mut self) {
+        if let Some((backend, req)) = self.armed.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        if let Err(e) = backend.release(&req).await {
+                            tracing::warn!(lock = %req.name, error = %e, "cleanup release after a cancelled or failed acquire failed; the lease will expire after its TTL");
+                        }
+                    });
+                }
+                Err(_) => {
+                    tracing::warn!(lock = %req.name, "no runtime to clean up a cancelled acquire; the lease will expire after its TTL")
+                }
+            }
+        }
+    }
+}

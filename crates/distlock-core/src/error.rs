@@ -1,0 +1,205 @@
+//! The one public error type.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::name::LockName;
+
+/// A boxed error from a backend's client library.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Which piece of input was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InputKind {
+    /// A lock name (see [`LockName`]).
+    LockName,
+    /// A TTL, wait or hold duration.
+    Duration,
+    /// A backend URL.
+    Url,
+    /// Any other configuration value.
+    Config,
+}
+
+impl fmt::Display for InputKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            InputKind::LockName => "lock name",
+            InputKind::Duration => "duration",
+            InputKind::Url => "backend URL",
+            InputKind::Config => "configuration",
+        })
+    }
+}
+
+/// Why a lock may no longer be held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The backend answered a renewal with "not yours any more": the lease
+    /// expired and may have been granted to someone else, or an operator
+    /// removed it.
+    RenewalRejected,
+    /// Renewals kept failing (the error is the last one) until the local
+    /// deadline passed.
+    RenewalFailed(String),
+    /// Renewal was off and the local deadline passed.
+    DeadlinePassed,
+    /// The configured maximum hold time was reached.
+    MaxHoldReached,
+    /// The session or lease behind the lock ended (etcd lease, ZooKeeper
+    /// session, database connection).
+    SessionLost(String),
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LostReason::RenewalRejected => {
+                f.write_str("the backend rejected a renewal (the lease had expired or was taken)")
+            }
+            LostReason::RenewalFailed(e) => {
+                write!(
+                    f,
+                    "renewals failed until the lease deadline passed; last error: {e}"
+                )
+            }
+            LostReason::DeadlinePassed => f.write_str("the lease deadline passed without renewal"),
+            LostReason::MaxHoldReached => f.write_str("the maximum hold time was reached"),
+            LostReason::SessionLost(why) => write!(f, "the backend session ended: {why}"),
+        }
+    }
+}
+
+/// Every error distlock returns.
+///
+/// The variants are semantic, so callers can branch on what happened rather
+/// than on which backend said it. Messages end with what to do next.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The wait ran out while another holder kept the lock.
+    #[error("gave up on lock `{name}` after waiting {waited:?}: another holder kept it; wait longer or find out who holds it")]
+    WaitTimeout {
+        /// The lock.
+        name: LockName,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// The lock may no longer be held; stop touching the protected resource.
+    #[error("lock `{name}` may no longer be held: {reason}; stop using the protected resource and acquire again")]
+    LeaseLost {
+        /// The lock.
+        name: LockName,
+        /// Why.
+        reason: LostReason,
+    },
+
+    /// The backend could not be reached or is not serving; retrying later may work.
+    #[error("{backend} unavailable: {message}; is the server running and reachable? Retrying later may succeed")]
+    Unavailable {
+        /// Which backend.
+        backend: &'static str,
+        /// What went wrong, with the address involved.
+        message: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// A quorum backend could not get a majority of its nodes.
+    #[error("{backend}: quorum not reached, {granted} of {total} nodes granted and {needed} were needed ({unreachable} unreachable); {hint}")]
+    QuorumNotReached {
+        /// Which backend.
+        backend: &'static str,
+        /// Nodes that granted the request.
+        granted: usize,
+        /// Nodes that could not be reached in time.
+        unreachable: usize,
+        /// Majority size.
+        needed: usize,
+        /// Number of nodes.
+        total: usize,
+        /// What to do next.
+        hint: &'static str,
+    },
+
+    /// Input was rejected before anything was sent.
+    #[error("invalid {kind}: {message}")]
+    InvalidInput {
+        /// Which input.
+        kind: InputKind,
+        /// What is wrong and what is accepted.
+        message: String,
+    },
+
+    /// The backend cannot do this.
+    #[error("{backend} does not support {operation}")]
+    Unsupported {
+        /// Which backend.
+        backend: &'static str,
+        /// The operation.
+        operation: &'static str,
+    },
+
+    /// The operation was cancelled before it completed.
+    #[error("the lock operation on `{name}` was cancelled; nothing is held")]
+    Cancelled {
+        /// The lock.
+        name: LockName,
+    },
+
+    /// Any other backend failure, with its source.
+    #[error("{backend} error: {source}")]
+    Backend {
+        /// Which backend.
+        backend: &'static str,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// Whether trying the same operation again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::WaitTimeout { .. } | Error::Unavailable { .. } | Error::QuorumNotReached { .. }
+        )
+    }
+
+    /// Shorthand for [`Error::InvalidInput`].
+    pub fn invalid(kind: InputKind, message: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Backend`].
+    pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Backend {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Unavailable`].
+    pub fn unavailable(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: Option<BoxError>,
+    ) -> Self {
+        Error::Unavailable {
+            backend,
+            message: message.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,26 @@
+#![doc = include_str!("../README.md")]
+
+mod backend;
+mod client;
+mod error;
+mod fence;
+mod guard;
+mod memory;
+mod name;
+pub mod poll;
+mod token;
+mod watchdog;
+
+pub use backend::{
+    Backend, Capabilities, Consistency, DynBackend, Fencing, LockRequest, TrustedClock, Waiting,
+};
+pub use client::{LockBuilder, LockClient, DEFAULT_TTL};
+pub use error::{BoxError, Error, InputKind, LostReason, Result};
+pub use fence::{FenceGate, StaleToken};
+pub use guard::{drift_margin, safe_validity, LockGuard};
+pub use memory::MemoryBackend;
+pub use name::{LockName, MAX_NAME_LEN};
+pub use token::{FencingToken, Owner};
+
+/// Re-exported so backend crates implement [`Backend`] with the same macro version.
+pub use async_trait::async_trait;

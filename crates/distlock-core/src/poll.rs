@@ -1,0 +1,112 @@
+//! Waiting by polling, for backends that cannot be notified.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::{Backend, LockRequest};
+use crate::error::{Error, Result};
+use crate::token::FencingToken;
+
+/// Capped exponential backoff with full jitter.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct Backoff {
+    /// First delay ceiling.
+    pub initial: Duration,
+    /// Largest delay ceiling.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(500),
+        }
+    }
+}
+
+impl Backoff {
+    /// A backoff between `initial` and `max`.
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max: max.max(initial),
+        }
+    }
+
+    /// The delay before attempt number `attempt` (0-based): uniform in
+    /// `[ceiling/2, ceiling]`, where the ceiling doubles up to `max`. Half
+    /// jitter keeps waiters from polling in lockstep without ever spinning.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let ceiling = self
+            .initial
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.max);
+        let half = ceiling / 2;
+        half + jitter(ceiling - half)
+    }
+}
+
+/// A uniformly random duration in `[0, max]`.
+pub fn jitter(max: Duration) -> Duration {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        return max / 2;
+    }
+    let nanos = max.as_nanos().min(u64::MAX as u128) as u64;
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(u64::from_le_bytes(b) % (nanos + 1))
+}
+
+/// Polls `try_acquire` until it grants or `deadline` passes.
+///
+/// Cancellation-safe: between attempts nothing is held or queued.
+pub async fn acquire_by_polling<B: Backend + ?Sized>(
+    backend: &B,
+    req: &LockRequest,
+    deadline: Option<Instant>,
+    backoff: Backoff,
+) -> Result<FencingToken> {
+    let start = Instant::now();
+    let mut attempt = 0u32;
+    loop {
+        if let Some(token) = backend.try_acquire(req).await? {
+            return Ok(token);
+        }
+        let mut wake = Instant::now() + backoff.delay(attempt);
+        if let Some(d) = deadline {
+            if Instant::now() >= d {
+                return Err(Error::WaitTimeout {
+                    name: req.name.clone(),
+                    waited: start.elapsed(),
+                });
+            }
+            wake = wake.min(d);
+        }
+        tokio::time::sleep_until(wake).await;
+        attempt = attempt.saturating_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let b = Backoff::new(Duration::from_millis(10), Duration::from_millis(100));
+        for attempt in 0..40 {
+            let d = b.delay(attempt);
+            let ceiling = Duration::from_millis(10 * (1u64 << attempt.min(16)))
+                .min(Duration::from_millis(100));
+            assert!(
+                d >= ceiling / 2 && d <= ceiling,
+                "attempt {attempt}: {d:?} vs {ceiling:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,677 @@
+//! The conformance cases. Each is a claim about the user-facing API that
+//! must hold on every backend (or is reported ignored, with the capability it
+//! needs, where a backend does not declare it).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock_core::{
+    async_trait, Backend, Capabilities, DynBackend, Error, Fencing, FencingToken, InputKind,
+    LockClient, LockName, LockRequest, LostReason, Result as LockResult,
+};
+use libtest_mimic::{Completion, Failed};
+use tokio::time::Instant;
+
+use crate::{ensure, BackendFactory, CaseFn, CaseResult};
+
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        /// Every case, by name.
+        pub const ALL: &[(&str, CaseFn)] = &[
+            $((stringify!($name), |f, ns| Box::pin($name(f, ns)))),*
+        ];
+    };
+}
+
+cases![
+    mutual_exclusion_under_contention,
+    try_acquire_on_held_lock_returns_none,
+    wait_with_timeout_returns_timeout_error,
+    waiter_gets_lock_after_holder_releases,
+    stale_or_foreign_release_does_not_free_holder,
+    vanished_holder_frees_lock_after_ttl,
+    extend_keeps_lock_past_original_ttl,
+    auto_renewal_keeps_lock_for_several_ttls,
+    lost_fires_when_renewal_is_rejected,
+    lost_fires_at_deadline_without_renewal,
+    run_until_lost_cancels_work,
+    tokens_increase_across_holders,
+    cancelled_wait_leaves_no_trace,
+    reentrant_nested_acquire_nests,
+    local_waiters_coalesce_to_one_backend_request,
+    invalid_names_and_ttls_give_typed_errors,
+];
+
+async fn client(f: &dyn BackendFactory) -> Result<LockClient, Failed> {
+    Ok(LockClient::from_dyn(f.client().await?))
+}
+
+fn name(ns: &str, case: &str) -> Result<LockName, Failed> {
+    Ok(LockName::new(format!("{ns}/{case}"))?)
+}
+
+const LONG_TTL: Duration = Duration::from_secs(60);
+const BOUND: Duration = Duration::from_secs(20);
+
+/// Many clients increment a shared counter inside the critical section with
+/// a deliberate gap between read and write; any overlap loses an update or
+/// trips the in-section flag.
+pub async fn mutual_exclusion_under_contention(f: &dyn BackendFactory, ns: String) -> CaseResult {
+    const CLIENTS: usize = 5;
+    const ROUNDS: u64 = 8;
+    let lock = name(&ns, "mutex")?;
+    let inside = Arc::new(AtomicBool::new(false));
+    let counter = Arc::new(AtomicU64::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let c = client(f).await?;
+        let (lock, inside, counter, overlaps, tokens) = (
+            lock.clone(),
+            inside.clone(),
+            counter.clone(),
+            overlaps.clone(),
+            tokens.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = c
+                    .lock(&lock)
+                    .ttl(LONG_TTL)
+                    .wait(BOUND * 3)
+                    .acquire()
+                    .await?;
+                if inside.swap(true, Ordering::SeqCst) {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                tokens
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(g.token());
+                let v = counter.load(Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                counter.store(v + 1, Ordering::SeqCst);
+                inside.store(false, Ordering::SeqCst);
+                g.release().await?;
+            }
+            Ok::<_, Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await
+            .map_err(|e| Failed::from(format!("worker panicked: {e}")))??;
+    }
+    let total = counter.load(Ordering::SeqCst);
+    ensure!(
+        overlaps.load(Ordering::SeqCst) == 0,
+        "{} overlapping holds",
+        overlaps.load(Ordering::SeqCst)
+    );
+    ensure!(
+        total == CLIENTS as u64 * ROUNDS,
+        "counter {total}, expected {}: lost updates",
+        CLIENTS as u64 * ROUNDS
+    );
+    let mut t = tokens.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let n = t.len();
+    t.sort();
+    t.dedup();
+    ensure!(t.len() == n, "fencing tokens repeated among {n} grants");
+    Ok(Completion::Completed)
+}
+
+/// Contention is `Ok(None)`, both from another client and from another task
+/// of the holding client.
+pub async fn try_acquire_on_held_lock_returns_none(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let lock = name(&ns, "try")?;
+    let (a, b) = (client(f).await?, client(f).await?);
+    let g = a.lock(&lock).ttl(LONG_TTL).try_acquire().await?;
+    ensure!(
+        g.is_some(),
+        "first try_acquire on a free lock returned None"
+    );
+    ensure!(
+        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
+        "another client got a held lock"
+    );
+    ensure!(
+        a.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
+        "another task of the holder got a held lock"
+    );
+    if let Some(g) = g {
+        ensure!(
+            g.release().await?,
+            "release of a held lock reported it was not held"
+        );
+    }
+    ensure!(
+        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_some(),
+        "lock not free after release"
+    );
+    Ok(Completion::Completed)
+}
+
+/// A bounded wait on a held lock ends with `WaitTimeout`, no sooner than
+/// asked and not much later.
+pub async fn wait_with_timeout_returns_timeout_error(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let lock = name(&ns, "timeout")?;
+    let (a, b) = (client(f).await?, client(f).await?);
+    let _g = a.lock(&lock).ttl(LONG_TTL).acquire().await?;
+    let wait = Duration::from_millis(700);
+    let start = Instant::now();
+    let r = b.lock(&lock).ttl(LONG_TTL).wait(wait).acquire().await;
+    let took = start.elapsed();
+    ensure!(
+        matches!(r, Err(Error::WaitTimeout { .. })),
+        "expected WaitTimeout, got {r:?}"
+    );
+    ensure!(
+        took >= wait,
+        "gave up after {took:?}, before the {wait:?} wait"
+    );
+    ensure!(took < wait + BOUND, "gave up only after {took:?}");
+    Ok(Completion::Completed)
+}
+
+/// An unbounded waiter gets the lock once the holder releases, not before.
+pub async fn waiter_gets_lock_after_holder_releases(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let lock = name(&ns, "handoff")?;
+    let (a, b) = (client(f).await?, client(f).await?);
+    let g = a.lock(&lock).ttl(LONG_TTL).acquire().await?;
+    let first = g.token();
+    let lk = lock.clone();
+    let mut waiter = tokio::spawn(async move {
+        b.lock(&lk)
+            .ttl(LONG_TTL)
+            .acquire()
+            .await
+            .map(|g| (g.token(), g))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ensure!(
+        !waiter.is_finished(),
+        "waiter got the lock while it was held"
+    );
+    g.release().await?;
+    let (second, g2) = tokio::time::timeout(BOUND, &mut waiter)
+        .await
+        .map_err(|_| Failed::from("waiter still waiting after the release"))?
+        .map_err(|e| Failed::from(e.to_string()))??;
+    ensure!(second != first, "waiter got the holder's token {first}");
+    g2.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// A release carrying a stale owner (a holder whose lease expired) or a
+/// foreign owner never frees the current holder.
+pub async fn stale_or_foreign_release_does_not_free_holder(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let lock = name(&ns, "stale")?;
+    let raw = f.client().await?;
+    let ttl = f.short_ttl();
+    let stale = LockRequest::new(lock.clone(), ttl);
+    ensure!(
+        raw.try_acquire(&stale).await?.is_some(),
+        "raw try_acquire on a free lock failed"
+    );
+    let b = client(f).await?;
+    let g = b
+        .lock(&lock)
+        .ttl(LONG_TTL)
+        .wait(ttl + BOUND)
+        .acquire()
+        .await?;
+    ensure!(
+        !raw.release(&stale).await?,
+        "stale release claimed to free the new holder's lock"
+    );
+    let foreign = LockRequest::new(lock.clone(), ttl);
+    ensure!(
+        !raw.release(&foreign).await?,
+        "foreign release claimed success"
+    );
+    ensure!(
+        !raw.extend(&stale.with_ttl(LONG_TTL)).await?,
+        "stale extend claimed success"
+    );
+    let c = client(f).await?;
+    ensure!(
+        c.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
+        "holder lost the lock to a stale release"
+    );
+    ensure!(g.is_held(), "holder's guard no longer held");
+    ensure!(g.release().await?, "holder's own release failed");
+    Ok(Completion::Completed)
+}
+
+/// A holder that vanishes without releasing or renewing frees the lock
+/// after its TTL, and not at once.
+pub async fn vanished_holder_frees_lock_after_ttl(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let lock = name(&ns, "vanish")?;
+    let ttl = f.short_ttl();
+    let raw = f.client().await?;
+    ensure!(
+        raw.try_acquire(&LockRequest::new(lock.clone(), ttl))
+            .await?
+            .is_some(),
+        "raw acquire failed"
+    );
+    drop(raw);
+    let b = client(f).await?;
+    let start = Instant::now();
+    ensure!(
+        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
+        "lock free right after it was taken"
+    );
+    let g = b
+        .lock(&lock)
+        .ttl(LONG_TTL)
+        .wait(ttl + BOUND)
+        .acquire()
+        .await?;
+    let took = start.elapsed();
+    ensure!(
+        took >= ttl / 2,
+        "lock freed after {took:?}, well before its {ttl:?} TTL"
+    );
+    g.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// A manual `extend` keeps a non-renewed lock past its original TTL.
+pub async fn extend_keeps_lock_past_original_ttl(f: &dyn BackendFactory, ns: String) -> CaseResult {
+    if let Some(why) = needs_extend(&f.client().await?.capabilities()) {
+        return Ok(why);
+    }
+    let lock = name(&ns, "extend")?;
+    let ttl = f.short_ttl();
+    let (a, b) = (client(f).await?, client(f).await?);
+    let g = a.lock(&lock).ttl(ttl).no_renew().acquire().await?;
+    g.extend(ttl * 6).await?;
+    tokio::time::sleep(ttl * 2).await;
+    ensure!(g.is_held(), "guard not held after extend");
+    ensure!(
+        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
+        "lock expired at its original TTL despite extend"
+    );
+    ensure!(g.release().await?, "release after extend reported not held");
+    Ok(Completion::Completed)
+}
+
+/// The watchdog keeps a lock for several TTLs.
+pub async fn auto_renewal_keeps_lock_for_several_ttls(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    if let Some(why) = needs_extend(&f.client().await?.capabilities()) {
+        return Ok(why);
+    }
+    let lock = name(&ns, "renew")?;
+    let ttl = f.short_ttl();
+    let (a, b) = (client(f).await?, client(f).await?);
+    let g = a.lock(&lock).ttl(ttl).acquire().await?;
+    tokio::time::sleep(ttl * 7 / 2).await;
+    ensure!(g.is_held(), "guard lost the lock despite renewal");
+    ensure!(
+        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
+        "another client got a renewed lock"
+    );
+    ensure!(
+        g.release().await?,
+        "release reported the renewed lock as not held"
+    );
+    Ok(Completion::Completed)
+}
+
+/// When the lock is taken away behind the holder's back, the next renewal
+/// fails and `lost()` fires.
+pub async fn lost_fires_when_renewal_is_rejected(f: &dyn BackendFactory, ns: String) -> CaseResult {
+    if let Some(why) = needs_extend(&f.client().await?.capabilities()) {
+        return Ok(why);
+    }
+    let lock = name(&ns, "lost")?;
+    let ttl = f.short_ttl();
+    let a = client(f).await?;
+    let g = a.lock(&lock).ttl(ttl).acquire().await?;
+    ensure!(g.is_held(), "fresh guard not held");
+    f.evict(&lock).await?;
+    let reason = tokio::time::timeout(ttl * 2 + BOUND, g.lost())
+        .await
+        .map_err(|_| Failed::from("lost() did not fire after the lock was evicted"))?;
+    ensure!(
+        matches!(
+            reason,
+            LostReason::RenewalRejected | LostReason::SessionLost(_)
+        ),
+        "unexpected loss reason: {reason}"
+    );
+    ensure!(!g.is_held(), "guard still claims to hold after lost()");
+    let out = g.run_until_lost(async {}).await;
+    ensure!(
+        matches!(out, Err(Error::LeaseLost { .. })),
+        "run_until_lost after loss gave {out:?}"
+    );
+    Ok(Completion::Completed)
+}
+
+/// Without renewal, `lost()` fires at the local deadline, which is never
+/// later than the TTL counted from before the request.
+pub async fn lost_fires_at_deadline_without_renewal(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let lock = name(&ns, "deadline")?;
+    let ttl = f.short_ttl();
+    let a = client(f).await?;
+    let before = Instant::now();
+    let g = a.lock(&lock).ttl(ttl).no_renew().acquire().await?;
+    let deadline = g.deadline().ok_or("fresh guard has no deadline")?;
+    ensure!(
+        deadline <= before + ttl,
+        "deadline is later than the TTL measured from before the request"
+    );
+    let reason = tokio::time::timeout(ttl + BOUND, g.lost())
+        .await
+        .map_err(|_| Failed::from("lost() did not fire at the deadline"))?;
+    ensure!(
+        reason == LostReason::DeadlinePassed,
+        "unexpected loss reason: {reason}"
+    );
+    ensure!(
+        Instant::now() >= deadline,
+        "lost() fired before the deadline"
+    );
+    Ok(Completion::Completed)
+}
+
+/// `run_until_lost` drops the work when the lease is lost.
+pub async fn run_until_lost_cancels_work(f: &dyn BackendFactory, ns: String) -> CaseResult {
+    let lock = name(&ns, "run")?;
+    let ttl = f.short_ttl();
+    let a = client(f).await?;
+    let g = a.lock(&lock).ttl(ttl).no_renew().acquire().await?;
+    let finished = AtomicBool::new(false);
+    let out = g
+        .run_until_lost(async {
+            tokio::time::sleep(ttl + BOUND).await;
+            finished.store(true, Ordering::SeqCst);
+        })
+        .await;
+    ensure!(
+        matches!(out, Err(Error::LeaseLost { .. })),
+        "expected LeaseLost, got {out:?}"
+    );
+    ensure!(
+        !finished.load(Ordering::SeqCst),
+        "work ran to completion past the lease"
+    );
+    let ok = a
+        .lock(&lock)
+        .ttl(LONG_TTL)
+        .wait(BOUND)
+        .run(async { 7 })
+        .await?;
+    ensure!(ok == 7, "run() returned {ok}");
+    Ok(Completion::Completed)
+}
+
+/// Tokens strictly increase across successive holders: after a release,
+/// after an expiry, and between clients.
+pub async fn tokens_increase_across_holders(f: &dyn BackendFactory, ns: String) -> CaseResult {
+    let caps = f.client().await?.capabilities();
+    if caps.fencing != Fencing::Strong {
+        return Ok(Completion::ignored_with(format!(
+            "{} declares {:?} fencing, not Strong",
+            caps.backend, caps.fencing
+        )));
+    }
+    let lock = name(&ns, "tokens")?;
+    let ttl = f.short_ttl();
+    let (a, b) = (client(f).await?, client(f).await?);
+    let mut seen: Vec<FencingToken> = Vec::new();
+    for i in 0..6 {
+        let c = if i % 2 == 0 { &a } else { &b };
+        let g = c.lock(&lock).ttl(LONG_TTL).wait(BOUND).acquire().await?;
+        seen.push(g.token());
+        g.release().await?;
+    }
+    // An expiry in between, not a release.
+    let raw = f.client().await?;
+    let req = LockRequest::new(lock.clone(), ttl);
+    seen.push(raw.try_acquire(&req).await?.ok_or("raw acquire failed")?);
+    let g = b
+        .lock(&lock)
+        .ttl(LONG_TTL)
+        .wait(ttl + BOUND)
+        .acquire()
+        .await?;
+    seen.push(g.token());
+    g.release().await?;
+    ensure!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "tokens not strictly increasing: {seen:?}"
+    );
+    Ok(Completion::Completed)
+}
+
+/// Dropping a waiting acquire leaves nothing held or queued: once the
+/// holder releases, a third client gets the lock at once (not after a TTL),
+/// and the cancelled client itself can acquire again.
+pub async fn cancelled_wait_leaves_no_trace(f: &dyn BackendFactory, ns: String) -> CaseResult {
+    let lock = name(&ns, "cancel")?;
+    let (a, b, c) = (client(f).await?, client(f).await?, client(f).await?);
+    let g = a.lock(&lock).ttl(LONG_TTL).acquire().await?;
+    let waited = tokio::time::timeout(
+        Duration::from_millis(400),
+        b.lock(&lock).ttl(LONG_TTL).acquire(),
+    )
+    .await;
+    ensure!(waited.is_err(), "waiter got a held lock");
+    g.release().await?;
+    let g = c.lock(&lock).ttl(LONG_TTL).wait(BOUND).acquire().await?;
+    g.release().await?;
+    let g = b.lock(&lock).ttl(LONG_TTL).wait(BOUND).acquire().await?;
+    g.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// A second acquire by the same explicit holder nests instead of
+/// deadlocking; the backend lock is released with the outermost guard.
+pub async fn reentrant_nested_acquire_nests(f: &dyn BackendFactory, ns: String) -> CaseResult {
+    let lock = name(&ns, "reentrant")?;
+    let (a, b) = (client(f).await?, client(f).await?);
+    let outer = a
+        .lock(&lock)
+        .ttl(LONG_TTL)
+        .holder("worker-7")
+        .acquire()
+        .await?;
+    let inner = tokio::time::timeout(
+        BOUND,
+        a.lock(&lock).ttl(LONG_TTL).holder("worker-7").acquire(),
+    )
+    .await
+    .map_err(|_| Failed::from("nested acquire by the same holder deadlocked"))??;
+    ensure!(
+        inner.token() == outer.token(),
+        "nested guard has another token"
+    );
+    ensure!(
+        outer.hold_count() == 2,
+        "hold count {} after nesting",
+        outer.hold_count()
+    );
+    ensure!(
+        a.lock(&lock)
+            .ttl(LONG_TTL)
+            .holder("someone-else")
+            .try_acquire()
+            .await?
+            .is_none(),
+        "another holder in the same client got a held lock"
+    );
+    ensure!(
+        inner.release().await?,
+        "inner release reported the lock as not held"
+    );
+    ensure!(
+        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
+        "lock freed by the inner release"
+    );
+    ensure!(
+        outer.release().await?,
+        "outer release reported the lock as not held"
+    );
+    let g = b.lock(&lock).ttl(LONG_TTL).wait(BOUND).acquire().await?;
+    g.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// Many tasks of one client waiting for one name send at most one acquire
+/// to the backend at a time; the rest wait locally.
+pub async fn local_waiters_coalesce_to_one_backend_request(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let lock = name(&ns, "coalesce")?;
+    let counting = Arc::new(InFlight {
+        inner: f.client().await?,
+        now: AtomicUsize::new(0),
+        max: AtomicUsize::new(0),
+    });
+    let a = LockClient::from_dyn(counting.clone());
+    let holder = client(f).await?;
+    let g = holder.lock(&lock).ttl(LONG_TTL).acquire().await?;
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (a, lock) = (a.clone(), lock.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = a
+                .lock(&lock)
+                .ttl(LONG_TTL)
+                .wait(BOUND * 2)
+                .acquire()
+                .await?;
+            g.release().await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    g.release().await?;
+    for t in tasks {
+        t.await.map_err(|e| Failed::from(e.to_string()))??;
+    }
+    let max = counting.max.load(Ordering::SeqCst);
+    ensure!(
+        max == 1,
+        "{max} acquires were in flight to the backend at once"
+    );
+    Ok(Completion::Completed)
+}
+
+/// Bad input is a typed `InvalidInput`, before anything is sent.
+pub async fn invalid_names_and_ttls_give_typed_errors(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let a = client(f).await?;
+    for bad in ["", "has space", "/leading", "a//b", "{tag}"] {
+        let r = a.lock(bad).try_acquire().await;
+        ensure!(
+            matches!(
+                r,
+                Err(Error::InvalidInput {
+                    kind: InputKind::LockName,
+                    ..
+                })
+            ),
+            "name {bad:?} gave {r:?}"
+        );
+    }
+    let lock = name(&ns, "input")?;
+    let max = a.capabilities().max_ttl;
+    for ttl in [Duration::ZERO, max + Duration::from_secs(1)] {
+        let r = a.lock(&lock).ttl(ttl).try_acquire().await;
+        ensure!(
+            matches!(
+                r,
+                Err(Error::InvalidInput {
+                    kind: InputKind::Duration,
+                    ..
+                })
+            ),
+            "ttl {ttl:?} gave {r:?}"
+        );
+    }
+    let r = a.lock(&lock).max_hold(Duration::ZERO).try_acquire().await;
+    ensure!(
+        matches!(r, Err(Error::InvalidInput { .. })),
+        "zero max hold gave {r:?}"
+    );
+    ensure!(
+        a.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_some(),
+        "valid input refused"
+    );
+    Ok(Completion::Completed)
+}
+
+fn needs_extend(caps: &Capabilities) -> Option<Completion> {
+    (!caps.extend)
+        .then(|| Completion::ignored_with(format!("{} does not support extend", caps.backend)))
+}
+
+/// Counts acquire requests in flight to the wrapped backend.
+#[derive(Debug)]
+struct InFlight {
+    inner: DynBackend,
+    now: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl InFlight {
+    async fn count<T>(&self, fut: impl std::future::Future<Output = T>) -> T {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(n, Ordering::SeqCst);
+        let out = fut.await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+}
+
+#[async_trait]
+impl Backend for InFlight {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, req: &LockRequest) -> LockResult<Option<FencingToken>> {
+        self.count(self.inner.try_acquire(req)).await
+    }
+    async fn acquire(
+        &self,
+        req: &LockRequest,
+        deadline: Option<Instant>,
+    ) -> LockResult<FencingToken> {
+        self.count(self.inner.acquire(req, deadline)).await
+    }
+    async fn extend(&self, req: &LockRequest) -> LockResult<bool> {
+        self.inner.extend(req).await
+    }
+    async fn release(&self, req: &LockRequest) -> LockResult<bool> {
+        self.inner.release(req).await
+    }
+}

@@ -1,0 +1,133 @@
+//! Proof that the suite can fail: cases run against deliberately broken
+//! backends must report failure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::{
+    async_trait, Backend, Capabilities, DynBackend, FencingToken, LockName, LockRequest,
+    MemoryBackend, Result as LockResult,
+};
+use libtest_mimic::{Failed, Trial};
+
+use crate::{cases, namespace, BackendFactory, CaseFn};
+
+#[derive(Clone, Copy, Debug)]
+enum Flaw {
+    /// Grants every request, held or not.
+    GrantsEveryone,
+    /// Frees the lock whoever asks.
+    ReleasesAnyOwner,
+    /// Hands out the same token every time.
+    RepeatsTokens,
+}
+
+#[derive(Debug)]
+struct Broken {
+    inner: MemoryBackend,
+    flaw: Flaw,
+}
+
+#[async_trait]
+impl Backend for Broken {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, req: &LockRequest) -> LockResult<Option<FencingToken>> {
+        match self.flaw {
+            Flaw::GrantsEveryone => {
+                let _ = self.inner.try_acquire(req).await?;
+                Ok(Some(FencingToken(1)))
+            }
+            Flaw::RepeatsTokens => Ok(self.inner.try_acquire(req).await?.map(|_| FencingToken(1))),
+            Flaw::ReleasesAnyOwner => self.inner.try_acquire(req).await,
+        }
+    }
+    async fn extend(&self, req: &LockRequest) -> LockResult<bool> {
+        self.inner.extend(req).await
+    }
+    async fn release(&self, req: &LockRequest) -> LockResult<bool> {
+        match self.flaw {
+            Flaw::ReleasesAnyOwner => Ok(self.inner.evict(&req.name)),
+            _ => self.inner.release(req).await,
+        }
+    }
+}
+
+struct BrokenFactory {
+    store: MemoryBackend,
+    flaw: Flaw,
+}
+
+#[async_trait]
+impl BackendFactory for BrokenFactory {
+    fn name(&self) -> &'static str {
+        "broken"
+    }
+    async fn client(&self) -> distlock_core::Result<DynBackend> {
+        Ok(Arc::new(Broken {
+            inner: self.store.clone(),
+            flaw: self.flaw,
+        }))
+    }
+    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
+        self.store.evict(name);
+        Ok(())
+    }
+    fn short_ttl(&self) -> Duration {
+        Duration::from_millis(200)
+    }
+}
+
+fn case(name: &str) -> Option<CaseFn> {
+    cases::ALL.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
+}
+
+/// `memory::suite_catches_*` trials: each runs one case on a broken backend
+/// and passes only if the case fails.
+pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
+    [
+        (
+            "overlapping_holds",
+            Flaw::GrantsEveryone,
+            "mutual_exclusion_under_contention",
+        ),
+        (
+            "granting_a_held_lock",
+            Flaw::GrantsEveryone,
+            "try_acquire_on_held_lock_returns_none",
+        ),
+        (
+            "foreign_release",
+            Flaw::ReleasesAnyOwner,
+            "stale_or_foreign_release_does_not_free_holder",
+        ),
+        (
+            "repeated_tokens",
+            Flaw::RepeatsTokens,
+            "tokens_increase_across_holders",
+        ),
+    ]
+    .into_iter()
+    .map(|(what, flaw, case_name)| {
+        let handle = rt.handle().clone();
+        Trial::test(format!("memory::suite_catches_{what}"), move || {
+            let f = case(case_name).ok_or_else(|| format!("no case named {case_name}"))?;
+            let factory = BrokenFactory {
+                store: MemoryBackend::new(),
+                flaw,
+            };
+            match handle.block_on(f(&factory, namespace())) {
+                Err(e) => {
+                    eprintln!(
+                        "{case_name} on a backend with flaw {flaw:?} failed as it must: {}",
+                        e.message().unwrap_or("")
+                    );
+                    Ok(())
+                }
+                Ok(_) => Err(format!("{case_name} passed on a backend with flaw {flaw:?}").into()),
+            }
+        })
+    })
+    .collect()
+}

@@ -1,0 +1,33 @@
+//! The conformance suite on the in-memory reference backend. Besides proving
+//! the reference, `memory::suite_catches_*` trials run cases against
+//! deliberately broken backends to show the suite can fail.
+
+use std::sync::Arc;
+
+use distlock_core::{async_trait, DynBackend, LockName, MemoryBackend};
+use integration_tests::{run_suite, BackendFactory};
+use libtest_mimic::Failed;
+
+#[derive(Default)]
+struct Memory(MemoryBackend);
+
+#[async_trait]
+impl BackendFactory for Memory {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    async fn client(&self) -> distlock_core::Result<DynBackend> {
+        Ok(Arc::new(self.0.clone()))
+    }
+    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
+        self.0.evict(name);
+        Ok(())
+    }
+}
+
+fn main() {
+    run_suite(
+        Arc::new(Memory::default()),
+        integration_tests::self_check::trials,
+    )
+}
