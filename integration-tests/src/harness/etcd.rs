@@ -1,0 +1,40 @@
+//! A single etcd member on loopback ports.
+
+use std::process::Command;
+use std::time::Duration;
+
+use super::process::{find_binary, free_port, tcp_exchange, temp_dir, ServerProcess};
+use super::HarnessError;
+
+/// Install hint.
+pub const INSTALL: &str = "apt-get install etcd-server etcd-client (or run scripts/test.sh, which installs every server), or set DISTLOCK_TEST_ETCD_URL";
+
+/// Starts a private single-member etcd cluster.
+pub fn spawn() -> Result<ServerProcess, HarnessError> {
+    let bin = find_binary("etcd", &[], INSTALL)?;
+    let dir = temp_dir("etcd")?;
+    let (client, peer) = (free_port()?, free_port()?);
+    let c = format!("http://127.0.0.1:{client}");
+    let p = format!("http://127.0.0.1:{peer}");
+    let mut cmd = Command::new(bin);
+    cmd.args(["--name", "n1", "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+        .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
+        .args(["--initial-cluster", &format!("n1={p}"), "--log-level", "warn"]);
+    ServerProcess::spawn("etcd", cmd, dir, client, "TERM", Duration::from_secs(30), || healthy(client))
+}
+
+/// Whether `/health` reports healthy.
+pub fn healthy(port: u16) -> bool {
+    tcp_exchange(port, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_some_and(|r| r.contains("\"health\":\"true\""))
+}
+
+/// The `etcdctl` binary, for smoke and interop tests.
+pub fn etcdctl(endpoint: &str) -> Result<Command, HarnessError> {
+    let bin = find_binary("etcdctl", &[], INSTALL)?;
+    let mut cmd = Command::new(bin);
+    cmd.env("ETCDCTL_API", "3").arg(format!("--endpoints={endpoint}"));
+    Ok(cmd)
+}

@@ -1,0 +1,76 @@
+//! A private PostgreSQL cluster.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use super::process::{chown, find_binary, free_port, is_root, run_client, temp_dir, ServerProcess};
+use super::HarnessError;
+
+/// Install hint.
+pub const INSTALL: &str = "apt-get install postgresql (or run scripts/test.sh, which installs every server), or set DISTLOCK_TEST_POSTGRES_URL";
+
+fn bin_dir() -> Option<PathBuf> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join("postgres").is_file())
+        .collect();
+    versions.sort();
+    versions.pop()
+}
+
+/// A command that runs `bin` as the `postgres` user when we are root
+/// (initdb and postgres refuse to run as root). setpriv execs in place, so
+/// the child's pid is the server's own.
+fn as_postgres(bin: PathBuf) -> Command {
+    if is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--"]).arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    }
+}
+
+/// Initialises and starts a cluster with durability switched off (tests
+/// only), trusting local connections as user `postgres`.
+pub fn spawn() -> Result<ServerProcess, HarnessError> {
+    let dir_bins = bin_dir().map(|d| d.to_string_lossy().into_owned());
+    let extra: Vec<&str> = dir_bins.iter().map(String::as_str).collect();
+    let postgres = find_binary("postgres", &extra, INSTALL)?;
+    let initdb = find_binary("initdb", &extra, INSTALL)?;
+    let pg_isready = find_binary("pg_isready", &extra, INSTALL)?;
+    let dir = temp_dir("postgres")?;
+    let data = dir.join("data");
+    if is_root() {
+        chown(&dir, "postgres")?;
+    }
+    let mut init = as_postgres(initdb);
+    init.arg("-D").arg(&data).args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"]);
+    run_client(init).map_err(|e| HarnessError::start("postgres initdb", e))?;
+    let port = free_port()?;
+    let mut cmd = as_postgres(postgres);
+    cmd.arg("-D").arg(&data).args(["-p", &port.to_string(), "-k"]).arg(&dir).args([
+        "-c", "listen_addresses=127.0.0.1",
+        "-c", "fsync=off",
+        "-c", "synchronous_commit=off",
+        "-c", "full_page_writes=off",
+        "-c", "max_connections=300",
+    ]);
+    ServerProcess::spawn("postgres", cmd, dir, port, "INT", Duration::from_secs(30), || {
+        Command::new(&pg_isready)
+            .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// `psql` connected to `url`, for smoke tests.
+pub fn psql(url: &str) -> Result<Command, HarnessError> {
+    let dir_bins = bin_dir().map(|d| d.to_string_lossy().into_owned());
+    let extra: Vec<&str> = dir_bins.iter().map(String::as_str).collect();
+    let mut c = Command::new(find_binary("psql", &extra, INSTALL)?);
+    c.arg(url).args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1"]);
+    Ok(c)
+}

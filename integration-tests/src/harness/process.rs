@@ -1,0 +1,191 @@
+//! Child server processes: temp dirs, free ports, readiness, teardown.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::HarnessError;
+
+/// A server started by the harness. Dropping it stops the process and
+/// removes its data directory.
+#[derive(Debug)]
+pub struct ServerProcess {
+    /// What runs (for messages).
+    pub what: &'static str,
+    /// The loopback port it serves on.
+    pub port: u16,
+    /// Its private directory (data, config, log).
+    pub dir: PathBuf,
+    child: Child,
+    /// Signal for a graceful stop (`INT`, `TERM`); SIGKILL follows after 5 s.
+    stop_signal: &'static str,
+}
+
+impl ServerProcess {
+    /// Spawns `cmd` with output to `dir/server.log` and waits until `ready`
+    /// answers true (or the process exits, or `timeout` passes).
+    pub fn spawn(
+        what: &'static str,
+        mut cmd: Command,
+        dir: PathBuf,
+        port: u16,
+        stop_signal: &'static str,
+        timeout: Duration,
+        ready: impl Fn() -> bool,
+    ) -> Result<Self, HarnessError> {
+        let log = dir.join("server.log");
+        let out = File::create(&log).map_err(|e| HarnessError::start(what, format!("creating {}: {e}", log.display())))?;
+        let err = out.try_clone().map_err(|e| HarnessError::start(what, e.to_string()))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = cmd
+            .spawn()
+            .map_err(|e| HarnessError::start(what, format!("spawning {cmd:?}: {e}")))?;
+        let mut server = ServerProcess { what, port, dir, child, stop_signal };
+        let start = Instant::now();
+        loop {
+            if ready() {
+                return Ok(server);
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                return Err(HarnessError::start(what, format!("exited with {status} before it was ready; log:\n{}", server.log_tail())));
+            }
+            if start.elapsed() > timeout {
+                return Err(HarnessError::start(what, format!("not ready after {timeout:?}; log:\n{}", server.log_tail())));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last lines of the server's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(25)..].join("\n")
+    }
+
+    /// Sends a signal (`STOP`, `CONT`, `KILL`...) to the server, for fault tests.
+    pub fn signal(&self, sig: &str) -> std::io::Result<()> {
+        signal(self.child.id(), sig)
+    }
+
+    /// Stops the server and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let _ = signal(self.child.id(), "CONT");
+        let _ = signal(self.child.id(), self.stop_signal);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Sends `sig` to `pid` with kill(1), so the harness needs no unsafe code.
+pub fn signal(pid: u32, sig: &str) -> std::io::Result<()> {
+    let status = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).stderr(Stdio::null()).status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!("kill -{sig} {pid} failed")))
+    }
+}
+
+/// A fresh private directory under the system temp dir.
+pub fn temp_dir(what: &str) -> Result<PathBuf, HarnessError> {
+    let owner = distlock_core::Owner::random().to_string();
+    let dir = std::env::temp_dir().join(format!("distlock-{what}-{}-{}", std::process::id(), &owner[..8]));
+    std::fs::create_dir_all(&dir).map_err(|e| HarnessError::start("harness", format!("creating {}: {e}", dir.display())))?;
+    Ok(dir)
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> Result<u16, HarnessError> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| HarnessError::start("harness", format!("finding a free port: {e}")))
+}
+
+/// Finds `name` on PATH or in `extra` directories.
+pub fn find_binary(name: &str, extra: &[&str], install: &'static str) -> Result<PathBuf, HarnessError> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(extra.iter().map(PathBuf::from))
+        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].iter().map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or(HarnessError::Missing { binary: name.to_string(), install })
+}
+
+/// Sends `request` to 127.0.0.1:`port` and returns what the server answers
+/// within one second (the readiness probes' building block).
+pub fn tcp_exchange(port: u16, request: &[u8]) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    s.write_all(request).ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.len() > 64 * 1024 {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    (!buf.is_empty()).then(|| String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// Runs a client command and returns its stdout, or the failure with stderr.
+pub fn run_client(mut cmd: Command) -> Result<String, String> {
+    let out = cmd.stdin(Stdio::null()).output().map_err(|e| format!("running {cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!("{cmd:?} failed with {}: {}", out.status, String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+/// Whether this process runs as root (servers such as PostgreSQL refuse to).
+pub fn is_root() -> bool {
+    run_client({
+        let mut c = Command::new("id");
+        c.arg("-u");
+        c
+    })
+    .map(|s| s.trim() == "0")
+    .unwrap_or(false)
+}
+
+/// Gives `dir` to `user` (for servers that must not run as root).
+pub fn chown(dir: &Path, user: &str) -> Result<(), HarnessError> {
+    let mut c = Command::new("chown");
+    c.arg("-R").arg(format!("{user}:{user}")).arg(dir);
+    run_client(c).map(|_| ()).map_err(|e| HarnessError::start("harness", e))
+}
