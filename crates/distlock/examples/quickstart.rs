@@ -10,7 +10,7 @@ use std::time::Duration;
 use distlock::{FenceGate, LockClient, MemoryBackend};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let backend = MemoryBackend::new();
     let gate = Arc::new(FenceGate::new());
     let counter = Arc::new(AtomicU64::new(0));

@@ -29,7 +29,10 @@ pub struct Container {
 
 impl std::fmt::Debug for Container {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Container").field("host", &self.host).field("port", &self.port).finish()
+        f.debug_struct("Container")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .finish()
     }
 }
 
@@ -51,35 +54,53 @@ pub fn docker_endpoint(docker_host: Option<&str>) -> String {
 
 /// Checks within about two seconds that a Docker daemon answers `/_ping`.
 pub fn check_docker(endpoint: &str) -> Result<(), HarnessError> {
-    let unavailable = |reason: String| HarnessError::DockerUnavailable { host: endpoint.to_string(), reason };
+    let unavailable = |reason: String| HarnessError::DockerUnavailable {
+        host: endpoint.to_string(),
+        reason,
+    };
     let timeout = Duration::from_secs(2);
     let request = b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n";
     let mut reply = String::new();
     if let Some(path) = endpoint.strip_prefix("unix://") {
         let mut s = UnixStream::connect(path).map_err(|e| unavailable(e.to_string()))?;
-        s.set_read_timeout(Some(timeout)).map_err(|e| unavailable(e.to_string()))?;
-        s.write_all(request).map_err(|e| unavailable(e.to_string()))?;
-        s.read_to_string(&mut reply).map_err(|e| unavailable(e.to_string()))?;
+        s.set_read_timeout(Some(timeout))
+            .map_err(|e| unavailable(e.to_string()))?;
+        s.write_all(request)
+            .map_err(|e| unavailable(e.to_string()))?;
+        s.read_to_string(&mut reply)
+            .map_err(|e| unavailable(e.to_string()))?;
     } else if let Some(addr) = endpoint.strip_prefix("tcp://") {
-        let addr = addr.parse().map_err(|e| unavailable(format!("bad address: {e}")))?;
-        let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| unavailable(e.to_string()))?;
-        s.set_read_timeout(Some(timeout)).map_err(|e| unavailable(e.to_string()))?;
-        s.write_all(request).map_err(|e| unavailable(e.to_string()))?;
-        s.read_to_string(&mut reply).map_err(|e| unavailable(e.to_string()))?;
+        let addr = addr
+            .parse()
+            .map_err(|e| unavailable(format!("bad address: {e}")))?;
+        let mut s =
+            TcpStream::connect_timeout(&addr, timeout).map_err(|e| unavailable(e.to_string()))?;
+        s.set_read_timeout(Some(timeout))
+            .map_err(|e| unavailable(e.to_string()))?;
+        s.write_all(request)
+            .map_err(|e| unavailable(e.to_string()))?;
+        s.read_to_string(&mut reply)
+            .map_err(|e| unavailable(e.to_string()))?;
     } else {
-        return Err(unavailable("only unix:// and tcp:// endpoints are supported".into()));
+        return Err(unavailable(
+            "only unix:// and tcp:// endpoints are supported".into(),
+        ));
     }
     if reply.contains("OK") {
         Ok(())
     } else {
-        Err(unavailable(format!("unexpected answer to /_ping: {:?}", reply.lines().next())))
+        Err(unavailable(format!(
+            "unexpected answer to /_ping: {:?}",
+            reply.lines().next()
+        )))
     }
 }
 
 fn image(kind: ServerKind) -> (GenericImage, u16, Vec<(&'static str, &'static str)>) {
     match kind {
         ServerKind::Redis => (
-            GenericImage::new("redis", "7.0").with_wait_for(WaitFor::message_on_stdout("Ready to accept connections")),
+            GenericImage::new("redis", "7.0")
+                .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections")),
             6379,
             vec![],
         ),
@@ -93,20 +114,26 @@ fn image(kind: ServerKind) -> (GenericImage, u16, Vec<(&'static str, &'static st
             ],
         ),
         ServerKind::ZooKeeper => (
-            GenericImage::new("zookeeper", "3.8").with_wait_for(WaitFor::message_on_stdout("binding to port")),
+            GenericImage::new("zookeeper", "3.8")
+                .with_wait_for(WaitFor::message_on_stdout("binding to port")),
             2181,
             vec![("ZOO_4LW_COMMANDS_WHITELIST", "srvr,ruok,mntr,stat")],
         ),
         ServerKind::Postgres => (
-            GenericImage::new("postgres", "15")
-                .with_wait_for(WaitFor::message_on_stderr("database system is ready to accept connections")),
+            GenericImage::new("postgres", "15").with_wait_for(WaitFor::message_on_stderr(
+                "database system is ready to accept connections",
+            )),
             5432,
             vec![("POSTGRES_HOST_AUTH_METHOD", "trust")],
         ),
         ServerKind::MariaDb => (
-            GenericImage::new("mariadb", "10.11").with_wait_for(WaitFor::message_on_stderr("ready for connections")),
+            GenericImage::new("mariadb", "10.11")
+                .with_wait_for(WaitFor::message_on_stderr("ready for connections")),
             3306,
-            vec![("MARIADB_ALLOW_EMPTY_ROOT_PASSWORD", "1"), ("MARIADB_DATABASE", super::mariadb::DATABASE)],
+            vec![
+                ("MARIADB_ALLOW_EMPTY_ROOT_PASSWORD", "1"),
+                ("MARIADB_DATABASE", super::mariadb::DATABASE),
+            ],
         ),
     }
 }
@@ -119,7 +146,9 @@ pub fn start(kind: ServerKind, docker_host: Option<&str>) -> Result<Container, H
         .build()
         .map_err(|e| HarnessError::start("containers", e.to_string()))?;
     let (img, port, env) = image(kind);
-    let mut req = img.with_exposed_port(port.tcp()).with_startup_timeout(START_TIMEOUT);
+    let mut req = img
+        .with_exposed_port(port.tcp())
+        .with_startup_timeout(START_TIMEOUT);
     for (k, v) in env {
         req = req.with_env_var(k, v);
     }
@@ -129,9 +158,17 @@ pub fn start(kind: ServerKind, docker_host: Option<&str>) -> Result<Container, H
             .map_err(|_| format!("container not started within {START_TIMEOUT:?}"))?
             .map_err(|e| e.to_string())?;
         let host = c.get_host().await.map_err(|e| e.to_string())?.to_string();
-        let mapped = c.get_host_port_ipv4(port.tcp()).await.map_err(|e| e.to_string())?;
+        let mapped = c
+            .get_host_port_ipv4(port.tcp())
+            .await
+            .map_err(|e| e.to_string())?;
         Ok::<_, String>((c, host, mapped))
     });
     let (c, host, mapped) = started.map_err(|e| HarnessError::start("container", e))?;
-    Ok(Container { host, port: mapped, rt, inner: Some(c) })
+    Ok(Container {
+        host,
+        port: mapped,
+        rt,
+        inner: Some(c),
+    })
 }

@@ -20,9 +20,27 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
     cmd.args(["--name", "n1", "--data-dir"])
         .arg(dir.join("data"))
         .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
-        .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
-        .args(["--initial-cluster", &format!("n1={p}"), "--log-level", "warn"]);
-    ServerProcess::spawn("etcd", cmd, dir, client, "TERM", Duration::from_secs(30), || healthy(client))
+        .args([
+            "--listen-peer-urls",
+            &p,
+            "--initial-advertise-peer-urls",
+            &p,
+        ])
+        .args([
+            "--initial-cluster",
+            &format!("n1={p}"),
+            "--log-level",
+            "warn",
+        ]);
+    ServerProcess::spawn(
+        "etcd",
+        cmd,
+        dir,
+        client,
+        "TERM",
+        Duration::from_secs(30),
+        || healthy(client),
+    )
 }
 
 /// Whether `/health` reports healthy.
@@ -35,6 +53,7 @@ pub fn healthy(port: u16) -> bool {
 pub fn etcdctl(endpoint: &str) -> Result<Command, HarnessError> {
     let bin = find_binary("etcdctl", &[], INSTALL)?;
     let mut cmd = Command::new(bin);
-    cmd.env("ETCDCTL_API", "3").arg(format!("--endpoints={endpoint}"));
+    cmd.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"));
     Ok(cmd)
 }

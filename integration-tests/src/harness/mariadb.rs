@@ -21,11 +21,13 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
     let data = dir.join("data");
     let root = is_root();
     let mut init = Command::new(install_db);
-    init.arg("--no-defaults").arg(format!("--datadir={}", data.display())).args([
-        "--auth-root-authentication-method=normal",
-        "--skip-test-db",
-        "--innodb-log-file-size=4M",
-    ]);
+    init.arg("--no-defaults")
+        .arg(format!("--datadir={}", data.display()))
+        .args([
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+            "--innodb-log-file-size=4M",
+        ]);
     if root {
         init.arg("--user=root");
     }
@@ -47,15 +49,23 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
     if root {
         cmd.arg("--user=root");
     }
-    let server = ServerProcess::spawn("mariadb", cmd, dir, port, "TERM", Duration::from_secs(60), || {
-        client(port).is_ok_and(|mut c| {
-            c.args(["-e", "SELECT 1"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-    })?;
+    let server = ServerProcess::spawn(
+        "mariadb",
+        cmd,
+        dir,
+        port,
+        "TERM",
+        Duration::from_secs(60),
+        || {
+            client(port).is_ok_and(|mut c| {
+                c.args(["-e", "SELECT 1"])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            })
+        },
+    )?;
     let mut create = client(port)?;
     create.args(["-e", &format!("CREATE DATABASE IF NOT EXISTS {DATABASE}")]);
     run_client(create).map_err(|e| HarnessError::start("mariadb", e))?;
@@ -64,8 +74,19 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
 
 /// The `mariadb` command-line client connected as root over TCP.
 pub fn client(port: u16) -> Result<Command, HarnessError> {
-    let bin = find_binary("mariadb", &[], INSTALL).or_else(|_| find_binary("mysql", &[], INSTALL))?;
+    let bin =
+        find_binary("mariadb", &[], INSTALL).or_else(|_| find_binary("mysql", &[], INSTALL))?;
     let mut c = Command::new(bin);
-    c.args(["--no-defaults", "--protocol=TCP", "-h", "127.0.0.1", "-u", "root", "-N", "-B"]).arg(format!("-P{port}"));
+    c.args([
+        "--no-defaults",
+        "--protocol=TCP",
+        "-h",
+        "127.0.0.1",
+        "-u",
+        "root",
+        "-N",
+        "-B",
+    ])
+    .arg(format!("-P{port}"));
     Ok(c)
 }

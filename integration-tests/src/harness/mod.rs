@@ -54,7 +54,10 @@ pub enum HarnessError {
 
 impl HarnessError {
     pub(crate) fn start(what: &'static str, message: impl Into<String>) -> Self {
-        HarnessError::Start { what, message: message.into() }
+        HarnessError::Start {
+            what,
+            message: message.into(),
+        }
     }
 }
 
@@ -142,7 +145,7 @@ enum Running {
     Process(ServerProcess),
     #[cfg(feature = "containers")]
     // Held for its Drop, which removes the container.
-    Container(#[allow(dead_code)] containers::Container),
+    Container(#[allow(dead_code)] Box<containers::Container>),
 }
 
 impl TestServer {
@@ -152,7 +155,13 @@ impl TestServer {
             let (host, port) = host_port(&url).ok_or_else(|| {
                 HarnessError::Config(format!("{}={url:?} has no host:port", kind.env_var()))
             })?;
-            return Ok(TestServer { kind, host, port, url, running: Running::External });
+            return Ok(TestServer {
+                kind,
+                host,
+                port,
+                url,
+                running: Running::External,
+            });
         }
         match std::env::var("DISTLOCK_TEST_PROVIDER").as_deref() {
             Err(_) | Ok("process") | Ok("") => {
@@ -164,7 +173,7 @@ impl TestServer {
             Ok("containers") => {
                 let c = containers::start(kind, None)?;
                 let (host, port) = (c.host.clone(), c.port);
-                Ok(TestServer { kind, url: kind.url(&host, port), host, port, running: Running::Container(c) })
+                Ok(TestServer { kind, url: kind.url(&host, port), host, port, running: Running::Container(Box::new(c)) })
             }
             #[cfg(not(feature = "containers"))]
             Ok("containers") => Err(HarnessError::Config(
@@ -217,8 +226,14 @@ mod tests {
 
     #[test]
     fn host_port_parses_urls() {
-        assert_eq!(host_port("redis://127.0.0.1:6379"), Some(("127.0.0.1".into(), 6379)));
-        assert_eq!(host_port("postgres://u:p@db:5432/x"), Some(("db".into(), 5432)));
+        assert_eq!(
+            host_port("redis://127.0.0.1:6379"),
+            Some(("127.0.0.1".into(), 6379))
+        );
+        assert_eq!(
+            host_port("postgres://u:p@db:5432/x"),
+            Some(("db".into(), 5432))
+        );
         assert_eq!(host_port("etcd://a:1,b:2"), Some(("a".into(), 1)));
         assert_eq!(host_port("zk://h:2181/chroot"), Some(("h".into(), 2181)));
         assert_eq!(host_port("redis://nohost"), None);

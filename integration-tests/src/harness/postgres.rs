@@ -26,7 +26,13 @@ fn bin_dir() -> Option<PathBuf> {
 fn as_postgres(bin: PathBuf) -> Command {
     if is_root() {
         let mut c = Command::new("setpriv");
-        c.args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--"]).arg(bin);
+        c.args([
+            "--reuid=postgres",
+            "--regid=postgres",
+            "--init-groups",
+            "--",
+        ])
+        .arg(bin);
         c
     } else {
         Command::new(bin)
@@ -47,23 +53,42 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
         chown(&dir, "postgres")?;
     }
     let mut init = as_postgres(initdb);
-    init.arg("-D").arg(&data).args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"]);
+    init.arg("-D")
+        .arg(&data)
+        .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"]);
     run_client(init).map_err(|e| HarnessError::start("postgres initdb", e))?;
     let port = free_port()?;
     let mut cmd = as_postgres(postgres);
-    cmd.arg("-D").arg(&data).args(["-p", &port.to_string(), "-k"]).arg(&dir).args([
-        "-c", "listen_addresses=127.0.0.1",
-        "-c", "fsync=off",
-        "-c", "synchronous_commit=off",
-        "-c", "full_page_writes=off",
-        "-c", "max_connections=300",
-    ]);
-    ServerProcess::spawn("postgres", cmd, dir, port, "INT", Duration::from_secs(30), || {
-        Command::new(&pg_isready)
-            .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
-            .status()
-            .is_ok_and(|s| s.success())
-    })
+    cmd.arg("-D")
+        .arg(&data)
+        .args(["-p", &port.to_string(), "-k"])
+        .arg(&dir)
+        .args([
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=300",
+        ]);
+    ServerProcess::spawn(
+        "postgres",
+        cmd,
+        dir,
+        port,
+        "INT",
+        Duration::from_secs(30),
+        || {
+            Command::new(&pg_isready)
+                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                .status()
+                .is_ok_and(|s| s.success())
+        },
+    )
 }
 
 /// `psql` connected to `url`, for smoke tests.

@@ -37,23 +37,41 @@ impl ServerProcess {
         ready: impl Fn() -> bool,
     ) -> Result<Self, HarnessError> {
         let log = dir.join("server.log");
-        let out = File::create(&log).map_err(|e| HarnessError::start(what, format!("creating {}: {e}", log.display())))?;
-        let err = out.try_clone().map_err(|e| HarnessError::start(what, e.to_string()))?;
+        let out = File::create(&log)
+            .map_err(|e| HarnessError::start(what, format!("creating {}: {e}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| HarnessError::start(what, e.to_string()))?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         let child = cmd
             .spawn()
             .map_err(|e| HarnessError::start(what, format!("spawning {cmd:?}: {e}")))?;
-        let mut server = ServerProcess { what, port, dir, child, stop_signal };
+        let mut server = ServerProcess {
+            what,
+            port,
+            dir,
+            child,
+            stop_signal,
+        };
         let start = Instant::now();
         loop {
             if ready() {
                 return Ok(server);
             }
             if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(HarnessError::start(what, format!("exited with {status} before it was ready; log:\n{}", server.log_tail())));
+                return Err(HarnessError::start(
+                    what,
+                    format!(
+                        "exited with {status} before it was ready; log:\n{}",
+                        server.log_tail()
+                    ),
+                ));
             }
             if start.elapsed() > timeout {
-                return Err(HarnessError::start(what, format!("not ready after {timeout:?}; log:\n{}", server.log_tail())));
+                return Err(HarnessError::start(
+                    what,
+                    format!("not ready after {timeout:?}; log:\n{}", server.log_tail()),
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -104,7 +122,11 @@ impl Drop for ServerProcess {
 
 /// Sends `sig` to `pid` with kill(1), so the harness needs no unsafe code.
 pub fn signal(pid: u32, sig: &str) -> std::io::Result<()> {
-    let status = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).stderr(Stdio::null()).status()?;
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status()?;
     if status.success() {
         Ok(())
     } else {
@@ -115,8 +137,13 @@ pub fn signal(pid: u32, sig: &str) -> std::io::Result<()> {
 /// A fresh private directory under the system temp dir.
 pub fn temp_dir(what: &str) -> Result<PathBuf, HarnessError> {
     let owner = distlock_core::Owner::random().to_string();
-    let dir = std::env::temp_dir().join(format!("distlock-{what}-{}-{}", std::process::id(), &owner[..8]));
-    std::fs::create_dir_all(&dir).map_err(|e| HarnessError::start("harness", format!("creating {}: {e}", dir.display())))?;
+    let dir = std::env::temp_dir().join(format!(
+        "distlock-{what}-{}-{}",
+        std::process::id(),
+        &owner[..8]
+    ));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| HarnessError::start("harness", format!("creating {}: {e}", dir.display())))?;
     Ok(dir)
 }
 
@@ -129,20 +156,33 @@ pub fn free_port() -> Result<u16, HarnessError> {
 }
 
 /// Finds `name` on PATH or in `extra` directories.
-pub fn find_binary(name: &str, extra: &[&str], install: &'static str) -> Result<PathBuf, HarnessError> {
+pub fn find_binary(
+    name: &str,
+    extra: &[&str],
+    install: &'static str,
+) -> Result<PathBuf, HarnessError> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(extra.iter().map(PathBuf::from))
-        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].iter().map(PathBuf::from))
+        .chain(
+            ["/usr/sbin", "/usr/local/sbin", "/sbin"]
+                .iter()
+                .map(PathBuf::from),
+        )
         .map(|d| d.join(name))
         .find(|p| p.is_file())
-        .ok_or(HarnessError::Missing { binary: name.to_string(), install })
+        .ok_or(HarnessError::Missing {
+            binary: name.to_string(),
+            install,
+        })
 }
 
 /// Sends `request` to 127.0.0.1:`port` and returns what the server answers
 /// within one second (the readiness probes' building block).
 pub fn tcp_exchange(port: u16, request: &[u8]) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
+    let mut s =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500))
+            .ok()?;
     s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
     s.write_all(request).ok()?;
     let mut buf = Vec::new();
@@ -164,11 +204,18 @@ pub fn tcp_exchange(port: u16, request: &[u8]) -> Option<String> {
 
 /// Runs a client command and returns its stdout, or the failure with stderr.
 pub fn run_client(mut cmd: Command) -> Result<String, String> {
-    let out = cmd.stdin(Stdio::null()).output().map_err(|e| format!("running {cmd:?}: {e}"))?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running {cmd:?}: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!("{cmd:?} failed with {}: {}", out.status, String::from_utf8_lossy(&out.stderr)))
+        Err(format!(
+            "{cmd:?} failed with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }
 
@@ -187,5 +234,7 @@ pub fn is_root() -> bool {
 pub fn chown(dir: &Path, user: &str) -> Result<(), HarnessError> {
     let mut c = Command::new("chown");
     c.arg("-R").arg(format!("{user}:{user}")).arg(dir);
-    run_client(c).map(|_| ()).map_err(|e| HarnessError::start("harness", e))
+    run_client(c)
+        .map(|_| ())
+        .map_err(|e| HarnessError::start("harness", e))
 }

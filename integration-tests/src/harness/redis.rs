@@ -16,11 +16,28 @@ pub fn spawn(extra: &[&str]) -> Result<ServerProcess, HarnessError> {
     let dir = temp_dir("redis")?;
     let port = free_port()?;
     let mut cmd = Command::new(bin);
-    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .arg("--dir")
-        .arg(&dir)
-        .args(extra);
-    ServerProcess::spawn("redis-server", cmd, dir, port, "TERM", Duration::from_secs(20), || ping(port))
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ])
+    .arg("--dir")
+    .arg(&dir)
+    .args(extra);
+    ServerProcess::spawn(
+        "redis-server",
+        cmd,
+        dir,
+        port,
+        "TERM",
+        Duration::from_secs(20),
+        || ping(port),
+    )
 }
 
 /// Whether the server answers PING.

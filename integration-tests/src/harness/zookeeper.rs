@@ -16,7 +16,10 @@ const JARS: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.j
 pub fn spawn() -> Result<ServerProcess, HarnessError> {
     let java = find_binary("java", &[], INSTALL)?;
     if !Path::new("/usr/share/java/zookeeper.jar").is_file() {
-        return Err(HarnessError::Missing { binary: "/usr/share/java/zookeeper.jar".into(), install: INSTALL });
+        return Err(HarnessError::Missing {
+            binary: "/usr/share/java/zookeeper.jar".into(),
+            install: INSTALL,
+        });
     }
     let dir = temp_dir("zookeeper")?;
     let port = free_port()?;
@@ -27,16 +30,33 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
     );
     std::fs::write(&cfg, conf).map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;
     let mut cmd = Command::new(java);
-    cmd.args(jvm_args()).arg("org.apache.zookeeper.server.ZooKeeperServerMain").arg(&cfg);
-    ServerProcess::spawn("zookeeper", cmd, dir, port, "TERM", Duration::from_secs(60), || serving(port))
+    cmd.args(jvm_args())
+        .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+        .arg(&cfg);
+    ServerProcess::spawn(
+        "zookeeper",
+        cmd,
+        dir,
+        port,
+        "TERM",
+        Duration::from_secs(60),
+        || serving(port),
+    )
 }
 
 /// JVM flags that keep a test server small and quick to start.
 pub fn jvm_args() -> Vec<String> {
-    ["-Xms16m", "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", JARS]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "-Xms16m",
+        "-Xmx128m",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        "-cp",
+        JARS,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 /// Whether the server answers `srvr` with a serving mode.
@@ -49,6 +69,9 @@ pub fn serving(port: u16) -> bool {
 pub fn cli(server: &str, args: &[&str]) -> Result<Command, HarnessError> {
     let java = find_binary("java", &[], INSTALL)?;
     let mut cmd = Command::new(java);
-    cmd.args(jvm_args()).arg("org.apache.zookeeper.ZooKeeperMain").args(["-server", server]).args(args);
+    cmd.args(jvm_args())
+        .arg("org.apache.zookeeper.ZooKeeperMain")
+        .args(["-server", server])
+        .args(args);
     Ok(cmd)
 }

@@ -1,0 +1,192 @@
+//! The guard and watchdog logic over scripted faults. Time is paused, so
+//! the schedules below are exact, not timing-dependent.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::{
+    async_trait, Backend, Capabilities, Error, FencingToken, LockClient, LockRequest, LostReason,
+    MemoryBackend, Result,
+};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Memory with switchable faults.
+#[derive(Debug, Default)]
+struct Scripted {
+    inner: MemoryBackend,
+    fail_extend: AtomicBool,
+    lose_acquire_reply: AtomicBool,
+    extends: AtomicUsize,
+    session_end: Arc<Notify>,
+}
+
+#[async_trait]
+impl Backend for Scripted {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities().with_session()
+    }
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        let granted = self.inner.try_acquire(req).await?;
+        if self.lose_acquire_reply.load(Ordering::SeqCst) {
+            return Err(Error::unavailable("scripted", "reply lost", None));
+        }
+        Ok(granted)
+    }
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        self.extends.fetch_add(1, Ordering::SeqCst);
+        if self.fail_extend.load(Ordering::SeqCst) {
+            return Err(Error::unavailable("scripted", "server unreachable", None));
+        }
+        self.inner.extend(req).await
+    }
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        self.inner.release(req).await
+    }
+    async fn session_lost(&self, _req: &LockRequest) -> LostReason {
+        self.session_end.notified().await;
+        LostReason::SessionLost("scripted session end".into())
+    }
+}
+
+fn setup() -> (Arc<Scripted>, LockClient, LockClient) {
+    let s = Arc::new(Scripted::default());
+    let a = LockClient::from_dyn(s.clone());
+    let b = LockClient::new(s.inner.clone());
+    (s, a, b)
+}
+
+#[tokio::test(start_paused = true)]
+async fn watchdog_renews_about_every_third_of_the_ttl() {
+    let (s, a, _) = setup();
+    let g = a
+        .lock("renew")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(g.is_held());
+    let n = s.extends.load(Ordering::SeqCst);
+    assert!((29..=31).contains(&n), "{n} renewals in 10 TTLs");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_renewals_report_renewal_failed_at_the_deadline() {
+    let (s, a, _) = setup();
+    let start = Instant::now();
+    let g = a
+        .lock("flaky")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let deadline = g.deadline().unwrap();
+    s.fail_extend.store(true, Ordering::SeqCst);
+    let reason = g.lost().await;
+    assert!(
+        matches!(reason, LostReason::RenewalFailed(ref e) if e.contains("unreachable")),
+        "{reason:?}"
+    );
+    assert!(Instant::now() >= deadline && deadline <= start + Duration::from_secs(3));
+    assert!(
+        s.extends.load(Ordering::SeqCst) > 1,
+        "renewal was not retried"
+    );
+    assert!(!g.is_held());
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_stops_renewal() {
+    let (_, a, b) = setup();
+    let start = Instant::now();
+    let g = a
+        .lock("bounded")
+        .ttl(Duration::from_secs(2))
+        .max_hold(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(g.lost().await, LostReason::MaxHoldReached);
+    let held_for = start.elapsed();
+    assert!(
+        held_for <= Duration::from_secs(5) && held_for >= Duration::from_secs(4),
+        "{held_for:?}"
+    );
+    assert!(b.lock("bounded").try_acquire().await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn session_end_fires_lost() {
+    let (s, a, _) = setup();
+    let g = a.lock("session").acquire().await.unwrap();
+    s.session_end.notify_one();
+    assert!(matches!(g.lost().await, LostReason::SessionLost(_)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_acquire_reply_is_released_not_left_held() {
+    let (s, a, b) = setup();
+    s.lose_acquire_reply.store(true, Ordering::SeqCst);
+    let r = a
+        .lock("maybe")
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await;
+    assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        b.lock("maybe").try_acquire().await.unwrap().is_some(),
+        "lock left held by nobody"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_guard_releases_in_background() {
+    let (_, a, b) = setup();
+    let g = a
+        .lock("drop")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    drop(g);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(b.lock("drop").try_acquire().await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejected_renewal_after_eviction_reports_renewal_rejected() {
+    let (s, a, _) = setup();
+    let g = a
+        .lock("evicted")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    s.inner.evict(g.name());
+    assert_eq!(g.lost().await, LostReason::RenewalRejected);
+    let e = g.extend(Duration::from_secs(3)).await.unwrap_err();
+    assert!(matches!(e, Error::LeaseLost { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn nested_holder_keeps_lock_until_outermost_release() {
+    let (_, a, b) = setup();
+    let outer = a.lock("nest").holder("h").acquire().await.unwrap();
+    let inner = a.lock("nest").holder("h").acquire().await.unwrap();
+    let third = a
+        .lock("nest")
+        .holder("h")
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(outer.hold_count(), 3);
+    drop(third);
+    assert!(inner.release().await.unwrap());
+    assert!(b.lock("nest").try_acquire().await.unwrap().is_none());
+    assert!(outer.release().await.unwrap());
+    assert!(b.lock("nest").try_acquire().await.unwrap().is_some());
+}

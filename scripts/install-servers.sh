@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs the servers and tools the test suite starts, from Debian/Ubuntu
+# packages. Does nothing when everything is already there, so reruns are fast.
+set -euo pipefail
+
+missing=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have redis-server     || missing+=(redis-server)
+have redis-sentinel   || missing+=(redis-sentinel)
+have etcd             || missing+=(etcd-server)
+have etcdctl          || missing+=(etcd-client)
+[ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
+have java             || missing+=(default-jre-headless)
+have mariadbd         || missing+=(mariadb-server)
+have mariadb          || missing+=(mariadb-client)
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
+have psql             || missing+=(postgresql-client)
+have protoc           || missing+=(protobuf-compiler)
+have sqlite3          || missing+=(sqlite3)
+have faketime         || missing+=(faketime libfaketime)
+have setpriv          || missing+=(util-linux)
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-servers: every server is installed"
+  exit 0
+fi
+
+echo "install-servers: missing packages: ${missing[*]}"
+if [ "$(id -u)" != 0 ] || ! have apt-get; then
+  echo "install-servers: cannot install them here (needs root and apt-get)." >&2
+  echo "Install them with your package manager, or point the tests at running servers with" >&2
+  echo "DISTLOCK_TEST_{REDIS,ETCD,ZOOKEEPER,POSTGRES,MYSQL}_URL (see integration-tests/src/harness/mod.rs)." >&2
+  exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+# Keep the packages from starting their own system services while installing:
+# the tests start private instances on free ports.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+  chmod 755 /usr/sbin/policy-rc.d
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+fi
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
