@@ -1,3 +1,12 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use distlock_core::*;
+
+/// The SQL unique-row backend (PostgreSQL, MySQL/MariaDB, SQLite).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub use distlock_sql as sql;

@@ -39,7 +39,7 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
         client,
         "TERM",
         Duration::from_secs(30),
-        || healthy(client),
+        move || healthy(client),
     )
 }
 

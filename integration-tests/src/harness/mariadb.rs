@@ -56,7 +56,7 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
         port,
         "TERM",
         Duration::from_secs(60),
-        || {
+        move || {
             client(port).is_ok_and(|mut c| {
                 c.args(["-e", "SELECT 1"])
                     .stdout(std::process::Stdio::null())

@@ -201,6 +201,29 @@ impl TestServer {
     pub fn port(&self) -> u16 {
         self.port
     }
+    /// The local process, mutably (restart tests).
+    pub fn process_mut(&mut self) -> Option<&mut ServerProcess> {
+        match &mut self.running {
+            Running::Process(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Starts a server of `kind` as a local process even when an external one
+    /// is configured: for tests that stop or restart their server and must
+    /// not disturb the others.
+    pub fn start_private(kind: ServerKind) -> Result<Self, HarnessError> {
+        let p = kind.spawn()?;
+        let port = p.port;
+        Ok(TestServer {
+            kind,
+            host: "127.0.0.1".into(),
+            port,
+            url: kind.url("127.0.0.1", port),
+            running: Running::Process(p),
+        })
+    }
+
     /// The local process, when the harness started one (fault tests pause or
     /// kill it).
     pub fn process(&self) -> Option<&ServerProcess> {

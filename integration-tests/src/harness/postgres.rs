@@ -82,7 +82,7 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
         port,
         "INT",
         Duration::from_secs(30),
-        || {
+        move || {
             Command::new(&pg_isready)
                 .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
                 .status()

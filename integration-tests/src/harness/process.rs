@@ -11,7 +11,6 @@ use super::HarnessError;
 
 /// A server started by the harness. Dropping it stops the process and
 /// removes its data directory.
-#[derive(Debug)]
 pub struct ServerProcess {
     /// What runs (for messages).
     pub what: &'static str,
@@ -22,6 +21,21 @@ pub struct ServerProcess {
     child: Child,
     /// Signal for a graceful stop (`INT`, `TERM`); SIGKILL follows after 5 s.
     stop_signal: &'static str,
+    /// How to start it again (restart tests).
+    program: std::ffi::OsString,
+    args: Vec<std::ffi::OsString>,
+    timeout: Duration,
+    ready: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for ServerProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerProcess")
+            .field("what", &self.what)
+            .field("port", &self.port)
+            .field("pid", &self.child.id())
+            .finish()
+    }
 }
 
 impl ServerProcess {
@@ -34,47 +48,80 @@ impl ServerProcess {
         port: u16,
         stop_signal: &'static str,
         timeout: Duration,
-        ready: impl Fn() -> bool,
+        ready: impl Fn() -> bool + Send + Sync + 'static,
     ) -> Result<Self, HarnessError> {
-        let log = dir.join("server.log");
-        let out = File::create(&log)
-            .map_err(|e| HarnessError::start(what, format!("creating {}: {e}", log.display())))?;
-        let err = out
-            .try_clone()
-            .map_err(|e| HarnessError::start(what, e.to_string()))?;
-        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-        let child = cmd
-            .spawn()
-            .map_err(|e| HarnessError::start(what, format!("spawning {cmd:?}: {e}")))?;
+        let program = cmd.get_program().to_os_string();
+        let args = cmd.get_args().map(|a| a.to_os_string()).collect();
+        let child = Self::launch(what, &mut cmd, &dir)?;
         let mut server = ServerProcess {
             what,
             port,
             dir,
             child,
             stop_signal,
+            program,
+            args,
+            timeout,
+            ready: Box::new(ready),
         };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    fn launch(what: &'static str, cmd: &mut Command, dir: &Path) -> Result<Child, HarnessError> {
+        let log = dir.join("server.log");
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| HarnessError::start(what, format!("opening {}: {e}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| HarnessError::start(what, e.to_string()))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        cmd.spawn()
+            .map_err(|e| HarnessError::start(what, format!("spawning {cmd:?}: {e}")))
+    }
+
+    fn wait_ready(&mut self) -> Result<(), HarnessError> {
         let start = Instant::now();
         loop {
-            if ready() {
-                return Ok(server);
+            if (self.ready)() {
+                return Ok(());
             }
-            if let Ok(Some(status)) = server.child.try_wait() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let log = self.log_tail();
                 return Err(HarnessError::start(
-                    what,
-                    format!(
-                        "exited with {status} before it was ready; log:\n{}",
-                        server.log_tail()
-                    ),
+                    self.what,
+                    format!("exited with {status} before it was ready; log:\n{log}"),
                 ));
             }
-            if start.elapsed() > timeout {
+            if start.elapsed() > self.timeout {
+                let log = self.log_tail();
                 return Err(HarnessError::start(
-                    what,
-                    format!("not ready after {timeout:?}; log:\n{}", server.log_tail()),
+                    self.what,
+                    format!("not ready after {:?}; log:\n{log}", self.timeout),
                 ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Stops the server gracefully and starts it again on the same port and
+    /// data directory.
+    pub fn restart(&mut self) -> Result<(), HarnessError> {
+        self.stop();
+        // A stopped server can hold its port for a moment.
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            && start.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        self.child = Self::launch(self.what, &mut cmd, &self.dir)?;
+        self.wait_ready()
     }
 
     /// The process id.

@@ -36,7 +36,7 @@ pub fn spawn(extra: &[&str]) -> Result<ServerProcess, HarnessError> {
         port,
         "TERM",
         Duration::from_secs(20),
-        || ping(port),
+        move || ping(port),
     )
 }
 

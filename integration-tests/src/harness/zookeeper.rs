@@ -40,7 +40,7 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
         port,
         "TERM",
         Duration::from_secs(60),
-        || serving(port),
+        move || serving(port),
     )
 }
 

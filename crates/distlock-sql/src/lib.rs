@@ -1,0 +1,442 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::{
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, InputKind,
+    LockName, LockRequest, Result, TrustedClock, Waiting,
+};
+use tokio::time::Instant;
+
+mod config;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod wait;
+
+pub use config::SqlConfig;
+/// The sqlx version this crate builds on, for users passing their own pools.
+pub use sqlx;
+
+use wait::{wait_loop, Pace};
+
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+compile_error!("distlock-sql needs at least one of the features `postgres`, `mysql`, `sqlite`");
+
+/// A lock per row on PostgreSQL, MySQL/MariaDB or SQLite.
+///
+/// Cheap to clone; clones share the pool. See the crate docs for the table
+/// layout and the guarantees.
+#[derive(Clone)]
+pub struct SqlBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Db,
+    config: SqlConfig,
+    err: DbError,
+}
+
+enum Db {
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::Pg),
+    #[cfg(feature = "mysql")]
+    MySql(mysql::My),
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlite::Lite),
+}
+
+impl fmt::Debug for SqlBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The endpoint never includes credentials.
+        f.debug_struct("SqlBackend")
+            .field("database", &self.inner.err.backend)
+            .field("endpoint", &self.inner.err.endpoint)
+            .field("table", &self.inner.config.table)
+            .finish()
+    }
+}
+
+/// Maps sqlx errors to distlock's, naming the database and where it is.
+#[derive(Clone, Debug)]
+pub(crate) struct DbError {
+    backend: &'static str,
+    endpoint: String,
+}
+
+impl DbError {
+    pub(crate) fn map(&self, e: sqlx::Error) -> Error {
+        let unavailable = |what: &str, e: sqlx::Error| {
+            Error::unavailable(
+                self.backend,
+                format!("{} at {} {what} ({e})", self.backend, self.endpoint),
+                Some(Box::new(e)),
+            )
+        };
+        match e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::WorkerCrashed => unavailable("unreachable", e),
+            sqlx::Error::PoolTimedOut => unavailable("gave no connection in time", e),
+            sqlx::Error::PoolClosed => unavailable("pool closed", e),
+            sqlx::Error::Configuration(c) => Error::invalid(
+                InputKind::Url,
+                format!("{} URL for {}: {c}", self.backend, self.endpoint),
+            ),
+            sqlx::Error::Database(ref d)
+                if matches!(
+                    d.code().as_deref(),
+                    Some("5" | "6" | "57P01" | "57P02" | "57P03" | "08006" | "08003" | "08001")
+                ) =>
+            {
+                // SQLite busy/locked; PostgreSQL admin shutdown or lost connection.
+                unavailable("is busy or shutting down", e)
+            }
+            other => Error::backend(self.backend, other),
+        }
+    }
+}
+
+/// Aborts a background task when the backend is dropped.
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+pub(crate) fn ttl_micros(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX / 4)
+}
+
+pub(crate) fn token_from_db(err: &DbError, t: i64) -> Result<FencingToken> {
+    u64::try_from(t)
+        .ok()
+        .filter(|t| *t > 0)
+        .map(FencingToken)
+        .ok_or_else(|| {
+            Error::backend(
+                err.backend,
+                format!("lock table returned an invalid token {t}"),
+            )
+        })
+}
+
+fn endpoint_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.split('?').next().unwrap_or(rest);
+    if url.starts_with("sqlite") {
+        return rest.to_string();
+    }
+    let authority = rest.split('/').next().unwrap_or(rest);
+    authority
+        .rsplit('@')
+        .next()
+        .unwrap_or(authority)
+        .to_string()
+}
+
+macro_rules! dispatch {
+    ($self:expr, $db:ident => $body:expr) => {
+        match &$self.inner.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres($db) => $body,
+            #[cfg(feature = "mysql")]
+            Db::MySql($db) => $body,
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite($db) => $body,
+        }
+    };
+}
+
+impl SqlBackend {
+    /// Connects to `url` (`postgres://`, `postgresql://`, `mysql://`,
+    /// `mariadb://` or `sqlite://PATH`), builds a pool and creates the lock
+    /// table if needed.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, SqlConfig::default()).await
+    }
+
+    /// [`connect`](Self::connect) with options; URL parameters override them.
+    pub async fn connect_with(url: &str, mut config: SqlConfig) -> Result<Self> {
+        let url = config.take_url_options(url)?;
+        config::validate_table(&config.table)?;
+        let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or_default();
+        let endpoint = endpoint_of(&url);
+        match scheme {
+            "postgres" | "postgresql" => Self::connect_postgres(&url, endpoint, config).await,
+            "mysql" | "mariadb" => Self::connect_mysql(&url, endpoint, config).await,
+            "sqlite" => Self::connect_sqlite(&url, endpoint, config).await,
+            _ => Err(Error::invalid(
+                InputKind::Url,
+                format!("{scheme:?} is not a SQL URL scheme; use postgres://, mysql://, mariadb:// or sqlite://"),
+            )),
+        }
+    }
+
+    async fn build(db: Db, config: SqlConfig, err: DbError) -> Result<Self> {
+        let backend = SqlBackend {
+            inner: Arc::new(Inner { db, config, err }),
+        };
+        dispatch!(backend, db => db.create_table().await)?;
+        Ok(backend)
+    }
+
+    #[cfg(not(all(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+    fn missing_feature(feature: &str) -> Error {
+        Error::invalid(
+            InputKind::Url,
+            format!("this build of distlock-sql has no {feature} support; enable the `{feature}` cargo feature"),
+        )
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl SqlBackend {
+    async fn connect_postgres(url: &str, endpoint: String, config: SqlConfig) -> Result<Self> {
+        let err = DbError {
+            backend: "postgres",
+            endpoint,
+        };
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(config.pool_size.unwrap_or(10))
+            .acquire_timeout(config.connect_timeout)
+            .connect(url)
+            .await
+            .map_err(|e| err.map(e))?;
+        Self::postgres(pool, config).await
+    }
+
+    /// Uses a PostgreSQL pool you already have.
+    pub async fn postgres(pool: sqlx::PgPool, config: SqlConfig) -> Result<Self> {
+        config::validate_table(&config.table)?;
+        let o = pool.connect_options();
+        let err = DbError {
+            backend: "postgres",
+            endpoint: format!("{}:{}", o.get_host(), o.get_port()),
+        };
+        let db = Db::Postgres(postgres::Pg::new(pool, &config.table, err.clone()));
+        Self::build(db, config, err).await
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+impl SqlBackend {
+    async fn connect_postgres(_: &str, _: String, _: SqlConfig) -> Result<Self> {
+        Err(Self::missing_feature("postgres"))
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl SqlBackend {
+    async fn connect_mysql(url: &str, endpoint: String, config: SqlConfig) -> Result<Self> {
+        let err = DbError {
+            backend: "mysql",
+            endpoint,
+        };
+        let url = url
+            .strip_prefix("mariadb:")
+            .map_or_else(|| url.to_string(), |rest| format!("mysql:{rest}"));
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(config.pool_size.unwrap_or(10))
+            .acquire_timeout(config.connect_timeout)
+            .connect(&url)
+            .await
+            .map_err(|e| err.map(e))?;
+        Self::mysql_with(pool, config, err).await
+    }
+
+    /// Uses a MySQL/MariaDB pool you already have.
+    pub async fn mysql(pool: sqlx::MySqlPool, config: SqlConfig) -> Result<Self> {
+        let err = DbError {
+            backend: "mysql",
+            endpoint: "(user pool)".into(),
+        };
+        Self::mysql_with(pool, config, err).await
+    }
+
+    async fn mysql_with(pool: sqlx::MySqlPool, config: SqlConfig, err: DbError) -> Result<Self> {
+        config::validate_table(&config.table)?;
+        let db = Db::MySql(mysql::My::new(pool, &config.table, err.clone()));
+        Self::build(db, config, err).await
+    }
+}
+
+#[cfg(not(feature = "mysql"))]
+impl SqlBackend {
+    async fn connect_mysql(_: &str, _: String, _: SqlConfig) -> Result<Self> {
+        Err(Self::missing_feature("mysql"))
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl SqlBackend {
+    async fn connect_sqlite(url: &str, endpoint: String, config: SqlConfig) -> Result<Self> {
+        use std::str::FromStr;
+        let err = DbError {
+            backend: "sqlite",
+            endpoint,
+        };
+        // WAL lets readers and one writer work at once, and the busy timeout
+        // makes a writer wait for another process instead of failing.
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+            .map_err(|e| err.map(e))?
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
+            .busy_timeout(config.busy_timeout);
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(config.pool_size.unwrap_or(4))
+            .acquire_timeout(config.connect_timeout)
+            .connect_with(options)
+            .await
+            .map_err(|e| err.map(e))?;
+        Self::sqlite_with(pool, config, err).await
+    }
+
+    /// Uses a SQLite pool you already have. Configure it with WAL mode and a
+    /// busy timeout if several processes share the file.
+    pub async fn sqlite(pool: sqlx::SqlitePool, config: SqlConfig) -> Result<Self> {
+        let endpoint = pool.connect_options().get_filename().display().to_string();
+        Self::sqlite_with(
+            pool,
+            config,
+            DbError {
+                backend: "sqlite",
+                endpoint,
+            },
+        )
+        .await
+    }
+
+    async fn sqlite_with(pool: sqlx::SqlitePool, config: SqlConfig, err: DbError) -> Result<Self> {
+        config::validate_table(&config.table)?;
+        let db = Db::Sqlite(sqlite::Lite::new(pool, &config.table, err.clone()));
+        Self::build(db, config, err).await
+    }
+}
+
+#[cfg(not(feature = "sqlite"))]
+impl SqlBackend {
+    async fn connect_sqlite(_: &str, _: String, _: SqlConfig) -> Result<Self> {
+        Err(Self::missing_feature("sqlite"))
+    }
+}
+
+impl SqlBackend {
+    /// Takes the lock away from its holder, as an operator would (the row's
+    /// owner is overwritten, so the holder's next renewal is rejected; the
+    /// lock stays taken until its expiry). Returns whether it was held.
+    pub async fn evict(&self, name: &LockName) -> Result<bool> {
+        dispatch!(self, db => db.evict(name.as_str()).await)
+    }
+
+    /// The lock table's name.
+    pub fn table(&self) -> &str {
+        &self.inner.config.table
+    }
+}
+
+#[async_trait]
+impl Backend for SqlBackend {
+    fn capabilities(&self) -> Capabilities {
+        let waiting = match &self.inner.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(_) => Waiting::Notification,
+            #[allow(unreachable_patterns)]
+            _ => Waiting::Polling,
+        };
+        Capabilities::new(
+            self.inner.err.backend,
+            Fencing::Strong,
+            Consistency::Cp,
+            waiting,
+            TrustedClock::Server,
+        )
+        .with_ttl_range(
+            Duration::from_millis(10),
+            Duration::from_secs(365 * 24 * 3600),
+        )
+    }
+
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        dispatch!(self, db => db.try_acquire(req).await)
+    }
+
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        let config = &self.inner.config;
+        match &self.inner.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(pg) => {
+                pg.listen().await?;
+                let pace = Pace::Notified {
+                    cap: config.notify_fallback,
+                };
+                wait_loop(&req.name, deadline, Some(&pg.releases), &pace, || {
+                    pg.attempt(req)
+                })
+                .await
+            }
+            #[cfg(feature = "mysql")]
+            Db::MySql(my) => {
+                let pace = Pace::Backoff(config.poll);
+                wait_loop(&req.name, deadline, None, &pace, || async {
+                    Ok(wait::Attempt {
+                        token: my.try_acquire(req).await?,
+                        holder_expires_in: None,
+                    })
+                })
+                .await
+            }
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite(lite) => {
+                let pace = Pace::Backoff(config.poll);
+                wait_loop(&req.name, deadline, Some(&lite.releases), &pace, || async {
+                    Ok(wait::Attempt {
+                        token: lite.try_acquire(req).await?,
+                        holder_expires_in: None,
+                    })
+                })
+                .await
+            }
+        }
+    }
+
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        dispatch!(self, db => db.extend(req).await)
+    }
+
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        dispatch!(self, db => db.release(req).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_never_carry_credentials() {
+        assert_eq!(
+            endpoint_of("postgres://u:secret@db:5432/x?sslmode=off"),
+            "db:5432"
+        );
+        assert_eq!(
+            endpoint_of("mysql://root@127.0.0.1:3306/distlock"),
+            "127.0.0.1:3306"
+        );
+        assert_eq!(
+            endpoint_of("sqlite:///var/lib/x.db?mode=rwc"),
+            "/var/lib/x.db"
+        );
+    }
+}

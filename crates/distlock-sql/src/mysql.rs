@@ -1,0 +1,142 @@
+//! MySQL and MariaDB: a conditional UPDATE (or a first INSERT) per attempt.
+
+use distlock_core::{FencingToken, LockRequest, Result};
+use sqlx::mysql::MySqlPool;
+
+use crate::{token_from_db, ttl_micros, DbError};
+
+pub(crate) struct My {
+    pub(crate) pool: MySqlPool,
+    create: String,
+    take: String,
+    insert: String,
+    extend: String,
+    release_live: String,
+    release_any: String,
+    evict: String,
+    err: DbError,
+}
+
+impl My {
+    pub(crate) fn new(pool: MySqlPool, table: &str, err: DbError) -> Self {
+        // ascii_bin: lock names compare byte for byte, so `Jobs` and `jobs`
+        // are two locks, as on every other backend.
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {table} (
+                name VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+                owner CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NULL,
+                token BIGINT UNSIGNED NOT NULL,
+                expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+        );
+        // One atomic statement takes a free or expired row. MySQL has no
+        // UPDATE ... RETURNING; LAST_INSERT_ID(expr) puts the new token in
+        // the statement's own OK packet, so no second round trip reads it.
+        let take = format!(
+            "UPDATE {table} SET owner = ?, token = LAST_INSERT_ID(token + 1),
+                    expires_at = NOW(6) + INTERVAL ? MICROSECOND
+              WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6))"
+        );
+        // Only for a name never locked before: the row does not exist yet.
+        // IGNORE, not ON DUPLICATE KEY UPDATE: sqlx connects with
+        // CLIENT_FOUND_ROWS, under which a no-op duplicate update still
+        // reports one affected row and would look like a grant. Every value
+        // here is validated, so IGNORE hides no truncation.
+        let insert = format!(
+            "INSERT IGNORE INTO {table} (name, owner, token, expires_at)
+             VALUES (?, ?, 1, NOW(6) + INTERVAL ? MICROSECOND)"
+        );
+        let extend = format!(
+            "UPDATE {table} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
+              WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+        );
+        let release_live = format!(
+            "UPDATE {table} SET owner = NULL WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+        );
+        let release_any = format!("UPDATE {table} SET owner = NULL WHERE name = ? AND owner = ?");
+        let evict =
+            format!("UPDATE {table} SET owner = 'evicted' WHERE name = ? AND owner IS NOT NULL");
+        Self {
+            pool,
+            create,
+            take,
+            insert,
+            extend,
+            release_live,
+            release_any,
+            evict,
+            err,
+        }
+    }
+
+    pub(crate) async fn create_table(&self) -> Result<()> {
+        sqlx::query(&self.create)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(())
+    }
+
+    pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        let owner = req.owner.to_string();
+        let r = sqlx::query(&self.take)
+            .bind(&owner)
+            .bind(ttl_micros(req.ttl))
+            .bind(req.name.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        if r.rows_affected() == 1 {
+            let t = i64::try_from(r.last_insert_id()).unwrap_or(-1);
+            return token_from_db(&self.err, t).map(Some);
+        }
+        let r = sqlx::query(&self.insert)
+            .bind(req.name.as_str())
+            .bind(&owner)
+            .bind(ttl_micros(req.ttl))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok((r.rows_affected() == 1).then_some(FencingToken(1)))
+    }
+
+    pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        let r = sqlx::query(&self.extend)
+            .bind(ttl_micros(req.ttl))
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
+        let owner = req.owner.to_string();
+        let r = sqlx::query(&self.release_live)
+            .bind(req.name.as_str())
+            .bind(&owner)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        if r.rows_affected() == 1 {
+            return Ok(true);
+        }
+        // Expired but not yet taken: free it anyway, and report it was not held.
+        sqlx::query(&self.release_any)
+            .bind(req.name.as_str())
+            .bind(&owner)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(false)
+    }
+
+    pub(crate) async fn evict(&self, name: &str) -> Result<bool> {
+        let r = sqlx::query(&self.evict)
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+}

@@ -1,0 +1,171 @@
+//! PostgreSQL: one upsert per attempt, LISTEN/NOTIFY for waiters.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::{FencingToken, LockRequest, Result};
+use sqlx::postgres::{PgListener, PgPool};
+use tokio::sync::{broadcast, OnceCell};
+
+use crate::wait::Attempt;
+use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
+
+pub(crate) struct Pg {
+    pub(crate) pool: PgPool,
+    channel: String,
+    create: String,
+    attempt: String,
+    extend: String,
+    release: String,
+    evict: String,
+    pub(crate) releases: broadcast::Sender<Arc<str>>,
+    listener: OnceCell<AbortOnDrop>,
+    err: DbError,
+}
+
+impl Pg {
+    pub(crate) fn new(pool: PgPool, table: &str, err: DbError) -> Self {
+        // The row is never deleted: its token column is the fencing counter,
+        // and it must survive releases, expiries and restarts.
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {table} (
+                name TEXT PRIMARY KEY,
+                owner TEXT,
+                token BIGINT NOT NULL,
+                expires_at TIMESTAMPTZ NOT NULL)"
+        );
+        // One statement: take the row if it is new, free or expired (judged
+        // by the database's clock only), bump the token, and in the same
+        // round trip report how long the current holder has left.
+        let attempt = format!(
+            "WITH granted AS (
+                INSERT INTO {table} AS l (name, owner, token, expires_at)
+                VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6))
+                ON CONFLICT (name) DO UPDATE
+                   SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at
+                 WHERE l.owner IS NULL OR l.expires_at <= now()
+                RETURNING token)
+             SELECT (SELECT token FROM granted),
+                    (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
+                       FROM {table} WHERE name = $1 AND owner IS NOT NULL)"
+        );
+        let extend = format!(
+            "UPDATE {table} SET expires_at = now() + make_interval(secs => $3::float8 / 1e6)
+              WHERE name = $1 AND owner = $2 AND expires_at > now()"
+        );
+        let release = format!(
+            "WITH r AS (UPDATE {table} SET owner = NULL WHERE name = $1 AND owner = $2
+                        RETURNING expires_at > now() AS held)
+             SELECT held, pg_notify($3, $1)::text FROM r"
+        );
+        let evict =
+            format!("UPDATE {table} SET owner = 'evicted' WHERE name = $1 AND owner IS NOT NULL");
+        Self {
+            pool,
+            channel: format!("distlock_{table}"),
+            create,
+            attempt,
+            extend,
+            release,
+            evict,
+            releases: broadcast::channel(1024).0,
+            listener: OnceCell::new(),
+            err,
+        }
+    }
+
+    pub(crate) async fn create_table(&self) -> Result<()> {
+        // CREATE TABLE IF NOT EXISTS races with itself in PostgreSQL (two
+        // sessions can both pass the existence check and one then fails on
+        // the catalog's unique index); a transaction-scoped advisory lock
+        // serialises the creators.
+        let mut tx = self.pool.begin().await.map_err(|e| self.err.map(e))?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(&self.channel)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        sqlx::query(&self.create)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        tx.commit().await.map_err(|e| self.err.map(e))
+    }
+
+    pub(crate) async fn attempt(&self, req: &LockRequest) -> Result<Attempt> {
+        let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(&self.attempt)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(ttl_micros(req.ttl))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(Attempt {
+            token: token.map(|t| token_from_db(&self.err, t)).transpose()?,
+            holder_expires_in: left.map(|us| Duration::from_micros(us.max(0) as u64)),
+        })
+    }
+
+    pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        Ok(self.attempt(req).await?.token)
+    }
+
+    pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        let r = sqlx::query(&self.extend)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(ttl_micros(req.ttl))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
+        let held: Option<(bool, Option<String>)> = sqlx::query_as(&self.release)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(&self.channel)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(held.is_some_and(|(h, _)| h))
+    }
+
+    pub(crate) async fn evict(&self, name: &str) -> Result<bool> {
+        let r = sqlx::query(&self.evict)
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Starts the one LISTEN connection this backend shares among its
+    /// waiters; each notification carries the released lock's name.
+    pub(crate) async fn listen(&self) -> Result<()> {
+        self.listener
+            .get_or_try_init(|| async {
+                let mut l = PgListener::connect_with(&self.pool).await.map_err(|e| self.err.map(e))?;
+                l.listen(&self.channel).await.map_err(|e| self.err.map(e))?;
+                let tx = self.releases.clone();
+                Ok(AbortOnDrop(tokio::spawn(async move {
+                    loop {
+                        match l.recv().await {
+                            Ok(n) => {
+                                let _ = tx.send(Arc::from(n.payload()));
+                            }
+                            Err(e) => {
+                                // PgListener reconnects on the next recv;
+                                // waiters fall back to bounded polling meanwhile.
+                                tracing::debug!(error = %e, "LISTEN connection failed; reconnecting");
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                        }
+                    }
+                })))
+            })
+            .await
+            .map(|_| ())
+    }
+}

@@ -1,0 +1,140 @@
+//! SQLite: one upsert per attempt on a WAL-mode file shared by processes.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use distlock_core::{FencingToken, LockRequest, Result};
+use sqlx::sqlite::SqlitePool;
+use tokio::sync::broadcast;
+
+use crate::{token_from_db, DbError};
+
+/// SQLite's current time in milliseconds since the Unix epoch, computed by
+/// SQLite itself (the machine's clock, shared by every process on the file).
+const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+pub(crate) struct Lite {
+    pub(crate) pool: SqlitePool,
+    create: String,
+    attempt: String,
+    extend: String,
+    release: String,
+    evict: String,
+    pub(crate) releases: broadcast::Sender<Arc<str>>,
+    err: DbError,
+}
+
+/// Release notifications shared by every backend in this process that uses
+/// the same file and table, so local waiters wake without polling.
+fn releases_for(file: &Path, table: &str) -> broadcast::Sender<Arc<str>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, broadcast::Sender<Arc<str>>>>> =
+        OnceLock::new();
+    let key = format!(
+        "{}#{table}",
+        std::fs::canonicalize(file)
+            .unwrap_or_else(|_| file.to_path_buf())
+            .display()
+    );
+    let mut map = REGISTRY
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    map.entry(key)
+        .or_insert_with(|| broadcast::channel(1024).0)
+        .clone()
+}
+
+impl Lite {
+    pub(crate) fn new(pool: SqlitePool, table: &str, err: DbError) -> Self {
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {table} (
+                name TEXT PRIMARY KEY NOT NULL,
+                owner TEXT,
+                token INTEGER NOT NULL,
+                expires_at INTEGER NOT NULL)"
+        );
+        let attempt = format!(
+            "INSERT INTO {table} (name, owner, token, expires_at) VALUES (?1, ?2, 1, {NOW_MS} + ?3)
+             ON CONFLICT(name) DO UPDATE
+                SET owner = excluded.owner, token = {table}.token + 1, expires_at = excluded.expires_at
+              WHERE {table}.owner IS NULL OR {table}.expires_at <= {NOW_MS}
+             RETURNING token"
+        );
+        let extend = format!(
+            "UPDATE {table} SET expires_at = {NOW_MS} + ?3 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+        );
+        let release = format!(
+            "UPDATE {table} SET owner = NULL WHERE name = ?1 AND owner = ?2 RETURNING expires_at > {NOW_MS}"
+        );
+        let evict =
+            format!("UPDATE {table} SET owner = 'evicted' WHERE name = ?1 AND owner IS NOT NULL");
+        let releases = releases_for(pool.connect_options().get_filename(), table);
+        Self {
+            pool,
+            create,
+            attempt,
+            extend,
+            release,
+            evict,
+            releases,
+            err,
+        }
+    }
+
+    pub(crate) async fn create_table(&self) -> Result<()> {
+        sqlx::query(&self.create)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(())
+    }
+
+    pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        let token: Option<i64> = sqlx::query_scalar(&self.attempt)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(ttl_millis(req))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        token.map(|t| token_from_db(&self.err, t)).transpose()
+    }
+
+    pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        let r = sqlx::query(&self.extend)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(ttl_millis(req))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
+        let held: Option<bool> = sqlx::query_scalar(&self.release)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        if held.is_some() {
+            let _ = self.releases.send(Arc::from(req.name.as_str()));
+        }
+        Ok(held.unwrap_or(false))
+    }
+
+    pub(crate) async fn evict(&self, name: &str) -> Result<bool> {
+        let r = sqlx::query(&self.evict)
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+}
+
+fn ttl_millis(req: &LockRequest) -> i64 {
+    i64::try_from(req.ttl.as_millis()).unwrap_or(i64::MAX / 4)
+}

@@ -1,0 +1,146 @@
+//! The conformance suite on PostgreSQL, plus its own edges: concurrent table
+//! creation, a server restart, a killed connection, notified waiters.
+
+mod sql_support;
+
+use std::time::Duration;
+
+use distlock_core::LockClient;
+use distlock_sql::{sqlx, SqlBackend, SqlConfig};
+use integration_tests::harness::{ServerKind, TestServer};
+use libtest_mimic::Failed;
+use sql_support::{table_created_concurrently, trial, Source, SqlFactory};
+
+fn main() {
+    let f = SqlFactory::new("postgres", Source::Server(ServerKind::Postgres));
+    integration_tests::run_suite(f.clone(), move |rt| {
+        vec![
+            table_created_concurrently(f.clone(), rt),
+            trial(
+                "postgres::tokens_keep_increasing_across_a_restart".into(),
+                rt,
+                restart,
+            ),
+            trial(
+                "postgres::terminated_connection_does_not_lose_the_lock".into(),
+                rt,
+                {
+                    let f = f.clone();
+                    move || terminated(f)
+                },
+            ),
+            trial("postgres::waiter_is_notified_on_release".into(), rt, {
+                let f = f.clone();
+                move || notified(f)
+            }),
+        ]
+    })
+}
+
+/// Its own server, since it is stopped and started again.
+async fn restart() -> Result<(), Failed> {
+    let mut server =
+        tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Postgres))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    let url = server.url().to_string();
+    let mut tokens = Vec::new();
+    {
+        let client = LockClient::new(SqlBackend::connect(&url).await?);
+        for _ in 0..2 {
+            let g = client.lock("restart/tokens").acquire().await?;
+            tokens.push(g.token());
+            g.release().await?;
+        }
+    }
+    server = tokio::task::spawn_blocking(move || {
+        server
+            .process_mut()
+            .ok_or("no process")?
+            .restart()
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(server)
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let client = LockClient::new(SqlBackend::connect(&url).await?);
+    let g = client.lock("restart/tokens").acquire().await?;
+    tokens.push(g.token());
+    g.release().await?;
+    drop(server);
+    if tokens.windows(2).all(|w| w[0] < w[1]) {
+        Ok(())
+    } else {
+        Err(format!("tokens across the restart: {tokens:?}").into())
+    }
+}
+
+/// The lock lives in a row, not in a session: killing the holder's pooled
+/// connections makes the next renewal use a fresh one, and the hold goes on.
+async fn terminated(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let app = format!("victim_{}", &integration_tests::namespace()[12..]);
+    let victim = LockClient::new(
+        SqlBackend::connect(&f.url_with(&format!("application_name={app}"))?).await?,
+    );
+    let other = LockClient::new(f.connect(SqlConfig::default()).await?);
+    let ttl = Duration::from_millis(900);
+    let g = victim.lock("terminated/conn").ttl(ttl).acquire().await?;
+    let admin = sqlx::PgPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&app)
+    .fetch_one(&admin)
+    .await
+    .map_err(|e| e.to_string())?;
+    if killed < 1 {
+        return Err("no connection was terminated: the fault did not fire".into());
+    }
+    tokio::time::sleep(ttl * 4).await;
+    if !g.is_held() {
+        return Err(format!(
+            "lost after its connection was killed: {:?}",
+            tokio::time::timeout(Duration::ZERO, g.lost()).await
+        )
+        .into());
+    }
+    if other.lock("terminated/conn").try_acquire().await?.is_some() {
+        return Err("another client got the lock after the holder's connection was killed".into());
+    }
+    if !g.release().await? {
+        return Err("release reported the lock as not held".into());
+    }
+    Ok(())
+}
+
+/// The waiter's fallback poll is a minute and the holder's TTL two, so only
+/// NOTIFY can hand it the lock within the bound below.
+async fn notified(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let mut config = SqlConfig::default();
+    config.notify_fallback = Duration::from_secs(60);
+    let waiter = LockClient::new(f.connect(config).await?);
+    let holder = LockClient::new(f.connect(SqlConfig::default()).await?);
+    let g = holder
+        .lock("notified/release")
+        .ttl(Duration::from_secs(120))
+        .acquire()
+        .await?;
+    let w = tokio::spawn(async move {
+        waiter
+            .lock("notified/release")
+            .ttl(Duration::from_secs(120))
+            .acquire()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    g.release().await?;
+    let got = tokio::time::timeout(Duration::from_secs(15), w)
+        .await
+        .map_err(|_| Failed::from("waiter not woken by NOTIFY"))?
+        .map_err(|e| e.to_string())??;
+    got.release().await?;
+    Ok(())
+}

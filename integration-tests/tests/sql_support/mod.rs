@@ -1,0 +1,136 @@
+//! The factory shared by the three SQL test files.
+
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use distlock_core::{async_trait, DynBackend, LockName};
+use distlock_sql::{SqlBackend, SqlConfig};
+use integration_tests::harness::{ServerKind, TestServer};
+use integration_tests::BackendFactory;
+use libtest_mimic::{Completion, Failed, Trial};
+use tokio::sync::OnceCell;
+
+/// Where a SQL backend's database comes from.
+pub enum Source {
+    /// A server kind the harness starts (or names by environment variable).
+    Server(ServerKind),
+    /// A SQLite file in a temp dir.
+    SqliteFile,
+}
+
+pub struct SqlFactory {
+    pub name: &'static str,
+    source: Source,
+    db: OnceLock<Result<(Option<TestServer>, String), String>>,
+    admin: OnceCell<SqlBackend>,
+}
+
+impl SqlFactory {
+    pub fn new(name: &'static str, source: Source) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            source,
+            db: OnceLock::new(),
+            admin: OnceCell::new(),
+        })
+    }
+
+    /// The database URL, starting the server on first use.
+    pub fn url(&self) -> Result<String, Failed> {
+        let db = self.db.get_or_init(|| match &self.source {
+            Source::Server(kind) => TestServer::start(*kind)
+                .map(|s| (s.url().to_string(), Some(s)))
+                .map(|(u, s)| (s, u))
+                .map_err(|e| e.to_string()),
+            Source::SqliteFile => integration_tests::harness::process::temp_dir("sqlite")
+                .map(|d| (None, format!("sqlite://{}", d.join("locks.db").display())))
+                .map_err(|e| e.to_string()),
+        });
+        db.as_ref()
+            .map(|(_, u)| u.clone())
+            .map_err(|e| Failed::from(e.as_str()))
+    }
+
+    /// A URL with extra query parameters.
+    pub fn url_with(&self, params: &str) -> Result<String, Failed> {
+        let url = self.url()?;
+        let sep = if url.contains('?') { '&' } else { '?' };
+        Ok(format!("{url}{sep}{params}"))
+    }
+
+    pub async fn connect(&self, config: SqlConfig) -> Result<SqlBackend, Failed> {
+        Ok(SqlBackend::connect_with(&self.url()?, config).await?)
+    }
+}
+
+#[async_trait]
+impl BackendFactory for SqlFactory {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    async fn client(&self) -> distlock_core::Result<DynBackend> {
+        let url = self
+            .url()
+            .map_err(|e| distlock_core::Error::unavailable("test", format!("{e:?}"), None))?;
+        Ok(Arc::new(SqlBackend::connect(&url).await?))
+    }
+    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
+        let admin = self
+            .admin
+            .get_or_try_init(|| self.connect(SqlConfig::default()))
+            .await?;
+        if admin.evict(name).await? {
+            Ok(())
+        } else {
+            Err(format!("nothing to evict for {name}").into())
+        }
+    }
+    fn short_ttl(&self) -> Duration {
+        Duration::from_millis(800)
+    }
+}
+
+/// Many clients create a fresh lock table at the same moment; all succeed
+/// and the table works.
+pub fn table_created_concurrently(f: Arc<SqlFactory>, rt: &tokio::runtime::Runtime) -> Trial {
+    let handle = rt.handle().clone();
+    Trial::test(
+        format!("{}::table_is_created_concurrently_without_errors", f.name),
+        move || {
+            handle.block_on(async {
+                let table = format!("locks_{}", &integration_tests::namespace()[12..]);
+                let mut tasks = Vec::new();
+                for _ in 0..12 {
+                    let url = f.url_with(&format!("table={table}&pool_size=2"))?;
+                    tasks.push(tokio::spawn(async move { SqlBackend::connect(&url).await }));
+                }
+                let mut backends = Vec::new();
+                for t in tasks {
+                    backends.push(t.await.map_err(|e| Failed::from(e.to_string()))??);
+                }
+                let client = distlock_core::LockClient::new(backends.swap_remove(0));
+                let g = client
+                    .lock("created/concurrently")
+                    .try_acquire()
+                    .await?
+                    .ok_or("fresh table: lock not granted")?;
+                g.release().await?;
+                Ok(())
+            })
+        },
+    )
+}
+
+/// Helper: a trial that runs an async body on the shared runtime.
+pub fn trial<F, Fut>(name: String, rt: &tokio::runtime::Runtime, body: F) -> Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), Failed>>,
+{
+    let handle = rt.handle().clone();
+    Trial::ignorable_test(name, move || {
+        handle.block_on(body()).map(|()| Completion::Completed)
+    })
+}

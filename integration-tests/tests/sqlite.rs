@@ -1,0 +1,168 @@
+//! The conformance suite on SQLite (a temp file), plus SQLite's own edges:
+//! several processes on one file, and same-process waiters woken on release.
+
+mod sql_support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use distlock_core::poll::Backoff;
+use distlock_core::LockClient;
+use distlock_sql::{sqlx, SqlBackend, SqlConfig};
+use libtest_mimic::Failed;
+use sql_support::{table_created_concurrently, trial, Source, SqlFactory};
+
+const CHILD_ENV: &str = "DISTLOCK_TEST_SQLITE_CHILD";
+const ROUNDS: i64 = 25;
+
+fn main() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        std::process::exit(match child(&spec) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("child failed: {e}");
+                1
+            }
+        });
+    }
+    let f = SqlFactory::new("sqlite", Source::SqliteFile);
+    integration_tests::run_suite(f.clone(), move |rt| {
+        vec![
+            table_created_concurrently(f.clone(), rt),
+            trial(
+                "sqlite::processes_sharing_one_file_exclude_each_other".into(),
+                rt,
+                {
+                    let f = f.clone();
+                    move || two_processes(f)
+                },
+            ),
+            trial(
+                "sqlite::same_process_waiter_is_woken_on_release".into(),
+                rt,
+                {
+                    let f = f.clone();
+                    move || woken_in_process(f)
+                },
+            ),
+        ]
+    })
+}
+
+/// Child process: increments a counter row ROUNDS times under the lock, with
+/// a gap between read and write that any overlap would turn into a lost update.
+fn child(spec: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let (url, counter) = spec.split_once(' ').ok_or("bad child spec")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client = LockClient::new(SqlBackend::connect(url).await?);
+        let pool = sqlx::SqlitePool::connect(&format!("{url}?mode=rw")).await?;
+        sqlx::query("PRAGMA busy_timeout = 10000")
+            .execute(&pool)
+            .await?;
+        for _ in 0..ROUNDS {
+            let g = client
+                .lock("shared/file-counter")
+                .ttl(Duration::from_secs(10))
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await?;
+            let n: i64 = sqlx::query_scalar(&format!("SELECT n FROM {counter} WHERE id = 1"))
+                .fetch_one(&pool)
+                .await?;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            sqlx::query(&format!("UPDATE {counter} SET n = ? WHERE id = 1"))
+                .bind(n + 1)
+                .execute(&pool)
+                .await?;
+            g.release().await?;
+        }
+        Ok(())
+    })
+}
+
+async fn two_processes(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let counter = format!("counter_{}", &integration_tests::namespace()[12..]);
+    let pool = sqlx::SqlitePool::connect(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    sqlx::query(&format!(
+        "CREATE TABLE {counter} (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .map_err(|e| e.to_string())?;
+    sqlx::query(&format!("INSERT INTO {counter} VALUES (1, 0)"))
+        .execute(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let spec = format!("{url} {counter}");
+    let children = tokio::task::spawn_blocking(move || {
+        let spawned: Vec<_> = (0..2)
+            .map(|_| Command::new(&exe).env(CHILD_ENV, &spec).spawn())
+            .collect();
+        spawned
+            .into_iter()
+            .map(|c| c.and_then(|mut c| c.wait()))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    for status in children {
+        let status = status.map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("a child process failed: {status}").into());
+        }
+    }
+    let n: i64 = sqlx::query_scalar(&format!("SELECT n FROM {counter} WHERE id = 1"))
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    if n != 2 * ROUNDS {
+        return Err(format!(
+            "counter {n}, expected {}: two processes overlapped",
+            2 * ROUNDS
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The waiter's backoff is set to a minute, so only the in-process release
+/// notification can hand it the lock within the bound below.
+async fn woken_in_process(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let slow = f
+        .connect(SqlConfig::default().with_poll(Backoff::new(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        )))
+        .await?;
+    let holder = LockClient::new(f.connect(SqlConfig::default()).await?);
+    let waiter = LockClient::new(slow);
+    let g = holder
+        .lock("woken/in-process")
+        .ttl(Duration::from_secs(120))
+        .acquire()
+        .await?;
+    let w = tokio::spawn(async move {
+        waiter
+            .lock("woken/in-process")
+            .ttl(Duration::from_secs(120))
+            .acquire()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    g.release().await?;
+    let got = tokio::time::timeout(Duration::from_secs(15), w)
+        .await
+        .map_err(|_| {
+            Failed::from("waiter not woken by the release (it would have polled only after 60 s)")
+        })?
+        .map_err(|e| e.to_string())??;
+    got.release().await?;
+    Ok(())
+}
