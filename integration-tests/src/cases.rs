@@ -432,13 +432,17 @@ pub async fn run_until_lost_cancels_work(f: &dyn BackendFactory, ns: String) -> 
 }
 
 /// Tokens strictly increase across successive holders: after a release,
-/// after an expiry, and between clients.
+/// after an expiry, and between clients (on every backend that declares
+/// fencing at all).
 pub async fn tokens_increase_across_holders(f: &dyn BackendFactory, ns: String) -> CaseResult {
+    // Best-effort fencing must also increase while the backend's assumptions
+    // hold (as they do here); what it gives up under faults is the fault
+    // suite's business.
     let caps = f.client().await?.capabilities();
-    if caps.fencing != Fencing::Strong {
+    if caps.fencing == Fencing::None {
         return Ok(Completion::ignored_with(format!(
-            "{} declares {:?} fencing, not Strong",
-            caps.backend, caps.fencing
+            "{} declares no fencing",
+            caps.backend
         )));
     }
     let lock = name(&ns, "tokens")?;

@@ -10,3 +10,8 @@ pub use distlock_core::*;
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub use distlock_sql as sql;
+
+/// The Redis backend (single server, Sentinel, Cluster).
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use distlock_redis as redis;

@@ -18,6 +18,7 @@ pub mod etcd;
 pub mod mariadb;
 pub mod postgres;
 pub mod process;
+pub mod proxy;
 pub mod redis;
 pub mod zookeeper;
 

@@ -54,3 +54,71 @@ pub fn command(port: u16, args: &[&str]) -> Option<String> {
     req.push_str("*1\r\n$4\r\nQUIT\r\n");
     tcp_exchange(port, req.as_bytes())
 }
+
+/// Starts `n` cluster-enabled servers and joins them into one cluster of
+/// masters, waiting until every node reports `cluster_state:ok`.
+pub fn cluster(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
+    let mut nodes = Vec::new();
+    for _ in 0..n {
+        nodes.push(spawn(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "2000",
+        ])?);
+    }
+    let cli = find_binary("redis-cli", &[], INSTALL)?;
+    let mut create = Command::new(cli);
+    create.args(["--cluster", "create"]);
+    for node in &nodes {
+        create.arg(format!("127.0.0.1:{}", node.port));
+    }
+    create.args(["--cluster-replicas", "0", "--cluster-yes"]);
+    super::process::run_client(create)
+        .map_err(|e| HarnessError::start("redis cluster create", e))?;
+    let start = std::time::Instant::now();
+    while !nodes.iter().all(|s| {
+        command(s.port, &["CLUSTER", "INFO"]).is_some_and(|r| r.contains("cluster_state:ok"))
+    }) {
+        if start.elapsed() > Duration::from_secs(30) {
+            return Err(HarnessError::start(
+                "redis cluster",
+                "cluster_state not ok after 30 s",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(nodes)
+}
+
+/// Starts a Sentinel monitoring the master at `master_port` as `service`,
+/// with a 1 s down-after time so failovers are quick.
+pub fn sentinel(master_port: u16, service: &str) -> Result<ServerProcess, HarnessError> {
+    let bin = find_binary(
+        "redis-sentinel",
+        &[],
+        "apt-get install redis-sentinel (or run scripts/test.sh)",
+    )?;
+    let dir = temp_dir("sentinel")?;
+    let port = free_port()?;
+    let conf = dir.join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {service} 127.0.0.1 {master_port} 2\nsentinel down-after-milliseconds {service} 1000\nsentinel failover-timeout {service} 5000\nsentinel parallel-syncs {service} 1\n",
+            dir.display()
+        ),
+    )
+    .map_err(|e| HarnessError::start("redis-sentinel", e.to_string()))?;
+    let mut cmd = Command::new(bin);
+    cmd.arg(&conf);
+    ServerProcess::spawn(
+        "redis-sentinel",
+        cmd,
+        dir,
+        port,
+        "TERM",
+        Duration::from_secs(20),
+        move || ping(port),
+    )
+}

@@ -1,0 +1,301 @@
+//! Options and the URL forms.
+
+use std::time::Duration;
+
+use distlock_core::{Error, InputKind, Result};
+
+/// Options for [`RedisBackend`](crate::RedisBackend). URL query parameters
+/// set the same options:
+///
+/// | parameter | meaning | default |
+/// |---|---|---|
+/// | `prefix` | prepended to every lock key | empty |
+/// | `wait_replicas` | after a grant, `WAIT` for this many replicas; release and fail if fewer acknowledge | 0 (off) |
+/// | `wait_timeout_ms` | the `WAIT` timeout | 100 |
+/// | `timeout_ms` | connect and response timeout | 2000 |
+///
+/// Other parameters of a `redis://` URL (such as `protocol`) are passed to
+/// the redis client.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// Prefix for lock keys (no `{` or `}`).
+    pub prefix: String,
+    /// Replicas that must acknowledge a grant (`WAIT`); 0 switches it off.
+    pub wait_replicas: u32,
+    /// How long `WAIT` may take.
+    pub wait_timeout: Duration,
+    /// Connect and per-command response timeout.
+    pub timeout: Duration,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            prefix: String::new(),
+            wait_replicas: 0,
+            wait_timeout: Duration::from_millis(100),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RedisConfig {
+    /// Sets the key prefix.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Requires `n` replicas to acknowledge each grant within `timeout`.
+    pub fn with_wait_replicas(mut self, n: u32, timeout: Duration) -> Self {
+        self.wait_replicas = n;
+        self.wait_timeout = timeout;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.prefix.contains(['{', '}']) {
+            return Err(Error::invalid(
+                InputKind::Config,
+                format!(
+                    "key prefix {:?} must not contain braces (they are Redis Cluster hash tags)",
+                    self.prefix
+                ),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::invalid(
+                InputKind::Config,
+                "timeout must be greater than zero",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where the data lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Topology {
+    /// One server: a URL for the redis client.
+    Single(String),
+    /// Sentinels that know the master of `service`.
+    Sentinel {
+        sentinels: Vec<String>,
+        service: String,
+        db: i64,
+        username: Option<String>,
+        password: Option<String>,
+    },
+    /// Cluster seed nodes, as redis URLs.
+    Cluster(Vec<String>),
+}
+
+/// A parsed URL: topology plus an endpoint string without credentials.
+#[derive(Debug)]
+pub(crate) struct Parsed {
+    pub(crate) topology: Topology,
+    pub(crate) endpoint: String,
+}
+
+fn bad(url: &str, why: impl std::fmt::Display) -> Error {
+    // Never echo a password: show the scheme and hosts only.
+    let shown = url.split_once("://").map_or("?", |(s, _)| s);
+    Error::invalid(InputKind::Url, format!("{shown}:// URL: {why}"))
+}
+
+/// Parses `redis://`, `redis+sentinel://` and `redis+cluster://` URLs,
+/// taking distlock's own query parameters into `config`.
+pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| bad(url, "expected scheme://host:port"))?;
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut passthrough = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let number = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| bad(url, format!("{k}={v:?} is not a number")))
+        };
+        match k {
+            "prefix" => config.prefix = v.to_string(),
+            "wait_replicas" => {
+                config.wait_replicas =
+                    u32::try_from(number(v)?).map_err(|_| bad(url, "wait_replicas too large"))?
+            }
+            "wait_timeout_ms" => config.wait_timeout = Duration::from_millis(number(v)?),
+            "timeout_ms" => config.timeout = Duration::from_millis(number(v)?),
+            _ => passthrough.push(pair),
+        }
+    }
+    config.validate()?;
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let hosts: Vec<&str> = hosts.split(',').filter(|h| !h.is_empty()).collect();
+    if hosts.is_empty() {
+        return Err(bad(url, "no host"));
+    }
+    for h in &hosts {
+        let ok = h
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !ok {
+            return Err(bad(url, format!("{h:?} is not host:port")));
+        }
+    }
+    let endpoint = hosts.join(",");
+    let creds = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+    let topology = match scheme {
+        "redis" => {
+            if hosts.len() != 1 {
+                return Err(bad(url, "redis:// takes one host; use redis+sentinel:// or redis+cluster:// for several"));
+            }
+            let q = if passthrough.is_empty() {
+                String::new()
+            } else {
+                format!("?{}", passthrough.join("&"))
+            };
+            let p = if path.is_empty() {
+                String::new()
+            } else {
+                format!("/{path}")
+            };
+            Topology::Single(format!("redis://{creds}{}{p}{q}", hosts[0]))
+        }
+        "rediss" => {
+            return Err(Error::Unsupported {
+                backend: "redis",
+                operation: "TLS (rediss://) in this build",
+            });
+        }
+        "redis+sentinel" => {
+            let mut parts = path.split('/').filter(|p| !p.is_empty());
+            let service = parts.next().ok_or_else(|| {
+                bad(
+                    url,
+                    "missing the service name: redis+sentinel://host:port/SERVICE[/DB]",
+                )
+            })?;
+            let db = match parts.next() {
+                Some(d) => d
+                    .parse()
+                    .map_err(|_| bad(url, format!("database {d:?} is not a number")))?,
+                None => 0,
+            };
+            let (username, password) = match userinfo {
+                Some(u) => match u.split_once(':') {
+                    Some((user, pass)) => (
+                        (!user.is_empty()).then(|| user.to_string()),
+                        Some(pass.to_string()),
+                    ),
+                    None => (Some(u.to_string()), None),
+                },
+                None => (None, None),
+            };
+            Topology::Sentinel {
+                sentinels: hosts.iter().map(|h| format!("redis://{h}")).collect(),
+                service: service.to_string(),
+                db,
+                username,
+                password,
+            }
+        }
+        "redis+cluster" => {
+            if config.wait_replicas > 0 {
+                return Err(bad(url, "wait_replicas is not supported on Redis Cluster"));
+            }
+            Topology::Cluster(
+                hosts
+                    .iter()
+                    .map(|h| format!("redis://{creds}{h}"))
+                    .collect(),
+            )
+        }
+        other => {
+            return Err(bad(
+                url,
+                format!(
+                    "unknown scheme {other:?}; use redis://, redis+sentinel:// or redis+cluster://"
+                ),
+            ))
+        }
+    };
+    Ok(Parsed { topology, endpoint })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(url: &str) -> Result<(Topology, RedisConfig)> {
+        let mut c = RedisConfig::default();
+        parse(url, &mut c).map(|p| (p.topology, c))
+    }
+
+    #[test]
+    fn parses_the_url_forms() {
+        let (t, c) =
+            p("redis://:pw@127.0.0.1:6379/2?prefix=app:&wait_replicas=1&protocol=resp3").unwrap();
+        assert_eq!(
+            t,
+            Topology::Single("redis://:pw@127.0.0.1:6379/2?protocol=resp3".into())
+        );
+        assert_eq!((c.prefix.as_str(), c.wait_replicas), ("app:", 1));
+        let (t, _) = p("redis+sentinel://a:26379,b:26380/mymaster/3").unwrap();
+        assert_eq!(
+            t,
+            Topology::Sentinel {
+                sentinels: vec!["redis://a:26379".into(), "redis://b:26380".into()],
+                service: "mymaster".into(),
+                db: 3,
+                username: None,
+                password: None
+            }
+        );
+        let (t, _) = p("redis+cluster://a:7000,b:7001").unwrap();
+        assert_eq!(
+            t,
+            Topology::Cluster(vec!["redis://a:7000".into(), "redis://b:7001".into()])
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_urls_with_typed_errors() {
+        for bad in [
+            "localhost:6379",
+            "redis://",
+            "redis://host",
+            "redis://host:notaport",
+            "redis://a:1,b:2",
+            "redis+sentinel://a:1",
+            "redis+sentinel://a:1/m/notadb",
+            "redis://a:1?wait_replicas=x",
+            "redis://a:1?prefix={x}",
+            "memcached://a:1",
+        ] {
+            assert!(
+                matches!(
+                    p(bad),
+                    Err(Error::InvalidInput {
+                        kind: InputKind::Url | InputKind::Config,
+                        ..
+                    })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(matches!(p("rediss://a:1"), Err(Error::Unsupported { .. })));
+    }
+
+    #[test]
+    fn errors_never_show_passwords() {
+        let e = p("redis://user:hunter2@a:notaport")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+}

@@ -1,0 +1,336 @@
+#![doc = include_str!("../README.md")]
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::{
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, LockName,
+    LockRequest, Result, TrustedClock, Waiting,
+};
+use redis::RedisError;
+use tokio::time::Instant;
+
+mod config;
+mod conn;
+pub mod scripts;
+mod subscriber;
+
+pub use config::RedisConfig;
+pub use scripts::{Keys, Scripts};
+
+use conn::Conn;
+use subscriber::Subscriber;
+
+/// A lock on one Redis deployment: a single server, a Sentinel-managed
+/// master, or a Redis Cluster.
+///
+/// Cheap to clone; clones share one multiplexed, self-reconnecting
+/// connection and one pub/sub connection for waiters.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    config: RedisConfig,
+    endpoint: String,
+    subscriber: Arc<Subscriber>,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("endpoint", &self.inner.endpoint)
+            .field("prefix", &self.inner.config.prefix)
+            .field("wait_replicas", &self.inner.config.wait_replicas)
+            .finish()
+    }
+}
+
+/// One acquire attempt's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// Granted, with this token.
+    Granted(FencingToken),
+    /// Held by someone else for about this long still (`None`: unknown).
+    Held(Option<Duration>),
+}
+
+impl RedisBackend {
+    /// Connects to `redis://[user:pass@]host:port[/db]`,
+    /// `redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db]` or
+    /// `redis+cluster://host:port[,host:port...]`, with the options of
+    /// [`RedisConfig`] as query parameters.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, RedisConfig::default()).await
+    }
+
+    /// [`connect`](Self::connect) with options; URL parameters override them.
+    pub async fn connect_with(url: &str, mut config: RedisConfig) -> Result<Self> {
+        let parsed = config::parse(url, &mut config)?;
+        let endpoint = parsed.endpoint;
+        let conn = Conn::open(&parsed.topology, config.timeout)
+            .await
+            .map_err(|e| map_err(&endpoint, e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                config,
+                endpoint,
+                subscriber: Subscriber::new(),
+            }),
+        })
+    }
+
+    /// The keys used for `name`.
+    pub fn keys(&self, name: &LockName) -> Keys {
+        Keys::new(&self.inner.config.prefix, name)
+    }
+
+    fn err(&self, e: RedisError) -> Error {
+        map_err(&self.inner.endpoint, e)
+    }
+
+    /// One acquire script: the token, or how long the holder has left.
+    pub async fn attempt(&self, req: &LockRequest) -> Result<Attempt> {
+        let keys = self.keys(&req.name);
+        let mut inv = Scripts::get().acquire.key(&keys.lock);
+        inv.key(&keys.fence)
+            .arg(req.owner.to_string())
+            .arg(ttl_ms(req.ttl));
+        let (granted, value): (i64, i64) = self
+            .inner
+            .conn
+            .script(&inv)
+            .await
+            .map_err(|e| self.err(e))?;
+        if granted == 1 {
+            let token = u64::try_from(value)
+                .ok()
+                .filter(|t| *t > 0)
+                .ok_or_else(|| {
+                    Error::backend(
+                        "redis",
+                        format!("fencing counter {} holds {value}", keys.fence),
+                    )
+                })?;
+            self.await_replicas(req).await?;
+            Ok(Attempt::Granted(FencingToken(token)))
+        } else {
+            // PTTL: -2 the key just vanished, -1 no expiry (a foreign client's key).
+            Ok(Attempt::Held(
+                (value >= 0).then(|| Duration::from_millis(value as u64)),
+            ))
+        }
+    }
+
+    /// With `wait_replicas`, a grant counts only once that many replicas
+    /// have it: a failover inside the window can then no longer lose it.
+    async fn await_replicas(&self, req: &LockRequest) -> Result<()> {
+        let want = self.inner.config.wait_replicas;
+        if want == 0 {
+            return Ok(());
+        }
+        let timeout = u64::try_from(self.inner.config.wait_timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let acked: i64 = self
+            .inner
+            .conn
+            .cmd(redis::cmd("WAIT").arg(want).arg(timeout))
+            .await
+            .map_err(|e| self.err(e))?;
+        if acked >= i64::from(want) {
+            return Ok(());
+        }
+        let _ = self.release(req).await;
+        Err(Error::unavailable(
+            "redis",
+            format!(
+                "only {acked} of {want} replicas of {} acknowledged the lock within {timeout} ms, so it was released",
+                self.inner.endpoint
+            ),
+            None,
+        ))
+    }
+
+    /// Deletes the lock key whoever holds it, as an operator would. Returns
+    /// whether it existed.
+    pub async fn evict(&self, name: &LockName) -> Result<bool> {
+        let n: i64 = self
+            .inner
+            .conn
+            .cmd(redis::cmd("DEL").arg(self.keys(name).lock))
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(n == 1)
+    }
+
+    /// The server's `run_id` (changes on every restart).
+    pub async fn run_id(&self) -> Result<String> {
+        let info: String = self
+            .inner
+            .conn
+            .cmd(redis::cmd("INFO").arg("server"))
+            .await
+            .map_err(|e| self.err(e))?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|s| s.trim().to_string())
+            .ok_or_else(|| Error::backend("redis", "INFO server has no run_id"))
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn map_err(endpoint: &str, e: RedisError) -> Error {
+    use redis::{ErrorKind, ServerErrorKind};
+    let transient = e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::ReadOnly
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::BusyLoading
+            )
+        );
+    if transient {
+        Error::unavailable(
+            "redis",
+            format!("redis at {endpoint}: {e}"),
+            Some(Box::new(e)),
+        )
+    } else if matches!(e.kind(), ErrorKind::InvalidClientConfig) {
+        Error::invalid(
+            distlock_core::InputKind::Url,
+            format!("redis at {endpoint}: {e}"),
+        )
+    } else {
+        Error::backend("redis", e)
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        // Tokens come from a counter in Redis memory: they increase only
+        // while Redis keeps its data (no failover to a lagging replica, no
+        // restart without persistence). Asynchronous replication makes the
+        // lock AP.
+        Capabilities::new(
+            "redis",
+            Fencing::BestEffort,
+            Consistency::Ap,
+            Waiting::Notification,
+            TrustedClock::Server,
+        )
+        .with_ttl_range(
+            Duration::from_millis(10),
+            Duration::from_secs(365 * 24 * 3600),
+        )
+    }
+
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        match self.attempt(req).await? {
+            Attempt::Granted(t) => Ok(Some(t)),
+            Attempt::Held(_) => Ok(None),
+        }
+    }
+
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        let start = Instant::now();
+        let keys = self.keys(&req.name);
+        // Subscribe before the first attempt: a release between a failed
+        // attempt and the wait is then still seen.
+        let mut watch = match self
+            .inner
+            .subscriber
+            .watch(&self.inner.conn, &keys.channel)
+            .await
+        {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::debug!(error = %e, "no pub/sub; waiting on the holder's TTL only");
+                None
+            }
+        };
+        loop {
+            let left = match self.attempt(req).await? {
+                Attempt::Granted(t) => return Ok(t),
+                Attempt::Held(left) => left,
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(Error::WaitTimeout {
+                    name: req.name.clone(),
+                    waited: start.elapsed(),
+                });
+            }
+            // Re-check when the holder's lease runs out, so an expiry is
+            // noticed without a release; a few ms late, never early.
+            let mut wake =
+                now + left.map_or(Duration::from_millis(100), |l| l + Duration::from_millis(2));
+            if let Some(d) = deadline {
+                wake = wake.min(d);
+            }
+            let sleep = tokio::time::sleep_until(wake);
+            match watch.as_mut() {
+                Some(w) => {
+                    tokio::select! {
+                        () = sleep => {}
+                        r = released(&mut w.rx, &keys.channel) => if !r { watch = None; },
+                    }
+                }
+                None => sleep.await,
+            }
+        }
+    }
+
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        let keys = self.keys(&req.name);
+        let mut inv = Scripts::get().extend.key(&keys.lock);
+        inv.arg(req.owner.to_string()).arg(ttl_ms(req.ttl));
+        let n: i64 = self
+            .inner
+            .conn
+            .script(&inv)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(n == 1)
+    }
+
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        let keys = self.keys(&req.name);
+        let mut inv = Scripts::get().release.key(&keys.lock);
+        inv.arg(req.owner.to_string()).arg(&keys.channel);
+        let n: i64 = self
+            .inner
+            .conn
+            .script(&inv)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(n == 1)
+    }
+}
+
+/// Waits for a release message on `channel`; false if the subscription died.
+async fn released(rx: &mut tokio::sync::broadcast::Receiver<Arc<str>>, channel: &str) -> bool {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match rx.recv().await {
+            Ok(c) if &*c == channel => return true,
+            Ok(_) => {}
+            Err(RecvError::Lagged(_)) => return true,
+            Err(RecvError::Closed) => return false,
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! The conformance suite on a single redis-server and on a 3-node Redis
+//! Cluster, plus Redis's own edges: interop with the classic raw-command
+//! protocol, and a real Sentinel failover.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use distlock_core::{async_trait, DynBackend, Error, LockClient, LockName, LostReason};
+use distlock_redis::{RedisBackend, RedisConfig};
+use integration_tests::harness::proxy::Proxy;
+use integration_tests::harness::{redis as server, ServerKind, ServerProcess, TestServer};
+use integration_tests::BackendFactory;
+use libtest_mimic::{Completion, Failed, Trial};
+
+enum Deployment {
+    Single,
+    Cluster,
+}
+
+/// The URL, and the servers to keep alive (processes or an external server).
+type Started = Result<(String, Vec<ServerProcess>, Option<TestServer>), String>;
+
+struct Redis {
+    name: &'static str,
+    deployment: Deployment,
+    started: OnceLock<Started>,
+}
+
+impl Redis {
+    fn new(name: &'static str, deployment: Deployment) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            deployment,
+            started: OnceLock::new(),
+        })
+    }
+
+    fn url(&self) -> Result<String, Failed> {
+        let started = self.started.get_or_init(|| match self.deployment {
+            Deployment::Single => TestServer::start(ServerKind::Redis)
+                .map(|s| (s.url().to_string(), Vec::new(), Some(s)))
+                .map_err(|e| e.to_string()),
+            Deployment::Cluster => server::cluster(3)
+                .map(|nodes| {
+                    let hosts: Vec<String> = nodes
+                        .iter()
+                        .map(|n| format!("127.0.0.1:{}", n.port))
+                        .collect();
+                    (format!("redis+cluster://{}", hosts.join(",")), nodes, None)
+                })
+                .map_err(|e| e.to_string()),
+        });
+        started
+            .as_ref()
+            .map(|(u, _, _)| u.clone())
+            .map_err(|e| Failed::from(e.as_str()))
+    }
+
+    async fn backend(&self) -> Result<RedisBackend, Failed> {
+        Ok(RedisBackend::connect(&self.url()?).await?)
+    }
+}
+
+#[async_trait]
+impl BackendFactory for Redis {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    async fn client(&self) -> distlock_core::Result<DynBackend> {
+        let url = self
+            .url()
+            .map_err(|e| Error::unavailable("test", format!("{e:?}"), None))?;
+        Ok(Arc::new(RedisBackend::connect(&url).await?))
+    }
+    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
+        if self.backend().await?.evict(name).await? {
+            Ok(())
+        } else {
+            Err(format!("nothing to evict for {name}").into())
+        }
+    }
+}
+
+fn main() {
+    let single = Redis::new("redis", Deployment::Single);
+    let cluster = Redis::new("redis::cluster", Deployment::Cluster);
+    integration_tests::run_suite(single.clone(), move |rt| {
+        let mut extra = integration_tests::trials(cluster, rt);
+        let handle = rt.handle().clone();
+        let s = single.clone();
+        extra.push(Trial::test(
+            "redis::interoperates_with_classic_set_nx_clients",
+            move || handle.block_on(interop(s)),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::ignorable_test(
+            "redis::failover_to_a_lagging_replica_grants_twice_and_holder_sees_lost",
+            move || handle.block_on(failover()).map(|()| Completion::Completed),
+        ));
+        extra
+    })
+}
+
+/// Classic clients (`SET name value NX PX`, compare-and-delete) and distlock
+/// exclude each other on the same key.
+async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let port = integration_tests::harness::host_port(&url)
+        .ok_or("no port")?
+        .1;
+    let name = format!("{}/interop", integration_tests::namespace());
+    let client = LockClient::new(f.backend().await?);
+    let raw = |args: &[&str]| server::command(port, args).ok_or_else(|| Failed::from("no reply"));
+
+    let reply = raw(&["SET", &name, "classic-owner", "NX", "PX", "60000"])?;
+    if !reply.starts_with("+OK") {
+        return Err(format!("raw SET NX failed: {reply:?}").into());
+    }
+    if client.lock(&name).try_acquire().await?.is_some() {
+        return Err("distlock took a lock a classic client holds".into());
+    }
+    let cad = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+    let reply = raw(&["EVAL", cad, "1", &name, "classic-owner"])?;
+    if !reply.starts_with(":1") {
+        return Err(format!("raw compare-and-delete failed: {reply:?}").into());
+    }
+    let g = client
+        .lock(&name)
+        .try_acquire()
+        .await?
+        .ok_or("distlock could not take the freed lock")?;
+    let reply = raw(&["SET", &name, "classic-owner", "NX", "PX", "60000"])?;
+    if !reply.starts_with("$-1") && !reply.starts_with("_") {
+        return Err(format!("classic SET NX got a lock distlock holds: {reply:?}").into());
+    }
+    let reply = raw(&["EVAL", cad, "1", &name, "classic-owner"])?;
+    if !reply.starts_with(":0") {
+        return Err(format!("classic compare-and-delete freed distlock's lock: {reply:?}").into());
+    }
+    if !g.release().await? {
+        return Err("distlock release failed".into());
+    }
+    Ok(())
+}
+
+fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
+    let info = server::command(port, &["INFO", section])?;
+    info.lines().find_map(|l| {
+        l.strip_prefix(&format!("{field}:"))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Result<(), Failed> {
+    let start = std::time::Instant::now();
+    while !cond() {
+        if start.elapsed() > timeout {
+            return Err(format!("timed out after {timeout:?} waiting for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// Master, a replica linked through a proxy we can cut, three Sentinels.
+/// A lock granted while the link is cut never reaches the replica; after the
+/// master dies and the Sentinels promote the replica, its holder sees
+/// `lost()`, the lock is granted again, and its token repeats. A lock that
+/// did replicate survives, and the client follows the new master.
+async fn failover() -> Result<(), Failed> {
+    let setup = tokio::task::spawn_blocking(|| -> Result<_, Failed> {
+        let master =
+            server::spawn(&["--repl-diskless-sync-delay", "0"]).map_err(|e| e.to_string())?;
+        let proxy = Proxy::start(master.port).map_err(|e| e.to_string())?;
+        let replica = server::spawn(&["--replicaof", "127.0.0.1", &proxy.port.to_string()])
+            .map_err(|e| e.to_string())?;
+        wait_for("the replica to sync", Duration::from_secs(20), || {
+            info_field(replica.port, "replication", "master_link_status").as_deref() == Some("up")
+        })?;
+        let sentinels = (0..3)
+            .map(|_| server::sentinel(master.port, "m"))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        wait_for(
+            "the sentinels to agree on a quorum",
+            Duration::from_secs(30),
+            || {
+                server::command(sentinels[0].port, &["SENTINEL", "CKQUORUM", "m"])
+                    .is_some_and(|r| r.contains("3 usable"))
+                    && server::command(sentinels[0].port, &["SENTINEL", "REPLICAS", "m"])
+                        .is_some_and(|r| r.contains(&replica.port.to_string()))
+            },
+        )?;
+        Ok((master, proxy, replica, sentinels))
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let (master, proxy, replica, sentinels) = setup;
+    let hosts: Vec<String> = sentinels
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
+    let url = format!("redis+sentinel://{}/m", hosts.join(","));
+    let client = LockClient::new(RedisBackend::connect(&url).await?);
+    let acked = LockClient::new(
+        RedisBackend::connect_with(
+            &url,
+            RedisConfig::default().with_wait_replicas(1, Duration::from_millis(500)),
+        )
+        .await?,
+    );
+    let ttl = Duration::from_secs(10);
+
+    // WAIT: acknowledged while the link is up.
+    let g = acked.lock("failover/acked").ttl(ttl).acquire().await?;
+    g.release().await?;
+
+    let replicated = client
+        .lock("failover/replicated")
+        .ttl(ttl)
+        .acquire()
+        .await?;
+    wait_for(
+        "the lock to reach the replica",
+        Duration::from_secs(10),
+        || {
+            server::command(replica.port, &["EXISTS", "failover/replicated"])
+                .is_some_and(|r| r.starts_with(":1"))
+        },
+    )?;
+
+    proxy.set_blackhole(true);
+    // WAIT: no replica acknowledges, so the grant is withdrawn.
+    match acked.lock("failover/unacked").ttl(ttl).try_acquire().await {
+        Err(Error::Unavailable { .. }) => {}
+        other => {
+            return Err(format!(
+                "expected Unavailable without replica acknowledgement, got {other:?}"
+            )
+            .into())
+        }
+    }
+    if server::command(master.port, &["EXISTS", "failover/unacked"])
+        .is_some_and(|r| r.starts_with(":1"))
+    {
+        return Err("an unacknowledged grant was left held".into());
+    }
+    let lagging = client.lock("failover/lagging").ttl(ttl).acquire().await?;
+    let first_token = lagging.token();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if server::command(replica.port, &["EXISTS", "failover/lagging"])
+        .is_some_and(|r| r.starts_with(":1"))
+    {
+        return Err(
+            "the lock reached the replica through a cut link: the fault did not fire".into(),
+        );
+    }
+
+    master.signal("KILL").map_err(|e| e.to_string())?;
+    let (replica_port, s0) = (replica.port, sentinels[0].port);
+    tokio::task::spawn_blocking(move || {
+        wait_for(
+            "the sentinels to promote the replica",
+            Duration::from_secs(40),
+            || {
+                server::command(s0, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "m"])
+                    .is_some_and(|r| r.contains(&replica_port.to_string()))
+            },
+        )
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+
+    let reason = tokio::time::timeout(ttl * 3, lagging.lost())
+        .await
+        .map_err(|_| Failed::from("the holder of the vanished lock never saw lost()"))?;
+    if reason != LostReason::RenewalRejected {
+        return Err(format!("unexpected loss reason: {reason}").into());
+    }
+    let second = LockClient::new(RedisBackend::connect(&url).await?);
+    let again = second
+        .lock("failover/lagging")
+        .ttl(ttl)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await?;
+    if again.token() > first_token {
+        return Err(format!(
+            "token rose from {first_token} to {} although the counter was lost",
+            again.token()
+        )
+        .into());
+    }
+    again.release().await?;
+
+    tokio::time::sleep(ttl / 2).await;
+    if !replicated.is_held() {
+        return Err(
+            "the replicated lock was lost: the client did not follow the new master".into(),
+        );
+    }
+    if second
+        .lock("failover/replicated")
+        .try_acquire()
+        .await?
+        .is_some()
+    {
+        return Err("the replicated lock was granted twice".into());
+    }
+    if !replicated.release().await? {
+        return Err("release of the replicated lock on the new master failed".into());
+    }
+    drop((proxy, replica, sentinels, master));
+    Ok(())
+}
