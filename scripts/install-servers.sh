@@ -7,6 +7,8 @@ missing=()
 have() { command -v "$1" >/dev/null 2>&1; }
 have redis-server     || missing+=(redis-server)
 have redis-sentinel   || missing+=(redis-sentinel)
+have redis-cli        || missing+=(redis-tools)
+have openssl          || missing+=(openssl)
 have etcd             || missing+=(etcd-server)
 have etcdctl          || missing+=(etcd-client)
 [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)

@@ -1,5 +1,5 @@
-//! The conformance suite on a single redis-server and on a 3-node Redis
-//! Cluster, plus Redis's own edges: interop with the classic raw-command
+//! The conformance suite on a single redis-server, on a 3-node Redis
+//! Cluster and over TLS (`rediss://`), plus Redis's own edges: interop with the classic raw-command
 //! protocol, and a real Sentinel failover.
 
 use std::sync::{Arc, OnceLock};
@@ -15,6 +15,7 @@ use libtest_mimic::{Completion, Failed, Trial};
 enum Deployment {
     Single,
     Cluster,
+    Tls,
 }
 
 /// The URL, and the servers to keep alive (processes or an external server).
@@ -47,6 +48,15 @@ impl Redis {
                         .map(|n| format!("127.0.0.1:{}", n.port))
                         .collect();
                     (format!("redis+cluster://{}", hosts.join(",")), nodes, None)
+                })
+                .map_err(|e| e.to_string()),
+            Deployment::Tls => server::spawn_tls()
+                .map(|(s, ca)| {
+                    (
+                        format!("rediss://127.0.0.1:{}?ca_file={}", s.port, ca.display()),
+                        vec![s],
+                        None,
+                    )
                 })
                 .map_err(|e| e.to_string()),
         });
@@ -84,8 +94,10 @@ impl BackendFactory for Redis {
 fn main() {
     let single = Redis::new("redis", Deployment::Single);
     let cluster = Redis::new("redis::cluster", Deployment::Cluster);
+    let tls = Redis::new("redis::tls", Deployment::Tls);
     integration_tests::run_suite(single.clone(), move |rt| {
         let mut extra = integration_tests::trials(cluster, rt);
+        extra.extend(integration_tests::trials(tls, rt));
         let handle = rt.handle().clone();
         let s = single.clone();
         extra.push(Trial::test(

@@ -13,6 +13,7 @@ use distlock_core::{Error, InputKind, Result};
 /// | `wait_replicas` | after a grant, `WAIT` for this many replicas; release and fail if fewer acknowledge | 0 (off) |
 /// | `wait_timeout_ms` | the `WAIT` timeout | 100 |
 /// | `timeout_ms` | connect and response timeout | 2000 |
+/// | `ca_file` | `rediss://` only: PEM file of the CA to trust instead of the system roots | system roots |
 ///
 /// Other parameters of a `redis://` URL (such as `protocol`) are passed to
 /// the redis client.
@@ -27,6 +28,8 @@ pub struct RedisConfig {
     pub wait_timeout: Duration,
     /// Connect and per-command response timeout.
     pub timeout: Duration,
+    /// `rediss://`: trust this CA (PEM file) instead of the system roots.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for RedisConfig {
@@ -36,6 +39,7 @@ impl Default for RedisConfig {
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(100),
             timeout: Duration::from_secs(2),
+            ca_file: None,
         }
     }
 }
@@ -126,6 +130,7 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
             }
             "wait_timeout_ms" => config.wait_timeout = Duration::from_millis(number(v)?),
             "timeout_ms" => config.timeout = Duration::from_millis(number(v)?),
+            "ca_file" => config.ca_file = Some(v.into()),
             _ => passthrough.push(pair),
         }
     }
@@ -166,10 +171,26 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
             };
             Topology::Single(format!("redis://{creds}{}{p}{q}", hosts[0]))
         }
+        "rediss" if cfg!(feature = "tls") => {
+            if hosts.len() != 1 {
+                return Err(bad(url, "rediss:// takes one host"));
+            }
+            let q = if passthrough.is_empty() {
+                String::new()
+            } else {
+                format!("?{}", passthrough.join("&"))
+            };
+            let p = if path.is_empty() {
+                String::new()
+            } else {
+                format!("/{path}")
+            };
+            Topology::Single(format!("rediss://{creds}{}{p}{q}", hosts[0]))
+        }
         "rediss" => {
             return Err(Error::Unsupported {
                 backend: "redis",
-                operation: "TLS (rediss://) in this build",
+                operation: "TLS (rediss://) without the `tls` cargo feature of distlock-redis",
             });
         }
         "redis+sentinel" => {
@@ -288,7 +309,13 @@ mod tests {
                 "{bad}"
             );
         }
-        assert!(matches!(p("rediss://a:1"), Err(Error::Unsupported { .. })));
+        if cfg!(feature = "tls") {
+            assert!(
+                matches!(p("rediss://a:1?ca_file=/x.pem"), Ok((Topology::Single(u), c)) if u == "rediss://a:1" && c.ca_file.is_some())
+            );
+        } else {
+            assert!(matches!(p("rediss://a:1"), Err(Error::Unsupported { .. })));
+        }
     }
 
     #[test]

@@ -45,6 +45,34 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
         .set_response_timeout(Some(timeout))
 }
 
+#[cfg(feature = "tls")]
+fn single_client(url: &str, ca_file: Option<&std::path::Path>) -> RedisResult<Client> {
+    match ca_file {
+        Some(path) if url.starts_with("rediss:") => {
+            let root = std::fs::read(path).map_err(|e| {
+                RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "cannot read ca_file",
+                    format!("{}: {e}", path.display()),
+                ))
+            })?;
+            Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root),
+                },
+            )
+        }
+        _ => Client::open(url),
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+fn single_client(url: &str, _ca_file: Option<&std::path::Path>) -> RedisResult<Client> {
+    Client::open(url)
+}
+
 /// Errors after which the master may have moved.
 fn master_moved(e: &RedisError) -> bool {
     e.is_io_error()
@@ -78,10 +106,14 @@ impl SentinelConn {
 }
 
 impl Conn {
-    pub(crate) async fn open(topology: &Topology, timeout: Duration) -> RedisResult<Self> {
+    pub(crate) async fn open(
+        topology: &Topology,
+        timeout: Duration,
+        ca_file: Option<&std::path::Path>,
+    ) -> RedisResult<Self> {
         match topology {
             Topology::Single(url) => {
-                let client = Client::open(url.as_str())?;
+                let client = single_client(url, ca_file)?;
                 let manager =
                     ConnectionManager::new_with_config(client.clone(), manager_config(timeout))
                         .await?;
@@ -112,6 +144,9 @@ impl Conn {
                     info = info.set_password(p);
                 }
                 let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(info);
+                // `build` takes a String without the redis crate's TLS
+                // feature and `impl AsRef<str>` with it.
+                #[allow(clippy::unnecessary_to_owned)]
                 let sentinel = SentinelClient::build(
                     sentinels.clone(),
                     service.to_string(),

@@ -60,6 +60,7 @@ pub enum Attempt {
 
 impl RedisBackend {
     /// Connects to `redis://[user:pass@]host:port[/db]`,
+    /// `rediss://...` (feature `tls`),
     /// `redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db]` or
     /// `redis+cluster://host:port[,host:port...]`, with the options of
     /// [`RedisConfig`] as query parameters.
@@ -71,7 +72,7 @@ impl RedisBackend {
     pub async fn connect_with(url: &str, mut config: RedisConfig) -> Result<Self> {
         let parsed = config::parse(url, &mut config)?;
         let endpoint = parsed.endpoint;
-        let conn = Conn::open(&parsed.topology, config.timeout)
+        let conn = Conn::open(&parsed.topology, config.timeout, config.ca_file.as_deref())
             .await
             .map_err(|e| map_err(&endpoint, e))?;
         Ok(Self {

@@ -122,3 +122,114 @@ pub fn sentinel(master_port: u16, service: &str) -> Result<ServerProcess, Harnes
         move || ping(port),
     )
 }
+
+/// Starts a redis-server that only speaks TLS, with a throwaway CA and
+/// server certificate made by `openssl`. Returns the server and the CA's
+/// PEM file (inside the server's directory).
+pub fn spawn_tls() -> Result<(ServerProcess, std::path::PathBuf), HarnessError> {
+    let bin = find_binary("redis-server", &[], INSTALL)?;
+    let openssl = find_binary("openssl", &[], "apt-get install openssl")?;
+    let cli = find_binary("redis-cli", &[], INSTALL)?;
+    let dir = temp_dir("redis-tls")?;
+    let run = |args: &[&str]| {
+        let mut c = Command::new(&openssl);
+        c.current_dir(&dir).args(args);
+        super::process::run_client(c).map_err(|e| HarnessError::start("openssl", e))
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=distlock-test-ca",
+    ])?;
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ])?;
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .map_err(|e| HarnessError::start("redis-tls", e.to_string()))?;
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ])?;
+    let port = free_port()?;
+    let mut cmd = Command::new(bin);
+    cmd.current_dir(&dir)
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args([
+            "--tls-cert-file",
+            "server.crt",
+            "--tls-key-file",
+            "server.key",
+            "--tls-ca-cert-file",
+            "ca.crt",
+            "--tls-auth-clients",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(&dir);
+    let ca = dir.join("ca.crt");
+    let ca_for_probe = ca.clone();
+    let server = ServerProcess::spawn(
+        "redis-server (TLS)",
+        cmd,
+        dir,
+        port,
+        "TERM",
+        Duration::from_secs(20),
+        move || {
+            let mut c = Command::new(&cli);
+            c.arg("--tls").arg("--cacert").arg(&ca_for_probe).args([
+                "-p",
+                &port.to_string(),
+                "PING",
+            ]);
+            super::process::run_client(c).is_ok_and(|out| out.contains("PONG"))
+        },
+    )?;
+    Ok((server, ca))
+}
