@@ -120,6 +120,10 @@ pub struct Capabilities {
     /// Whether one client's locks share a session or lease whose end is
     /// reported through [`Backend::session_lost`].
     pub session: bool,
+    /// Clock drift allowance, in parts per million of the TTL.
+    pub drift_ppm: u32,
+    /// Fixed clock drift and scheduling allowance.
+    pub drift_fixed: Duration,
 }
 
 impl Capabilities {
@@ -142,7 +146,29 @@ impl Capabilities {
             max_ttl: Duration::from_secs(24 * 3600),
             extend: true,
             session: false,
+            drift_ppm: 10_000,
+            drift_fixed: Duration::from_millis(2),
         }
+    }
+
+    /// Sets the clock drift allowance (default 1% of the TTL plus 2 ms, as
+    /// in the Redlock paper).
+    pub fn with_drift(mut self, ppm: u32, fixed: Duration) -> Self {
+        self.drift_ppm = ppm;
+        self.drift_fixed = fixed;
+        self
+    }
+
+    /// The part of a TTL kept back for clock drift and scheduling.
+    pub fn drift_margin(&self, ttl: Duration) -> Duration {
+        let scaled = ttl.as_nanos().saturating_mul(u128::from(self.drift_ppm)) / 1_000_000;
+        Duration::from_nanos(u64::try_from(scaled).unwrap_or(u64::MAX)) + self.drift_fixed
+    }
+
+    /// How long a grant of `ttl` may be trusted, counted from before the
+    /// request was sent: the local deadline is `sent + safe_validity(ttl)`.
+    pub fn safe_validity(&self, ttl: Duration) -> Duration {
+        ttl.saturating_sub(self.drift_margin(ttl))
     }
 
     /// Sets the accepted TTL range.
@@ -237,3 +263,33 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
 
 /// A backend behind dynamic dispatch.
 pub type DynBackend = Arc<dyn Backend>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_margin_defaults_to_one_percent_plus_two_ms() {
+        let c = Capabilities::new(
+            "t",
+            Fencing::Strong,
+            Consistency::Cp,
+            Waiting::Polling,
+            TrustedClock::Local,
+        );
+        assert_eq!(
+            c.drift_margin(Duration::from_secs(10)),
+            Duration::from_millis(102)
+        );
+        assert_eq!(
+            c.safe_validity(Duration::from_secs(10)),
+            Duration::from_millis(9898)
+        );
+        let c = c.with_drift(50_000, Duration::from_millis(5));
+        assert_eq!(
+            c.drift_margin(Duration::from_secs(1)),
+            Duration::from_millis(55)
+        );
+        assert_eq!(c.safe_validity(Duration::from_millis(3)), Duration::ZERO);
+    }
+}

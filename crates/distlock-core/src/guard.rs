@@ -15,19 +15,6 @@ use crate::error::{Error, LostReason, Result};
 use crate::name::LockName;
 use crate::token::FencingToken;
 
-/// The part of a TTL kept back for clock drift and scheduling: 1% plus 2 ms,
-/// as in the Redlock paper. The local deadline is
-/// `instant the request was sent + TTL - drift_margin(TTL)`.
-pub fn drift_margin(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
-
-/// How long a grant of `ttl` may be trusted, counted from before the request
-/// was sent.
-pub fn safe_validity(ttl: Duration) -> Duration {
-    ttl.saturating_sub(drift_margin(ttl))
-}
-
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum HoldState {
     Held { deadline: Instant },
@@ -63,7 +50,7 @@ impl Hold {
         max_hold: Option<Duration>,
         holder: Option<String>,
     ) -> Arc<Self> {
-        let deadline = sent + safe_validity(req.ttl);
+        let deadline = sent + client.caps.safe_validity(req.ttl);
         let hold = Arc::new(Hold {
             client,
             slot,
@@ -289,7 +276,7 @@ impl LockGuard {
             .await?
         {
             hold.transition(HoldState::Held {
-                deadline: sent + safe_validity(ttl),
+                deadline: sent + hold.client.caps.safe_validity(ttl),
             });
             Ok(())
         } else {

@@ -17,7 +17,7 @@ pub use backend::{
 pub use client::{LockBuilder, LockClient, DEFAULT_TTL};
 pub use error::{BoxError, Error, InputKind, LostReason, Result};
 pub use fence::{FenceGate, StaleToken};
-pub use guard::{drift_margin, safe_validity, LockGuard};
+pub use guard::LockGuard;
 pub use memory::MemoryBackend;
 pub use name::{LockName, MAX_NAME_LEN};
 pub use token::{FencingToken, Owner};

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::error::LostReason;
-use crate::guard::{safe_validity, Hold, HoldState};
+use crate::guard::{Hold, HoldState};
 
 pub(crate) async fn run(hold: Arc<Hold>) {
     let backend = hold.client.backend.clone();
@@ -82,7 +82,7 @@ pub(crate) async fn run(hold: Arc<Hold>) {
         match tokio::time::timeout_at(deadline, extend).await {
             Ok(Ok(true)) => {
                 hold.transition(HoldState::Held {
-                    deadline: sent + safe_validity(ttl),
+                    deadline: sent + caps.safe_validity(ttl),
                 });
                 next_renew = sent + period;
                 last_error = None;

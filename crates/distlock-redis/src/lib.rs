@@ -157,6 +157,35 @@ impl RedisBackend {
         ))
     }
 
+    /// Raises the fencing counter of `name` to at least `token` (never
+    /// lowers it). Redlock's fencing writes its token back with this.
+    pub async fn raise_fence(&self, name: &LockName, token: FencingToken) -> Result<()> {
+        let keys = self.keys(name);
+        let mut inv = Scripts::get().raise.key(&keys.fence);
+        inv.arg(token.get());
+        let _: i64 = self
+            .inner
+            .conn
+            .script(&inv)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Subscribes to release messages for `name`; resolves nothing until
+    /// awaited. The subscription is confirmed by the server when this
+    /// returns, so no later release is missed.
+    pub async fn watch_releases(&self, name: &LockName) -> Result<ReleaseWatch> {
+        let channel = self.keys(name).channel;
+        let watch = self
+            .inner
+            .subscriber
+            .watch(&self.inner.conn, &channel)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(ReleaseWatch { watch, channel })
+    }
+
     /// Deletes the lock key whoever holds it, as an operator would. Returns
     /// whether it existed.
     pub async fn evict(&self, name: &LockName) -> Result<bool> {
@@ -249,15 +278,9 @@ impl Backend for RedisBackend {
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
         let start = Instant::now();
-        let keys = self.keys(&req.name);
         // Subscribe before the first attempt: a release between a failed
         // attempt and the wait is then still seen.
-        let mut watch = match self
-            .inner
-            .subscriber
-            .watch(&self.inner.conn, &keys.channel)
-            .await
-        {
+        let mut watch = match self.watch_releases(&req.name).await {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::debug!(error = %e, "no pub/sub; waiting on the holder's TTL only");
@@ -288,7 +311,7 @@ impl Backend for RedisBackend {
                 Some(w) => {
                     tokio::select! {
                         () = sleep => {}
-                        r = released(&mut w.rx, &keys.channel) => if !r { watch = None; },
+                        r = w.released() => if !r { watch = None; },
                     }
                 }
                 None => sleep.await,
@@ -320,6 +343,28 @@ impl Backend for RedisBackend {
             .await
             .map_err(|e| self.err(e))?;
         Ok(n == 1)
+    }
+}
+
+/// A subscription to one lock's release messages.
+pub struct ReleaseWatch {
+    watch: subscriber::Watch,
+    channel: String,
+}
+
+impl fmt::Debug for ReleaseWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseWatch")
+            .field("channel", &self.channel)
+            .finish()
+    }
+}
+
+impl ReleaseWatch {
+    /// Resolves at the next release of the lock; `false` if the pub/sub
+    /// connection died (then only polling is left).
+    pub async fn released(&mut self) -> bool {
+        released(&mut self.watch.rx, &self.channel).await
     }
 }
 

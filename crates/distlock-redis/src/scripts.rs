@@ -44,6 +44,8 @@ pub struct Scripts {
     pub extend: Script,
     /// `release.lua`: DEL and PUBLISH if the owner matches.
     pub release: Script,
+    /// `raise.lua`: raise the fencing counter to at least a value.
+    pub raise: Script,
 }
 
 impl Scripts {
@@ -54,6 +56,7 @@ impl Scripts {
             acquire: Script::new(include_str!("scripts/acquire.lua")),
             extend: Script::new(include_str!("scripts/extend.lua")),
             release: Script::new(include_str!("scripts/release.lua")),
+            raise: Script::new(include_str!("scripts/raise.lua")),
         })
     }
 }

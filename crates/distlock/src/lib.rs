@@ -15,3 +15,8 @@ pub use distlock_sql as sql;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use distlock_redis as redis;
+
+/// The Redlock backend (a quorum over independent Redis nodes).
+#[cfg(feature = "redlock")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
+pub use distlock_redlock as redlock;

@@ -1,0 +1,182 @@
+//! Options and the `redlock://` URL.
+
+use std::time::Duration;
+
+use distlock_core::{Error, InputKind, Result};
+
+/// Options for [`RedlockBackend`](crate::RedlockBackend). URL query
+/// parameters set the same options:
+///
+/// | parameter | meaning | default |
+/// |---|---|---|
+/// | `node_timeout_ms` | per-node timeout of each request | 50 |
+/// | `drift_ppm`, `drift_ms` | clock drift allowance: ppm of the TTL plus a fixed part | 10000 (1%), 2 |
+/// | `fencing` | `true`: quorum fencing tokens (one more round trip) | `false` |
+/// | `delayed_restart_ms` | quarantine for a node whose run id changed; also the longest TTL accepted | off |
+/// | `retry_jitter_ms` | random delay added before a retry | 50 |
+/// | `prefix` | key prefix, as for the Redis backend | empty |
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RedlockConfig {
+    /// Each node gets this long per request; a slow node just does not count.
+    pub node_timeout: Duration,
+    /// Drift allowance in parts per million of the TTL.
+    pub drift_ppm: u32,
+    /// Fixed drift allowance.
+    pub drift_fixed: Duration,
+    /// Quorum fencing tokens.
+    pub fencing: bool,
+    /// Delayed-restart protection: how long a restarted node is not used for
+    /// acquiring. Must be at least the longest TTL any client uses; TTLs
+    /// above it are refused.
+    pub delayed_restart: Option<Duration>,
+    /// Upper bound of the random delay before retrying after a split vote or
+    /// a release notification.
+    pub retry_jitter: Duration,
+    /// Key prefix on every node.
+    pub prefix: String,
+}
+
+impl Default for RedlockConfig {
+    fn default() -> Self {
+        Self {
+            node_timeout: Duration::from_millis(50),
+            drift_ppm: 10_000,
+            drift_fixed: Duration::from_millis(2),
+            fencing: false,
+            delayed_restart: None,
+            retry_jitter: Duration::from_millis(50),
+            prefix: String::new(),
+        }
+    }
+}
+
+impl RedlockConfig {
+    /// Switches quorum fencing tokens on.
+    pub fn with_fencing(mut self) -> Self {
+        self.fencing = true;
+        self
+    }
+
+    /// Switches delayed-restart protection on.
+    pub fn with_delayed_restart(mut self, quarantine: Duration) -> Self {
+        self.delayed_restart = Some(quarantine);
+        self
+    }
+
+    /// Sets the per-node timeout.
+    pub fn with_node_timeout(mut self, t: Duration) -> Self {
+        self.node_timeout = t;
+        self
+    }
+}
+
+/// Parses `redlock://[user:pass@]host:port,host:port,...[?options]` into
+/// one `redis://` URL per node.
+pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>> {
+    let bad = |why: String| Error::invalid(InputKind::Url, format!("redlock:// URL: {why}"));
+    let rest = url
+        .strip_prefix("redlock://")
+        .ok_or_else(|| bad("expected redlock://host:port,host:port,...".into()))?;
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority = rest.trim_end_matches('/');
+    if authority.contains('/') {
+        return Err(bad("no path is allowed after the hosts".into()));
+    }
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let num = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| bad(format!("{k}={v:?} is not a number")))
+        };
+        match k {
+            "node_timeout_ms" => config.node_timeout = Duration::from_millis(num(v)?),
+            "drift_ppm" => {
+                config.drift_ppm =
+                    u32::try_from(num(v)?).map_err(|_| bad("drift_ppm too large".into()))?
+            }
+            "drift_ms" => config.drift_fixed = Duration::from_millis(num(v)?),
+            "fencing" => {
+                config.fencing = match v {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => return Err(bad(format!("fencing={v:?}; use true or false"))),
+                }
+            }
+            "delayed_restart_ms" => config.delayed_restart = Some(Duration::from_millis(num(v)?)),
+            "retry_jitter_ms" => config.retry_jitter = Duration::from_millis(num(v)?),
+            "prefix" => config.prefix = v.to_string(),
+            _ => return Err(bad(format!("unknown parameter {k:?}"))),
+        }
+    }
+    validate(config)?;
+    let (creds, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{creds}{h}"))
+        .collect();
+    if nodes.is_empty() {
+        return Err(bad("no nodes".into()));
+    }
+    Ok(nodes)
+}
+
+pub(crate) fn validate(config: &RedlockConfig) -> Result<()> {
+    if config.node_timeout.is_zero() {
+        return Err(Error::invalid(
+            InputKind::Config,
+            "node_timeout must be greater than zero",
+        ));
+    }
+    if config.delayed_restart.is_some_and(|d| d.is_zero()) {
+        return Err(Error::invalid(
+            InputKind::Config,
+            "delayed_restart must be greater than zero",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_nodes_and_options() {
+        let mut c = RedlockConfig::default();
+        let nodes = parse(
+            "redlock://:pw@a:1,b:2,c:3?fencing=true&node_timeout_ms=20&delayed_restart_ms=60000",
+            &mut c,
+        )
+        .unwrap();
+        assert_eq!(
+            nodes,
+            ["redis://:pw@a:1", "redis://:pw@b:2", "redis://:pw@c:3"]
+        );
+        assert!(c.fencing);
+        assert_eq!(c.node_timeout, Duration::from_millis(20));
+        assert_eq!(c.delayed_restart, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        for bad in [
+            "redis://a:1",
+            "redlock://",
+            "redlock://a:1?fencing=maybe",
+            "redlock://a:1?node_timeout_ms=0",
+            "redlock://a:1?bogus=1",
+            "redlock://a:1/path",
+        ] {
+            let mut c = RedlockConfig::default();
+            assert!(
+                matches!(parse(bad, &mut c), Err(Error::InvalidInput { .. })),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,376 @@
+#![doc = include_str!("../README.md")]
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::poll::jitter;
+use distlock_core::{
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, LockName,
+    LockRequest, Result, TrustedClock, Waiting,
+};
+use distlock_redis::Attempt;
+use futures_util::future::{join_all, select_all};
+use tokio::time::{timeout, Instant};
+
+mod config;
+mod node;
+
+pub use config::RedlockConfig;
+use node::{timed_out, Node};
+
+/// Redlock over N independent Redis nodes (N odd, usually 5).
+///
+/// Cheap to clone. See the crate docs for the algorithm and what it does and
+/// does not promise.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    config: RedlockConfig,
+    caps: Capabilities,
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field(
+                "nodes",
+                &self
+                    .inner
+                    .nodes
+                    .iter()
+                    .map(|n| n.endpoint.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+/// What one node answered.
+enum Vote {
+    Granted(FencingToken),
+    Held(Option<Duration>),
+    Down,
+}
+
+/// One full Redlock attempt's outcome.
+enum Round {
+    Granted(FencingToken),
+    Contended(Option<Duration>),
+}
+
+impl RedlockBackend {
+    /// Connects to `redlock://[user:pass@]host:port,host:port,...`, with the
+    /// options of [`RedlockConfig`] as query parameters.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, RedlockConfig::default()).await
+    }
+
+    /// [`connect`](Self::connect) with options; URL parameters override them.
+    pub async fn connect_with(url: &str, mut config: RedlockConfig) -> Result<Self> {
+        let urls = config::parse(url, &mut config)?;
+        let nodes: Vec<Node> = urls
+            .into_iter()
+            .map(|u| Node::new(u, config.prefix.clone()))
+            .collect();
+        let max_ttl = config
+            .delayed_restart
+            .unwrap_or(Duration::from_secs(24 * 3600));
+        let fencing = if config.fencing {
+            Fencing::BestEffort
+        } else {
+            Fencing::None
+        };
+        let caps = Capabilities::new(
+            "redlock",
+            fencing,
+            Consistency::Ap,
+            Waiting::Notification,
+            TrustedClock::Servers,
+        )
+        .with_ttl_range(Duration::from_millis(100), max_ttl)
+        .with_drift(config.drift_ppm, config.drift_fixed);
+        let backend = Self {
+            inner: Arc::new(Inner {
+                nodes,
+                config,
+                caps,
+            }),
+        };
+        // Connect eagerly (and learn run ids) where nodes answer; the others
+        // are retried on every request.
+        let track = backend.inner.config.delayed_restart.is_some();
+        let t = backend.connect_timeout();
+        join_all(
+            backend
+                .inner
+                .nodes
+                .iter()
+                .map(|n| timeout(t, n.redis(track))),
+        )
+        .await;
+        Ok(backend)
+    }
+
+    fn quorum(&self) -> usize {
+        self.inner.nodes.len() / 2 + 1
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        self.inner
+            .config
+            .node_timeout
+            .max(Duration::from_millis(500))
+    }
+
+    /// How many nodes are currently quarantined after a restart.
+    pub fn quarantined_nodes(&self) -> usize {
+        self.inner.nodes.iter().filter(|n| n.quarantined()).count()
+    }
+
+    /// Deletes the lock key on every node, as an operator would.
+    pub async fn evict(&self, name: &LockName) -> Result<bool> {
+        let results = join_all(
+            self.inner
+                .nodes
+                .iter()
+                .map(|n| async move { n.redis(false).await?.evict(name).await }),
+        )
+        .await;
+        Ok(results
+            .into_iter()
+            .filter(|r| matches!(r, Ok(true)))
+            .count()
+            > 0)
+    }
+
+    async fn vote(&self, node: &Node, req: &LockRequest) -> Vote {
+        let t = self.inner.config.node_timeout;
+        let protect = self.inner.config.delayed_restart;
+        if protect.is_some() && node.quarantined() {
+            return Vote::Down;
+        }
+        let ask = async {
+            let r = node.redis(protect.is_some()).await?;
+            match protect {
+                // Same multiplexed connection, so both answers come from the
+                // same server incarnation.
+                Some(quarantine) => {
+                    let (attempt, run_id) = tokio::join!(r.attempt(req), r.run_id());
+                    let attempt = attempt?;
+                    if !node.observe_run_id(run_id?, quarantine) {
+                        return Ok(Vote::Down);
+                    }
+                    Ok::<_, Error>(attempt)
+                }
+                None => r.attempt(req).await,
+            }
+            .map(|a| match a {
+                Attempt::Granted(t) => Vote::Granted(t),
+                Attempt::Held(left) => Vote::Held(left),
+            })
+        };
+        match timeout(t, ask).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                tracing::debug!(node = %node.endpoint, error = %e, "redlock node failed");
+                Vote::Down
+            }
+            Err(_) => {
+                tracing::debug!(node = %node.endpoint, error = %timed_out(node, t), "redlock node slow");
+                Vote::Down
+            }
+        }
+    }
+
+    /// One round of the algorithm: all nodes at once, each with its own
+    /// timeout; success needs a majority and some validity left.
+    async fn round(&self, req: &LockRequest) -> Result<Round> {
+        // Step 1: the monotonic start instant.
+        let start = Instant::now();
+        // Step 2: every node concurrently, so a slow node costs at most its timeout.
+        let votes = join_all(self.inner.nodes.iter().map(|n| self.vote(n, req))).await;
+        let mut tokens = Vec::new();
+        let (mut down, mut left): (usize, Option<Duration>) = (0, None);
+        for v in &votes {
+            match v {
+                Vote::Granted(t) => tokens.push(*t),
+                Vote::Held(l) => left = min_opt(left, *l),
+                Vote::Down => down += 1,
+            }
+        }
+        let quorum = self.quorum();
+        // Steps 3-4: a majority, and validity = TTL - elapsed - drift > 0.
+        if tokens.len() >= quorum && self.valid_after(req.ttl, start) {
+            let token = tokens.iter().copied().max().unwrap_or(FencingToken(0));
+            if !self.inner.config.fencing {
+                return Ok(Round::Granted(token));
+            }
+            if self.write_back(req, token).await >= quorum && self.valid_after(req.ttl, start) {
+                return Ok(Round::Granted(token));
+            }
+            self.release_all(req).await;
+            return Err(Error::unavailable(
+                "redlock",
+                "the fencing token could not be written back to a majority in time; the lock was released",
+                None,
+            ));
+        }
+        // Step 5: failed, so release everywhere, including nodes that seemed
+        // to fail: their grant may have happened and only the reply was lost.
+        self.release_all(req).await;
+        let total = self.inner.nodes.len();
+        if down > total - quorum {
+            return Err(Error::QuorumNotReached {
+                backend: "redlock",
+                granted: tokens.len(),
+                unreachable: down,
+                needed: quorum,
+                total,
+                hint: "too many Redis nodes are down, slow or quarantined after a restart; check them or raise node_timeout_ms",
+            });
+        }
+        if tokens.len() >= quorum {
+            return Err(Error::unavailable(
+                "redlock",
+                format!("a majority granted the lock only after {:?}, too late for a TTL of {:?}; use a longer TTL", start.elapsed(), req.ttl),
+                None,
+            ));
+        }
+        Ok(Round::Contended(left))
+    }
+
+    fn valid_after(&self, ttl: Duration, start: Instant) -> bool {
+        start.elapsed() < self.inner.caps.safe_validity(ttl)
+    }
+
+    /// Fencing: raise every granting node's counter to the token. Any later
+    /// majority overlaps this one in at least one node (two sets of more than
+    /// N/2 nodes cannot be disjoint), whose INCR then returns more than this
+    /// token, so the next token is higher. Returns how many nodes confirmed.
+    async fn write_back(&self, req: &LockRequest, token: FencingToken) -> usize {
+        let t = self.inner.config.node_timeout;
+        let acks = join_all(self.inner.nodes.iter().map(|n| async move {
+            let raise = async { n.redis(false).await?.raise_fence(&req.name, token).await };
+            matches!(timeout(t, raise).await, Ok(Ok(())))
+        }))
+        .await;
+        acks.into_iter().filter(|ok| *ok).count()
+    }
+
+    /// Release on every node, each bounded by the node timeout; returns how
+    /// many nodes still had the lock as ours.
+    async fn release_all(&self, req: &LockRequest) -> usize {
+        let t = self.inner.config.node_timeout;
+        let released = join_all(self.inner.nodes.iter().map(|n| async move {
+            let rel = async { n.redis(false).await?.release(req).await };
+            matches!(timeout(t, rel).await, Ok(Ok(true)))
+        }))
+        .await;
+        released.into_iter().filter(|ok| *ok).count()
+    }
+}
+
+fn min_opt(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+#[async_trait]
+impl Backend for RedlockBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.caps.clone()
+    }
+
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        match self.round(req).await? {
+            Round::Granted(t) => Ok(Some(t)),
+            Round::Contended(_) => Ok(None),
+        }
+    }
+
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        let start = Instant::now();
+        let t = self.connect_timeout();
+        // Release notifications from every node that answers; a node whose
+        // pub/sub fails only costs its notifications.
+        let mut watches: Vec<_> = join_all(self.inner.nodes.iter().map(|n| async move {
+            let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
+            timeout(t, r.watch_releases(&req.name)).await.ok()?.ok()
+        }))
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+        loop {
+            let left = match self.round(req).await? {
+                Round::Granted(t) => return Ok(t),
+                Round::Contended(left) => left,
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(Error::WaitTimeout {
+                    name: req.name.clone(),
+                    waited: start.elapsed(),
+                });
+            }
+            let mut wake =
+                now + left.map_or(Duration::from_millis(200), |l| l + Duration::from_millis(2));
+            if let Some(d) = deadline {
+                wake = wake.min(d);
+            }
+            let sleep = tokio::time::sleep_until(wake);
+            if watches.is_empty() {
+                sleep.await;
+            } else {
+                tokio::select! {
+                    () = sleep => {}
+                    _ = select_all(watches.iter_mut().map(|w| Box::pin(w.released()))) => {}
+                }
+            }
+            // Random delay before retrying, so contenders woken by the same
+            // release do not split the vote in lockstep.
+            tokio::time::sleep(jitter(self.inner.config.retry_jitter)).await;
+        }
+    }
+
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        let start = Instant::now();
+        let t = self.inner.config.node_timeout;
+        let answers = join_all(self.inner.nodes.iter().map(|n| async move {
+            let ext = async { n.redis(false).await?.extend(req).await };
+            timeout(t, ext).await.ok().and_then(Result::ok)
+        }))
+        .await;
+        let yes = answers.iter().filter(|a| **a == Some(true)).count();
+        let no = answers.iter().filter(|a| **a == Some(false)).count();
+        let (quorum, total) = (self.quorum(), self.inner.nodes.len());
+        if yes >= quorum && self.valid_after(req.ttl, start) {
+            return Ok(true);
+        }
+        if no > total - quorum {
+            // A majority said "not yours": the lock is gone.
+            return Ok(false);
+        }
+        Err(Error::QuorumNotReached {
+            backend: "redlock",
+            granted: yes,
+            unreachable: total - yes - no,
+            needed: quorum,
+            total,
+            hint: "extend could not reach a majority; the guard reports lost() if this lasts until its deadline",
+        })
+    }
+
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        Ok(self.release_all(req).await >= self.quorum())
+    }
+}

@@ -1,0 +1,95 @@
+//! One Redlock node: a lazily (re)connected Redis backend, its last known
+//! run id, and its delayed-restart quarantine.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use distlock_core::{Error, Result};
+use distlock_redis::{RedisBackend, RedisConfig};
+use tokio::time::Instant;
+
+pub(crate) struct Node {
+    pub(crate) endpoint: String,
+    url: String,
+    redis: tokio::sync::Mutex<Option<RedisBackend>>,
+    run_id: Mutex<Option<String>>,
+    quarantined_until: Mutex<Option<Instant>>,
+    prefix: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Node {
+    pub(crate) fn new(url: String, prefix: String) -> Self {
+        let endpoint = url
+            .rsplit('@')
+            .next()
+            .unwrap_or(&url)
+            .trim_start_matches("redis://")
+            .to_string();
+        Self {
+            endpoint,
+            url,
+            redis: tokio::sync::Mutex::new(None),
+            run_id: Mutex::new(None),
+            quarantined_until: Mutex::new(None),
+            prefix,
+        }
+    }
+
+    /// The node's connection, connecting if needed (a node that was down at
+    /// start-up joins once it answers). With `track_restarts`, the run id is
+    /// fetched at first contact.
+    pub(crate) async fn redis(&self, track_restarts: bool) -> Result<RedisBackend> {
+        let mut slot = self.redis.lock().await;
+        if let Some(r) = slot.as_ref() {
+            return Ok(r.clone());
+        }
+        let r = RedisBackend::connect_with(
+            &self.url,
+            RedisConfig::default().with_prefix(self.prefix.clone()),
+        )
+        .await?;
+        if track_restarts {
+            let id = r.run_id().await?;
+            lock(&self.run_id).get_or_insert(id);
+        }
+        *slot = Some(r.clone());
+        Ok(r)
+    }
+
+    pub(crate) fn quarantined(&self) -> bool {
+        lock(&self.quarantined_until).is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Records the run id seen now. A different one than before means the
+    /// node restarted (and, without persistence, forgot its locks): it is
+    /// not used for acquiring until `quarantine` has passed, antirez's
+    /// "delayed restart" rule enforced on the client side.
+    pub(crate) fn observe_run_id(&self, seen: String, quarantine: Duration) -> bool {
+        let mut known = lock(&self.run_id);
+        match known.as_deref() {
+            Some(k) if k != seen => {
+                tracing::warn!(node = %self.endpoint, "redlock node restarted (run id changed); not used for acquiring for {quarantine:?}");
+                *lock(&self.quarantined_until) = Some(Instant::now() + quarantine);
+                *known = Some(seen);
+                false
+            }
+            _ => {
+                *known = Some(seen);
+                true
+            }
+        }
+    }
+}
+
+/// Error for a node that did not answer within its timeout.
+pub(crate) fn timed_out(node: &Node, t: Duration) -> Error {
+    Error::unavailable(
+        "redlock",
+        format!("node {} did not answer within {t:?}", node.endpoint),
+        None,
+    )
+}

@@ -1,0 +1,290 @@
+//! The conformance suite on Redlock over 5 redis-server processes (with and
+//! without fencing), plus the failure cases: nodes down, a paused node, and
+//! the node-restart double grant with and without delayed-restart protection.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use distlock_core::{async_trait, DynBackend, Error, LockClient, LockName};
+use distlock_redlock::RedlockBackend;
+use integration_tests::harness::{redis as server, ServerProcess};
+use integration_tests::BackendFactory;
+use libtest_mimic::{Failed, Trial};
+use tokio::time::Instant;
+
+/// Per-node timeout in these tests: the default 50 ms is meant for a quiet
+/// network; a loaded 2-core CI machine running debug builds needs more.
+const NODE_TIMEOUT_MS: u64 = 250;
+
+fn five_nodes() -> Result<Vec<ServerProcess>, Failed> {
+    (0..5)
+        .map(|_| server::spawn(&[]).map_err(|e| Failed::from(e.to_string())))
+        .collect()
+}
+
+fn url(nodes: &[ServerProcess], options: &str) -> String {
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    format!(
+        "redlock://{}?node_timeout_ms={NODE_TIMEOUT_MS}{options}",
+        hosts.join(",")
+    )
+}
+
+struct Redlock {
+    name: &'static str,
+    options: &'static str,
+    nodes: Arc<OnceLock<Result<Vec<ServerProcess>, String>>>,
+}
+
+impl Redlock {
+    fn url(&self) -> Result<String, Failed> {
+        let nodes = self
+            .nodes
+            .get_or_init(|| five_nodes().map_err(|e| format!("{e:?}")));
+        nodes
+            .as_ref()
+            .map(|n| url(n, self.options))
+            .map_err(|e| Failed::from(e.as_str()))
+    }
+}
+
+#[async_trait]
+impl BackendFactory for Redlock {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    async fn client(&self) -> distlock_core::Result<DynBackend> {
+        let url = self
+            .url()
+            .map_err(|e| Error::unavailable("test", format!("{e:?}"), None))?;
+        Ok(Arc::new(RedlockBackend::connect(&url).await?))
+    }
+    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
+        let b = RedlockBackend::connect(&self.url()?).await?;
+        if b.evict(name).await? {
+            Ok(())
+        } else {
+            Err(format!("nothing to evict for {name}").into())
+        }
+    }
+}
+
+type Case = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Failed>> + Send>>;
+
+fn main() {
+    let nodes = Arc::new(OnceLock::new());
+    let plain = Arc::new(Redlock {
+        name: "redlock",
+        options: "",
+        nodes: nodes.clone(),
+    });
+    let fenced = Arc::new(Redlock {
+        name: "redlock::fenced",
+        options: "&fencing=true",
+        nodes,
+    });
+    integration_tests::run_suite(plain, move |rt| {
+        let mut extra = integration_tests::trials(fenced, rt);
+        let t = |name: &str, f: fn() -> Case| {
+            let handle = rt.handle().clone();
+            Trial::test(format!("redlock::{name}"), move || handle.block_on(f()))
+        };
+        extra.push(t("works_with_two_of_five_nodes_down", || {
+            Box::pin(two_down())
+        }));
+        extra.push(t("three_of_five_down_is_a_quorum_error", || {
+            Box::pin(three_down())
+        }));
+        extra.push(t("paused_node_costs_at_most_its_timeout", || {
+            Box::pin(paused_node())
+        }));
+        extra.push(t("node_restart_grants_twice_without_protection", || {
+            Box::pin(restart(false))
+        }));
+        extra.push(t(
+            "delayed_restart_protection_prevents_double_grant",
+            || Box::pin(restart(true)),
+        ));
+        extra
+    })
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Failed> + Send + 'static,
+) -> Result<T, Failed> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Failed::from(e.to_string()))?
+}
+
+async fn two_down() -> Result<(), Failed> {
+    let nodes = blocking(five_nodes).await?;
+    let client = LockClient::new(RedlockBackend::connect(&url(&nodes, "&fencing=true")).await?);
+    let (a, b) = (nodes[0].pid(), nodes[3].pid());
+    for pid in [a, b] {
+        integration_tests::harness::process::signal(pid, "KILL").map_err(|e| e.to_string())?;
+    }
+    let g = client
+        .lock("two-down")
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .await?;
+    let other = LockClient::new(RedlockBackend::connect(&url(&nodes, "")).await?);
+    if other.lock("two-down").try_acquire().await?.is_some() {
+        return Err("granted twice with two nodes down".into());
+    }
+    if !g.release().await? {
+        return Err("release with two nodes down reported not held".into());
+    }
+    Ok(())
+}
+
+async fn three_down() -> Result<(), Failed> {
+    let nodes = blocking(five_nodes).await?;
+    let client = LockClient::new(RedlockBackend::connect(&url(&nodes, "")).await?);
+    // Contention first: held elsewhere is not a quorum error.
+    let holder = LockClient::new(RedlockBackend::connect(&url(&nodes, "")).await?);
+    let g = holder
+        .lock("three-down")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    if client.lock("three-down").try_acquire().await?.is_some() {
+        return Err("granted a held lock".into());
+    }
+    drop(g);
+    for n in &nodes[..3] {
+        n.signal("KILL").map_err(|e| e.to_string())?;
+    }
+    for r in [
+        client
+            .lock("three-down-2")
+            .try_acquire()
+            .await
+            .map(|g| g.is_some()),
+        client
+            .lock("three-down-3")
+            .wait(Duration::from_secs(2))
+            .acquire()
+            .await
+            .map(|_| true),
+    ] {
+        match r {
+            Err(
+                e @ Error::QuorumNotReached {
+                    granted: 0..=2,
+                    unreachable: 3,
+                    needed: 3,
+                    total: 5,
+                    ..
+                },
+            ) => {
+                if !e.to_string().contains("quorum not reached") {
+                    return Err(format!("unclear message: {e}").into());
+                }
+            }
+            other => {
+                return Err(
+                    format!("expected QuorumNotReached with 3 of 5 down, got {other:?}").into(),
+                )
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn paused_node() -> Result<(), Failed> {
+    let nodes = blocking(five_nodes).await?;
+    let client = LockClient::new(RedlockBackend::connect(&url(&nodes, "")).await?);
+    nodes[2].signal("STOP").map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let g = client
+        .lock("paused")
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await;
+    let took = start.elapsed();
+    nodes[2].signal("CONT").map_err(|e| e.to_string())?;
+    let g = g?;
+    g.release().await?;
+    // One per-node timeout, plus generous slack for a loaded machine; far
+    // below the 2 s the paused node's connection would take to time out.
+    let bound = Duration::from_millis(NODE_TIMEOUT_MS) + Duration::from_millis(1500);
+    if took > bound {
+        return Err(format!("acquire took {took:?} with one node paused (bound {bound:?})").into());
+    }
+    Ok(())
+}
+
+/// The seed's scenario: A holds the lock on nodes 0, 1, 2; node 2 restarts
+/// empty; B then finds nodes 2, 3, 4 free.
+async fn restart(protected: bool) -> Result<(), Failed> {
+    let mut nodes = blocking(five_nodes).await?;
+    let name = "restart/victim";
+    // Nodes 3 and 4 are busy with a foreign owner, so A's majority is 0, 1, 2.
+    for n in &nodes[3..] {
+        server::command(n.port, &["SET", name, "someone-else", "PX", "60000"]).ok_or("no reply")?;
+    }
+    let a = LockClient::new(RedlockBackend::connect(&url(&nodes, "")).await?);
+    let held = a.lock(name).ttl(Duration::from_secs(30)).acquire().await?;
+    for n in &nodes[3..] {
+        server::command(n.port, &["DEL", name]).ok_or("no reply")?;
+    }
+    let options = if protected {
+        "&delayed_restart_ms=60000"
+    } else {
+        ""
+    };
+    let b_backend = RedlockBackend::connect(&url(&nodes, options)).await?;
+    let b = LockClient::new(b_backend.clone());
+    if b.lock(name)
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await?
+        .is_some()
+    {
+        return Err("B got the lock before any restart".into());
+    }
+    let mut node2 = nodes.remove(2);
+    let node2 = blocking(move || {
+        node2.restart().map_err(|e| Failed::from(e.to_string()))?;
+        Ok(node2)
+    })
+    .await?;
+    // The first request after the restart may meet the broken connection;
+    // give B a few tries, as a real contender would.
+    let mut double = None;
+    for _ in 0..20 {
+        if let Some(g) = b
+            .lock(name)
+            .ttl(Duration::from_secs(30))
+            .try_acquire()
+            .await?
+        {
+            double = Some(g);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let result = match (protected, double) {
+        (false, Some(g)) if held.is_held() => {
+            g.release().await?;
+            Ok(())
+        }
+        (false, _) => Err(
+            "expected the double grant without protection; the scenario did not reproduce".into(),
+        ),
+        (true, None) if b_backend.quarantined_nodes() == 1 => Ok(()),
+        (true, None) => Err(format!(
+            "no grant, but {} nodes quarantined: the restart was not detected",
+            b_backend.quarantined_nodes()
+        )
+        .into()),
+        (true, Some(_)) => Err("double grant despite delayed-restart protection".into()),
+    };
+    drop((node2, held));
+    result
+}
