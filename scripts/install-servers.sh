@@ -18,6 +18,8 @@ have mariadb          || missing+=(mariadb-client)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
 have psql             || missing+=(postgresql-client)
 have protoc           || missing+=(protobuf-compiler)
+# etcd-client's build script also needs protobuf's well-known .proto files.
+[ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 have sqlite3          || missing+=(sqlite3)
 have faketime         || missing+=(faketime libfaketime)
 have setpriv          || missing+=(util-linux)

@@ -229,6 +229,11 @@ pub async fn stale_or_foreign_release_does_not_free_holder(
         raw.try_acquire(&stale).await?.is_some(),
         "raw try_acquire on a free lock failed"
     );
+    if raw.capabilities().session {
+        // A session backend keeps the lock while its client lives; make the
+        // old holder's lock vanish behind its back instead of waiting.
+        f.evict(&lock).await?;
+    }
     let b = client(f).await?;
     let g = b
         .lock(&lock)
@@ -461,6 +466,8 @@ pub async fn tokens_increase_across_holders(f: &dyn BackendFactory, ns: String) 
     let raw = f.client().await?;
     let req = LockRequest::new(lock.clone(), ttl);
     seen.push(raw.try_acquire(&req).await?.ok_or("raw acquire failed")?);
+    // The holder vanishes (on session backends its session ends with it).
+    drop(raw);
     let g = b
         .lock(&lock)
         .ttl(LONG_TTL)

@@ -20,3 +20,8 @@ pub use distlock_redis as redis;
 #[cfg(feature = "redlock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
 pub use distlock_redlock as redlock;
+
+/// The etcd backend.
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub use distlock_etcd as etcd;

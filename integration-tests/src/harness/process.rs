@@ -68,6 +68,34 @@ impl ServerProcess {
         Ok(server)
     }
 
+    /// Like [`spawn`](Self::spawn) but returns at once; call
+    /// [`wait_ready`](Self::wait_ready) later (cluster members are only ready
+    /// once enough of them run).
+    pub fn spawn_unready(
+        what: &'static str,
+        mut cmd: Command,
+        dir: PathBuf,
+        port: u16,
+        stop_signal: &'static str,
+        timeout: Duration,
+        ready: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> Result<Self, HarnessError> {
+        let program = cmd.get_program().to_os_string();
+        let args = cmd.get_args().map(|a| a.to_os_string()).collect();
+        let child = Self::launch(what, &mut cmd, &dir)?;
+        Ok(ServerProcess {
+            what,
+            port,
+            dir,
+            child,
+            stop_signal,
+            program,
+            args,
+            timeout,
+            ready: Box::new(ready),
+        })
+    }
+
     fn launch(what: &'static str, cmd: &mut Command, dir: &Path) -> Result<Child, HarnessError> {
         let log = dir.join("server.log");
         let out = File::options()
@@ -83,7 +111,8 @@ impl ServerProcess {
             .map_err(|e| HarnessError::start(what, format!("spawning {cmd:?}: {e}")))
     }
 
-    fn wait_ready(&mut self) -> Result<(), HarnessError> {
+    /// Waits until the readiness probe answers.
+    pub fn wait_ready(&mut self) -> Result<(), HarnessError> {
         let start = Instant::now();
         loop {
             if (self.ready)() {

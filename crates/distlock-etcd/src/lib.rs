@@ -1,0 +1,545 @@
+#![doc = include_str!("../README.md")]
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::{
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, InputKind,
+    LockRequest, LostReason, Result, TrustedClock, Waiting,
+};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+mod session;
+
+use session::Session;
+
+/// Locks on etcd, laid out like Go's `clientv3/concurrency.Mutex`, so
+/// `etcdctl lock`, Go services and distlock exclude each other.
+///
+/// Cheap to clone; clones share the connection and the lease sessions.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    endpoints: String,
+    /// One lease per TTL (in whole seconds): usually exactly one per client.
+    sessions: Mutex<HashMap<i64, Arc<Session>>>,
+    /// The session each live acquisition (by owner) was queued in, so extend,
+    /// release and loss reports use that lease whatever TTL they are given.
+    queued: std::sync::Mutex<HashMap<distlock_core::Owner, Arc<Session>>>,
+    wakeups: AtomicU64,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.inner.endpoints)
+            .finish()
+    }
+}
+
+/// Where my key sits in the queue.
+struct Queued {
+    session: Arc<Session>,
+    key: String,
+    prefix: String,
+    my_rev: i64,
+    head_rev: i64,
+}
+
+fn err(endpoints: &str, e: etcd_client::Error) -> Error {
+    use etcd_client::Error as E;
+    match e {
+        E::TransportError(_) | E::IoError(_) => Error::unavailable(
+            "etcd",
+            format!("etcd at {endpoints} unreachable ({e})"),
+            Some(Box::new(e)),
+        ),
+        E::GRpcStatus(ref s)
+            if matches!(
+                s.code(),
+                tonic_code::UNAVAILABLE
+                    | tonic_code::DEADLINE_EXCEEDED
+                    | tonic_code::ABORTED
+                    | tonic_code::UNKNOWN
+            ) =>
+        {
+            Error::unavailable(
+                "etcd",
+                format!("etcd at {endpoints}: {}", s.message()),
+                Some(Box::new(e)),
+            )
+        }
+        E::InvalidArgs(_) | E::InvalidUri(_) => {
+            Error::invalid(InputKind::Url, format!("etcd at {endpoints}: {e}"))
+        }
+        other => Error::backend("etcd", other),
+    }
+}
+
+/// The few gRPC codes we branch on.
+mod tonic_code {
+    pub(crate) use tonic::Code;
+    pub(crate) const UNAVAILABLE: Code = Code::Unavailable;
+    pub(crate) const DEADLINE_EXCEEDED: Code = Code::DeadlineExceeded;
+    pub(crate) const ABORTED: Code = Code::Aborted;
+    // tonic reports a broken HTTP/2 connection (a killed member) as Unknown.
+    pub(crate) const UNKNOWN: Code = Code::Unknown;
+}
+
+/// Whole seconds of a TTL, rounded up: the lease never ends before the TTL.
+fn ttl_secs(ttl: Duration) -> i64 {
+    let s = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(s.max(1)).unwrap_or(i64::MAX)
+}
+
+fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+impl EtcdBackend {
+    /// Connects to `etcd://[user:password@]host:port[,host:port...]` (the
+    /// client fails over between endpoints). Parameters: `timeout_ms`
+    /// (connect and request timeout, default 5000).
+    pub async fn connect(url: &str) -> Result<Self> {
+        let bad = |why: String| Error::invalid(InputKind::Url, format!("etcd:// URL: {why}"));
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected etcd://host:port[,host:port...]".into()))?;
+        let https = match scheme {
+            "etcd" => false,
+            "etcds" if cfg!(feature = "tls") => true,
+            "etcds" => {
+                return Err(Error::Unsupported {
+                    backend: "etcd",
+                    operation: "TLS (etcds://) without the `tls` cargo feature",
+                })
+            }
+            other => return Err(bad(format!("unknown scheme {other:?}"))),
+        };
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let rest = rest.trim_end_matches('/');
+        let (user, hosts) = match rest.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, rest),
+        };
+        let mut timeout = Duration::from_secs(5);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("timeout_ms", v)) => {
+                    timeout = Duration::from_millis(
+                        v.parse()
+                            .map_err(|_| bad(format!("timeout_ms={v:?} is not a number")))?,
+                    )
+                }
+                _ => return Err(bad(format!("unknown parameter {pair:?}"))),
+            }
+        }
+        let endpoints: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                let ok = h
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                if ok {
+                    Ok(format!("{}://{h}", if https { "https" } else { "http" }))
+                } else {
+                    Err(bad(format!("{h:?} is not host:port")))
+                }
+            })
+            .collect::<Result<_>>()?;
+        if endpoints.is_empty() {
+            return Err(bad("no endpoints".into()));
+        }
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout);
+        if let Some(u) = user {
+            let (name, pass) = u
+                .split_once(':')
+                .ok_or_else(|| bad("credentials must be user:password".into()))?;
+            options = options.with_user(name, pass);
+        }
+        #[cfg(feature = "tls")]
+        if https {
+            options = options.with_tls(etcd_client::TlsOptions::new());
+        }
+        let shown = hosts.to_string();
+        let client = Client::connect(&endpoints, Some(options))
+            .await
+            .map_err(|e| err(&shown, e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                endpoints: shown,
+                sessions: Mutex::new(HashMap::new()),
+                queued: Default::default(),
+                wakeups: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    fn err(&self, e: etcd_client::Error) -> Error {
+        err(&self.inner.endpoints, e)
+    }
+
+    fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    /// Deletes every key of lock `name` (holder and queue), as an operator
+    /// would; the holder's next renewal is rejected. Returns whether any existed.
+    pub async fn evict(&self, name: &distlock_core::LockName) -> Result<bool> {
+        let resp = self
+            .client()
+            .delete(
+                format!("{name}/"),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(resp.deleted() > 0)
+    }
+
+    /// How many times a waiter of this client was woken by its predecessor's
+    /// deletion (the herd test counts these).
+    pub fn wakeups(&self) -> u64 {
+        self.inner.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// The lease session for `ttl`, started on first use or after the last
+    /// one was lost.
+    async fn session(&self, ttl: Duration) -> Result<Arc<Session>> {
+        let secs = ttl_secs(ttl);
+        let mut sessions = self.inner.sessions.lock().await;
+        if let Some(s) = sessions.get(&secs).filter(|s| !s.is_lost()) {
+            return Ok(s.clone());
+        }
+        let s = Session::start(&self.inner.client, secs)
+            .await
+            .map_err(|e| self.err(e))?;
+        sessions.insert(secs, s.clone());
+        Ok(s)
+    }
+
+    /// The session `req` was queued in: recorded at enqueue; otherwise every
+    /// live session (a release after a lost reply may find its key in any).
+    async fn sessions_of(&self, req: &LockRequest) -> Vec<Arc<Session>> {
+        if let Some(s) = self.queued().get(&req.owner) {
+            return vec![s.clone()];
+        }
+        self.inner
+            .sessions
+            .lock()
+            .await
+            .values()
+            .filter(|s| !s.is_lost())
+            .cloned()
+            .collect()
+    }
+
+    fn queued(&self) -> std::sync::MutexGuard<'_, HashMap<distlock_core::Owner, Arc<Session>>> {
+        self.inner
+            .queued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Puts my key if absent and reads the queue head, in one transaction.
+    async fn enqueue(&self, req: &LockRequest) -> Result<Queued> {
+        let session = self.session(req.ttl).await?;
+        self.queued().insert(req.owner, session.clone());
+        let prefix = format!("{}/", req.name);
+        // Go's Mutex layout: <name>/<lease id in lowercase hex>.
+        let key = format!("{prefix}{:x}", session.lease);
+        let owner = req.owner.to_string();
+        for _ in 0..3 {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(
+                        key.as_str(),
+                        owner.as_str(),
+                        Some(PutOptions::new().with_lease(session.lease)),
+                    ),
+                    TxnOp::get(prefix.as_str(), Some(first_created())),
+                ])
+                .or_else([
+                    TxnOp::get(key.as_str(), None),
+                    TxnOp::get(prefix.as_str(), Some(first_created())),
+                ]);
+            let resp = self.client().txn(txn).await.map_err(|e| self.err(e))?;
+            let header_rev = resp.header().map_or(0, |h| h.revision());
+            let ops = resp.op_responses();
+            let head_rev = match ops.get(1) {
+                Some(TxnOpResponse::Get(g)) => g.kvs().first().map_or(0, |kv| kv.create_revision()),
+                _ => 0,
+            };
+            if resp.succeeded() {
+                return Ok(Queued {
+                    session,
+                    key,
+                    prefix,
+                    my_rev: header_rev,
+                    head_rev,
+                });
+            }
+            let existing = match ops.first() {
+                Some(TxnOpResponse::Get(g)) => g
+                    .kvs()
+                    .first()
+                    .map(|kv| (kv.create_revision(), kv.value().to_vec())),
+                _ => None,
+            };
+            match existing {
+                Some((rev, value)) if value == owner.as_bytes() => {
+                    return Ok(Queued {
+                        session,
+                        key,
+                        prefix,
+                        my_rev: rev,
+                        head_rev,
+                    });
+                }
+                Some((_, stale)) => {
+                    // Our lease's key from an earlier acquisition that was
+                    // never cleaned up. Reusing it would reuse its create
+                    // revision, i.e. its fencing token: delete and requeue.
+                    let del = Txn::new()
+                        .when([Compare::value(key.as_str(), CompareOp::Equal, stale)])
+                        .and_then([TxnOp::delete(key.as_str(), None)]);
+                    self.client().txn(del).await.map_err(|e| self.err(e))?;
+                }
+                None => {}
+            }
+        }
+        Err(Error::backend(
+            "etcd",
+            format!("could not enqueue {key}: it kept changing"),
+        ))
+    }
+
+    /// Deletes my key if it still carries my owner value.
+    async fn delete_mine(&self, key: &str, req: &LockRequest) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::value(key, CompareOp::Equal, req.owner.to_string())])
+            .and_then([TxnOp::delete(key, None)]);
+        Ok(self
+            .client()
+            .txn(txn)
+            .await
+            .map_err(|e| self.err(e))?
+            .succeeded())
+    }
+
+    async fn still_mine(&self, key: &str, req: &LockRequest) -> Result<bool> {
+        let resp = self
+            .client()
+            .get(key, None)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(resp
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == req.owner.to_string().as_bytes()))
+    }
+
+    /// Go's waitDeletes: watch only the key created just before mine, and
+    /// when it goes, look again, since more than one key can sit ahead.
+    /// Returns once no key older than mine is left. Transient failures (a
+    /// member dying, a leader election) are retried for up to 30 s in a row.
+    async fn wait_for_predecessors(&self, q: &Queued) -> Result<()> {
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            match self.wait_one_predecessor(q).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => failing_since = None,
+                Err(e @ Error::Unavailable { .. }) => {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > Duration::from_secs(30) {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, "etcd wait interrupted; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One step: `true` if no older key is left, `false` after the
+    /// predecessor went away (or the watch ended).
+    async fn wait_one_predecessor(&self, q: &Queued) -> Result<bool> {
+        let opts = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_max_create_revision(q.my_rev - 1)
+            .with_limit(1);
+        let resp = self
+            .client()
+            .get(q.prefix.as_str(), Some(opts))
+            .await
+            .map_err(|e| self.err(e))?;
+        let Some(pred) = resp.kvs().first() else {
+            return Ok(true);
+        };
+        let pred_key = pred.key().to_vec();
+        let from = resp.header().map_or(0, |h| h.revision()) + 1;
+        let mut stream = self
+            .client()
+            .watch(
+                pred_key,
+                Some(WatchOptions::new().with_start_revision(from)),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        while let Some(msg) = stream.message().await.map_err(|e| self.err(e))? {
+            if msg.canceled() {
+                break;
+            }
+            if msg
+                .events()
+                .iter()
+                .any(|e| e.event_type() == EventType::Delete)
+            {
+                self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+        }
+        Ok(false)
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            "etcd",
+            Fencing::Strong,
+            Consistency::Cp,
+            Waiting::Notification,
+            TrustedClock::ConsensusLeader,
+        )
+        .with_ttl_range(Duration::from_secs(1), Duration::from_secs(24 * 3600))
+        .with_session()
+    }
+
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        let q = self.enqueue(req).await?;
+        if q.head_rev == q.my_rev {
+            return Ok(Some(FencingToken(q.my_rev as u64)));
+        }
+        // Not first: leave no queue entry behind.
+        self.delete_mine(&q.key, req).await?;
+        self.queued().remove(&req.owner);
+        Ok(None)
+    }
+
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        let start = Instant::now();
+        let q = self.enqueue(req).await?;
+        if q.head_rev != q.my_rev {
+            let waited = async {
+                tokio::select! {
+                    r = self.wait_for_predecessors(&q) => r,
+                    reason = q.session.lost() => Err(Error::LeaseLost { name: req.name.clone(), reason }),
+                }
+            };
+            let outcome = match deadline {
+                Some(d) => tokio::time::timeout_at(d, waited)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::WaitTimeout {
+                            name: req.name.clone(),
+                            waited: start.elapsed(),
+                        })
+                    }),
+                None => waited.await,
+            };
+            if let Err(e) = outcome {
+                // A timed-out or failed wait deletes my key (a dropped one is
+                // released by core, which ends up in `release`).
+                let _ = self.delete_mine(&q.key, req).await;
+                self.queued().remove(&req.owner);
+                return Err(e);
+            }
+        }
+        // etcd issue 11456 / Jepsen etcd 3.4.3: after waking, make sure my
+        // key (and so my lease) still exists before claiming the lock.
+        if q.session.is_lost() || !self.still_mine(&q.key, req).await? {
+            let _ = self.delete_mine(&q.key, req).await;
+            self.queued().remove(&req.owner);
+            return Err(Error::LeaseLost {
+                name: req.name.clone(),
+                reason: LostReason::SessionLost("my key or lease vanished while waiting".into()),
+            });
+        }
+        Ok(FencingToken(q.my_rev as u64))
+    }
+
+    /// The lock lives as long as its session's lease, which the session
+    /// keeps alive; extending refreshes that lease now and checks the key.
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        let Some(session) = self.queued().get(&req.owner).cloned() else {
+            return Ok(false);
+        };
+        match session.refresh().await {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) => {
+                return Err(Error::unavailable(
+                    "etcd",
+                    format!("etcd at {}: {e}", self.inner.endpoints),
+                    None,
+                ))
+            }
+        }
+        let key = format!("{}/{:x}", req.name, session.lease);
+        self.still_mine(&key, req).await
+    }
+
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        let mut released = false;
+        for s in self.sessions_of(req).await {
+            let key = format!("{}/{:x}", req.name, s.lease);
+            released |= self.delete_mine(&key, req).await?;
+        }
+        self.queued().remove(&req.owner);
+        Ok(released)
+    }
+
+    async fn session_lost(&self, req: &LockRequest) -> LostReason {
+        let session = self.queued().get(&req.owner).cloned();
+        match session {
+            Some(s) => s.lost().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(1500)), 2);
+        assert_eq!(ttl_secs(Duration::from_secs(30)), 30);
+    }
+}

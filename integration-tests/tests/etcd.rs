@@ -1,0 +1,354 @@
+//! The conformance suite on a single etcd member, plus etcd's own edges:
+//! the herd test, interop with `etcdctl lock`, a 3-member cluster losing its
+//! leader, and a server paused past the lease.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use distlock_core::{async_trait, DynBackend, Error, LockClient, LockName};
+use distlock_etcd::EtcdBackend;
+use integration_tests::harness::{etcd as server, ServerKind, TestServer};
+use integration_tests::BackendFactory;
+use libtest_mimic::{Failed, Trial};
+use tokio::time::Instant;
+
+struct Etcd {
+    server: OnceLock<Result<TestServer, String>>,
+}
+
+impl Etcd {
+    fn url(&self) -> Result<String, Failed> {
+        let s = self
+            .server
+            .get_or_init(|| TestServer::start(ServerKind::Etcd).map_err(|e| e.to_string()));
+        s.as_ref()
+            .map(|s| s.url().to_string())
+            .map_err(|e| Failed::from(e.as_str()))
+    }
+}
+
+#[async_trait]
+impl BackendFactory for Etcd {
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+    async fn client(&self) -> distlock_core::Result<DynBackend> {
+        let url = self
+            .url()
+            .map_err(|e| Error::unavailable("test", format!("{e:?}"), None))?;
+        Ok(Arc::new(EtcdBackend::connect(&url).await?))
+    }
+    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
+        if EtcdBackend::connect(&self.url()?)
+            .await?
+            .evict(name)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(format!("nothing to evict for {name}").into())
+        }
+    }
+    fn short_ttl(&self) -> Duration {
+        // etcd's smallest lease is about 1.5 s with default timing.
+        Duration::from_secs(2)
+    }
+}
+
+type Case = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Failed>> + Send>>;
+
+fn main() {
+    let etcd = Arc::new(Etcd {
+        server: OnceLock::new(),
+    });
+    integration_tests::run_suite(etcd.clone(), move |rt| {
+        let t = |name: &str, f: Box<dyn FnOnce() -> Case + Send>| {
+            let handle = rt.handle().clone();
+            Trial::test(format!("etcd::{name}"), move || handle.block_on(f()))
+        };
+        let (e1, e2, e3) = (etcd.clone(), etcd.clone(), etcd.clone());
+        vec![
+            t(
+                "each_release_wakes_exactly_one_of_20_waiters",
+                Box::new(move || Box::pin(herd(e1))),
+            ),
+            t(
+                "etcdctl_lock_excludes_distlock",
+                Box::new(move || Box::pin(etcdctl_holds(e2))),
+            ),
+            t(
+                "distlock_excludes_etcdctl_lock",
+                Box::new(move || Box::pin(distlock_holds(e3))),
+            ),
+            t(
+                "leader_killed_during_hold_and_wait_keeps_exclusion",
+                Box::new(|| Box::pin(leader_killed())),
+            ),
+            t(
+                "paused_server_makes_holder_lost_before_anyone_acquires",
+                Box::new(|| Box::pin(paused_server())),
+            ),
+        ]
+    })
+}
+
+fn name() -> String {
+    format!("{}/lock", integration_tests::namespace())
+}
+
+async fn keys_under(url: &str, prefix: &str) -> Result<usize, Failed> {
+    let ep = integration_tests::harness::host_port(url).ok_or("no endpoint")?;
+    let mut c = etcd_client_cmd(&format!("{}:{}", ep.0, ep.1))?;
+    c.args(["get", "--prefix", "--keys-only", &format!("{prefix}/")]);
+    let out =
+        tokio::task::spawn_blocking(move || integration_tests::harness::process::run_client(c))
+            .await
+            .map_err(|e| e.to_string())??;
+    Ok(out.lines().filter(|l| !l.trim().is_empty()).count())
+}
+
+fn etcd_client_cmd(endpoint: &str) -> Result<Command, Failed> {
+    server::etcdctl(endpoint).map_err(|e| Failed::from(e.to_string()))
+}
+
+/// 20 waiters queue behind a holder; every release must wake exactly one.
+async fn herd(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let lock = name();
+    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
+    let g = holder
+        .lock(&lock)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let mut backends = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let b = EtcdBackend::connect(&url).await?;
+        backends.push(b.clone());
+        let lock = lock.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = LockClient::new(b)
+                .lock(&lock)
+                .ttl(Duration::from_secs(30))
+                .acquire()
+                .await?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.release().await
+        }));
+    }
+    let start = Instant::now();
+    while keys_under(&url, &lock).await? < 21 {
+        if start.elapsed() > Duration::from_secs(30) {
+            return Err("the 20 waiters did not all queue".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    g.release().await?;
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    let wakeups: Vec<u64> = backends.iter().map(EtcdBackend::wakeups).collect();
+    let total: u64 = wakeups.iter().sum();
+    if total != 20 || wakeups.iter().any(|w| *w != 1) {
+        return Err(format!(
+            "20 releases caused {total} wake-ups ({wakeups:?}); expected one each"
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn spawn_etcdctl_lock(url: &str, lock: &str, command: &[&str]) -> Result<Child, Failed> {
+    let ep = integration_tests::harness::host_port(url).ok_or("no endpoint")?;
+    let mut c = etcd_client_cmd(&format!("{}:{}", ep.0, ep.1))?;
+    c.args(["lock", lock, "--"])
+        .args(command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    c.spawn().map_err(|e| Failed::from(e.to_string()))
+}
+
+async fn wait_exit(mut child: Child, within: Duration) -> Result<String, Failed> {
+    tokio::task::spawn_blocking(move || {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+                let mut out = String::new();
+                if let Some(mut o) = child.stdout.take() {
+                    std::io::Read::read_to_string(&mut o, &mut out).map_err(|e| e.to_string())?;
+                }
+                return if status.success() {
+                    Ok(out)
+                } else {
+                    Err(format!("etcdctl exited with {status}").into())
+                };
+            }
+            if start.elapsed() > within {
+                let _ = child.kill();
+                return Err(format!("etcdctl still running after {within:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+async fn etcdctl_holds(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let lock = name();
+    let child = spawn_etcdctl_lock(&url, &lock, &["sleep", "3"])?;
+    let start = Instant::now();
+    while keys_under(&url, &lock).await? < 1 {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err("etcdctl lock never created its key".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    if client
+        .lock(&lock)
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .await?
+        .is_some()
+    {
+        return Err("distlock got a lock etcdctl holds".into());
+    }
+    let g = client
+        .lock(&lock)
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await?;
+    wait_exit(child, Duration::from_secs(5)).await?;
+    g.release().await?;
+    Ok(())
+}
+
+async fn distlock_holds(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let lock = name();
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    let g = client
+        .lock(&lock)
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await?;
+    let mut child = spawn_etcdctl_lock(&url, &lock, &["echo", "etcdctl-got-it"])?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+        return Err("etcdctl lock ran its command while distlock held the lock".into());
+    }
+    g.release().await?;
+    let out = wait_exit(child, Duration::from_secs(10)).await?;
+    if !out.contains("etcdctl-got-it") {
+        return Err(format!("etcdctl did not run its command after the release: {out:?}").into());
+    }
+    Ok(())
+}
+
+/// A holder holds and a waiter waits on a 3-member cluster; the leader is
+/// killed. The holder keeps the lock or sees lost(); the waiter gets it only
+/// after the holder's hold ended; tokens increase.
+async fn leader_killed() -> Result<(), Failed> {
+    let members = tokio::task::spawn_blocking(|| server::cluster(3))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let eps: Vec<String> = members
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port))
+        .collect();
+    let url = format!("etcd://{}", eps.join(","));
+    let lock = name();
+    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
+    let waiter = LockClient::new(EtcdBackend::connect(&url).await?);
+    let g = holder
+        .lock(&lock)
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .await?;
+    let first = g.token();
+    let l2 = lock.clone();
+    let w = tokio::spawn(async move {
+        let g = waiter
+            .lock(&l2)
+            .ttl(Duration::from_secs(5))
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await?;
+        Ok::<_, Error>((Instant::now(), g))
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let leader_port = server::leader(&members).ok_or("no leader found")?;
+    let leader = members
+        .iter()
+        .find(|m| m.port == leader_port)
+        .ok_or("leader not among members")?;
+    leader.signal("KILL").map_err(|e| e.to_string())?;
+    // Hold on through the election, then release (or notice the loss).
+    let hold_end = tokio::select! {
+        reason = g.lost() => {
+            eprintln!("note: the holder saw lost() during the election: {reason}");
+            Instant::now()
+        }
+        () = tokio::time::sleep(Duration::from_secs(4)) => Instant::now(),
+    };
+    let still_held = g.is_held();
+    g.release().await.ok();
+    let (got_at, g2) = tokio::time::timeout(Duration::from_secs(60), w)
+        .await
+        .map_err(|_| Failed::from("waiter never got the lock after the leader was killed"))?
+        .map_err(|e| e.to_string())??;
+    if got_at < hold_end && still_held {
+        return Err("the waiter got the lock while the holder still held it".into());
+    }
+    if g2.token() <= first {
+        return Err(format!("token did not increase: {first} then {}", g2.token()).into());
+    }
+    g2.release().await?;
+    drop(members);
+    Ok(())
+}
+
+/// The server is paused longer than the lease: the holder must see lost()
+/// before any other client can acquire.
+async fn paused_server() -> Result<(), Failed> {
+    let server = tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Etcd))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let url = server.url().to_string();
+    let lock = name();
+    let ttl = Duration::from_secs(2);
+    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
+    let other = LockClient::new(EtcdBackend::connect(&url).await?);
+    let g = holder.lock(&lock).ttl(ttl).acquire().await?;
+    let process = server.process().ok_or("no process")?;
+    process.signal("STOP").map_err(|e| e.to_string())?;
+    let lost = tokio::time::timeout(ttl * 3, g.lost()).await;
+    let lost_at = Instant::now();
+    process.signal("CONT").map_err(|e| e.to_string())?;
+    let reason =
+        lost.map_err(|_| Failed::from("holder did not see lost() while the server was paused"))?;
+    let g2 = other
+        .lock(&lock)
+        .ttl(ttl)
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let acquired_at = Instant::now();
+    if acquired_at <= lost_at {
+        return Err(
+            format!("another client acquired before the holder saw lost() ({reason})").into(),
+        );
+    }
+    if g2.token() <= g.token() {
+        return Err("token did not increase".into());
+    }
+    g2.release().await?;
+    Ok(())
+}
