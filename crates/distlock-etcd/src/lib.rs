@@ -202,17 +202,41 @@ impl EtcdBackend {
         self.inner.client.clone()
     }
 
+    /// Runs an idempotent request, retrying for a few seconds while etcd is
+    /// unavailable: a dead endpoint still in the client's balancer, or a
+    /// leader election in progress. Each request here is safe to repeat
+    /// (compare-guarded transactions and reads).
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let start = Instant::now();
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match f(self.client()).await.map_err(|e| self.err(e)) {
+                Err(e @ Error::Unavailable { .. }) if start.elapsed() < Duration::from_secs(6) => {
+                    tracing::debug!(error = %e, "etcd request failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(500));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Deletes every key of lock `name` (holder and queue), as an operator
     /// would; the holder's next renewal is rejected. Returns whether any existed.
     pub async fn evict(&self, name: &distlock_core::LockName) -> Result<bool> {
         let resp = self
-            .client()
-            .delete(
-                format!("{name}/"),
-                Some(etcd_client::DeleteOptions::new().with_prefix()),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
+            .call(|mut c| async move {
+                c.delete(
+                    format!("{name}/"),
+                    Some(etcd_client::DeleteOptions::new().with_prefix()),
+                )
+                .await
+            })
+            .await?;
         Ok(resp.deleted() > 0)
     }
 
@@ -230,9 +254,9 @@ impl EtcdBackend {
         if let Some(s) = sessions.get(&secs).filter(|s| !s.is_lost()) {
             return Ok(s.clone());
         }
-        let s = Session::start(&self.inner.client, secs)
-            .await
-            .map_err(|e| self.err(e))?;
+        let s = self
+            .call(|c| async move { Session::start(&c, secs).await })
+            .await?;
         sessions.insert(secs, s.clone());
         Ok(s)
     }
@@ -283,7 +307,12 @@ impl EtcdBackend {
                     TxnOp::get(key.as_str(), None),
                     TxnOp::get(prefix.as_str(), Some(first_created())),
                 ]);
-            let resp = self.client().txn(txn).await.map_err(|e| self.err(e))?;
+            let resp = self
+                .call(|mut c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await?;
             let header_rev = resp.header().map_or(0, |h| h.revision());
             let ops = resp.op_responses();
             let head_rev = match ops.get(1) {
@@ -323,7 +352,11 @@ impl EtcdBackend {
                     let del = Txn::new()
                         .when([Compare::value(key.as_str(), CompareOp::Equal, stale)])
                         .and_then([TxnOp::delete(key.as_str(), None)]);
-                    self.client().txn(del).await.map_err(|e| self.err(e))?;
+                    self.call(|mut c| {
+                        let del = del.clone();
+                        async move { c.txn(del).await }
+                    })
+                    .await?;
                 }
                 None => {}
             }
@@ -340,19 +373,18 @@ impl EtcdBackend {
             .when([Compare::value(key, CompareOp::Equal, req.owner.to_string())])
             .and_then([TxnOp::delete(key, None)]);
         Ok(self
-            .client()
-            .txn(txn)
-            .await
-            .map_err(|e| self.err(e))?
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?
             .succeeded())
     }
 
     async fn still_mine(&self, key: &str, req: &LockRequest) -> Result<bool> {
         let resp = self
-            .client()
-            .get(key, None)
-            .await
-            .map_err(|e| self.err(e))?;
+            .call(|mut c| async move { c.get(key, None).await })
+            .await?;
         Ok(resp
             .kvs()
             .first()
@@ -391,10 +423,11 @@ impl EtcdBackend {
             .with_max_create_revision(q.my_rev - 1)
             .with_limit(1);
         let resp = self
-            .client()
-            .get(q.prefix.as_str(), Some(opts))
-            .await
-            .map_err(|e| self.err(e))?;
+            .call(|mut c| {
+                let opts = opts.clone();
+                async move { c.get(q.prefix.as_str(), Some(opts)).await }
+            })
+            .await?;
         let Some(pred) = resp.kvs().first() else {
             return Ok(true);
         };

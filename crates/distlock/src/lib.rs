@@ -25,3 +25,8 @@ pub use distlock_redlock as redlock;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use distlock_etcd as etcd;
+
+/// The ZooKeeper backend.
+#[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+pub use distlock_zookeeper as zookeeper;

@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +15,8 @@ pub struct Proxy {
     /// The port to connect to instead of the target.
     pub port: u16,
     blackhole: Arc<AtomicBool>,
+    drop_replies: Arc<AtomicBool>,
+    epoch: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 }
 
@@ -28,8 +30,15 @@ impl Proxy {
             .map_err(|e| HarnessError::start("proxy", e.to_string()))?
             .port();
         let blackhole = Arc::new(AtomicBool::new(false));
+        let drop_replies = Arc::new(AtomicBool::new(false));
+        let epoch = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (bh, st) = (blackhole.clone(), stop.clone());
+        let (bh, dr, ep, st) = (
+            blackhole.clone(),
+            drop_replies.clone(),
+            epoch.clone(),
+            stop.clone(),
+        );
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 if st.load(Ordering::Acquire) {
@@ -39,13 +48,17 @@ impl Proxy {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
                     continue;
                 };
-                for (from, to) in [
-                    (client.try_clone(), server.try_clone()),
-                    (Ok(server), Ok(client)),
-                ] {
+                let born = ep.load(Ordering::Acquire);
+                let directions = [
+                    (client.try_clone(), server.try_clone(), bh.clone()),
+                    (Ok(server), Ok(client), dr.clone()),
+                ];
+                for (from, to, drop_flag) in directions {
                     if let (Ok(from), Ok(to)) = (from, to) {
-                        let (bh, st) = (bh.clone(), st.clone());
-                        std::thread::spawn(move || pump(from, to, &bh, &st));
+                        let (bh, st, ep) = (bh.clone(), st.clone(), ep.clone());
+                        std::thread::spawn(move || {
+                            pump(from, to, &[&bh, &drop_flag], &st, &ep, born)
+                        });
                     }
                 }
             }
@@ -53,8 +66,22 @@ impl Proxy {
         Ok(Self {
             port,
             blackhole,
+            drop_replies,
+            epoch,
             stop,
         })
+    }
+
+    /// While on, bytes from the server to the client are dropped: requests
+    /// still reach the server, their replies are lost.
+    pub fn set_drop_replies(&self, on: bool) {
+        self.drop_replies.store(on, Ordering::Release);
+    }
+
+    /// Closes every connection made so far (clients see a connection loss and
+    /// may reconnect through the proxy).
+    pub fn sever(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// While on, bytes are read and dropped in both directions: connections
@@ -64,14 +91,22 @@ impl Proxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, blackhole: &AtomicBool, stop: &AtomicBool) {
-    let _ = from.set_read_timeout(Some(Duration::from_millis(200)));
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    drop_if: &[&AtomicBool],
+    stop: &AtomicBool,
+    epoch: &AtomicU64,
+    born: u64,
+) {
+    let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
     let mut buf = [0u8; 16 * 1024];
-    while !stop.load(Ordering::Acquire) {
+    while !stop.load(Ordering::Acquire) && epoch.load(Ordering::Acquire) == born {
         match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                if !blackhole.load(Ordering::Acquire) && to.write_all(&buf[..n]).is_err() {
+                let dropped = drop_if.iter().any(|f| f.load(Ordering::Acquire));
+                if !dropped && to.write_all(&buf[..n]).is_err() {
                     break;
                 }
             }

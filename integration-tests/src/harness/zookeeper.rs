@@ -75,3 +75,54 @@ pub fn cli(server: &str, args: &[&str]) -> Result<Command, HarnessError> {
         .args(args);
     Ok(cmd)
 }
+
+/// Starts an `n`-server ZooKeeper ensemble on loopback and waits until every
+/// server serves (as leader or follower).
+pub fn ensemble(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
+    let java = find_binary("java", &[], INSTALL)?;
+    let ports: Vec<(u16, u16, u16)> = (0..n)
+        .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
+        .collect::<Result<_, HarnessError>>()?;
+    let servers: String = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer, election))| format!("server.{}=127.0.0.1:{peer}:{election}\n", i + 1))
+        .collect();
+    let mut members = Vec::new();
+    for (i, (client, _, _)) in ports.iter().copied().enumerate() {
+        let dir = temp_dir("zookeeper-member")?;
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data)
+            .map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;
+        std::fs::write(data.join("myid"), format!("{}\n", i + 1))
+            .map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;
+        let cfg = dir.join("zoo.cfg");
+        let conf = format!(
+            "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={client}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,mntr,stat\nmaxSessionTimeout=60000\n{servers}",
+            data.display()
+        );
+        std::fs::write(&cfg, conf).map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;
+        let mut cmd = Command::new(&java);
+        cmd.args(jvm_args())
+            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+            .arg(&cfg);
+        members.push(ServerProcess::spawn_unready(
+            "zookeeper member",
+            cmd,
+            dir,
+            client,
+            "TERM",
+            Duration::from_secs(90),
+            move || serving(client),
+        )?);
+    }
+    for m in &mut members {
+        m.wait_ready()?;
+    }
+    Ok(members)
+}
+
+/// Whether the server at `port` is the ensemble's leader.
+pub fn is_leader(port: u16) -> bool {
+    tcp_exchange(port, b"srvr").is_some_and(|r| r.contains("Mode: leader"))
+}

@@ -1,0 +1,483 @@
+#![doc = include_str!("../README.md")]
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use distlock_core::{
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, InputKind,
+    LockName, LockRequest, LostReason, Owner, Result, TrustedClock, Waiting,
+};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+/// Locks on ZooKeeper as ephemeral sequential children, named like Apache
+/// Curator's `InterProcessMutex` (`_c_<uuid>-lock-<seq>`), so Curator clients
+/// and distlock exclude each other.
+///
+/// Cheap to clone; clones share one ZooKeeper session.
+#[derive(Clone)]
+pub struct ZooKeeperBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    hosts: String,
+    base: String,
+    session_timeout: Duration,
+    hold_while_disconnected: bool,
+    detached: bool,
+    client: tokio::sync::Mutex<Option<zk::Client>>,
+    /// My node for each live acquisition, with the session it lives in.
+    nodes: Mutex<HashMap<Owner, (String, zk::Client)>>,
+    wakeups: AtomicU64,
+}
+
+impl fmt::Debug for ZooKeeperBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeperBackend")
+            .field("hosts", &self.inner.hosts)
+            .field("base", &self.inner.base)
+            .finish()
+    }
+}
+
+fn err(hosts: &str, e: zk::Error) -> Error {
+    match e {
+        zk::Error::ConnectionLoss
+        | zk::Error::Timeout
+        | zk::Error::NoHosts
+        | zk::Error::SessionMoved => Error::unavailable(
+            "zookeeper",
+            format!("ZooKeeper at {hosts}: {e}"),
+            Some(Box::new(e)),
+        ),
+        zk::Error::SessionExpired | zk::Error::ClientClosed => Error::LeaseLost {
+            name: LockName::new("session").unwrap_or_else(|_| unreachable!()),
+            reason: LostReason::SessionLost(format!("ZooKeeper session ended: {e}")),
+        },
+        zk::Error::BadArguments(_) => {
+            Error::invalid(InputKind::Config, format!("ZooKeeper at {hosts}: {e}"))
+        }
+        other => Error::backend("zookeeper", other),
+    }
+}
+
+/// The sequence number a lock child ends with (Curator sorts by it).
+fn sequence(child: &str) -> Option<i64> {
+    child
+        .rsplit_once("lock-")
+        .and_then(|(_, seq)| seq.parse().ok())
+}
+
+impl ZooKeeperBackend {
+    /// Connects to `zk://host:port[,host:port...][/chroot]`. Parameters:
+    /// `session_timeout_ms` (default 10000), `root` (the lock root under the
+    /// chroot, default `/distlock`), `hold_while_disconnected` (default
+    /// `false`: a disconnection counts as lost, Curator's Tech Note 14), and
+    /// `detached` (default `false`: dropping the client closes the session).
+    pub async fn connect(url: &str) -> Result<Self> {
+        let bad = |why: String| Error::invalid(InputKind::Url, format!("zk:// URL: {why}"));
+        let rest = url
+            .strip_prefix("zk://")
+            .ok_or_else(|| bad("expected zk://host:port[,host:port...][/chroot]".into()))?;
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (hosts, chroot) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        for h in hosts.split(',') {
+            let ok = h
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !ok {
+                return Err(bad(format!("{h:?} is not host:port")));
+            }
+        }
+        let mut session_timeout = Duration::from_secs(10);
+        let mut root = "/distlock".to_string();
+        let (mut hold_while_disconnected, mut detached) = (false, false);
+        let flag = |k: &str, v: &str| match v {
+            "true" | "1" => Ok(true),
+            "false" | "0" => Ok(false),
+            _ => Err(bad(format!("{k}={v:?}; use true or false"))),
+        };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "session_timeout_ms" => {
+                    session_timeout = Duration::from_millis(
+                        v.parse()
+                            .map_err(|_| bad(format!("{k}={v:?} is not a number")))?,
+                    )
+                }
+                "root" => root = v.to_string(),
+                "hold_while_disconnected" => hold_while_disconnected = flag(k, v)?,
+                "detached" => detached = flag(k, v)?,
+                _ => return Err(bad(format!("unknown parameter {k:?}"))),
+            }
+        }
+        let base = format!("{chroot}/{}", root.trim_matches('/'));
+        if base
+            .split('/')
+            .skip(1)
+            .any(|s| s.is_empty() || s == "." || s == "..")
+        {
+            return Err(bad(format!(
+                "chroot and root must be plain paths, got {base:?}"
+            )));
+        }
+        let backend = Self {
+            inner: Arc::new(Inner {
+                hosts: hosts.to_string(),
+                base,
+                session_timeout,
+                hold_while_disconnected,
+                detached,
+                client: tokio::sync::Mutex::new(None),
+                nodes: Mutex::new(HashMap::new()),
+                wakeups: AtomicU64::new(0),
+            }),
+        };
+        backend.client().await?;
+        Ok(backend)
+    }
+
+    fn err(&self, e: zk::Error) -> Error {
+        err(&self.inner.hosts, e)
+    }
+
+    fn nodes(&self) -> MutexGuard<'_, HashMap<Owner, (String, zk::Client)>> {
+        self.inner
+            .nodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The session's client; a new session after the last one ended.
+    async fn client(&self) -> Result<zk::Client> {
+        let mut slot = self.inner.client.lock().await;
+        if let Some(c) = slot.as_mut() {
+            let state = c.state();
+            if !matches!(
+                state,
+                zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
+            ) {
+                return Ok(c.clone());
+            }
+        }
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(self.inner.session_timeout)
+            .with_connection_timeout(self.inner.session_timeout.min(Duration::from_secs(5)));
+        if self.inner.detached {
+            connector = connector.with_detached();
+        }
+        let c = connector
+            .connect(&self.inner.hosts)
+            .await
+            .map_err(|e| self.err(e))?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    /// How many times a waiter of this client was woken by its predecessor's
+    /// deletion (the herd test counts these).
+    pub fn wakeups(&self) -> u64 {
+        self.inner.wakeups.load(Ordering::Relaxed)
+    }
+
+    fn parent(&self, name: &LockName) -> String {
+        format!("{}/{name}", self.inner.base)
+    }
+
+    /// Deletes every child of lock `name`, as an operator would; the
+    /// holder's next renewal is rejected. Returns whether any existed.
+    pub async fn evict(&self, name: &LockName) -> Result<bool> {
+        let client = self.client().await?;
+        let parent = self.parent(name);
+        let children = match client.list_children(&parent).await {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => return Ok(false),
+            Err(e) => return Err(self.err(e)),
+        };
+        for c in &children {
+            match client.delete(&format!("{parent}/{c}"), None).await {
+                Ok(()) | Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Ok(!children.is_empty())
+    }
+
+    /// My child node: created, or found again after a connection loss hid
+    /// the create's reply (ZOOKEEPER-1262). The owner value in the name makes
+    /// it findable, so there is never an orphan or a second entry.
+    async fn enqueue(
+        &self,
+        req: &LockRequest,
+    ) -> Result<(zk::Client, String, String, FencingToken)> {
+        let client = self.client().await?;
+        let parent = self.parent(&req.name);
+        let prefix = format!("_c_{}-lock-", req.owner);
+        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        for _ in 0..5 {
+            match client
+                .create(&format!("{parent}/{prefix}"), b"", &options)
+                .await
+            {
+                Ok((stat, seq)) => {
+                    // A plain create2 reply carries a valid Stat on 3.8.0 too
+                    // (only Stats inside multi() are broken before 3.8.2).
+                    let node = format!("{prefix}{seq}");
+                    return self.remember(req, client, parent, node, stat.czxid);
+                }
+                Err(zk::Error::NoNode) => {
+                    let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                    client.mkdir(&parent, &dir).await.map_err(|e| self.err(e))?;
+                }
+                Err(zk::Error::ConnectionLoss) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if let Some(found) = self.find_mine(&client, &parent, &prefix).await? {
+                        let stat = client
+                            .check_stat(&format!("{parent}/{found}"))
+                            .await
+                            .map_err(|e| self.err(e))?;
+                        if let Some(stat) = stat {
+                            tracing::info!(node = %found, "found my lock node again after a connection loss during create");
+                            return self.remember(req, client, parent, found, stat.czxid);
+                        }
+                    }
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Err(Error::unavailable(
+            "zookeeper",
+            format!("could not create a lock node under {parent}"),
+            None,
+        ))
+    }
+
+    fn remember(
+        &self,
+        req: &LockRequest,
+        client: zk::Client,
+        parent: String,
+        node: String,
+        czxid: i64,
+    ) -> Result<(zk::Client, String, String, FencingToken)> {
+        let token = u64::try_from(czxid)
+            .map_err(|_| Error::backend("zookeeper", format!("negative czxid {czxid}")))?;
+        self.nodes()
+            .insert(req.owner, (format!("{parent}/{node}"), client.clone()));
+        Ok((client, parent, node, FencingToken(token)))
+    }
+
+    async fn find_mine(
+        &self,
+        client: &zk::Client,
+        parent: &str,
+        prefix: &str,
+    ) -> Result<Option<String>> {
+        loop {
+            match client.list_children(parent).await {
+                Ok(children) => return Ok(children.into_iter().find(|c| c.starts_with(prefix))),
+                Err(zk::Error::ConnectionLoss) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(zk::Error::NoNode) => return Ok(None),
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+    }
+
+    /// The lock children in queue order.
+    async fn queue(&self, client: &zk::Client, parent: &str) -> Result<Vec<String>> {
+        let mut children: Vec<String> = client
+            .list_children(parent)
+            .await
+            .map_err(|e| self.err(e))?
+            .into_iter()
+            .filter(|c| sequence(c).is_some())
+            .collect();
+        children.sort_by_key(|c| sequence(c));
+        Ok(children)
+    }
+
+    async fn delete_node(&self, owner: &Owner) -> Result<bool> {
+        let entry = self.nodes().remove(owner);
+        let Some((path, client)) = entry else {
+            return Ok(false);
+        };
+        match client.delete(&path, None).await {
+            Ok(()) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    /// Waits until my node is first; only the predecessor is watched.
+    async fn wait_first(&self, client: &zk::Client, parent: &str, node: &str) -> Result<()> {
+        loop {
+            let queue = self.queue(client, parent).await?;
+            let Some(i) = queue.iter().position(|c| c == node) else {
+                return Err(Error::LeaseLost {
+                    name: LockName::new(
+                        parent.trim_start_matches(&format!("{}/", self.inner.base)),
+                    )
+                    .unwrap_or_else(|_| unreachable!()),
+                    reason: LostReason::SessionLost("my lock node vanished while waiting".into()),
+                });
+            };
+            if i == 0 {
+                return Ok(());
+            }
+            let pred = format!("{parent}/{}", queue[i - 1]);
+            let (stat, watcher) = client
+                .check_and_watch_stat(&pred)
+                .await
+                .map_err(|e| self.err(e))?;
+            if stat.is_none() {
+                continue;
+            }
+            let event = watcher.changed().await;
+            if event.event_type == zk::EventType::NodeDeleted {
+                self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for ZooKeeperBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            "zookeeper",
+            Fencing::Strong,
+            Consistency::Cp,
+            Waiting::Notification,
+            TrustedClock::ConsensusLeader,
+        )
+        .with_ttl_range(Duration::from_secs(1), Duration::from_secs(24 * 3600))
+        .with_session()
+    }
+
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        let (client, parent, node, token) = self.enqueue(req).await?;
+        if self.queue(&client, &parent).await?.first() == Some(&node) {
+            return Ok(Some(token));
+        }
+        self.delete_node(&req.owner).await?;
+        Ok(None)
+    }
+
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        let start = Instant::now();
+        let (client, parent, node, token) = self.enqueue(req).await?;
+        let waited = self.wait_first(&client, &parent, &node);
+        let outcome = match deadline {
+            Some(d) => tokio::time::timeout_at(d, waited)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::WaitTimeout {
+                        name: req.name.clone(),
+                        waited: start.elapsed(),
+                    })
+                }),
+            None => waited.await,
+        };
+        match outcome {
+            Ok(()) => Ok(token),
+            Err(e) => {
+                // A timed-out or failed wait deletes my node.
+                let _ = self.delete_node(&req.owner).await;
+                Err(match e {
+                    Error::LeaseLost { reason, .. } => Error::LeaseLost {
+                        name: req.name.clone(),
+                        reason,
+                    },
+                    other => other,
+                })
+            }
+        }
+    }
+
+    /// The node lives as long as the session; extending checks that it is
+    /// still there and still ours.
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        let entry = self.nodes().get(&req.owner).cloned();
+        let Some((path, client)) = entry else {
+            return Ok(false);
+        };
+        match client.check_stat(&path).await {
+            Ok(Some(stat)) => Ok(stat.ephemeral_owner == client.session_id().0),
+            Ok(None) => Ok(false),
+            Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => Ok(false),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        if self.nodes().contains_key(&req.owner) {
+            return self.delete_node(&req.owner).await;
+        }
+        // Released before the create's reply arrived (a cancelled acquire):
+        // find the node by its owner value.
+        let client = self.client().await?;
+        let parent = self.parent(&req.name);
+        let prefix = format!("_c_{}-lock-", req.owner);
+        match self.find_mine(&client, &parent, &prefix).await? {
+            Some(node) => match client.delete(&format!("{parent}/{node}"), None).await {
+                Ok(()) => Ok(true),
+                Err(zk::Error::NoNode) => Ok(false),
+                Err(e) => Err(self.err(e)),
+            },
+            None => Ok(false),
+        }
+    }
+
+    /// Session expiry ends every lock of the session. By default a mere
+    /// disconnection does too (Curator's SUSPENDED, Tech Note 14): the
+    /// server may expire the session before this client can tell.
+    async fn session_lost(&self, req: &LockRequest) -> LostReason {
+        let entry = self.nodes().get(&req.owner).cloned();
+        let Some((_, client)) = entry else {
+            return std::future::pending().await;
+        };
+        let mut states = client.state_watcher();
+        let mut state = states.state();
+        loop {
+            match state {
+                zk::SessionState::Disconnected if !self.inner.hold_while_disconnected => {
+                    return LostReason::SessionLost(
+                        "disconnected from ZooKeeper (the session may expire unseen)".into(),
+                    )
+                }
+                zk::SessionState::Expired => {
+                    return LostReason::SessionLost("ZooKeeper session expired".into())
+                }
+                zk::SessionState::Closed => {
+                    return LostReason::SessionLost("ZooKeeper session closed".into())
+                }
+                zk::SessionState::AuthFailed => {
+                    return LostReason::SessionLost("ZooKeeper authentication failed".into())
+                }
+                _ => state = states.changed().await,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn children_sort_by_their_sequence() {
+        assert_eq!(sequence("_c_0a1b-lock-0000000042"), Some(42));
+        assert_eq!(sequence("x-lock-0000000001"), Some(1));
+        assert_eq!(sequence("lease-x"), None);
+    }
+}
