@@ -41,6 +41,7 @@ cases![
     reentrant_nested_acquire_nests,
     local_waiters_coalesce_to_one_backend_request,
     invalid_names_and_ttls_give_typed_errors,
+    inspect_reports_the_holder,
 ];
 
 async fn client(f: &dyn BackendFactory) -> Result<LockClient, Failed> {
@@ -640,6 +641,39 @@ pub async fn invalid_names_and_ttls_give_typed_errors(
         a.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_some(),
         "valid input refused"
     );
+    Ok(Completion::Completed)
+}
+
+/// `inspect` (what `distlock status` shows) sees a free lock as free and a
+/// held one as held, with the holder's token where it reports one.
+pub async fn inspect_reports_the_holder(f: &dyn BackendFactory, ns: String) -> CaseResult {
+    let lock = name(&ns, "inspect")?;
+    let raw = f.client().await?;
+    let free = match raw.inspect(&lock).await {
+        Err(Error::Unsupported { .. }) => {
+            return Ok(Completion::ignored_with("the backend cannot inspect locks"));
+        }
+        other => other?,
+    };
+    ensure!(!free.held, "a never-taken lock reported held: {free:?}");
+    let a = client(f).await?;
+    let g = a.lock(&lock).ttl(LONG_TTL).acquire().await?;
+    let held = raw.inspect(&lock).await?;
+    ensure!(held.held, "a held lock reported free");
+    ensure!(
+        held.token.is_none_or(|t| t == g.token()),
+        "inspect reported token {:?}, the holder has {}",
+        held.token,
+        g.token()
+    );
+    ensure!(
+        held.remaining.is_none_or(|r| r <= LONG_TTL),
+        "remaining {:?} exceeds the TTL",
+        held.remaining
+    );
+    g.release().await?;
+    let after = raw.inspect(&lock).await?;
+    ensure!(!after.held, "a released lock reported held: {after:?}");
     Ok(Completion::Completed)
 }
 

@@ -44,6 +44,49 @@ impl LockRequest {
     }
 }
 
+/// What a backend can tell about a lock without taking it (for `distlock
+/// status`). Fields a backend cannot know are `None`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// Whether someone holds the lock now.
+    pub held: bool,
+    /// The holder's fencing token.
+    pub token: Option<FencingToken>,
+    /// How long the holder's lease still runs.
+    pub remaining: Option<Duration>,
+    /// How many contenders are queued behind the holder (queue backends).
+    pub queue_len: Option<usize>,
+}
+
+impl LockStatus {
+    /// A status with only `held` known.
+    pub fn new(held: bool) -> Self {
+        Self {
+            held,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the token.
+    pub fn with_token(mut self, token: Option<FencingToken>) -> Self {
+        self.token = token;
+        self
+    }
+
+    /// Sets the remaining lease time.
+    pub fn with_remaining(mut self, remaining: Option<Duration>) -> Self {
+        self.remaining = remaining;
+        self
+    }
+
+    /// Sets the queue length.
+    pub fn with_queue_len(mut self, queue_len: Option<usize>) -> Self {
+        self.queue_len = queue_len;
+        self
+    }
+}
+
 /// How strong a backend's fencing tokens are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -236,6 +279,16 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = req;
         std::future::pending().await
     }
+
+    /// Reports who holds `name`, without taking it. The default says the
+    /// backend cannot tell.
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
+        let _ = name;
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "inspecting a lock",
+        })
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -258,6 +311,9 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
     async fn session_lost(&self, req: &LockRequest) -> LostReason {
         (**self).session_lost(req).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
+        (**self).inspect(name).await
     }
 }
 

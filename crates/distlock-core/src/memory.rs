@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{
-    Backend, Capabilities, Consistency, Fencing, LockRequest, TrustedClock, Waiting,
+    Backend, Capabilities, Consistency, Fencing, LockRequest, LockStatus, TrustedClock, Waiting,
 };
 use crate::client::lock;
 use crate::error::{Error, Result};
@@ -129,6 +129,21 @@ impl Backend for MemoryBackend {
             }
             _ => Ok(false),
         }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
+        let now = Instant::now();
+        let table = lock(&self.table);
+        Ok(match table.get(name) {
+            Some(Entry {
+                holder: Some((_, expires)),
+                counter,
+                ..
+            }) if *expires > now => LockStatus::new(true)
+                .with_token(Some(FencingToken(*counter)))
+                .with_remaining(Some(*expires - now)),
+            _ => LockStatus::new(false),
+        })
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {

@@ -556,6 +556,30 @@ impl Backend for EtcdBackend {
         Ok(released)
     }
 
+    async fn inspect(&self, name: &distlock_core::LockName) -> Result<distlock_core::LockStatus> {
+        let opts = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let resp = self
+            .call(|mut c| {
+                let opts = opts.clone();
+                async move { c.get(format!("{name}/"), Some(opts)).await }
+            })
+            .await?;
+        let Some(first) = resp.kvs().first() else {
+            return Ok(distlock_core::LockStatus::new(false));
+        };
+        let lease = first.lease();
+        let ttl = self
+            .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
+            .await?
+            .ttl();
+        Ok(distlock_core::LockStatus::new(true)
+            .with_token(Some(FencingToken(first.create_revision() as u64)))
+            .with_remaining((ttl >= 0).then(|| Duration::from_secs(ttl as u64)))
+            .with_queue_len(Some(resp.kvs().len() - 1)))
+    }
+
     async fn session_lost(&self, req: &LockRequest) -> LostReason {
         let session = self.queued().get(&req.owner).cloned();
         match session {

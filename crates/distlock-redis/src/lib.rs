@@ -332,6 +332,29 @@ impl Backend for RedisBackend {
         Ok(n == 1)
     }
 
+    async fn inspect(&self, name: &LockName) -> Result<distlock_core::LockStatus> {
+        let keys = self.keys(name);
+        let pttl: i64 = self
+            .inner
+            .conn
+            .cmd(redis::cmd("PTTL").arg(&keys.lock))
+            .await
+            .map_err(|e| self.err(e))?;
+        let fence: Option<u64> = self
+            .inner
+            .conn
+            .cmd(redis::cmd("GET").arg(&keys.fence))
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(distlock_core::LockStatus::new(pttl != -2)
+            .with_token(if pttl != -2 {
+                fence.map(FencingToken)
+            } else {
+                None
+            })
+            .with_remaining((pttl >= 0).then(|| Duration::from_millis(pttl as u64))))
+    }
+
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         let keys = self.keys(&req.name);
         let mut inv = Scripts::get().release.key(&keys.lock);

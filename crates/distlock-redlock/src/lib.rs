@@ -373,4 +373,22 @@ impl Backend for RedlockBackend {
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         Ok(self.release_all(req).await >= self.quorum())
     }
+
+    /// Held when a majority of nodes hold the key.
+    async fn inspect(&self, name: &LockName) -> Result<distlock_core::LockStatus> {
+        let t = self.connect_timeout();
+        let answers = join_all(self.inner.nodes.iter().map(|n| async move {
+            let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
+            timeout(t, r.inspect(name)).await.ok()?.ok()
+        }))
+        .await;
+        let held: Vec<_> = answers.into_iter().flatten().filter(|s| s.held).collect();
+        let status = distlock_core::LockStatus::new(held.len() >= self.quorum())
+            .with_remaining(held.iter().filter_map(|s| s.remaining).min());
+        Ok(if self.inner.config.fencing {
+            status.with_token(held.iter().filter_map(|s| s.token).max())
+        } else {
+            status
+        })
+    }
 }

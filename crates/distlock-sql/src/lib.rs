@@ -418,6 +418,17 @@ impl Backend for SqlBackend {
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         dispatch!(self, db => db.release(req).await)
     }
+
+    async fn inspect(&self, name: &LockName) -> Result<distlock_core::LockStatus> {
+        // (token, remaining lease in microseconds) of a live holder.
+        let row = dispatch!(self, db => db.inspect(name.as_str()).await)?;
+        Ok(match row {
+            Some((token, micros)) => distlock_core::LockStatus::new(true)
+                .with_token(token_from_db(&self.inner.err, token).ok())
+                .with_remaining(Some(Duration::from_micros(micros.max(0) as u64))),
+            None => distlock_core::LockStatus::new(false),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub(crate) struct My {
     release_live: String,
     release_any: String,
     evict: String,
+    inspect: String,
     err: DbError,
 }
 
@@ -55,6 +56,10 @@ impl My {
         let release_any = format!("UPDATE {table} SET owner = NULL WHERE name = ? AND owner = ?");
         let evict =
             format!("UPDATE {table} SET owner = 'evicted' WHERE name = ? AND owner IS NOT NULL");
+        let inspect = format!(
+            "SELECT CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) FROM {table}
+              WHERE name = ? AND owner IS NOT NULL AND expires_at > NOW(6)"
+        );
         Self {
             pool,
             create,
@@ -64,6 +69,7 @@ impl My {
             release_live,
             release_any,
             evict,
+            inspect,
             err,
         }
     }
@@ -129,6 +135,14 @@ impl My {
             .await
             .map_err(|e| self.err.map(e))?;
         Ok(false)
+    }
+
+    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64)>> {
+        sqlx::query_as(&self.inspect)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))
     }
 
     pub(crate) async fn evict(&self, name: &str) -> Result<bool> {

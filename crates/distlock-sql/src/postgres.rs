@@ -18,6 +18,7 @@ pub(crate) struct Pg {
     extend: String,
     release: String,
     evict: String,
+    inspect: String,
     pub(crate) releases: broadcast::Sender<Arc<str>>,
     listener: OnceCell<AbortOnDrop>,
     err: DbError,
@@ -60,6 +61,10 @@ impl Pg {
         );
         let evict =
             format!("UPDATE {table} SET owner = 'evicted' WHERE name = $1 AND owner IS NOT NULL");
+        let inspect = format!(
+            "SELECT token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint FROM {table}
+              WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
+        );
         Self {
             pool,
             channel: format!("distlock_{table}"),
@@ -68,6 +73,7 @@ impl Pg {
             extend,
             release,
             evict,
+            inspect,
             releases: broadcast::channel(1024).0,
             listener: OnceCell::new(),
             err,
@@ -130,6 +136,14 @@ impl Pg {
             .await
             .map_err(|e| self.err.map(e))?;
         Ok(held.is_some_and(|(h, _)| h))
+    }
+
+    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64)>> {
+        sqlx::query_as(&self.inspect)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))
     }
 
     pub(crate) async fn evict(&self, name: &str) -> Result<bool> {

@@ -21,6 +21,7 @@ pub(crate) struct Lite {
     extend: String,
     release: String,
     evict: String,
+    inspect: String,
     pub(crate) releases: broadcast::Sender<Arc<str>>,
     err: DbError,
 }
@@ -69,6 +70,9 @@ impl Lite {
         );
         let evict =
             format!("UPDATE {table} SET owner = 'evicted' WHERE name = ?1 AND owner IS NOT NULL");
+        let inspect = format!(
+            "SELECT token, (expires_at - {NOW_MS}) * 1000 FROM {table} WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW_MS}"
+        );
         let releases = releases_for(pool.connect_options().get_filename(), table);
         Self {
             pool,
@@ -77,6 +81,7 @@ impl Lite {
             extend,
             release,
             evict,
+            inspect,
             releases,
             err,
         }
@@ -123,6 +128,14 @@ impl Lite {
             let _ = self.releases.send(Arc::from(req.name.as_str()));
         }
         Ok(held.unwrap_or(false))
+    }
+
+    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64)>> {
+        sqlx::query_as(&self.inspect)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))
     }
 
     pub(crate) async fn evict(&self, name: &str) -> Result<bool> {

@@ -438,6 +438,29 @@ impl Backend for ZooKeeperBackend {
         }
     }
 
+    async fn inspect(&self, name: &LockName) -> Result<distlock_core::LockStatus> {
+        let client = self.client().await?;
+        let parent = self.parent(name);
+        let queue = match self.queue(&client, &parent).await {
+            Ok(q) => q,
+            Err(Error::Backend { .. }) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let Some(first) = queue.first() else {
+            return Ok(distlock_core::LockStatus::new(false));
+        };
+        let stat = client
+            .check_stat(&format!("{parent}/{first}"))
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(distlock_core::LockStatus::new(stat.is_some())
+            .with_token(
+                stat.and_then(|s| u64::try_from(s.czxid).ok())
+                    .map(FencingToken),
+            )
+            .with_queue_len(Some(queue.len() - 1)))
+    }
+
     /// Session expiry ends every lock of the session. By default a mere
     /// disconnection does too (Curator's SUSPENDED, Tech Note 14): the
     /// server may expire the session before this client can tell.

@@ -3,6 +3,9 @@
 
 pub use distlock_core::*;
 
+mod connect;
+pub use connect::{connect, redact, SCHEMES};
+
 /// The SQL unique-row backend (PostgreSQL, MySQL/MariaDB, SQLite).
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[cfg_attr(

@@ -1,0 +1,173 @@
+//! `connect(url)`: a backend from a URL, whichever backends are compiled in.
+
+use distlock_core::{DynBackend, Error, InputKind, Result};
+
+/// Every URL scheme distlock knows, with the cargo feature that provides it.
+pub const SCHEMES: &[(&str, &str)] = &[
+    ("memory", "(always)"),
+    ("sqlite", "sqlite"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
+    ("mysql", "mysql"),
+    ("mariadb", "mysql"),
+    ("redis", "redis"),
+    ("rediss", "redis-tls"),
+    ("redis+sentinel", "redis"),
+    ("redis+cluster", "redis"),
+    ("redlock", "redlock"),
+    ("etcd", "etcd"),
+    ("zk", "zookeeper"),
+];
+
+/// Connects to the backend a URL names:
+///
+/// | scheme | backend | feature |
+/// |---|---|---|
+/// | `memory://` | in-process table (one process only: demos and tests) | always |
+/// | `sqlite://PATH` | SQLite file | `sqlite` (default) |
+/// | `postgres://`, `postgresql://` | PostgreSQL | `postgres` |
+/// | `mysql://`, `mariadb://` | MySQL / MariaDB | `mysql` |
+/// | `redis://`, `rediss://`, `redis+sentinel://h:p[,h:p]/SERVICE`, `redis+cluster://h:p[,h:p]` | Redis | `redis` (`redis-tls` for `rediss`) |
+/// | `redlock://h:p,h:p,h:p` | Redlock | `redlock` |
+/// | `etcd://h:p[,h:p]` | etcd | `etcd` |
+/// | `zk://h:p[,h:p][/chroot]` | ZooKeeper | `zookeeper` |
+///
+/// Backend options go in query parameters; see each backend crate. A scheme
+/// whose feature is not compiled in gives an error naming the feature.
+pub async fn connect(url: &str) -> Result<DynBackend> {
+    let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| {
+        Error::invalid(
+            InputKind::Url,
+            format!(
+                "{:?} is not a URL; expected scheme://..., e.g. sqlite:///var/lib/app/locks.db",
+                redact(url)
+            ),
+        )
+    })?;
+    let feature = SCHEMES
+        .iter()
+        .find(|(s, _)| *s == scheme)
+        .map(|(_, f)| *f)
+        .ok_or_else(|| {
+            let known: Vec<&str> = SCHEMES.iter().map(|(s, _)| *s).collect();
+            Error::invalid(
+                InputKind::Url,
+                format!(
+                    "unknown backend scheme {scheme:?}; known: {}",
+                    known.join(", ")
+                ),
+            )
+        })?;
+    let missing = || {
+        Error::invalid(
+            InputKind::Url,
+            format!("{scheme}:// needs the `{feature}` cargo feature of distlock, which this build does not have"),
+        )
+    };
+    match scheme {
+        "memory" => Ok(std::sync::Arc::new(distlock_core::MemoryBackend::new())),
+        "sqlite" | "postgres" | "postgresql" | "mysql" | "mariadb" => {
+            #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+            {
+                let enabled = match feature {
+                    "sqlite" => cfg!(feature = "sqlite"),
+                    "postgres" => cfg!(feature = "postgres"),
+                    _ => cfg!(feature = "mysql"),
+                };
+                if enabled {
+                    return Ok(std::sync::Arc::new(
+                        distlock_sql::SqlBackend::connect(url).await?,
+                    ));
+                }
+            }
+            Err(missing())
+        }
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
+            #[cfg(feature = "redis")]
+            if scheme != "rediss" || cfg!(feature = "redis-tls") {
+                return Ok(std::sync::Arc::new(
+                    distlock_redis::RedisBackend::connect(url).await?,
+                ));
+            }
+            Err(missing())
+        }
+        "redlock" => {
+            #[cfg(feature = "redlock")]
+            return Ok(std::sync::Arc::new(
+                distlock_redlock::RedlockBackend::connect(url).await?,
+            ));
+            #[allow(unreachable_code)]
+            Err(missing())
+        }
+        "etcd" => {
+            #[cfg(feature = "etcd")]
+            return Ok(std::sync::Arc::new(
+                distlock_etcd::EtcdBackend::connect(url).await?,
+            ));
+            #[allow(unreachable_code)]
+            Err(missing())
+        }
+        "zk" => {
+            #[cfg(feature = "zookeeper")]
+            return Ok(std::sync::Arc::new(
+                distlock_zookeeper::ZooKeeperBackend::connect(url).await?,
+            ));
+            #[allow(unreachable_code)]
+            Err(missing())
+        }
+        _ => Err(missing()),
+    }
+}
+
+/// The URL with any password replaced by `***`, for logs and for the
+/// `DISTLOCK_BACKEND` variable handed to child processes.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{hosts}{tail}")
+            } else {
+                format!("{scheme}://{user}@{hosts}{tail}")
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_hides_passwords_only() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/x"),
+            "postgres://app:***@db:5432/x"
+        );
+        assert_eq!(redact("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
+        assert_eq!(redact("mysql://root@h:3306/d"), "mysql://root@h:3306/d");
+        assert_eq!(redact("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
+    }
+
+    #[tokio::test]
+    async fn unknown_and_malformed_urls_are_typed_errors() {
+        for bad in ["nonsense", "ftp://x", "", "://x"] {
+            assert!(
+                matches!(
+                    connect(bad).await,
+                    Err(Error::InvalidInput {
+                        kind: InputKind::Url,
+                        ..
+                    })
+                ),
+                "{bad}"
+            );
+        }
+    }
+}
