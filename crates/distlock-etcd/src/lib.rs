@@ -458,9 +458,9 @@ impl EtcdBackend {
     }
 }
 
-#[async_trait]
-impl Backend for EtcdBackend {
-    fn capabilities(&self) -> Capabilities {
+impl EtcdBackend {
+    /// What this backend declares, without connecting (for `distlock backends`).
+    pub fn declared_capabilities() -> Capabilities {
         Capabilities::new(
             "etcd",
             Fencing::Strong,
@@ -470,6 +470,13 @@ impl Backend for EtcdBackend {
         )
         .with_ttl_range(Duration::from_secs(1), Duration::from_secs(24 * 3600))
         .with_session()
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn capabilities(&self) -> Capabilities {
+        Self::declared_capabilities()
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {

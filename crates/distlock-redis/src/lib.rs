@@ -249,9 +249,9 @@ fn map_err(endpoint: &str, e: RedisError) -> Error {
     }
 }
 
-#[async_trait]
-impl Backend for RedisBackend {
-    fn capabilities(&self) -> Capabilities {
+impl RedisBackend {
+    /// What this backend declares, without connecting (for `distlock backends`).
+    pub fn declared_capabilities() -> Capabilities {
         // Tokens come from a counter in Redis memory: they increase only
         // while Redis keeps its data (no failover to a lagging replica, no
         // restart without persistence). Asynchronous replication makes the
@@ -267,6 +267,13 @@ impl Backend for RedisBackend {
             Duration::from_millis(10),
             Duration::from_secs(365 * 24 * 3600),
         )
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        Self::declared_capabilities()
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {

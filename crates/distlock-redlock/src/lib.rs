@@ -78,23 +78,7 @@ impl RedlockBackend {
             .into_iter()
             .map(|u| Node::new(u, config.prefix.clone()))
             .collect();
-        let max_ttl = config
-            .delayed_restart
-            .unwrap_or(Duration::from_secs(24 * 3600));
-        let fencing = if config.fencing {
-            Fencing::BestEffort
-        } else {
-            Fencing::None
-        };
-        let caps = Capabilities::new(
-            "redlock",
-            fencing,
-            Consistency::Ap,
-            Waiting::Notification,
-            TrustedClock::Servers,
-        )
-        .with_ttl_range(Duration::from_millis(100), max_ttl)
-        .with_drift(config.drift_ppm, config.drift_fixed);
+        let caps = Self::declared_capabilities(&config);
         let backend = Self {
             inner: Arc::new(Inner {
                 nodes,
@@ -115,6 +99,29 @@ impl RedlockBackend {
         )
         .await;
         Ok(backend)
+    }
+
+    /// What the backend declares for `config`, without connecting (for
+    /// `distlock backends`): fencing only with `fencing=true`, and the
+    /// delayed-restart quarantine as the longest TTL.
+    pub fn declared_capabilities(config: &RedlockConfig) -> Capabilities {
+        let max_ttl = config
+            .delayed_restart
+            .unwrap_or(Duration::from_secs(24 * 3600));
+        let fencing = if config.fencing {
+            Fencing::BestEffort
+        } else {
+            Fencing::None
+        };
+        Capabilities::new(
+            "redlock",
+            fencing,
+            Consistency::Ap,
+            Waiting::Notification,
+            TrustedClock::Servers,
+        )
+        .with_ttl_range(Duration::from_millis(100), max_ttl)
+        .with_drift(config.drift_ppm, config.drift_fixed)
     }
 
     fn quorum(&self) -> usize {

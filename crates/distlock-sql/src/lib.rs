@@ -282,6 +282,12 @@ impl SqlBackend {
 impl SqlBackend {
     async fn connect_sqlite(url: &str, endpoint: String, config: SqlConfig) -> Result<Self> {
         use std::str::FromStr;
+        if endpoint.is_empty() {
+            return Err(Error::invalid(
+                InputKind::Url,
+                "sqlite:// needs a file path, e.g. sqlite:///var/lib/app/locks.db",
+            ));
+        }
         let err = DbError {
             backend: "sqlite",
             endpoint,
@@ -346,17 +352,19 @@ impl SqlBackend {
     }
 }
 
-#[async_trait]
-impl Backend for SqlBackend {
-    fn capabilities(&self) -> Capabilities {
-        let waiting = match &self.inner.db {
-            #[cfg(feature = "postgres")]
-            Db::Postgres(_) => Waiting::Notification,
-            #[allow(unreachable_patterns)]
-            _ => Waiting::Polling,
+impl SqlBackend {
+    /// What the backend declares for `database` (`postgres`, `mysql` or
+    /// `sqlite`), without connecting (for `distlock backends`).
+    pub fn declared_capabilities(database: &'static str) -> Capabilities {
+        // Only PostgreSQL can notify waiters (LISTEN/NOTIFY); SQLite wakes
+        // waiters of the same process, but across processes it polls.
+        let waiting = if database == "postgres" {
+            Waiting::Notification
+        } else {
+            Waiting::Polling
         };
         Capabilities::new(
-            self.inner.err.backend,
+            database,
             Fencing::Strong,
             Consistency::Cp,
             waiting,
@@ -366,6 +374,13 @@ impl Backend for SqlBackend {
             Duration::from_millis(10),
             Duration::from_secs(365 * 24 * 3600),
         )
+    }
+}
+
+#[async_trait]
+impl Backend for SqlBackend {
+    fn capabilities(&self) -> Capabilities {
+        Self::declared_capabilities(self.inner.err.backend)
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {

@@ -350,9 +350,9 @@ impl ZooKeeperBackend {
     }
 }
 
-#[async_trait]
-impl Backend for ZooKeeperBackend {
-    fn capabilities(&self) -> Capabilities {
+impl ZooKeeperBackend {
+    /// What this backend declares, without connecting (for `distlock backends`).
+    pub fn declared_capabilities() -> Capabilities {
         Capabilities::new(
             "zookeeper",
             Fencing::Strong,
@@ -362,6 +362,13 @@ impl Backend for ZooKeeperBackend {
         )
         .with_ttl_range(Duration::from_secs(1), Duration::from_secs(24 * 3600))
         .with_session()
+    }
+}
+
+#[async_trait]
+impl Backend for ZooKeeperBackend {
+    fn capabilities(&self) -> Capabilities {
+        Self::declared_capabilities()
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {

@@ -140,6 +140,62 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// The compiled-in backends and what each declares, without connecting
+/// (what `distlock backends` prints). Redlock is listed with and without its
+/// opt-in fencing.
+pub fn declared_backends() -> Vec<(&'static str, distlock_core::Capabilities)> {
+    use distlock_core::Backend as _;
+    #[allow(unused_mut)]
+    let mut list = vec![(
+        "memory://",
+        distlock_core::MemoryBackend::new().capabilities(),
+    )];
+    #[cfg(feature = "sqlite")]
+    list.push((
+        "sqlite://",
+        distlock_sql::SqlBackend::declared_capabilities("sqlite"),
+    ));
+    #[cfg(feature = "postgres")]
+    list.push((
+        "postgres://",
+        distlock_sql::SqlBackend::declared_capabilities("postgres"),
+    ));
+    #[cfg(feature = "mysql")]
+    list.push((
+        "mysql://",
+        distlock_sql::SqlBackend::declared_capabilities("mysql"),
+    ));
+    #[cfg(feature = "redis")]
+    list.push((
+        "redis://",
+        distlock_redis::RedisBackend::declared_capabilities(),
+    ));
+    #[cfg(feature = "redlock")]
+    {
+        let plain = distlock_redlock::RedlockConfig::default();
+        list.push((
+            "redlock://",
+            distlock_redlock::RedlockBackend::declared_capabilities(&plain),
+        ));
+        let fenced = distlock_redlock::RedlockConfig::default().with_fencing();
+        list.push((
+            "redlock://?fencing=true",
+            distlock_redlock::RedlockBackend::declared_capabilities(&fenced),
+        ));
+    }
+    #[cfg(feature = "etcd")]
+    list.push((
+        "etcd://",
+        distlock_etcd::EtcdBackend::declared_capabilities(),
+    ));
+    #[cfg(feature = "zookeeper")]
+    list.push((
+        "zk://",
+        distlock_zookeeper::ZooKeeperBackend::declared_capabilities(),
+    ));
+    list
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

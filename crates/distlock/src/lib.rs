@@ -4,7 +4,7 @@
 pub use distlock_core::*;
 
 mod connect;
-pub use connect::{connect, redact, SCHEMES};
+pub use connect::{connect, declared_backends, redact, SCHEMES};
 
 /// The SQL unique-row backend (PostgreSQL, MySQL/MariaDB, SQLite).
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

@@ -1,0 +1,117 @@
+//! `distlock`: run a command under a distributed lock.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+mod run;
+mod status;
+
+/// Exit code: the lock was not acquired within `--wait` (EX_TEMPFAIL).
+pub(crate) const EXIT_NOT_ACQUIRED: u8 = 75;
+/// Exit code: the lease was lost while the command ran.
+pub(crate) const EXIT_LEASE_LOST: u8 = 76;
+/// Exit code: the backend is unreachable (EX_UNAVAILABLE).
+pub(crate) const EXIT_UNAVAILABLE: u8 = 69;
+/// Exit code: invalid arguments (bad name, duration or URL).
+pub(crate) const EXIT_USAGE: u8 = 2;
+
+#[derive(Parser, Debug)]
+#[command(name = "distlock", version, about = "Run commands under distributed locks, with fencing tokens", long_about = None)]
+struct Cli {
+    /// More logging (-v: debug, -vv: trace).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Only errors.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run COMMAND while holding the lock NAME.
+    ///
+    /// The command gets DISTLOCK_NAME, DISTLOCK_TOKEN (the fencing token) and
+    /// DISTLOCK_BACKEND (the URL without password). Exit codes: the command's
+    /// own (128+N if signal N killed it); 75 if the lock was not acquired
+    /// within --wait; 76 if the lease was lost while the command ran (it gets
+    /// SIGTERM, then SIGKILL after --kill-after); 69 if the backend is
+    /// unreachable; 2 for invalid arguments.
+    Run(run::RunArgs),
+    /// Show whether NAME is held (and the token, remaining TTL and queue
+    /// length where the backend can tell).
+    Status(status::StatusArgs),
+    /// List the compiled-in backends and what each guarantees.
+    Backends,
+}
+
+/// The backend when neither --backend nor DISTLOCK_BACKEND is given: a
+/// SQLite file in the per-user state directory.
+pub(crate) fn default_backend() -> String {
+    let dir = std::env::var_os("XDG_STATE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".local/state"))
+        })
+        .unwrap_or_else(std::env::temp_dir)
+        .join("distlock");
+    format!("sqlite://{}", dir.join("locks.db").display())
+}
+
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration ({e}); use e.g. 500ms, 10s, 2m"))
+}
+
+/// Prints a one-line error and gives its exit code.
+pub(crate) fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("distlock: {msg}");
+    ExitCode::from(code)
+}
+
+/// The exit code for a library error.
+pub(crate) fn code_for(e: &distlock::Error) -> u8 {
+    match e {
+        distlock::Error::InvalidInput { .. } => EXIT_USAGE,
+        distlock::Error::WaitTimeout { .. } => EXIT_NOT_ACQUIRED,
+        distlock::Error::LeaseLost { .. } => EXIT_LEASE_LOST,
+        _ => EXIT_UNAVAILABLE,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match (cli.quiet, cli.verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!("{level},h2=warn,hyper=warn,tower=warn"))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(1, format!("cannot start the async runtime: {e}")),
+    };
+    rt.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Status(args) => status::status(args).await,
+            Command::Backends => status::backends(),
+        }
+    })
+}

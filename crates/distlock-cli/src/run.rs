@@ -1,0 +1,168 @@
+//! `distlock run`: the command's whole life under the lock.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use distlock::{LockClient, LockName};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{
+    code_for, default_backend, fail, parse_duration, EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_USAGE,
+};
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct RunArgs {
+    /// Backend URL (sqlite://, postgres://, mysql://, redis://, redlock://,
+    /// etcd://, zk://, memory://).
+    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    backend: String,
+    /// Lease TTL, renewed at a third of it (humantime: 500ms, 10s, 2m).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// How long to wait for the lock; 0 tries once. Default: forever.
+    #[arg(long, value_parser = parse_duration)]
+    wait: Option<Duration>,
+    /// Do not renew: the lease (and the command) ends after --ttl.
+    #[arg(long)]
+    no_renew: bool,
+    /// Grace between SIGTERM and SIGKILL when the lease is lost.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    kill_after: Duration,
+    /// The lock name.
+    name: String,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+/// Signals the command's whole process group (it runs in its own), so a
+/// shell's children stop with it, as they would under `consul lock`.
+fn send(pid: Option<u32>, sig: Signal) {
+    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+        let _ = kill(Pid::from_raw(-pid), sig);
+    }
+}
+
+fn exit_of(status: std::process::ExitStatus) -> ExitCode {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
+        (None, Some(sig)) => ExitCode::from(u8::try_from(128 + sig).unwrap_or(255)),
+        _ => ExitCode::FAILURE,
+    }
+}
+
+pub(crate) async fn run(args: RunArgs) -> ExitCode {
+    let name = match LockName::new(&args.name) {
+        Ok(n) => n,
+        Err(e) => return fail(EXIT_USAGE, e),
+    };
+    if args.ttl.is_zero() {
+        return fail(EXIT_USAGE, "--ttl must be greater than zero");
+    }
+    if let Some(dir) = args
+        .backend
+        .strip_prefix("sqlite://")
+        .and_then(|p| std::path::Path::new(p.split('?').next()?).parent())
+    {
+        // The default state directory may not exist yet.
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let backend = match distlock::connect(&args.backend).await {
+        Ok(b) => b,
+        Err(e) => return fail(code_for(&e), e),
+    };
+    let client = LockClient::from_dyn(backend);
+    let mut lock = client.lock(&name).ttl(args.ttl);
+    if args.no_renew {
+        lock = lock.no_renew();
+    }
+    let guard = match args.wait {
+        Some(w) if w.is_zero() => match lock.try_acquire().await {
+            Ok(Some(g)) => g,
+            Ok(None) => {
+                return fail(
+                    EXIT_NOT_ACQUIRED,
+                    format!("lock `{name}` is held by someone else"),
+                )
+            }
+            Err(e) => return fail(code_for(&e), e),
+        },
+        Some(w) => match lock.wait(w).acquire().await {
+            Ok(g) => g,
+            Err(e) => return fail(code_for(&e), e),
+        },
+        None => match lock.acquire().await {
+            Ok(g) => g,
+            Err(e) => return fail(code_for(&e), e),
+        },
+    };
+    tracing::info!(lock = %name, token = %guard.token(), "acquired");
+
+    let mut child = match tokio::process::Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .env("DISTLOCK_NAME", name.as_str())
+        .env("DISTLOCK_TOKEN", guard.token().to_string())
+        .env("DISTLOCK_BACKEND", distlock::redact(&args.backend))
+        .process_group(0)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = guard.release().await;
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return fail(code, format!("cannot run {:?}: {e}", args.command[0]));
+        }
+    };
+    let pid = child.id();
+    let (mut sigint, mut sigterm) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(i), Ok(t)) => (i, t),
+        _ => return fail(1, "cannot install signal handlers"),
+    };
+
+    let mut lost = false;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            reason = guard.lost(), if !lost => {
+                tracing::error!(lock = %name, %reason, "lease lost; stopping the command");
+                lost = true;
+                send(pid, Signal::SIGTERM);
+                let grace = tokio::time::sleep(args.kill_after);
+                tokio::pin!(grace);
+                tokio::select! {
+                    status = child.wait() => break status,
+                    () = &mut grace => {
+                        tracing::error!("the command ignored SIGTERM for {:?}; killing it", args.kill_after);
+                        send(pid, Signal::SIGKILL);
+                    }
+                }
+            }
+            _ = sigint.recv() => send(pid, Signal::SIGINT),
+            _ = sigterm.recv() => send(pid, Signal::SIGTERM),
+        }
+    };
+    let released = guard.release().await;
+    if lost {
+        return fail(
+            EXIT_LEASE_LOST,
+            format!("the lease on `{name}` was lost while the command ran"),
+        );
+    }
+    if let Err(e) = released {
+        tracing::warn!(error = %e, "release failed; the lease will expire after its TTL");
+    }
+    match status {
+        Ok(s) => exit_of(s),
+        Err(e) => fail(1, format!("waiting for the command failed: {e}")),
+    }
+}

@@ -1,0 +1,399 @@
+//! End-to-end tests of the `distlock` binary, as real processes, on SQLite
+//! and on a harness-started redis-server.
+
+// Test helpers: a failed spawn or write should abort the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use integration_tests::harness::{redis, ServerProcess};
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    c.env_remove("DISTLOCK_BACKEND")
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null());
+    c
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "distlock-cli-{tag}-{}-{}",
+        std::process::id(),
+        &distlock::Owner::random().to_string()[..8]
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn sqlite(tag: &str) -> String {
+    format!("sqlite://{}", scratch(tag).join("locks.db").display())
+}
+
+fn redis_url() -> String {
+    static SERVER: OnceLock<ServerProcess> = OnceLock::new();
+    let s = SERVER.get_or_init(|| {
+        redis::spawn(&["--requirepass", "s3cret"])
+            .expect("redis-server must start; run scripts/test.sh to install it")
+    });
+    format!("redis://:s3cret@127.0.0.1:{}", s.port)
+}
+
+fn run(backend: &str, extra: &[&str], name: &str, cmd: &[&str]) -> Output {
+    bin()
+        .arg("run")
+        .args(["--backend", backend])
+        .args(extra)
+        .arg(name)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap()
+}
+
+fn spawn_holder(backend: &str, name: &str, secs: u32) -> Child {
+    bin()
+        .arg("run")
+        .args(["--backend", backend, name, "--", "sleep", &secs.to_string()])
+        .spawn()
+        .unwrap()
+}
+
+fn wait_held(backend: &str, name: &str) {
+    let start = Instant::now();
+    loop {
+        let out = bin()
+            .args(["status", name, "--json", "--backend", backend])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&out.stdout).contains("\"held\":true") {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "lock {name} never held"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+#[test]
+fn child_exit_code_and_signal_pass_through() {
+    let b = sqlite("exit");
+    assert_eq!(code(&run(&b, &[], "exit/code", &["sh", "-c", "exit 7"])), 7);
+    assert_eq!(
+        code(&run(&b, &[], "exit/signal", &["sh", "-c", "kill -9 $$"])),
+        128 + 9
+    );
+    assert_eq!(
+        code(&run(&b, &[], "exit/missing", &["/no/such/command"])),
+        127
+    );
+}
+
+fn env_reaches_child(backend: &str, shown: &str) {
+    let out = run(
+        backend,
+        &[],
+        "env/check",
+        &[
+            "sh",
+            "-c",
+            "echo \"$DISTLOCK_NAME|$DISTLOCK_TOKEN|$DISTLOCK_BACKEND\"",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let parts: Vec<&str> = line.split('|').collect();
+    assert_eq!(parts[0], "env/check");
+    assert!(
+        parts[1].parse::<u64>().is_ok_and(|t| t > 0),
+        "token {:?}",
+        parts[1]
+    );
+    assert_eq!(parts[2], shown);
+}
+
+#[test]
+fn environment_reaches_the_child_without_password() {
+    let b = sqlite("env");
+    env_reaches_child(&b, &b);
+    let r = redis_url();
+    env_reaches_child(&r, &r.replace(":s3cret@", ":***@"));
+}
+
+fn not_acquired_is_75(backend: &str) {
+    let mut holder = spawn_holder(backend, "busy/lock", 5);
+    wait_held(backend, "busy/lock");
+    let start = Instant::now();
+    assert_eq!(
+        code(&run(backend, &["--wait", "0"], "busy/lock", &["true"])),
+        75
+    );
+    assert_eq!(
+        code(&run(backend, &["--wait", "300ms"], "busy/lock", &["true"])),
+        75
+    );
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+#[test]
+fn lock_held_elsewhere_gives_75() {
+    not_acquired_is_75(&sqlite("busy"));
+    not_acquired_is_75(&redis_url());
+}
+
+/// A lease that ends (no renewal, short TTL) stops the command with SIGTERM
+/// and exits 76; the command never reaches its end.
+#[test]
+fn lost_lease_stops_the_child_with_76() {
+    for b in [sqlite("lost"), redis_url()] {
+        let marker = scratch("marker").join("finished");
+        let start = Instant::now();
+        let out = run(
+            &b,
+            &["--ttl", "1s", "--no-renew", "--kill-after", "2s"],
+            "lost/lease",
+            &["sh", "-c", &format!("sleep 20; touch {}", marker.display())],
+        );
+        assert_eq!(code(&out), 76, "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the child was not stopped"
+        );
+        assert!(!marker.exists());
+    }
+}
+
+/// A command that ignores SIGTERM is killed after --kill-after.
+#[test]
+fn child_ignoring_sigterm_is_killed_after_grace() {
+    let b = sqlite("stubborn");
+    let start = Instant::now();
+    let out = run(
+        &b,
+        &["--ttl", "1s", "--no-renew", "--kill-after", "1s"],
+        "stubborn",
+        &["sh", "-c", "trap '' TERM; sleep 30"],
+    );
+    assert_eq!(code(&out), 76);
+    assert!(start.elapsed() < Duration::from_secs(15));
+}
+
+#[test]
+fn unreachable_backend_gives_69() {
+    for b in [
+        "redis://127.0.0.1:1",
+        "postgres://u@127.0.0.1:1/db",
+        "etcd://127.0.0.1:1?timeout_ms=500",
+    ] {
+        let out = run(b, &[], "x", &["true"]);
+        assert_eq!(
+            code(&out),
+            69,
+            "{b}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// SIGTERM to distlock reaches the command; the lock is released after.
+#[test]
+fn sigterm_is_forwarded_and_the_lock_released() {
+    let b = sqlite("signal");
+    let child = bin()
+        .args([
+            "run",
+            "--backend",
+            &b,
+            "sig/lock",
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 9' TERM; sleep 30 & wait",
+        ])
+        .spawn()
+        .unwrap();
+    wait_held(&b, "sig/lock");
+    std::thread::sleep(Duration::from_millis(200));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(9));
+    assert_eq!(
+        code(&run(&b, &["--wait", "0"], "sig/lock", &["true"])),
+        0,
+        "the lock was not released"
+    );
+}
+
+fn no_overlap(backend: &str, dir: &Path) {
+    let log = dir.join("intervals.log");
+    let script = format!(
+        "echo start $(date +%s%N) >> {0}; sleep 0.05; echo end $(date +%s%N) >> {0}",
+        log.display()
+    );
+    let children: Vec<Child> = (0..10)
+        .map(|_| {
+            bin()
+                .args([
+                    "run",
+                    "--backend",
+                    backend,
+                    "--wait",
+                    "60s",
+                    "shared/overlap",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<(&str, u128)> = text
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once(' ').unwrap();
+            (k, v.trim().parse().unwrap())
+        })
+        .collect();
+    assert_eq!(lines.len(), 20, "{text}");
+    // Appended in time order: overlapping holds would show two starts in a row.
+    for pair in lines.chunks(2) {
+        assert_eq!(
+            (pair[0].0, pair[1].0),
+            ("start", "end"),
+            "overlapping holds:\n{text}"
+        );
+        assert!(pair[0].1 <= pair[1].1);
+    }
+}
+
+#[test]
+fn concurrent_runs_never_overlap() {
+    let d = scratch("overlap-sqlite");
+    no_overlap(&format!("sqlite://{}", d.join("locks.db").display()), &d);
+    no_overlap(&redis_url(), &scratch("overlap-redis"));
+}
+
+#[test]
+fn status_and_backends_report() {
+    let b = sqlite("status");
+    let mut holder = spawn_holder(&b, "status/lock", 5);
+    wait_held(&b, "status/lock");
+    let out = bin()
+        .args(["status", "status/lock", "--backend", &b])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("held:      yes") && text.contains("token:"),
+        "{text}"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let out = bin().arg("backends").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for scheme in [
+        "sqlite://",
+        "postgres://",
+        "redis://",
+        "redlock://",
+        "etcd://",
+        "zk://",
+    ] {
+        assert!(text.contains(scheme), "{scheme} missing from:\n{text}");
+    }
+}
+
+/// Every malformed argument or URL: exit 2, a clear first line, no panic.
+#[test]
+fn bad_input_exits_2_with_a_clear_message() {
+    let long = "x".repeat(201);
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["run", "", "--", "true"],
+        vec!["run", "has space", "--", "true"],
+        vec!["run", "/leading", "--", "true"],
+        vec!["run", "a//b", "--", "true"],
+        vec!["run", "{tag}", "--", "true"],
+        vec!["run", "caf\u{e9}", "--", "true"],
+        vec!["run", &long, "--", "true"],
+        vec!["run", "--ttl", "nope", "x", "--", "true"],
+        vec!["run", "--ttl", "10", "x", "--", "true"],
+        vec!["run", "--ttl", "0s", "x", "--", "true"],
+        vec!["run", "--wait", "soon", "x", "--", "true"],
+        vec!["run", "--kill-after", "-1s", "x", "--", "true"],
+        vec!["run", "x"],
+        vec!["run", "--bogus", "x", "--", "true"],
+        vec!["run", "--backend", "nonsense", "x", "--", "true"],
+        vec!["run", "--backend", "ftp://host/x", "x", "--", "true"],
+        vec!["run", "--backend", "redis://", "x", "--", "true"],
+        vec![
+            "run",
+            "--backend",
+            "redis://host:notaport",
+            "x",
+            "--",
+            "true",
+        ],
+        vec!["run", "--backend", "sqlite://", "x", "--", "true"],
+        vec!["run", "--backend", "etcd://", "x", "--", "true"],
+        vec!["run", "--backend", "zk://", "x", "--", "true"],
+        vec!["run", "--backend", "redlock://", "x", "--", "true"],
+        vec![
+            "run",
+            "--backend",
+            "redlock://a:1?fencing=maybe",
+            "x",
+            "--",
+            "true",
+        ],
+        vec![
+            "run",
+            "--backend",
+            "redis+sentinel://a:1",
+            "x",
+            "--",
+            "true",
+        ],
+        vec![
+            "run",
+            "--backend",
+            "sqlite:///tmp/x.db?table=bad;name",
+            "x",
+            "--",
+            "true",
+        ],
+        vec!["status", "bad name"],
+        vec!["frobnicate"],
+    ];
+    assert!(cases.len() >= 20);
+    for args in cases {
+        let out = bin().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{args:?} exited {:?}: {err}", out.status);
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+        let first = err.lines().next().unwrap_or("");
+        assert!(
+            first.starts_with("distlock: ") || first.starts_with("error: "),
+            "{args:?}: unclear message {err:?}"
+        );
+    }
+}
