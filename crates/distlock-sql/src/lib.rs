@@ -106,14 +106,17 @@ impl DbError {
 }
 
 /// Aborts a background task when the backend is dropped.
+#[cfg(feature = "postgres")]
 pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
+#[cfg(feature = "postgres")]
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn ttl_micros(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX / 4)
 }

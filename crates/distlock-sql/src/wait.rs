@@ -19,8 +19,10 @@ pub(crate) struct Attempt {
 /// Where the waiting loop sleeps between attempts.
 pub(crate) enum Pace {
     /// Notified on release: sleep until the holder's lease ends, at most `cap`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Notified { cap: Duration },
     /// Backoff (MySQL; SQLite, which is also woken in-process).
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
     Backoff(Backoff),
 }
 
