@@ -6,10 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-use integration_tests::harness::{redis, ServerProcess};
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_distlock"));
@@ -33,7 +30,10 @@ fn sqlite(tag: &str) -> String {
     format!("sqlite://{}", scratch(tag).join("locks.db").display())
 }
 
+#[cfg(feature = "redis")]
 fn redis_url() -> String {
+    use integration_tests::harness::{redis, ServerProcess};
+    use std::sync::OnceLock;
     static SERVER: OnceLock<ServerProcess> = OnceLock::new();
     let s = SERVER.get_or_init(|| {
         redis::spawn(&["--requirepass", "s3cret"])
@@ -125,8 +125,11 @@ fn env_reaches_child(backend: &str, shown: &str) {
 fn environment_reaches_the_child_without_password() {
     let b = sqlite("env");
     env_reaches_child(&b, &b);
-    let r = redis_url();
-    env_reaches_child(&r, &r.replace(":s3cret@", ":***@"));
+    #[cfg(feature = "redis")]
+    {
+        let r = redis_url();
+        env_reaches_child(&r, &r.replace(":s3cret@", ":***@"));
+    }
 }
 
 fn not_acquired_is_75(backend: &str) {
@@ -149,6 +152,7 @@ fn not_acquired_is_75(backend: &str) {
 #[test]
 fn lock_held_elsewhere_gives_75() {
     not_acquired_is_75(&sqlite("busy"));
+    #[cfg(feature = "redis")]
     not_acquired_is_75(&redis_url());
 }
 
@@ -156,7 +160,11 @@ fn lock_held_elsewhere_gives_75() {
 /// and exits 76; the command never reaches its end.
 #[test]
 fn lost_lease_stops_the_child_with_76() {
-    for b in [sqlite("lost"), redis_url()] {
+    #[allow(unused_mut)]
+    let mut backends = vec![sqlite("lost")];
+    #[cfg(feature = "redis")]
+    backends.push(redis_url());
+    for b in backends {
         let marker = scratch("marker").join("finished");
         let start = Instant::now();
         let out = run(
@@ -290,6 +298,7 @@ fn no_overlap(backend: &str, dir: &Path) {
 fn concurrent_runs_never_overlap() {
     let d = scratch("overlap-sqlite");
     no_overlap(&format!("sqlite://{}", d.join("locks.db").display()), &d);
+    #[cfg(feature = "redis")]
     no_overlap(&redis_url(), &scratch("overlap-redis"));
 }
 
