@@ -22,6 +22,7 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 pub mod cases;
 pub mod harness;
+pub mod queue;
 pub mod self_check;
 
 /// What a case returns: `Ok(Completion::Completed)`, an ignore with the

@@ -9,6 +9,7 @@ use std::time::Duration;
 use distlock_core::{async_trait, DynBackend, Error, LockClient, LockName};
 use distlock_etcd::EtcdBackend;
 use integration_tests::harness::{etcd as server, ServerKind, TestServer};
+use integration_tests::queue::{self, QueueLen, Waiter};
 use integration_tests::BackendFactory;
 use libtest_mimic::{Failed, Trial};
 use tokio::time::Instant;
@@ -116,48 +117,22 @@ fn etcd_client_cmd(endpoint: &str) -> Result<Command, Failed> {
 async fn herd(f: Arc<Etcd>) -> Result<(), Failed> {
     let url = f.url()?;
     let lock = name();
-    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
-    let g = holder
-        .lock(&lock)
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await?;
-    let mut backends = Vec::new();
-    let mut tasks = Vec::new();
+    let mut waiters = Vec::new();
     for _ in 0..20 {
         let b = EtcdBackend::connect(&url).await?;
-        backends.push(b.clone());
-        let lock = lock.clone();
-        tasks.push(tokio::spawn(async move {
-            let g = LockClient::new(b)
-                .lock(&lock)
-                .ttl(Duration::from_secs(30))
-                .acquire()
-                .await?;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            g.release().await
-        }));
+        let counter = b.clone();
+        waiters.push(Waiter {
+            backend: Arc::new(b),
+            wakeups: Box::new(move || counter.wakeups()),
+        });
     }
-    let start = Instant::now();
-    while keys_under(&url, &lock).await? < 21 {
-        if start.elapsed() > Duration::from_secs(30) {
-            return Err("the 20 waiters did not all queue".into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    g.release().await?;
-    for t in tasks {
-        t.await.map_err(|e| e.to_string())??;
-    }
-    let wakeups: Vec<u64> = backends.iter().map(EtcdBackend::wakeups).collect();
-    let total: u64 = wakeups.iter().sum();
-    if total != 20 || wakeups.iter().any(|w| *w != 1) {
-        return Err(format!(
-            "20 releases caused {total} wake-ups ({wakeups:?}); expected one each"
-        )
-        .into());
-    }
-    Ok(())
+    let holder = Arc::new(EtcdBackend::connect(&url).await?);
+    let (u, l) = (url.clone(), lock.clone());
+    let queued: QueueLen<'_> = Box::new(move || {
+        let (u, l) = (u.clone(), l.clone());
+        Box::pin(async move { keys_under(&u, &l).await })
+    });
+    queue::each_release_wakes_one_waiter(holder, waiters, &lock, queued).await
 }
 
 fn spawn_etcdctl_lock(url: &str, lock: &str, command: &[&str]) -> Result<Child, Failed> {
@@ -251,8 +226,7 @@ async fn distlock_holds(f: Arc<Etcd>) -> Result<(), Failed> {
 }
 
 /// A holder holds and a waiter waits on a 3-member cluster; the leader is
-/// killed. The holder keeps the lock or sees lost(); the waiter gets it only
-/// after the holder's hold ended; tokens increase.
+/// killed (see `integration_tests::queue::leader_loss_keeps_exclusion`).
 async fn leader_killed() -> Result<(), Failed> {
     let members = tokio::task::spawn_blocking(|| server::cluster(3))
         .await
@@ -263,55 +237,22 @@ async fn leader_killed() -> Result<(), Failed> {
         .map(|m| format!("127.0.0.1:{}", m.port))
         .collect();
     let url = format!("etcd://{}", eps.join(","));
-    let lock = name();
-    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
-    let waiter = LockClient::new(EtcdBackend::connect(&url).await?);
-    let g = holder
-        .lock(&lock)
-        .ttl(Duration::from_secs(5))
-        .acquire()
-        .await?;
-    let first = g.token();
-    let l2 = lock.clone();
-    let w = tokio::spawn(async move {
-        let g = waiter
-            .lock(&l2)
-            .ttl(Duration::from_secs(5))
-            .wait(Duration::from_secs(60))
-            .acquire()
-            .await?;
-        Ok::<_, Error>((Instant::now(), g))
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let leader_port = server::leader(&members).ok_or("no leader found")?;
-    let leader = members
-        .iter()
-        .find(|m| m.port == leader_port)
-        .ok_or("leader not among members")?;
-    leader.signal("KILL").map_err(|e| e.to_string())?;
-    // Hold on through the election, then release (or notice the loss).
-    let hold_end = tokio::select! {
-        reason = g.lost() => {
-            eprintln!("note: the holder saw lost() during the election: {reason}");
-            Instant::now()
-        }
-        () = tokio::time::sleep(Duration::from_secs(4)) => Instant::now(),
-    };
-    let still_held = g.is_held();
-    g.release().await.ok();
-    let (got_at, g2) = tokio::time::timeout(Duration::from_secs(60), w)
-        .await
-        .map_err(|_| Failed::from("waiter never got the lock after the leader was killed"))?
-        .map_err(|e| e.to_string())??;
-    if got_at < hold_end && still_held {
-        return Err("the waiter got the lock while the holder still held it".into());
-    }
-    if g2.token() <= first {
-        return Err(format!("token did not increase: {first} then {}", g2.token()).into());
-    }
-    g2.release().await?;
+    let holder = Arc::new(EtcdBackend::connect(&url).await?);
+    let waiter = Arc::new(EtcdBackend::connect(&url).await?);
+    let result =
+        queue::leader_loss_keeps_exclusion(holder, waiter, &name(), Duration::from_secs(5), || {
+            let leader_port = server::leader(&members).ok_or("no leader found")?;
+            let leader = members
+                .iter()
+                .find(|m| m.port == leader_port)
+                .ok_or("leader not among members")?;
+            leader
+                .signal("KILL")
+                .map_err(|e| Failed::from(e.to_string()))
+        })
+        .await;
     drop(members);
-    Ok(())
+    result
 }
 
 /// The server is paused longer than the lease: the holder must see lost()

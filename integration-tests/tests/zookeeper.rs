@@ -9,6 +9,7 @@ use distlock_core::{async_trait, Backend, DynBackend, Error, LockClient, LockNam
 use distlock_zookeeper::ZooKeeperBackend;
 use integration_tests::harness::proxy::Proxy;
 use integration_tests::harness::{zookeeper as server, ServerKind, TestServer};
+use integration_tests::queue::{self, QueueLen, Waiter};
 use integration_tests::BackendFactory;
 use libtest_mimic::{Failed, Trial};
 use tokio::time::Instant;
@@ -101,59 +102,26 @@ fn name() -> String {
     format!("{}/lock", integration_tests::namespace())
 }
 
+/// 20 waiters queue behind a holder; every release must wake exactly one.
 async fn herd(f: Arc<Zk>) -> Result<(), Failed> {
     let url = format!("zk://{}", f.hosts()?);
     let lock = name();
-    let holder = LockClient::new(ZooKeeperBackend::connect(&url).await?);
-    let g = holder
-        .lock(&lock)
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await?;
-    let (mut backends, mut tasks) = (Vec::new(), Vec::new());
+    let mut waiters = Vec::new();
     for _ in 0..20 {
         let b = ZooKeeperBackend::connect(&url).await?;
-        backends.push(b.clone());
-        let lock = lock.clone();
-        tasks.push(tokio::spawn(async move {
-            let g = LockClient::new(b)
-                .lock(&lock)
-                .ttl(Duration::from_secs(30))
-                .acquire()
-                .await?;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            g.release().await
-        }));
+        let counter = b.clone();
+        waiters.push(Waiter {
+            backend: Arc::new(b),
+            wakeups: Box::new(move || counter.wakeups()),
+        });
     }
-    // All 20 queued: 21 children under the lock's node.
-    let admin = ZooKeeperBackend::connect(&url).await?;
-    let start = Instant::now();
-    loop {
-        let probe = LockRequest::new(LockName::new(&lock)?, Duration::from_secs(30));
-        if admin.try_acquire(&probe).await?.is_some() {
-            return Err("the lock was free while held".into());
-        }
-        if count_children(&f, &lock).await? >= 21 {
-            break;
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            return Err("the 20 waiters did not all queue".into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    g.release().await?;
-    for t in tasks {
-        t.await.map_err(|e| e.to_string())??;
-    }
-    let wakeups: Vec<u64> = backends.iter().map(ZooKeeperBackend::wakeups).collect();
-    let total: u64 = wakeups.iter().sum();
-    if total != 20 || wakeups.iter().any(|w| *w != 1) {
-        return Err(format!(
-            "20 releases caused {total} wake-ups ({wakeups:?}); expected one each"
-        )
-        .into());
-    }
-    Ok(())
+    let holder = Arc::new(ZooKeeperBackend::connect(&url).await?);
+    let (zk, l) = (f.clone(), lock.clone());
+    let queued: QueueLen<'_> = Box::new(move || {
+        let (zk, l) = (zk.clone(), l.clone());
+        Box::pin(async move { count_children(&zk, &l).await })
+    });
+    queue::each_release_wakes_one_waiter(holder, waiters, &lock, queued).await
 }
 
 /// Children under the lock node, counted with ZooKeeper's own CLI.
@@ -181,6 +149,8 @@ async fn count_children(f: &Zk, lock: &str) -> Result<usize, Failed> {
         .count())
 }
 
+/// A holder holds and a waiter waits on a 3-server ensemble; the leader is
+/// killed (see `integration_tests::queue::leader_loss_keeps_exclusion`).
 async fn leader_killed() -> Result<(), Failed> {
     let members = tokio::task::spawn_blocking(|| server::ensemble(3))
         .await
@@ -191,53 +161,26 @@ async fn leader_killed() -> Result<(), Failed> {
         .map(|m| format!("127.0.0.1:{}", m.port))
         .collect();
     let url = format!("zk://{}?session_timeout_ms=10000", hosts.join(","));
-    let lock = name();
-    let holder = LockClient::new(ZooKeeperBackend::connect(&url).await?);
-    let waiter = LockClient::new(ZooKeeperBackend::connect(&url).await?);
-    let g = holder
-        .lock(&lock)
-        .ttl(Duration::from_secs(10))
-        .acquire()
-        .await?;
-    let first = g.token();
-    let l2 = lock.clone();
-    let w = tokio::spawn(async move {
-        let g = waiter
-            .lock(&l2)
-            .ttl(Duration::from_secs(10))
-            .wait(Duration::from_secs(90))
-            .acquire()
-            .await?;
-        Ok::<_, Error>((Instant::now(), g))
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let leader = members
-        .iter()
-        .find(|m| server::is_leader(m.port))
-        .ok_or("no leader found")?;
-    leader.signal("KILL").map_err(|e| e.to_string())?;
-    let hold_end = tokio::select! {
-        reason = g.lost() => {
-            eprintln!("note: the holder saw lost() during the election: {reason}");
-            Instant::now()
-        }
-        () = tokio::time::sleep(Duration::from_secs(4)) => Instant::now(),
-    };
-    let still_held = g.is_held();
-    let _ = g.release().await;
-    let (got_at, g2) = tokio::time::timeout(Duration::from_secs(90), w)
-        .await
-        .map_err(|_| Failed::from("waiter never got the lock after the leader was killed"))?
-        .map_err(|e| e.to_string())??;
-    if got_at < hold_end && still_held {
-        return Err("the waiter got the lock while the holder still held it".into());
-    }
-    if g2.token() <= first {
-        return Err(format!("token did not increase: {first} then {}", g2.token()).into());
-    }
-    g2.release().await?;
+    let holder = Arc::new(ZooKeeperBackend::connect(&url).await?);
+    let waiter = Arc::new(ZooKeeperBackend::connect(&url).await?);
+    let result = queue::leader_loss_keeps_exclusion(
+        holder,
+        waiter,
+        &name(),
+        Duration::from_secs(10),
+        || {
+            let leader = members
+                .iter()
+                .find(|m| server::is_leader(m.port))
+                .ok_or("no leader found")?;
+            leader
+                .signal("KILL")
+                .map_err(|e| Failed::from(e.to_string()))
+        },
+    )
+    .await;
     drop(members);
-    Ok(())
+    result
 }
 
 /// The holder's connection goes through a proxy that is cut: it sees lost()

@@ -125,7 +125,14 @@ impl Hold {
     /// next local waiter in.
     async fn finish(&self) -> Result<bool> {
         self.state.send_replace(HoldState::Released);
-        let result = self.client.backend.release(&self.req).await;
+        let span =
+            tracing::debug_span!("distlock.release", lock = %self.req.name, token = %self.token);
+        let result = self
+            .client
+            .backend
+            .release(&self.req)
+            .instrument(span)
+            .await;
         match &result {
             Ok(true) => tracing::debug!(lock = %self.req.name, token = %self.token, "released"),
             Ok(false) => {

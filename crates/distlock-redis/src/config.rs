@@ -155,9 +155,12 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
     let endpoint = hosts.join(",");
     let creds = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
     let topology = match scheme {
-        "redis" => {
+        "redis" | "rediss" if scheme == "redis" || cfg!(feature = "tls") => {
             if hosts.len() != 1 {
-                return Err(bad(url, "redis:// takes one host; use redis+sentinel:// or redis+cluster:// for several"));
+                return Err(bad(
+                    url,
+                    "takes one host; use redis+sentinel:// or redis+cluster:// for several",
+                ));
             }
             let q = if passthrough.is_empty() {
                 String::new()
@@ -169,23 +172,7 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
             } else {
                 format!("/{path}")
             };
-            Topology::Single(format!("redis://{creds}{}{p}{q}", hosts[0]))
-        }
-        "rediss" if cfg!(feature = "tls") => {
-            if hosts.len() != 1 {
-                return Err(bad(url, "rediss:// takes one host"));
-            }
-            let q = if passthrough.is_empty() {
-                String::new()
-            } else {
-                format!("?{}", passthrough.join("&"))
-            };
-            let p = if path.is_empty() {
-                String::new()
-            } else {
-                format!("/{path}")
-            };
-            Topology::Single(format!("rediss://{creds}{}{p}{q}", hosts[0]))
+            Topology::Single(format!("{scheme}://{creds}{}{p}{q}", hosts[0]))
         }
         "rediss" => {
             return Err(Error::Unsupported {

@@ -43,27 +43,14 @@ impl ServerProcess {
     /// answers true (or the process exits, or `timeout` passes).
     pub fn spawn(
         what: &'static str,
-        mut cmd: Command,
+        cmd: Command,
         dir: PathBuf,
         port: u16,
         stop_signal: &'static str,
         timeout: Duration,
         ready: impl Fn() -> bool + Send + Sync + 'static,
     ) -> Result<Self, HarnessError> {
-        let program = cmd.get_program().to_os_string();
-        let args = cmd.get_args().map(|a| a.to_os_string()).collect();
-        let child = Self::launch(what, &mut cmd, &dir)?;
-        let mut server = ServerProcess {
-            what,
-            port,
-            dir,
-            child,
-            stop_signal,
-            program,
-            args,
-            timeout,
-            ready: Box::new(ready),
-        };
+        let mut server = Self::spawn_unready(what, cmd, dir, port, stop_signal, timeout, ready)?;
         server.wait_ready()?;
         Ok(server)
     }

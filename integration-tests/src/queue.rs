@@ -1,0 +1,135 @@
+//! Cases for queue backends (etcd, ZooKeeper), where each waiter watches
+//! only its predecessor: a release wakes exactly one waiter, and losing the
+//! cluster leader never breaks mutual exclusion.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use distlock_core::{DynBackend, Error, LockClient};
+use libtest_mimic::Failed;
+use tokio::time::Instant;
+
+/// A waiting client and how to read how often it was woken.
+pub struct Waiter {
+    /// The client.
+    pub backend: DynBackend,
+    /// Its count of predecessor wake-ups.
+    pub wakeups: Box<dyn Fn() -> u64 + Send + Sync>,
+}
+
+impl std::fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiter")
+            .field("wakeups", &(self.wakeups)())
+            .finish()
+    }
+}
+
+/// Counts the queue entries (holder included) of a lock.
+pub type QueueLen<'a> = Box<
+    dyn Fn() -> Pin<Box<dyn Future<Output = Result<usize, Failed>> + Send + 'a>> + Send + Sync + 'a,
+>;
+
+/// `holder` holds `lock`; all `waiters` queue behind it; then each of the
+/// releases that follow must wake exactly one waiter.
+pub async fn each_release_wakes_one_waiter(
+    holder: DynBackend,
+    waiters: Vec<Waiter>,
+    lock: &str,
+    queue_len: QueueLen<'_>,
+) -> Result<(), Failed> {
+    let n = waiters.len();
+    let g = LockClient::from_dyn(holder)
+        .lock(lock)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let mut counters = Vec::new();
+    let mut tasks = Vec::new();
+    for w in waiters {
+        counters.push(w.wakeups);
+        let lock = lock.to_string();
+        tasks.push(tokio::spawn(async move {
+            let g = LockClient::from_dyn(w.backend)
+                .lock(&lock)
+                .ttl(Duration::from_secs(30))
+                .acquire()
+                .await?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.release().await
+        }));
+    }
+    let start = Instant::now();
+    while queue_len().await? < n + 1 {
+        if start.elapsed() > Duration::from_secs(30) {
+            return Err(format!("the {n} waiters did not all queue").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    g.release().await?;
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    let wakeups: Vec<u64> = counters.iter().map(|c| c()).collect();
+    let total: u64 = wakeups.iter().sum();
+    if total != n as u64 || wakeups.iter().any(|w| *w != 1) {
+        return Err(format!(
+            "{n} releases caused {total} wake-ups ({wakeups:?}); expected one each"
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A holder holds and a waiter waits; `kill_leader` kills the cluster's
+/// leader. The holder keeps the lock or sees `lost()`; the waiter gets it
+/// only after the holder's hold ended, with a higher token.
+pub async fn leader_loss_keeps_exclusion(
+    holder: DynBackend,
+    waiter: DynBackend,
+    lock: &str,
+    ttl: Duration,
+    kill_leader: impl FnOnce() -> Result<(), Failed>,
+) -> Result<(), Failed> {
+    let g = LockClient::from_dyn(holder)
+        .lock(lock)
+        .ttl(ttl)
+        .acquire()
+        .await?;
+    let first = g.token();
+    let l2 = lock.to_string();
+    let w = tokio::spawn(async move {
+        let g = LockClient::from_dyn(waiter)
+            .lock(&l2)
+            .ttl(ttl)
+            .wait(Duration::from_secs(90))
+            .acquire()
+            .await?;
+        Ok::<_, Error>((Instant::now(), g))
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    kill_leader()?;
+    // Hold on through the election, then release (or notice the loss).
+    let hold_end = tokio::select! {
+        reason = g.lost() => {
+            eprintln!("note: the holder saw lost() during the election: {reason}");
+            Instant::now()
+        }
+        () = tokio::time::sleep(Duration::from_secs(4)) => Instant::now(),
+    };
+    let still_held = g.is_held();
+    let _ = g.release().await;
+    let (got_at, g2) = tokio::time::timeout(Duration::from_secs(90), w)
+        .await
+        .map_err(|_| Failed::from("the waiter never got the lock after the leader was killed"))?
+        .map_err(|e| e.to_string())??;
+    if got_at < hold_end && still_held {
+        return Err("the waiter got the lock while the holder still held it".into());
+    }
+    if g2.token() <= first {
+        return Err(format!("token did not increase: {first} then {}", g2.token()).into());
+    }
+    g2.release().await?;
+    Ok(())
+}
