@@ -93,6 +93,22 @@ pub fn trials(factory: Arc<dyn BackendFactory>, rt: &tokio::runtime::Runtime) ->
         .collect()
 }
 
+/// A backend-specific trial: runs `fut` on the suite's runtime, bounded
+/// like the conformance cases. The future is only polled when the trial runs.
+pub fn trial<F>(rt: &tokio::runtime::Runtime, name: impl Into<String>, fut: F) -> Trial
+where
+    F: Future<Output = Result<(), Failed>> + Send + 'static,
+{
+    let handle = rt.handle().clone();
+    Trial::test(name, move || {
+        handle.block_on(async {
+            tokio::time::timeout(Duration::from_secs(300), fut)
+                .await
+                .map_err(|_| Failed::from("trial did not finish within 300 s"))?
+        })
+    })
+}
+
 fn skipped_by_env(backend: &str) -> Option<String> {
     let list = std::env::var("DISTLOCK_TEST_SKIP").ok()?;
     list.split(',')

@@ -10,8 +10,8 @@ use distlock_core::{async_trait, DynBackend, Error, LockClient, LockName};
 use distlock_etcd::EtcdBackend;
 use integration_tests::harness::{etcd as server, ServerKind, TestServer};
 use integration_tests::queue::{self, QueueLen, Waiter};
-use integration_tests::BackendFactory;
-use libtest_mimic::{Failed, Trial};
+use integration_tests::{trial, BackendFactory};
+use libtest_mimic::Failed;
 use tokio::time::Instant;
 
 struct Etcd {
@@ -57,38 +57,36 @@ impl BackendFactory for Etcd {
     }
 }
 
-type Case = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Failed>> + Send>>;
-
 fn main() {
     let etcd = Arc::new(Etcd {
         server: OnceLock::new(),
     });
     integration_tests::run_suite(etcd.clone(), move |rt| {
-        let t = |name: &str, f: Box<dyn FnOnce() -> Case + Send>| {
-            let handle = rt.handle().clone();
-            Trial::test(format!("etcd::{name}"), move || handle.block_on(f()))
-        };
-        let (e1, e2, e3) = (etcd.clone(), etcd.clone(), etcd.clone());
         vec![
-            t(
-                "each_release_wakes_exactly_one_of_20_waiters",
-                Box::new(move || Box::pin(herd(e1))),
+            trial(
+                rt,
+                "etcd::each_release_wakes_exactly_one_of_20_waiters",
+                herd(etcd.clone()),
             ),
-            t(
-                "etcdctl_lock_excludes_distlock",
-                Box::new(move || Box::pin(etcdctl_holds(e2))),
+            trial(
+                rt,
+                "etcd::etcdctl_lock_excludes_distlock",
+                etcdctl_holds(etcd.clone()),
             ),
-            t(
-                "distlock_excludes_etcdctl_lock",
-                Box::new(move || Box::pin(distlock_holds(e3))),
+            trial(
+                rt,
+                "etcd::distlock_excludes_etcdctl_lock",
+                distlock_holds(etcd.clone()),
             ),
-            t(
-                "leader_killed_during_hold_and_wait_keeps_exclusion",
-                Box::new(|| Box::pin(leader_killed())),
+            trial(
+                rt,
+                "etcd::leader_killed_during_hold_and_wait_keeps_exclusion",
+                leader_killed(),
             ),
-            t(
-                "paused_server_makes_holder_lost_before_anyone_acquires",
-                Box::new(|| Box::pin(paused_server())),
+            trial(
+                rt,
+                "etcd::paused_server_makes_holder_lost_before_anyone_acquires",
+                paused_server(),
             ),
         ]
     })

@@ -8,8 +8,9 @@ use std::time::Duration;
 use distlock_core::LockClient;
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::harness::{ServerKind, TestServer};
+use integration_tests::trial;
 use libtest_mimic::Failed;
-use sql_support::{table_created_concurrently, trial, Source, SqlFactory};
+use sql_support::{table_created_concurrently, Source, SqlFactory};
 
 fn main() {
     let f = SqlFactory::new("postgres", Source::Server(ServerKind::Postgres));
@@ -17,22 +18,20 @@ fn main() {
         vec![
             table_created_concurrently(f.clone(), rt),
             trial(
-                "postgres::tokens_keep_increasing_across_a_restart".into(),
                 rt,
-                restart,
+                "postgres::tokens_keep_increasing_across_a_restart",
+                restart(),
             ),
             trial(
-                "postgres::terminated_connection_does_not_lose_the_lock".into(),
                 rt,
-                {
-                    let f = f.clone();
-                    move || terminated(f)
-                },
+                "postgres::terminated_connection_does_not_lose_the_lock",
+                terminated(f.clone()),
             ),
-            trial("postgres::waiter_is_notified_on_release".into(), rt, {
-                let f = f.clone();
-                move || notified(f)
-            }),
+            trial(
+                rt,
+                "postgres::waiter_is_notified_on_release",
+                notified(f.clone()),
+            ),
         ]
     })
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use distlock_core::{async_trait, DynBackend, Error, LockClient, LockName};
 use distlock_redlock::RedlockBackend;
 use integration_tests::harness::{redis as server, ServerProcess};
-use integration_tests::BackendFactory;
-use libtest_mimic::{Failed, Trial};
+use integration_tests::{trial, BackendFactory};
+use libtest_mimic::Failed;
 use tokio::time::Instant;
 
 /// Per-node timeout in these tests: the default 50 ms is meant for a quiet
@@ -72,8 +72,6 @@ impl BackendFactory for Redlock {
     }
 }
 
-type Case = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Failed>> + Send>>;
-
 fn main() {
     let nodes = Arc::new(OnceLock::new());
     let plain = Arc::new(Redlock {
@@ -88,26 +86,29 @@ fn main() {
     });
     integration_tests::run_suite(plain, move |rt| {
         let mut extra = integration_tests::trials(fenced, rt);
-        let t = |name: &str, f: fn() -> Case| {
-            let handle = rt.handle().clone();
-            Trial::test(format!("redlock::{name}"), move || handle.block_on(f()))
-        };
-        extra.push(t("works_with_two_of_five_nodes_down", || {
-            Box::pin(two_down())
-        }));
-        extra.push(t("three_of_five_down_is_a_quorum_error", || {
-            Box::pin(three_down())
-        }));
-        extra.push(t("paused_node_costs_at_most_its_timeout", || {
-            Box::pin(paused_node())
-        }));
-        extra.push(t("node_restart_grants_twice_without_protection", || {
-            Box::pin(restart(false))
-        }));
-        extra.push(t(
-            "delayed_restart_protection_prevents_double_grant",
-            || Box::pin(restart(true)),
-        ));
+        extra.extend([
+            trial(rt, "redlock::works_with_two_of_five_nodes_down", two_down()),
+            trial(
+                rt,
+                "redlock::three_of_five_down_is_a_quorum_error",
+                three_down(),
+            ),
+            trial(
+                rt,
+                "redlock::paused_node_costs_at_most_its_timeout",
+                paused_node(),
+            ),
+            trial(
+                rt,
+                "redlock::node_restart_grants_twice_without_protection",
+                restart(false),
+            ),
+            trial(
+                rt,
+                "redlock::delayed_restart_protection_prevents_double_grant",
+                restart(true),
+            ),
+        ]);
         extra
     })
 }

@@ -9,8 +9,9 @@ use std::time::Duration;
 use distlock_core::poll::Backoff;
 use distlock_core::LockClient;
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
+use integration_tests::trial;
 use libtest_mimic::Failed;
-use sql_support::{table_created_concurrently, trial, Source, SqlFactory};
+use sql_support::{table_created_concurrently, Source, SqlFactory};
 
 const CHILD_ENV: &str = "DISTLOCK_TEST_SQLITE_CHILD";
 const ROUNDS: i64 = 25;
@@ -30,20 +31,14 @@ fn main() {
         vec![
             table_created_concurrently(f.clone(), rt),
             trial(
-                "sqlite::processes_sharing_one_file_exclude_each_other".into(),
                 rt,
-                {
-                    let f = f.clone();
-                    move || two_processes(f)
-                },
+                "sqlite::processes_sharing_one_file_exclude_each_other",
+                two_processes(f.clone()),
             ),
             trial(
-                "sqlite::same_process_waiter_is_woken_on_release".into(),
                 rt,
-                {
-                    let f = f.clone();
-                    move || woken_in_process(f)
-                },
+                "sqlite::same_process_waiter_is_woken_on_release",
+                woken_in_process(f.clone()),
             ),
         ]
     })

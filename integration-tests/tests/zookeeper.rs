@@ -10,8 +10,8 @@ use distlock_zookeeper::ZooKeeperBackend;
 use integration_tests::harness::proxy::Proxy;
 use integration_tests::harness::{zookeeper as server, ServerKind, TestServer};
 use integration_tests::queue::{self, QueueLen, Waiter};
-use integration_tests::BackendFactory;
-use libtest_mimic::{Failed, Trial};
+use integration_tests::{trial, BackendFactory};
+use libtest_mimic::Failed;
 use tokio::time::Instant;
 
 struct Zk {
@@ -65,34 +65,31 @@ impl BackendFactory for Zk {
     }
 }
 
-type Case = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Failed>> + Send>>;
-
 fn main() {
     let zk = Arc::new(Zk {
         server: OnceLock::new(),
     });
     integration_tests::run_suite(zk.clone(), move |rt| {
-        let t = |name: &str, f: Box<dyn FnOnce() -> Case + Send>| {
-            let handle = rt.handle().clone();
-            Trial::test(format!("zookeeper::{name}"), move || handle.block_on(f()))
-        };
-        let (z1, z2, z3) = (zk.clone(), zk.clone(), zk.clone());
         vec![
-            t(
-                "each_release_wakes_exactly_one_of_20_waiters",
-                Box::new(move || Box::pin(herd(z1))),
+            trial(
+                rt,
+                "zookeeper::each_release_wakes_exactly_one_of_20_waiters",
+                herd(zk.clone()),
             ),
-            t(
-                "leader_killed_during_hold_and_wait_keeps_exclusion",
-                Box::new(|| Box::pin(leader_killed())),
+            trial(
+                rt,
+                "zookeeper::leader_killed_during_hold_and_wait_keeps_exclusion",
+                leader_killed(),
             ),
-            t(
-                "client_cut_off_past_session_timeout_sees_lost_before_anyone_acquires",
-                Box::new(move || Box::pin(cut_off(z2))),
+            trial(
+                rt,
+                "zookeeper::client_cut_off_past_session_timeout_sees_lost_before_anyone_acquires",
+                cut_off(zk.clone()),
             ),
-            t(
-                "connection_loss_during_create_leaves_no_orphan",
-                Box::new(move || Box::pin(create_loss(z3))),
+            trial(
+                rt,
+                "zookeeper::connection_loss_during_create_leaves_no_orphan",
+                create_loss(zk.clone()),
             ),
         ]
     })

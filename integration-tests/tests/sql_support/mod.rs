@@ -9,7 +9,7 @@ use distlock_core::{async_trait, DynBackend, LockName};
 use distlock_sql::{SqlBackend, SqlConfig};
 use integration_tests::harness::{ServerKind, TestServer};
 use integration_tests::BackendFactory;
-use libtest_mimic::{Completion, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 use tokio::sync::OnceCell;
 
 /// Where a SQL backend's database comes from.
@@ -121,16 +121,4 @@ pub fn table_created_concurrently(f: Arc<SqlFactory>, rt: &tokio::runtime::Runti
             })
         },
     )
-}
-
-/// Helper: a trial that runs an async body on the shared runtime.
-pub fn trial<F, Fut>(name: String, rt: &tokio::runtime::Runtime, body: F) -> Trial
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<(), Failed>>,
-{
-    let handle = rt.handle().clone();
-    Trial::ignorable_test(name, move || {
-        handle.block_on(body()).map(|()| Completion::Completed)
-    })
 }
