@@ -303,12 +303,22 @@ impl SqlBackend {
             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
             .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
             .busy_timeout(config.busy_timeout);
-        let pool = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(config.pool_size.unwrap_or(4))
-            .acquire_timeout(config.connect_timeout)
-            .connect_with(options)
-            .await
-            .map_err(|e| err.map(e))?;
+        // Opening a connection switches the file to WAL, which can meet a
+        // busy file when many clients start at once: retry like statements.
+        let start = Instant::now();
+        let pool = loop {
+            let attempt = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(config.pool_size.unwrap_or(4))
+                .acquire_timeout(config.connect_timeout)
+                .connect_with(options.clone())
+                .await;
+            match attempt {
+                Err(e) if sqlite::is_busy(&e) && start.elapsed() < Duration::from_secs(10) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => break other.map_err(|e| err.map(e))?,
+            }
+        };
         Self::sqlite_with(pool, config, err).await
     }
 

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use distlock_core::{FencingToken, LockRequest, Result};
 use sqlx::sqlite::SqlitePool;
@@ -87,43 +88,75 @@ impl Lite {
         }
     }
 
+    /// Runs a statement, retrying while SQLite reports the file busy or
+    /// locked. The busy timeout covers most waits, but WAL mode answers some
+    /// conflicts at once (a read snapshot that cannot be upgraded, a
+    /// connection being set up); a busy statement changed nothing, so
+    /// running it again is safe.
+    async fn busy<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+    {
+        let start = tokio::time::Instant::now();
+        loop {
+            match f().await {
+                Err(e) if is_busy(&e) && start.elapsed() < BUSY_RETRY_FOR => {
+                    tokio::time::sleep(
+                        Duration::from_millis(5)
+                            + distlock_core::poll::jitter(Duration::from_millis(45)),
+                    )
+                    .await;
+                }
+                other => return other.map_err(|e| self.err.map(e)),
+            }
+        }
+    }
+
     pub(crate) async fn create_table(&self) -> Result<()> {
-        sqlx::query(&self.create)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
+        self.busy(|| sqlx::query(&self.create).execute(&self.pool))
+            .await?;
         Ok(())
     }
 
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
-        let token: Option<i64> = sqlx::query_scalar(&self.attempt)
-            .bind(req.name.as_str())
-            .bind(req.owner.to_string())
-            .bind(ttl_millis(req))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
+        let owner = req.owner.to_string();
+        let token: Option<i64> = self
+            .busy(|| {
+                sqlx::query_scalar(&self.attempt)
+                    .bind(req.name.as_str())
+                    .bind(&owner)
+                    .bind(ttl_millis(req))
+                    .fetch_optional(&self.pool)
+            })
+            .await?;
         token.map(|t| token_from_db(&self.err, t)).transpose()
     }
 
     pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
-        let r = sqlx::query(&self.extend)
-            .bind(req.name.as_str())
-            .bind(req.owner.to_string())
-            .bind(ttl_millis(req))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
+        let owner = req.owner.to_string();
+        let r = self
+            .busy(|| {
+                sqlx::query(&self.extend)
+                    .bind(req.name.as_str())
+                    .bind(&owner)
+                    .bind(ttl_millis(req))
+                    .execute(&self.pool)
+            })
+            .await?;
         Ok(r.rows_affected() == 1)
     }
 
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
-        let held: Option<bool> = sqlx::query_scalar(&self.release)
-            .bind(req.name.as_str())
-            .bind(req.owner.to_string())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
+        let owner = req.owner.to_string();
+        let held: Option<bool> = self
+            .busy(|| {
+                sqlx::query_scalar(&self.release)
+                    .bind(req.name.as_str())
+                    .bind(&owner)
+                    .fetch_optional(&self.pool)
+            })
+            .await?;
         if held.is_some() {
             let _ = self.releases.send(Arc::from(req.name.as_str()));
         }
@@ -131,21 +164,31 @@ impl Lite {
     }
 
     pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64)>> {
-        sqlx::query_as(&self.inspect)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))
+        self.busy(|| {
+            sqlx::query_as(&self.inspect)
+                .bind(name)
+                .fetch_optional(&self.pool)
+        })
+        .await
     }
 
     pub(crate) async fn evict(&self, name: &str) -> Result<bool> {
-        let r = sqlx::query(&self.evict)
-            .bind(name)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
+        let r = self
+            .busy(|| sqlx::query(&self.evict).bind(name).execute(&self.pool))
+            .await?;
         Ok(r.rows_affected() == 1)
     }
+}
+
+/// How long a statement is retried while the file is busy.
+const BUSY_RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// SQLITE_BUSY or SQLITE_LOCKED, including their extended codes.
+pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
 }
 
 fn ttl_millis(req: &LockRequest) -> i64 {
