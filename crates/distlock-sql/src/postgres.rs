@@ -14,6 +14,7 @@ pub(crate) struct Pg {
     pub(crate) pool: PgPool,
     channel: String,
     create: String,
+    take: String,
     attempt: String,
     extend: String,
     release: String,
@@ -38,6 +39,16 @@ impl Pg {
         // One statement: take the row if it is new, free or expired (judged
         // by the database's clock only), bump the token, and in the same
         // round trip report how long the current holder has left.
+        // try_acquire needs only the upsert; waiting also wants the holder's
+        // remaining lease, so it uses `attempt`.
+        let take = format!(
+            "INSERT INTO {table} AS l (name, owner, token, expires_at)
+             VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6))
+             ON CONFLICT (name) DO UPDATE
+                SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at
+              WHERE l.owner IS NULL OR l.expires_at <= now()
+             RETURNING token"
+        );
         let attempt = format!(
             "WITH granted AS (
                 INSERT INTO {table} AS l (name, owner, token, expires_at)
@@ -69,6 +80,7 @@ impl Pg {
             pool,
             channel: format!("distlock_{table}"),
             create,
+            take,
             attempt,
             extend,
             release,
@@ -113,7 +125,14 @@ impl Pg {
     }
 
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
-        Ok(self.attempt(req).await?.token)
+        let token: Option<i64> = sqlx::query_scalar(&self.take)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(ttl_micros(req.ttl))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        token.map(|t| token_from_db(&self.err, t)).transpose()
     }
 
     pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
