@@ -54,10 +54,13 @@ fn err(hosts: &str, e: zk::Error) -> Error {
             format!("ZooKeeper at {hosts}: {e}"),
             Some(Box::new(e)),
         ),
-        zk::Error::SessionExpired | zk::Error::ClientClosed => Error::LeaseLost {
-            name: LockName::new("session").unwrap_or_else(|_| unreachable!()),
-            reason: LostReason::SessionLost(format!("ZooKeeper session ended: {e}")),
-        },
+        // The next request opens a new session, so this is retryable; locks
+        // of the ended session are reported through `session_lost`.
+        zk::Error::SessionExpired | zk::Error::ClientClosed => Error::unavailable(
+            "zookeeper",
+            format!("ZooKeeper at {hosts}: the session ended ({e})"),
+            Some(Box::new(e)),
+        ),
         zk::Error::BadArguments(_) => {
             Error::invalid(InputKind::Config, format!("ZooKeeper at {hosts}: {e}"))
         }
@@ -319,15 +322,18 @@ impl ZooKeeperBackend {
     }
 
     /// Waits until my node is first; only the predecessor is watched.
-    async fn wait_first(&self, client: &zk::Client, parent: &str, node: &str) -> Result<()> {
+    async fn wait_first(
+        &self,
+        name: &LockName,
+        client: &zk::Client,
+        parent: &str,
+        node: &str,
+    ) -> Result<()> {
         loop {
             let queue = self.queue(client, parent).await?;
             let Some(i) = queue.iter().position(|c| c == node) else {
                 return Err(Error::LeaseLost {
-                    name: LockName::new(
-                        parent.trim_start_matches(&format!("{}/", self.inner.base)),
-                    )
-                    .unwrap_or_else(|_| unreachable!()),
+                    name: name.clone(),
                     reason: LostReason::SessionLost("my lock node vanished while waiting".into()),
                 });
             };
@@ -383,7 +389,7 @@ impl Backend for ZooKeeperBackend {
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
         let start = Instant::now();
         let (client, parent, node, token) = self.enqueue(req).await?;
-        let waited = self.wait_first(&client, &parent, &node);
+        let waited = self.wait_first(&req.name, &client, &parent, &node);
         let outcome = match deadline {
             Some(d) => tokio::time::timeout_at(d, waited)
                 .await
@@ -400,13 +406,7 @@ impl Backend for ZooKeeperBackend {
             Err(e) => {
                 // A timed-out or failed wait deletes my node.
                 let _ = self.delete_node(&req.owner).await;
-                Err(match e {
-                    Error::LeaseLost { reason, .. } => Error::LeaseLost {
-                        name: req.name.clone(),
-                        reason,
-                    },
-                    other => other,
-                })
+                Err(e)
             }
         }
     }
