@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+mod check;
 mod run;
 mod status;
 
@@ -46,6 +47,12 @@ enum Command {
     Status(status::StatusArgs),
     /// List the compiled-in backends and what each guarantees.
     Backends,
+    /// Run K client processes that contend for one lock and update a shared
+    /// register under it, optionally pause one holder past its TTL, and
+    /// report overlapping holds, stale writes (with and without fencing
+    /// tokens), lost updates and token order. Exit status 1 if the fenced
+    /// register accepted a stale write.
+    Check(check::CheckArgs),
 }
 
 /// The backend when neither --backend nor DISTLOCK_BACKEND is given: a
@@ -83,6 +90,10 @@ pub(crate) fn code_for(e: &distlock::Error) -> u8 {
 }
 
 fn main() -> ExitCode {
+    // `distlock check` re-executes this binary as its client processes.
+    if let Some(code) = distlock_check::worker_main_if_requested() {
+        return code;
+    }
     let cli = Cli::parse();
     let level = match (cli.quiet, cli.verbose) {
         (true, _) => "error",
@@ -112,6 +123,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Backends => status::backends(),
+            Command::Check(args) => check::check(args).await,
         }
     })
 }

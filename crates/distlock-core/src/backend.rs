@@ -23,7 +23,20 @@ pub struct LockRequest {
     pub owner: Owner,
     /// The lease TTL to grant (or, for `extend`, to extend to from now).
     pub ttl: Duration,
+    attempt: AttemptClock,
 }
+
+/// When the latest acquire attempt of a request was sent. Shared by the
+/// request's clones; never part of its equality.
+#[derive(Clone, Debug, Default)]
+struct AttemptClock(Arc<std::sync::Mutex<Option<Instant>>>);
+
+impl PartialEq for AttemptClock {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for AttemptClock {}
 
 impl LockRequest {
     /// A request with a fresh random owner.
@@ -32,7 +45,23 @@ impl LockRequest {
             name,
             owner: Owner::random(),
             ttl,
+            attempt: AttemptClock::default(),
         }
+    }
+
+    /// Backends call this right before sending each acquire attempt (for
+    /// queue backends: the request that confirms ownership). The holder's
+    /// local deadline is counted from the last call, so a grant that came
+    /// after a long wait gets its full TTL; a backend that never calls it
+    /// gets the (safe, shorter) deadline counted from the start of the wait.
+    pub fn attempt_starting(&self) {
+        let now = Instant::now();
+        *self.attempt.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+    }
+
+    /// When [`LockRequest::attempt_starting`] was last called.
+    pub fn last_attempt(&self) -> Option<Instant> {
+        *self.attempt.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The same acquisition with another TTL.

@@ -355,6 +355,8 @@ impl LockBuilder {
             }
         };
         cleanup.disarm();
+        // The lease began no earlier than the last attempt the backend sent.
+        let sent = req.last_attempt().map_or(sent, |a| a.max(sent));
         tracing::debug!(%token, waited = ?start.elapsed(), "acquired");
         let hold = Hold::start(
             self.client.clone(),

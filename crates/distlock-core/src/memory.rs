@@ -98,6 +98,7 @@ impl Backend for MemoryBackend {
             let released = notify.notified();
             tokio::pin!(released);
             released.as_mut().enable();
+            req.attempt_starting();
             let (token, _, expires) = self.attempt(req);
             if let Some(t) = token {
                 return Ok(t);

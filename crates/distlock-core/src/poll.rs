@@ -74,6 +74,7 @@ pub async fn acquire_by_polling<B: Backend + ?Sized>(
     let start = Instant::now();
     let mut attempt = 0u32;
     loop {
+        req.attempt_starting();
         if let Some(token) = backend.try_acquire(req).await? {
             return Ok(token);
         }

@@ -190,3 +190,27 @@ async fn nested_holder_keeps_lock_until_outermost_release() {
     assert!(outer.release().await.unwrap());
     assert!(b.lock("nest").try_acquire().await.unwrap().is_some());
 }
+
+/// Found by the fault suite's workload: the deadline of a lock granted
+/// after a long wait was counted from the start of the wait, so a waiter
+/// that waited longer than the TTL was handed a guard already lost.
+#[tokio::test(start_paused = true)]
+async fn a_grant_after_a_wait_longer_than_the_ttl_gets_its_full_ttl() {
+    let mem = MemoryBackend::new();
+    let (a, b) = (LockClient::new(mem.clone()), LockClient::new(mem.clone()));
+    let ttl = Duration::from_secs(2);
+    let first = a.lock("job").ttl(ttl).acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        b.lock("job")
+            .ttl(ttl)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    first.release().await.unwrap();
+    let second = waiter.await.unwrap().unwrap();
+    let left = second.deadline().unwrap() - Instant::now();
+    assert!(second.is_held(), "granted just now, yet not held");
+    assert!(left > ttl * 9 / 10, "only {left:?} of a {ttl:?} lease left");
+}

@@ -520,7 +520,10 @@ impl Backend for EtcdBackend {
             }
         }
         // etcd issue 11456 / Jepsen etcd 3.4.3: after waking, make sure my
-        // key (and so my lease) still exists before claiming the lock.
+        // key (and so my lease) still exists before claiming the lock. The
+        // hold's deadline counts from this check; the lease's own end is
+        // watched by the session, which reports it through `session_lost`.
+        req.attempt_starting();
         if q.session.is_lost() || !self.still_mine(&q.key, req).await? {
             let _ = self.delete_mine(&q.key, req).await;
             self.queued().remove(&req.owner);

@@ -295,6 +295,7 @@ impl Backend for RedisBackend {
             }
         };
         loop {
+            req.attempt_starting();
             let left = match self.attempt(req).await? {
                 Attempt::Granted(t) => return Ok(t),
                 Attempt::Held(left) => left,

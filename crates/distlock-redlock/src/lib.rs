@@ -318,6 +318,7 @@ impl Backend for RedlockBackend {
         .flatten()
         .collect();
         loop {
+            req.attempt_starting();
             let left = match self.round(req).await? {
                 Round::Granted(t) => return Ok(t),
                 Round::Contended(left) => left,

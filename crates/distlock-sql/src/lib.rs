@@ -410,6 +410,7 @@ impl Backend for SqlBackend {
                     cap: config.notify_fallback,
                 };
                 wait_loop(&req.name, deadline, Some(&pg.releases), &pace, || {
+                    req.attempt_starting();
                     pg.attempt(req)
                 })
                 .await
@@ -418,6 +419,7 @@ impl Backend for SqlBackend {
             Db::MySql(my) => {
                 let pace = Pace::Backoff(config.poll);
                 wait_loop(&req.name, deadline, None, &pace, || async {
+                    req.attempt_starting();
                     Ok(wait::Attempt {
                         token: my.try_acquire(req).await?,
                         holder_expires_in: None,
@@ -429,6 +431,7 @@ impl Backend for SqlBackend {
             Db::Sqlite(lite) => {
                 let pace = Pace::Backoff(config.poll);
                 wait_loop(&req.name, deadline, Some(&lite.releases), &pace, || async {
+                    req.attempt_starting();
                     Ok(wait::Attempt {
                         token: lite.try_acquire(req).await?,
                         holder_expires_in: None,

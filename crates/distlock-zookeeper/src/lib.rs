@@ -324,12 +324,15 @@ impl ZooKeeperBackend {
     /// Waits until my node is first; only the predecessor is watched.
     async fn wait_first(
         &self,
-        name: &LockName,
+        req: &LockRequest,
         client: &zk::Client,
         parent: &str,
         node: &str,
     ) -> Result<()> {
+        let name = &req.name;
         loop {
+            // This read is the one that confirms ownership.
+            req.attempt_starting();
             let queue = self.queue(client, parent).await?;
             let Some(i) = queue.iter().position(|c| c == node) else {
                 return Err(Error::LeaseLost {
@@ -389,7 +392,7 @@ impl Backend for ZooKeeperBackend {
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
         let start = Instant::now();
         let (client, parent, node, token) = self.enqueue(req).await?;
-        let waited = self.wait_first(&req.name, &client, &parent, &node);
+        let waited = self.wait_first(req, &client, &parent, &node);
         let outcome = match deadline {
             Some(d) => tokio::time::timeout_at(d, waited)
                 .await

@@ -1,0 +1,337 @@
+//! The fenced register: the shared resource the workers protect with the lock.
+//!
+//! It runs inside the orchestrating process and speaks a line protocol over
+//! loopback TCP. It holds two cells that every worker updates in the same
+//! read-modify-write:
+//!
+//! - the **fenced** cell checks the caller's token: an operation is rejected
+//!   if its token is lower than the highest the cell has accepted, or equal to
+//!   it but from a different grant (two grants with one token is a duplicate
+//!   grant, which a strict resource refuses);
+//! - the **unfenced** cell accepts everything, as storage that trusts the lock
+//!   alone would.
+//!
+//! One run therefore shows both outcomes of the same fault. Every operation is
+//! logged with a timestamp from [`crate::clock::mono_ns`].
+//!
+//! Protocol (one line each way, fields separated by spaces):
+//!
+//! | worker sends | register answers |
+//! |---|---|
+//! | `HELLO worker pid fencing` | `OK` |
+//! | `ACQ t_ns grant token` | `GO`, `STOP`, `STALL ms` or `DONE` |
+//! | `READ grant token` | `f_ok f_value u_value` |
+//! | `AT_PAUSE grant` | `OK` (about to stop or stall) |
+//! | `WRITE grant token f_value\|- u_value` | `f_ok` |
+//! | `END t_ns grant how...` | `OK` |
+//! | `ERR text...` | `GO` or `DONE` |
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::clock::mono_ns;
+
+/// What a worker is told to do in the hold it just reported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Instruction {
+    /// Work normally.
+    Go,
+    /// Between the read and the write, stop the whole process with SIGSTOP
+    /// (the orchestrator resumes it).
+    Stop,
+    /// Between the read and the write, sleep this long, then write without
+    /// checking the lock again (a slow or stalled holder).
+    Stall(u64),
+}
+
+/// One register operation, as logged.
+#[derive(Clone, Debug)]
+pub struct Op {
+    /// When the register processed it.
+    pub t: u64,
+    /// The grant (one per acquisition) that sent it.
+    pub grant: u64,
+    /// The token it carried.
+    pub token: u64,
+    /// A write (else a read).
+    pub write: bool,
+    /// Whether the fenced cell accepted it (`None`: the worker skipped the
+    /// fenced cell because its read there was rejected).
+    pub fenced_ok: Option<bool>,
+}
+
+/// One hold as its holder saw it.
+#[derive(Clone, Debug)]
+pub struct Hold {
+    /// Which worker.
+    pub worker: usize,
+    /// Unique per acquisition.
+    pub grant: u64,
+    /// The fencing token.
+    pub token: u64,
+    /// When `acquire` returned, on the shared clock.
+    pub start: u64,
+    /// When the holder stopped believing it held the lock: `lost()` fired or
+    /// it called release. `None` if it never said.
+    pub end: Option<u64>,
+    /// How it ended (`released`, `lost: ...`).
+    pub how: String,
+}
+
+/// Everything the register saw in one run.
+#[derive(Clone, Debug, Default)]
+pub struct Log {
+    /// Operations in the order the register processed them.
+    pub ops: Vec<Op>,
+    /// Holds by grant.
+    pub holds: BTreeMap<u64, Hold>,
+    /// The fenced cell's final value.
+    pub fenced_value: u64,
+    /// The unfenced cell's final value.
+    pub unfenced_value: u64,
+    /// Errors workers reported (acquire failures), with time and worker.
+    pub errors: Vec<(u64, usize, String)>,
+    /// Fault events: (time, worker it targets, label).
+    pub events: Vec<(u64, Option<usize>, String)>,
+    /// Workers that said hello: worker → (pid, declared fencing).
+    pub workers: BTreeMap<usize, (u32, String)>,
+    /// When the run ended.
+    pub end: u64,
+    /// Workers that reported reaching their pause point: worker → time.
+    pub paused: HashMap<usize, u64>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    log: Log,
+    f_max_token: u64,
+    f_max_grant: u64,
+    armed: HashMap<usize, Instruction>,
+    done: bool,
+}
+
+/// The running register.
+#[derive(Debug, Clone)]
+pub struct Register {
+    state: Arc<Mutex<State>>,
+    changed: Arc<watch::Sender<u64>>,
+    addr: std::net::SocketAddr,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Register {
+    /// Listens on a free loopback port.
+    pub async fn start() -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let reg = Register {
+            state: Arc::default(),
+            changed: Arc::new(watch::channel(0).0),
+            addr,
+        };
+        let r = reg.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let r = r.clone();
+                tokio::spawn(async move {
+                    let _ = r.serve(stream).await;
+                });
+            }
+        });
+        Ok(reg)
+    }
+
+    /// Where workers connect.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// A copy of the log so far.
+    pub fn log(&self) -> Log {
+        lock(&self.state).log.clone()
+    }
+
+    /// Tells `worker` what to do in its next hold.
+    pub fn arm(&self, worker: usize, what: Instruction) {
+        let mut s = lock(&self.state);
+        s.log.paused.remove(&worker);
+        s.armed.insert(worker, what);
+    }
+
+    /// Records a fault event.
+    pub fn event(&self, worker: Option<usize>, label: &str) -> u64 {
+        let t = mono_ns();
+        lock(&self.state).log.events.push((t, worker, label.into()));
+        self.bump();
+        t
+    }
+
+    /// From now on every worker is told `DONE` at its next acquisition.
+    pub fn finish(&self) {
+        let mut s = lock(&self.state);
+        s.done = true;
+        s.log.end = mono_ns();
+    }
+
+    /// Waits until `pred` holds on the log (re-checked on every change).
+    pub async fn wait_for<T>(&self, mut pred: impl FnMut(&Log) -> Option<T>) -> T {
+        let mut rx = self.changed.subscribe();
+        loop {
+            if let Some(t) = pred(&lock(&self.state).log) {
+                return t;
+            }
+            // The sender lives as long as `self`.
+            let _ = rx.changed().await;
+        }
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    async fn serve(&self, stream: TcpStream) -> std::io::Result<()> {
+        stream.set_nodelay(true)?;
+        let (r, mut w) = stream.into_split();
+        let mut lines = BufReader::new(r).lines();
+        let mut worker = usize::MAX;
+        let trace = std::env::var_os("DISTLOCK_CHECK_TRACE").is_some();
+        while let Some(line) = lines.next_line().await? {
+            let reply = self.handle(&mut worker, &line);
+            if trace {
+                eprintln!("{} w{worker} {line} -> {reply}", mono_ns() / 1_000_000);
+            }
+            self.bump();
+            w.write_all(format!("{reply}\n").as_bytes()).await?;
+        }
+        Ok(())
+    }
+
+    fn handle(&self, worker: &mut usize, line: &str) -> String {
+        let mut f = line.split(' ');
+        let cmd = f.next().unwrap_or("");
+        let mut num = || f.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+        let t = mono_ns();
+        let mut s = lock(&self.state);
+        match cmd {
+            "HELLO" => {
+                *worker = num() as usize;
+                let pid = num() as u32;
+                let fencing = line.split(' ').nth(3).unwrap_or("").to_string();
+                s.log.workers.insert(*worker, (pid, fencing));
+                "OK".into()
+            }
+            "ACQ" => {
+                let (start, grant, token) = (num(), num(), num());
+                s.log.holds.insert(
+                    grant,
+                    Hold {
+                        worker: *worker,
+                        grant,
+                        token,
+                        start,
+                        end: None,
+                        how: String::new(),
+                    },
+                );
+                if s.done {
+                    return "DONE".into();
+                }
+                match s.armed.remove(worker) {
+                    None | Some(Instruction::Go) => "GO".into(),
+                    Some(Instruction::Stop) => "STOP".into(),
+                    Some(Instruction::Stall(ms)) => format!("STALL {ms}"),
+                }
+            }
+            "READ" => {
+                let (grant, token) = (num(), num());
+                let ok = s.fenced_accepts(grant, token);
+                s.log.ops.push(Op {
+                    t,
+                    grant,
+                    token,
+                    write: false,
+                    fenced_ok: Some(ok),
+                });
+                format!(
+                    "{} {} {}",
+                    ok as u8, s.log.fenced_value, s.log.unfenced_value
+                )
+            }
+            "AT_PAUSE" => {
+                s.log.paused.insert(*worker, t);
+                "OK".into()
+            }
+            "WRITE" => {
+                let (grant, token) = (num(), num());
+                let fval = f.next().and_then(|x| x.parse::<u64>().ok());
+                let uval = f.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+                let fenced_ok = fval.map(|v| {
+                    let ok = s.fenced_accepts(grant, token);
+                    if ok {
+                        s.log.fenced_value = v;
+                    }
+                    ok
+                });
+                s.log.unfenced_value = uval;
+                s.log.ops.push(Op {
+                    t,
+                    grant,
+                    token,
+                    write: true,
+                    fenced_ok,
+                });
+                if fenced_ok == Some(true) { "1" } else { "0" }.into()
+            }
+            "END" => {
+                let (end, grant) = (num(), num());
+                let how = line.splitn(4, ' ').nth(3).unwrap_or("").to_string();
+                if let Some(h) = s.log.holds.get_mut(&grant) {
+                    h.end = Some(end);
+                    h.how = how;
+                }
+                "OK".into()
+            }
+            "ERR" => {
+                let text = line.split_once(' ').map_or("", |(_, r)| r).to_string();
+                s.log.errors.push((t, *worker, text));
+                if s.done { "DONE" } else { "GO" }.into()
+            }
+            _ => "ERR unknown command".into(),
+        }
+    }
+}
+
+impl State {
+    fn fenced_accepts(&mut self, grant: u64, token: u64) -> bool {
+        let ok =
+            token > self.f_max_token || (token == self.f_max_token && grant == self.f_max_grant);
+        if ok {
+            self.f_max_token = token;
+            self.f_max_grant = grant;
+        }
+        ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fenced_cell_refuses_lower_tokens_and_a_second_grant_with_an_equal_token() {
+        let mut s = State::default();
+        assert!(s.fenced_accepts(1, 5));
+        assert!(s.fenced_accepts(1, 5), "the same grant again");
+        assert!(!s.fenced_accepts(2, 5), "another grant, same token");
+        assert!(!s.fenced_accepts(3, 4), "a lower token");
+        assert!(s.fenced_accepts(4, 6));
+        assert!(!s.fenced_accepts(1, 5), "the old grant after a newer one");
+    }
+}

@@ -1,0 +1,326 @@
+//! The checker: turns a run's [`Log`] into a [`Report`].
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::register::{Hold, Log};
+
+/// What one cell of the register went through.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CellStats {
+    /// Writes the cell accepted.
+    pub accepted_writes: u64,
+    /// Reads and writes the cell rejected (always 0 for the unfenced cell).
+    pub rejected: u64,
+    /// Accepted operations that were stale: by a grant older than another
+    /// grant whose operation the cell had already accepted. A stale write is
+    /// exactly a write by a holder that has been superseded.
+    pub stale_accepted: u64,
+    /// The cell's final value.
+    pub final_value: u64,
+    /// Accepted increments that did not survive (`accepted_writes -
+    /// final_value`): another holder's read-modify-write overwrote them.
+    pub lost_updates: u64,
+}
+
+impl CellStats {
+    /// Stale operations plus lost updates.
+    pub fn violations(&self) -> u64 {
+        self.stale_accepted + self.lost_updates
+    }
+}
+
+/// The checker's verdict on one run.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// The fencing the workers' backend declared (`Strong`, `BestEffort`, `None`).
+    pub fencing: String,
+    /// Worker processes.
+    pub clients: usize,
+    /// Acquisitions.
+    pub holds: usize,
+    /// Pairs of holds by different workers whose intervals (acquire returned →
+    /// `lost()` or release called) overlap.
+    pub overlaps: usize,
+    /// Overlapping pairs that do not involve the faulted worker: two healthy
+    /// holders at once (for example a late release that freed someone
+    /// else's lock).
+    pub overlaps_without_faulted: usize,
+    /// The fenced cell.
+    pub fenced: CellStats,
+    /// The unfenced cell.
+    pub unfenced: CellStats,
+    /// Successive grants (in acquire order) whose token did not rise.
+    pub token_order_violations: usize,
+    /// From the fault's start to the next grant to another worker.
+    pub recovery: Option<Duration>,
+    /// Whether the faulted holder's guard reported the loss before any other
+    /// worker was granted the lock (`None` if no hold was faulted).
+    pub lost_before_regrant: Option<bool>,
+    /// How the faulted hold ended.
+    pub faulted_hold_end: Option<String>,
+    /// Acquire errors workers reported (unreachable backend and the like).
+    pub errors: usize,
+}
+
+impl Report {
+    /// Whether the run broke a guarantee that must hold with fencing on:
+    /// stale writes or lost updates in the fenced cell, or (for strong
+    /// fencing) tokens out of grant order.
+    pub fn fencing_failed(&self) -> bool {
+        self.fenced.violations() > 0
+            || (self.fencing == "Strong" && self.token_order_violations > 0)
+    }
+}
+
+fn cell(log: &Log, fenced: bool) -> CellStats {
+    let start_of = |g: u64| log.holds.get(&g).map_or(0, |h| h.start);
+    let mut stats = CellStats::default();
+    let mut newest_accepted_start = 0u64;
+    for op in &log.ops {
+        let accepted = if fenced { op.fenced_ok } else { Some(true) };
+        match accepted {
+            None => continue,
+            Some(false) => stats.rejected += 1,
+            Some(true) => {
+                let start = start_of(op.grant);
+                if newest_accepted_start > start {
+                    stats.stale_accepted += 1;
+                }
+                newest_accepted_start = newest_accepted_start.max(start);
+                if op.write {
+                    stats.accepted_writes += 1;
+                }
+            }
+        }
+    }
+    stats.final_value = if fenced {
+        log.fenced_value
+    } else {
+        log.unfenced_value
+    };
+    stats.lost_updates = stats.accepted_writes.saturating_sub(stats.final_value);
+    stats
+}
+
+/// Checks a run's log. `faulted` is the worker a fault was aimed at, and
+/// `fault_at` when it started.
+pub fn check(log: &Log) -> Report {
+    let mut holds: Vec<&Hold> = log.holds.values().collect();
+    holds.sort_by_key(|h| h.start);
+    let end = |h: &Hold| h.end.unwrap_or(log.end.max(h.start));
+    let fault = log
+        .events
+        .iter()
+        .find(|(_, _, label)| label == "fault")
+        .map(|(t, w, _)| (*t, *w));
+    let faulted = fault.and_then(|(_, w)| w);
+
+    let (mut overlaps, mut without) = (0, 0);
+    for (i, a) in holds.iter().enumerate() {
+        for b in &holds[i + 1..] {
+            if b.start >= end(a) {
+                break;
+            }
+            if a.worker != b.worker {
+                overlaps += 1;
+                if Some(a.worker) != faulted && Some(b.worker) != faulted {
+                    without += 1;
+                }
+            }
+        }
+    }
+    let token_order_violations = holds
+        .windows(2)
+        .filter(|w| w[1].token <= w[0].token)
+        .count();
+
+    let mut recovery = None;
+    let mut lost_before_regrant = None;
+    let mut faulted_hold_end = None;
+    if let Some((t, w)) = fault {
+        let next = holds
+            .iter()
+            .find(|h| h.start >= t && Some(h.worker) != w)
+            .map(|h| h.start);
+        recovery = next.map(|n| Duration::from_nanos(n - t));
+        // The faulted worker's hold that was running when the fault began.
+        if let Some(h) = holds
+            .iter()
+            .rev()
+            .find(|h| Some(h.worker) == w && h.start <= t)
+        {
+            faulted_hold_end = Some(h.how.clone());
+            lost_before_regrant = Some(match (h.end, next) {
+                (Some(e), Some(n)) => h.how.starts_with("lost") && e <= n,
+                (Some(_), None) => h.how.starts_with("lost"),
+                (None, _) => false,
+            });
+        }
+    }
+
+    Report {
+        fencing: log
+            .workers
+            .values()
+            .next()
+            .map(|(_, f)| f.clone())
+            .unwrap_or_default(),
+        clients: log.workers.len(),
+        holds: holds.len(),
+        overlaps,
+        overlaps_without_faulted: without,
+        fenced: cell(log, true),
+        unfenced: cell(log, false),
+        token_order_violations,
+        recovery,
+        lost_before_regrant,
+        faulted_hold_end,
+        errors: log.errors.len(),
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{} ms", d.as_millis()));
+        writeln!(
+            f,
+            "clients: {}   holds: {}   acquire errors: {}   declared fencing: {}",
+            self.clients, self.holds, self.errors, self.fencing
+        )?;
+        writeln!(
+            f,
+            "overlapping holds (as the holders saw them): {} ({} not involving the faulted holder)",
+            self.overlaps, self.overlaps_without_faulted
+        )?;
+        writeln!(
+            f,
+            "token order: {} successive grants whose token did not rise",
+            self.token_order_violations
+        )?;
+        for (name, c) in [
+            ("fenced register  ", &self.fenced),
+            ("unfenced register", &self.unfenced),
+        ] {
+            writeln!(
+                f,
+                "{name}: {} writes accepted, {} rejected, {} stale accepted, {} lost updates (final value {})",
+                c.accepted_writes, c.rejected, c.stale_accepted, c.lost_updates, c.final_value
+            )?;
+        }
+        if let Some(end) = &self.faulted_hold_end {
+            writeln!(f, "faulted hold ended: {end}")?;
+            writeln!(
+                f,
+                "holder saw the loss before the next grant: {}",
+                self.lost_before_regrant
+                    .map_or("-", |b| if b { "yes" } else { "no" })
+            )?;
+        }
+        writeln!(
+            f,
+            "recovery (fault → next grant to another client): {}",
+            ms(self.recovery)
+        )?;
+        write!(
+            f,
+            "verdict: {}",
+            if self.fencing_failed() {
+                "UNSAFE: the fenced register accepted stale or lost writes"
+            } else if self.unfenced.violations() > 0 {
+                "fencing caught what the lock alone let through"
+            } else {
+                "no violations"
+            }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::register::Op;
+
+    fn hold(worker: usize, grant: u64, token: u64, start: u64, end: u64) -> Hold {
+        Hold {
+            worker,
+            grant,
+            token,
+            start,
+            end: Some(end),
+            how: "released".into(),
+        }
+    }
+
+    fn op(t: u64, grant: u64, token: u64, write: bool, fenced_ok: Option<bool>) -> Op {
+        Op {
+            t,
+            grant,
+            token,
+            write,
+            fenced_ok,
+        }
+    }
+
+    #[test]
+    fn a_clean_run_has_no_violations() {
+        let mut log = Log::default();
+        for (i, g) in [(0u64, 1u64), (1, 2), (2, 3)] {
+            log.holds
+                .insert(g, hold(i as usize % 2, g, g, i * 10, i * 10 + 5));
+            log.ops.push(op(i * 10 + 1, g, g, false, Some(true)));
+            log.ops.push(op(i * 10 + 2, g, g, true, Some(true)));
+        }
+        log.fenced_value = 3;
+        log.unfenced_value = 3;
+        let r = check(&log);
+        assert_eq!((r.overlaps, r.token_order_violations), (0, 0));
+        assert_eq!(r.fenced.violations() + r.unfenced.violations(), 0);
+        assert_eq!(r.unfenced.accepted_writes, 3);
+    }
+
+    #[test]
+    fn a_paused_holder_shows_overlap_a_stale_write_and_a_lost_update() {
+        let mut log = Log::default();
+        // Worker 0 holds from 0, reads, is paused; worker 1 is granted at 50
+        // and increments; worker 0 resumes at 100 and writes its stale value.
+        let mut a = hold(0, 1, 1, 0, 101);
+        a.how = "lost: deadline".into();
+        log.holds.insert(1, a);
+        log.holds.insert(2, hold(1, 2, 2, 50, 60));
+        log.events.push((10, Some(0), "fault".into()));
+        log.ops.push(op(1, 1, 1, false, Some(true)));
+        log.ops.push(op(51, 2, 2, false, Some(true)));
+        log.ops.push(op(52, 2, 2, true, Some(true)));
+        log.ops.push(op(100, 1, 1, true, Some(false)));
+        log.fenced_value = 1;
+        log.unfenced_value = 1;
+        let r = check(&log);
+        assert_eq!(r.overlaps, 1);
+        assert_eq!(r.overlaps_without_faulted, 0);
+        assert_eq!(
+            (
+                r.fenced.stale_accepted,
+                r.fenced.lost_updates,
+                r.fenced.rejected
+            ),
+            (0, 0, 1)
+        );
+        assert_eq!((r.unfenced.stale_accepted, r.unfenced.lost_updates), (1, 1));
+        assert_eq!(r.recovery, Some(Duration::from_nanos(40)));
+        assert_eq!(r.lost_before_regrant, Some(false));
+        assert!(!r.fencing_failed());
+    }
+
+    #[test]
+    fn tokens_that_do_not_rise_are_counted() {
+        let mut log = Log::default();
+        log.holds.insert(1, hold(0, 1, 7, 0, 5));
+        log.holds.insert(2, hold(1, 2, 7, 10, 15));
+        log.holds.insert(3, hold(0, 3, 3, 20, 25));
+        log.workers.insert(0, (1, "Strong".into()));
+        let r = check(&log);
+        assert_eq!(r.token_order_violations, 2);
+        assert!(r.fencing_failed());
+    }
+}

@@ -1,0 +1,99 @@
+//! `distlock check`: the fault suite's workload against the user's own
+//! backend.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use distlock::LockName;
+
+use crate::{code_for, default_backend, fail, parse_duration, EXIT_USAGE};
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct CheckArgs {
+    /// Backend URL.
+    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    backend: String,
+    /// The lock the clients contend for (use a name nothing else uses).
+    #[arg(long, default_value = "distlock-check")]
+    lock: String,
+    /// Client processes.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// How long the workload runs.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// The lock's TTL.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// A third of the way in, stop one holder with SIGSTOP between its read
+    /// and its write for twice the TTL, then resume it (a GC pause).
+    #[arg(long)]
+    pause_holder: bool,
+}
+
+pub(crate) async fn check(args: CheckArgs) -> ExitCode {
+    if let Err(e) = LockName::new(&args.lock) {
+        return fail(EXIT_USAGE, e);
+    }
+    if args.clients == 0 || (args.pause_holder && args.clients < 2) {
+        return fail(
+            EXIT_USAGE,
+            "--clients must be at least 1 (2 with --pause-holder)",
+        );
+    }
+    if args.ttl.is_zero() {
+        return fail(EXIT_USAGE, "--ttl must be positive");
+    }
+    // Fail here, with the usual exit codes, rather than in every worker.
+    if let Err(e) = distlock::connect(&args.backend).await {
+        return fail(code_for(&e), e);
+    }
+    let mut w = match distlock_check::Workload::new(&args.backend, args.clients) {
+        Ok(w) => w,
+        Err(e) => return fail(1, e),
+    };
+    w.lock = args.lock;
+    w.ttl = args.ttl;
+    let pause = args.ttl * 2 + Duration::from_millis(500);
+    if args.pause_holder {
+        w.warmup = args.duration / 3;
+        w.cooldown = args.duration.saturating_sub(w.warmup + pause).max(args.ttl);
+    } else {
+        w.warmup = args.duration;
+        w.cooldown = Duration::ZERO;
+    }
+    eprintln!(
+        "distlock check: {} clients on {} for {}{}",
+        args.clients,
+        distlock::redact(&args.backend),
+        humantime::format_duration(args.duration),
+        if args.pause_holder {
+            ", pausing one holder"
+        } else {
+            ""
+        }
+    );
+    let pause_holder = args.pause_holder;
+    let report = distlock_check::run(&w, |faults| async move {
+        if pause_holder {
+            faults.pause_holder(0, pause).await
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    match report {
+        Err(e) => fail(1, e),
+        Ok(r) => {
+            println!("{r}");
+            if pause_holder && r.unfenced.violations() == 0 {
+                println!("note: the paused holder's stale write did no harm this time (no other client wrote in between)");
+            }
+            if r.fencing_failed() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+    }
+}
