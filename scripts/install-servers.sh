@@ -22,6 +22,10 @@ have protoc           || missing+=(protobuf-compiler)
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 have sqlite3          || missing+=(sqlite3)
 have faketime         || missing+=(faketime libfaketime)
+ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing+=(libfaketime)
+# The clock-jump fault compiles a tiny malloc shim for redis-server (see
+# integration-tests/src/harness/redis.rs).
+have gcc              || missing+=(gcc libc6-dev)
 have setpriv          || missing+=(util-linux)
 
 if [ ${#missing[@]} -eq 0 ]; then

@@ -387,8 +387,17 @@ pub async fn lost_fires_at_deadline_without_renewal(
     let lock = name(&ns, "deadline")?;
     let ttl = f.short_ttl();
     let a = client(f).await?;
+    // `try_acquire` sends one request right after `before`. (A waiting
+    // acquire may first subscribe to release messages; its deadline counts
+    // from the attempt that was granted, which comes later.)
     let before = Instant::now();
-    let g = a.lock(&lock).ttl(ttl).no_renew().acquire().await?;
+    let g = a
+        .lock(&lock)
+        .ttl(ttl)
+        .no_renew()
+        .try_acquire()
+        .await?
+        .ok_or("a free lock was not granted")?;
     let deadline = g.deadline().ok_or("fresh guard has no deadline")?;
     ensure!(
         deadline <= before + ttl,

@@ -19,12 +19,13 @@
 //! | worker sends | register answers |
 //! |---|---|
 //! | `HELLO worker pid fencing` | `OK` |
-//! | `ACQ t_ns grant token` | `GO`, `STOP`, `STALL ms` or `DONE` |
+//! | `ACQ t_ns grant token deadline_ns` | `GO`, `STOP`, `STALL ms` or `DONE` |
 //! | `READ grant token` | `f_ok f_value u_value` |
 //! | `AT_PAUSE grant` | `OK` (about to stop or stall) |
 //! | `WRITE grant token f_value\|- u_value` | `f_ok` |
 //! | `END t_ns grant how...` | `OK` |
 //! | `ERR text...` | `GO` or `DONE` |
+//! | `WAITED` (acquire timed out) | `GO` or `DONE` |
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -75,6 +76,9 @@ pub struct Hold {
     pub token: u64,
     /// When `acquire` returned, on the shared clock.
     pub start: u64,
+    /// When the holder's guard expected its lease to end at the latest
+    /// (its local deadline, which is conservative).
+    pub deadline: u64,
     /// When the holder stopped believing it held the lock: `lost()` fired or
     /// it called release. `None` if it never said.
     pub end: Option<u64>,
@@ -101,6 +105,8 @@ pub struct Log {
     pub workers: BTreeMap<usize, (u32, String)>,
     /// When the run ended.
     pub end: u64,
+    /// The lock's TTL in nanoseconds.
+    pub ttl_ns: u64,
     /// Workers that reported reaching their pause point: worker → time.
     pub paused: HashMap<usize, u64>,
 }
@@ -156,6 +162,11 @@ impl Register {
     /// A copy of the log so far.
     pub fn log(&self) -> Log {
         lock(&self.state).log.clone()
+    }
+
+    /// Records the lock's TTL (the checker needs it).
+    pub fn set_ttl(&self, ttl: std::time::Duration) {
+        lock(&self.state).log.ttl_ns = ttl.as_nanos() as u64;
     }
 
     /// Tells `worker` what to do in its next hold.
@@ -228,7 +239,7 @@ impl Register {
                 "OK".into()
             }
             "ACQ" => {
-                let (start, grant, token) = (num(), num(), num());
+                let (start, grant, token, deadline) = (num(), num(), num(), num());
                 s.log.holds.insert(
                     grant,
                     Hold {
@@ -236,6 +247,7 @@ impl Register {
                         grant,
                         token,
                         start,
+                        deadline,
                         end: None,
                         how: String::new(),
                     },
@@ -298,6 +310,7 @@ impl Register {
                 }
                 "OK".into()
             }
+            "WAITED" => if s.done { "DONE" } else { "GO" }.into(),
             "ERR" => {
                 let text = line.split_once(' ').map_or("", |(_, r)| r).to_string();
                 s.log.errors.push((t, *worker, text));

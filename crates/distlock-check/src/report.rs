@@ -57,6 +57,12 @@ pub struct Report {
     /// Whether the faulted holder's guard reported the loss before any other
     /// worker was granted the lock (`None` if no hold was faulted).
     pub lost_before_regrant: Option<bool>,
+    /// Whether the next grant to another worker came while the faulted
+    /// holder's lease was certainly still running: before it released and
+    /// before its guard's local deadline (which is conservative, so earlier
+    /// than the servers' expiry). A double grant by the servers, as opposed
+    /// to an expiry.
+    pub double_grant: Option<bool>,
     /// How the faulted hold ended.
     pub faulted_hold_end: Option<String>,
     /// Acquire errors workers reported (unreachable backend and the like).
@@ -138,6 +144,7 @@ pub fn check(log: &Log) -> Report {
     let mut recovery = None;
     let mut lost_before_regrant = None;
     let mut faulted_hold_end = None;
+    let mut double_grant = None;
     if let Some((t, w)) = fault {
         let next = holds
             .iter()
@@ -151,6 +158,12 @@ pub fn check(log: &Log) -> Report {
             .find(|h| Some(h.worker) == w && h.start <= t)
         {
             faulted_hold_end = Some(h.how.clone());
+            if let Some(n) = next {
+                let lease_end = h.deadline;
+                let released = h.how.starts_with("released");
+                let before_release = !released || h.end.is_none_or(|e| n < e);
+                double_grant = Some(n < lease_end && before_release);
+            }
             lost_before_regrant = Some(match (h.end, next) {
                 (Some(e), Some(n)) => h.how.starts_with("lost") && e <= n,
                 (Some(_), None) => h.how.starts_with("lost"),
@@ -175,6 +188,7 @@ pub fn check(log: &Log) -> Report {
         token_order_violations,
         recovery,
         lost_before_regrant,
+        double_grant,
         faulted_hold_end,
         errors: log.errors.len(),
     }
@@ -247,6 +261,7 @@ mod tests {
             grant,
             token,
             start,
+            deadline: start + 30,
             end: Some(end),
             how: "released".into(),
         }
@@ -309,6 +324,11 @@ mod tests {
         assert_eq!((r.unfenced.stale_accepted, r.unfenced.lost_updates), (1, 1));
         assert_eq!(r.recovery, Some(Duration::from_nanos(40)));
         assert_eq!(r.lost_before_regrant, Some(false));
+        assert_eq!(
+            r.double_grant,
+            Some(false),
+            "granted after the holder's deadline"
+        );
         assert!(!r.fencing_failed());
     }
 

@@ -11,7 +11,9 @@ use tokio::process::{Child, Command};
 
 use crate::register::{Instruction, Register};
 use crate::report::{check, Report};
-use crate::worker::{ENV_HOLD_MS, ENV_LOCK, ENV_REGISTER, ENV_TTL_MS, ENV_URL, ENV_WORKER};
+use crate::worker::{
+    ENV_HOLD_MS, ENV_LOCK, ENV_REGISTER, ENV_TTL_MS, ENV_URL, ENV_WAIT_MS, ENV_WORKER,
+};
 
 /// Why a run could not produce a report.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +53,10 @@ pub struct Workload {
     pub ttl: Duration,
     /// How long a normal hold lasts between its read and its write.
     pub hold: Duration,
+    /// How long a client waits in one `acquire` before giving up and
+    /// starting a fresh one (short: clients that keep arriving; long:
+    /// clients that queue and wait for notifications).
+    pub wait: Duration,
     /// How long the workload runs before the fault plan starts.
     pub warmup: Duration,
     /// How long it runs after the fault plan returns.
@@ -70,6 +76,7 @@ impl Workload {
             lock: "distlock-check".into(),
             ttl: Duration::from_secs(2),
             hold: Duration::from_millis(10),
+            wait: Duration::from_secs(10),
             warmup: Duration::from_secs(1),
             cooldown: Duration::from_secs(2),
             program: std::env::current_exe()?,
@@ -220,6 +227,7 @@ where
         return Err(CheckError::Invalid("the TTL must be positive".into()));
     }
     let reg = Register::start().await?;
+    reg.set_ttl(w.ttl);
     let run_id = RUNS.fetch_add(1, Ordering::Relaxed);
     let mut children: Vec<(Child, PathBuf)> = Vec::new();
     for (i, url) in w.urls.iter().enumerate() {
@@ -235,6 +243,7 @@ where
             .env(ENV_LOCK, &w.lock)
             .env(ENV_TTL_MS, w.ttl.as_millis().to_string())
             .env(ENV_HOLD_MS, w.hold.as_millis().to_string())
+            .env(ENV_WAIT_MS, w.wait.as_millis().to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)

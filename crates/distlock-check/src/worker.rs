@@ -22,6 +22,7 @@ pub(crate) const ENV_REGISTER: &str = "DISTLOCK_CHECK_REGISTER";
 pub(crate) const ENV_LOCK: &str = "DISTLOCK_CHECK_LOCK";
 pub(crate) const ENV_TTL_MS: &str = "DISTLOCK_CHECK_TTL_MS";
 pub(crate) const ENV_HOLD_MS: &str = "DISTLOCK_CHECK_HOLD_MS";
+pub(crate) const ENV_WAIT_MS: &str = "DISTLOCK_CHECK_WAIT_MS";
 
 /// If this process was started as a check worker, runs the worker and
 /// returns its exit code; otherwise returns `None` at once.
@@ -61,6 +62,7 @@ struct Settings {
     lock: String,
     ttl: Duration,
     hold: Duration,
+    wait: Duration,
 }
 
 fn settings(id: &str) -> Result<Settings, String> {
@@ -80,6 +82,7 @@ fn settings(id: &str) -> Result<Settings, String> {
         lock: var(ENV_LOCK)?,
         ttl: ms(ENV_TTL_MS)?,
         hold: ms(ENV_HOLD_MS)?,
+        wait: ms(ENV_WAIT_MS)?,
     })
 }
 
@@ -123,16 +126,13 @@ async fn run(s: Settings) -> Result<(), String> {
 
     let mut seq = 0u64;
     loop {
-        let guard = match client
-            .lock(&s.lock)
-            .ttl(s.ttl)
-            .wait(s.ttl * 5)
-            .acquire()
-            .await
-        {
+        let guard = match client.lock(&s.lock).ttl(s.ttl).wait(s.wait).acquire().await {
             Ok(g) => g,
             Err(e) => {
-                let line = format!("ERR {}", e.to_string().replace('\n', " "));
+                let line = match e {
+                    Error::WaitTimeout { .. } => "WAITED".to_string(),
+                    _ => format!("ERR {}", e.to_string().replace('\n', " ")),
+                };
                 if conn.call(line).await? == "DONE" {
                     return Ok(());
                 }
@@ -146,7 +146,15 @@ async fn run(s: Settings) -> Result<(), String> {
         seq += 1;
         let grant = s.id * 1_000_000 + seq;
         let token = guard.token().get();
-        let told = conn.call(format!("ACQ {start} {grant} {token}")).await?;
+        // The holder's own (conservative) idea of when its lease ends.
+        let deadline = guard.deadline().map_or(start, |d| {
+            start
+                + d.saturating_duration_since(tokio::time::Instant::now())
+                    .as_nanos() as u64
+        });
+        let told = conn
+            .call(format!("ACQ {start} {grant} {token} {deadline}"))
+            .await?;
         if told == "DONE" {
             let end = mono_ns();
             let _ = guard.release().await;

@@ -59,6 +59,13 @@ impl LockRequest {
         *self.attempt.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
     }
 
+    /// For backends whose lease is not started by the acquire request (an
+    /// etcd lease kept alive by a session): the instant the lease's current
+    /// term began, so that the holder's deadline is no later than its end.
+    pub fn attempt_started_at(&self, at: Instant) {
+        *self.attempt.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
+    }
+
     /// When [`LockRequest::attempt_starting`] was last called.
     pub fn last_attempt(&self) -> Option<Instant> {
         *self.attempt.0.lock().unwrap_or_else(|p| p.into_inner())

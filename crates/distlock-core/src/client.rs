@@ -355,8 +355,9 @@ impl LockBuilder {
             }
         };
         cleanup.disarm();
-        // The lease began no earlier than the last attempt the backend sent.
-        let sent = req.last_attempt().map_or(sent, |a| a.max(sent));
+        // The lease began no earlier than the last attempt the backend sent
+        // (or, for session leases, when the backend says it began).
+        let sent = req.last_attempt().unwrap_or(sent);
         tracing::debug!(%token, waited = ?start.elapsed(), "acquired");
         let hold = Hold::start(
             self.client.clone(),

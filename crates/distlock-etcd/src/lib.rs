@@ -482,6 +482,9 @@ impl Backend for EtcdBackend {
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
         let q = self.enqueue(req).await?;
         if q.head_rev == q.my_rev {
+            // The lock lives as long as the session's lease: count the
+            // holder's deadline from that lease's last keep-alive.
+            req.attempt_started_at(q.session.lease_began());
             return Ok(Some(FencingToken(q.my_rev as u64)));
         }
         // Not first: leave no queue entry behind.
@@ -521,9 +524,9 @@ impl Backend for EtcdBackend {
         }
         // etcd issue 11456 / Jepsen etcd 3.4.3: after waking, make sure my
         // key (and so my lease) still exists before claiming the lock. The
-        // hold's deadline counts from this check; the lease's own end is
-        // watched by the session, which reports it through `session_lost`.
-        req.attempt_starting();
+        // hold's deadline counts from the lease's last keep-alive, so it is
+        // never later than the lease's own end.
+        req.attempt_started_at(q.session.lease_began());
         if q.session.is_lost() || !self.still_mine(&q.key, req).await? {
             let _ = self.delete_mine(&q.key, req).await;
             self.queued().remove(&req.owner);

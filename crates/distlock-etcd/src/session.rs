@@ -20,6 +20,8 @@ pub(crate) struct Session {
     /// Local, conservative end of the lease: the instant before the last
     /// successful keep-alive was sent, plus the granted TTL.
     expires: Mutex<Instant>,
+    /// The TTL etcd granted.
+    granted: Duration,
 }
 
 impl Drop for Session {
@@ -54,9 +56,16 @@ impl Session {
                 refresh,
                 task,
                 expires: Mutex::new(sent + granted),
+                granted,
             }
         });
         Ok(session)
+    }
+
+    /// When the lease's current term began, conservatively: the instant
+    /// before the last successful keep-alive (or the grant) was sent.
+    pub(crate) fn lease_began(&self) -> Instant {
+        *self.expires.lock().unwrap_or_else(|e| e.into_inner()) - self.granted
     }
 
     pub(crate) fn is_lost(&self) -> bool {

@@ -295,6 +295,11 @@ impl Backend for RedisBackend {
             }
         };
         loop {
+            if watch.is_none() {
+                // The subscription died with its connection: subscribe
+                // again (a new connection) before the next attempt.
+                watch = self.watch_releases(&req.name).await.ok();
+            }
             req.attempt_starting();
             let left = match self.attempt(req).await? {
                 Attempt::Granted(t) => return Ok(t),
@@ -405,6 +410,7 @@ async fn released(rx: &mut tokio::sync::broadcast::Receiver<Arc<str>>, channel: 
     loop {
         match rx.recv().await {
             Ok(c) if &*c == channel => return true,
+            Ok(c) if &*c == subscriber::CONNECTION_LOST => return false,
             Ok(_) => {}
             Err(RecvError::Lagged(_)) => return true,
             Err(RecvError::Closed) => return false,

@@ -11,6 +11,10 @@ use tokio::sync::{broadcast, Mutex};
 
 use crate::conn::Conn;
 
+/// The pseudo channel name sent to every waiter when the pub/sub
+/// connection ends.
+pub(crate) const CONNECTION_LOST: &str = "";
+
 /// Subscriptions counted per channel; each message is forwarded to waiters
 /// as the channel name.
 pub(crate) struct Subscriber {
@@ -78,9 +82,11 @@ impl Subscriber {
                 while let Some(msg) = stream.next().await {
                     let _ = tx.send(Arc::from(msg.get_channel_name()));
                 }
-                // The connection is gone; the next waiter opens a new one,
-                // and current waiters fall back to the holder's PTTL.
+                // The connection is gone (server restart, failover): wake
+                // every waiter to re-check now, since the lock's state may
+                // have changed; the next subscription opens a new connection.
                 flag.store(false, Ordering::Release);
+                let _ = tx.send(Arc::from(CONNECTION_LOST));
             });
             *live = Some(Live {
                 sink,

@@ -339,9 +339,14 @@ impl Backend for RedlockBackend {
             if watches.is_empty() {
                 sleep.await;
             } else {
-                tokio::select! {
-                    () = sleep => {}
-                    _ = select_all(watches.iter_mut().map(|w| Box::pin(w.released()))) => {}
+                let dead = tokio::select! {
+                    () = sleep => None,
+                    (alive, i, _) = select_all(watches.iter_mut().map(|w| Box::pin(w.released()))) => (!alive).then_some(i),
+                };
+                // A node's pub/sub connection ended: it woke us to re-check;
+                // from now on its TTL is the fallback.
+                if let Some(i) = dead {
+                    watches.swap_remove(i);
                 }
             }
             // Random delay before retrying, so contenders woken by the same

@@ -1,5 +1,6 @@
 //! redis-server on a loopback port.
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -96,6 +97,18 @@ pub fn cluster(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
 /// Starts a Sentinel monitoring the master at `master_port` as `service`,
 /// with a 1 s down-after time so failovers are quick.
 pub fn sentinel(master_port: u16, service: &str) -> Result<ServerProcess, HarnessError> {
+    sentinel_with_failover_timeout(master_port, service, 5000)
+}
+
+/// A Sentinel as [`sentinel`], with its `failover-timeout`. Sentinel also
+/// waits that long before "fixing" a replica that replicates from another
+/// address than the master's (one linked through a proxy), so tests that
+/// cut the replication link for longer need a larger value.
+pub fn sentinel_with_failover_timeout(
+    master_port: u16,
+    service: &str,
+    failover_timeout_ms: u64,
+) -> Result<ServerProcess, HarnessError> {
     let bin = find_binary(
         "redis-sentinel",
         &[],
@@ -107,7 +120,7 @@ pub fn sentinel(master_port: u16, service: &str) -> Result<ServerProcess, Harnes
     std::fs::write(
         &conf,
         format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {service} 127.0.0.1 {master_port} 2\nsentinel down-after-milliseconds {service} 1000\nsentinel failover-timeout {service} 5000\nsentinel parallel-syncs {service} 1\n",
+            "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {service} 127.0.0.1 {master_port} 2\nsentinel down-after-milliseconds {service} 1000\nsentinel failover-timeout {service} {failover_timeout_ms}\nsentinel parallel-syncs {service} 1\n",
             dir.display()
         ),
     )
@@ -234,4 +247,114 @@ pub fn spawn_tls() -> Result<(ServerProcess, std::path::PathBuf), HarnessError> 
         },
     )?;
     Ok((server, ca))
+}
+
+/// Where Debian puts libfaketime.
+fn libfaketime() -> Result<PathBuf, HarnessError> {
+    ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+        .iter()
+        .map(|arch| PathBuf::from(format!("/usr/lib/{arch}/faketime/libfaketime.so.1")))
+        .find(|p| p.exists())
+        .ok_or_else(|| HarnessError::Missing {
+            binary: "libfaketime.so.1".into(),
+            install: "apt-get install libfaketime (or run scripts/test.sh)",
+        })
+}
+
+/// Debian's redis-server allocates with jemalloc, which hangs at start under
+/// libfaketime (jemalloc reads the time while libfaketime initialises and
+/// allocates). Preloading this shim first routes the allocator to glibc's.
+const MALLOC_SHIM: &str = r#"
+#include <stddef.h>
+#include <errno.h>
+#include <dlfcn.h>
+extern void *__libc_malloc(size_t);
+extern void __libc_free(void *);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+void *malloc(size_t n) { return __libc_malloc(n); }
+void free(void *p) { __libc_free(p); }
+void *calloc(size_t n, size_t m) { return __libc_calloc(n, m); }
+void *realloc(void *p, size_t n) { return __libc_realloc(p, n); }
+void *memalign(size_t a, size_t n) { return __libc_memalign(a, n); }
+void *aligned_alloc(size_t a, size_t n) { return __libc_memalign(a, n); }
+int posix_memalign(void **out, size_t a, size_t n) {
+    void *p = __libc_memalign(a, n);
+    if (!p) return ENOMEM;
+    *out = p;
+    return 0;
+}
+size_t malloc_usable_size(void *p) {
+    static size_t (*libc_usable)(void *);
+    if (!libc_usable) {
+        void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+        libc_usable = (size_t (*)(void *))dlsym(libc, "malloc_usable_size");
+    }
+    return libc_usable(p);
+}
+"#;
+
+/// A redis-server whose wall clock is libfaketime's: write an offset such as
+/// `+3600` into the returned file to make its clock jump (the monotonic
+/// clock is left alone). Compiles the malloc shim with `gcc`.
+pub fn spawn_with_fake_clock() -> Result<(ServerProcess, PathBuf), HarnessError> {
+    let bin = find_binary("redis-server", &[], INSTALL)?;
+    let gcc = find_binary(
+        "gcc",
+        &[],
+        "apt-get install gcc libc6-dev (or run scripts/test.sh)",
+    )?;
+    let faketime = libfaketime()?;
+    let dir = temp_dir("redis-faketime")?;
+    let source = dir.join("shim.c");
+    let shim = dir.join("shim.so");
+    let err = |e: String| HarnessError::start("redis-server (faketime)", e);
+    std::fs::write(&source, MALLOC_SHIM).map_err(|e| err(e.to_string()))?;
+    let out = Command::new(gcc)
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&shim)
+        .arg(&source)
+        .arg("-ldl")
+        .output()
+        .map_err(|e| err(e.to_string()))?;
+    if !out.status.success() {
+        return Err(err(format!(
+            "compiling the malloc shim failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let offset = dir.join("faketime");
+    std::fs::write(&offset, "+0\n").map_err(|e| err(e.to_string()))?;
+    let port = free_port()?;
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ])
+    .arg("--dir")
+    .arg(&dir)
+    .env(
+        "LD_PRELOAD",
+        format!("{}:{}", shim.display(), faketime.display()),
+    )
+    .env("FAKETIME_TIMESTAMP_FILE", &offset)
+    .env("FAKETIME_NO_CACHE", "1")
+    .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    let p = ServerProcess::spawn(
+        "redis-server (faketime)",
+        cmd,
+        dir,
+        port,
+        "TERM",
+        Duration::from_secs(20),
+        move || ping(port),
+    )?;
+    Ok((p, offset))
 }

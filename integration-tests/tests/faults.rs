@@ -1,0 +1,661 @@
+//! The fault suite: the classic lock failures reproduced on real servers,
+//! each with three worker processes looping acquire → read-modify-write of
+//! a fenced register → release (see `distlock-check`). Every run shows the
+//! fenced and the unfenced outcome of the same fault; `verify` holds it to
+//! what theory predicts. `DISTLOCK_FAULT_MATRIX_DOC=docs/fault-matrix.md`
+//! writes the matrix into the doc.
+
+use std::time::Duration;
+
+use distlock_check::{CheckError, Faults, Workload};
+use integration_tests::faults::{print_matrix, verify, Expect};
+use integration_tests::harness::{
+    process::temp_dir, proxy::Proxy, redis as redis_server, ServerKind, ServerProcess, TestServer,
+};
+use integration_tests::{init_tracing, runtime, trial};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+const CLIENTS: usize = 3;
+/// Redlock's per-node timeout here (see tests/redlock.rs).
+const NODE_TIMEOUT_MS: u64 = 250;
+/// ZooKeeper's session timeout here; the lock's TTL matches it.
+const ZK_SESSION_MS: u64 = 2000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum B {
+    Sqlite,
+    Postgres,
+    Mysql,
+    Redis,
+    Redlock,
+    Etcd,
+    ZooKeeper,
+}
+
+impl B {
+    fn name(self) -> &'static str {
+        match self {
+            B::Sqlite => "sqlite",
+            B::Postgres => "postgres",
+            B::Mysql => "mysql",
+            B::Redis => "redis",
+            B::Redlock => "redlock (fenced)",
+            B::Etcd => "etcd",
+            B::ZooKeeper => "zookeeper",
+        }
+    }
+    fn kind(self) -> Option<ServerKind> {
+        match self {
+            B::Postgres => Some(ServerKind::Postgres),
+            B::Mysql => Some(ServerKind::MariaDb),
+            B::Redis => Some(ServerKind::Redis),
+            B::Etcd => Some(ServerKind::Etcd),
+            B::ZooKeeper => Some(ServerKind::ZooKeeper),
+            B::Sqlite | B::Redlock => None,
+        }
+    }
+}
+
+/// The servers behind one run, stopped on drop.
+#[allow(dead_code)] // held for their Drop
+struct Env {
+    url: String,
+    server: Option<TestServer>,
+    nodes: Vec<ServerProcess>,
+    dir: Option<std::path::PathBuf>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(d) = &self.dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+impl Env {
+    /// The URL with the server's port replaced by `port` (a proxy).
+    fn url_via(&self, port: u16) -> String {
+        let server = self.server.as_ref().map_or(0, |s| s.port());
+        self.url.replace(&format!(":{server}"), &format!(":{port}"))
+    }
+    fn port(&self) -> u16 {
+        self.server.as_ref().map_or(0, |s| s.port())
+    }
+}
+
+fn failed(e: impl std::fmt::Display) -> Failed {
+    Failed::from(e.to_string())
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Failed> + Send + 'static,
+) -> Result<T, Failed> {
+    tokio::task::spawn_blocking(f).await.map_err(failed)?
+}
+
+fn redlock_url(nodes: &[ServerProcess], options: &str) -> String {
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    format!(
+        "redlock://{}?node_timeout_ms={NODE_TIMEOUT_MS}&fencing=true{options}",
+        hosts.join(",")
+    )
+}
+
+/// Starts private servers for `b` (fault tests stop, kill and restart them).
+async fn start(b: B, options: &'static str) -> Result<Env, Failed> {
+    blocking(move || {
+        let mut env = Env {
+            url: String::new(),
+            server: None,
+            nodes: Vec::new(),
+            dir: None,
+        };
+        match b {
+            B::Sqlite => {
+                let dir = temp_dir("faults-sqlite").map_err(failed)?;
+                env.url = format!("sqlite://{}", dir.join("locks.db").display());
+                env.dir = Some(dir);
+            }
+            B::Redlock => {
+                env.nodes = (0..5)
+                    .map(|_| redis_server::spawn(&[]).map_err(failed))
+                    .collect::<Result<_, _>>()?;
+                env.url = redlock_url(&env.nodes, options);
+            }
+            _ => {
+                let kind = b.kind().ok_or("no server kind")?;
+                let s = TestServer::start_private(kind).map_err(failed)?;
+                env.url = match b {
+                    B::ZooKeeper => format!("{}?session_timeout_ms={ZK_SESSION_MS}", s.url()),
+                    _ => s.url().to_string(),
+                };
+                env.server = Some(s);
+            }
+        }
+        Ok(env)
+    })
+    .await
+}
+
+fn workload(urls: Vec<String>, ttl: Duration) -> Result<Workload, Failed> {
+    let mut w = Workload::new(&urls[0], urls.len()).map_err(failed)?;
+    w.urls = urls;
+    w.ttl = ttl;
+    w.lock = "faults/register".into();
+    Ok(w)
+}
+
+fn ttl_for(b: B) -> Duration {
+    match b {
+        B::ZooKeeper => Duration::from_millis(ZK_SESSION_MS),
+        _ => Duration::from_secs(2),
+    }
+}
+
+/// F1: a holder stopped with SIGSTOP between its read and its write, for
+/// twice the TTL (a GC pause). Its lease runs out, another client is
+/// granted the lock, and the resumed holder writes anyway.
+async fn f1_pause(b: B) -> Result<(), Failed> {
+    let env = start(b, "").await?;
+    let ttl = ttl_for(b);
+    let w = workload(vec![env.url.clone(); CLIENTS], ttl)?;
+    let pause = ttl * 2 + Duration::from_secs(1);
+    let report = distlock_check::run(&w, |f| async move { f.pause_holder(0, pause).await })
+        .await
+        .map_err(failed)?;
+    drop(env);
+    verify(
+        b.name(),
+        "F1 holder paused past its TTL",
+        ttl,
+        report,
+        Expect {
+            violations_without_fencing: true,
+            overlap: Some(true),
+            lost_before_regrant: Some(false),
+            double_grant: Some(false),
+        },
+    )
+}
+
+/// Waits for the stalled holder's write to land, then a little more.
+async fn until_stall_ends(started: tokio::time::Instant, stall: Duration) {
+    tokio::time::sleep_until(started + stall + Duration::from_millis(500)).await;
+}
+
+/// F5 (F7 on ZooKeeper): the holder is cut off from the server by a proxy
+/// that blackholes its connection while it is between its read and its
+/// write. Its guard must report the loss before anyone else gets the lock;
+/// its stalled write lands after the new holder's.
+async fn f5_cut_off(b: B, fault: &str) -> Result<(), Failed> {
+    let env = start(b, "").await?;
+    let ttl = ttl_for(b);
+    let proxy = Proxy::start(env.port()).map_err(failed)?;
+    let mut urls = vec![env.url.clone(); CLIENTS];
+    urls[0] = env.url_via(proxy.port);
+    let w = workload(urls, ttl)?;
+    let stall = ttl * 3;
+    let report = distlock_check::run(&w, |f: Faults| async move {
+        f.stall_holder(0, stall).await?;
+        let begun = tokio::time::Instant::now();
+        proxy.set_blackhole(true);
+        let t = f.fault_started(0);
+        f.next_grant(t, 0, stall * 2).await?;
+        until_stall_ends(begun, stall).await;
+        proxy.set_blackhole(false);
+        proxy.sever();
+        Ok(())
+    })
+    .await
+    .map_err(failed)?;
+    drop(env);
+    verify(
+        b.name(),
+        fault,
+        ttl,
+        report,
+        Expect {
+            violations_without_fencing: true,
+            overlap: Some(false),
+            lost_before_regrant: Some(true),
+            double_grant: Some(false),
+        },
+    )
+}
+
+/// F6: the etcd server is paused (SIGSTOP) past the lease while the holder
+/// is between its read and its write; keep-alives stop.
+async fn f6_etcd_pause() -> Result<(), Failed> {
+    let env = start(B::Etcd, "").await?;
+    let ttl = ttl_for(B::Etcd);
+    let pid = env
+        .server
+        .as_ref()
+        .and_then(|s| s.process())
+        .map(|p| p.pid())
+        .ok_or("no etcd process")?;
+    let w = workload(vec![env.url.clone(); CLIENTS], ttl)?;
+    let stall = ttl * 4;
+    let report = distlock_check::run(&w, |f: Faults| async move {
+        f.stall_holder(0, stall).await?;
+        let begun = tokio::time::Instant::now();
+        signal(pid, "STOP")?;
+        let t = f.fault_started(0);
+        tokio::time::sleep(ttl * 2 + Duration::from_secs(1)).await;
+        signal(pid, "CONT")?;
+        f.next_grant(t, 0, stall * 2).await?;
+        until_stall_ends(begun, stall).await;
+        Ok(())
+    })
+    .await
+    .map_err(failed)?;
+    drop(env);
+    verify(
+        B::Etcd.name(),
+        "F6 etcd server paused past the lease (keep-alives lost)",
+        ttl,
+        report,
+        Expect {
+            violations_without_fencing: true,
+            overlap: Some(false),
+            lost_before_regrant: Some(true),
+            double_grant: Some(false),
+        },
+    )
+}
+
+fn signal(pid: u32, sig: &str) -> Result<(), CheckError> {
+    integration_tests::harness::process::signal(pid, sig)
+        .map_err(|e| CheckError::Fault(format!("kill -{sig} {pid}: {e}")))
+}
+
+/// F10 on Redis: the server is killed and restarted empty (no persistence)
+/// while a client holds the lock (stalled between its read and its write,
+/// for less than the TTL). The lock and the token counter are gone.
+async fn f10_redis_restart() -> Result<(), Failed> {
+    let mut env = start(B::Redis, "").await?;
+    let ttl = Duration::from_secs(6);
+    let w = workload(vec![env.url.clone(); CLIENTS], ttl)?;
+    let stall = Duration::from_secs(4);
+    let server = std::sync::Arc::new(std::sync::Mutex::new(env.server.take()));
+    let s2 = server.clone();
+    let report = distlock_check::run(&w, |f: Faults| async move {
+        f.stall_holder(0, stall).await?;
+        let begun = tokio::time::Instant::now();
+        let t = f.fault_started(0);
+        tokio::task::spawn_blocking(move || {
+            let mut guard = s2.lock().unwrap_or_else(|p| p.into_inner());
+            let p = guard
+                .as_mut()
+                .and_then(|s| s.process_mut())
+                .ok_or("no redis process")?;
+            let _ = p.signal("KILL");
+            p.restart().map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| CheckError::Fault(e.to_string()))?
+        .map_err(|e| CheckError::Fault(e.to_string()))?;
+        f.next_grant(t, 0, stall * 2).await?;
+        until_stall_ends(begun, stall).await;
+        Ok(())
+    })
+    .await
+    .map_err(failed)?;
+    drop(server);
+    verify(
+        B::Redis.name(),
+        "F10 server killed, restarted empty",
+        ttl,
+        report,
+        Expect {
+            violations_without_fencing: true,
+            overlap: None,
+            lost_before_regrant: None,
+            double_grant: Some(true),
+        },
+    )
+}
+
+/// F10 on PostgreSQL: the server is restarted while a client holds the
+/// lock (stalled for less than the TTL). Committed rows survive: no second
+/// grant, no violation, tokens keep rising.
+async fn f10_postgres_restart() -> Result<(), Failed> {
+    let mut env = start(B::Postgres, "").await?;
+    let ttl = Duration::from_secs(6);
+    let w = workload(vec![env.url.clone(); CLIENTS], ttl)?;
+    let stall = Duration::from_secs(4);
+    let server = std::sync::Arc::new(std::sync::Mutex::new(env.server.take()));
+    let s2 = server.clone();
+    let pids = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
+    let p2 = pids.clone();
+    let report = distlock_check::run(&w, |f: Faults| async move {
+        f.stall_holder(0, stall).await?;
+        let begun = tokio::time::Instant::now();
+        f.fault_started(0);
+        tokio::task::spawn_blocking(move || {
+            let mut guard = s2.lock().unwrap_or_else(|p| p.into_inner());
+            let p = guard
+                .as_mut()
+                .and_then(|s| s.process_mut())
+                .ok_or("no postgres process")?;
+            let before = p.pid();
+            p.restart().map_err(|e| e.to_string())?;
+            *p2.lock().unwrap_or_else(|p| p.into_inner()) = (before, p.pid());
+            Ok::<_, String>(())
+        })
+        .await
+        .map_err(|e| CheckError::Fault(e.to_string()))?
+        .map_err(|e| CheckError::Fault(e.to_string()))?;
+        until_stall_ends(begun, stall).await;
+        Ok(())
+    })
+    .await
+    .map_err(failed)?;
+    drop(server);
+    let (before, after) = *pids.lock().unwrap_or_else(|p| p.into_inner());
+    if before == after {
+        return Err("the server was not restarted: the fault did not fire".into());
+    }
+    drop(env);
+    verify(
+        B::Postgres.name(),
+        "F10 server restarted",
+        ttl,
+        report,
+        Expect {
+            violations_without_fencing: false,
+            overlap: Some(false),
+            lost_before_regrant: None,
+            double_grant: Some(false),
+        },
+    )
+}
+
+/// F2: Redis master + replica (linked through a proxy) + 3 Sentinels. The
+/// link is cut, a client takes the lock (on the master only) and stalls;
+/// the master is killed; the Sentinels promote the lagging replica, which
+/// never saw the lock or its token.
+async fn f2_failover() -> Result<(), Failed> {
+    let (master, proxy, replica, sentinels) = blocking(|| {
+        let master = redis_server::spawn(&["--repl-diskless-sync-delay", "0"]).map_err(failed)?;
+        let proxy = Proxy::start(master.port).map_err(failed)?;
+        let replica = redis_server::spawn(&["--replicaof", "127.0.0.1", &proxy.port.to_string()])
+            .map_err(failed)?;
+        wait_until("the replica to sync", Duration::from_secs(20), || {
+            redis_server::command(replica.port, &["INFO", "replication"])
+                .is_some_and(|r| r.contains("master_link_status:up"))
+        })?;
+        let sentinels = (0..3)
+            .map(|_| {
+                redis_server::sentinel_with_failover_timeout(master.port, "m", 120_000)
+                    .map_err(failed)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        wait_until(
+            "the sentinels to see a quorum and the replica",
+            Duration::from_secs(30),
+            || {
+                redis_server::command(sentinels[0].port, &["SENTINEL", "CKQUORUM", "m"])
+                    .is_some_and(|r| r.contains("3 usable"))
+                    && redis_server::command(sentinels[0].port, &["SENTINEL", "REPLICAS", "m"])
+                        .is_some_and(|r| r.contains(&replica.port.to_string()))
+            },
+        )?;
+        Ok((master, proxy, replica, sentinels))
+    })
+    .await?;
+    let hosts: Vec<String> = sentinels
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
+    let url = format!("redis+sentinel://{}/m", hosts.join(","));
+    let ttl = Duration::from_secs(10);
+    let w = workload(vec![url; CLIENTS], ttl)?;
+    let stall = Duration::from_secs(8);
+    let master_pid = master.pid();
+    let report = distlock_check::run(&w, |f: Faults| async move {
+        proxy.set_blackhole(true);
+        // Grants and releases now reach the master only. The replica keeps
+        // the lock as it was at the cut (a holder whose release never
+        // arrived), which expires a TTL after the cut; the stalled holder's
+        // grant comes 4 s later, so after a failover its lease still has
+        // about 4 s to run when the replica's copy frees the lock.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        f.stall_holder(0, stall).await?;
+        let begun = tokio::time::Instant::now();
+        let t = f.fault_started(0);
+        signal(master_pid, "KILL")?;
+        f.next_grant(t, 0, stall * 2).await?;
+        until_stall_ends(begun, stall).await;
+        drop(proxy);
+        Ok(())
+    })
+    .await
+    .map_err(failed)?;
+    drop((master, replica, sentinels));
+    verify(
+        "redis (sentinel)",
+        "F2 failover to a lagging replica",
+        ttl,
+        report,
+        Expect {
+            violations_without_fencing: true,
+            overlap: None,
+            lost_before_regrant: None,
+            double_grant: Some(true),
+        },
+    )
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Result<(), Failed> {
+    let start = std::time::Instant::now();
+    while !f() {
+        if start.elapsed() > limit {
+            return Err(format!("timed out waiting for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// F3: Redlock over 5 nodes. The faulted client reaches nodes 3 and 4
+/// through proxies that drop everything, so its grant lands on nodes 0-2
+/// only; it stalls; node 2 restarts empty: nodes 2-4 are a free majority
+/// for everyone else (the seed's ABC / CDE case). With delayed-restart
+/// protection node 2 sits out for a TTL instead.
+async fn f3_redlock_restart(protected: bool) -> Result<(), Failed> {
+    let ttl = Duration::from_secs(6);
+    let options = if protected {
+        "&delayed_restart_ms=6000"
+    } else {
+        ""
+    };
+    let mut env = start(B::Redlock, options).await?;
+    let proxies = [
+        Proxy::start(env.nodes[3].port).map_err(failed)?,
+        Proxy::start(env.nodes[4].port).map_err(failed)?,
+    ];
+    let mut via: Vec<u16> = env.nodes.iter().map(|n| n.port).collect();
+    via[3] = proxies[0].port;
+    via[4] = proxies[1].port;
+    let hosts: Vec<String> = via.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut urls = vec![env.url.clone(); CLIENTS];
+    urls[0] = format!(
+        "redlock://{}?node_timeout_ms={NODE_TIMEOUT_MS}&fencing=true{options}",
+        hosts.join(",")
+    );
+    let mut w = workload(urls, ttl)?;
+    // Clients keep arriving: a waiter gives up after 300 ms and tries
+    // afresh, as the seed's client B does, instead of sleeping until the
+    // holder's TTL.
+    w.wait = Duration::from_millis(300);
+    let stall = Duration::from_secs(4);
+    let node2 = std::sync::Arc::new(std::sync::Mutex::new(env.nodes.remove(2)));
+    let n2 = node2.clone();
+    let report = distlock_check::run(&w, |f: Faults| async move {
+        for p in &proxies {
+            p.set_blackhole(true);
+        }
+        // Holds granted on all five nodes have ended by now.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        f.stall_holder(0, stall).await?;
+        let begun = tokio::time::Instant::now();
+        let t = f.fault_started(0);
+        tokio::task::spawn_blocking(move || {
+            let mut p = n2.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = p.signal("KILL");
+            p.restart().map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| CheckError::Fault(e.to_string()))?
+        .map_err(CheckError::Fault)?;
+        f.next_grant(t, 0, ttl * 3).await?;
+        until_stall_ends(begun, stall).await;
+        for p in &proxies {
+            p.set_blackhole(false);
+            p.sever();
+        }
+        Ok(())
+    })
+    .await
+    .map_err(failed)?;
+    drop((env, node2));
+    let (name, fault) = if protected {
+        (
+            "redlock (fenced, delayed restart)",
+            "F3 node restarts empty, protected",
+        )
+    } else {
+        ("redlock (fenced)", "F3 node restarts empty")
+    };
+    verify(
+        name,
+        fault,
+        ttl,
+        report,
+        Expect {
+            violations_without_fencing: !protected,
+            overlap: if protected { Some(false) } else { None },
+            lost_before_regrant: None,
+            double_grant: Some(!protected),
+        },
+    )
+}
+
+/// F4: the Redis server's wall clock jumps an hour forward (libfaketime)
+/// while a client holds the lock, stalled between its read and its write
+/// for less than the TTL. Redis judges key expiry by its wall clock: the
+/// lock expires at once and is granted again.
+async fn f4_clock_jump() -> Result<(), Failed> {
+    let (server, offset) =
+        blocking(|| redis_server::spawn_with_fake_clock().map_err(failed)).await?;
+    let ttl = Duration::from_secs(6);
+    let mut w = workload(
+        vec![format!("redis://127.0.0.1:{}", server.port); CLIENTS],
+        ttl,
+    )?;
+    // Clients keep arriving: an expiry sends no release message, so a
+    // queued waiter would sleep until the holder's PTTL.
+    w.wait = Duration::from_millis(300);
+    let stall = Duration::from_secs(4);
+    let report = distlock_check::run(&w, |f: Faults| async move {
+        f.stall_holder(0, stall).await?;
+        let begun = tokio::time::Instant::now();
+        let t = f.fault_started(0);
+        std::fs::write(&offset, "+3600\n").map_err(CheckError::Io)?;
+        f.next_grant(t, 0, stall * 2).await?;
+        until_stall_ends(begun, stall).await;
+        Ok(())
+    })
+    .await
+    .map_err(failed)?;
+    drop(server);
+    verify(
+        B::Redis.name(),
+        "F4 server clock jumps forward",
+        ttl,
+        report,
+        Expect {
+            violations_without_fencing: true,
+            overlap: None,
+            lost_before_regrant: None,
+            double_grant: Some(true),
+        },
+    )
+}
+
+fn main() -> std::process::ExitCode {
+    // The workload's clients are this binary, re-executed.
+    if let Some(code) = distlock_check::worker_main_if_requested() {
+        return code;
+    }
+    init_tracing();
+    let args = Arguments::from_args();
+    let rt = runtime();
+    let mut trials: Vec<Trial> = Vec::new();
+    for b in [
+        B::Sqlite,
+        B::Postgres,
+        B::Mysql,
+        B::Redis,
+        B::Redlock,
+        B::Etcd,
+        B::ZooKeeper,
+    ] {
+        trials.push(trial(
+            &rt,
+            format!(
+                "faults::F1_pause::{}",
+                b.name().split(' ').next().unwrap_or("")
+            ),
+            f1_pause(b),
+        ));
+    }
+    for b in [B::Postgres, B::Mysql, B::Redis, B::Etcd] {
+        trials.push(trial(
+            &rt,
+            format!("faults::F5_cut_off::{}", b.name()),
+            f5_cut_off(b, "F5 holder cut off from the server"),
+        ));
+    }
+    trials.push(trial(
+        &rt,
+        "faults::F7_session_expiry::zookeeper",
+        f5_cut_off(B::ZooKeeper, "F7 holder's session expires (cut off)"),
+    ));
+    trials.push(trial(&rt, "faults::F2_failover::redis", f2_failover()));
+    trials.push(trial(
+        &rt,
+        "faults::F3_node_restart::redlock",
+        f3_redlock_restart(false),
+    ));
+    trials.push(trial(
+        &rt,
+        "faults::F3_node_restart::redlock_protected",
+        f3_redlock_restart(true),
+    ));
+    trials.push(trial(&rt, "faults::F4_clock_jump::redis", f4_clock_jump()));
+    trials.push(trial(&rt, "faults::F6_server_pause::etcd", f6_etcd_pause()));
+    trials.push(trial(
+        &rt,
+        "faults::F10_restart::redis",
+        f10_redis_restart(),
+    ));
+    trials.push(trial(
+        &rt,
+        "faults::F10_restart::postgres",
+        f10_postgres_restart(),
+    ));
+    let conclusion = libtest_mimic::run(&args, trials);
+    print_matrix();
+    drop(rt);
+    if conclusion.has_failed() {
+        std::process::ExitCode::from(101)
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}
