@@ -47,6 +47,40 @@ pub struct Row {
 }
 
 static ROWS: Mutex<Vec<Row>> = Mutex::new(Vec::new());
+static LATE: Mutex<Vec<(String, String, usize)>> = Mutex::new(Vec::new());
+
+/// F8, checked on a run whose faulted holder lost its lock while another
+/// client was granted it: the faulted holder's release arrives after the
+/// expiry and the new grant; it must be refused, and no two other holders
+/// may ever overlap (a release that freed the new holder's lock would let a
+/// third client in beside it).
+pub fn verify_late_release(backend: &str, report: &Report) -> Result<(), Failed> {
+    let how = report.faulted_hold_end.clone().unwrap_or_default();
+    let answer = how
+        .split("late release ")
+        .nth(1)
+        .unwrap_or("not sent")
+        .to_string();
+    LATE.lock().unwrap_or_else(|p| p.into_inner()).push((
+        backend.into(),
+        answer.clone(),
+        report.overlaps_without_faulted,
+    ));
+    if answer != "refused" {
+        return Err(format!(
+            "F8: the late release was {answer}, expected refused (hold ended: {how})"
+        )
+        .into());
+    }
+    if report.overlaps_without_faulted > 0 {
+        return Err(format!(
+            "F8: {} overlapping holds between other holders",
+            report.overlaps_without_faulted
+        )
+        .into());
+    }
+    Ok(())
+}
 
 /// Checks `report` against `expect` and the invariants that hold for every
 /// run (no stale write accepted by the fenced register, no lost update
@@ -188,7 +222,15 @@ const END: &str = "<!-- fault-matrix:end -->";
 /// Prints the matrix; with `DISTLOCK_FAULT_MATRIX_DOC=path`, also replaces
 /// the table between the markers in that file.
 pub fn print_matrix() {
-    let table = matrix();
+    let mut table = matrix();
+    let mut late = LATE.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    late.sort();
+    if !late.is_empty() {
+        table.push_str("\nF8, a release that arrives after expiry and a new grant (checked in the F1 runs):\n\n| backend | the late release was | overlapping holds among the other clients |\n|---|---|---|\n");
+        for (b, answer, overlaps) in late {
+            table.push_str(&format!("| {b} | {answer} | {overlaps} |\n"));
+        }
+    }
     println!("\nfault matrix\n\n{table}");
     let Ok(path) = std::env::var("DISTLOCK_FAULT_MATRIX_DOC") else {
         return;

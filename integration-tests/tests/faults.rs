@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use distlock_check::{CheckError, Faults, Workload};
-use integration_tests::faults::{print_matrix, verify, Expect};
+use integration_tests::faults::{print_matrix, verify, verify_late_release, Expect};
 use integration_tests::harness::{
     process::temp_dir, proxy::Proxy, redis as redis_server, ServerKind, ServerProcess, TestServer,
 };
@@ -168,6 +168,7 @@ async fn f1_pause(b: B) -> Result<(), Failed> {
         .await
         .map_err(failed)?;
     drop(env);
+    let late = verify_late_release(b.name(), &report);
     verify(
         b.name(),
         "F1 holder paused past its TTL",
@@ -179,7 +180,8 @@ async fn f1_pause(b: B) -> Result<(), Failed> {
             lost_before_regrant: Some(false),
             double_grant: Some(false),
         },
-    )
+    )?;
+    late
 }
 
 /// Waits for the stalled holder's write to land, then a little more.
@@ -588,6 +590,77 @@ async fn f4_clock_jump() -> Result<(), Failed> {
     )
 }
 
+/// F9: the server's answer to an acquire is lost. Every client is held
+/// just before its next acquire (so the lock is free); the faulted
+/// client's proxy starts holding replies back for 700 ms and it goes on
+/// alone: as soon as the server has granted it the lock (seen with
+/// `inspect`), the proxy severs its connections, discarding the held grant
+/// reply, and the others go on. The
+/// orphaned grant must not be held twice and must be reclaimed: core
+/// releases it by owner when the acquire fails; ZooKeeper and etcd find
+/// their node or key again.
+async fn f9_lost_reply(b: B) -> Result<(), Failed> {
+    let env = start(b, "").await?;
+    let ttl = Duration::from_secs(match b {
+        B::Etcd | B::ZooKeeper => 2,
+        _ => 6,
+    });
+    let proxy = Proxy::start(env.port()).map_err(failed)?;
+    let mut urls = vec![env.url.clone(); CLIENTS];
+    urls[0] = env.url_via(proxy.port);
+    let w = workload(urls, ttl)?;
+    let observer = distlock::connect(&env.url).await?;
+    let lock = distlock::LockName::new(&w.lock)?;
+    let report = distlock_check::run(&w, |f: Faults| async move {
+        for i in 0..CLIENTS {
+            f.gate(i).await?;
+        }
+        proxy.set_reply_delay(Duration::from_millis(700));
+        f.open_gate(0);
+        let granted = async {
+            loop {
+                if observer.inspect(&lock).await.is_ok_and(|s| s.held) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), granted)
+            .await
+            .map_err(|_| CheckError::Fault("the faulted acquire was never granted".into()))?;
+        proxy.sever();
+        proxy.set_reply_delay(Duration::ZERO);
+        let t = f.fault_started(0);
+        for i in 1..CLIENTS {
+            f.open_gate(i);
+        }
+        f.next_grant(t, 0, ttl * 3).await?;
+        Ok(())
+    })
+    .await
+    .map_err(failed)?;
+    drop(env);
+    if report.recovery.is_some_and(|r| r >= ttl / 2) {
+        return Err(format!(
+            "the orphaned grant was left until it expired ({:?}), not reclaimed",
+            report.recovery
+        )
+        .into());
+    }
+    verify(
+        b.name(),
+        "F9 acquire reply lost",
+        ttl,
+        report,
+        Expect {
+            violations_without_fencing: false,
+            overlap: Some(false),
+            lost_before_regrant: None,
+            double_grant: None,
+        },
+    )
+}
+
 fn main() -> std::process::ExitCode {
     // The workload's clients are this binary, re-executed.
     if let Some(code) = distlock_check::worker_main_if_requested() {
@@ -640,6 +713,13 @@ fn main() -> std::process::ExitCode {
     ));
     trials.push(trial(&rt, "faults::F4_clock_jump::redis", f4_clock_jump()));
     trials.push(trial(&rt, "faults::F6_server_pause::etcd", f6_etcd_pause()));
+    for b in [B::Postgres, B::Mysql, B::Redis, B::Etcd, B::ZooKeeper] {
+        trials.push(trial(
+            &rt,
+            format!("faults::F9_lost_reply::{}", b.name()),
+            f9_lost_reply(b),
+        ));
+    }
     trials.push(trial(
         &rt,
         "faults::F10_restart::redis",

@@ -26,6 +26,7 @@
 //! | `END t_ns grant how...` | `OK` |
 //! | `ERR text...` | `GO` or `DONE` |
 //! | `WAITED` (acquire timed out) | `GO` or `DONE` |
+//! | `WANT` (about to acquire; may be held at a gate) | `GO` or `DONE` |
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -117,6 +118,7 @@ struct State {
     f_max_token: u64,
     f_max_grant: u64,
     armed: HashMap<usize, Instruction>,
+    gates: HashMap<usize, Arc<tokio::sync::Notify>>,
     done: bool,
 }
 
@@ -176,6 +178,21 @@ impl Register {
         s.armed.insert(worker, what);
     }
 
+    /// Holds `worker` at its next `WANT` (just before it calls acquire)
+    /// until [`Register::open_gate`]; it shows in [`Log::paused`] once there.
+    pub fn close_gate(&self, worker: usize) {
+        let mut s = lock(&self.state);
+        s.log.paused.remove(&worker);
+        s.gates.insert(worker, Arc::new(tokio::sync::Notify::new()));
+    }
+
+    /// Lets `worker` go on from its gate.
+    pub fn open_gate(&self, worker: usize) {
+        if let Some(g) = lock(&self.state).gates.remove(&worker) {
+            g.notify_one();
+        }
+    }
+
     /// Records a fault event.
     pub fn event(&self, worker: Option<usize>, label: &str) -> u64 {
         let t = mono_ns();
@@ -214,6 +231,20 @@ impl Register {
         let mut worker = usize::MAX;
         let trace = std::env::var_os("DISTLOCK_CHECK_TRACE").is_some();
         while let Some(line) = lines.next_line().await? {
+            if line == "WANT" {
+                let gate = {
+                    let mut s = lock(&self.state);
+                    let g = s.gates.get(&worker).cloned();
+                    if g.is_some() {
+                        s.log.paused.insert(worker, mono_ns());
+                    }
+                    g
+                };
+                if let Some(g) = gate {
+                    self.bump();
+                    g.notified().await;
+                }
+            }
             let reply = self.handle(&mut worker, &line);
             if trace {
                 eprintln!("{} w{worker} {line} -> {reply}", mono_ns() / 1_000_000);
@@ -310,7 +341,7 @@ impl Register {
                 }
                 "OK".into()
             }
-            "WAITED" => if s.done { "DONE" } else { "GO" }.into(),
+            "WANT" | "WAITED" => if s.done { "DONE" } else { "GO" }.into(),
             "ERR" => {
                 let text = line.split_once(' ').map_or("", |(_, r)| r).to_string();
                 s.log.errors.push((t, *worker, text));

@@ -155,7 +155,7 @@ pub fn check(log: &Log) -> Report {
         if let Some(h) = holds
             .iter()
             .rev()
-            .find(|h| Some(h.worker) == w && h.start <= t)
+            .find(|h| Some(h.worker) == w && h.start <= t && h.end.is_none_or(|e| e >= t))
         {
             faulted_hold_end = Some(h.how.clone());
             if let Some(n) = next {

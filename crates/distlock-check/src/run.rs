@@ -165,6 +165,29 @@ impl Faults {
         Ok(())
     }
 
+    /// Holds `worker` just before its next acquire; returns once it waits
+    /// there. [`Faults::open_gate`] lets it go.
+    pub async fn gate(&self, worker: usize) -> Result<(), CheckError> {
+        self.reg.close_gate(worker);
+        let limit = self.ttl * 10 + Duration::from_secs(30);
+        tokio::time::timeout(
+            limit,
+            self.reg.wait_for(|log| log.paused.get(&worker).copied()),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|_| {
+            CheckError::Timeout(format!(
+                "worker {worker} did not reach its gate within {limit:?}"
+            ))
+        })
+    }
+
+    /// Lets `worker` go on from its gate.
+    pub fn open_gate(&self, worker: usize) {
+        self.reg.open_gate(worker);
+    }
+
     /// Sends SIGCONT to `worker`.
     pub fn resume(&self, worker: usize) -> Result<(), CheckError> {
         let pid = nix::unistd::Pid::from_raw(self.pid(worker) as i32);
@@ -291,6 +314,7 @@ where
     }
     reg.finish();
     for i in 0..n {
+        faults.open_gate(i);
         let _ = faults.resume(i);
     }
     let grace = w.ttl * 6 + Duration::from_secs(15);

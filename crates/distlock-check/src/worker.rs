@@ -126,6 +126,9 @@ async fn run(s: Settings) -> Result<(), String> {
 
     let mut seq = 0u64;
     loop {
+        if conn.call("WANT".into()).await? == "DONE" {
+            return Ok(());
+        }
         let guard = match client.lock(&s.lock).ttl(s.ttl).wait(s.wait).acquire().await {
             Ok(g) => g,
             Err(e) => {
@@ -163,7 +166,17 @@ async fn run(s: Settings) -> Result<(), String> {
         }
         let (end, how) = hold(&mut conn, &guard, grant, token, &told, s.hold).await?;
         let (end, how) = match (end, how) {
-            (Some(end), how) => (end, how),
+            // Lost: the holder still releases, as any client would on its
+            // way out. The release arrives late (after expiry, maybe after a
+            // new grant) and is owner-checked: it must be refused.
+            (Some(end), how) => {
+                let outcome = match guard.release().await {
+                    Ok(true) => "accepted".to_string(),
+                    Ok(false) => "refused".to_string(),
+                    Err(e) => format!("failed ({e})"),
+                };
+                (end, format!("{how}; late release {outcome}"))
+            }
             (None, _) => {
                 let end = mono_ns();
                 let how = match guard.release().await {

@@ -16,6 +16,7 @@ pub struct Proxy {
     pub port: u16,
     blackhole: Arc<AtomicBool>,
     drop_replies: Arc<AtomicBool>,
+    reply_delay_ms: Arc<AtomicU64>,
     epoch: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 }
@@ -31,13 +32,15 @@ impl Proxy {
             .port();
         let blackhole = Arc::new(AtomicBool::new(false));
         let drop_replies = Arc::new(AtomicBool::new(false));
+        let reply_delay_ms = Arc::new(AtomicU64::new(0));
         let epoch = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (bh, dr, ep, st) = (
+        let (bh, dr, ep, st, rd) = (
             blackhole.clone(),
             drop_replies.clone(),
             epoch.clone(),
             stop.clone(),
+            reply_delay_ms.clone(),
         );
         std::thread::spawn(move || {
             for client in listener.incoming() {
@@ -49,15 +52,16 @@ impl Proxy {
                     continue;
                 };
                 let born = ep.load(Ordering::Acquire);
+                let no_delay = Arc::new(AtomicU64::new(0));
                 let directions = [
-                    (client.try_clone(), server.try_clone(), bh.clone()),
-                    (Ok(server), Ok(client), dr.clone()),
+                    (client.try_clone(), server.try_clone(), bh.clone(), no_delay),
+                    (Ok(server), Ok(client), dr.clone(), rd.clone()),
                 ];
-                for (from, to, drop_flag) in directions {
+                for (from, to, drop_flag, delay) in directions {
                     if let (Ok(from), Ok(to)) = (from, to) {
                         let (bh, st, ep) = (bh.clone(), st.clone(), ep.clone());
                         std::thread::spawn(move || {
-                            pump(from, to, &[&bh, &drop_flag], &st, &ep, born)
+                            pump(from, to, &[&bh, &drop_flag], &delay, &st, &ep, born)
                         });
                     }
                 }
@@ -67,6 +71,7 @@ impl Proxy {
             port,
             blackhole,
             drop_replies,
+            reply_delay_ms,
             epoch,
             stop,
         })
@@ -76,6 +81,13 @@ impl Proxy {
     /// still reach the server, their replies are lost.
     pub fn set_drop_replies(&self, on: bool) {
         self.drop_replies.store(on, Ordering::Release);
+    }
+
+    /// Holds every reply for `delay` before passing it on (zero: none). A
+    /// reply still held when [`Proxy::sever`] is called is never delivered.
+    pub fn set_reply_delay(&self, delay: Duration) {
+        self.reply_delay_ms
+            .store(delay.as_millis() as u64, Ordering::Release);
     }
 
     /// Closes every connection made so far (clients see a connection loss and
@@ -95,6 +107,7 @@ fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
     drop_if: &[&AtomicBool],
+    delay_ms: &AtomicU64,
     stop: &AtomicBool,
     epoch: &AtomicU64,
     born: u64,
@@ -105,6 +118,13 @@ fn pump(
         match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
+                let delay = delay_ms.load(Ordering::Acquire);
+                if delay > 0 {
+                    std::thread::sleep(Duration::from_millis(delay));
+                    if epoch.load(Ordering::Acquire) != born {
+                        break;
+                    }
+                }
                 let dropped = drop_if.iter().any(|f| f.load(Ordering::Acquire));
                 if !dropped && to.write_all(&buf[..n]).is_err() {
                     break;
