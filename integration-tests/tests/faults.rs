@@ -470,9 +470,9 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Resul
 /// for everyone else (the seed's ABC / CDE case). With delayed-restart
 /// protection node 2 sits out for a TTL instead.
 async fn f3_redlock_restart(protected: bool) -> Result<(), Failed> {
-    let ttl = Duration::from_secs(6);
+    let ttl = Duration::from_secs(10);
     let options = if protected {
-        "&delayed_restart_ms=6000"
+        "&delayed_restart_ms=10000"
     } else {
         ""
     };
@@ -495,7 +495,7 @@ async fn f3_redlock_restart(protected: bool) -> Result<(), Failed> {
     // afresh, as the seed's client B does, instead of sleeping until the
     // holder's TTL.
     w.wait = Duration::from_millis(300);
-    let stall = Duration::from_secs(4);
+    let stall = Duration::from_secs(7);
     let node2 = std::sync::Arc::new(std::sync::Mutex::new(env.nodes.remove(2)));
     let n2 = node2.clone();
     let report = distlock_check::run(&w, |f: Faults| async move {

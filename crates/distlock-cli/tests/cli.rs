@@ -406,3 +406,84 @@ fn bad_input_exits_2_with_a_clear_message() {
         );
     }
 }
+
+/// The number before `label` on the report line that starts with `cell`.
+fn report_number(report: &str, cell: &str, label: &str) -> u64 {
+    let line = report
+        .lines()
+        .find(|l| l.starts_with(cell))
+        .unwrap_or_else(|| panic!("no {cell:?} line in:\n{report}"));
+    let before = line
+        .split(label)
+        .next()
+        .unwrap_or_else(|| panic!("no {label:?} in {line:?}"));
+    before
+        .rsplit([' ', ','])
+        .find(|w| !w.is_empty())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no number before {label:?} in {line:?}"))
+}
+
+#[test]
+fn check_with_a_paused_holder_shows_fencing_catching_the_stale_write() {
+    let out = bin()
+        .args(["check", "--backend", &sqlite("check"), "--clients", "3"])
+        .args(["--duration", "6s", "--ttl", "1s", "--pause-holder"])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        report_number(&report, "fenced register", "stale accepted"),
+        0,
+        "{report}"
+    );
+    assert_eq!(
+        report_number(&report, "fenced register", "lost updates"),
+        0,
+        "{report}"
+    );
+    assert!(
+        report_number(&report, "unfenced register", "stale accepted") >= 1,
+        "the paused holder's stale write should reach the unfenced register:\n{report}"
+    );
+    assert!(
+        report.contains("fencing caught what the lock alone let through"),
+        "{report}"
+    );
+}
+
+#[test]
+fn check_rejects_bad_input_with_usage_errors() {
+    let db = sqlite("check-bad");
+    for args in [
+        vec!["--clients", "0"],
+        vec!["--clients", "1", "--pause-holder"],
+        vec!["--ttl", "0s"],
+        vec!["--lock", "bad name!"],
+        vec!["--duration", "soon"],
+    ] {
+        let out = bin()
+            .args(["check", "--backend", &db])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = bin()
+        .args(["check", "--backend", "nonsense://x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown backend scheme"));
+}

@@ -316,7 +316,9 @@ impl ZooKeeperBackend {
         };
         match client.delete(&path, None).await {
             Ok(()) => Ok(true),
-            Err(zk::Error::NoNode) => Ok(false),
+            // An expired session's ephemeral nodes are gone: not ours any
+            // more, which is the answer a late release must get.
+            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(false),
             Err(e) => Err(self.err(e)),
         }
     }
