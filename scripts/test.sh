@@ -21,3 +21,9 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # must be warning-free too.
 cargo clippy -p distlock -p distlock-sql --all-targets --locked -- -D warnings
 cargo test --workspace --all-features --locked
+
+# A few-second smoke of every benchmark scenario, so the harness keeps
+# working (debug build, tiny sizes; no thresholds: these machines are too
+# noisy for timed assertions). The peers need Python packages from PyPI and
+# run only in the real benchmark (docs/benchmarks.md).
+cargo run -q -p distlock-bench --locked -- --smoke

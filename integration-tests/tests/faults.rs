@@ -504,6 +504,9 @@ async fn f3_redlock_restart(protected: bool) -> Result<(), Failed> {
         }
         // Holds granted on all five nodes have ended by now.
         tokio::time::sleep(Duration::from_secs(1)).await;
+        // One contender during the fault: two would split the free nodes
+        // between them round after round (each retrying on the same beat).
+        f.gate(2).await?;
         f.stall_holder(0, stall).await?;
         let begun = tokio::time::Instant::now();
         let t = f.fault_started(0);
@@ -517,6 +520,7 @@ async fn f3_redlock_restart(protected: bool) -> Result<(), Failed> {
         .map_err(CheckError::Fault)?;
         f.next_grant(t, 0, ttl * 3).await?;
         until_stall_ends(begun, stall).await;
+        f.open_gate(2);
         for p in &proxies {
             p.set_blackhole(false);
             p.sever();

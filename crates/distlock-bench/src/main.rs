@@ -1,6 +1,17 @@
-//! `distlock-bench`: distlock against the raw round trips each backend needs.
+//! `distlock-bench`: distlock against the raw round trips each backend
+//! needs, and against peer libraries, in one run.
+//!
+//! Scenarios (issue 10): 1 round-trip calibration; 2 uncontended
+//! acquire+release against the raw minimal sequence (closed loop, and open
+//! loop at a fixed rate); 3 K tasks on K names; 4 K clients on one name
+//! (fairness); 5 and 6 handoff latency and the herd with 1, 10 and 100
+//! waiters; 7 the cost of holding M locks. `--out DIR` also writes the
+//! tables as Markdown and the plots as SVG.
 
+use std::fmt::Write as _;
 use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -9,12 +20,31 @@ use hdrhistogram::Histogram;
 use integration_tests::harness::{ServerKind, TestServer};
 use tokio::time::Instant;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+mod contention;
+mod keepalive;
+mod peers;
+mod plot;
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// With this variable set to a URL, the binary does one acquire+release
+/// there and exits (the process-level comparison with `etcdctl lock`).
+pub(crate) const ONCE_ENV: &str = "DISTLOCK_BENCH_ONCE_URL";
+type BoxFut<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
+
+/// One measured operation, given the iteration number and a slot (which
+/// name or key to use, so that concurrent callers do not contend).
+pub(crate) type Step = Arc<dyn Fn(u32, usize) -> BoxFut<()> + Send + Sync>;
+
+/// A count the server keeps (requests served), read before and after a
+/// scenario.
+type Counter = Arc<dyn Fn() -> BoxFut<u64> + Send + Sync>;
 
 #[derive(Parser, Debug)]
-#[command(about = "Uncontended acquire+release against the raw minimal sequence, per backend")]
+#[command(about = "distlock against raw round trips and peer libraries, per backend")]
 struct Args {
-    /// Measured iterations per variant (after a tenth as many warm-up rounds).
+    /// Measured iterations of the latency scenarios (after a tenth as many
+    /// warm-up rounds).
     #[arg(long, default_value_t = 1000)]
     iterations: u32,
     /// Backends to run (sqlite, postgres, redis, etcd, zookeeper).
@@ -24,6 +54,34 @@ struct Args {
         default_value = "sqlite,postgres,redis,etcd,zookeeper"
     )]
     backends: Vec<String>,
+    /// Seconds each throughput scenario runs.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Tasks (scenario 3) and clients (scenario 4).
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Waiter counts for the handoff and herd scenarios.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    waiters: Vec<usize>,
+    /// Handoffs measured per waiter count.
+    #[arg(long, default_value_t = 200)]
+    handoffs: u64,
+    /// Locks held at once in scenario 7.
+    #[arg(long, default_value_t = 10_000)]
+    held: usize,
+    /// Open-loop rate (operations per second) for scenario 2; 0 skips it.
+    #[arg(long, default_value_t = 500)]
+    rate: u32,
+    /// Also run the peer libraries (redis-py, kazoo, etcdctl lock); needs
+    /// `python3 -m pip install redis kazoo`.
+    #[arg(long)]
+    peers: bool,
+    /// A few seconds of everything, for CI: tiny sizes, no thresholds.
+    #[arg(long)]
+    smoke: bool,
+    /// Write results.md and the SVG plots here.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 /// Latencies of one variant, in microseconds.
@@ -46,9 +104,11 @@ impl Series {
     ) -> Result<(), BoxError> {
         let start = Instant::now();
         f.await?;
-        let us = u64::try_from(start.elapsed().as_micros())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        self.record(start.elapsed())
+    }
+
+    fn record(&mut self, d: Duration) -> Result<(), BoxError> {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
         self.hist.record(us)?;
         Ok(())
     }
@@ -58,68 +118,24 @@ impl Series {
     }
 }
 
-fn report(backend: &str, rtt: &Series, raw: &Series, lib: &Series) {
-    for s in [rtt, raw, lib] {
-        println!(
-            "{backend:<10} {:<28} p50 {:>7} us  p99 {:>7} us  p99.9 {:>7} us  (n={})",
-            s.name,
-            s.p(0.5),
-            s.p(0.99),
-            s.p(0.999),
-            s.hist.len()
-        );
-    }
-    println!(
-        "{backend:<10} ratio distlock/raw p50 = {:.2}, raw/round-trip p50 = {:.2}\n",
-        lib.p(0.5) as f64 / raw.p(0.5) as f64,
-        raw.p(0.5) as f64 / rtt.p(0.5) as f64
-    );
+/// One backend under test: its URL, the calibration and raw steps, and
+/// how to count server requests.
+struct Target {
+    name: &'static str,
+    url: String,
+    rtt: Step,
+    raw: Step,
+    requests: Option<Counter>,
+    _server: Option<TestServer>,
 }
 
-/// One measured operation, given the iteration number.
-type Step =
-    Box<dyn FnMut(u32) -> std::pin::Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>>;
-
-/// Runs the three variants interleaved (calibration, raw, distlock) so that
-/// machine noise hits all of them alike, after a tenth as many warm-up rounds.
-async fn measure(
-    backend: &str,
-    n: u32,
-    mut rtt: Step,
-    mut raw: Step,
-    lib: &LockClient,
-) -> Result<(), BoxError> {
-    let mut series = [
-        Series::new("round trip (calibration)")?,
-        Series::new("raw minimal sequence")?,
-        Series::new("distlock acquire+release")?,
-    ];
-    let name = format!("bench/{backend}/uncontended");
-    let warmup = n / 10;
-    for i in 0..(warmup + n) {
-        let mut scratch = Series::new("warm-up")?;
-        let (s0, s1, s2) = if i < warmup {
-            (None, None, None)
-        } else {
-            (Some(0), Some(1), Some(2))
-        };
-        run_into(s0, &mut series, &mut scratch, rtt(i)).await?;
-        run_into(s1, &mut series, &mut scratch, raw(i)).await?;
-        let lib_step = async {
-            let g = lib
-                .lock(&name)
-                .ttl(Duration::from_secs(30))
-                .try_acquire()
-                .await?
-                .ok_or("lock busy")?;
-            g.release().await?;
-            Ok(())
-        };
-        run_into(s2, &mut series, &mut scratch, lib_step).await?;
-    }
-    let [rtt_s, raw_s, lib_s] = &series;
-    report(backend, rtt_s, raw_s, lib_s);
-    Ok(())
+/// Everything one run found, for the Markdown report and the plots.
+#[derive(Default)]
+struct Results {
+    md: String,
+    latency: Vec<(String, Vec<f64>)>,
+    handoff: Vec<(String, Vec<Option<f64>>)>,
+    rtt_p50: Vec<(String, f64)>,
 }
 
 async fn run_into<F: Future<Output = Result<(), BoxError>>>(
@@ -134,12 +150,348 @@ async fn run_into<F: Future<Output = Result<(), BoxError>>>(
     }
 }
 
-async fn bench_redis(n: u32) -> Result<(), BoxError> {
+fn lib_step(lib: &LockClient, tag: &str) -> Step {
+    let (lib, tag) = (lib.clone(), tag.to_string());
+    Arc::new(move |_, slot| {
+        let (lib, name) = (lib.clone(), format!("bench/{tag}/uncontended/{slot}"));
+        Box::pin(async move {
+            let g = lib
+                .lock(&name)
+                .ttl(Duration::from_secs(30))
+                .try_acquire()
+                .await?
+                .ok_or("lock busy")?;
+            g.release().await?;
+            Ok(())
+        })
+    })
+}
+
+/// Scenarios 1 and 2, closed loop: the three variants interleaved so that
+/// machine noise hits all of them alike.
+async fn uncontended(
+    t: &Target,
+    lib: &LockClient,
+    n: u32,
+    r: &mut Results,
+) -> Result<(), BoxError> {
+    let mut series = [
+        Series::new("round trip (calibration)")?,
+        Series::new("raw minimal sequence")?,
+        Series::new("distlock acquire+release")?,
+    ];
+    let lib = lib_step(lib, t.name);
+    let warmup = n / 10;
+    for i in 0..(warmup + n) {
+        let mut scratch = Series::new("warm-up")?;
+        let on = |k| (i >= warmup).then_some(k);
+        run_into(on(0), &mut series, &mut scratch, (t.rtt)(i, 0)).await?;
+        run_into(on(1), &mut series, &mut scratch, (t.raw)(i, 0)).await?;
+        run_into(on(2), &mut series, &mut scratch, lib(i, 0)).await?;
+    }
+    let [rtt, raw, ours] = &series;
+    let _ = writeln!(
+        r.md,
+        "\n#### {}: uncontended, closed loop (n = {n} each)\n",
+        t.name
+    );
+    let _ = writeln!(
+        r.md,
+        "| variant | p50 µs | p99 µs | p99.9 µs |\n|---|---|---|---|"
+    );
+    for s in [rtt, raw, ours] {
+        let _ = writeln!(
+            r.md,
+            "| {} | {} | {} | {} |",
+            s.name,
+            s.p(0.5),
+            s.p(0.99),
+            s.p(0.999)
+        );
+    }
+    let ratio = ours.p(0.5) as f64 / raw.p(0.5) as f64;
+    let _ = writeln!(
+        r.md,
+        "\ndistlock / raw at p50: **{ratio:.2}** (p99: {:.2}); raw / round trip at p50: {:.2}",
+        ours.p(0.99) as f64 / raw.p(0.99) as f64,
+        raw.p(0.5) as f64 / rtt.p(0.5) as f64
+    );
+    r.latency.push((
+        t.name.to_string(),
+        vec![
+            raw.p(0.5) as f64,
+            ours.p(0.5) as f64,
+            raw.p(0.99) as f64,
+            ours.p(0.99) as f64,
+        ],
+    ));
+    r.rtt_p50.push((t.name.to_string(), rtt.p(0.5) as f64));
+    Ok(())
+}
+
+/// Scenario 2, open loop: operations start on a fixed schedule whether or
+/// not the previous ones finished, and latency counts from the scheduled
+/// start, so a slow response delays nothing and hides nothing.
+async fn open_loop(
+    t: &Target,
+    lib: &LockClient,
+    rate: u32,
+    n: u32,
+    r: &mut Results,
+) -> Result<(), BoxError> {
+    let interval = Duration::from_secs_f64(1.0 / f64::from(rate));
+    let mut out = Vec::new();
+    for (label, step) in [
+        ("raw minimal sequence", t.raw.clone()),
+        ("distlock acquire+release", lib_step(lib, t.name)),
+    ] {
+        let start = Instant::now() + Duration::from_millis(20);
+        let mut tasks = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let due = start + interval * i;
+            let step = step.clone();
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep_until(due).await;
+                // Up to 64 operations in flight, each on its own name.
+                step(i, (i % 64) as usize + 1000).await?;
+                Ok::<Duration, BoxError>(due.elapsed())
+            }));
+        }
+        let mut s = Series::new(label)?;
+        for task in tasks {
+            s.record(task.await??)?;
+        }
+        out.push(s);
+    }
+    let _ = writeln!(
+        r.md,
+        "\n#### {}: uncontended, open loop at {rate}/s (n = {n} each)\n",
+        t.name
+    );
+    let _ = writeln!(
+        r.md,
+        "| variant | p50 µs | p99 µs | p99.9 µs |\n|---|---|---|---|"
+    );
+    for s in &out {
+        let _ = writeln!(
+            r.md,
+            "| {} | {} | {} | {} |",
+            s.name,
+            s.p(0.5),
+            s.p(0.99),
+            s.p(0.999)
+        );
+    }
+    let _ = writeln!(
+        r.md,
+        "\ndistlock / raw at p50: **{:.2}**",
+        out[1].p(0.5) as f64 / out[0].p(0.5) as f64
+    );
+    Ok(())
+}
+
+/// A fresh client with its own connection; for etcd and ZooKeeper also a
+/// reader of its wake-up counter.
+async fn client(
+    t: &Target,
+) -> Result<(LockClient, Option<Box<dyn Fn() -> u64 + Send + Sync>>), BoxError> {
+    Ok(match t.name {
+        "etcd" => {
+            let b = Arc::new(distlock::etcd::EtcdBackend::connect(&t.url).await?);
+            let w = b.clone();
+            (LockClient::from_dyn(b), Some(Box::new(move || w.wakeups())))
+        }
+        "zookeeper" => {
+            let b = Arc::new(distlock::zookeeper::ZooKeeperBackend::connect(&t.url).await?);
+            let w = b.clone();
+            (LockClient::from_dyn(b), Some(Box::new(move || w.wakeups())))
+        }
+        _ => (LockClient::from_dyn(distlock::connect(&t.url).await?), None),
+    })
+}
+
+async fn scenarios_3_to_6(
+    t: &Target,
+    lib: &LockClient,
+    a: &Args,
+    r: &mut Results,
+) -> Result<(), BoxError> {
+    let secs = Duration::from_secs_f64(a.seconds);
+    let (ours, raw) = contention::throughput_k_names(lib, &t.raw, a.clients, secs, t.name)
+        .await
+        .map_err(|e| {
+            format!(
+                "{}: {} tasks on {} names: {e}",
+                t.name, a.clients, a.clients
+            )
+        })?;
+    let _ = writeln!(
+        r.md,
+        "\n#### {}: {} tasks on {} names, one client ({} s)\n\n| variant | ops/s |\n|---|---|\n| raw minimal sequence | {raw:.0} |\n| distlock | {ours:.0} |\n\ndistlock / raw throughput: **{:.2}**",
+        t.name, a.clients, a.clients, a.seconds, ours / raw
+    );
+
+    let mut clients = Vec::new();
+    for _ in 0..a.clients {
+        clients.push(client(t).await?.0);
+    }
+    let c = contention::contention_one_name(&clients, secs, t.name)
+        .await
+        .map_err(|e| format!("{}: {} clients on one name: {e}", t.name, a.clients))?;
+    let _ = writeln!(
+        r.md,
+        "\n#### {}: {} clients on one name ({} s)\n\n| grants/s | Jain's index | out-of-order grants | worst wait |\n|---|---|---|---|\n| {:.0} | {:.3} | {} of {} | {:.1} ms |",
+        t.name,
+        a.clients,
+        a.seconds,
+        c.grants_per_sec,
+        c.jain,
+        c.out_of_order,
+        c.grants,
+        c.worst_wait.as_secs_f64() * 1000.0
+    );
+    drop(clients);
+
+    let _ = writeln!(
+        r.md,
+        "\n#### {}: handoff (release → next waiter holds) and the herd\n\n| waiters | handoffs | p50 µs | p99 µs | wake-ups per handoff | server requests per handoff |\n|---|---|---|---|---|---|",
+        t.name
+    );
+    let mut line = Vec::new();
+    for &w in &a.waiters {
+        let mut clients = Vec::new();
+        let mut wake = Vec::new();
+        for _ in 0..=w {
+            let (c, counter) = client(t).await?;
+            clients.push(c);
+            wake.extend(counter);
+        }
+        let wakeups = || wake.iter().map(|f| f()).sum::<u64>();
+        let w0 = wakeups();
+        let req0 = match &t.requests {
+            Some(f) => Some(f().await?),
+            None => None,
+        };
+        let h = match contention::handoffs(&clients, a.handoffs, t.name).await {
+            Ok(h) => h,
+            // The real run records a scenario the backend cannot sustain
+            // (and the doc explains it); the smoke must not fail.
+            Err(e) if !a.smoke => {
+                let _ = writeln!(
+                    r.md,
+                    "| {w} | failed: {} | | | | |",
+                    e.to_string().replace('|', "/")
+                );
+                line.push(None);
+                continue;
+            }
+            Err(e) => return Err(format!("{}: handoffs with {w} waiters: {e}", t.name).into()),
+        };
+        let per = |x: u64| x as f64 / h.handoffs.max(1) as f64;
+        let wk = if wake.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.2}", per(wakeups() - w0))
+        };
+        let rq = match (&t.requests, req0) {
+            (Some(f), Some(r0)) => format!("{:.2}", per(f().await? - r0)),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            r.md,
+            "| {w} | {} | {} | {} | {wk} | {rq} |",
+            h.handoffs,
+            h.latency.value_at_quantile(0.5),
+            h.latency.value_at_quantile(0.99)
+        );
+        line.push(Some(h.latency.value_at_quantile(0.5) as f64));
+    }
+    if let Some((_, rtt)) = r.rtt_p50.iter().find(|(n, _)| n == t.name) {
+        let _ = writeln!(
+            r.md,
+            "
+round trip p50: {rtt:.0} µs, so the handoff target (one round trip + 0.5 ms) is {:.0} µs",
+            rtt + 500.0
+        );
+    }
+    r.handoff.push((t.name.to_string(), line));
+    Ok(())
+}
+
+/// Scenario 7 runs in a fresh process of this binary, so that its resident
+/// set before acquiring is the baseline, not the peak of earlier scenarios.
+pub(crate) const HOLD_ENV: &str = "DISTLOCK_BENCH_HOLD";
+
+async fn scenario_7(t: &Target, a: &Args, r: &mut Results) -> Result<(), BoxError> {
+    let ttl = Duration::from_secs(if a.smoke { 3 } else { 9 });
+    let out = tokio::process::Command::new(std::env::current_exe()?)
+        .env(
+            HOLD_ENV,
+            format!("{} {} {} {}", t.url, a.held, ttl.as_secs(), t.name),
+        )
+        .output()
+        .await?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr)
+            .trim()
+            .to_string()
+            .into());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Vec<f64> = text
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let [bytes, renewals, secs] = v[..] else {
+        return Err(format!("unexpected output {text:?}").into());
+    };
+    let _ = writeln!(
+        r.md,
+        "\n#### {}: holding {} locks in one client (TTL {} s, fresh process)\n\n| memory per held lock | renewal requests per renewal period | time to acquire them all |\n|---|---|---|\n| {bytes:.0} bytes | {renewals:.0} | {secs:.1} s |",
+        t.name,
+        a.held,
+        ttl.as_secs(),
+    );
+    Ok(())
+}
+
+/// The child side of scenario 7: prints bytes per lock, renewals per
+/// period and seconds to acquire.
+async fn hold_many(spec: &str) -> Result<(), BoxError> {
+    let f: Vec<&str> = spec.split(' ').collect();
+    let [url, m, ttl, tag] = f[..] else {
+        return Err(format!("{HOLD_ENV}={spec:?}: expected URL M TTL_SECS TAG").into());
+    };
+    let k = keepalive::keep_alive(
+        distlock::connect(url).await?,
+        m.parse()?,
+        Duration::from_secs(ttl.parse()?),
+        tag,
+    )
+    .await?;
+    println!(
+        "{} {} {}",
+        k.bytes_per_lock, k.renewals_per_period, k.acquire_secs
+    );
+    Ok(())
+}
+
+async fn target(name: &str) -> Result<Target, BoxError> {
+    match name {
+        "redis" => redis_target().await,
+        "sqlite" | "postgres" => sql_target(name).await,
+        "etcd" => etcd_target().await,
+        "zookeeper" => zookeeper_target().await,
+        other => Err(format!("unknown backend {other:?}").into()),
+    }
+}
+
+async fn redis_target() -> Result<Target, BoxError> {
     let server = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Redis)).await??;
     let client = redis::Client::open(server.url())?;
     let conn = client.get_multiplexed_async_connection().await?;
     let c1 = conn.clone();
-    let rtt: Step = Box::new(move |_| {
+    let rtt: Step = Arc::new(move |_, _| {
         let mut c = c1.clone();
         Box::pin(async move {
             let _: String = redis::cmd("PING").query_async(&mut c).await?;
@@ -147,12 +499,14 @@ async fn bench_redis(n: u32) -> Result<(), BoxError> {
         })
     });
     let cad = redis::Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0");
-    let raw: Step = Box::new(move |i| {
-        let (mut c, cad) = (conn.clone(), cad.clone());
+    let c2 = conn.clone();
+    let raw: Step = Arc::new(move |i, slot| {
+        let (mut c, cad) = (c2.clone(), cad.clone());
         Box::pin(async move {
+            let key = format!("bench/raw/{slot}");
             let owner = format!("raw-{i}");
             let ok: Option<String> = redis::cmd("SET")
-                .arg("bench/raw")
+                .arg(&key)
                 .arg(&owner)
                 .arg("NX")
                 .arg("PX")
@@ -160,30 +514,53 @@ async fn bench_redis(n: u32) -> Result<(), BoxError> {
                 .query_async(&mut c)
                 .await?;
             ok.ok_or("raw lock busy")?;
-            let _: i64 = cad
-                .key("bench/raw")
-                .arg(&owner)
-                .invoke_async(&mut c)
-                .await?;
+            let _: i64 = cad.key(&key).arg(&owner).invoke_async(&mut c).await?;
             Ok(())
         })
     });
-    let lib = LockClient::from_dyn(distlock::connect(server.url()).await?);
-    measure("redis", n, rtt, raw, &lib).await
+    let requests: Counter = Arc::new(move || {
+        let mut c = conn.clone();
+        Box::pin(async move {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut c)
+                .await?;
+            // Every distlock request is a script call (EVALSHA, or EVAL
+            // once per script); the INFO call itself is not counted.
+            Ok(info
+                .lines()
+                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+                .filter_map(|l| {
+                    l.split("calls=")
+                        .nth(1)?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum())
+        })
+    });
+    Ok(Target {
+        name: "redis",
+        url: server.url().to_string(),
+        rtt,
+        raw,
+        requests: Some(requests),
+        _server: Some(server),
+    })
 }
 
-async fn bench_sql(backend: &'static str, n: u32) -> Result<(), BoxError> {
-    let (url, _server) = if backend == "sqlite" {
+async fn sql_target(backend: &str) -> Result<Target, BoxError> {
+    let (url, server) = if backend == "sqlite" {
         let dir = integration_tests::harness::process::temp_dir("bench-sqlite")?;
         (format!("sqlite://{}", dir.join("bench.db").display()), None)
     } else {
         let s = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Postgres)).await??;
         (s.url().to_string(), Some(s))
     };
-    let lib = LockClient::from_dyn(distlock::connect(&url).await?);
     // The raw sequence runs on the same kind of pool distlock builds.
     let (rtt, raw): (Step, Step) = if backend == "sqlite" {
-        // Configured as distlock configures its own pool, for a fair baseline.
         let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)?
             .create_if_missing(true)
             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
@@ -196,25 +573,24 @@ async fn bench_sql(backend: &'static str, n: u32) -> Result<(), BoxError> {
         sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token INTEGER NOT NULL, expires_at INTEGER NOT NULL)").execute(&pool).await?;
         let p1 = pool.clone();
         (
-            Box::new(move |_| {
+            Arc::new(move |_, _| {
                 let p = p1.clone();
                 Box::pin(async move {
                     sqlx::query("SELECT 1").execute(&p).await?;
                     Ok(())
                 })
             }),
-            Box::new(move |i| {
+            Arc::new(move |i, slot| {
                 let p = pool.clone();
                 Box::pin(async move {
-                    let owner = format!("raw-{i}");
-                    let t: Option<i64> = sqlx::query_scalar("INSERT INTO raw_locks VALUES ('raw', ?1, 1, 0) ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, token = raw_locks.token + 1 WHERE raw_locks.owner IS NULL RETURNING token").bind(&owner).fetch_optional(&p).await?;
+                    let (name, owner) = (format!("raw/{slot}"), format!("raw-{i}"));
+                    let t: Option<i64> = sqlx::query_scalar("INSERT INTO raw_locks VALUES (?1, ?2, 1, 0) ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, token = raw_locks.token + 1 WHERE raw_locks.owner IS NULL RETURNING token").bind(&name).bind(&owner).fetch_optional(&p).await?;
                     t.ok_or("raw lock busy")?;
-                    sqlx::query(
-                        "UPDATE raw_locks SET owner = NULL WHERE name = 'raw' AND owner = ?1",
-                    )
-                    .bind(&owner)
-                    .execute(&p)
-                    .await?;
+                    sqlx::query("UPDATE raw_locks SET owner = NULL WHERE name = ?1 AND owner = ?2")
+                        .bind(&name)
+                        .bind(&owner)
+                        .execute(&p)
+                        .await?;
                     Ok(())
                 })
             }),
@@ -227,51 +603,61 @@ async fn bench_sql(backend: &'static str, n: u32) -> Result<(), BoxError> {
         sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)").execute(&pool).await?;
         let p1 = pool.clone();
         (
-            Box::new(move |_| {
+            Arc::new(move |_, _| {
                 let p = p1.clone();
                 Box::pin(async move {
                     sqlx::query("SELECT 1").execute(&p).await?;
                     Ok(())
                 })
             }),
-            Box::new(move |i| {
+            Arc::new(move |i, slot| {
                 let p = pool.clone();
                 Box::pin(async move {
-                    let owner = format!("raw-{i}");
-                    let t: Option<i64> = sqlx::query_scalar("INSERT INTO raw_locks AS l VALUES ('raw', $1, 1, now()) ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1 WHERE l.owner IS NULL RETURNING token").bind(&owner).fetch_optional(&p).await?;
+                    let (name, owner) = (format!("raw/{slot}"), format!("raw-{i}"));
+                    let t: Option<i64> = sqlx::query_scalar("INSERT INTO raw_locks AS l VALUES ($1, $2, 1, now()) ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1 WHERE l.owner IS NULL RETURNING token").bind(&name).bind(&owner).fetch_optional(&p).await?;
                     t.ok_or("raw lock busy")?;
-                    sqlx::query(
-                        "UPDATE raw_locks SET owner = NULL WHERE name = 'raw' AND owner = $1",
-                    )
-                    .bind(&owner)
-                    .execute(&p)
-                    .await?;
+                    sqlx::query("UPDATE raw_locks SET owner = NULL WHERE name = $1 AND owner = $2")
+                        .bind(&name)
+                        .bind(&owner)
+                        .execute(&p)
+                        .await?;
                     Ok(())
                 })
             }),
         )
     };
-    measure(backend, n, rtt, raw, &lib).await
+    Ok(Target {
+        name: if backend == "sqlite" {
+            "sqlite"
+        } else {
+            "postgres"
+        },
+        url,
+        rtt,
+        raw,
+        requests: None,
+        _server: server,
+    })
 }
 
-async fn bench_etcd(n: u32) -> Result<(), BoxError> {
+async fn etcd_target() -> Result<Target, BoxError> {
     use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
     let server = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Etcd)).await??;
     let endpoint = format!("http://{}:{}", server.host(), server.port());
     let client = etcd_client::Client::connect([endpoint], None).await?;
-    let lease = client.clone().lease_grant(30, None).await?.id();
+    let lease = client.clone().lease_grant(60, None).await?.id();
     let c1 = client.clone();
-    let rtt: Step = Box::new(move |_| {
+    let rtt: Step = Arc::new(move |_, _| {
         let mut c = c1.clone();
         Box::pin(async move {
             c.get("bench/none", None).await?;
             Ok(())
         })
     });
-    let raw: Step = Box::new(move |_| {
+    let raw: Step = Arc::new(move |_, slot| {
         let mut c = client.clone();
         Box::pin(async move {
-            let key = format!("bench/raw/{lease:x}");
+            let key = format!("bench/raw/{slot}/{lease:x}");
             let txn = Txn::new()
                 .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(
@@ -286,11 +672,17 @@ async fn bench_etcd(n: u32) -> Result<(), BoxError> {
             Ok(())
         })
     });
-    let lib = LockClient::from_dyn(distlock::connect(server.url()).await?);
-    measure("etcd", n, rtt, raw, &lib).await
+    Ok(Target {
+        name: "etcd",
+        url: server.url().to_string(),
+        rtt,
+        raw,
+        requests: None,
+        _server: Some(server),
+    })
 }
 
-async fn bench_zookeeper(n: u32) -> Result<(), BoxError> {
+async fn zookeeper_target() -> Result<Target, BoxError> {
     use zookeeper_client as zk;
     let server = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::ZooKeeper)).await??;
     let hosts = format!("{}:{}", server.host(), server.port());
@@ -298,14 +690,14 @@ async fn bench_zookeeper(n: u32) -> Result<(), BoxError> {
     let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
     client.mkdir("/bench/raw", &dir).await?;
     let c1 = client.clone();
-    let rtt: Step = Box::new(move |_| {
+    let rtt: Step = Arc::new(move |_, _| {
         let c = c1.clone();
         Box::pin(async move {
             c.check_stat("/").await?;
             Ok(())
         })
     });
-    let raw: Step = Box::new(move |_| {
+    let raw: Step = Arc::new(move |_, _| {
         let c = client.clone();
         Box::pin(async move {
             let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
@@ -314,31 +706,132 @@ async fn bench_zookeeper(n: u32) -> Result<(), BoxError> {
             Ok(())
         })
     });
-    let lib = LockClient::from_dyn(distlock::connect(&format!("zk://{hosts}")).await?);
-    measure("zookeeper", n, rtt, raw, &lib).await
+    Ok(Target {
+        name: "zookeeper",
+        url: format!("zk://{hosts}"),
+        rtt,
+        raw,
+        requests: None,
+        _server: Some(server),
+    })
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let args = Args::parse();
-    println!(
-        "uncontended acquire+release, {} iterations per variant, interleaved\n",
-        args.iterations
+    if let Ok(url) = std::env::var(ONCE_ENV) {
+        let lib = LockClient::from_dyn(distlock::connect(&url).await?);
+        let g = lib
+            .lock("bench/peer/once")
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await?;
+        g.release().await?;
+        return Ok(());
+    }
+    if let Ok(spec) = std::env::var(HOLD_ENV) {
+        return hold_many(&spec).await;
+    }
+    let mut a = Args::parse();
+    if a.smoke {
+        a.iterations = a.iterations.min(50);
+        a.seconds = a.seconds.min(0.3);
+        a.clients = a.clients.min(3);
+        a.waiters = vec![1, 3];
+        a.handoffs = a.handoffs.min(10);
+        a.held = a.held.min(50);
+        a.rate = a.rate.min(200);
+    }
+    let mut r = Results::default();
+    let _ = writeln!(
+        r.md,
+        "distlock-bench: {} iterations, {} s throughput runs, {} clients, waiters {:?}, {} handoffs each, {} held locks, open loop at {}/s{}\n",
+        a.iterations,
+        a.seconds,
+        a.clients,
+        a.waiters,
+        a.handoffs,
+        a.held,
+        a.rate,
+        if a.smoke { " (smoke)" } else { "" }
     );
-    for b in &args.backends {
-        match b.as_str() {
-            "redis" => bench_redis(args.iterations).await?,
-            "sqlite" | "postgres" => {
-                bench_sql(
-                    if b == "sqlite" { "sqlite" } else { "postgres" },
-                    args.iterations,
-                )
-                .await?
+    for b in &a.backends {
+        let t = target(b).await?;
+        eprintln!("distlock-bench: {} ...", t.name);
+        let _ = writeln!(r.md, "\n### {}\n", t.name);
+        let lib = LockClient::from_dyn(distlock::connect(&t.url).await?);
+        let outcomes = [
+            (
+                "uncontended",
+                uncontended(&t, &lib, a.iterations, &mut r).await,
+            ),
+            (
+                "open loop",
+                if a.rate > 0 {
+                    open_loop(&t, &lib, a.rate, a.iterations, &mut r).await
+                } else {
+                    Ok(())
+                },
+            ),
+            (
+                "scenarios 3-6",
+                scenarios_3_to_6(&t, &lib, &a, &mut r).await,
+            ),
+            ("holding many locks", scenario_7(&t, &a, &mut r).await),
+            (
+                "peers",
+                if a.peers {
+                    peers::run(t.name, &t.url, a.iterations, &lib, &mut r.md).await
+                } else {
+                    Ok(())
+                },
+            ),
+        ];
+        for (what, outcome) in outcomes {
+            if let Err(e) = outcome {
+                // The smoke must keep the harness working; the real run
+                // records what a backend could not do, and goes on.
+                if a.smoke {
+                    return Err(format!("{}: {what}: {e}", t.name).into());
+                }
+                let _ = writeln!(
+                    r.md,
+                    "
+**{}: {what} failed:** {e}",
+                    t.name
+                );
             }
-            "etcd" => bench_etcd(args.iterations).await?,
-            "zookeeper" => bench_zookeeper(args.iterations).await?,
-            other => return Err(format!("unknown backend {other:?}").into()),
         }
+        if let Some(dir) = &a.out {
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(dir.join("results.md"), &r.md)?;
+        }
+    }
+    println!("{}", r.md);
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("results.md"), &r.md)?;
+        let series = ["raw p50", "distlock p50", "raw p99", "distlock p99"].map(String::from);
+        std::fs::write(
+            dir.join("uncontended-latency.svg"),
+            plot::bars(
+                "Uncontended acquire+release latency (µs), distlock vs raw",
+                "µs",
+                &series,
+                &r.latency,
+            ),
+        )?;
+        let xs: Vec<String> = a.waiters.iter().map(|w| w.to_string()).collect();
+        std::fs::write(
+            dir.join("handoff-latency.svg"),
+            plot::lines(
+                "Handoff latency p50 (µs) against waiters",
+                "µs",
+                "waiters",
+                &xs,
+                &r.handoff,
+            ),
+        )?;
+        eprintln!("distlock-bench: wrote {}", dir.display());
     }
     Ok(())
 }

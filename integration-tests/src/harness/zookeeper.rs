@@ -25,7 +25,7 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
     let port = free_port()?;
     let cfg = dir.join("zoo.cfg");
     let conf = format!(
-        "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,mntr,stat\nmaxSessionTimeout=60000\n",
+        "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,mntr,stat\nmaxSessionTimeout=60000\nmaxClientCnxns=0\n",
         dir.join("data").display()
     );
     std::fs::write(&cfg, conf).map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;
@@ -98,7 +98,7 @@ pub fn ensemble(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
             .map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;
         let cfg = dir.join("zoo.cfg");
         let conf = format!(
-            "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={client}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,mntr,stat\nmaxSessionTimeout=60000\n{servers}",
+            "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={client}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,mntr,stat\nmaxSessionTimeout=60000\nmaxClientCnxns=0\n{servers}",
             data.display()
         );
         std::fs::write(&cfg, conf).map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;

@@ -1,0 +1,244 @@
+//! Scenarios with more than one client: throughput on K names, contention
+//! on one name (fairness), handoff latency and the herd.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock::LockClient;
+use hdrhistogram::Histogram;
+use tokio::time::Instant;
+
+use crate::{BoxError, Step};
+
+/// Operations per second of K tasks, each looping acquire+release on its own
+/// name through one shared client (distlock) or one shared connection (raw).
+pub(crate) async fn throughput_k_names(
+    lib: &LockClient,
+    raw: &Step,
+    k: usize,
+    run_for: Duration,
+    tag: &str,
+) -> Result<(f64, f64), BoxError> {
+    let lib_ops = {
+        let done = Arc::new(AtomicU64::new(0));
+        let end = Instant::now() + run_for;
+        let mut tasks = Vec::new();
+        for slot in 0..k {
+            let (lib, done) = (lib.clone(), done.clone());
+            let name = format!("bench/{tag}/k/{slot}");
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    let g = lib
+                        .lock(&name)
+                        .ttl(Duration::from_secs(30))
+                        .try_acquire()
+                        .await?
+                        .ok_or("lock busy")?;
+                    g.release().await?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<(), BoxError>(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        done.load(Ordering::Relaxed) as f64 / run_for.as_secs_f64()
+    };
+    let raw_ops = {
+        let done = Arc::new(AtomicU64::new(0));
+        let end = Instant::now() + run_for;
+        let mut tasks = Vec::new();
+        for slot in 0..k {
+            let (raw, done) = (raw.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut i = 0u32;
+                while Instant::now() < end {
+                    raw(i, slot).await?;
+                    i = i.wrapping_add(1);
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<(), BoxError>(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        done.load(Ordering::Relaxed) as f64 / run_for.as_secs_f64()
+    };
+    Ok((lib_ops, raw_ops))
+}
+
+/// K clients contending for one name.
+#[derive(Debug)]
+pub(crate) struct Contention {
+    pub(crate) grants_per_sec: f64,
+    pub(crate) jain: f64,
+    pub(crate) out_of_order: u64,
+    pub(crate) grants: u64,
+    pub(crate) worst_wait: Duration,
+}
+
+/// K separate clients (each its own connection and session) loop acquire
+/// (waiting) → release on one name. Fairness is Jain's index over the
+/// per-client grant counts; a grant is out of order when another client had
+/// been waiting longer.
+pub(crate) async fn contention_one_name(
+    clients: &[LockClient],
+    run_for: Duration,
+    tag: &str,
+) -> Result<Contention, BoxError> {
+    let k = clients.len();
+    let name = format!("bench/{tag}/one");
+    let waiting: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; k]));
+    let out_of_order = Arc::new(AtomicU64::new(0));
+    let worst = Arc::new(AtomicU64::new(0));
+    let end = Instant::now() + run_for;
+    let mut tasks = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let (c, name, waiting, ooo, worst) = (
+            c.clone(),
+            name.clone(),
+            waiting.clone(),
+            out_of_order.clone(),
+            worst.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut mine = 0u64;
+            while Instant::now() < end {
+                let asked = Instant::now();
+                waiting.lock().map_err(|_| "poisoned")?[i] = Some(asked);
+                let g = match c
+                    .lock(&name)
+                    .ttl(Duration::from_secs(30))
+                    .wait(end.saturating_duration_since(Instant::now()) + Duration::from_secs(5))
+                    .acquire()
+                    .await
+                {
+                    Ok(g) => g,
+                    Err(distlock::Error::WaitTimeout { .. }) => break,
+                    Err(e) => return Err(BoxError::from(e)),
+                };
+                {
+                    let mut w = waiting.lock().map_err(|_| "poisoned")?;
+                    w[i] = None;
+                    if w.iter().flatten().any(|t| *t < asked) {
+                        ooo.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                worst.fetch_max(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
+                mine += 1;
+                g.release().await?;
+            }
+            waiting.lock().map_err(|_| "poisoned")?[i] = None;
+            Ok::<u64, BoxError>(mine)
+        }));
+    }
+    let mut counts = Vec::new();
+    for t in tasks {
+        counts.push(t.await?? as f64);
+    }
+    let total: f64 = counts.iter().sum();
+    let squares: f64 = counts.iter().map(|x| x * x).sum();
+    Ok(Contention {
+        grants_per_sec: total / run_for.as_secs_f64(),
+        jain: if squares > 0.0 {
+            total * total / (k as f64 * squares)
+        } else {
+            0.0
+        },
+        out_of_order: out_of_order.load(Ordering::Relaxed),
+        grants: total as u64,
+        worst_wait: Duration::from_micros(worst.load(Ordering::Relaxed)),
+    })
+}
+
+/// Handoffs with `clients.len() - 1` waiters.
+#[derive(Debug)]
+pub(crate) struct Handoffs {
+    pub(crate) latency: Histogram<u64>,
+    pub(crate) handoffs: u64,
+}
+
+/// All clients loop acquire → release on one name, so every grant is a
+/// handoff from the previous holder's release: its latency is the time from
+/// the release call to the next holder's acquire returning. With N+1
+/// clients there are N waiters at every release.
+pub(crate) async fn handoffs(
+    clients: &[LockClient],
+    rounds: u64,
+    tag: &str,
+) -> Result<Handoffs, BoxError> {
+    let name = format!("bench/{tag}/handoff/{}", clients.len());
+    let clients_n = clients.len();
+    let base = Instant::now();
+    // Nanoseconds since `base` of the last release call; 0 = none yet.
+    let released_at = Arc::new(AtomicU64::new(0));
+    let grants = Arc::new(AtomicU64::new(0));
+    let granted = Arc::new(tokio::sync::watch::channel(0u64).0);
+    let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
+        1, 60_000_000, 3,
+    )?));
+    let mut tasks = Vec::new();
+    for c in clients {
+        let (c, name, released_at, grants, hist, granted) = (
+            c.clone(),
+            name.clone(),
+            released_at.clone(),
+            grants.clone(),
+            hist.clone(),
+            granted.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            loop {
+                if grants.load(Ordering::Relaxed) >= rounds {
+                    return Ok::<(), BoxError>(());
+                }
+                let g = match c
+                    .lock(&name)
+                    .ttl(Duration::from_secs(30))
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await
+                {
+                    Ok(g) => g,
+                    Err(distlock::Error::WaitTimeout { .. }) => return Ok(()),
+                    Err(e) => return Err(e.into()),
+                };
+                let now = base.elapsed().as_nanos() as u64;
+                let last = released_at.swap(0, Ordering::AcqRel);
+                if last > 0 {
+                    let us = (now.saturating_sub(last) / 1000).max(1);
+                    hist.lock().map_err(|_| "poisoned")?.record(us)?;
+                }
+                let n = grants.fetch_add(1, Ordering::Relaxed) + 1;
+                granted.send_replace(n);
+                // Give the others time to queue behind this hold.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let mut next = granted.subscribe();
+                released_at.store(base.elapsed().as_nanos() as u64, Ordering::Release);
+                g.release().await?;
+                if n >= rounds {
+                    return Ok(());
+                }
+                // Queue again only once a waiter has taken over, so every
+                // grant is a handoff to a waiter, not the releaser winning
+                // its own lock back.
+                if clients_n > 1 {
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(10), next.wait_for(|g| *g > n))
+                            .await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let latency = hist.lock().map_err(|_| "poisoned")?.clone();
+    Ok(Handoffs {
+        handoffs: latency.len(),
+        latency,
+    })
+}

@@ -1,0 +1,124 @@
+//! Scenario 7: the cost of keeping M locks alive in one client.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::{
+    async_trait, Backend, Capabilities, DynBackend, FencingToken, LockClient, LockName,
+    LockRequest, LockStatus, LostReason, Result,
+};
+use tokio::time::Instant;
+
+use crate::BoxError;
+
+/// Forwards to a backend and counts the requests core sends it.
+#[derive(Debug)]
+pub(crate) struct Counting {
+    inner: DynBackend,
+    pub(crate) acquires: AtomicU64,
+    pub(crate) extends: AtomicU64,
+}
+
+impl Counting {
+    pub(crate) fn new(inner: DynBackend) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            acquires: AtomicU64::new(0),
+            extends: AtomicU64::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl Backend for Counting {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        self.acquires.fetch_add(1, Ordering::Relaxed);
+        self.inner.try_acquire(req).await
+    }
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        self.acquires.fetch_add(1, Ordering::Relaxed);
+        self.inner.acquire(req, deadline).await
+    }
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        self.extends.fetch_add(1, Ordering::Relaxed);
+        self.inner.extend(req).await
+    }
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        self.inner.release(req).await
+    }
+    async fn session_lost(&self, req: &LockRequest) -> LostReason {
+        self.inner.session_lost(req).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
+        self.inner.inspect(name).await
+    }
+}
+
+/// Resident set size of this process, in bytes.
+pub(crate) fn rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// What holding M locks cost.
+#[derive(Debug)]
+pub(crate) struct KeepAlive {
+    pub(crate) bytes_per_lock: f64,
+    pub(crate) renewals_per_period: f64,
+    pub(crate) acquire_secs: f64,
+}
+
+/// Acquires `m` locks in one client with TTL `ttl`, holds them for three
+/// renewal periods (TTL/3 each), and reports the memory per held lock
+/// (resident set against the same process before acquiring) and the
+/// renewal requests sent per renewal period.
+pub(crate) async fn keep_alive(
+    backend: DynBackend,
+    m: usize,
+    ttl: Duration,
+    tag: &str,
+) -> std::result::Result<KeepAlive, BoxError> {
+    let counting = Counting::new(backend);
+    let client = LockClient::from_dyn(counting.clone());
+    let before = rss();
+    let started = Instant::now();
+    let mut guards = Vec::with_capacity(m);
+    for i in 0..m {
+        let g = client
+            .lock(format!("bench/{tag}/held/{i}"))
+            .ttl(ttl)
+            .try_acquire()
+            .await?
+            .ok_or("lock busy")?;
+        guards.push(g);
+    }
+    let acquire_secs = started.elapsed().as_secs_f64();
+    let extends_before = counting.extends.load(Ordering::Relaxed);
+    let periods = 3u32;
+    tokio::time::sleep(ttl / 3 * periods).await;
+    let extends = counting.extends.load(Ordering::Relaxed) - extends_before;
+    let after = rss();
+    let lost = guards.iter().filter(|g| !g.is_held()).count();
+    for g in guards {
+        let _ = g.release().await;
+    }
+    if lost > 0 {
+        return Err(format!("{lost} of {m} held locks were lost while holding").into());
+    }
+    Ok(KeepAlive {
+        bytes_per_lock: after.saturating_sub(before) as f64 / m as f64,
+        renewals_per_period: extends as f64 / f64::from(periods),
+        acquire_secs,
+    })
+}
