@@ -88,6 +88,11 @@ fn main() {
                 "etcd::paused_server_makes_holder_lost_before_anyone_acquires",
                 paused_server(),
             ),
+            trial(
+                rt,
+                "etcd::woken_waiter_whose_key_vanished_does_not_claim_the_lock",
+                vanished_waiter(etcd.clone()),
+            ),
         ]
     })
 }
@@ -289,5 +294,74 @@ async fn paused_server() -> Result<(), Failed> {
         return Err("token did not increase".into());
     }
     g2.release().await?;
+    Ok(())
+}
+
+/// etcd#11456 / Jepsen etcd 3.4.3: a waiter whose own key disappeared while
+/// it waited (its lease revoked, an operator's delete) must not claim the
+/// lock when its predecessor goes: the read after waking checks both in
+/// one txn.
+async fn vanished_waiter(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let lock = name();
+    let a = LockClient::new(EtcdBackend::connect(&url).await?);
+    let b = LockClient::new(EtcdBackend::connect(&url).await?);
+    let held = a.lock(&lock).ttl(Duration::from_secs(10)).acquire().await?;
+    let l2 = lock.clone();
+    let waiter = tokio::spawn(async move {
+        b.lock(&l2)
+            .ttl(Duration::from_secs(10))
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+    });
+    let start = tokio::time::Instant::now();
+    while keys_under(&url, &lock).await? < 2 {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err("the waiter never queued".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Delete the waiter's key (the newer of the two) behind its back.
+    let ep = integration_tests::harness::host_port(&url).ok_or("no endpoint")?;
+    let endpoint = format!("{}:{}", ep.0, ep.1);
+    let mut get = etcd_client_cmd(&endpoint)?;
+    get.args([
+        "get",
+        "--prefix",
+        "--keys-only",
+        "--sort-by=CREATE",
+        "--order=ASCEND",
+    ])
+    .arg(format!("{lock}/"));
+    let keys =
+        tokio::task::spawn_blocking(move || integration_tests::harness::process::run_client(get))
+            .await
+            .map_err(|e| e.to_string())??;
+    let waiter_key = keys
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .nth(1)
+        .ok_or("no second key")?
+        .to_string();
+    let mut del = etcd_client_cmd(&endpoint)?;
+    del.args(["del", &waiter_key]);
+    tokio::task::spawn_blocking(move || integration_tests::harness::process::run_client(del))
+        .await
+        .map_err(|e| e.to_string())??;
+    held.release().await?;
+    match tokio::time::timeout(Duration::from_secs(15), waiter).await {
+        Ok(Ok(Err(Error::LeaseLost { .. }))) => {}
+        Ok(Ok(Ok(_))) => return Err("the waiter claimed the lock without its key".into()),
+        other => return Err(format!("expected LeaseLost, got {other:?}").into()),
+    }
+    // And the lock is free for the next client.
+    let c = LockClient::new(EtcdBackend::connect(&url).await?);
+    c.lock(&lock)
+        .try_acquire()
+        .await?
+        .ok_or("the lock was left held")?
+        .release()
+        .await?;
     Ok(())
 }

@@ -395,12 +395,12 @@ impl EtcdBackend {
     /// when it goes, look again, since more than one key can sit ahead.
     /// Returns once no key older than mine is left. Transient failures (a
     /// member dying, a leader election) are retried for up to 30 s in a row.
-    async fn wait_for_predecessors(&self, q: &Queued) -> Result<()> {
+    async fn wait_for_predecessors(&self, q: &Queued, req: &LockRequest) -> Result<bool> {
         let mut failing_since: Option<Instant> = None;
         loop {
-            match self.wait_one_predecessor(q).await {
-                Ok(true) => return Ok(()),
-                Ok(false) => failing_since = None,
+            match self.wait_one_predecessor(q, req).await {
+                Ok(Some(mine)) => return Ok(mine),
+                Ok(None) => failing_since = None,
                 Err(e @ Error::Unavailable { .. }) => {
                     let since = *failing_since.get_or_insert_with(Instant::now);
                     if since.elapsed() > Duration::from_secs(30) {
@@ -414,22 +414,44 @@ impl EtcdBackend {
         }
     }
 
-    /// One step: `true` if no older key is left, `false` after the
-    /// predecessor went away (or the watch ended).
-    async fn wait_one_predecessor(&self, q: &Queued) -> Result<bool> {
+    /// One step. `Some(mine)` if no older key is left, where `mine` says
+    /// whether my key still holds my owner value (read in the same txn, so
+    /// one round trip answers both: etcd#11456 / Jepsen etcd 3.4.3 ask for
+    /// that check after waking). `None` after the predecessor went away (or
+    /// the watch ended).
+    async fn wait_one_predecessor(&self, q: &Queued, req: &LockRequest) -> Result<Option<bool>> {
         let opts = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_max_create_revision(q.my_rev - 1)
             .with_limit(1);
+        let txn = Txn::new().and_then([
+            TxnOp::get(q.prefix.as_str(), Some(opts)),
+            TxnOp::get(q.key.as_str(), None),
+        ]);
         let resp = self
             .call(|mut c| {
-                let opts = opts.clone();
-                async move { c.get(q.prefix.as_str(), Some(opts)).await }
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
             })
             .await?;
-        let Some(pred) = resp.kvs().first() else {
-            return Ok(true);
+        let ops = resp.op_responses();
+        let (Some(TxnOpResponse::Get(preds)), Some(TxnOpResponse::Get(me))) =
+            (ops.first(), ops.get(1))
+        else {
+            return Err(Error::unavailable(
+                "etcd",
+                "etcd answered a txn of two reads with something else",
+                None,
+            ));
+        };
+        let Some(pred) = preds.kvs().first() else {
+            let owner = req.owner.to_string();
+            return Ok(Some(
+                me.kvs()
+                    .first()
+                    .is_some_and(|kv| kv.value() == owner.as_bytes()),
+            ));
         };
         let pred_key = pred.key().to_vec();
         let from = resp.header().map_or(0, |h| h.revision()) + 1;
@@ -454,7 +476,7 @@ impl EtcdBackend {
                 break;
             }
         }
-        Ok(false)
+        Ok(None)
     }
 }
 
@@ -496,10 +518,13 @@ impl Backend for EtcdBackend {
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
         let start = Instant::now();
         let q = self.enqueue(req).await?;
+        // First at once: the enqueue txn itself created or found my key and
+        // read the queue head, atomically; nothing more to check.
+        let mut mine = true;
         if q.head_rev != q.my_rev {
             let waited = async {
                 tokio::select! {
-                    r = self.wait_for_predecessors(&q) => r,
+                    r = self.wait_for_predecessors(&q, req) => r,
                     reason = q.session.lost() => Err(Error::LeaseLost { name: req.name.clone(), reason }),
                 }
             };
@@ -514,12 +539,15 @@ impl Backend for EtcdBackend {
                     }),
                 None => waited.await,
             };
-            if let Err(e) = outcome {
-                // A timed-out or failed wait deletes my key (a dropped one is
-                // released by core, which ends up in `release`).
-                let _ = self.delete_mine(&q.key, req).await;
-                self.queued().remove(&req.owner);
-                return Err(e);
+            match outcome {
+                Ok(m) => mine = m,
+                Err(e) => {
+                    // A timed-out or failed wait deletes my key (a dropped
+                    // one is released by core, which ends up in `release`).
+                    let _ = self.delete_mine(&q.key, req).await;
+                    self.queued().remove(&req.owner);
+                    return Err(e);
+                }
             }
         }
         // etcd issue 11456 / Jepsen etcd 3.4.3: after waking, make sure my
@@ -527,7 +555,7 @@ impl Backend for EtcdBackend {
         // hold's deadline counts from the lease's last keep-alive, so it is
         // never later than the lease's own end.
         req.attempt_started_at(q.session.lease_began());
-        if q.session.is_lost() || !self.still_mine(&q.key, req).await? {
+        if q.session.is_lost() || !mine {
             let _ = self.delete_mine(&q.key, req).await;
             self.queued().remove(&req.owner);
             return Err(Error::LeaseLost {
