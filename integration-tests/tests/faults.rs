@@ -5,6 +5,7 @@
 //! what theory predicts. `DISTLOCK_FAULT_MATRIX_DOC=docs/fault-matrix.md`
 //! writes the matrix into the doc.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_check::{CheckError, Faults, Workload};
@@ -275,6 +276,30 @@ fn signal(pid: u32, sig: &str) -> Result<(), CheckError> {
         .map_err(|e| CheckError::Fault(format!("kill -{sig} {pid}: {e}")))
 }
 
+/// Restarts a server the harness started (SIGKILL first when `kill`), off
+/// the async runtime: the harness blocks while it waits for the old port to
+/// free and the new process to answer. Returns the pids before and after.
+async fn restart<T: Send + 'static>(
+    server: &Arc<Mutex<T>>,
+    process: fn(&mut T) -> Option<&mut ServerProcess>,
+    kill: bool,
+) -> Result<(u32, u32), CheckError> {
+    let server = server.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut guard = server.lock().unwrap_or_else(|p| p.into_inner());
+        let p = process(&mut guard).ok_or("no server process to restart")?;
+        let before = p.pid();
+        if kill {
+            let _ = p.signal("KILL");
+        }
+        p.restart().map_err(|e| e.to_string())?;
+        Ok((before, p.pid()))
+    })
+    .await
+    .map_err(|e| CheckError::Fault(e.to_string()))?
+    .map_err(CheckError::Fault)
+}
+
 /// F10 on Redis: the server is killed and restarted empty (no persistence)
 /// while a client holds the lock (stalled between its read and its write,
 /// for less than the TTL). The lock and the token counter are gone.
@@ -283,24 +308,13 @@ async fn f10_redis_restart() -> Result<(), Failed> {
     let ttl = Duration::from_secs(6);
     let w = workload(vec![env.url.clone(); CLIENTS], ttl)?;
     let stall = Duration::from_secs(4);
-    let server = std::sync::Arc::new(std::sync::Mutex::new(env.server.take()));
-    let s2 = server.clone();
+    let server = Arc::new(Mutex::new(env.server.take()));
+    let shared = &server;
     let report = distlock_check::run(&w, |f: Faults| async move {
         f.stall_holder(0, stall).await?;
         let begun = tokio::time::Instant::now();
         let t = f.fault_started(0);
-        tokio::task::spawn_blocking(move || {
-            let mut guard = s2.lock().unwrap_or_else(|p| p.into_inner());
-            let p = guard
-                .as_mut()
-                .and_then(|s| s.process_mut())
-                .ok_or("no redis process")?;
-            let _ = p.signal("KILL");
-            p.restart().map_err(|e| e.to_string())
-        })
-        .await
-        .map_err(|e| CheckError::Fault(e.to_string()))?
-        .map_err(|e| CheckError::Fault(e.to_string()))?;
+        restart(shared, |s| s.as_mut()?.process_mut(), true).await?;
         f.next_grant(t, 0, stall * 2).await?;
         until_stall_ends(begun, stall).await;
         Ok(())
@@ -330,28 +344,15 @@ async fn f10_postgres_restart() -> Result<(), Failed> {
     let ttl = Duration::from_secs(6);
     let w = workload(vec![env.url.clone(); CLIENTS], ttl)?;
     let stall = Duration::from_secs(4);
-    let server = std::sync::Arc::new(std::sync::Mutex::new(env.server.take()));
-    let s2 = server.clone();
-    let pids = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
-    let p2 = pids.clone();
+    let server = Arc::new(Mutex::new(env.server.take()));
+    let pids = Mutex::new((0, 0));
+    let (shared, restarted_pids) = (&server, &pids);
     let report = distlock_check::run(&w, |f: Faults| async move {
         f.stall_holder(0, stall).await?;
         let begun = tokio::time::Instant::now();
         f.fault_started(0);
-        tokio::task::spawn_blocking(move || {
-            let mut guard = s2.lock().unwrap_or_else(|p| p.into_inner());
-            let p = guard
-                .as_mut()
-                .and_then(|s| s.process_mut())
-                .ok_or("no postgres process")?;
-            let before = p.pid();
-            p.restart().map_err(|e| e.to_string())?;
-            *p2.lock().unwrap_or_else(|p| p.into_inner()) = (before, p.pid());
-            Ok::<_, String>(())
-        })
-        .await
-        .map_err(|e| CheckError::Fault(e.to_string()))?
-        .map_err(|e| CheckError::Fault(e.to_string()))?;
+        let restarted = restart(shared, |s| s.as_mut()?.process_mut(), false).await?;
+        *restarted_pids.lock().unwrap_or_else(|p| p.into_inner()) = restarted;
         until_stall_ends(begun, stall).await;
         Ok(())
     })
@@ -496,8 +497,8 @@ async fn f3_redlock_restart(protected: bool) -> Result<(), Failed> {
     // holder's TTL.
     w.wait = Duration::from_millis(300);
     let stall = Duration::from_secs(7);
-    let node2 = std::sync::Arc::new(std::sync::Mutex::new(env.nodes.remove(2)));
-    let n2 = node2.clone();
+    let node2 = Arc::new(Mutex::new(env.nodes.remove(2)));
+    let restarted_node = &node2;
     let report = distlock_check::run(&w, |f: Faults| async move {
         for p in &proxies {
             p.set_blackhole(true);
@@ -510,14 +511,7 @@ async fn f3_redlock_restart(protected: bool) -> Result<(), Failed> {
         f.stall_holder(0, stall).await?;
         let begun = tokio::time::Instant::now();
         let t = f.fault_started(0);
-        tokio::task::spawn_blocking(move || {
-            let mut p = n2.lock().unwrap_or_else(|p| p.into_inner());
-            let _ = p.signal("KILL");
-            p.restart().map_err(|e| e.to_string())
-        })
-        .await
-        .map_err(|e| CheckError::Fault(e.to_string()))?
-        .map_err(CheckError::Fault)?;
+        restart(restarted_node, |p| Some(p), true).await?;
         f.next_grant(t, 0, ttl * 3).await?;
         until_stall_ends(begun, stall).await;
         f.open_gate(2);

@@ -86,18 +86,27 @@ pub(crate) async fn run(
         );
     };
     match backend {
-        "redis" => {
+        "redis" | "zookeeper" => {
             head(md);
+            let (peer_name, script_name, target) = if backend == "redis" {
+                ("redis-py", "redis_py_lock.py", url.to_string())
+            } else {
+                (
+                    "kazoo",
+                    "kazoo_lock.py",
+                    url.trim_start_matches("zk://").to_string(),
+                )
+            };
             let peer = python(&[
-                script("redis_py_lock.py").display().to_string(),
-                url.into(),
+                script(script_name).display().to_string(),
+                target,
                 n.to_string(),
             ])
             .await?;
             let me = ours(lib, "bench/peer/distlock", n).await?;
             row(
                 md,
-                "redis-py `Lock`",
+                &format!("{peer_name} `Lock`"),
                 "Python 3, in-process timer, `acquire(blocking=False)` + `release()`",
                 peer,
             );
@@ -109,35 +118,7 @@ pub(crate) async fn run(
             );
             let _ = writeln!(
                 md,
-                "\ndistlock / redis-py at p50: **{:.2}**",
-                me.0 as f64 / peer.0 as f64
-            );
-        }
-        "zookeeper" => {
-            head(md);
-            let hosts = url.trim_start_matches("zk://").to_string();
-            let peer = python(&[
-                script("kazoo_lock.py").display().to_string(),
-                hosts,
-                n.to_string(),
-            ])
-            .await?;
-            let me = ours(lib, "bench/peer/distlock", n).await?;
-            row(
-                md,
-                "kazoo `Lock`",
-                "Python 3, in-process timer, `acquire(blocking=False)` + `release()`",
-                peer,
-            );
-            row(
-                md,
-                "distlock",
-                "in-process timer, `try_acquire` + `release`",
-                me,
-            );
-            let _ = writeln!(
-                md,
-                "\ndistlock / kazoo at p50: **{:.2}**",
+                "\ndistlock / {peer_name} at p50: **{:.2}**",
                 me.0 as f64 / peer.0 as f64
             );
         }

@@ -16,6 +16,22 @@ pub fn spawn(extra: &[&str]) -> Result<ServerProcess, HarnessError> {
     let bin = find_binary("redis-server", &[], INSTALL)?;
     let dir = temp_dir("redis")?;
     let port = free_port()?;
+    let mut cmd = private_command(&bin, port, &dir);
+    cmd.args(extra);
+    ServerProcess::spawn(
+        "redis-server",
+        cmd,
+        dir,
+        port,
+        "TERM",
+        Duration::from_secs(20),
+        move || ping(port),
+    )
+}
+
+/// redis-server on `port` and loopback only, without persistence, its
+/// files in `dir`.
+fn private_command(bin: &std::path::Path, port: u16, dir: &std::path::Path) -> Command {
     let mut cmd = Command::new(bin);
     cmd.args([
         "--port",
@@ -28,17 +44,8 @@ pub fn spawn(extra: &[&str]) -> Result<ServerProcess, HarnessError> {
         "no",
     ])
     .arg("--dir")
-    .arg(&dir)
-    .args(extra);
-    ServerProcess::spawn(
-        "redis-server",
-        cmd,
-        dir,
-        port,
-        "TERM",
-        Duration::from_secs(20),
-        move || ping(port),
-    )
+    .arg(dir);
+    cmd
 }
 
 /// Whether the server answers PING.
@@ -327,20 +334,8 @@ pub fn spawn_with_fake_clock() -> Result<(ServerProcess, PathBuf), HarnessError>
     let offset = dir.join("faketime");
     std::fs::write(&offset, "+0\n").map_err(|e| err(e.to_string()))?;
     let port = free_port()?;
-    let mut cmd = Command::new(bin);
-    cmd.args([
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ])
-    .arg("--dir")
-    .arg(&dir)
-    .env(
+    let mut cmd = private_command(&bin, port, &dir);
+    cmd.env(
         "LD_PRELOAD",
         format!("{}:{}", shim.display(), faketime.display()),
     )
