@@ -471,6 +471,20 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Resul
 /// for everyone else (the seed's ABC / CDE case). With delayed-restart
 /// protection node 2 sits out for a TTL instead.
 async fn f3_redlock_restart(protected: bool) -> Result<(), Failed> {
+    // Without protection the double grant needs the contender to reconnect
+    // to the restarted node within the holder's 7 s stall; on a loaded
+    // machine that occasionally takes longer, and the fault then cannot
+    // show. One more attempt, and a failure only if both show nothing; a
+    // scheme that really prevented the double grant fails both.
+    let first = f3_attempt(protected).await;
+    if protected || first.is_ok() {
+        return first;
+    }
+    eprintln!("F3 unprotected, first attempt: {first:?}; trying once more");
+    f3_attempt(protected).await
+}
+
+async fn f3_attempt(protected: bool) -> Result<(), Failed> {
     let ttl = Duration::from_secs(10);
     let options = if protected {
         "&delayed_restart_ms=10000"

@@ -290,7 +290,8 @@ impl ZooKeeperBackend {
                 Err(zk::Error::ConnectionLoss) => {
                     tokio::time::sleep(Duration::from_millis(100)).await
                 }
-                Err(zk::Error::NoNode) => return Ok(None),
+                // An expired session's ephemeral nodes are gone with it.
+                Err(zk::Error::NoNode | zk::Error::SessionExpired) => return Ok(None),
                 Err(e) => return Err(self.err(e)),
             }
         }
@@ -443,7 +444,7 @@ impl Backend for ZooKeeperBackend {
         match self.find_mine(&client, &parent, &prefix).await? {
             Some(node) => match client.delete(&format!("{parent}/{node}"), None).await {
                 Ok(()) => Ok(true),
-                Err(zk::Error::NoNode) => Ok(false),
+                Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(false),
                 Err(e) => Err(self.err(e)),
             },
             None => Ok(false),
