@@ -33,6 +33,7 @@ cases![
     vanished_holder_frees_lock_after_ttl,
     extend_keeps_lock_past_original_ttl,
     auto_renewal_keeps_lock_for_several_ttls,
+    batched_renewal_answers_for_each_hold,
     lost_fires_when_renewal_is_rejected,
     lost_fires_at_deadline_without_renewal,
     run_until_lost_cancels_work,
@@ -344,6 +345,90 @@ pub async fn auto_renewal_keeps_lock_for_several_ttls(
         g.release().await?,
         "release reported the renewed lock as not held"
     );
+    Ok(Completion::Completed)
+}
+
+/// A batched renewal (`extend_many`) answers for each hold as `extend`
+/// would: held ones are extended, a released one and a name held by another
+/// owner are not (and the other owner keeps it). Then many guards renewed
+/// through core's batches all stay held.
+pub async fn batched_renewal_answers_for_each_hold(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let backend = f.client().await?;
+    let caps = backend.capabilities();
+    if caps.extend_batch <= 1 {
+        return Ok(Completion::ignored_with(format!(
+            "{} renews one lock per request",
+            caps.backend
+        )));
+    }
+    let other = f.client().await?;
+    let ttl = f.short_ttl();
+    let names = (0..4)
+        .map(|i| name(&ns, &format!("batch{i}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mine: Vec<LockRequest> = names
+        .iter()
+        .map(|n| LockRequest::new(n.clone(), ttl))
+        .collect();
+    for r in &mine[..3] {
+        ensure!(
+            backend.try_acquire(r).await?.is_some(),
+            "a free lock was not granted"
+        );
+    }
+    ensure!(
+        backend.release(&mine[1]).await?,
+        "release reported not held"
+    );
+    let theirs = LockRequest::new(names[3].clone(), LONG_TTL);
+    ensure!(
+        other.try_acquire(&theirs).await?.is_some(),
+        "a free lock was not granted to the other client"
+    );
+    let batch: Vec<LockRequest> = mine.iter().map(|r| r.with_ttl(ttl * 6)).collect();
+    let answers = backend.extend_many(&batch).await?;
+    ensure!(
+        answers == [true, false, true, false],
+        "extend_many over held, released, held, someone else's answered {answers:?}"
+    );
+    tokio::time::sleep(ttl * 2).await;
+    for i in [0, 2] {
+        let probe = LockRequest::new(names[i].clone(), LONG_TTL);
+        ensure!(
+            other.try_acquire(&probe).await?.is_none(),
+            "lock {i} expired at its original TTL despite the batched renewal"
+        );
+    }
+    let probe = LockRequest::new(names[3].clone(), ttl);
+    ensure!(
+        backend.try_acquire(&probe).await?.is_none(),
+        "the other owner's lock was freed by someone's batched renewal"
+    );
+    ensure!(
+        other.release(&theirs).await?,
+        "the other owner lost its lock to a batched renewal"
+    );
+    backend.release(&mine[0]).await?;
+    backend.release(&mine[2]).await?;
+
+    let client = LockClient::from_dyn(backend);
+    let mut guards = Vec::new();
+    for i in 0..40 {
+        let lock = name(&ns, &format!("renewed{i}"))?;
+        guards.push(client.lock(&lock).ttl(ttl).acquire().await?);
+    }
+    tokio::time::sleep(ttl * 7 / 2).await;
+    let lost = guards.iter().filter(|g| !g.is_held()).count();
+    ensure!(lost == 0, "{lost} of 40 batch-renewed guards were lost");
+    for g in guards {
+        ensure!(
+            g.release().await?,
+            "a batch-renewed lock was no longer held"
+        );
+    }
     Ok(Completion::Completed)
 }
 

@@ -20,6 +20,8 @@ enum Flaw {
     ReleasesAnyOwner,
     /// Hands out the same token every time.
     RepeatsTokens,
+    /// Answers a batched renewal with "extended" for every lock in it.
+    BatchExtendsAll,
 }
 
 #[derive(Debug)]
@@ -40,11 +42,18 @@ impl Backend for Broken {
                 Ok(Some(FencingToken(1)))
             }
             Flaw::RepeatsTokens => Ok(self.inner.try_acquire(req).await?.map(|_| FencingToken(1))),
-            Flaw::ReleasesAnyOwner => self.inner.try_acquire(req).await,
+            Flaw::ReleasesAnyOwner | Flaw::BatchExtendsAll => self.inner.try_acquire(req).await,
         }
     }
     async fn extend(&self, req: &LockRequest) -> LockResult<bool> {
         self.inner.extend(req).await
+    }
+    async fn extend_many(&self, reqs: &[LockRequest]) -> LockResult<Vec<bool>> {
+        let answers = self.inner.extend_many(reqs).await?;
+        Ok(match self.flaw {
+            Flaw::BatchExtendsAll => vec![true; answers.len()],
+            _ => answers,
+        })
     }
     async fn release(&self, req: &LockRequest) -> LockResult<bool> {
         match self.flaw {
@@ -106,6 +115,11 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             "repeated_tokens",
             Flaw::RepeatsTokens,
             "tokens_increase_across_holders",
+        ),
+        (
+            "batched_renewal_of_others_locks",
+            Flaw::BatchExtendsAll,
+            "batched_renewal_answers_for_each_hold",
         ),
     ]
     .into_iter()

@@ -17,7 +17,11 @@ use crate::BoxError;
 pub(crate) struct Counting {
     inner: DynBackend,
     pub(crate) acquires: AtomicU64,
+    /// Renewal requests: one per `extend` call, one per `extend_many`
+    /// call (core sends at most the backend's declared batch per call).
     pub(crate) extends: AtomicU64,
+    /// Holds renewed, whether alone or in a batch.
+    pub(crate) renewed: AtomicU64,
 }
 
 impl Counting {
@@ -26,6 +30,7 @@ impl Counting {
             inner,
             acquires: AtomicU64::new(0),
             extends: AtomicU64::new(0),
+            renewed: AtomicU64::new(0),
         })
     }
 }
@@ -45,7 +50,13 @@ impl Backend for Counting {
     }
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         self.extends.fetch_add(1, Ordering::Relaxed);
+        self.renewed.fetch_add(1, Ordering::Relaxed);
         self.inner.extend(req).await
+    }
+    async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        self.extends.fetch_add(1, Ordering::Relaxed);
+        self.renewed.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        self.inner.extend_many(reqs).await
     }
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         self.inner.release(req).await
@@ -76,6 +87,7 @@ pub(crate) fn rss() -> u64 {
 pub(crate) struct KeepAlive {
     pub(crate) bytes_per_lock: f64,
     pub(crate) renewals_per_period: f64,
+    pub(crate) renewed_per_period: f64,
     pub(crate) acquire_secs: f64,
 }
 
@@ -105,9 +117,11 @@ pub(crate) async fn keep_alive(
     }
     let acquire_secs = started.elapsed().as_secs_f64();
     let extends_before = counting.extends.load(Ordering::Relaxed);
+    let renewed_before = counting.renewed.load(Ordering::Relaxed);
     let periods = 3u32;
     tokio::time::sleep(ttl / 3 * periods).await;
     let extends = counting.extends.load(Ordering::Relaxed) - extends_before;
+    let renewed = counting.renewed.load(Ordering::Relaxed) - renewed_before;
     let after = rss();
     let lost = guards.iter().filter(|g| !g.is_held()).count();
     for g in guards {
@@ -119,6 +133,7 @@ pub(crate) async fn keep_alive(
     Ok(KeepAlive {
         bytes_per_lock: after.saturating_sub(before) as f64 / m as f64,
         renewals_per_period: extends as f64 / f64::from(periods),
+        renewed_per_period: renewed as f64 / f64::from(periods),
         acquire_secs,
     })
 }

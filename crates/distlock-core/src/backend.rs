@@ -203,6 +203,10 @@ pub struct Capabilities {
     pub drift_ppm: u32,
     /// Fixed clock drift and scheduling allowance.
     pub drift_fixed: Duration,
+    /// How many renewals one [`Backend::extend_many`] call may carry, each
+    /// call being one request to the server. `1` (the default) means no
+    /// batching: core calls [`Backend::extend`] per hold.
+    pub extend_batch: usize,
 }
 
 impl Capabilities {
@@ -227,6 +231,7 @@ impl Capabilities {
             session: false,
             drift_ppm: 10_000,
             drift_fixed: Duration::from_millis(2),
+            extend_batch: 1,
         }
     }
 
@@ -260,6 +265,13 @@ impl Capabilities {
     /// Declares that locks share a session reported by [`Backend::session_lost`].
     pub fn with_session(mut self) -> Self {
         self.session = true;
+        self
+    }
+
+    /// Declares that [`Backend::extend_many`] renews up to `max` holds in one
+    /// request; core then batches the renewals that come due together.
+    pub fn with_extend_batch(mut self, max: usize) -> Self {
+        self.extend_batch = max.max(1);
         self
     }
 
@@ -306,6 +318,19 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Extends the lease to `req.ttl` from now if `req.owner` still holds it.
     async fn extend(&self, req: &LockRequest) -> Result<bool>;
 
+    /// Extends several holds in one request to the server, answering for
+    /// each, in order, as [`Backend::extend`] would. Core calls it only
+    /// when [`Capabilities::extend_batch`] is above 1, with at most that
+    /// many requests (the renewals that came due together). A failure of
+    /// the request fails the whole batch. The default extends one by one.
+    async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        let mut answers = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            answers.push(self.extend(req).await?);
+        }
+        Ok(answers)
+    }
+
     /// Releases the lock if `req.owner` holds it; `Ok(false)` if it did not.
     async fn release(&self, req: &LockRequest) -> Result<bool>;
 
@@ -341,6 +366,9 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         (**self).extend(req).await
+    }
+    async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        (**self).extend_many(reqs).await
     }
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         (**self).release(req).await

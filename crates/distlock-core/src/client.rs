@@ -40,6 +40,7 @@ pub struct LockClient {
 pub(crate) struct ClientInner {
     pub(crate) backend: DynBackend,
     pub(crate) caps: Capabilities,
+    pub(crate) renewer: crate::renewer::Renewer,
     slots: Mutex<HashMap<LockName, Arc<Slot>>>,
 }
 
@@ -100,6 +101,7 @@ impl LockClient {
         let caps = backend.capabilities();
         Self {
             inner: Arc::new(ClientInner {
+                renewer: crate::renewer::Renewer::new(backend.clone(), caps.extend_batch),
                 backend,
                 caps,
                 slots: Mutex::new(HashMap::new()),

@@ -8,6 +8,7 @@ mod guard;
 mod memory;
 mod name;
 pub mod poll;
+mod renewer;
 mod token;
 mod watchdog;
 

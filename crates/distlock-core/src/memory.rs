@@ -83,6 +83,7 @@ impl Backend for MemoryBackend {
             Duration::from_millis(10),
             Duration::from_secs(365 * 24 * 3600),
         )
+        .with_extend_batch(1024)
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
@@ -121,15 +122,16 @@ impl Backend for MemoryBackend {
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        Ok(Self::extend_in(&mut lock(&self.table), req, Instant::now()))
+    }
+
+    async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
         let now = Instant::now();
         let mut table = lock(&self.table);
-        match table.get_mut(&req.name).and_then(|e| e.holder.as_mut()) {
-            Some((owner, expires)) if *owner == req.owner && *expires > now => {
-                *expires = now + req.ttl;
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
+        Ok(reqs
+            .iter()
+            .map(|req| Self::extend_in(&mut table, req, now))
+            .collect())
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
@@ -165,6 +167,16 @@ impl Backend for MemoryBackend {
 }
 
 impl MemoryBackend {
+    fn extend_in(table: &mut HashMap<LockName, Entry>, req: &LockRequest, now: Instant) -> bool {
+        match table.get_mut(&req.name).and_then(|e| e.holder.as_mut()) {
+            Some((owner, expires)) if *owner == req.owner && *expires > now => {
+                *expires = now + req.ttl;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn release_signal(&self, req: &LockRequest) -> Arc<Notify> {
         lock(&self.table)
             .entry(req.name.clone())

@@ -1,5 +1,7 @@
 //! The renewal watchdog: one task per hold that renews at about TTL/3 and
-//! reports the hold lost when it can no longer vouch for it.
+//! reports the hold lost when it can no longer vouch for it. The renewal
+//! itself goes through the client's [`Renewer`](crate::renewer), which
+//! batches it with others when the backend can.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +22,15 @@ pub(crate) async fn run(hold: Arc<Hold>) {
     tokio::pin!(session);
 
     let mut renewing = hold.renew && caps.extend;
-    let mut next_renew = hold.granted_at + period;
+    let renewer = &hold.client.renewer;
+    let schedule = |at: Instant| {
+        if renewer.batching() {
+            crate::renewer::align(at, period)
+        } else {
+            at
+        }
+    };
+    let mut next_renew = schedule(hold.granted_at + period);
     let mut last_error: Option<String> = None;
     let mut capped_by_max_hold = false;
 
@@ -78,13 +88,13 @@ pub(crate) async fn run(hold: Arc<Hold>) {
         let sent = Instant::now();
         let span = tracing::debug_span!("distlock.renew", lock = %req.name, token = %hold.token);
         let renewal = req.with_ttl(ttl);
-        let extend = backend.extend(&renewal).instrument(span);
+        let extend = renewer.extend(renewal).instrument(span);
         match tokio::time::timeout_at(deadline, extend).await {
             Ok(Ok(true)) => {
                 hold.transition(HoldState::Held {
                     deadline: sent + caps.safe_validity(ttl),
                 });
-                next_renew = sent + period;
+                next_renew = schedule(sent + period);
                 last_error = None;
                 tracing::trace!(lock = %req.name, ?ttl, "renewed");
             }
@@ -95,7 +105,7 @@ pub(crate) async fn run(hold: Arc<Hold>) {
             }
             Ok(Err(e)) => {
                 tracing::warn!(lock = %req.name, error = %e, "renewal failed; retrying until the deadline");
-                last_error = Some(e.to_string());
+                last_error = Some(e);
                 let retry = (period / 4).max(Duration::from_millis(5));
                 next_renew = Instant::now() + crate::poll::jitter(retry);
             }

@@ -214,3 +214,126 @@ async fn a_grant_after_a_wait_longer_than_the_ttl_gets_its_full_ttl() {
     assert!(second.is_held(), "granted just now, yet not held");
     assert!(left > ttl * 9 / 10, "only {left:?} of a {ttl:?} lease left");
 }
+
+/// Memory that counts batched renewals and can fail them.
+#[derive(Debug, Default)]
+struct Batching {
+    inner: MemoryBackend,
+    fail: AtomicBool,
+    batches: AtomicUsize,
+    renewed: AtomicUsize,
+    largest: AtomicUsize,
+}
+
+const BATCH: usize = 64;
+
+#[async_trait]
+impl Backend for Batching {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities().with_extend_batch(BATCH)
+    }
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        self.inner.try_acquire(req).await
+    }
+    async fn extend(&self, _req: &LockRequest) -> Result<bool> {
+        panic!("a batching backend's renewals must go through extend_many")
+    }
+    async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        self.batches.fetch_add(1, Ordering::SeqCst);
+        self.renewed.fetch_add(reqs.len(), Ordering::SeqCst);
+        self.largest.fetch_max(reqs.len(), Ordering::SeqCst);
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(Error::unavailable("batching", "server unreachable", None));
+        }
+        self.inner.extend_many(reqs).await
+    }
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        self.inner.release(req).await
+    }
+}
+
+async fn hold_many(
+    client: &LockClient,
+    n: usize,
+    spread: Duration,
+) -> Result<Vec<distlock_core::LockGuard>> {
+    let mut guards = Vec::new();
+    for i in 0..n {
+        let g = client
+            .lock(format!("many/{i}"))
+            .ttl(Duration::from_secs(3))
+            .acquire()
+            .await?;
+        guards.push(g);
+        tokio::time::sleep(spread / n as u32).await;
+    }
+    Ok(guards)
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_of_many_holds_go_out_in_few_batches() {
+    let b = Arc::new(Batching::default());
+    let client = LockClient::from_dyn(b.clone());
+    // 300 holds taken over 2 s (not at one instant), each renewed about
+    // every second.
+    let guards = hold_many(&client, 300, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let start = (
+        b.batches.load(Ordering::SeqCst),
+        b.renewed.load(Ordering::SeqCst),
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(guards.iter().all(|g| g.is_held()));
+    let batches = b.batches.load(Ordering::SeqCst) - start.0;
+    let renewed = b.renewed.load(Ordering::SeqCst) - start.1;
+    assert!(
+        renewed >= 300 * 9,
+        "{renewed} renewals of 300 holds in 10 s"
+    );
+    // Unbatched this is one request per renewal; the holds come due on a
+    // quarter-period grid, so each grid point sends ceil(due / 64).
+    assert!(
+        batches * 20 <= renewed,
+        "{batches} batches for {renewed} renewals"
+    );
+    assert!(b.largest.load(Ordering::SeqCst) <= BATCH);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejected_renewal_in_a_batch_loses_only_that_hold() {
+    let b = Arc::new(Batching::default());
+    let client = LockClient::from_dyn(b.clone());
+    let guards = hold_many(&client, 10, Duration::ZERO).await.unwrap();
+    assert!(b
+        .inner
+        .evict(&distlock_core::LockName::new("many/3").unwrap()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(b.batches.load(Ordering::SeqCst) >= 1);
+    for (i, g) in guards.iter().enumerate() {
+        if i == 3 {
+            assert_eq!(g.lost().await, LostReason::RenewalRejected);
+        } else {
+            assert!(g.is_held(), "hold {i} was lost with its neighbour");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_batch_is_retried_and_then_every_hold_in_it_is_lost() {
+    let b = Arc::new(Batching::default());
+    let client = LockClient::from_dyn(b.clone());
+    let guards = hold_many(&client, 5, Duration::ZERO).await.unwrap();
+    b.fail.store(true, Ordering::SeqCst);
+    for g in &guards {
+        let reason = g.lost().await;
+        assert!(
+            matches!(reason, LostReason::RenewalFailed(ref e) if e.contains("unreachable")),
+            "{reason:?}"
+        );
+    }
+    assert!(
+        b.batches.load(Ordering::SeqCst) > 1,
+        "the batch was not retried"
+    );
+}

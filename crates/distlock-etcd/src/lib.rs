@@ -21,6 +21,9 @@ mod session;
 
 use session::Session;
 
+/// etcd's default `--max-txn-ops`: the most operations one txn may carry.
+const MAX_TXN_OPS: usize = 128;
+
 /// Locks on etcd, laid out like Go's `clientv3/concurrency.Mutex`, so
 /// `etcdctl lock`, Go services and distlock exclude each other.
 ///
@@ -498,7 +501,8 @@ impl EtcdBackend {
 #[async_trait]
 impl Backend for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
-        Self::declared_capabilities()
+        // One txn reads up to 128 keys: etcd's default --max-txn-ops.
+        Self::declared_capabilities().with_extend_batch(MAX_TXN_OPS)
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
@@ -585,6 +589,72 @@ impl Backend for EtcdBackend {
         }
         let key = format!("{}/{:x}", req.name, session.lease);
         self.still_mine(&key, req).await
+    }
+
+    /// One keep-alive per session (the lease is what keeps every key of the
+    /// batch) and one txn reading the batch's keys, instead of both per lock.
+    async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        let sessions: Vec<Option<Arc<Session>>> = {
+            let queued = self.queued();
+            reqs.iter().map(|r| queued.get(&r.owner).cloned()).collect()
+        };
+        let mut alive: HashMap<i64, bool> = HashMap::new();
+        for s in sessions.iter().flatten() {
+            if alive.contains_key(&s.lease) {
+                continue;
+            }
+            let lives = s.refresh().await.map_err(|e| {
+                Error::unavailable(
+                    "etcd",
+                    format!("etcd at {}: {e}", self.inner.endpoints),
+                    None,
+                )
+            })?;
+            alive.insert(s.lease, lives);
+        }
+        let keys: Vec<Option<String>> = reqs
+            .iter()
+            .zip(&sessions)
+            .map(|(r, s)| {
+                s.as_ref()
+                    .filter(|s| alive.get(&s.lease) == Some(&true))
+                    .map(|s| format!("{}/{:x}", r.name, s.lease))
+            })
+            .collect();
+        let reads: Vec<TxnOp> = keys
+            .iter()
+            .flatten()
+            .map(|k| TxnOp::get(k.as_str(), None))
+            .collect();
+        let mut values = if reads.is_empty() {
+            Vec::new()
+        } else {
+            let resp = self
+                .call(|mut c| {
+                    let txn = Txn::new().and_then(reads.clone());
+                    async move { c.txn(txn).await }
+                })
+                .await?;
+            resp.op_responses()
+                .into_iter()
+                .map(|op| match op {
+                    TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        }
+        .into_iter();
+        Ok(reqs
+            .iter()
+            .zip(keys)
+            .map(|(r, key)| {
+                key.is_some()
+                    && values
+                        .next()
+                        .flatten()
+                        .is_some_and(|v| v == r.owner.to_string().as_bytes())
+            })
+            .collect())
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {

@@ -164,6 +164,11 @@ impl Conn {
         }
     }
 
+    /// Whether keys of different hash slots may live on different nodes.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster { .. })
+    }
+
     /// Runs a script (EVALSHA, with EVAL on NOSCRIPT).
     pub(crate) async fn script<T: FromRedisValue>(
         &self,

@@ -42,6 +42,9 @@ pub struct Scripts {
     pub acquire: Script,
     /// `extend.lua`: PEXPIRE if the owner matches.
     pub extend: Script,
+    /// `extend_many.lua`: `extend.lua` over many keys in one call (not in
+    /// Redis Cluster, where the keys may live in different slots).
+    pub extend_many: Script,
     /// `release.lua`: DEL and PUBLISH if the owner matches.
     pub release: Script,
     /// `raise.lua`: raise the fencing counter to at least a value.
@@ -55,6 +58,7 @@ impl Scripts {
         SCRIPTS.get_or_init(|| Scripts {
             acquire: Script::new(include_str!("scripts/acquire.lua")),
             extend: Script::new(include_str!("scripts/extend.lua")),
+            extend_many: Script::new(include_str!("scripts/extend_many.lua")),
             release: Script::new(include_str!("scripts/release.lua")),
             raise: Script::new(include_str!("scripts/raise.lua")),
         })

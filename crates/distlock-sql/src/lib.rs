@@ -376,7 +376,7 @@ impl SqlBackend {
         } else {
             Waiting::Polling
         };
-        Capabilities::new(
+        let caps = Capabilities::new(
             database,
             Fencing::Strong,
             Consistency::Cp,
@@ -386,7 +386,15 @@ impl SqlBackend {
         .with_ttl_range(
             Duration::from_millis(10),
             Duration::from_secs(365 * 24 * 3600),
-        )
+        );
+        // Renewals in batches: one UPDATE over unnest() arrays on
+        // PostgreSQL, one transaction on SQLite. MySQL has no UPDATE ...
+        // RETURNING to say which rows were extended, so it renews one by one.
+        match database {
+            "postgres" => caps.with_extend_batch(1000),
+            "sqlite" => caps.with_extend_batch(256),
+            _ => caps,
+        }
     }
 }
 
@@ -444,6 +452,23 @@ impl Backend for SqlBackend {
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         dispatch!(self, db => db.extend(req).await)
+    }
+
+    async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        match &self.inner.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(db) => db.extend_many(reqs).await,
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite(db) => db.extend_many(reqs).await,
+            #[allow(unreachable_patterns)]
+            _ => {
+                let mut answers = Vec::with_capacity(reqs.len());
+                for req in reqs {
+                    answers.push(self.extend(req).await?);
+                }
+                Ok(answers)
+            }
+        }
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {

@@ -17,6 +17,7 @@ pub(crate) struct Pg {
     take: String,
     attempt: String,
     extend: String,
+    extend_many: String,
     release: String,
     evict: String,
     inspect: String,
@@ -65,6 +66,14 @@ impl Pg {
             "UPDATE {table} SET expires_at = now() + make_interval(secs => $3::float8 / 1e6)
               WHERE name = $1 AND owner = $2 AND expires_at > now()"
         );
+        // The same update for a batch of (name, owner, TTL) rows, answering
+        // with the rows it extended.
+        let extend_many = format!(
+            "UPDATE {table} AS l SET expires_at = now() + make_interval(secs => r.ttl / 1e6)
+               FROM unnest($1::text[], $2::text[], $3::float8[]) AS r(name, owner, ttl)
+              WHERE l.name = r.name AND l.owner = r.owner AND l.expires_at > now()
+             RETURNING l.name, l.owner"
+        );
         let release = format!(
             "WITH r AS (UPDATE {table} SET owner = NULL WHERE name = $1 AND owner = $2
                         RETURNING expires_at > now() AS held)
@@ -83,6 +92,7 @@ impl Pg {
             take,
             attempt,
             extend,
+            extend_many,
             release,
             evict,
             inspect,
@@ -144,6 +154,25 @@ impl Pg {
             .await
             .map_err(|e| self.err.map(e))?;
         Ok(r.rows_affected() == 1)
+    }
+
+    pub(crate) async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        let names: Vec<&str> = reqs.iter().map(|r| r.name.as_str()).collect();
+        let owners: Vec<String> = reqs.iter().map(|r| r.owner.to_string()).collect();
+        let ttls: Vec<f64> = reqs.iter().map(|r| ttl_micros(r.ttl) as f64).collect();
+        let extended: Vec<(String, String)> = sqlx::query_as(&self.extend_many)
+            .bind(&names)
+            .bind(&owners)
+            .bind(&ttls)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        let extended: std::collections::HashSet<(String, String)> = extended.into_iter().collect();
+        Ok(reqs
+            .iter()
+            .zip(owners)
+            .map(|(r, owner)| extended.contains(&(r.name.as_str().to_owned(), owner)))
+            .collect())
     }
 
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {

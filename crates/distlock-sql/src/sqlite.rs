@@ -147,6 +147,28 @@ impl Lite {
         Ok(r.rows_affected() == 1)
     }
 
+    /// Every renewal of the batch in one transaction: one commit (one WAL
+    /// write) instead of one per lock.
+    pub(crate) async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        let owners: Vec<String> = reqs.iter().map(|r| r.owner.to_string()).collect();
+        self.busy(|| async {
+            let mut tx = self.pool.begin().await?;
+            let mut answers = Vec::with_capacity(reqs.len());
+            for (req, owner) in reqs.iter().zip(&owners) {
+                let r = sqlx::query(&self.extend)
+                    .bind(req.name.as_str())
+                    .bind(owner)
+                    .bind(ttl_millis(req))
+                    .execute(&mut *tx)
+                    .await?;
+                answers.push(r.rows_affected() == 1);
+            }
+            tx.commit().await?;
+            Ok(answers)
+        })
+        .await
+    }
+
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
         let owner = req.owner.to_string();
         let held: Option<bool> = self

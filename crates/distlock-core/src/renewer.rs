@@ -1,0 +1,160 @@
+//! Batched renewal. Each hold's watchdog decides *when* to renew; when the
+//! backend can extend many holds in one request
+//! ([`Capabilities::extend_batch`](crate::Capabilities::extend_batch) > 1),
+//! the renewal goes through one task per client that sends everything
+//! queued in one [`Backend::extend_many`] call, and collects the next batch
+//! while that call is in flight (group commit). Watchdogs also round their
+//! renewal times down to a shared grid, so holds taken at different moments
+//! come due together. Holding M locks then costs about M / batch requests
+//! per renewal period instead of M.
+
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{DynBackend, LockRequest};
+use crate::client::lock;
+
+/// The answer a watchdog gets: still ours, or why the renewal failed.
+pub(crate) type Answer = Result<bool, String>;
+
+struct Pending {
+    req: LockRequest,
+    reply: oneshot::Sender<Answer>,
+}
+
+pub(crate) struct Renewer {
+    backend: DynBackend,
+    max_batch: usize,
+    /// Started on first use, inside the caller's runtime; started again if
+    /// that runtime has gone away.
+    queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
+}
+
+impl Renewer {
+    pub(crate) fn new(backend: DynBackend, max_batch: usize) -> Self {
+        Self {
+            backend,
+            max_batch: max_batch.max(1),
+            queue: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn batching(&self) -> bool {
+        self.max_batch > 1
+    }
+
+    /// Renews `req`, alone or in a batch.
+    pub(crate) async fn extend(&self, req: LockRequest) -> Answer {
+        if !self.batching() {
+            return self.backend.extend(&req).await.map_err(|e| e.to_string());
+        }
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut queue = lock(&self.queue);
+            let tx = match queue.as_ref() {
+                Some(tx) if !tx.is_closed() => tx,
+                _ => {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    tokio::spawn(run(self.backend.clone(), self.max_batch, rx));
+                    queue.insert(tx)
+                }
+            };
+            tx.send(Pending { req, reply })
+                .map_err(|_| "the renewal task has ended".to_string())?;
+        }
+        answer
+            .await
+            .map_err(|_| "the renewal task ended before answering".to_string())?
+    }
+}
+
+async fn run(backend: DynBackend, max_batch: usize, mut queue: mpsc::UnboundedReceiver<Pending>) {
+    let mut batch = Vec::with_capacity(max_batch);
+    while queue.recv_many(&mut batch, max_batch).await > 0 {
+        // Holds that came due at the same grid point are runnable now; let
+        // them queue before sending, rather than sending the first alone.
+        tokio::task::yield_now().await;
+        while batch.len() < max_batch {
+            match queue.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        // A watchdog that gave up (its deadline passed, its hold ended)
+        // needs no answer.
+        batch.retain(|p| !p.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let reqs: Vec<LockRequest> = batch.iter().map(|p| p.req.clone()).collect();
+        let span = tracing::debug_span!("distlock.renew_batch", size = reqs.len());
+        let answers = backend.extend_many(&reqs).instrument(span).await;
+        match answers {
+            Ok(answers) if answers.len() == reqs.len() => {
+                for (p, a) in batch.drain(..).zip(answers) {
+                    let _ = p.reply.send(Ok(a));
+                }
+            }
+            Ok(answers) => {
+                let e = format!(
+                    "the backend answered {} renewals for {} requests",
+                    answers.len(),
+                    reqs.len()
+                );
+                for p in batch.drain(..) {
+                    let _ = p.reply.send(Err(e.clone()));
+                }
+            }
+            Err(e) => {
+                let e = e.to_string();
+                for p in batch.drain(..) {
+                    let _ = p.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Rounds a renewal time down to a grid of a quarter period, shared by the
+/// whole process, so that holds with the same TTL come due together. Never
+/// later than `at`, so the hold renews a little early, never late.
+pub(crate) fn align(at: Instant, period: Duration) -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let quantum = (period / 4).as_nanos();
+    let Some(since) = at.checked_duration_since(epoch) else {
+        return at;
+    };
+    if quantum == 0 {
+        return at;
+    }
+    let since = since.as_nanos();
+    let rounded = since - since % quantum;
+    epoch + Duration::from_nanos(u64::try_from(rounded).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn align_rounds_down_to_a_quarter_period_and_groups_nearby_times() {
+        let period = Duration::from_secs(4);
+        let t = Instant::now() + Duration::from_secs(100);
+        let a = align(t, period);
+        assert!(a <= t);
+        assert!(t - a < Duration::from_secs(1));
+        // Two times within one quantum share a grid point; one a quantum
+        // later does not.
+        let b = align(a + Duration::from_millis(999), period);
+        assert_eq!(a, b);
+        assert_eq!(
+            align(a + Duration::from_secs(1), period),
+            a + Duration::from_secs(1)
+        );
+    }
+}
