@@ -158,6 +158,9 @@ pub(crate) async fn contention_one_name(
 #[derive(Debug)]
 pub(crate) struct Handoffs {
     pub(crate) latency: Histogram<u64>,
+    /// How long the releaser's own release call took: the server's cost
+    /// of the write that frees the lock, seen from the releaser.
+    pub(crate) release: Histogram<u64>,
     pub(crate) handoffs: u64,
 }
 
@@ -180,15 +183,19 @@ pub(crate) async fn handoffs(
     let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
         1, 60_000_000, 3,
     )?));
+    let release_hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
+        1, 60_000_000, 3,
+    )?));
     let mut tasks = Vec::new();
     for c in clients {
-        let (c, name, released_at, grants, hist, granted) = (
+        let (c, name, released_at, grants, hist, granted, release_hist) = (
             c.clone(),
             name.clone(),
             released_at.clone(),
             grants.clone(),
             hist.clone(),
             granted.clone(),
+            release_hist.clone(),
         );
         tasks.push(tokio::spawn(async move {
             loop {
@@ -217,8 +224,11 @@ pub(crate) async fn handoffs(
                 // Give the others time to queue behind this hold.
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 let mut next = granted.subscribe();
+                let release_start = Instant::now();
                 released_at.store(base.elapsed().as_nanos() as u64, Ordering::Release);
                 g.release().await?;
+                let us = (release_start.elapsed().as_micros() as u64).max(1);
+                release_hist.lock().map_err(|_| "poisoned")?.record(us)?;
                 if n >= rounds {
                     return Ok(());
                 }
@@ -237,8 +247,10 @@ pub(crate) async fn handoffs(
         t.await??;
     }
     let latency = hist.lock().map_err(|_| "poisoned")?.clone();
+    let release = release_hist.lock().map_err(|_| "poisoned")?.clone();
     Ok(Handoffs {
         handoffs: latency.len(),
         latency,
+        release,
     })
 }
