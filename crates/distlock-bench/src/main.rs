@@ -82,6 +82,10 @@ struct Args {
     /// Write results.md and the SVG plots here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Run only these scenario groups: 2 (uncontended, closed and open
+    /// loop), 3 (scenarios 3-6), 7 (holding many locks), peers.
+    #[arg(long, value_delimiter = ',', default_value = "2,3,7,peers")]
+    only: Vec<String>,
 }
 
 /// Latencies of one variant, in microseconds.
@@ -772,14 +776,19 @@ async fn main() -> Result<(), BoxError> {
         eprintln!("distlock-bench: {} ...", t.name);
         let _ = writeln!(r.md, "\n### {}\n", t.name);
         let lib = LockClient::from_dyn(distlock::connect(&t.url).await?);
+        let run = |group: &str| a.only.iter().any(|g| g == group);
         let outcomes = [
             (
                 "uncontended",
-                uncontended(&t, &lib, a.iterations, &mut r).await,
+                if run("2") {
+                    uncontended(&t, &lib, a.iterations, &mut r).await
+                } else {
+                    Ok(())
+                },
             ),
             (
                 "open loop",
-                if a.rate > 0 {
+                if a.rate > 0 && run("2") {
                     open_loop(&t, &lib, a.rate, a.iterations, &mut r).await
                 } else {
                     Ok(())
@@ -787,12 +796,23 @@ async fn main() -> Result<(), BoxError> {
             ),
             (
                 "scenarios 3-6",
-                scenarios_3_to_6(&t, &lib, &a, &mut r).await,
+                if run("3") {
+                    scenarios_3_to_6(&t, &lib, &a, &mut r).await
+                } else {
+                    Ok(())
+                },
             ),
-            ("holding many locks", scenario_7(&t, &a, &mut r).await),
+            (
+                "holding many locks",
+                if run("7") {
+                    scenario_7(&t, &a, &mut r).await
+                } else {
+                    Ok(())
+                },
+            ),
             (
                 "peers",
-                if a.peers {
+                if a.peers && run("peers") {
                     peers::run(t.name, &t.url, a.iterations, &lib, &mut r.md).await
                 } else {
                     Ok(())
