@@ -64,13 +64,22 @@ impl Owner {
 
 impl fmt::Display for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Sent with every request, so encoded in one pass into a stack
+        // buffer rather than 16 formatted writes.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 36];
+        let mut at = 0;
         for (i, b) in self.0.iter().enumerate() {
             if matches!(i, 4 | 6 | 8 | 10) {
-                f.write_str("-")?;
+                out[at] = b'-';
+                at += 1;
             }
-            write!(f, "{b:02x}")?;
+            out[at] = HEX[usize::from(b >> 4)];
+            out[at + 1] = HEX[usize::from(b & 0xf)];
+            at += 2;
         }
-        Ok(())
+        // Only ASCII hex digits and dashes were written.
+        f.write_str(std::str::from_utf8(&out).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -95,6 +104,12 @@ mod tests {
             s.split('-').map(str::len).collect::<Vec<_>>(),
             [8, 4, 4, 4, 12]
         );
+    }
+
+    #[test]
+    fn owner_hex_is_exact() {
+        let o = Owner(*b"\x00\x01\x7f\x80\xab\xcd\xef\xff\x10\x20\x30\x40\x50\x60\x70\x8f");
+        assert_eq!(o.to_string(), "00017f80-abcd-efff-1020-30405060708f");
     }
 
     #[test]

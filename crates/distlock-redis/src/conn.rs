@@ -174,19 +174,24 @@ impl Conn {
         &self,
         inv: &ScriptInvocation<'_>,
     ) -> RedisResult<T> {
+        // Cluster and Sentinel arms are boxed: an async fn's future is as
+        // big as its largest arm, and every lock operation carries it.
         match self {
             Conn::Single { manager, .. } => inv.invoke_async(&mut manager.clone()).await,
-            Conn::Cluster { conn, .. } => inv.invoke_async(&mut conn.clone()).await,
+            Conn::Cluster { conn, .. } => Box::pin(inv.invoke_async(&mut conn.clone())).await,
             Conn::Sentinel(s) => {
-                let (_, mut m) = s.current().await?;
-                match inv.invoke_async(&mut m).await {
-                    Err(e) if master_moved(&e) => {
-                        s.forget().await;
-                        let (_, mut m) = s.current().await?;
-                        inv.invoke_async(&mut m).await
+                Box::pin(async {
+                    let (_, mut m) = s.current().await?;
+                    match inv.invoke_async(&mut m).await {
+                        Err(e) if master_moved(&e) => {
+                            s.forget().await;
+                            let (_, mut m) = s.current().await?;
+                            inv.invoke_async(&mut m).await
+                        }
+                        r => r,
                     }
-                    r => r,
-                }
+                })
+                .await
             }
         }
     }

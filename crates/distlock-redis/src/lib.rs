@@ -95,41 +95,47 @@ impl RedisBackend {
         Keys::new(&self.inner.config.prefix, name)
     }
 
+    /// Only the lock key, for the hot paths.
+    fn lock_key(&self, name: &LockName) -> String {
+        Keys::lock_of(&self.inner.config.prefix, name)
+    }
+
     fn err(&self, e: RedisError) -> Error {
         map_err(&self.inner.endpoint, e)
     }
 
     /// One acquire script: the token, or how long the holder has left.
     pub async fn attempt(&self, req: &LockRequest) -> Result<Attempt> {
-        let keys = self.keys(&req.name);
-        let mut inv = Scripts::get().acquire.key(&keys.lock);
-        inv.key(&keys.fence)
+        let lock = self.lock_key(&req.name);
+        let mut inv = Scripts::get().acquire.key(&lock);
+        inv.key(Keys::fence_of(&lock))
             .arg(req.owner.to_string())
             .arg(ttl_ms(req.ttl));
-        let (granted, value): (i64, i64) = self
+        let answer: i64 = self
             .inner
             .conn
             .script(&inv)
             .await
             .map_err(|e| self.err(e))?;
-        if granted == 1 {
-            let token = u64::try_from(value)
-                .ok()
-                .filter(|t| *t > 0)
-                .ok_or_else(|| {
-                    Error::backend(
-                        "redis",
-                        format!("fencing counter {} holds {value}", keys.fence),
-                    )
-                })?;
-            self.await_replicas(req).await?;
-            Ok(Attempt::Granted(FencingToken(token)))
-        } else {
-            // PTTL: -2 the key just vanished, -1 no expiry (a foreign client's key).
-            Ok(Attempt::Held(
-                (value >= 0).then(|| Duration::from_millis(value as u64)),
-            ))
+        if answer >= 1 {
+            if self.inner.config.wait_replicas > 0 {
+                // Rare: boxed so that the common path's future stays small.
+                Box::pin(self.await_replicas(req)).await?;
+            }
+            return Ok(Attempt::Granted(FencingToken(answer.unsigned_abs())));
         }
+        if answer == 0 {
+            return Err(Error::backend(
+                "redis",
+                format!("fencing counter {} holds 0", Keys::fence_of(&lock)),
+            ));
+        }
+        // -(PTTL + 3): PTTL -2 the key just vanished, -1 no expiry (a
+        // foreign client's key), else the holder's remaining lease.
+        let pttl = -answer - 3;
+        Ok(Attempt::Held(
+            (pttl >= 0).then(|| Duration::from_millis(pttl.unsigned_abs())),
+        ))
     }
 
     /// With `wait_replicas`, a grant counts only once that many replicas
@@ -359,7 +365,7 @@ impl Backend for RedisBackend {
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
         let mut inv = Scripts::get().extend_many.prepare_invoke();
         for req in reqs {
-            inv.key(self.keys(&req.name).lock)
+            inv.key(self.lock_key(&req.name))
                 .arg(req.owner.to_string())
                 .arg(ttl_ms(req.ttl));
         }
@@ -396,9 +402,9 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
-        let keys = self.keys(&req.name);
-        let mut inv = Scripts::get().release.key(&keys.lock);
-        inv.arg(req.owner.to_string()).arg(&keys.channel);
+        let lock = self.lock_key(&req.name);
+        let mut inv = Scripts::get().release.key(&lock);
+        inv.arg(req.owner.to_string()).arg(Keys::channel_of(&lock));
         let n: i64 = self
             .inner
             .conn

@@ -24,12 +24,30 @@ pub struct Keys {
 impl Keys {
     /// The keys for `name` under `prefix`.
     pub fn new(prefix: &str, name: &LockName) -> Self {
-        let lock = format!("{prefix}{name}");
+        let lock = Self::lock_of(prefix, name);
         Self {
-            fence: format!("{{{lock}}}:fence"),
-            channel: format!("{{{lock}}}:released"),
+            fence: Self::fence_of(&lock),
+            channel: Self::channel_of(&lock),
             lock,
         }
+    }
+
+    /// The lock key alone.
+    pub fn lock_of(prefix: &str, name: &LockName) -> String {
+        let mut lock = String::with_capacity(prefix.len() + name.as_str().len());
+        lock.push_str(prefix);
+        lock.push_str(name.as_str());
+        lock
+    }
+
+    /// The fencing counter of a lock key.
+    pub fn fence_of(lock: &str) -> String {
+        format!("{{{lock}}}:fence")
+    }
+
+    /// The release channel of a lock key.
+    pub fn channel_of(lock: &str) -> String {
+        format!("{{{lock}}}:released")
     }
 }
 
