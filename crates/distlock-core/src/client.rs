@@ -41,6 +41,7 @@ pub(crate) struct ClientInner {
     pub(crate) backend: DynBackend,
     pub(crate) caps: Capabilities,
     pub(crate) renewer: crate::renewer::Renewer,
+    pub(crate) scheduler: Arc<crate::watchdog::Scheduler>,
     slots: Mutex<HashMap<LockName, Arc<Slot>>>,
 }
 
@@ -102,6 +103,7 @@ impl LockClient {
         Self {
             inner: Arc::new(ClientInner {
                 renewer: crate::renewer::Renewer::new(backend.clone(), caps.extend_batch),
+                scheduler: Arc::default(),
                 backend,
                 caps,
                 slots: Mutex::new(HashMap::new()),

@@ -29,12 +29,14 @@ pub(crate) struct Hold {
     permit: Mutex<Option<OwnedSemaphorePermit>>,
     pub(crate) req: LockRequest,
     pub(crate) token: FencingToken,
-    pub(crate) granted_at: Instant,
-    pub(crate) renew: bool,
     pub(crate) max_hold_until: Option<Instant>,
     pub(crate) holder: Option<String>,
     nested: Mutex<usize>,
     pub(crate) state: watch::Sender<HoldState>,
+    /// Renewal bookkeeping, owned by the watchdog.
+    pub(crate) renewal: Mutex<crate::watchdog::Renewal>,
+    /// This hold's entry in the watchdog's timer map.
+    pub(crate) timer: Mutex<Option<crate::watchdog::TimerKey>>,
 }
 
 impl Hold {
@@ -51,21 +53,28 @@ impl Hold {
         holder: Option<String>,
     ) -> Arc<Self> {
         let deadline = sent + client.caps.safe_validity(req.ttl);
+        let period = req.ttl / 3;
+        let first_renewal = if client.renewer.batching() {
+            crate::renewer::align(sent + period, period)
+        } else {
+            sent + period
+        };
+        let renewing = renew && client.caps.extend;
         let hold = Arc::new(Hold {
+            renewal: Mutex::new(crate::watchdog::Renewal::new(first_renewal, renewing)),
+            timer: Mutex::new(None),
             client,
             slot,
             permit: Mutex::new(Some(permit)),
             req,
             token,
-            granted_at: sent,
-            renew,
             max_hold_until: max_hold.map(|m| sent + m),
             holder,
             nested: Mutex::new(1),
             state: watch::Sender::new(HoldState::Held { deadline }),
         });
         *lock(&hold.slot.slot.held) = Some(hold.clone());
-        tokio::spawn(crate::watchdog::run(hold.clone()));
+        crate::watchdog::start(&hold);
         hold
     }
 
@@ -152,6 +161,7 @@ impl Hold {
     }
 
     fn free_local(&self) {
+        self.client.scheduler.disarm(self);
         {
             let mut held = lock(&self.slot.slot.held);
             if held
@@ -282,9 +292,11 @@ impl LockGuard {
             .instrument(span)
             .await?
         {
-            hold.transition(HoldState::Held {
+            if hold.transition(HoldState::Held {
                 deadline: sent + hold.client.caps.safe_validity(ttl),
-            });
+            }) {
+                crate::watchdog::rearm(hold);
+            }
             Ok(())
         } else {
             hold.mark_lost(LostReason::RenewalRejected);

@@ -1,4 +1,4 @@
-//! Batched renewal. Each hold's watchdog decides *when* to renew; when the
+//! Batched renewal. The watchdog decides *when* a hold renews; when the
 //! backend can extend many holds in one request
 //! ([`Capabilities::extend_batch`](crate::Capabilities::extend_batch) > 1),
 //! the renewal goes through one task per client that sends everything
@@ -8,22 +8,24 @@
 //! come due together. Holding M locks then costs about M / batch requests
 //! per renewal period instead of M.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{DynBackend, LockRequest};
 use crate::client::lock;
+use crate::guard::{Hold, HoldState};
+use crate::watchdog::renewed;
 
-/// The answer a watchdog gets: still ours, or why the renewal failed.
-pub(crate) type Answer = Result<bool, String>;
-
+/// One renewal: the hold, when the watchdog asked (the new deadline counts
+/// from here, so waiting in the queue only shortens it) and the TTL.
 struct Pending {
-    req: LockRequest,
-    reply: oneshot::Sender<Answer>,
+    hold: Arc<Hold>,
+    sent: Instant,
+    ttl: Duration,
 }
 
 pub(crate) struct Renewer {
@@ -47,28 +49,38 @@ impl Renewer {
         self.max_batch > 1
     }
 
-    /// Renews `req`, alone or in a batch.
-    pub(crate) async fn extend(&self, req: LockRequest) -> Answer {
+    /// Renews `hold` to `ttl`, alone or in a batch; the answer goes to
+    /// [`renewed`].
+    pub(crate) fn submit(&self, hold: Arc<Hold>, sent: Instant, ttl: Duration) {
         if !self.batching() {
-            return self.backend.extend(&req).await.map_err(|e| e.to_string());
+            let backend = self.backend.clone();
+            tokio::spawn(async move {
+                let req = hold.req.with_ttl(ttl);
+                let span =
+                    tracing::debug_span!("distlock.renew", lock = %req.name, token = %hold.token);
+                let answer = backend.extend(&req).instrument(span).await;
+                renewed(hold, sent, ttl, answer.map_err(|e| e.to_string()));
+            });
+            return;
         }
-        let (reply, answer) = oneshot::channel();
-        {
-            let mut queue = lock(&self.queue);
-            let tx = match queue.as_ref() {
-                Some(tx) if !tx.is_closed() => tx,
-                _ => {
-                    let (tx, rx) = mpsc::unbounded_channel();
-                    tokio::spawn(run(self.backend.clone(), self.max_batch, rx));
-                    queue.insert(tx)
-                }
-            };
-            tx.send(Pending { req, reply })
-                .map_err(|_| "the renewal task has ended".to_string())?;
+        let mut queue = lock(&self.queue);
+        let tx = match queue.as_ref() {
+            Some(tx) if !tx.is_closed() => tx,
+            _ => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(run(self.backend.clone(), self.max_batch, rx));
+                queue.insert(tx)
+            }
+        };
+        if let Err(mpsc::error::SendError(p)) = tx.send(Pending { hold, sent, ttl }) {
+            drop(queue);
+            renewed(
+                p.hold,
+                p.sent,
+                p.ttl,
+                Err("the renewal task has ended".into()),
+            );
         }
-        answer
-            .await
-            .map_err(|_| "the renewal task ended before answering".to_string())?
     }
 }
 
@@ -84,19 +96,18 @@ async fn run(backend: DynBackend, max_batch: usize, mut queue: mpsc::UnboundedRe
                 Err(_) => break,
             }
         }
-        // A watchdog that gave up (its deadline passed, its hold ended)
-        // needs no answer.
-        batch.retain(|p| !p.reply.is_closed());
+        // A hold released or lost meanwhile needs no renewal.
+        batch.retain(|p| matches!(&*p.hold.state.borrow(), HoldState::Held { .. }));
         if batch.is_empty() {
             continue;
         }
-        let reqs: Vec<LockRequest> = batch.iter().map(|p| p.req.clone()).collect();
+        let reqs: Vec<LockRequest> = batch.iter().map(|p| p.hold.req.with_ttl(p.ttl)).collect();
         let span = tracing::debug_span!("distlock.renew_batch", size = reqs.len());
         let answers = backend.extend_many(&reqs).instrument(span).await;
         match answers {
             Ok(answers) if answers.len() == reqs.len() => {
                 for (p, a) in batch.drain(..).zip(answers) {
-                    let _ = p.reply.send(Ok(a));
+                    renewed(p.hold, p.sent, p.ttl, Ok(a));
                 }
             }
             Ok(answers) => {
@@ -106,13 +117,13 @@ async fn run(backend: DynBackend, max_batch: usize, mut queue: mpsc::UnboundedRe
                     reqs.len()
                 );
                 for p in batch.drain(..) {
-                    let _ = p.reply.send(Err(e.clone()));
+                    renewed(p.hold, p.sent, p.ttl, Err(e.clone()));
                 }
             }
             Err(e) => {
                 let e = e.to_string();
                 for p in batch.drain(..) {
-                    let _ = p.reply.send(Err(e.clone()));
+                    renewed(p.hold, p.sent, p.ttl, Err(e.clone()));
                 }
             }
         }
