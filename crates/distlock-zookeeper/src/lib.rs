@@ -13,6 +13,10 @@ use distlock_core::{
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+/// One ZooKeeper session, shared (not cloned) by every node it holds: a
+/// `zk::Client` clone copies its chroot and session password.
+type Session = Arc<zk::Client>;
+
 /// Locks on ZooKeeper as ephemeral sequential children, named like Apache
 /// Curator's `InterProcessMutex` (`_c_<uuid>-lock-<seq>`), so Curator clients
 /// and distlock exclude each other.
@@ -29,9 +33,9 @@ struct Inner {
     session_timeout: Duration,
     hold_while_disconnected: bool,
     detached: bool,
-    client: tokio::sync::Mutex<Option<zk::Client>>,
+    client: tokio::sync::Mutex<Option<Session>>,
     /// My node for each live acquisition, with the session it lives in.
-    nodes: Mutex<HashMap<Owner, (String, zk::Client)>>,
+    nodes: Mutex<HashMap<Owner, (String, Session)>>,
     wakeups: AtomicU64,
 }
 
@@ -152,7 +156,7 @@ impl ZooKeeperBackend {
         err(&self.inner.hosts, e)
     }
 
-    fn nodes(&self) -> MutexGuard<'_, HashMap<Owner, (String, zk::Client)>> {
+    fn nodes(&self) -> MutexGuard<'_, HashMap<Owner, (String, Session)>> {
         self.inner
             .nodes
             .lock()
@@ -160,7 +164,7 @@ impl ZooKeeperBackend {
     }
 
     /// The session's client; a new session after the last one ended.
-    async fn client(&self) -> Result<zk::Client> {
+    async fn client(&self) -> Result<Session> {
         let mut slot = self.inner.client.lock().await;
         if let Some(c) = slot.as_mut() {
             let state = c.state();
@@ -177,10 +181,12 @@ impl ZooKeeperBackend {
         if self.inner.detached {
             connector = connector.with_detached();
         }
-        let c = connector
-            .connect(&self.inner.hosts)
-            .await
-            .map_err(|e| self.err(e))?;
+        let c = Arc::new(
+            connector
+                .connect(&self.inner.hosts)
+                .await
+                .map_err(|e| self.err(e))?,
+        );
         *slot = Some(c.clone());
         Ok(c)
     }
@@ -220,7 +226,7 @@ impl ZooKeeperBackend {
     async fn enqueue(
         &self,
         req: &LockRequest,
-    ) -> Result<(zk::Client, String, String, FencingToken)> {
+    ) -> Result<(Session, String, String, FencingToken)> {
         let client = self.client().await?;
         let parent = self.parent(&req.name);
         let prefix = format!("_c_{}-lock-", req.owner);
@@ -266,11 +272,11 @@ impl ZooKeeperBackend {
     fn remember(
         &self,
         req: &LockRequest,
-        client: zk::Client,
+        client: Session,
         parent: String,
         node: String,
         czxid: i64,
-    ) -> Result<(zk::Client, String, String, FencingToken)> {
+    ) -> Result<(Session, String, String, FencingToken)> {
         let token = u64::try_from(czxid)
             .map_err(|_| Error::backend("zookeeper", format!("negative czxid {czxid}")))?;
         self.nodes()
@@ -438,12 +444,12 @@ impl Backend for ZooKeeperBackend {
     /// node is still there and still this session's, one multi-read per
     /// session for the whole batch.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
-        let entries: Vec<Option<(String, zk::Client)>> = {
+        let entries: Vec<Option<(String, Session)>> = {
             let nodes = self.nodes();
             reqs.iter().map(|r| nodes.get(&r.owner).cloned()).collect()
         };
         let mut answers = vec![false; reqs.len()];
-        let mut sessions: Vec<(zk::Client, Vec<usize>)> = Vec::new();
+        let mut sessions: Vec<(Session, Vec<usize>)> = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
             let Some((_, client)) = entry else { continue };
             match sessions
