@@ -65,6 +65,9 @@ struct Timers {
     map: BTreeMap<TimerKey, Weak<Hold>>,
     seq: u64,
     task: Option<JoinHandle<()>>,
+    /// When the task will wake by itself; an entry armed later than this
+    /// needs no wake-up (the common case: a new hold renews in TTL/3).
+    wakes_at: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -86,11 +89,15 @@ impl Scheduler {
         t.map.insert(key, Arc::downgrade(hold));
         *key_slot = Some(key);
         drop(key_slot);
-        let earliest = t.map.first_key_value().is_some_and(|(k, _)| *k == key);
         if t.task.as_ref().is_none_or(JoinHandle::is_finished) {
             // First hold, the task went idle, or its runtime is gone.
+            t.wakes_at = None;
             t.task = Some(tokio::spawn(self.clone().run()));
-        } else if earliest {
+        } else if t.wakes_at.is_some_and(|w| at < w) {
+            // Earlier than the task's own wake-up (or the task is busy:
+            // `wakes_at` is None then, and it looks at the map again
+            // before sleeping).
+            t.wakes_at = Some(at);
             self.wake.notify_one();
         }
     }
@@ -109,6 +116,7 @@ impl Scheduler {
             let mut due = Vec::new();
             let next = {
                 let mut t = lock(&self.timers);
+                t.wakes_at = None;
                 while let Some(entry) = t.map.first_entry() {
                     if entry.key().0 > now {
                         break;
@@ -123,7 +131,11 @@ impl Scheduler {
                         due.push(hold);
                     }
                 }
-                t.map.first_key_value().map(|(k, _)| k.0)
+                let next = t.map.first_key_value().map(|(k, _)| k.0);
+                if due.is_empty() {
+                    t.wakes_at = Some(next.unwrap_or(now + IDLE));
+                }
+                next
             };
             if !due.is_empty() {
                 for hold in due {

@@ -223,10 +223,7 @@ impl ZooKeeperBackend {
     /// My child node: created, or found again after a connection loss hid
     /// the create's reply (ZOOKEEPER-1262). The owner value in the name makes
     /// it findable, so there is never an orphan or a second entry.
-    async fn enqueue(
-        &self,
-        req: &LockRequest,
-    ) -> Result<(Session, String, String, FencingToken)> {
+    async fn enqueue(&self, req: &LockRequest) -> Result<(Session, String, String, FencingToken)> {
         let client = self.client().await?;
         let parent = self.parent(&req.name);
         let prefix = format!("_c_{}-lock-", req.owner);
