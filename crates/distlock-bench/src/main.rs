@@ -47,11 +47,11 @@ struct Args {
     /// warm-up rounds).
     #[arg(long, default_value_t = 1000)]
     iterations: u32,
-    /// Backends to run (sqlite, postgres, redis, etcd, zookeeper).
+    /// Backends to run (sqlite, postgres, redis, redlock, etcd, zookeeper).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "sqlite,postgres,redis,etcd,zookeeper"
+        default_value = "sqlite,postgres,redis,redlock,etcd,zookeeper"
     )]
     backends: Vec<String>,
     /// Seconds each throughput scenario runs.
@@ -131,6 +131,7 @@ struct Target {
     raw: Step,
     requests: Option<Counter>,
     _server: Option<TestServer>,
+    _servers: Vec<TestServer>,
 }
 
 /// Everything one run found, for the Markdown report and the plots.
@@ -496,11 +497,99 @@ async fn hold_many(spec: &str) -> Result<(), BoxError> {
 async fn target(name: &str) -> Result<Target, BoxError> {
     match name {
         "redis" => redis_target().await,
+        "redlock" => redlock_target().await,
         "sqlite" | "postgres" => sql_target(name).await,
         "etcd" => etcd_target().await,
         "zookeeper" => zookeeper_target().await,
         other => Err(format!("unknown backend {other:?}").into()),
     }
+}
+
+/// Redlock on three independent redis-servers. The raw sequence is the
+/// minimal Redlock: `SET NX PX` on the three nodes at once, then the
+/// compare-and-delete on the three at once.
+async fn redlock_target() -> Result<Target, BoxError> {
+    let mut servers = Vec::new();
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        let server = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Redis)).await??;
+        let client = redis::Client::open(server.url())?;
+        conns.push(client.get_multiplexed_async_connection().await?);
+        servers.push(server);
+    }
+    let url = format!(
+        "redlock://{}",
+        servers
+            .iter()
+            .map(|s| s
+                .url()
+                .trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let c1 = conns.clone();
+    let rtt: Step = Arc::new(move |_, _| {
+        let c = c1.clone();
+        Box::pin(async move {
+            let pings = c.into_iter().map(|mut c| async move {
+                let _: String = redis::cmd("PING").query_async(&mut c).await?;
+                Ok::<(), redis::RedisError>(())
+            });
+            for r in futures_util::future::join_all(pings).await {
+                r?;
+            }
+            Ok(())
+        })
+    });
+    let cad = redis::Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0");
+    let raw: Step = Arc::new(move |i, slot| {
+        let (c, cad) = (conns.clone(), cad.clone());
+        Box::pin(async move {
+            let key = format!("bench/raw/{slot}");
+            let owner = format!("raw-{i}");
+            let sets = c.iter().cloned().map(|mut c| {
+                let (key, owner) = (key.clone(), owner.clone());
+                async move {
+                    let ok: Option<String> = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(&owner)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(30_000)
+                        .query_async(&mut c)
+                        .await?;
+                    Ok::<bool, redis::RedisError>(ok.is_some())
+                }
+            });
+            let granted = futures_util::future::join_all(sets)
+                .await
+                .into_iter()
+                .filter(|r| matches!(r, Ok(true)))
+                .count();
+            if granted < 2 {
+                return Err("raw redlock: no majority".into());
+            }
+            let dels = c.into_iter().map(|mut c| {
+                let (key, owner, cad) = (key.clone(), owner.clone(), cad.clone());
+                async move { cad.key(&key).arg(&owner).invoke_async::<i64>(&mut c).await }
+            });
+            for r in futures_util::future::join_all(dels).await {
+                r?;
+            }
+            Ok(())
+        })
+    });
+    Ok(Target {
+        name: "redlock",
+        url,
+        rtt,
+        raw,
+        requests: None,
+        _server: None,
+        _servers: servers,
+    })
 }
 
 async fn redis_target() -> Result<Target, BoxError> {
@@ -565,6 +654,7 @@ async fn redis_target() -> Result<Target, BoxError> {
         raw,
         requests: Some(requests),
         _server: Some(server),
+        _servers: Vec::new(),
     })
 }
 
@@ -654,6 +744,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         raw,
         requests: None,
         _server: server,
+        _servers: Vec::new(),
     })
 }
 
@@ -696,6 +787,7 @@ async fn etcd_target() -> Result<Target, BoxError> {
         raw,
         requests: None,
         _server: Some(server),
+        _servers: Vec::new(),
     })
 }
 
@@ -730,6 +822,7 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
         raw,
         requests: None,
         _server: Some(server),
+        _servers: Vec::new(),
     })
 }
 

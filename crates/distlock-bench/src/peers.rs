@@ -1,7 +1,8 @@
 //! Peer libraries on the same servers, in the same run: redis-py's `Lock`
 //! (Redis), kazoo's `Lock` (ZooKeeper), both timed per operation inside
-//! their own Python process, and `etcdctl lock` (etcd), timed per process
-//! against this binary doing one acquire+release per process.
+//! their own Python process; rslock (Redlock), in this process, alternating
+//! with distlock; and `etcdctl lock` (etcd), timed per process against this
+//! binary doing one acquire+release per process.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -120,6 +121,61 @@ pub(crate) async fn run(
                 md,
                 "\ndistlock / {peer_name} at p50: **{:.2}**",
                 me.0 as f64 / peer.0 as f64
+            );
+        }
+        "redlock" => {
+            head(md);
+            let nodes: Vec<String> = url
+                .trim_start_matches("redlock://")
+                .split(',')
+                .map(|n| format!("redis://{n}/"))
+                .collect();
+            let peer = rslock::LockManager::new(nodes);
+            let mut theirs = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+            let mut mine = theirs.clone();
+            // Alternate one operation of each, after a tenth as many warm-up
+            // rounds.
+            for i in 0..(n + n / 10) {
+                let start = Instant::now();
+                let l = peer
+                    .lock("bench/peer/rslock", Duration::from_secs(30))
+                    .await
+                    .map_err(|e| format!("rslock: {e:?}"))?;
+                peer.unlock(&l).await;
+                let t = start.elapsed();
+                let start = Instant::now();
+                let g = lib
+                    .lock("bench/peer/distlock")
+                    .ttl(Duration::from_secs(30))
+                    .try_acquire()
+                    .await?
+                    .ok_or("lock busy")?;
+                g.release().await?;
+                let m = start.elapsed();
+                if i >= n / 10 {
+                    theirs.record(t.as_micros().max(1) as u64)?;
+                    mine.record(m.as_micros().max(1) as u64)?;
+                }
+            }
+            let p = |h: &hdrhistogram::Histogram<u64>| {
+                (h.value_at_quantile(0.5), h.value_at_quantile(0.99))
+            };
+            row(
+                md,
+                "rslock 0.10 `LockManager`",
+                "in this process, alternating, `lock` + `unlock`",
+                p(&theirs),
+            );
+            row(
+                md,
+                "distlock",
+                "in this process, alternating, `try_acquire` + `release`",
+                p(&mine),
+            );
+            let _ = writeln!(
+                md,
+                "\ndistlock / rslock at p50: **{:.2}**",
+                p(&mine).0 as f64 / p(&theirs).0 as f64
             );
         }
         "etcd" => {
