@@ -45,7 +45,7 @@ type Counter = Arc<dyn Fn() -> BoxFut<u64> + Send + Sync>;
 struct Args {
     /// Measured iterations of the latency scenarios (after a tenth as many
     /// warm-up rounds).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 3000)]
     iterations: u32,
     /// Backends to run (sqlite, postgres, redis, redlock, etcd, zookeeper).
     #[arg(

@@ -61,8 +61,14 @@ enum Vote {
 /// One full Redlock attempt's outcome.
 enum Round {
     Granted(FencingToken),
-    Contended(Option<Duration>),
+    /// Not granted: the shortest lease left among the holders' nodes, and
+    /// whether some nodes granted us (another contender split the vote).
+    Contended(Option<Duration>, bool),
 }
+
+/// After a release message from one node, how long a waiter waits for the
+/// same release to reach the other nodes before it tries anyway.
+const SETTLE: Duration = Duration::from_millis(10);
 
 impl RedlockBackend {
     /// Connects to `redlock://[user:pass@]host:port,host:port,...`, with the
@@ -249,7 +255,7 @@ impl RedlockBackend {
                 None,
             ));
         }
-        Ok(Round::Contended(left))
+        Ok(Round::Contended(left, !tokens.is_empty()))
     }
 
     fn valid_after(&self, ttl: Duration, start: Instant) -> bool {
@@ -300,7 +306,7 @@ impl Backend for RedlockBackend {
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
         match self.round(req).await? {
             Round::Granted(t) => Ok(Some(t)),
-            Round::Contended(_) => Ok(None),
+            Round::Contended(..) => Ok(None),
         }
     }
 
@@ -319,9 +325,9 @@ impl Backend for RedlockBackend {
         .collect();
         loop {
             req.attempt_starting();
-            let left = match self.round(req).await? {
+            let (left, split) = match self.round(req).await? {
                 Round::Granted(t) => return Ok(t),
-                Round::Contended(left) => left,
+                Round::Contended(left, split) => (left, split),
             };
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
@@ -330,28 +336,64 @@ impl Backend for RedlockBackend {
                     waited: start.elapsed(),
                 });
             }
+            if split {
+                // Another contender took some nodes in the same instant:
+                // a random delay, so the two do not split the vote again in
+                // lockstep (the Redlock paper's retry delay).
+                tokio::time::sleep(jitter(self.inner.config.retry_jitter)).await;
+                continue;
+            }
             let mut wake =
                 now + left.map_or(Duration::from_millis(200), |l| l + Duration::from_millis(2));
             if let Some(d) = deadline {
                 wake = wake.min(d);
             }
             let sleep = tokio::time::sleep_until(wake);
+            tokio::pin!(sleep);
             if watches.is_empty() {
                 sleep.await;
-            } else {
-                let dead = tokio::select! {
-                    () = sleep => None,
-                    (alive, i, _) = select_all(watches.iter_mut().map(|w| Box::pin(w.released()))) => (!alive).then_some(i),
+                continue;
+            }
+            // Wait for a release message, then for the same release to reach
+            // a majority of nodes (or SETTLE), so that the next round does
+            // not find the other nodes still held and split against itself.
+            let need = self.quorum().min(watches.len());
+            let mut heard = vec![false; watches.len()];
+            let mut dead = Vec::new();
+            loop {
+                let pending: Vec<_> = watches
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, _)| !heard[*i] && !dead.contains(i))
+                    .map(|(i, w)| Box::pin(async move { (i, w.released().await) }))
+                    .collect();
+                if pending.is_empty() {
+                    break;
+                }
+                let got = if heard.contains(&true) {
+                    timeout(SETTLE, select_all(pending)).await.ok()
+                } else {
+                    tokio::select! {
+                        () = &mut sleep => None,
+                        got = select_all(pending) => Some(got),
+                    }
                 };
-                // A node's pub/sub connection ended: it woke us to re-check;
-                // from now on its TTL is the fallback.
-                if let Some(i) = dead {
-                    watches.swap_remove(i);
+                let Some(((i, alive), _, _)) = got else { break };
+                if !alive {
+                    // A node's pub/sub connection ended: it woke us to
+                    // re-check; from now on its TTL is the fallback.
+                    dead.push(i);
+                    break;
+                }
+                heard[i] = true;
+                if heard.iter().filter(|h| **h).count() >= need {
+                    break;
                 }
             }
-            // Random delay before retrying, so contenders woken by the same
-            // release do not split the vote in lockstep.
-            tokio::time::sleep(jitter(self.inner.config.retry_jitter)).await;
+            dead.sort_unstable();
+            for i in dead.into_iter().rev() {
+                watches.swap_remove(i);
+            }
         }
     }
 
