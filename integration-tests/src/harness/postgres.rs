@@ -73,7 +73,7 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
             "-c",
             "full_page_writes=off",
             "-c",
-            "max_connections=300",
+            "max_connections=1000",
         ]);
     ServerProcess::spawn(
         "postgres",
