@@ -341,6 +341,24 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         std::future::pending().await
     }
 
+    /// Which session `req`'s hold lives in (an etcd lease, a ZooKeeper
+    /// session), for backends with sessions. With a key, core watches each
+    /// session once, through [`Backend::session_ended`], instead of calling
+    /// [`Backend::session_lost`] for every hold. `None` (the default): one
+    /// `session_lost` per hold.
+    fn session_key(&self, req: &LockRequest) -> Option<u64> {
+        let _ = req;
+        None
+    }
+
+    /// Resolves when the session `key` (from [`Backend::session_key`])
+    /// ends, at once if it already has or is no longer known. The default
+    /// never resolves.
+    async fn session_ended(&self, key: u64) -> LostReason {
+        let _ = key;
+        std::future::pending().await
+    }
+
     /// Reports who holds `name`, without taking it. The default says the
     /// backend cannot tell.
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
@@ -375,6 +393,12 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
     async fn session_lost(&self, req: &LockRequest) -> LostReason {
         (**self).session_lost(req).await
+    }
+    fn session_key(&self, req: &LockRequest) -> Option<u64> {
+        (**self).session_key(req)
+    }
+    async fn session_ended(&self, key: u64) -> LostReason {
+        (**self).session_ended(key).await
     }
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         (**self).inspect(name).await

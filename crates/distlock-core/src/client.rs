@@ -42,6 +42,8 @@ pub(crate) struct ClientInner {
     pub(crate) caps: Capabilities,
     pub(crate) renewer: crate::renewer::Renewer,
     pub(crate) scheduler: Arc<crate::watchdog::Scheduler>,
+    /// One watcher per backend session, for backends that name them.
+    pub(crate) sessions: Mutex<HashMap<u64, crate::watchdog::SessionWatch>>,
     slots: Mutex<HashMap<LockName, Arc<Slot>>>,
 }
 
@@ -104,6 +106,7 @@ impl LockClient {
             inner: Arc::new(ClientInner {
                 renewer: crate::renewer::Renewer::new(backend.clone(), caps.extend_batch),
                 scheduler: Arc::default(),
+                sessions: Mutex::new(HashMap::new()),
                 backend,
                 caps,
                 slots: Mutex::new(HashMap::new()),

@@ -37,6 +37,8 @@ pub(crate) struct Hold {
     pub(crate) renewal: Mutex<crate::watchdog::Renewal>,
     /// This hold's entry in the watchdog's timer map.
     pub(crate) timer: Mutex<Option<crate::watchdog::TimerKey>>,
+    /// This hold's place in its session's watcher: (session key, slot).
+    pub(crate) session: Mutex<Option<(u64, u64)>>,
 }
 
 impl Hold {
@@ -63,6 +65,7 @@ impl Hold {
         let hold = Arc::new(Hold {
             renewal: Mutex::new(crate::watchdog::Renewal::new(first_renewal, renewing)),
             timer: Mutex::new(None),
+            session: Mutex::new(None),
             client,
             slot,
             permit: Mutex::new(Some(permit)),
@@ -162,6 +165,7 @@ impl Hold {
 
     fn free_local(&self) {
         self.client.scheduler.disarm(self);
+        crate::watchdog::unwatch_session(self);
         {
             let mut held = lock(&self.slot.slot.held);
             if held

@@ -177,7 +177,78 @@ pub(crate) fn start(hold: &Arc<Hold>) {
     let at = lock(&hold.renewal).wake_at(deadline);
     hold.client.scheduler.arm(hold, at);
     if hold.client.caps.session {
-        tokio::spawn(watch_session(hold.clone()));
+        match hold.client.backend.session_key(&hold.req) {
+            Some(key) => watch_session_once(hold, key),
+            None => {
+                tokio::spawn(watch_session(hold.clone()));
+            }
+        }
+    }
+}
+
+/// The holds of one backend session, and the one task waiting for its end.
+pub(crate) struct SessionWatch {
+    holds: std::collections::HashMap<u64, Weak<Hold>>,
+    next: u64,
+    task: JoinHandle<()>,
+}
+
+/// Adds `hold` to its session's watcher, starting one for a new session.
+fn watch_session_once(hold: &Arc<Hold>, key: u64) {
+    let client = &hold.client;
+    let mut sessions = lock(&client.sessions);
+    let watch = sessions.entry(key).or_insert_with(|| SessionWatch {
+        holds: std::collections::HashMap::new(),
+        next: 0,
+        task: tokio::spawn(session_watcher(
+            client.backend.clone(),
+            Arc::downgrade(client),
+            key,
+        )),
+    });
+    let slot = watch.next;
+    watch.next += 1;
+    watch.holds.insert(slot, Arc::downgrade(hold));
+    *lock(&hold.session) = Some((key, slot));
+}
+
+/// Removes a released or lost hold from its session's watcher; the last
+/// one out stops the watcher.
+pub(crate) fn unwatch_session(hold: &Hold) {
+    let mut sessions = lock(&hold.client.sessions);
+    let Some((key, slot)) = lock(&hold.session).take() else {
+        return;
+    };
+    if let Some(watch) = sessions.get_mut(&key) {
+        watch.holds.remove(&slot);
+        if watch.holds.is_empty() {
+            watch.task.abort();
+            sessions.remove(&key);
+        }
+    }
+}
+
+/// Waits for the end of session `key`, then reports every hold in it lost.
+async fn session_watcher(
+    backend: crate::backend::DynBackend,
+    client: Weak<crate::client::ClientInner>,
+    key: u64,
+) {
+    let reason = backend.session_ended(key).await;
+    let Some(client) = client.upgrade() else {
+        return;
+    };
+    let holds: Vec<Arc<Hold>> = {
+        let mut sessions = lock(&client.sessions);
+        let Some(watch) = sessions.remove(&key) else {
+            return;
+        };
+        watch.holds.values().filter_map(Weak::upgrade).collect()
+    };
+    for hold in holds {
+        *lock(&hold.session) = None;
+        hold.mark_lost(reason.clone());
+        release_after_loss(hold);
     }
 }
 

@@ -337,3 +337,69 @@ async fn a_failed_batch_is_retried_and_then_every_hold_in_it_is_lost() {
         "the batch was not retried"
     );
 }
+
+/// Memory whose holds live in named sessions that the test can end.
+#[derive(Debug, Default)]
+struct Sessions {
+    inner: MemoryBackend,
+    ended: Arc<Notify>,
+    watchers: AtomicUsize,
+}
+
+#[async_trait]
+impl Backend for Sessions {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities().with_session()
+    }
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        self.inner.try_acquire(req).await
+    }
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        self.inner.extend(req).await
+    }
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        self.inner.release(req).await
+    }
+    async fn session_lost(&self, _req: &LockRequest) -> LostReason {
+        panic!("a backend that names its sessions is watched per session")
+    }
+    fn session_key(&self, _req: &LockRequest) -> Option<u64> {
+        Some(7)
+    }
+    async fn session_ended(&self, key: u64) -> LostReason {
+        self.watchers.fetch_add(1, Ordering::SeqCst);
+        self.ended.notified().await;
+        LostReason::SessionLost(format!("session {key} ended"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_watcher_per_session_reports_every_hold_in_it_lost() {
+    let s = Arc::new(Sessions::default());
+    let client = LockClient::from_dyn(s.clone());
+    let guards = hold_many(&client, 50, Duration::ZERO).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        s.watchers.load(Ordering::SeqCst),
+        1,
+        "one watcher for one session"
+    );
+    s.ended.notify_waiters();
+    for g in &guards {
+        assert_eq!(
+            g.lost().await,
+            LostReason::SessionLost("session 7 ended".into())
+        );
+    }
+    // A hold in the same session after its end gets a watcher of its own.
+    let late = client.lock("late").acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(s.watchers.load(Ordering::SeqCst), 2);
+    assert!(late.release().await.unwrap());
+    // The last hold out stops the watcher: ending the session now reaches
+    // nobody, and a new hold starts a new watcher.
+    let again = client.lock("again").acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(s.watchers.load(Ordering::SeqCst), 3);
+    assert!(again.is_held());
+}

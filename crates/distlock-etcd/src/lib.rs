@@ -698,6 +698,36 @@ impl Backend for EtcdBackend {
             None => std::future::pending().await,
         }
     }
+
+    /// The lease id: core then watches each lease once, not once per lock.
+    fn session_key(&self, req: &LockRequest) -> Option<u64> {
+        self.queued().get(&req.owner).map(|s| s.lease as u64)
+    }
+
+    async fn session_ended(&self, key: u64) -> LostReason {
+        let known = self
+            .queued()
+            .values()
+            .find(|s| s.lease as u64 == key)
+            .cloned();
+        let known = match known {
+            Some(s) => Some(s),
+            None => self
+                .inner
+                .sessions
+                .lock()
+                .await
+                .values()
+                .find(|s| s.lease as u64 == key)
+                .cloned(),
+        };
+        match known {
+            Some(s) => s.lost().await,
+            None => LostReason::SessionLost(format!(
+                "etcd lease {key:x} is no longer kept alive by this client"
+            )),
+        }
+    }
 }
 
 #[cfg(test)]

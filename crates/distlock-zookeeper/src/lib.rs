@@ -163,6 +163,31 @@ impl ZooKeeperBackend {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Resolves when `client`'s session can no longer vouch for its nodes.
+    async fn session_state_ends(&self, client: &zk::Client) -> LostReason {
+        let mut states = client.state_watcher();
+        let mut state = states.state();
+        loop {
+            match state {
+                zk::SessionState::Disconnected if !self.inner.hold_while_disconnected => {
+                    return LostReason::SessionLost(
+                        "disconnected from ZooKeeper (the session may expire unseen)".into(),
+                    )
+                }
+                zk::SessionState::Expired => {
+                    return LostReason::SessionLost("ZooKeeper session expired".into())
+                }
+                zk::SessionState::Closed => {
+                    return LostReason::SessionLost("ZooKeeper session closed".into())
+                }
+                zk::SessionState::AuthFailed => {
+                    return LostReason::SessionLost("ZooKeeper authentication failed".into())
+                }
+                _ => state = states.changed().await,
+            }
+        }
+    }
+
     /// The session's client; a new session after the last one ended.
     async fn client(&self) -> Result<Session> {
         let mut slot = self.inner.client.lock().await;
@@ -536,26 +561,28 @@ impl Backend for ZooKeeperBackend {
         let Some((_, client)) = entry else {
             return std::future::pending().await;
         };
-        let mut states = client.state_watcher();
-        let mut state = states.state();
-        loop {
-            match state {
-                zk::SessionState::Disconnected if !self.inner.hold_while_disconnected => {
-                    return LostReason::SessionLost(
-                        "disconnected from ZooKeeper (the session may expire unseen)".into(),
-                    )
-                }
-                zk::SessionState::Expired => {
-                    return LostReason::SessionLost("ZooKeeper session expired".into())
-                }
-                zk::SessionState::Closed => {
-                    return LostReason::SessionLost("ZooKeeper session closed".into())
-                }
-                zk::SessionState::AuthFailed => {
-                    return LostReason::SessionLost("ZooKeeper authentication failed".into())
-                }
-                _ => state = states.changed().await,
-            }
+        self.session_state_ends(&client).await
+    }
+
+    /// The session id: core then watches each session once, not once per
+    /// lock.
+    fn session_key(&self, req: &LockRequest) -> Option<u64> {
+        self.nodes()
+            .get(&req.owner)
+            .map(|(_, c)| c.session_id().0 as u64)
+    }
+
+    async fn session_ended(&self, key: u64) -> LostReason {
+        let client = self
+            .nodes()
+            .values()
+            .find(|(_, c)| c.session_id().0 as u64 == key)
+            .map(|(_, c)| c.clone());
+        match client {
+            Some(c) => self.session_state_ends(&c).await,
+            None => LostReason::SessionLost(format!(
+                "ZooKeeper session {key:x} is no longer this client's"
+            )),
         }
     }
 }
