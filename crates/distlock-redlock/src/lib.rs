@@ -128,6 +128,8 @@ impl RedlockBackend {
         )
         .with_ttl_range(Duration::from_millis(100), max_ttl)
         .with_drift(config.drift_ppm, config.drift_fixed)
+        // A batch is one `extend_many.lua` call per node, all nodes at once.
+        .with_extend_batch(512)
     }
 
     fn quorum(&self) -> usize {
@@ -423,6 +425,46 @@ impl Backend for RedlockBackend {
             total,
             hint: "extend could not reach a majority; the guard reports lost() if this lasts until its deadline",
         })
+    }
+
+    /// The batch goes to every node at once, one script call each; then
+    /// each lock is judged as `extend` judges it: extended where a majority
+    /// extended it within its validity, not ours where a majority said no.
+    /// A lock with neither fails the whole batch (its nodes are down or
+    /// slow, and so are everyone's), to be retried.
+    async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        let start = Instant::now();
+        let t = self.inner.config.node_timeout;
+        let answers = join_all(self.inner.nodes.iter().map(|n| async move {
+            let ext = async { n.redis(false).await?.extend_many(reqs).await };
+            timeout(t, ext)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .filter(|a| a.len() == reqs.len())
+        }))
+        .await;
+        let (quorum, total) = (self.quorum(), self.inner.nodes.len());
+        let mut out = Vec::with_capacity(reqs.len());
+        for (i, req) in reqs.iter().enumerate() {
+            let said = |v: bool| answers.iter().flatten().filter(|a| a[i] == v).count();
+            let (yes, no) = (said(true), said(false));
+            if yes >= quorum && self.valid_after(req.ttl, start) {
+                out.push(true);
+            } else if no > total - quorum {
+                out.push(false);
+            } else {
+                return Err(Error::QuorumNotReached {
+                    backend: "redlock",
+                    granted: yes,
+                    unreachable: total - yes - no,
+                    needed: quorum,
+                    total,
+                    hint: "a batched renewal could not reach a majority; the guards report lost() if this lasts until their deadlines",
+                });
+            }
+        }
+        Ok(out)
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
