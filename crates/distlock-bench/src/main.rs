@@ -505,6 +505,13 @@ async fn target(name: &str) -> Result<Target, BoxError> {
     }
 }
 
+/// The raw acquire: `SET key owner NX PX 30000`.
+fn set_nx_px(key: &str, owner: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(owner).arg("NX").arg("PX").arg(30_000);
+    cmd
+}
+
 /// Redlock on three independent redis-servers. The raw sequence is the
 /// minimal Redlock: `SET NX PX` on the three nodes at once, then the
 /// compare-and-delete on the three at once.
@@ -552,14 +559,7 @@ async fn redlock_target() -> Result<Target, BoxError> {
             let sets = c.iter().cloned().map(|mut c| {
                 let (key, owner) = (key.clone(), owner.clone());
                 async move {
-                    let ok: Option<String> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(&owner)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(30_000)
-                        .query_async(&mut c)
-                        .await?;
+                    let ok: Option<String> = set_nx_px(&key, &owner).query_async(&mut c).await?;
                     Ok::<bool, redis::RedisError>(ok.is_some())
                 }
             });
@@ -611,14 +611,7 @@ async fn redis_target() -> Result<Target, BoxError> {
         Box::pin(async move {
             let key = format!("bench/raw/{slot}");
             let owner = format!("raw-{i}");
-            let ok: Option<String> = redis::cmd("SET")
-                .arg(&key)
-                .arg(&owner)
-                .arg("NX")
-                .arg("PX")
-                .arg(30_000)
-                .query_async(&mut c)
-                .await?;
+            let ok: Option<String> = set_nx_px(&key, &owner).query_async(&mut c).await?;
             ok.ok_or("raw lock busy")?;
             let _: i64 = cad.key(&key).arg(&owner).invoke_async(&mut c).await?;
             Ok(())

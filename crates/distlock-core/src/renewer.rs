@@ -103,29 +103,21 @@ async fn run(backend: DynBackend, max_batch: usize, mut queue: mpsc::UnboundedRe
         }
         let reqs: Vec<LockRequest> = batch.iter().map(|p| p.hold.req.with_ttl(p.ttl)).collect();
         let span = tracing::debug_span!("distlock.renew_batch", size = reqs.len());
-        let answers = backend.extend_many(&reqs).instrument(span).await;
-        match answers {
-            Ok(answers) if answers.len() == reqs.len() => {
-                for (p, a) in batch.drain(..).zip(answers) {
-                    renewed(p.hold, p.sent, p.ttl, Ok(a));
-                }
-            }
-            Ok(answers) => {
-                let e = format!(
-                    "the backend answered {} renewals for {} requests",
-                    answers.len(),
-                    reqs.len()
-                );
-                for p in batch.drain(..) {
-                    renewed(p.hold, p.sent, p.ttl, Err(e.clone()));
-                }
-            }
-            Err(e) => {
-                let e = e.to_string();
-                for p in batch.drain(..) {
-                    renewed(p.hold, p.sent, p.ttl, Err(e.clone()));
-                }
-            }
+        let answers = match backend.extend_many(&reqs).instrument(span).await {
+            Ok(answers) if answers.len() == reqs.len() => Ok(answers),
+            Ok(answers) => Err(format!(
+                "the backend answered {} renewals for {} requests",
+                answers.len(),
+                reqs.len()
+            )),
+            Err(e) => Err(e.to_string()),
+        };
+        for (i, p) in batch.drain(..).enumerate() {
+            let answer = match &answers {
+                Ok(a) => Ok(a[i]),
+                Err(e) => Err(e.clone()),
+            };
+            renewed(p.hold, p.sent, p.ttl, answer);
         }
     }
 }

@@ -170,12 +170,7 @@ impl Scheduler {
 
 /// Arms a freshly granted hold, and watches its session if it has one.
 pub(crate) fn start(hold: &Arc<Hold>) {
-    let deadline = match &*hold.state.borrow() {
-        HoldState::Held { deadline } => *deadline,
-        _ => return,
-    };
-    let at = lock(&hold.renewal).wake_at(deadline);
-    hold.client.scheduler.arm(hold, at);
+    rearm(hold);
     if hold.client.caps.session {
         match hold.client.backend.session_key(&hold.req) {
             Some(key) => watch_session_once(hold, key),
@@ -252,7 +247,8 @@ async fn session_watcher(
     }
 }
 
-/// Re-arms a hold whose deadline changed (a manual extend).
+/// Arms a hold at its next renewal or deadline (a new hold, or one whose
+/// deadline changed: a manual extend, a failed renewal).
 pub(crate) fn rearm(hold: &Arc<Hold>) {
     let deadline = match &*hold.state.borrow() {
         HoldState::Held { deadline } => *deadline,
