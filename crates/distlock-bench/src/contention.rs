@@ -29,13 +29,7 @@ pub(crate) async fn throughput_k_names(
             let name = format!("bench/{tag}/k/{slot}");
             tasks.push(tokio::spawn(async move {
                 while Instant::now() < end {
-                    let g = lib
-                        .lock(&name)
-                        .ttl(Duration::from_secs(30))
-                        .try_acquire()
-                        .await?
-                        .ok_or("lock busy")?;
-                    g.release().await?;
+                    crate::cycle(&lib, &name).await?;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok::<(), BoxError>(())

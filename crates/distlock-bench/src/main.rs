@@ -155,18 +155,24 @@ async fn run_into<F: Future<Output = Result<(), BoxError>>>(
     }
 }
 
+/// One uncontended acquire + release with a 30 s TTL.
+pub(crate) async fn cycle(lib: &LockClient, name: &str) -> Result<(), BoxError> {
+    let g = lib
+        .lock(name)
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await?
+        .ok_or("lock busy")?;
+    g.release().await?;
+    Ok(())
+}
+
 fn lib_step(lib: &LockClient, tag: &str) -> Step {
     let (lib, tag) = (lib.clone(), tag.to_string());
     Arc::new(move |_, slot| {
         let (lib, name) = (lib.clone(), format!("bench/{tag}/uncontended/{slot}"));
         Box::pin(async move {
-            let g = lib
-                .lock(&name)
-                .ttl(Duration::from_secs(30))
-                .try_acquire()
-                .await?
-                .ok_or("lock busy")?;
-            g.release().await?;
+            crate::cycle(&lib, &name).await?;
             Ok(())
         })
     })

@@ -25,13 +25,7 @@ async fn ours(lib: &LockClient, name: &str, n: u32) -> Result<(u64, u64), BoxErr
     let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     for i in 0..(n + n / 10) {
         let start = Instant::now();
-        let g = lib
-            .lock(name)
-            .ttl(Duration::from_secs(30))
-            .try_acquire()
-            .await?
-            .ok_or("lock busy")?;
-        g.release().await?;
+        crate::cycle(lib, name).await?;
         if i >= n / 10 {
             h.record(start.elapsed().as_micros().max(1) as u64)?;
         }
@@ -144,13 +138,7 @@ pub(crate) async fn run(
                 peer.unlock(&l).await;
                 let t = start.elapsed();
                 let start = Instant::now();
-                let g = lib
-                    .lock("bench/peer/distlock")
-                    .ttl(Duration::from_secs(30))
-                    .try_acquire()
-                    .await?
-                    .ok_or("lock busy")?;
-                g.release().await?;
+                crate::cycle(lib, "bench/peer/distlock").await?;
                 let m = start.elapsed();
                 if i >= n / 10 {
                     theirs.record(t.as_micros().max(1) as u64)?;
