@@ -82,9 +82,10 @@ struct Args {
     /// Write results.md and the SVG plots here.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Run only these scenario groups: 2 (uncontended, closed and open
-    /// loop), 3 (scenarios 3-6), 7 (holding many locks), peers.
-    #[arg(long, value_delimiter = ',', default_value = "2,3,7,peers")]
+    /// Run only these scenario groups: core (core's CPU cost per operation,
+    /// in memory), 2 (uncontended, closed and open loop), 3 (scenarios
+    /// 3-6), 7 (holding many locks), peers.
+    #[arg(long, value_delimiter = ',', default_value = "core,2,3,7,peers")]
     only: Vec<String>,
 }
 
@@ -129,6 +130,10 @@ struct Target {
     url: String,
     rtt: Step,
     raw: Step,
+    /// distlock's own requests for one acquire+release, sent with the same
+    /// client crate and no distlock code around them (where written): the
+    /// protocol's cost, apart from the client's.
+    proto: Option<Step>,
     requests: Option<Counter>,
     _server: Option<TestServer>,
     _servers: Vec<TestServer>,
@@ -141,18 +146,6 @@ struct Results {
     latency: Vec<(String, Vec<f64>)>,
     handoff: Vec<(String, Vec<Option<f64>>)>,
     rtt_p50: Vec<(String, f64)>,
-}
-
-async fn run_into<F: Future<Output = Result<(), BoxError>>>(
-    k: Option<usize>,
-    series: &mut [Series; 3],
-    scratch: &mut Series,
-    f: F,
-) -> Result<(), BoxError> {
-    match k {
-        Some(k) => series[k].time(f).await,
-        None => scratch.time(f).await,
-    }
 }
 
 /// One uncontended acquire + release with a 30 s TTL.
@@ -178,29 +171,65 @@ fn lib_step(lib: &LockClient, tag: &str) -> Step {
     })
 }
 
-/// Scenarios 1 and 2, closed loop: the three variants interleaved so that
-/// machine noise hits all of them alike.
+/// One uncontended acquire + release through the backend alone: the
+/// `Backend` trait's calls, without the client (no guard, no watchdog, no
+/// local state).
+fn backend_step(lib: &LockClient, tag: &str) -> Step {
+    let (backend, tag) = (lib.backend().clone(), tag.to_string());
+    Arc::new(move |_, slot| {
+        let backend = backend.clone();
+        let name = format!("bench/{tag}/uncontended/{slot}");
+        Box::pin(async move {
+            let req = distlock::LockRequest::new(
+                distlock::LockName::new(&name)?,
+                Duration::from_secs(30),
+            );
+            backend.try_acquire(&req).await?.ok_or("lock busy")?;
+            backend.release(&req).await?;
+            Ok(())
+        })
+    })
+}
+
+/// Scenarios 1 and 2, closed loop: the variants interleaved so that
+/// machine noise hits all of them alike. Besides the raw sequence and
+/// distlock, two variants split distlock's extra time: its own requests
+/// sent raw (the protocol: fencing counter, release message, queue reads),
+/// and the backend called without the client (the backend crate's
+/// client-side cost; the rest is core's).
 async fn uncontended(
     t: &Target,
     lib: &LockClient,
     n: u32,
     r: &mut Results,
 ) -> Result<(), BoxError> {
-    let mut series = [
-        Series::new("round trip (calibration)")?,
-        Series::new("raw minimal sequence")?,
-        Series::new("distlock acquire+release")?,
+    let mut variants: Vec<(Series, Step)> = vec![
+        (Series::new("round trip (calibration)")?, t.rtt.clone()),
+        (Series::new("raw minimal sequence")?, t.raw.clone()),
     ];
-    let lib = lib_step(lib, t.name);
-    let warmup = n / 10;
-    for i in 0..(warmup + n) {
-        let mut scratch = Series::new("warm-up")?;
-        let on = |k| (i >= warmup).then_some(k);
-        run_into(on(0), &mut series, &mut scratch, (t.rtt)(i, 0)).await?;
-        run_into(on(1), &mut series, &mut scratch, (t.raw)(i, 0)).await?;
-        run_into(on(2), &mut series, &mut scratch, lib(i, 0)).await?;
+    if let Some(proto) = &t.proto {
+        variants.push((Series::new("distlock's requests, sent raw")?, proto.clone()));
     }
-    let [rtt, raw, ours] = &series;
+    variants.push((
+        Series::new("distlock backend, no client")?,
+        backend_step(lib, t.name),
+    ));
+    variants.push((
+        Series::new("distlock acquire+release")?,
+        lib_step(lib, t.name),
+    ));
+    let warmup = n / 10;
+    let mut scratch = Series::new("warm-up")?;
+    for i in 0..(warmup + n) {
+        for (series, step) in &mut variants {
+            let s = if i >= warmup {
+                &mut *series
+            } else {
+                &mut scratch
+            };
+            s.time(step(i, 0)).await?;
+        }
+    }
     let _ = writeln!(
         r.md,
         "\n#### {}: uncontended, closed loop (n = {n} each)\n",
@@ -210,7 +239,7 @@ async fn uncontended(
         r.md,
         "| variant | p50 µs | p99 µs | p99.9 µs |\n|---|---|---|---|"
     );
-    for s in [rtt, raw, ours] {
+    for (s, _) in &variants {
         let _ = writeln!(
             r.md,
             "| {} | {} | {} | {} |",
@@ -220,6 +249,12 @@ async fn uncontended(
             s.p(0.999)
         );
     }
+    let p50 = |k: usize| variants[k].0.p(0.5) as f64;
+    let (rtt, raw, ours) = (
+        &variants[0].0,
+        &variants[1].0,
+        &variants[variants.len() - 1].0,
+    );
     let ratio = ours.p(0.5) as f64 / raw.p(0.5) as f64;
     let _ = writeln!(
         r.md,
@@ -227,6 +262,24 @@ async fn uncontended(
         ours.p(0.99) as f64 / raw.p(0.99) as f64,
         raw.p(0.5) as f64 / rtt.p(0.5) as f64
     );
+    // Where distlock's extra time goes, at p50, as fractions of the raw
+    // sequence (differences of medians: a rough split, not exact).
+    let last = variants.len() - 1;
+    let (backend, raw50) = (p50(last - 1), p50(1));
+    let split = match t.proto {
+        Some(_) => format!(
+            "protocol {:+.2}, backend client {:+.2}, core {:+.2}",
+            (p50(2) - raw50) / raw50,
+            (backend - p50(2)) / raw50,
+            (p50(last) - backend) / raw50
+        ),
+        None => format!(
+            "backend (protocol and client) {:+.2}, core {:+.2}",
+            (backend - raw50) / raw50,
+            (p50(last) - backend) / raw50
+        ),
+    };
+    let _ = writeln!(r.md, "\nthe gap at p50, as fractions of raw: {split}");
     r.latency.push((
         t.name.to_string(),
         vec![
@@ -237,6 +290,46 @@ async fn uncontended(
         ],
     ));
     r.rtt_p50.push((t.name.to_string(), rtt.p(0.5) as f64));
+    Ok(())
+}
+
+/// Core's own cost: one uncontended acquire+release through the client
+/// and through the backend alone, on the in-memory backend (no I/O, so the
+/// difference is the client's CPU time per operation: the guard, its
+/// state, the per-name gate, the timer entry, the owner).
+async fn core_cost(n: u32, r: &mut Results) -> Result<(), BoxError> {
+    let backend: distlock::DynBackend = Arc::new(distlock::MemoryBackend::new());
+    let lib = LockClient::from_dyn(backend);
+    let steps = [
+        ("in-memory backend, no client", backend_step(&lib, "core")),
+        ("distlock client on it", lib_step(&lib, "core")),
+    ];
+    let mut per_op = [0.0f64; 2];
+    // Alternating blocks of 1,000 so that noise hits both alike; the
+    // first round of blocks is a warm-up.
+    let blocks = (n / 1000).max(1);
+    for round in 0..=blocks {
+        for (k, (_, step)) in steps.iter().enumerate() {
+            let start = Instant::now();
+            for i in 0..1000 {
+                step(i, 0).await?;
+            }
+            if round > 0 {
+                per_op[k] += start.elapsed().as_secs_f64();
+            }
+        }
+    }
+    let ns = |k: usize| per_op[k] / f64::from(blocks * 1000) * 1e9;
+    let _ = writeln!(
+        r.md,
+        "\n### core: cost per acquire+release on the in-memory backend (n = {} each)\n\n| variant | ns per operation |\n|---|---|\n| {} | {:.0} |\n| {} | {:.0} |\n\ncore's own cost: **{:.0} ns** per acquire+release",
+        blocks * 1000,
+        steps[0].0,
+        ns(0),
+        steps[1].0,
+        ns(1),
+        ns(1) - ns(0)
+    );
     Ok(())
 }
 
@@ -592,6 +685,7 @@ async fn redlock_target() -> Result<Target, BoxError> {
         url,
         rtt,
         raw,
+        proto: None,
         requests: None,
         _server: None,
         _servers: servers,
@@ -623,6 +717,38 @@ async fn redis_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
+    // distlock's two scripts with the backend's keys and arguments.
+    let c3 = conn.clone();
+    let proto: Step = Arc::new(move |i, slot| {
+        let mut c = c3.clone();
+        Box::pin(async move {
+            let scripts = distlock::redis::Scripts::get();
+            let keys = distlock::redis::Keys::new(
+                "",
+                &distlock::LockName::new(format!("bench/proto/{slot}"))?,
+            );
+            let owner = format!("{i:032x}");
+            let token: i64 = scripts
+                .acquire
+                .key(&keys.lock)
+                .key(&keys.fence)
+                .arg(&owner)
+                .arg(30_000)
+                .invoke_async(&mut c)
+                .await?;
+            if token < 1 {
+                return Err("proto lock busy".into());
+            }
+            let _: i64 = scripts
+                .release
+                .key(&keys.lock)
+                .arg(&owner)
+                .arg(&keys.channel)
+                .invoke_async(&mut c)
+                .await?;
+            Ok(())
+        })
+    });
     let requests: Counter = Arc::new(move || {
         let mut c = conn.clone();
         Box::pin(async move {
@@ -651,6 +777,7 @@ async fn redis_target() -> Result<Target, BoxError> {
         url: server.url().to_string(),
         rtt,
         raw,
+        proto: Some(proto),
         requests: Some(requests),
         _server: Some(server),
         _servers: Vec::new(),
@@ -741,6 +868,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         url,
         rtt,
         raw,
+        proto: None,
         requests: None,
         _server: server,
         _servers: Vec::new(),
@@ -784,6 +912,7 @@ async fn etcd_target() -> Result<Target, BoxError> {
         url: server.url().to_string(),
         rtt,
         raw,
+        proto: None,
         requests: None,
         _server: Some(server),
         _servers: Vec::new(),
@@ -819,6 +948,7 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
         url: format!("zk://{hosts}"),
         rtt,
         raw,
+        proto: None,
         requests: None,
         _server: Some(server),
         _servers: Vec::new(),
@@ -863,6 +993,9 @@ async fn main() -> Result<(), BoxError> {
         a.rate,
         if a.smoke { " (smoke)" } else { "" }
     );
+    if a.only.iter().any(|g| g == "core") {
+        core_cost(if a.smoke { 1_000 } else { 200_000 }, &mut r).await?;
+    }
     for b in &a.backends {
         let t = target(b).await?;
         eprintln!("distlock-bench: {} ...", t.name);

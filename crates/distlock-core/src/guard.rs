@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -22,6 +22,66 @@ pub(crate) enum HoldState {
     Released,
 }
 
+/// A hold's state, and a wake-up for those waiting for it to leave Held.
+///
+/// A mutex and one `Notify` rather than a `watch` channel: the state is
+/// read and written a few times per acquisition, and only a loss or a
+/// release (once per hold) needs to wake anyone.
+pub(crate) struct StateCell {
+    now: Mutex<HoldState>,
+    settled: Notify,
+}
+
+impl StateCell {
+    fn new(state: HoldState) -> Self {
+        Self {
+            now: Mutex::new(state),
+            settled: Notify::new(),
+        }
+    }
+
+    /// The current state (hold the guard briefly).
+    pub(crate) fn borrow(&self) -> std::sync::MutexGuard<'_, HoldState> {
+        lock(&self.now)
+    }
+
+    /// Applies `f`; if it changed the state and the state is no longer
+    /// Held, wakes the waiters. Returns what `f` returned.
+    fn send_if_modified(&self, f: impl FnOnce(&mut HoldState) -> bool) -> bool {
+        let mut s = lock(&self.now);
+        let changed = f(&mut s);
+        let settled = changed && !matches!(*s, HoldState::Held { .. });
+        drop(s);
+        if settled {
+            self.settled.notify_waiters();
+        }
+        changed
+    }
+
+    fn send_replace(&self, next: HoldState) {
+        self.send_if_modified(|s| {
+            *s = next;
+            true
+        });
+    }
+
+    /// Resolves once the state is no longer Held (it never returns to
+    /// Held), with that state.
+    pub(crate) async fn settled(&self) -> HoldState {
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a change in between wakes us.
+            notified.as_mut().enable();
+            let now = self.borrow().clone();
+            if !matches!(now, HoldState::Held { .. }) {
+                return now;
+            }
+            notified.await;
+        }
+    }
+}
+
 /// One backend-level acquisition, shared by all nested guards on it.
 pub(crate) struct Hold {
     pub(crate) client: Arc<ClientInner>,
@@ -32,7 +92,7 @@ pub(crate) struct Hold {
     pub(crate) max_hold_until: Option<Instant>,
     pub(crate) holder: Option<String>,
     nested: Mutex<usize>,
-    pub(crate) state: watch::Sender<HoldState>,
+    pub(crate) state: StateCell,
     /// Renewal bookkeeping, owned by the watchdog.
     pub(crate) renewal: Mutex<crate::watchdog::Renewal>,
     /// This hold's entry in the watchdog's timer map.
@@ -74,7 +134,7 @@ impl Hold {
             max_hold_until: max_hold.map(|m| sent + m),
             holder,
             nested: Mutex::new(1),
-            state: watch::Sender::new(HoldState::Held { deadline }),
+            state: StateCell::new(HoldState::Held { deadline }),
         });
         *lock(&hold.slot.slot.held) = Some(hold.clone());
         crate::watchdog::start(&hold);
@@ -255,14 +315,10 @@ impl LockGuard {
 
     /// Resolves when the lock may no longer be held.
     pub async fn lost(&self) -> LostReason {
-        let mut rx = self.hold().state.subscribe();
-        loop {
-            if let HoldState::Lost(reason) = &*rx.borrow_and_update() {
-                return reason.clone();
-            }
-            if rx.changed().await.is_err() {
-                return std::future::pending().await;
-            }
+        match self.hold().state.settled().await {
+            HoldState::Lost(reason) => reason,
+            // Released: nothing more will happen to this hold.
+            _ => std::future::pending().await,
         }
     }
 

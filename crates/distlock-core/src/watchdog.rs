@@ -350,17 +350,10 @@ pub(crate) fn renewed(hold: Arc<Hold>, sent: Instant, ttl: Duration, answer: Res
 
 /// Session backends: the hold is lost when its session ends.
 async fn watch_session(hold: Arc<Hold>) {
-    let mut rx = hold.state.subscribe();
     let session = hold.client.backend.session_lost(&hold.req);
-    let ended = async {
-        loop {
-            if !matches!(&*rx.borrow_and_update(), HoldState::Held { .. }) {
-                return;
-            }
-            if rx.changed().await.is_err() {
-                return;
-            }
-        }
+    let settling = hold.clone();
+    let ended = async move {
+        settling.state.settled().await;
     };
     tokio::select! {
         biased;
