@@ -212,8 +212,11 @@ pub async fn waiter_gets_lock_after_holder_releases(
         .await
         .map_err(|_| Failed::from("waiter still waiting after the release"))?
         .map_err(|e| Failed::from(e.to_string()))??;
-    ensure!(second != first, "waiter got the holder's token {first}");
-    g2.release().await?;
+    // A backend without fencing may hand every grant the same token.
+    if f.client().await?.capabilities().fencing != Fencing::None {
+        ensure!(second != first, "waiter got the holder's token {first}");
+    }
+    ensure!(g2.release().await?, "the waiter's grant was not its own");
     Ok(Completion::Completed)
 }
 

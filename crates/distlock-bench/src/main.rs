@@ -889,6 +889,50 @@ async fn etcd_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
+    // distlock's two txns: put my key with the session's lease and read
+    // the queue head; then delete my key if it still carries my owner.
+    let c2 = client.clone();
+    let proto: Step = Arc::new(move |i, slot| {
+        use etcd_client::{GetOptions, SortOrder, SortTarget};
+        let mut c = c2.clone();
+        Box::pin(async move {
+            let prefix = format!("bench/proto/{slot}/");
+            let key = format!("{prefix}{lease:x}");
+            let owner = format!("{i:032x}");
+            let head = || {
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1)
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(
+                        key.as_str(),
+                        owner.as_str(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                    TxnOp::get(prefix.as_str(), Some(head())),
+                ])
+                .or_else([
+                    TxnOp::get(key.as_str(), None),
+                    TxnOp::get(prefix.as_str(), Some(head())),
+                ]);
+            if !c.txn(txn).await?.succeeded() {
+                return Err("proto lock busy".into());
+            }
+            let del = Txn::new()
+                .when([Compare::value(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    owner.as_str(),
+                )])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            c.txn(del).await?;
+            Ok(())
+        })
+    });
     let raw: Step = Arc::new(move |_, slot| {
         let mut c = client.clone();
         Box::pin(async move {
@@ -912,7 +956,7 @@ async fn etcd_target() -> Result<Target, BoxError> {
         url: server.url().to_string(),
         rtt,
         raw,
-        proto: None,
+        proto: Some(proto),
         requests: None,
         _server: Some(server),
         _servers: Vec::new(),
@@ -934,6 +978,27 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
+    // distlock's requests: create my sequential node (the owner in its
+    // name), list the children to see whether it is first, delete it.
+    client.mkdir("/bench/proto", &dir).await?;
+    let c2 = client.clone();
+    let proto: Step = Arc::new(move |i, _| {
+        let c = c2.clone();
+        Box::pin(async move {
+            let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            let prefix = format!("_c_{i:032x}-lock-");
+            let (_, seq) = c
+                .create(&format!("/bench/proto/{prefix}"), b"", &opts)
+                .await?;
+            let mine = format!("{prefix}{seq}");
+            let children = c.list_children("/bench/proto").await?;
+            if !children.iter().any(|n| *n == mine) {
+                return Err("proto node missing".into());
+            }
+            c.delete(&format!("/bench/proto/{mine}"), None).await?;
+            Ok(())
+        })
+    });
     let raw: Step = Arc::new(move |_, _| {
         let c = client.clone();
         Box::pin(async move {
@@ -948,7 +1013,7 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
         url: format!("zk://{hosts}"),
         rtt,
         raw,
-        proto: None,
+        proto: Some(proto),
         requests: None,
         _server: Some(server),
         _servers: Vec::new(),

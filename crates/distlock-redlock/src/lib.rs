@@ -170,20 +170,30 @@ impl RedlockBackend {
         if protect.is_some() && node.quarantined() {
             return Vote::Down;
         }
+        let fencing = self.inner.config.fencing;
         let ask = async {
             let r = node.redis(protect.is_some()).await?;
+            // Without fencing the token is declared meaningless, so no
+            // counter is kept: a plain SET NX PX per node.
+            let attempt = async {
+                if fencing {
+                    r.attempt(req).await
+                } else {
+                    r.attempt_unfenced(req).await
+                }
+            };
             match protect {
                 // Same multiplexed connection, so both answers come from the
                 // same server incarnation.
                 Some(quarantine) => {
-                    let (attempt, run_id) = tokio::join!(r.attempt(req), r.run_id());
+                    let (attempt, run_id) = tokio::join!(attempt, r.run_id());
                     let attempt = attempt?;
                     if !node.observe_run_id(run_id?, quarantine) {
                         return Ok(Vote::Down);
                     }
                     Ok::<_, Error>(attempt)
                 }
-                None => r.attempt(req).await,
+                None => attempt.await,
             }
             .map(|a| match a {
                 Attempt::Granted(t) => Vote::Granted(t),

@@ -11,7 +11,9 @@ use tokio::time::Instant;
 pub(crate) struct Node {
     pub(crate) endpoint: String,
     url: String,
-    redis: tokio::sync::Mutex<Option<RedisBackend>>,
+    /// Set once, at the first successful connection (the connection then
+    /// reconnects by itself); reading it is one atomic load.
+    redis: tokio::sync::OnceCell<RedisBackend>,
     run_id: Mutex<Option<String>>,
     quarantined_until: Mutex<Option<Instant>>,
     prefix: String,
@@ -32,7 +34,7 @@ impl Node {
         Self {
             endpoint,
             url,
-            redis: tokio::sync::Mutex::new(None),
+            redis: tokio::sync::OnceCell::new(),
             run_id: Mutex::new(None),
             quarantined_until: Mutex::new(None),
             prefix,
@@ -42,22 +44,21 @@ impl Node {
     /// The node's connection, connecting if needed (a node that was down at
     /// start-up joins once it answers). With `track_restarts`, the run id is
     /// fetched at first contact.
-    pub(crate) async fn redis(&self, track_restarts: bool) -> Result<RedisBackend> {
-        let mut slot = self.redis.lock().await;
-        if let Some(r) = slot.as_ref() {
-            return Ok(r.clone());
-        }
-        let r = RedisBackend::connect_with(
-            &self.url,
-            RedisConfig::default().with_prefix(self.prefix.clone()),
-        )
-        .await?;
-        if track_restarts {
-            let id = r.run_id().await?;
-            lock(&self.run_id).get_or_insert(id);
-        }
-        *slot = Some(r.clone());
-        Ok(r)
+    pub(crate) async fn redis(&self, track_restarts: bool) -> Result<&RedisBackend> {
+        self.redis
+            .get_or_try_init(|| async {
+                let r = RedisBackend::connect_with(
+                    &self.url,
+                    RedisConfig::default().with_prefix(self.prefix.clone()),
+                )
+                .await?;
+                if track_restarts {
+                    let id = r.run_id().await?;
+                    lock(&self.run_id).get_or_insert(id);
+                }
+                Ok(r)
+            })
+            .await
     }
 
     pub(crate) fn quarantined(&self) -> bool {
