@@ -992,7 +992,7 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
                 .await?;
             let mine = format!("{prefix}{seq}");
             let children = c.list_children("/bench/proto").await?;
-            if !children.iter().any(|n| *n == mine) {
+            if !children.contains(&mine) {
                 return Err("proto node missing".into());
             }
             c.delete(&format!("/bench/proto/{mine}"), None).await?;
