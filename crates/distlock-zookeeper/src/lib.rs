@@ -34,9 +34,18 @@ struct Inner {
     hold_while_disconnected: bool,
     detached: bool,
     client: tokio::sync::Mutex<Option<Session>>,
-    /// My node for each live acquisition, with the session it lives in.
-    nodes: Mutex<HashMap<Owner, (String, Session)>>,
+    /// My node for each live acquisition.
+    nodes: Mutex<HashMap<Owner, Node>>,
     wakeups: AtomicU64,
+}
+
+/// A live acquisition's node. Only its sequence number is kept: the rest of
+/// its path follows from the request (see [`ZooKeeperBackend::node_path`]),
+/// which keeps a held lock at one small map entry and no path string.
+struct Node {
+    seq: i64,
+    /// The session the node lives in.
+    session: Session,
 }
 
 impl fmt::Debug for ZooKeeperBackend {
@@ -77,6 +86,26 @@ fn sequence(child: &str) -> Option<i64> {
     child
         .rsplit_once("lock-")
         .and_then(|(_, seq)| seq.parse().ok())
+}
+
+/// The name prefix of `owner`'s lock child: Curator's `_c_<uuid>-lock-`.
+fn node_prefix(owner: &Owner) -> String {
+    format!("_c_{owner}-lock-")
+}
+
+/// A sequence number as ZooKeeper writes it in a node name, which is how
+/// `zk::CreateSequence` prints it: ten digits, nineteen past `i32::MAX`
+/// (ZOOKEEPER-4706).
+struct SeqSuffix(i64);
+
+impl fmt::Display for SeqSuffix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 <= i64::from(i32::MAX) {
+            write!(f, "{:010}", self.0)
+        } else {
+            write!(f, "{:019}", self.0)
+        }
+    }
 }
 
 impl ZooKeeperBackend {
@@ -156,7 +185,7 @@ impl ZooKeeperBackend {
         err(&self.inner.hosts, e)
     }
 
-    fn nodes(&self) -> MutexGuard<'_, HashMap<Owner, (String, Session)>> {
+    fn nodes(&self) -> MutexGuard<'_, HashMap<Owner, Node>> {
         self.inner
             .nodes
             .lock()
@@ -226,6 +255,26 @@ impl ZooKeeperBackend {
         format!("{}/{name}", self.inner.base)
     }
 
+    /// The full path of `req`'s node with sequence number `seq`.
+    fn node_path(&self, req: &LockRequest, seq: i64) -> String {
+        format!(
+            "{}/{}/_c_{}-lock-{}",
+            self.inner.base,
+            req.name,
+            req.owner,
+            SeqSuffix(seq)
+        )
+    }
+
+    /// `req`'s node, if it has a live one: its path and session.
+    fn node_of(&self, req: &LockRequest) -> Option<(String, Session)> {
+        let (seq, session) = self
+            .nodes()
+            .get(&req.owner)
+            .map(|n| (n.seq, n.session.clone()))?;
+        Some((self.node_path(req, seq), session))
+    }
+
     /// Deletes every child of lock `name`, as an operator would; the
     /// holder's next renewal is rejected. Returns whether any existed.
     pub async fn evict(&self, name: &LockName) -> Result<bool> {
@@ -251,7 +300,7 @@ impl ZooKeeperBackend {
     async fn enqueue(&self, req: &LockRequest) -> Result<(Session, String, String, FencingToken)> {
         let client = self.client().await?;
         let parent = self.parent(&req.name);
-        let prefix = format!("_c_{}-lock-", req.owner);
+        let prefix = node_prefix(&req.owner);
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         for _ in 0..5 {
             match client
@@ -262,7 +311,8 @@ impl ZooKeeperBackend {
                     // A plain create2 reply carries a valid Stat on 3.8.0 too
                     // (only Stats inside multi() are broken before 3.8.2).
                     let node = format!("{prefix}{seq}");
-                    return self.remember(req, client, parent, node, stat.czxid);
+                    let seq = seq.into_i64();
+                    return self.remember(req, client, parent, node, seq, stat.czxid);
                 }
                 Err(zk::Error::NoNode) => {
                     let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
@@ -270,14 +320,16 @@ impl ZooKeeperBackend {
                 }
                 Err(zk::Error::ConnectionLoss) => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    if let Some(found) = self.find_mine(&client, &parent, &prefix).await? {
+                    let found = self.find_mine(&client, &parent, &prefix).await?;
+                    // Found by its prefix, so the rest of its name is its sequence.
+                    if let Some((found, seq)) = found.and_then(|f| sequence(&f).map(|s| (f, s))) {
                         let stat = client
                             .check_stat(&format!("{parent}/{found}"))
                             .await
                             .map_err(|e| self.err(e))?;
                         if let Some(stat) = stat {
                             tracing::info!(node = %found, "found my lock node again after a connection loss during create");
-                            return self.remember(req, client, parent, found, stat.czxid);
+                            return self.remember(req, client, parent, found, seq, stat.czxid);
                         }
                     }
                 }
@@ -297,12 +349,14 @@ impl ZooKeeperBackend {
         client: Session,
         parent: String,
         node: String,
+        seq: i64,
         czxid: i64,
     ) -> Result<(Session, String, String, FencingToken)> {
         let token = u64::try_from(czxid)
             .map_err(|_| Error::backend("zookeeper", format!("negative czxid {czxid}")))?;
-        self.nodes()
-            .insert(req.owner, (format!("{parent}/{node}"), client.clone()));
+        debug_assert_eq!(self.node_path(req, seq), format!("{parent}/{node}"));
+        let session = client.clone();
+        self.nodes().insert(req.owner, Node { seq, session });
         Ok((client, parent, node, FencingToken(token)))
     }
 
@@ -338,12 +392,12 @@ impl ZooKeeperBackend {
         Ok(children)
     }
 
-    async fn delete_node(&self, owner: &Owner) -> Result<bool> {
-        let entry = self.nodes().remove(owner);
-        let Some((path, client)) = entry else {
+    async fn delete_node(&self, req: &LockRequest) -> Result<bool> {
+        let entry = self.nodes().remove(&req.owner);
+        let Some(Node { seq, session }) = entry else {
             return Ok(false);
         };
-        match client.delete(&path, None).await {
+        match session.delete(&self.node_path(req, seq), None).await {
             Ok(()) => Ok(true),
             // An expired session's ephemeral nodes are gone: not ours any
             // more, which is the answer a late release must get.
@@ -418,7 +472,7 @@ impl Backend for ZooKeeperBackend {
         if self.queue(&client, &parent).await?.first() == Some(&node) {
             return Ok(Some(token));
         }
-        self.delete_node(&req.owner).await?;
+        self.delete_node(req).await?;
         Ok(None)
     }
 
@@ -441,7 +495,7 @@ impl Backend for ZooKeeperBackend {
             Ok(()) => Ok(token),
             Err(e) => {
                 // A timed-out or failed wait deletes my node.
-                let _ = self.delete_node(&req.owner).await;
+                let _ = self.delete_node(req).await;
                 Err(e)
             }
         }
@@ -450,8 +504,7 @@ impl Backend for ZooKeeperBackend {
     /// The node lives as long as the session; extending checks that it is
     /// still there and still ours.
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
-        let entry = self.nodes().get(&req.owner).cloned();
-        let Some((path, client)) = entry else {
+        let Some((path, client)) = self.node_of(req) else {
             return Ok(false);
         };
         match client.check_stat(&path).await {
@@ -466,10 +519,8 @@ impl Backend for ZooKeeperBackend {
     /// node is still there and still this session's, one multi-read per
     /// session for the whole batch.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
-        let entries: Vec<Option<(String, Session)>> = {
-            let nodes = self.nodes();
-            reqs.iter().map(|r| nodes.get(&r.owner).cloned()).collect()
-        };
+        let entries: Vec<Option<(String, Session)>> =
+            reqs.iter().map(|r| self.node_of(r)).collect();
         let mut answers = vec![false; reqs.len()];
         let mut sessions: Vec<(Session, Vec<usize>)> = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
@@ -513,13 +564,13 @@ impl Backend for ZooKeeperBackend {
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         if self.nodes().contains_key(&req.owner) {
-            return self.delete_node(&req.owner).await;
+            return self.delete_node(req).await;
         }
         // Released before the create's reply arrived (a cancelled acquire):
         // find the node by its owner value.
         let client = self.client().await?;
         let parent = self.parent(&req.name);
-        let prefix = format!("_c_{}-lock-", req.owner);
+        let prefix = node_prefix(&req.owner);
         match self.find_mine(&client, &parent, &prefix).await? {
             Some(node) => match client.delete(&format!("{parent}/{node}"), None).await {
                 Ok(()) => Ok(true),
@@ -557,8 +608,10 @@ impl Backend for ZooKeeperBackend {
     /// disconnection does too (Curator's SUSPENDED, Tech Note 14): the
     /// server may expire the session before this client can tell.
     async fn session_lost(&self, req: &LockRequest) -> LostReason {
-        let entry = self.nodes().get(&req.owner).cloned();
-        let Some((_, client)) = entry else {
+        // Only the session is kept for the wait: this future lives as long
+        // as the hold.
+        let session = self.nodes().get(&req.owner).map(|n| n.session.clone());
+        let Some(client) = session else {
             return std::future::pending().await;
         };
         self.session_state_ends(&client).await
@@ -569,15 +622,15 @@ impl Backend for ZooKeeperBackend {
     fn session_key(&self, req: &LockRequest) -> Option<u64> {
         self.nodes()
             .get(&req.owner)
-            .map(|(_, c)| c.session_id().0 as u64)
+            .map(|n| n.session.session_id().0 as u64)
     }
 
     async fn session_ended(&self, key: u64) -> LostReason {
         let client = self
             .nodes()
             .values()
-            .find(|(_, c)| c.session_id().0 as u64 == key)
-            .map(|(_, c)| c.clone());
+            .find(|n| n.session.session_id().0 as u64 == key)
+            .map(|n| n.session.clone());
         match client {
             Some(c) => self.session_state_ends(&c).await,
             None => LostReason::SessionLost(format!(
@@ -596,5 +649,16 @@ mod tests {
         assert_eq!(sequence("_c_0a1b-lock-0000000042"), Some(42));
         assert_eq!(sequence("x-lock-0000000001"), Some(1));
         assert_eq!(sequence("lease-x"), None);
+    }
+
+    #[test]
+    fn sequences_print_as_zookeeper_names_them() {
+        assert_eq!(SeqSuffix(42).to_string(), "0000000042");
+        assert_eq!(SeqSuffix(i64::from(i32::MAX)).to_string(), "2147483647");
+        assert_eq!(SeqSuffix(1 << 31).to_string(), "0000000002147483648");
+        for child in ["_c_x-lock-0000000042", "_c_x-lock-0000000002147483648"] {
+            let seq = sequence(child).unwrap();
+            assert_eq!(format!("_c_x-lock-{}", SeqSuffix(seq)), child);
+        }
     }
 }
