@@ -439,6 +439,16 @@ impl ZooKeeperBackend {
             let event = watcher.changed().await;
             if event.event_type == zk::EventType::NodeDeleted {
                 self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+                if i == 1 {
+                    // My predecessor was the head: no node older than mine
+                    // is left (a later create gets a higher sequence, and
+                    // the read above saw every older one), so the lock is
+                    // mine without another read. The event came over my
+                    // session, which was alive when it was sent; the
+                    // session watcher reports it if it ends later.
+                    req.attempt_starting();
+                    return Ok(());
+                }
             }
         }
     }
