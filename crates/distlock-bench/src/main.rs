@@ -893,42 +893,16 @@ async fn etcd_target() -> Result<Target, BoxError> {
     // the queue head; then delete my key if it still carries my owner.
     let c2 = client.clone();
     let proto: Step = Arc::new(move |i, slot| {
-        use etcd_client::{GetOptions, SortOrder, SortTarget};
         let mut c = c2.clone();
         Box::pin(async move {
             let prefix = format!("bench/proto/{slot}/");
             let key = format!("{prefix}{lease:x}");
             let owner = format!("{i:032x}");
-            let head = || {
-                GetOptions::new()
-                    .with_prefix()
-                    .with_sort(SortTarget::Create, SortOrder::Ascend)
-                    .with_limit(1)
-            };
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                .and_then([
-                    TxnOp::put(
-                        key.as_str(),
-                        owner.as_str(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    ),
-                    TxnOp::get(prefix.as_str(), Some(head())),
-                ])
-                .or_else([
-                    TxnOp::get(key.as_str(), None),
-                    TxnOp::get(prefix.as_str(), Some(head())),
-                ]);
+            let txn = distlock::etcd::requests::enqueue(&key, &prefix, &owner, lease);
             if !c.txn(txn).await?.succeeded() {
                 return Err("proto lock busy".into());
             }
-            let del = Txn::new()
-                .when([Compare::value(
-                    key.as_str(),
-                    CompareOp::Equal,
-                    owner.as_str(),
-                )])
-                .and_then([TxnOp::delete(key.as_str(), None)]);
+            let del = distlock::etcd::requests::delete_mine(&key, &owner);
             c.txn(del).await?;
             Ok(())
         })

@@ -11,8 +11,8 @@ use distlock_core::{
     LockRequest, LostReason, Result, TrustedClock, Waiting,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -112,6 +112,37 @@ fn first_created() -> GetOptions {
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
         .with_limit(1)
+}
+
+/// The two requests of an uncontended lock, public so that the benchmark
+/// sends exactly these when it measures the protocol apart from the client.
+pub mod requests {
+    use super::first_created;
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+
+    /// Joins the queue of lock `prefix` (`<name>/`) with `key` (`prefix` +
+    /// the lease id in hex): puts the key with the lease if it is absent
+    /// and reads the queue head in the same transaction; if it exists,
+    /// reads it and the head instead.
+    pub fn enqueue(key: &str, prefix: &str, owner: &str, lease: i64) -> Txn {
+        Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key, owner, Some(PutOptions::new().with_lease(lease))),
+                TxnOp::get(prefix, Some(first_created())),
+            ])
+            .or_else([
+                TxnOp::get(key, None),
+                TxnOp::get(prefix, Some(first_created())),
+            ])
+    }
+
+    /// Deletes `key` if it still carries `owner`.
+    pub fn delete_mine(key: &str, owner: &str) -> Txn {
+        Txn::new()
+            .when([Compare::value(key, CompareOp::Equal, owner)])
+            .and_then([TxnOp::delete(key, None)])
+    }
 }
 
 impl EtcdBackend {
@@ -296,20 +327,7 @@ impl EtcdBackend {
         let key = format!("{prefix}{:x}", session.lease);
         let owner = req.owner.to_string();
         for _ in 0..3 {
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                .and_then([
-                    TxnOp::put(
-                        key.as_str(),
-                        owner.as_str(),
-                        Some(PutOptions::new().with_lease(session.lease)),
-                    ),
-                    TxnOp::get(prefix.as_str(), Some(first_created())),
-                ])
-                .or_else([
-                    TxnOp::get(key.as_str(), None),
-                    TxnOp::get(prefix.as_str(), Some(first_created())),
-                ]);
+            let txn = requests::enqueue(&key, &prefix, &owner, session.lease);
             let resp = self
                 .call(|mut c| {
                     let txn = txn.clone();
@@ -372,9 +390,7 @@ impl EtcdBackend {
 
     /// Deletes my key if it still carries my owner value.
     async fn delete_mine(&self, key: &str, req: &LockRequest) -> Result<bool> {
-        let txn = Txn::new()
-            .when([Compare::value(key, CompareOp::Equal, req.owner.to_string())])
-            .and_then([TxnOp::delete(key, None)]);
+        let txn = requests::delete_mine(key, &req.owner.to_string());
         Ok(self
             .call(|mut c| {
                 let txn = txn.clone();
