@@ -39,6 +39,7 @@ cases![
     run_until_lost_cancels_work,
     tokens_increase_across_holders,
     cancelled_wait_leaves_no_trace,
+    waiter_ahead_giving_up_hands_nothing_on,
     reentrant_nested_acquire_nests,
     local_waiters_coalesce_to_one_backend_request,
     invalid_names_and_ttls_give_typed_errors,
@@ -599,6 +600,47 @@ pub async fn cancelled_wait_leaves_no_trace(f: &dyn BackendFactory, ns: String) 
     g.release().await?;
     let g = b.lock(&lock).ttl(LONG_TTL).wait(BOUND).acquire().await?;
     g.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// A waiter ahead that gives up (its wait times out) while the lock is
+/// held does not hand the lock to the waiter behind it: queue backends
+/// wake that waiter (its predecessor went away), and it must see that the
+/// holder is still there.
+pub async fn waiter_ahead_giving_up_hands_nothing_on(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let lock = name(&ns, "giveup")?;
+    let (a, b, c) = (client(f).await?, client(f).await?, client(f).await?);
+    let g = a.lock(&lock).ttl(LONG_TTL).acquire().await?;
+    let ahead = b
+        .lock(&lock)
+        .ttl(LONG_TTL)
+        .wait(Duration::from_millis(600))
+        .acquire();
+    let lk = lock.clone();
+    let mut behind = tokio::spawn(async move {
+        // Queued after `ahead` (which is already waiting).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        c.lock(&lk).ttl(LONG_TTL).wait(BOUND * 2).acquire().await
+    });
+    ensure!(
+        matches!(ahead.await, Err(Error::WaitTimeout { .. })),
+        "the waiter ahead did not time out while the lock was held"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ensure!(
+        !behind.is_finished(),
+        "the waiter behind got the lock while its holder still held it"
+    );
+    ensure!(g.is_held(), "the holder lost the lock");
+    g.release().await?;
+    let g2 = tokio::time::timeout(BOUND, &mut behind)
+        .await
+        .map_err(|_| Failed::from("the waiter behind still waits after the release"))?
+        .map_err(|e| Failed::from(e.to_string()))??;
+    g2.release().await?;
     Ok(Completion::Completed)
 }
 
