@@ -30,16 +30,23 @@ fn sqlite(tag: &str) -> String {
     format!("sqlite://{}", scratch(tag).join("locks.db").display())
 }
 
+/// A password-protected redis-server for one test, stopped when dropped.
+/// (One shared through a `static` was never dropped, since statics outlive
+/// the test process's destructors, and was left running after every run.)
 #[cfg(feature = "redis")]
-fn redis_url() -> String {
-    use integration_tests::harness::{redis, ServerProcess};
-    use std::sync::OnceLock;
-    static SERVER: OnceLock<ServerProcess> = OnceLock::new();
-    let s = SERVER.get_or_init(|| {
-        redis::spawn(&["--requirepass", "s3cret"])
-            .expect("redis-server must start; run scripts/test.sh to install it")
-    });
-    format!("redis://:s3cret@127.0.0.1:{}", s.port)
+struct Redis {
+    url: String,
+    _server: integration_tests::harness::ServerProcess,
+}
+
+#[cfg(feature = "redis")]
+fn redis() -> Redis {
+    let server = integration_tests::harness::redis::spawn(&["--requirepass", "s3cret"])
+        .expect("redis-server must start; run scripts/test.sh to install it");
+    Redis {
+        url: format!("redis://:s3cret@127.0.0.1:{}", server.port),
+        _server: server,
+    }
 }
 
 fn run(backend: &str, extra: &[&str], name: &str, cmd: &[&str]) -> Output {
@@ -127,8 +134,8 @@ fn environment_reaches_the_child_without_password() {
     env_reaches_child(&b, &b);
     #[cfg(feature = "redis")]
     {
-        let r = redis_url();
-        env_reaches_child(&r, &r.replace(":s3cret@", ":***@"));
+        let r = redis();
+        env_reaches_child(&r.url, &r.url.replace(":s3cret@", ":***@"));
     }
 }
 
@@ -153,7 +160,7 @@ fn not_acquired_is_75(backend: &str) {
 fn lock_held_elsewhere_gives_75() {
     not_acquired_is_75(&sqlite("busy"));
     #[cfg(feature = "redis")]
-    not_acquired_is_75(&redis_url());
+    not_acquired_is_75(&redis().url);
 }
 
 /// A lease that ends (no renewal, short TTL) stops the command with SIGTERM
@@ -163,7 +170,9 @@ fn lost_lease_stops_the_child_with_76() {
     #[allow(unused_mut)]
     let mut backends = vec![sqlite("lost")];
     #[cfg(feature = "redis")]
-    backends.push(redis_url());
+    let redis = redis();
+    #[cfg(feature = "redis")]
+    backends.push(redis.url.clone());
     for b in backends {
         let marker = scratch("marker").join("finished");
         let start = Instant::now();
@@ -299,7 +308,7 @@ fn concurrent_runs_never_overlap() {
     let d = scratch("overlap-sqlite");
     no_overlap(&format!("sqlite://{}", d.join("locks.db").display()), &d);
     #[cfg(feature = "redis")]
-    no_overlap(&redis_url(), &scratch("overlap-redis"));
+    no_overlap(&redis().url, &scratch("overlap-redis"));
 }
 
 #[test]
