@@ -1,5 +1,8 @@
-//! The three Lua scripts and the key layout. Public so that the Redlock
-//! backend runs exactly the same protocol on each of its nodes.
+//! The Lua scripts and the key layout. Public so that the Redlock backend
+//! runs the same protocol on each of its nodes (with fencing; without it,
+//! a plain `SET NX PX` on the same key, see
+//! [`RedisBackend::attempt_unfenced`](crate::RedisBackend::attempt_unfenced)),
+//! and the benchmark can send them without distlock around them.
 
 use distlock_core::LockName;
 use redis::Script;
