@@ -220,8 +220,16 @@ async fn uncontended(
     ));
     let warmup = n / 10;
     let mut scratch = Series::new("warm-up")?;
+    // Each iteration runs the variants in a new random order, so that none
+    // always follows the same one: a variant right after a write can find
+    // the server still busy with it, one after the read-only calibration
+    // finds it idle (a seeded order, the same in every run).
+    let mut order: Vec<usize> = (0..variants.len()).collect();
+    let mut rng = fastrand::Rng::with_seed(0x5eed);
     for i in 0..(warmup + n) {
-        for (series, step) in &mut variants {
+        rng.shuffle(&mut order);
+        for &k in &order {
+            let (series, step) = &mut variants[k];
             let s = if i >= warmup {
                 &mut *series
             } else {

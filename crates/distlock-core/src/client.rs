@@ -47,6 +47,16 @@ pub(crate) struct ClientInner {
     slots: Mutex<HashMap<LockName, Arc<Slot>>>,
 }
 
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        let sessions = self
+            .sessions
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        crate::watchdog::stop_session_watchers(sessions);
+    }
+}
+
 /// Local state for one lock name inside one client.
 pub(crate) struct Slot {
     /// One permit: whoever holds it may talk to the backend about this name

@@ -7,8 +7,11 @@
 //! [`Renewer`](crate::renewer::Renewer) (batched with others when the
 //! backend can), whose answer comes back through [`renewed`]. A hold that
 //! is released before its first renewal costs one map insert and one
-//! removal, no task. Holds on session backends also get a small task that
-//! waits for the backend's `session_lost`.
+//! removal, no task. On session backends that name their sessions, one
+//! task per session waits for the backend's `session_ended`; it outlives
+//! the session's last hold (the next hold in the session reuses it) and
+//! ends with the session or the client. Holds on session backends that do
+//! not name them get a small task each, waiting for `session_lost`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -182,6 +185,9 @@ pub(crate) fn start(hold: &Arc<Hold>) {
 }
 
 /// The holds of one backend session, and the one task waiting for its end.
+/// The task stays while the session has no holds: starting a watcher costs
+/// more than a lock's round trips on some backends (ZooKeeper's state
+/// subscription), and a session usually serves the client's next lock too.
 pub(crate) struct SessionWatch {
     holds: std::collections::HashMap<u64, Weak<Hold>>,
     next: u64,
@@ -207,8 +213,9 @@ fn watch_session_once(hold: &Arc<Hold>, key: u64) {
     *lock(&hold.session) = Some((key, slot));
 }
 
-/// Removes a released or lost hold from its session's watcher; the last
-/// one out stops the watcher.
+/// Removes a released or lost hold from its session's watcher. The watcher
+/// itself stays, for the session's next hold; it ends with the session
+/// (see [`session_watcher`]) or with the client ([`stop_session_watchers`]).
 pub(crate) fn unwatch_session(hold: &Hold) {
     let mut sessions = lock(&hold.client.sessions);
     let Some((key, slot)) = lock(&hold.session).take() else {
@@ -216,10 +223,15 @@ pub(crate) fn unwatch_session(hold: &Hold) {
     };
     if let Some(watch) = sessions.get_mut(&key) {
         watch.holds.remove(&slot);
-        if watch.holds.is_empty() {
-            watch.task.abort();
-            sessions.remove(&key);
-        }
+    }
+}
+
+/// Stops every session watcher of a client that is going away: a watcher
+/// keeps a handle on its session (a ZooKeeper client, an etcd lease), which
+/// must not outlive the client that made it.
+pub(crate) fn stop_session_watchers(sessions: &mut std::collections::HashMap<u64, SessionWatch>) {
+    for (_, watch) in sessions.drain() {
+        watch.task.abort();
     }
 }
 

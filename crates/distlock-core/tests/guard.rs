@@ -343,7 +343,18 @@ async fn a_failed_batch_is_retried_and_then_every_hold_in_it_is_lost() {
 struct Sessions {
     inner: MemoryBackend,
     ended: Arc<Notify>,
+    /// Watchers started, and watchers still waiting.
     watchers: AtomicUsize,
+    waiting: Arc<AtomicUsize>,
+}
+
+/// Counts a waiting watcher until it returns or is aborted.
+struct Waiting(Arc<AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 #[async_trait]
@@ -368,6 +379,8 @@ impl Backend for Sessions {
     }
     async fn session_ended(&self, key: u64) -> LostReason {
         self.watchers.fetch_add(1, Ordering::SeqCst);
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(self.waiting.clone());
         self.ended.notified().await;
         LostReason::SessionLost(format!("session {key} ended"))
     }
@@ -396,10 +409,33 @@ async fn one_watcher_per_session_reports_every_hold_in_it_lost() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(s.watchers.load(Ordering::SeqCst), 2);
     assert!(late.release().await.unwrap());
-    // The last hold out stops the watcher: ending the session now reaches
-    // nobody, and a new hold starts a new watcher.
+    // The watcher outlives the session's last hold: the next hold in the
+    // session reuses it, and still hears of the session's end.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(s.waiting.load(Ordering::SeqCst), 1, "the idle watcher left");
     let again = client.lock("again").acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(s.watchers.load(Ordering::SeqCst), 3);
-    assert!(again.is_held());
+    assert_eq!(s.watchers.load(Ordering::SeqCst), 2, "a second watcher");
+    s.ended.notify_waiters();
+    assert_eq!(
+        again.lost().await,
+        LostReason::SessionLost("session 7 ended".into())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_client_stops_its_session_watchers() {
+    let s = Arc::new(Sessions::default());
+    let client = LockClient::from_dyn(s.clone());
+    let g = client.lock("one").acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(s.waiting.load(Ordering::SeqCst), 1);
+    assert!(g.release().await.unwrap());
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        s.waiting.load(Ordering::SeqCst),
+        0,
+        "a session watcher outlived its client"
+    );
 }

@@ -636,11 +636,23 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn session_ended(&self, key: u64) -> LostReason {
-        let client = self
-            .nodes()
-            .values()
-            .find(|n| n.session.session_id().0 as u64 == key)
-            .map(|n| n.session.clone());
+        // Core keeps this watcher while the session has no lock, so the
+        // session is looked up in the backend's current client first (a
+        // watcher started for a lock released at once finds no node), then
+        // among the nodes of older sessions.
+        let current = self
+            .inner
+            .client
+            .lock()
+            .await
+            .clone()
+            .filter(|c| c.session_id().0 as u64 == key);
+        let client = current.or_else(|| {
+            self.nodes()
+                .values()
+                .find(|n| n.session.session_id().0 as u64 == key)
+                .map(|n| n.session.clone())
+        });
         match client {
             Some(c) => self.session_state_ends(&c).await,
             None => LostReason::SessionLost(format!(
