@@ -11,8 +11,8 @@ use distlock_core::{
     LockRequest, LostReason, Result, TrustedClock, Waiting,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KvClient, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -35,9 +35,14 @@ pub struct EtcdBackend {
 
 struct Inner {
     client: Client,
+    /// The KV service's client, for the lock's own requests.
+    kv: KvClient,
     endpoints: String,
     /// One lease per TTL (in whole seconds): usually exactly one per client.
-    sessions: Mutex<HashMap<i64, Arc<Session>>>,
+    /// Read on every acquire under a plain mutex; `starting` serializes
+    /// only the rare start of a new lease.
+    sessions: std::sync::Mutex<HashMap<i64, Arc<Session>>>,
+    starting: Mutex<()>,
     /// The session each live acquisition (by owner) was queued in, so extend,
     /// release and loss reports use that lease whatever TTL they are given.
     queued: std::sync::Mutex<HashMap<distlock_core::Owner, Arc<Session>>>,
@@ -219,9 +224,11 @@ impl EtcdBackend {
             .map_err(|e| err(&shown, e))?;
         Ok(Self {
             inner: Arc::new(Inner {
+                kv: client.kv_client(),
                 client,
                 endpoints: shown,
-                sessions: Mutex::new(HashMap::new()),
+                sessions: Default::default(),
+                starting: Mutex::new(()),
                 queued: Default::default(),
                 wakeups: AtomicU64::new(0),
             }),
@@ -245,10 +252,30 @@ impl EtcdBackend {
         F: Fn(Client) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
+        self.retrying(|| f(self.client())).await
+    }
+
+    /// [`call`](Self::call) for key-value requests, on the KV service's
+    /// client alone: a `Client` clone copies every service's channel (about
+    /// twenty), a `KvClient` clone two; per request that measured 20-40 µs
+    /// of latency on the uncontended lock (docs/benchmarks.md).
+    async fn kv<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: Fn(KvClient) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.retrying(|| f(self.inner.kv.clone())).await
+    }
+
+    async fn retrying<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
         let start = Instant::now();
         let mut delay = Duration::from_millis(50);
         loop {
-            match f(self.client()).await.map_err(|e| self.err(e)) {
+            match f().await.map_err(|e| self.err(e)) {
                 Err(e @ Error::Unavailable { .. }) if start.elapsed() < Duration::from_secs(6) => {
                     tracing::debug!(error = %e, "etcd request failed; retrying");
                     tokio::time::sleep(delay).await;
@@ -263,7 +290,7 @@ impl EtcdBackend {
     /// would; the holder's next renewal is rejected. Returns whether any existed.
     pub async fn evict(&self, name: &distlock_core::LockName) -> Result<bool> {
         let resp = self
-            .call(|mut c| async move {
+            .kv(|mut c| async move {
                 c.delete(
                     format!("{name}/"),
                     Some(etcd_client::DeleteOptions::new().with_prefix()),
@@ -284,14 +311,18 @@ impl EtcdBackend {
     /// one was lost.
     async fn session(&self, ttl: Duration) -> Result<Arc<Session>> {
         let secs = ttl_secs(ttl);
-        let mut sessions = self.inner.sessions.lock().await;
-        if let Some(s) = sessions.get(&secs).filter(|s| !s.is_lost()) {
-            return Ok(s.clone());
+        let live = |secs| self.sessions().get(&secs).filter(|s| !s.is_lost()).cloned();
+        if let Some(s) = live(secs) {
+            return Ok(s);
+        }
+        let _starting = self.inner.starting.lock().await;
+        if let Some(s) = live(secs) {
+            return Ok(s);
         }
         let s = self
             .call(|c| async move { Session::start(&c, secs).await })
             .await?;
-        sessions.insert(secs, s.clone());
+        self.sessions().insert(secs, s.clone());
         Ok(s)
     }
 
@@ -301,14 +332,18 @@ impl EtcdBackend {
         if let Some(s) = self.queued().get(&req.owner) {
             return vec![s.clone()];
         }
-        self.inner
-            .sessions
-            .lock()
-            .await
+        self.sessions()
             .values()
             .filter(|s| !s.is_lost())
             .cloned()
             .collect()
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<Session>>> {
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn queued(&self) -> std::sync::MutexGuard<'_, HashMap<distlock_core::Owner, Arc<Session>>> {
@@ -329,7 +364,7 @@ impl EtcdBackend {
         for _ in 0..3 {
             let txn = requests::enqueue(&key, &prefix, &owner, session.lease);
             let resp = self
-                .call(|mut c| {
+                .kv(|mut c| {
                     let txn = txn.clone();
                     async move { c.txn(txn).await }
                 })
@@ -373,7 +408,7 @@ impl EtcdBackend {
                     let del = Txn::new()
                         .when([Compare::value(key.as_str(), CompareOp::Equal, stale)])
                         .and_then([TxnOp::delete(key.as_str(), None)]);
-                    self.call(|mut c| {
+                    self.kv(|mut c| {
                         let del = del.clone();
                         async move { c.txn(del).await }
                     })
@@ -392,7 +427,7 @@ impl EtcdBackend {
     async fn delete_mine(&self, key: &str, req: &LockRequest) -> Result<bool> {
         let txn = requests::delete_mine(key, &req.owner.to_string());
         Ok(self
-            .call(|mut c| {
+            .kv(|mut c| {
                 let txn = txn.clone();
                 async move { c.txn(txn).await }
             })
@@ -402,7 +437,7 @@ impl EtcdBackend {
 
     async fn still_mine(&self, key: &str, req: &LockRequest) -> Result<bool> {
         let resp = self
-            .call(|mut c| async move { c.get(key, None).await })
+            .kv(|mut c| async move { c.get(key, None).await })
             .await?;
         Ok(resp
             .kvs()
@@ -449,7 +484,7 @@ impl EtcdBackend {
             TxnOp::get(q.key.as_str(), None),
         ]);
         let resp = self
-            .call(|mut c| {
+            .kv(|mut c| {
                 let txn = txn.clone();
                 async move { c.txn(txn).await }
             })
@@ -646,7 +681,7 @@ impl Backend for EtcdBackend {
             Vec::new()
         } else {
             let resp = self
-                .call(|mut c| {
+                .kv(|mut c| {
                     let txn = Txn::new().and_then(reads.clone());
                     async move { c.txn(txn).await }
                 })
@@ -688,7 +723,7 @@ impl Backend for EtcdBackend {
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
         let resp = self
-            .call(|mut c| {
+            .kv(|mut c| {
                 let opts = opts.clone();
                 async move { c.get(format!("{name}/"), Some(opts)).await }
             })
@@ -729,10 +764,7 @@ impl Backend for EtcdBackend {
         let known = match known {
             Some(s) => Some(s),
             None => self
-                .inner
-                .sessions
-                .lock()
-                .await
+                .sessions()
                 .values()
                 .find(|s| s.lease as u64 == key)
                 .cloned(),
