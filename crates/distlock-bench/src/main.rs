@@ -961,7 +961,8 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
         })
     });
     // distlock's requests: create my sequential node (the owner in its
-    // name), list the children to see whether it is first, delete it.
+    // name) and, sent right behind it, list the children to see whether it
+    // is first; then delete it.
     client.mkdir("/bench/proto", &dir).await?;
     let c2 = client.clone();
     let proto: Step = Arc::new(move |i, _| {
@@ -969,11 +970,11 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
         Box::pin(async move {
             let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
             let prefix = format!("_c_{i:032x}-lock-");
-            let (_, seq) = c
-                .create(&format!("/bench/proto/{prefix}"), b"", &opts)
-                .await?;
-            let mine = format!("{prefix}{seq}");
-            let children = c.list_children("/bench/proto").await?;
+            let path = format!("/bench/proto/{prefix}");
+            let (created, listed) =
+                tokio::join!(c.create(&path, b"", &opts), c.list_children("/bench/proto"));
+            let mine = format!("{prefix}{}", created?.1);
+            let children = listed?;
             if !children.contains(&mine) {
                 return Err("proto node missing".into());
             }

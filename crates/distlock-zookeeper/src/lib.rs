@@ -89,6 +89,34 @@ fn sequence(child: &str) -> Option<i64> {
 }
 
 /// The name prefix of `owner`'s lock child: Curator's `_c_<uuid>-lock-`.
+/// A node just created for a request, and the queue read with it.
+struct Enqueued {
+    client: Session,
+    parent: String,
+    node: String,
+    token: FencingToken,
+    /// The children in queue order, as listed right after the create; `None`
+    /// if that list failed.
+    queue: Option<Vec<String>>,
+}
+
+/// A node's fencing token: its creation zxid.
+fn czxid_token(czxid: i64) -> Result<FencingToken> {
+    u64::try_from(czxid)
+        .map(FencingToken)
+        .map_err(|_| Error::backend("zookeeper", format!("negative czxid {czxid}")))
+}
+
+/// Lock children (other names are ignored) sorted by their sequence.
+fn in_queue_order(children: Vec<String>) -> Vec<String> {
+    let mut queue: Vec<String> = children
+        .into_iter()
+        .filter(|c| sequence(c).is_some())
+        .collect();
+    queue.sort_by_key(|c| sequence(c));
+    queue
+}
+
 fn node_prefix(owner: &Owner) -> String {
     format!("_c_{owner}-lock-")
 }
@@ -297,22 +325,44 @@ impl ZooKeeperBackend {
     /// My child node: created, or found again after a connection loss hid
     /// the create's reply (ZOOKEEPER-1262). The owner value in the name makes
     /// it findable, so there is never an orphan or a second entry.
-    async fn enqueue(&self, req: &LockRequest) -> Result<(Session, String, String, FencingToken)> {
+    /// Creates my node and, in the same flight, lists the queue: the list
+    /// request is sent right behind the create, and one session's requests
+    /// are handled in the order sent, so the list already shows my node (one
+    /// round trip for both). The list is `None` if it failed; callers then
+    /// read the queue themselves.
+    async fn enqueue(&self, req: &LockRequest) -> Result<Enqueued> {
         let client = self.client().await?;
         let parent = self.parent(&req.name);
         let prefix = node_prefix(&req.owner);
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let path = format!("{parent}/{prefix}");
         for _ in 0..5 {
-            match client
-                .create(&format!("{parent}/{prefix}"), b"", &options)
-                .await
-            {
+            // Both requests are queued when their futures are made (the
+            // client orders requests at creation, not at polling). The list
+            // is the read that may confirm ownership.
+            req.attempt_starting();
+            let create = client.create(&path, b"", &options);
+            let list = client.list_children(&parent);
+            let (created, listed) = tokio::join!(create, list);
+            match created {
                 Ok((stat, seq)) => {
                     // A plain create2 reply carries a valid Stat on 3.8.0 too
                     // (only Stats inside multi() are broken before 3.8.2).
                     let node = format!("{prefix}{seq}");
                     let seq = seq.into_i64();
-                    return self.remember(req, client, parent, node, seq, stat.czxid);
+                    let queue = listed
+                        .ok()
+                        .map(in_queue_order)
+                        .filter(|q| q.contains(&node));
+                    let token = czxid_token(stat.czxid)?;
+                    let q = Enqueued {
+                        client,
+                        parent,
+                        node,
+                        token,
+                        queue,
+                    };
+                    return Ok(self.remember(req, seq, q));
                 }
                 Err(zk::Error::NoNode) => {
                     let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
@@ -329,7 +379,14 @@ impl ZooKeeperBackend {
                             .map_err(|e| self.err(e))?;
                         if let Some(stat) = stat {
                             tracing::info!(node = %found, "found my lock node again after a connection loss during create");
-                            return self.remember(req, client, parent, found, seq, stat.czxid);
+                            let q = Enqueued {
+                                client,
+                                parent,
+                                node: found,
+                                token: czxid_token(stat.czxid)?,
+                                queue: None,
+                            };
+                            return Ok(self.remember(req, seq, q));
                         }
                     }
                 }
@@ -343,21 +400,12 @@ impl ZooKeeperBackend {
         ))
     }
 
-    fn remember(
-        &self,
-        req: &LockRequest,
-        client: Session,
-        parent: String,
-        node: String,
-        seq: i64,
-        czxid: i64,
-    ) -> Result<(Session, String, String, FencingToken)> {
-        let token = u64::try_from(czxid)
-            .map_err(|_| Error::backend("zookeeper", format!("negative czxid {czxid}")))?;
-        debug_assert_eq!(self.node_path(req, seq), format!("{parent}/{node}"));
-        let session = client.clone();
+    /// Records a created node as `req`'s.
+    fn remember(&self, req: &LockRequest, seq: i64, q: Enqueued) -> Enqueued {
+        debug_assert_eq!(self.node_path(req, seq), format!("{}/{}", q.parent, q.node));
+        let session = q.client.clone();
         self.nodes().insert(req.owner, Node { seq, session });
-        Ok((client, parent, node, FencingToken(token)))
+        q
     }
 
     async fn find_mine(
@@ -381,15 +429,12 @@ impl ZooKeeperBackend {
 
     /// The lock children in queue order.
     async fn queue(&self, client: &zk::Client, parent: &str) -> Result<Vec<String>> {
-        let mut children: Vec<String> = client
-            .list_children(parent)
-            .await
-            .map_err(|e| self.err(e))?
-            .into_iter()
-            .filter(|c| sequence(c).is_some())
-            .collect();
-        children.sort_by_key(|c| sequence(c));
-        Ok(children)
+        Ok(in_queue_order(
+            client
+                .list_children(parent)
+                .await
+                .map_err(|e| self.err(e))?,
+        ))
     }
 
     async fn delete_node(&self, req: &LockRequest) -> Result<bool> {
@@ -407,18 +452,19 @@ impl ZooKeeperBackend {
     }
 
     /// Waits until my node is first; only the predecessor is watched.
-    async fn wait_first(
-        &self,
-        req: &LockRequest,
-        client: &zk::Client,
-        parent: &str,
-        node: &str,
-    ) -> Result<()> {
+    async fn wait_first(&self, req: &LockRequest, q: &mut Enqueued) -> Result<()> {
         let name = &req.name;
+        let (client, parent, node) = (&q.client, &q.parent, &q.node);
         loop {
-            // This read is the one that confirms ownership.
-            req.attempt_starting();
-            let queue = self.queue(client, parent).await?;
+            // This read is the one that confirms ownership: the one sent
+            // with the create first, then a new one after each wake-up.
+            let queue = match q.queue.take() {
+                Some(queue) => queue,
+                None => {
+                    req.attempt_starting();
+                    self.queue(client, parent).await?
+                }
+            };
             let Some(i) = queue.iter().position(|c| c == node) else {
                 return Err(Error::LeaseLost {
                     name: name.clone(),
@@ -478,9 +524,13 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
-        let (client, parent, node, token) = self.enqueue(req).await?;
-        if self.queue(&client, &parent).await?.first() == Some(&node) {
-            return Ok(Some(token));
+        let q = self.enqueue(req).await?;
+        let queue = match q.queue {
+            Some(queue) => queue,
+            None => self.queue(&q.client, &q.parent).await?,
+        };
+        if queue.first() == Some(&q.node) {
+            return Ok(Some(q.token));
         }
         self.delete_node(req).await?;
         Ok(None)
@@ -488,8 +538,9 @@ impl Backend for ZooKeeperBackend {
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
         let start = Instant::now();
-        let (client, parent, node, token) = self.enqueue(req).await?;
-        let waited = self.wait_first(req, &client, &parent, &node);
+        let mut q = self.enqueue(req).await?;
+        let token = q.token;
+        let waited = self.wait_first(req, &mut q);
         let outcome = match deadline {
             Some(d) => tokio::time::timeout_at(d, waited)
                 .await
