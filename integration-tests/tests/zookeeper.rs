@@ -201,7 +201,7 @@ async fn cut_off(f: Arc<Zk>) -> Result<(), Failed> {
     let lock = name();
     // An earlier lock, released, leaves its session's watcher idle; the
     // next lock in the session must still hear of the session's end.
-    holder.lock(&name()).acquire().await?.release().await?;
+    holder.lock(name()).acquire().await?.release().await?;
     let g = holder
         .lock(&lock)
         .ttl(Duration::from_secs(30))
