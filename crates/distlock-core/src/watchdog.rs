@@ -185,9 +185,10 @@ pub(crate) fn start(hold: &Arc<Hold>) {
 }
 
 /// The holds of one backend session, and the one task waiting for its end.
-/// The task stays while the session has no holds: starting a watcher costs
-/// more than a lock's round trips on some backends (ZooKeeper's state
-/// subscription), and a session usually serves the client's next lock too.
+/// The task stays while the session has no holds: starting a watcher per
+/// lock cost ZooKeeper about 100 µs of an uncontended lock's latency
+/// (docs/benchmarks.md), and a session usually serves the client's next
+/// lock too.
 pub(crate) struct SessionWatch {
     holds: std::collections::HashMap<u64, Weak<Hold>>,
     next: u64,

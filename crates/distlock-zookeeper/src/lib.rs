@@ -88,7 +88,6 @@ fn sequence(child: &str) -> Option<i64> {
         .and_then(|(_, seq)| seq.parse().ok())
 }
 
-/// The name prefix of `owner`'s lock child: Curator's `_c_<uuid>-lock-`.
 /// A node just created for a request, and the queue read with it.
 struct Enqueued {
     client: Session,
@@ -117,6 +116,7 @@ fn in_queue_order(children: Vec<String>) -> Vec<String> {
     queue
 }
 
+/// The name prefix of `owner`'s lock child: Curator's `_c_<uuid>-lock-`.
 fn node_prefix(owner: &Owner) -> String {
     format!("_c_{owner}-lock-")
 }
@@ -325,10 +325,11 @@ impl ZooKeeperBackend {
     /// My child node: created, or found again after a connection loss hid
     /// the create's reply (ZOOKEEPER-1262). The owner value in the name makes
     /// it findable, so there is never an orphan or a second entry.
-    /// Creates my node and, in the same flight, lists the queue: the list
-    /// request is sent right behind the create, and one session's requests
-    /// are handled in the order sent, so the list already shows my node (one
-    /// round trip for both). The list is `None` if it failed; callers then
+    ///
+    /// The queue is listed in the same flight: the list request is sent
+    /// right behind the create, and one session's requests are handled in
+    /// the order sent, so the list already shows my node (one round trip for
+    /// both). `Enqueued::queue` is `None` if that list failed; callers then
     /// read the queue themselves.
     async fn enqueue(&self, req: &LockRequest) -> Result<Enqueued> {
         let client = self.client().await?;
