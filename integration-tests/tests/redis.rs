@@ -105,6 +105,11 @@ fn main() {
             move || handle.block_on(interop(s)),
         ));
         let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::acquire_subscribes_only_when_the_lock_is_held",
+            move || handle.block_on(subscribes_when_held()),
+        ));
+        let handle = rt.handle().clone();
         extra.push(Trial::ignorable_test(
             "redis::failover_to_a_lagging_replica_grants_twice_and_holder_sees_lost",
             move || handle.block_on(failover()).map(|()| Completion::Completed),
@@ -152,6 +157,51 @@ async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
     if !g.release().await? {
         return Err("distlock release failed".into());
     }
+    Ok(())
+}
+
+/// An uncontended `acquire` is one script call: no SUBSCRIBE. A waiter
+/// subscribes, and is woken by the release. On a server of its own, so that
+/// no other test's commands are counted.
+async fn subscribes_when_held() -> Result<(), Failed> {
+    let node = tokio::task::spawn_blocking(|| server::spawn(&[]))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let port = node.port;
+    let subscribes = move || {
+        let stats = server::command(port, &["INFO", "commandstats"]).unwrap_or_default();
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_subscribe:calls="))
+            .and_then(|v| v.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let url = format!("redis://127.0.0.1:{port}");
+    let holder = LockClient::new(RedisBackend::connect(&url).await?);
+    let waiter = LockClient::new(RedisBackend::connect(&url).await?);
+    let g = holder.lock("sub").acquire().await?;
+    let before = subscribes();
+    if before != 0 {
+        return Err(format!("an uncontended acquire subscribed ({before} SUBSCRIBE calls)").into());
+    }
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock("sub")
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+    });
+    wait_for("the waiter's SUBSCRIBE", Duration::from_secs(10), || {
+        subscribes() >= 1
+    })?;
+    g.release().await?;
+    // Far below the 30 s TTL the waiter would otherwise wait out.
+    let got = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .map_err(|_| "the waiter was not woken by the release")?
+        .map_err(|e| e.to_string())??;
+    got.release().await?;
     Ok(())
 }
 

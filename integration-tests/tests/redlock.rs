@@ -100,6 +100,16 @@ fn main() {
             ),
             trial(
                 rt,
+                "redlock::a_majority_does_not_wait_for_a_paused_node",
+                majority_first(""),
+            ),
+            trial(
+                rt,
+                "redlock::fenced::a_majority_does_not_wait_for_a_paused_node",
+                majority_first("&fencing=true"),
+            ),
+            trial(
+                rt,
                 "redlock::node_restart_grants_twice_without_protection",
                 restart(false),
             ),
@@ -218,6 +228,71 @@ async fn paused_node() -> Result<(), Failed> {
         return Err(format!("acquire took {took:?} with one node paused (bound {bound:?})").into());
     }
     Ok(())
+}
+
+/// Acquire, the fencing write-back and release each return once a majority
+/// has answered: with one node paused and a node timeout of 20 s, a full
+/// acquire+release must not take anything like 20 s. The paused node gets
+/// the grant and the release queued in that order, so once it resumes it
+/// must end up free, not holding the key until its TTL.
+async fn majority_first(options: &'static str) -> Result<(), Failed> {
+    let nodes = blocking(five_nodes).await?;
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let url = format!(
+        "redlock://{}?node_timeout_ms=20000{options}",
+        hosts.join(",")
+    );
+    let client = LockClient::new(RedlockBackend::connect(&url).await?);
+    let name = "majority-first";
+    nodes[2].signal("STOP").map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let cycle = async {
+        let g = client
+            .lock(name)
+            .ttl(Duration::from_secs(60))
+            .acquire()
+            .await?;
+        g.release().await
+    };
+    // Far below the node timeout; only a wait for the paused node gets there.
+    let done = tokio::time::timeout(Duration::from_secs(8), cycle).await;
+    let took = start.elapsed();
+    nodes[2].signal("CONT").map_err(|e| e.to_string())?;
+    match done {
+        Err(_) => {
+            return Err(format!(
+                "acquire+release waited {took:?} for a paused node (node timeout 20 s)"
+            )
+            .into())
+        }
+        Ok(released) => {
+            if !released? {
+                return Err("release with one node paused reported not held".into());
+            }
+        }
+    }
+    // The resumed node runs the queued grant, then the queued release.
+    let port = nodes[2].port;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let exists = blocking(move || {
+            server::command(port, &["EXISTS", name]).ok_or_else(|| Failed::from("no reply"))
+        })
+        .await?;
+        if exists.starts_with(":0") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the paused node still holds {name} 10 s after resuming (EXISTS {exists:?})"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The seed's scenario: A holds the lock on nodes 0, 1, 2; node 2 restarts

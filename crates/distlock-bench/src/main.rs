@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use distlock::LockClient;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use hdrhistogram::Histogram;
 use integration_tests::harness::{ServerKind, TestServer};
 use tokio::time::Instant;
@@ -619,9 +620,25 @@ fn set_nx_px(key: &str, owner: &str) -> redis::Cmd {
     cmd
 }
 
+/// Whether two of three answers were yes, waiting no longer than that.
+async fn majority<F>(answers: &mut FuturesUnordered<F>) -> bool
+where
+    F: Future<Output = Result<bool, redis::RedisError>>,
+{
+    let mut yes = 0;
+    while let Some(r) = answers.next().await {
+        yes += usize::from(matches!(r, Ok(true)));
+        if yes >= 2 {
+            return true;
+        }
+    }
+    false
+}
+
 /// Redlock on three independent redis-servers. The raw sequence is the
 /// minimal Redlock: `SET NX PX` on the three nodes at once, then the
-/// compare-and-delete on the three at once.
+/// compare-and-delete on the three at once, each half done when two nodes
+/// said yes.
 async fn redlock_target() -> Result<Target, BoxError> {
     let mut servers = Vec::new();
     let mut conns = Vec::new();
@@ -663,27 +680,36 @@ async fn redlock_target() -> Result<Target, BoxError> {
         Box::pin(async move {
             let key = format!("bench/raw/{slot}");
             let owner = format!("raw-{i}");
-            let sets = c.iter().cloned().map(|mut c| {
-                let (key, owner) = (key.clone(), owner.clone());
-                async move {
-                    let ok: Option<String> = set_nx_px(&key, &owner).query_async(&mut c).await?;
-                    Ok::<bool, redis::RedisError>(ok.is_some())
-                }
-            });
-            let granted = futures_util::future::join_all(sets)
-                .await
-                .into_iter()
-                .filter(|r| matches!(r, Ok(true)))
-                .count();
-            if granted < 2 {
+            // Each half returns once a majority has answered yes, as the
+            // backend does: the third node's answer cannot change anything.
+            let mut sets: FuturesUnordered<_> = c
+                .iter()
+                .cloned()
+                .map(|mut c| {
+                    let (key, owner) = (key.clone(), owner.clone());
+                    async move {
+                        let ok: Option<String> =
+                            set_nx_px(&key, &owner).query_async(&mut c).await?;
+                        Ok::<bool, redis::RedisError>(ok.is_some())
+                    }
+                })
+                .collect();
+            if !majority(&mut sets).await {
                 return Err("raw redlock: no majority".into());
             }
-            let dels = c.into_iter().map(|mut c| {
-                let (key, owner, cad) = (key.clone(), owner.clone(), cad.clone());
-                async move { cad.key(&key).arg(&owner).invoke_async::<i64>(&mut c).await }
-            });
-            for r in futures_util::future::join_all(dels).await {
-                r?;
+            drop(sets);
+            let mut dels: FuturesUnordered<_> = c
+                .into_iter()
+                .map(|mut c| {
+                    let (key, owner, cad) = (key.clone(), owner.clone(), cad.clone());
+                    async move {
+                        let n: i64 = cad.key(&key).arg(&owner).invoke_async(&mut c).await?;
+                        Ok::<bool, redis::RedisError>(n == 1)
+                    }
+                })
+                .collect();
+            if !majority(&mut dels).await {
+                return Err("raw redlock: release reached no majority".into());
             }
             Ok(())
         })

@@ -333,20 +333,25 @@ impl Backend for RedisBackend {
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
         let start = Instant::now();
-        // Subscribe before the first attempt: a release between a failed
-        // attempt and the wait is then still seen.
-        let mut watch = match self.watch_releases(&req.name).await {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::debug!(error = %e, "no pub/sub; waiting on the holder's TTL only");
-                None
-            }
-        };
+        // The first attempt goes out before any subscription, so an
+        // uncontended acquire costs one script call. Once the lock is found
+        // held, every attempt runs with a live subscription (made again if
+        // its connection died), so a release between a failed attempt and
+        // the wait is still seen.
+        req.attempt_starting();
+        if let Attempt::Granted(t) = self.attempt(req).await? {
+            return Ok(t);
+        }
+        let mut watch = None;
         loop {
             if watch.is_none() {
-                // The subscription died with its connection: subscribe
-                // again (a new connection) before the next attempt.
-                watch = self.watch_releases(&req.name).await.ok();
+                watch = match self.watch_releases(&req.name).await {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no pub/sub; waiting on the holder's TTL only");
+                        None
+                    }
+                };
             }
             req.attempt_starting();
             let left = match self.attempt(req).await? {

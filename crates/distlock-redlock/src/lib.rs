@@ -11,6 +11,7 @@ use distlock_core::{
 };
 use distlock_redis::Attempt;
 use futures_util::future::{join_all, select_all};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, Instant};
 
 mod config;
@@ -218,18 +219,28 @@ impl RedlockBackend {
     async fn round(&self, req: &LockRequest) -> Result<Round> {
         // Step 1: the monotonic start instant.
         let start = Instant::now();
-        // Step 2: every node concurrently, so a slow node costs at most its timeout.
-        let votes = join_all(self.inner.nodes.iter().map(|n| self.vote(n, req))).await;
+        // Step 2: every node concurrently, so a slow node costs at most its
+        // timeout; and no node is waited for once a majority has granted.
+        let quorum = self.quorum();
+        let mut votes: FuturesUnordered<_> =
+            self.inner.nodes.iter().map(|n| self.vote(n, req)).collect();
         let mut tokens = Vec::new();
         let (mut down, mut left): (usize, Option<Duration>) = (0, None);
-        for v in &votes {
+        while let Some(v) = votes.next().await {
             match v {
-                Vote::Granted(t) => tokens.push(*t),
-                Vote::Held(l) => left = min_opt(left, *l),
+                Vote::Granted(t) => tokens.push(t),
+                Vote::Held(l) => left = min_opt(left, l),
                 Vote::Down => down += 1,
             }
+            if tokens.len() >= quorum {
+                // The other nodes' answers cannot change the outcome; they
+                // are dropped as in `count_until`. A grant that still lands
+                // on one of them is deleted by the release, which reaches
+                // that node after it on the same connection.
+                break;
+            }
         }
-        let quorum = self.quorum();
+        drop(votes);
         // Steps 3-4: a majority, and validity = TTL - elapsed - drift > 0.
         if tokens.len() >= quorum && self.valid_after(req.ttl, start) {
             let token = tokens.iter().copied().max().unwrap_or(FencingToken(0));
@@ -277,15 +288,29 @@ impl RedlockBackend {
     /// Fencing: raise every granting node's counter to the token. Any later
     /// majority overlaps this one in at least one node (two sets of more than
     /// N/2 nodes cannot be disjoint), whose INCR then returns more than this
-    /// token, so the next token is higher. Returns how many nodes confirmed.
+    /// token, so the next token is higher. Returns how many nodes confirmed,
+    /// as soon as a majority has.
+    /// Release notifications from every node that answers; a node whose
+    /// pub/sub fails only costs its notifications.
+    async fn watch_releases(&self, req: &LockRequest) -> Vec<distlock_redis::ReleaseWatch> {
+        let t = self.connect_timeout();
+        join_all(self.inner.nodes.iter().map(|n| async move {
+            let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
+            timeout(t, r.watch_releases(&req.name)).await.ok()?.ok()
+        }))
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
     async fn write_back(&self, req: &LockRequest, token: FencingToken) -> usize {
         let t = self.inner.config.node_timeout;
-        let acks = join_all(self.inner.nodes.iter().map(|n| async move {
+        let answers = self.inner.nodes.iter().map(|n| async move {
             let raise = async { n.redis(false).await?.raise_fence(&req.name, token).await };
             matches!(timeout(t, raise).await, Ok(Ok(())))
-        }))
-        .await;
-        acks.into_iter().filter(|ok| *ok).count()
+        });
+        count_until(answers, self.quorum()).await
     }
 
     /// Release on every node, each bounded by the node timeout; returns how
@@ -299,6 +324,28 @@ impl RedlockBackend {
         .await;
         released.into_iter().filter(|ok| *ok).count()
     }
+}
+
+/// Counts the nodes that answered `true`, returning as soon as `enough`
+/// have. The others are dropped unanswered. Only for requests whose
+/// completion on a minority does not matter (a vote, a fencing write-back):
+/// a request already queued on its node's connection still runs there, in
+/// order with everything sent to that node before and after; but one not yet
+/// queued, or one the client would have had to send again (NOSCRIPT after a
+/// restart), never runs.
+async fn count_until<F: std::future::Future<Output = bool>>(
+    answers: impl IntoIterator<Item = F>,
+    enough: usize,
+) -> usize {
+    let mut answers: FuturesUnordered<F> = answers.into_iter().collect();
+    let mut yes = 0;
+    while let Some(ok) = answers.next().await {
+        yes += usize::from(ok);
+        if yes >= enough {
+            break;
+        }
+    }
+    yes
 }
 
 fn min_opt(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
@@ -324,17 +371,9 @@ impl Backend for RedlockBackend {
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
         let start = Instant::now();
-        let t = self.connect_timeout();
-        // Release notifications from every node that answers; a node whose
-        // pub/sub fails only costs its notifications.
-        let mut watches: Vec<_> = join_all(self.inner.nodes.iter().map(|n| async move {
-            let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
-            timeout(t, r.watch_releases(&req.name)).await.ok()?.ok()
-        }))
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
+        // Subscribed after the first round that finds the lock held, so an
+        // uncontended acquire costs one round and no subscription.
+        let (mut watches, mut subscribed) = (Vec::new(), false);
         loop {
             req.attempt_starting();
             let (left, split) = match self.round(req).await? {
@@ -347,6 +386,16 @@ impl Backend for RedlockBackend {
                     name: req.name.clone(),
                     waited: start.elapsed(),
                 });
+            }
+            if !subscribed {
+                // Subscribe, then go round again (at once, or after the
+                // split delay below): a release between the round above and
+                // the subscription is then not missed.
+                watches = self.watch_releases(req).await;
+                subscribed = true;
+                if !split {
+                    continue;
+                }
             }
             if split {
                 // Another contender took some nodes in the same instant:
@@ -477,8 +526,35 @@ impl Backend for RedlockBackend {
         Ok(out)
     }
 
+    /// Returns once a majority has released. The other nodes' releases
+    /// finish in a background task: a node that restarted answers the
+    /// script call with NOSCRIPT and needs the script sent again, which a
+    /// dropped request would never do, leaving the key there until its TTL.
     async fn release(&self, req: &LockRequest) -> Result<bool> {
-        Ok(self.release_all(req).await >= self.quorum())
+        let t = self.inner.config.node_timeout;
+        let quorum = self.quorum();
+        let shared = Arc::new((self.inner.clone(), req.clone()));
+        let mut answers: FuturesUnordered<_> = (0..self.inner.nodes.len())
+            .map(|i| {
+                let shared = shared.clone();
+                async move {
+                    let (inner, req) = &*shared;
+                    let rel = async { inner.nodes[i].redis(false).await?.release(req).await };
+                    matches!(timeout(t, rel).await, Ok(Ok(true)))
+                }
+            })
+            .collect();
+        let mut released = 0;
+        while let Some(ours) = answers.next().await {
+            released += usize::from(ours);
+            if released >= quorum {
+                if !answers.is_empty() {
+                    tokio::spawn(answers.for_each(|_| async {}));
+                }
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Held when a majority of nodes hold the key.
