@@ -158,6 +158,9 @@ pub(crate) struct Handoffs {
     pub(crate) handoffs: u64,
 }
 
+/// How long each holder in [`handoffs`] holds the lock before releasing.
+pub(crate) const HOLD_FOR: Duration = Duration::from_millis(2);
+
 /// All clients loop acquire → release on one name, so every grant is a
 /// handoff from the previous holder's release: its latency is the time from
 /// the release call to the next holder's acquire returning. With N+1
@@ -216,7 +219,7 @@ pub(crate) async fn handoffs(
                 let n = grants.fetch_add(1, Ordering::Relaxed) + 1;
                 granted.send_replace(n);
                 // Give the others time to queue behind this hold.
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                tokio::time::sleep(HOLD_FOR).await;
                 let mut next = granted.subscribe();
                 let release_start = Instant::now();
                 released_at.store(base.elapsed().as_nanos() as u64, Ordering::Release);

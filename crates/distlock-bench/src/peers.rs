@@ -127,6 +127,8 @@ pub(crate) async fn run(
             let peer = rslock::LockManager::new(nodes);
             let mut theirs = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
             let mut mine = theirs.clone();
+            let mut backend_only = theirs.clone();
+            let backend = lib.backend().clone();
             // Alternate one operation of each, after a tenth as many warm-up
             // rounds.
             for i in 0..(n + n / 10) {
@@ -140,9 +142,18 @@ pub(crate) async fn run(
                 let start = Instant::now();
                 crate::cycle(lib, "bench/peer/distlock").await?;
                 let m = start.elapsed();
+                let start = Instant::now();
+                let req = distlock::LockRequest::new(
+                    distlock::LockName::new("bench/peer/distlock-backend")?,
+                    Duration::from_secs(30),
+                );
+                backend.try_acquire(&req).await?.ok_or("lock busy")?;
+                backend.release(&req).await?;
+                let b = start.elapsed();
                 if i >= n / 10 {
                     theirs.record(t.as_micros().max(1) as u64)?;
                     mine.record(m.as_micros().max(1) as u64)?;
+                    backend_only.record(b.as_micros().max(1) as u64)?;
                 }
             }
             let p = |h: &hdrhistogram::Histogram<u64>| {
@@ -160,10 +171,17 @@ pub(crate) async fn run(
                 "in this process, alternating, `try_acquire` + `release`",
                 p(&mine),
             );
+            row(
+                md,
+                "distlock's backend alone",
+                "the same, `Backend::try_acquire` + `release` without the client (no guard, no renewal)",
+                p(&backend_only),
+            );
             let _ = writeln!(
                 md,
-                "\ndistlock / rslock at p50: **{:.2}**",
-                p(&mine).0 as f64 / p(&theirs).0 as f64
+                "\ndistlock / rslock at p50: **{:.2}** (the backend alone: {:.2})",
+                p(&mine).0 as f64 / p(&theirs).0 as f64,
+                p(&backend_only).0 as f64 / p(&theirs).0 as f64
             );
         }
         "etcd" => {
