@@ -285,11 +285,6 @@ impl RedlockBackend {
         start.elapsed() < self.inner.caps.safe_validity(ttl)
     }
 
-    /// Fencing: raise every granting node's counter to the token. Any later
-    /// majority overlaps this one in at least one node (two sets of more than
-    /// N/2 nodes cannot be disjoint), whose INCR then returns more than this
-    /// token, so the next token is higher. Returns how many nodes confirmed,
-    /// as soon as a majority has.
     /// Release notifications from every node that answers; a node whose
     /// pub/sub fails only costs its notifications.
     async fn watch_releases(&self, req: &LockRequest) -> Vec<distlock_redis::ReleaseWatch> {
@@ -304,6 +299,11 @@ impl RedlockBackend {
         .collect()
     }
 
+    /// Fencing: raise every granting node's counter to the token. Any later
+    /// majority overlaps this one in at least one node (two sets of more than
+    /// N/2 nodes cannot be disjoint), whose INCR then returns more than this
+    /// token, so the next token is higher. Returns how many nodes confirmed,
+    /// as soon as a majority has.
     async fn write_back(&self, req: &LockRequest, token: FencingToken) -> usize {
         let t = self.inner.config.node_timeout;
         let answers = self.inner.nodes.iter().map(|n| async move {
