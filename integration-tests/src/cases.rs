@@ -31,6 +31,7 @@ cases![
     waiter_gets_lock_after_holder_releases,
     stale_or_foreign_release_does_not_free_holder,
     vanished_holder_frees_lock_after_ttl,
+    release_after_the_lease_lapsed_reports_not_held,
     extend_keeps_lock_past_original_ttl,
     auto_renewal_keeps_lock_for_several_ttls,
     batched_renewal_answers_for_each_hold,
@@ -304,6 +305,38 @@ pub async fn vanished_holder_frees_lock_after_ttl(
         "lock freed after {took:?}, well before its {ttl:?} TTL"
     );
     g.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// A release after the holder's lease ran out, with nobody holding the lock
+/// since, answers "not held" (the holder learns its lease had lapsed), and
+/// leaves the lock free.
+pub async fn release_after_the_lease_lapsed_reports_not_held(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let raw = f.client().await?;
+    if raw.capabilities().session {
+        return Ok(Completion::ignored_with(
+            "a session backend's lock lasts as long as its session, not a TTL",
+        ));
+    }
+    let lock = name(&ns, "lapsed")?;
+    let ttl = f.short_ttl();
+    let req = LockRequest::new(lock.clone(), ttl);
+    ensure!(raw.try_acquire(&req).await?.is_some(), "raw acquire failed");
+    // Well past the TTL, so that no server clock can still count it live.
+    tokio::time::sleep(ttl * 2 + Duration::from_millis(500)).await;
+    ensure!(
+        !raw.release(&req).await?,
+        "a release after the lease lapsed reported the lock still held"
+    );
+    let b = client(f).await?;
+    let g = b.lock(&lock).ttl(LONG_TTL).try_acquire().await?;
+    ensure!(
+        g.is_some(),
+        "the lock was not free after its lease lapsed and was released"
+    );
     Ok(Completion::Completed)
 }
 

@@ -66,8 +66,14 @@ impl Lite {
         let extend = format!(
             "UPDATE {table} SET expires_at = {NOW_MS} + ?3 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
         );
+        // Frees the row only while our lease is live, so that the number of
+        // rows changed answers "was it still held" and no row comes back:
+        // through sqlx's SQLite driver, the same release with `RETURNING`
+        // put acquire+release at 1.11-1.45x the raw sequence, against
+        // 1.01-1.05x without (docs/benchmarks.md, SQLite).
+        // A row whose lease lapsed is free already: acquiring treats it so.
         let release = format!(
-            "UPDATE {table} SET owner = NULL WHERE name = ?1 AND owner = ?2 RETURNING expires_at > {NOW_MS}"
+            "UPDATE {table} SET owner = NULL WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
         );
         let evict =
             format!("UPDATE {table} SET owner = 'evicted' WHERE name = ?1 AND owner IS NOT NULL");
@@ -171,18 +177,19 @@ impl Lite {
 
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
         let owner = req.owner.to_string();
-        let held: Option<bool> = self
+        let r = self
             .busy(|| {
-                sqlx::query_scalar(&self.release)
+                sqlx::query(&self.release)
                     .bind(req.name.as_str())
                     .bind(&owner)
-                    .fetch_optional(&self.pool)
+                    .execute(&self.pool)
             })
             .await?;
-        if held.is_some() {
+        let held = r.rows_affected() == 1;
+        if held {
             let _ = self.releases.send(Arc::from(req.name.as_str()));
         }
-        Ok(held.unwrap_or(false))
+        Ok(held)
     }
 
     pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64)>> {
