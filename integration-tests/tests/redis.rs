@@ -192,9 +192,13 @@ async fn subscribes_when_held() -> Result<(), Failed> {
             .acquire()
             .await
     });
-    wait_for("the waiter's SUBSCRIBE", Duration::from_secs(10), || {
-        subscribes() >= 1
-    })?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while subscribes() == 0 {
+        if tokio::time::Instant::now() > deadline {
+            return Err("the waiter never subscribed to the release channel".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     g.release().await?;
     // Far below the 30 s TTL the waiter would otherwise wait out.
     let got = tokio::time::timeout(Duration::from_secs(10), waiting)

@@ -306,11 +306,17 @@ impl RedlockBackend {
     /// as soon as a majority has.
     async fn write_back(&self, req: &LockRequest, token: FencingToken) -> usize {
         let t = self.inner.config.node_timeout;
-        let answers = self.inner.nodes.iter().map(|n| async move {
-            let raise = async { n.redis(false).await?.raise_fence(&req.name, token).await };
-            matches!(timeout(t, raise).await, Ok(Ok(())))
-        });
-        count_until(answers, self.quorum()).await
+        let mut answers: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .map(|n| async move {
+                let raise = async { n.redis(false).await?.raise_fence(&req.name, token).await };
+                matches!(timeout(t, raise).await, Ok(Ok(())))
+            })
+            .collect();
+        // The rest are dropped unanswered (see `count_until`).
+        count_until(&mut answers, self.quorum()).await
     }
 
     /// Release on every node, each bounded by the node timeout; returns how
@@ -327,17 +333,16 @@ impl RedlockBackend {
 }
 
 /// Counts the nodes that answered `true`, returning as soon as `enough`
-/// have. The others are dropped unanswered. Only for requests whose
-/// completion on a minority does not matter (a vote, a fencing write-back):
-/// a request already queued on its node's connection still runs there, in
-/// order with everything sent to that node before and after; but one not yet
-/// queued, or one the client would have had to send again (NOSCRIPT after a
-/// restart), never runs.
+/// have; the answers still to come stay in `answers`. Dropping them is only
+/// for requests whose completion on a minority does not matter (a vote, a
+/// fencing write-back): a request already queued on its node's connection
+/// still runs there, in order with everything sent to that node before and
+/// after; but one not yet queued, or one the client would have had to send
+/// again (NOSCRIPT after a restart), never runs.
 async fn count_until<F: std::future::Future<Output = bool>>(
-    answers: impl IntoIterator<Item = F>,
+    answers: &mut FuturesUnordered<F>,
     enough: usize,
 ) -> usize {
-    let mut answers: FuturesUnordered<F> = answers.into_iter().collect();
     let mut yes = 0;
     while let Some(ok) = answers.next().await {
         yes += usize::from(ok);
@@ -544,17 +549,11 @@ impl Backend for RedlockBackend {
                 }
             })
             .collect();
-        let mut released = 0;
-        while let Some(ours) = answers.next().await {
-            released += usize::from(ours);
-            if released >= quorum {
-                if !answers.is_empty() {
-                    tokio::spawn(answers.for_each(|_| async {}));
-                }
-                return Ok(true);
-            }
+        let released = count_until(&mut answers, quorum).await;
+        if !answers.is_empty() {
+            tokio::spawn(answers.for_each(|_| async {}));
         }
-        Ok(false)
+        Ok(released >= quorum)
     }
 
     /// Held when a majority of nodes hold the key.
