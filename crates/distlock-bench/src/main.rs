@@ -545,7 +545,8 @@ round trip p50: {rtt:.0} µs, so the handoff target (one round trip + 0.5 ms) is
     let _ = writeln!(
         r.md,
         "
-the same round trip after 2 ms idle, as each release in this scenario is sent: p50 {idle} µs (back to back, alternating with it: {hot} µs; n = {samples} each); with it the target would be {} µs",
+the same round trip after {:?} idle, as each release in this scenario is sent: p50 {idle} µs (back to back, alternating with it: {hot} µs; n = {samples} each); with it the target would be {} µs",
+        contention::HOLD_FOR,
         idle + 500
     );
     r.handoff.push((t.name.to_string(), line));

@@ -128,7 +128,7 @@ pub(crate) async fn run(
             let mut theirs = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
             let mut mine = theirs.clone();
             let mut backend_only = theirs.clone();
-            let backend = lib.backend().clone();
+            let backend_alone = crate::backend_step(lib, "peer");
             // Alternate one operation of each, after a tenth as many warm-up
             // rounds.
             for i in 0..(n + n / 10) {
@@ -143,12 +143,7 @@ pub(crate) async fn run(
                 crate::cycle(lib, "bench/peer/distlock").await?;
                 let m = start.elapsed();
                 let start = Instant::now();
-                let req = distlock::LockRequest::new(
-                    distlock::LockName::new("bench/peer/distlock-backend")?,
-                    Duration::from_secs(30),
-                );
-                backend.try_acquire(&req).await?.ok_or("lock busy")?;
-                backend.release(&req).await?;
+                backend_alone(i, 0).await?;
                 let b = start.elapsed();
                 if i >= n / 10 {
                     theirs.record(t.as_micros().max(1) as u64)?;
