@@ -1,5 +1,6 @@
 //! The conformance suite on PostgreSQL, plus its own edges: concurrent table
-//! creation, a server restart, a killed connection, notified waiters.
+//! creation, a server restart, a killed connection, notified waiters, and
+//! a LISTEN connection that lives only while someone waits.
 
 mod sql_support;
 
@@ -31,6 +32,11 @@ fn main() {
                 rt,
                 "postgres::waiter_is_notified_on_release",
                 notified(f.clone()),
+            ),
+            trial(
+                rt,
+                "postgres::listens_only_while_a_task_waits",
+                listens_only_while_waiting(f.clone()),
             ),
         ]
     })
@@ -140,6 +146,74 @@ async fn notified(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
         .await
         .map_err(|_| Failed::from("waiter not woken by NOTIFY"))?
         .map_err(|e| e.to_string())??;
+    got.release().await?;
+    Ok(())
+}
+
+/// A client opens its LISTEN connection only when one of its tasks finds the
+/// lock held, and closes it when its last waiter stops waiting, so that a
+/// release's NOTIFY signals only clients that wait. Counted in
+/// `pg_stat_activity`: a listening connection's last statement is `LISTEN`.
+async fn listens_only_while_waiting(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let app = format!("listener_{}", &integration_tests::namespace()[12..]);
+    let waiter = LockClient::new(
+        SqlBackend::connect(&f.url_with(&format!("application_name={app}"))?).await?,
+    );
+    let holder = LockClient::new(f.connect(SqlConfig::default()).await?);
+    let admin = sqlx::PgPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let listening = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'",
+        )
+        .bind(&app)
+        .fetch_one(&admin)
+        .await
+        .map_err(|e| Failed::from(e.to_string()))
+    };
+    let until = |want: i64, why: &'static str| async move {
+        let end = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let n = listening().await?;
+            if n == want {
+                return Ok::<_, Failed>(());
+            }
+            if tokio::time::Instant::now() > end {
+                return Err(Failed::from(format!("{why} ({n} LISTEN connections)")));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let name = "listening/probe";
+    let g = waiter.lock(name).acquire().await?;
+    g.release().await?;
+    let n = listening().await?;
+    if n != 0 {
+        return Err(format!("an uncontended acquire opened {n} LISTEN connections").into());
+    }
+    let h = holder
+        .lock(name)
+        .ttl(Duration::from_secs(120))
+        .acquire()
+        .await?;
+    let w = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock(name)
+                .ttl(Duration::from_secs(120))
+                .acquire()
+                .await
+        })
+    };
+    until(1, "a waiting acquire did not LISTEN").await?;
+    h.release().await?;
+    let got = tokio::time::timeout(Duration::from_secs(15), w)
+        .await
+        .map_err(|_| Failed::from("waiter not woken by NOTIFY"))?
+        .map_err(|e| e.to_string())??;
+    until(0, "the LISTEN connection stayed open after its last waiter got the lock").await?;
     got.release().await?;
     Ok(())
 }

@@ -10,15 +10,15 @@ use distlock_core::{
     LockRequest, Result, TrustedClock, Waiting,
 };
 use distlock_redis::Attempt;
-use futures_util::future::{join_all, select_all};
+use futures_util::future::{join_all, select_all, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use tokio::time::{timeout, Instant};
+use tokio::time::{timeout, timeout_at, Instant};
 
 mod config;
 mod node;
 
 pub use config::RedlockConfig;
-use node::{timed_out, Node};
+use node::Node;
 
 /// Redlock over N independent Redis nodes (N odd, usually 5).
 ///
@@ -165,8 +165,8 @@ impl RedlockBackend {
             > 0)
     }
 
+    /// One node's answer to a lock attempt; the caller bounds it in time.
     async fn vote(&self, node: &Node, req: &LockRequest) -> Vote {
-        let t = self.inner.config.node_timeout;
         let protect = self.inner.config.delayed_restart;
         if protect.is_some() && node.quarantined() {
             return Vote::Down;
@@ -201,44 +201,52 @@ impl RedlockBackend {
                 Attempt::Held(left) => Vote::Held(left),
             })
         };
-        match timeout(t, ask).await {
-            Ok(Ok(v)) => v,
-            Ok(Err(e)) => {
+        match ask.await {
+            Ok(v) => v,
+            Err(e) => {
                 tracing::debug!(node = %node.endpoint, error = %e, "redlock node failed");
-                Vote::Down
-            }
-            Err(_) => {
-                tracing::debug!(node = %node.endpoint, error = %timed_out(node, t), "redlock node slow");
                 Vote::Down
             }
         }
     }
 
-    /// One round of the algorithm: all nodes at once, each with its own
+    /// One round of the algorithm: all nodes at once, within one node
     /// timeout; success needs a majority and some validity left.
     async fn round(&self, req: &LockRequest) -> Result<Round> {
         // Step 1: the monotonic start instant.
         let start = Instant::now();
-        // Step 2: every node concurrently, so a slow node costs at most its
-        // timeout; and no node is waited for once a majority has granted.
+        // Step 2: every node concurrently, so a slow node costs at most the
+        // node timeout; and no node is waited for once a majority has
+        // granted. All nodes start together, so one deadline for the step
+        // bounds each of them like a timer per node would, for one timer.
         let quorum = self.quorum();
+        let t = self.inner.config.node_timeout;
         let mut votes: FuturesUnordered<_> =
             self.inner.nodes.iter().map(|n| self.vote(n, req)).collect();
         let mut tokens = Vec::new();
         let (mut down, mut left): (usize, Option<Duration>) = (0, None);
-        while let Some(v) = votes.next().await {
-            match v {
-                Vote::Granted(t) => tokens.push(t),
-                Vote::Held(l) => left = min_opt(left, l),
-                Vote::Down => down += 1,
+        let counted = timeout_at(start + t, async {
+            while let Some(v) = votes.next().await {
+                match v {
+                    Vote::Granted(t) => tokens.push(t),
+                    Vote::Held(l) => left = min_opt(left, l),
+                    Vote::Down => down += 1,
+                }
+                if tokens.len() >= quorum {
+                    // The other nodes' answers cannot change the outcome;
+                    // they are dropped as in `count_until`. A grant that
+                    // still lands on one of them is deleted by the release,
+                    // which reaches that node after it on the same
+                    // connection.
+                    break;
+                }
             }
-            if tokens.len() >= quorum {
-                // The other nodes' answers cannot change the outcome; they
-                // are dropped as in `count_until`. A grant that still lands
-                // on one of them is deleted by the release, which reaches
-                // that node after it on the same connection.
-                break;
-            }
+        })
+        .await;
+        if counted.is_err() {
+            // The nodes that did not answer in time count as down.
+            down += votes.len();
+            tracing::debug!(slow = votes.len(), "redlock nodes did not answer within {t:?}");
         }
         drop(votes);
         // Steps 3-4: a majority, and validity = TTL - elapsed - drift > 0.
@@ -305,18 +313,18 @@ impl RedlockBackend {
     /// token, so the next token is higher. Returns how many nodes confirmed,
     /// as soon as a majority has.
     async fn write_back(&self, req: &LockRequest, token: FencingToken) -> usize {
-        let t = self.inner.config.node_timeout;
+        let deadline = Instant::now() + self.inner.config.node_timeout;
         let mut answers: FuturesUnordered<_> = self
             .inner
             .nodes
             .iter()
             .map(|n| async move {
                 let raise = async { n.redis(false).await?.raise_fence(&req.name, token).await };
-                matches!(timeout(t, raise).await, Ok(Ok(())))
+                matches!(raise.await, Ok(()))
             })
             .collect();
         // The rest are dropped unanswered (see `count_until`).
-        count_until(&mut answers, self.quorum()).await
+        count_until(&mut answers, self.quorum(), deadline).await
     }
 
     /// Release on every node, each bounded by the node timeout; returns how
@@ -339,17 +347,25 @@ impl RedlockBackend {
 /// still runs there, in order with everything sent to that node before and
 /// after; but one not yet queued, or one the client would have had to send
 /// again (NOSCRIPT after a restart), never runs.
+///
+/// The answers count only until `deadline` (one node timeout after they
+/// were sent: one timer for the step instead of one per node); those not in
+/// by then stay in `answers` like the rest.
 async fn count_until<F: std::future::Future<Output = bool>>(
     answers: &mut FuturesUnordered<F>,
     enough: usize,
+    deadline: Instant,
 ) -> usize {
     let mut yes = 0;
-    while let Some(ok) = answers.next().await {
-        yes += usize::from(ok);
-        if yes >= enough {
-            break;
+    let _in_time = timeout_at(deadline, async {
+        while let Some(ok) = answers.next().await {
+            yes += usize::from(ok);
+            if yes >= enough {
+                break;
+            }
         }
-    }
+    })
+    .await;
     yes
 }
 
@@ -536,7 +552,7 @@ impl Backend for RedlockBackend {
     /// script call with NOSCRIPT and needs the script sent again, which a
     /// dropped request would never do, leaving the key there until its TTL.
     async fn release(&self, req: &LockRequest) -> Result<bool> {
-        let t = self.inner.config.node_timeout;
+        let deadline = Instant::now() + self.inner.config.node_timeout;
         let quorum = self.quorum();
         let shared = Arc::new((self.inner.clone(), req.clone()));
         let mut answers: FuturesUnordered<_> = (0..self.inner.nodes.len())
@@ -545,13 +561,16 @@ impl Backend for RedlockBackend {
                 async move {
                     let (inner, req) = &*shared;
                     let rel = async { inner.nodes[i].redis(false).await?.release(req).await };
-                    matches!(timeout(t, rel).await, Ok(Ok(true)))
+                    matches!(rel.await, Ok(true))
                 }
             })
             .collect();
-        let released = count_until(&mut answers, quorum).await;
+        let released = count_until(&mut answers, quorum, deadline).await;
+        // Answers already in need no task (on loopback the last node's
+        // usually is); the rest finish in one, within the same deadline.
+        while let Some(Some(_)) = answers.next().now_or_never() {}
         if !answers.is_empty() {
-            tokio::spawn(answers.for_each(|_| async {}));
+            tokio::spawn(timeout_at(deadline, answers.for_each(|_| async {})));
         }
         Ok(released >= quorum)
     }

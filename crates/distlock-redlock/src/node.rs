@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use distlock_core::{Error, Result};
+use distlock_core::Result;
 use distlock_redis::{RedisBackend, RedisConfig};
 use tokio::time::Instant;
 
@@ -84,13 +84,4 @@ impl Node {
             }
         }
     }
-}
-
-/// Error for a node that did not answer within its timeout.
-pub(crate) fn timed_out(node: &Node, t: Duration) -> Error {
-    Error::unavailable(
-        "redlock",
-        format!("node {} did not answer within {t:?}", node.endpoint),
-        None,
-    )
 }

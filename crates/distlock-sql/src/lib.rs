@@ -413,7 +413,14 @@ impl Backend for SqlBackend {
         match &self.inner.db {
             #[cfg(feature = "postgres")]
             Db::Postgres(pg) => {
-                pg.listen().await?;
+                // Listen only once the lock is found held (an uncontended
+                // acquire costs one statement), then attempt again before
+                // sleeping: a release in between is not missed.
+                req.attempt_starting();
+                if let Some(t) = pg.attempt(req).await?.token {
+                    return Ok(t);
+                }
+                let _listening = pg.listen().await?;
                 let pace = Pace::Notified {
                     cap: config.notify_fallback,
                 };

@@ -1,11 +1,11 @@
 //! PostgreSQL: one upsert per attempt, LISTEN/NOTIFY for waiters.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use distlock_core::{FencingToken, LockRequest, Result};
 use sqlx::postgres::{PgListener, PgPool};
-use tokio::sync::{broadcast, OnceCell};
+use tokio::sync::broadcast;
 
 use crate::wait::Attempt;
 use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
@@ -22,7 +22,10 @@ pub(crate) struct Pg {
     evict: String,
     inspect: String,
     pub(crate) releases: broadcast::Sender<Arc<str>>,
-    listener: OnceCell<AbortOnDrop>,
+    /// The LISTEN connection, while a task of this backend waits.
+    listener: Mutex<Weak<Listening>>,
+    /// Held while one is being started, so that waiters share it.
+    starting: tokio::sync::Mutex<()>,
     err: DbError,
 }
 
@@ -97,7 +100,8 @@ impl Pg {
             evict,
             inspect,
             releases: broadcast::channel(1024).0,
-            listener: OnceCell::new(),
+            listener: Mutex::new(Weak::new()),
+            starting: tokio::sync::Mutex::new(()),
             err,
         }
     }
@@ -203,31 +207,52 @@ impl Pg {
         Ok(r.rows_affected() == 1)
     }
 
-    /// Starts the one LISTEN connection this backend shares among its
-    /// waiters; each notification carries the released lock's name.
-    pub(crate) async fn listen(&self) -> Result<()> {
-        self.listener
-            .get_or_try_init(|| async {
-                let mut l = PgListener::connect_with(&self.pool).await.map_err(|e| self.err.map(e))?;
-                l.listen(&self.channel).await.map_err(|e| self.err.map(e))?;
-                let tx = self.releases.clone();
-                Ok(AbortOnDrop(tokio::spawn(async move {
-                    loop {
-                        match l.recv().await {
-                            Ok(n) => {
-                                let _ = tx.send(Arc::from(n.payload()));
-                            }
-                            Err(e) => {
-                                // PgListener reconnects on the next recv;
-                                // waiters fall back to bounded polling meanwhile.
-                                tracing::debug!(error = %e, "LISTEN connection failed; reconnecting");
-                                tokio::time::sleep(Duration::from_millis(200)).await;
-                            }
-                        }
+    /// The one LISTEN connection this backend's waiters share, started by
+    /// the first of them; each notification carries the released lock's
+    /// name. It lives while someone holds the returned handle: when the
+    /// last waiter stops waiting it is closed (`UNLISTEN *`, and the
+    /// connection goes back to the pool), so a release's NOTIFY signals only
+    /// the database sessions of clients that wait (each one it signals
+    /// costs the releaser's commit time; docs/benchmarks.md).
+    pub(crate) async fn listen(&self) -> Result<Arc<Listening>> {
+        if let Some(l) = self.listening() {
+            return Ok(l);
+        }
+        let _starting = self.starting.lock().await;
+        if let Some(l) = self.listening() {
+            return Ok(l);
+        }
+        let mut l = PgListener::connect_with(&self.pool).await.map_err(|e| self.err.map(e))?;
+        l.listen(&self.channel).await.map_err(|e| self.err.map(e))?;
+        let tx = self.releases.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match l.recv().await {
+                    Ok(n) => {
+                        let _ = tx.send(Arc::from(n.payload()));
                     }
-                })))
-            })
-            .await
-            .map(|_| ())
+                    Err(e) => {
+                        // PgListener reconnects on the next recv;
+                        // waiters fall back to bounded polling meanwhile.
+                        tracing::debug!(error = %e, "LISTEN connection failed; reconnecting");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        });
+        let l = Arc::new(Listening(AbortOnDrop(task)));
+        *self.listener.lock().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&l);
+        Ok(l)
+    }
+
+    fn listening(&self) -> Option<Arc<Listening>> {
+        self.listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .upgrade()
     }
 }
+
+/// A running LISTEN connection; dropping the last handle stops it (the
+/// listener's own drop then sends `UNLISTEN *` and returns the connection).
+pub(crate) struct Listening(#[allow(dead_code)] AbortOnDrop);
