@@ -246,7 +246,10 @@ impl RedlockBackend {
         if counted.is_err() {
             // The nodes that did not answer in time count as down.
             down += votes.len();
-            tracing::debug!(slow = votes.len(), "redlock nodes did not answer within {t:?}");
+            tracing::debug!(
+                slow = votes.len(),
+                "redlock nodes did not answer within {t:?}"
+            );
         }
         drop(votes);
         // Steps 3-4: a majority, and validity = TTL - elapsed - drift > 0.
