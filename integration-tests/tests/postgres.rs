@@ -213,7 +213,11 @@ async fn listens_only_while_waiting(f: std::sync::Arc<SqlFactory>) -> Result<(),
         .await
         .map_err(|_| Failed::from("waiter not woken by NOTIFY"))?
         .map_err(|e| e.to_string())??;
-    until(0, "the LISTEN connection stayed open after its last waiter got the lock").await?;
+    until(
+        0,
+        "the LISTEN connection stayed open after its last waiter got the lock",
+    )
+    .await?;
     got.release().await?;
     Ok(())
 }

@@ -222,7 +222,9 @@ impl Pg {
         if let Some(l) = self.listening() {
             return Ok(l);
         }
-        let mut l = PgListener::connect_with(&self.pool).await.map_err(|e| self.err.map(e))?;
+        let mut l = PgListener::connect_with(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
         l.listen(&self.channel).await.map_err(|e| self.err.map(e))?;
         let tx = self.releases.clone();
         let task = tokio::spawn(async move {
