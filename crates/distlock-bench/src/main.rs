@@ -90,10 +90,32 @@ struct Args {
     only: Vec<String>,
 }
 
-/// Latencies of one variant, in microseconds.
+/// Latencies of one variant, in microseconds, and what its timed
+/// operations cost this process (see [`usage`]).
 struct Series {
     name: &'static str,
     hist: Histogram<u64>,
+    cpu: Duration,
+    blocked: i64,
+    timed: u32,
+}
+
+/// This process's CPU time so far (user + system, every thread: the
+/// runtime's workers and, for SQLite, the database) and how often its
+/// threads blocked (voluntary context switches: a worker parking in
+/// `epoll_wait` or a futex, to be woken again). Read around each timed
+/// operation, outside its timing, so that each variant is charged for the
+/// work and the waits its own operations cause.
+fn usage() -> (Duration, i64) {
+    use nix::sys::resource::{getrusage, UsageWho};
+    use nix::sys::time::TimeValLike;
+    getrusage(UsageWho::RUSAGE_SELF).map_or((Duration::ZERO, 0), |u| {
+        let us = u.user_time().num_microseconds() + u.system_time().num_microseconds();
+        (
+            Duration::from_micros(u64::try_from(us).unwrap_or(0)),
+            u.voluntary_context_switches(),
+        )
+    })
 }
 
 impl Series {
@@ -101,6 +123,9 @@ impl Series {
         Ok(Self {
             name,
             hist: Histogram::new_with_bounds(1, 60_000_000, 3)?,
+            cpu: Duration::ZERO,
+            blocked: 0,
+            timed: 0,
         })
     }
 
@@ -108,9 +133,25 @@ impl Series {
         &mut self,
         f: F,
     ) -> Result<(), BoxError> {
+        let (cpu, blocked) = usage();
         let start = Instant::now();
         f.await?;
-        self.record(start.elapsed())
+        let took = start.elapsed();
+        let (cpu_after, blocked_after) = usage();
+        self.cpu += cpu_after.saturating_sub(cpu);
+        self.blocked += blocked_after - blocked;
+        self.timed += 1;
+        self.record(took)
+    }
+
+    /// Process CPU time per timed operation, in microseconds.
+    fn cpu_per_op(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / f64::from(self.timed.max(1))
+    }
+
+    /// Thread blocks (voluntary context switches) per timed operation.
+    fn blocked_per_op(&self) -> f64 {
+        self.blocked as f64 / f64::from(self.timed.max(1))
     }
 
     fn record(&mut self, d: Duration) -> Result<(), BoxError> {
@@ -246,16 +287,18 @@ async fn uncontended(
     );
     let _ = writeln!(
         r.md,
-        "| variant | p50 µs | p99 µs | p99.9 µs |\n|---|---|---|---|"
+        "| variant | p50 µs | p99 µs | p99.9 µs | client CPU µs/op | thread blocks/op |\n|---|---|---|---|---|---|"
     );
     for (s, _) in &variants {
         let _ = writeln!(
             r.md,
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {:.1} | {:.2} |",
             s.name,
             s.p(0.5),
             s.p(0.99),
-            s.p(0.999)
+            s.p(0.999),
+            s.cpu_per_op(),
+            s.blocked_per_op()
         );
     }
     let p50 = |k: usize| variants[k].0.p(0.5) as f64;

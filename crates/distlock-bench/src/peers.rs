@@ -12,7 +12,7 @@ use distlock::LockClient;
 use tokio::process::Command;
 use tokio::time::Instant;
 
-use crate::BoxError;
+use crate::{BoxError, Series};
 
 fn script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -118,66 +118,75 @@ pub(crate) async fn run(
             );
         }
         "redlock" => {
-            head(md);
+            let _ = writeln!(
+                md,
+                "\n#### {backend}: against a peer library (uncontended acquire+release)"
+            );
             let nodes: Vec<String> = url
                 .trim_start_matches("redlock://")
                 .split(',')
                 .map(|n| format!("redis://{n}/"))
                 .collect();
             let peer = rslock::LockManager::new(nodes);
-            let mut theirs = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-            let mut mine = theirs.clone();
-            let mut backend_only = theirs.clone();
             let backend_alone = crate::backend_step(lib, "peer");
-            // Alternate one operation of each, after a tenth as many warm-up
-            // rounds.
-            for i in 0..(n + n / 10) {
-                let start = Instant::now();
+            let rslock_cycle = || async {
                 let l = peer
                     .lock("bench/peer/rslock", Duration::from_secs(30))
                     .await
                     .map_err(|e| format!("rslock: {e:?}"))?;
                 peer.unlock(&l).await;
-                let t = start.elapsed();
-                let start = Instant::now();
-                crate::cycle(lib, "bench/peer/distlock").await?;
-                let m = start.elapsed();
-                let start = Instant::now();
-                backend_alone(i, 0).await?;
-                let b = start.elapsed();
-                if i >= n / 10 {
-                    theirs.record(t.as_micros().max(1) as u64)?;
-                    mine.record(m.as_micros().max(1) as u64)?;
-                    backend_only.record(b.as_micros().max(1) as u64)?;
-                }
-            }
-            let p = |h: &hdrhistogram::Histogram<u64>| {
-                (h.value_at_quantile(0.5), h.value_at_quantile(0.99))
+                Ok::<(), BoxError>(())
             };
-            row(
+            let mut all = [
+                Series::new("rslock")?,
+                Series::new("distlock")?,
+                Series::new("backend alone")?,
+            ];
+            // Alternate one operation of each; the first tenth as many
+            // rounds are a warm-up, measured and then thrown away.
+            for i in 0..(n + n / 10) {
+                if i == n / 10 {
+                    all = [
+                        Series::new("rslock")?,
+                        Series::new("distlock")?,
+                        Series::new("backend alone")?,
+                    ];
+                }
+                let [theirs, mine, backend_only] = &mut all;
+                theirs.time(rslock_cycle()).await?;
+                mine.time(crate::cycle(lib, "bench/peer/distlock")).await?;
+                backend_only.time(backend_alone(i, 0)).await?;
+            }
+            let [theirs, mine, backend_only] = &all;
+            let _ = writeln!(
                 md,
-                "rslock 0.10 `LockManager`",
-                "in this process, alternating, `lock` + `unlock`",
-                p(&theirs),
+                "\n| client | how it was run | p50 µs | p99 µs | client CPU µs/op | thread blocks/op |\n|---|---|---|---|---|---|"
             );
-            row(
-                md,
-                "distlock",
-                "in this process, alternating, `try_acquire` + `release`",
-                p(&mine),
-            );
-            row(
-                md,
-                "distlock's backend alone",
-                "the same, `Backend::try_acquire` + `release` without the client (no guard, no renewal)",
-                p(&backend_only),
-            );
+            for (s, what, how) in [
+                (theirs, "rslock 0.10 `LockManager`", "in this process, alternating, `lock` + `unlock`"),
+                (mine, "distlock", "in this process, alternating, `try_acquire` + `release`"),
+                (
+                    backend_only,
+                    "distlock's backend alone",
+                    "the same, `Backend::try_acquire` + `release` without the client (no guard, no renewal)",
+                ),
+            ] {
+                let _ = writeln!(
+                    md,
+                    "| {what} | {how} | {} | {} | {:.1} | {:.2} |",
+                    s.p(0.5),
+                    s.p(0.99),
+                    s.cpu_per_op(),
+                    s.blocked_per_op()
+                );
+            }
             let _ = writeln!(
                 md,
                 "\ndistlock / rslock at p50: **{:.2}** (the backend alone: {:.2})",
-                p(&mine).0 as f64 / p(&theirs).0 as f64,
-                p(&backend_only).0 as f64 / p(&theirs).0 as f64
+                mine.p(0.5) as f64 / theirs.p(0.5) as f64,
+                backend_only.p(0.5) as f64 / theirs.p(0.5) as f64
             );
+            redlock_handoffs(url, lib, &peer, n, md).await?;
         }
         "etcd" => {
             head(md);
@@ -247,5 +256,89 @@ pub(crate) async fn run(
         }
         _ => {}
     }
+    Ok(())
+}
+
+/// Handoff latency, distlock against rslock, with one harness: a holder
+/// (one client) holds for `HOLD_FOR` while a waiter (a second client with
+/// its own connections) blocks in its acquire, then releases; the latency
+/// runs from the start of the release call to the waiter holding the lock.
+/// rslock's `acquire` retries on its own schedule (up to three tries, each
+/// after a random 0-200 ms delay, then again); distlock's waiter is woken
+/// by the release message.
+async fn redlock_handoffs(
+    url: &str,
+    lib: &LockClient,
+    peer: &rslock::LockManager,
+    n: u32,
+    md: &mut String,
+) -> Result<(), BoxError> {
+    let rounds = (n / 100).clamp(3, 30);
+    let waiter_lib = LockClient::from_dyn(distlock::connect(url).await?);
+    let waiter_peer = rslock::LockManager::new(
+        url.trim_start_matches("redlock://")
+            .split(',')
+            .map(|n| format!("redis://{n}/"))
+            .collect::<Vec<_>>(),
+    );
+    let ttl = Duration::from_secs(30);
+    let (mut theirs, mut mine) = (Series::new("rslock")?, Series::new("distlock")?);
+    for _ in 0..rounds {
+        let held = peer
+            .lock("bench/peer/rslock-handoff", ttl)
+            .await
+            .map_err(|e| format!("rslock: {e:?}"))?;
+        let waiter = async {
+            let l = waiter_peer
+                .acquire_no_guard("bench/peer/rslock-handoff", ttl)
+                .await
+                .map_err(|e| format!("rslock: {e:?}"))?;
+            Ok::<_, BoxError>((Instant::now(), l))
+        };
+        let releaser = async {
+            tokio::time::sleep(crate::contention::HOLD_FOR).await;
+            let at = Instant::now();
+            peer.unlock(&held).await;
+            Ok::<_, BoxError>(at)
+        };
+        let (got, released) = tokio::join!(waiter, releaser);
+        let (got, l) = got?;
+        theirs.record(got.saturating_duration_since(released?))?;
+        waiter_peer.unlock(&l).await;
+
+        let held = lib
+            .lock("bench/peer/distlock-handoff")
+            .ttl(ttl)
+            .try_acquire()
+            .await?
+            .ok_or("distlock handoff lock busy")?;
+        let waiter = async {
+            let g = waiter_lib
+                .lock("bench/peer/distlock-handoff")
+                .ttl(ttl)
+                .acquire()
+                .await?;
+            Ok::<_, BoxError>((Instant::now(), g))
+        };
+        let releaser = async {
+            tokio::time::sleep(crate::contention::HOLD_FOR).await;
+            let at = Instant::now();
+            held.release().await?;
+            Ok::<_, BoxError>(at)
+        };
+        let (got, released) = tokio::join!(waiter, releaser);
+        let (got, g) = got?;
+        mine.record(got.saturating_duration_since(released?))?;
+        g.release().await?;
+    }
+    let _ = writeln!(
+        md,
+        "\n#### redlock: handoff against a peer library (one waiter, {rounds} handoffs each, alternating)\n\n| client | p50 µs | p99 µs |\n|---|---|---|\n| rslock 0.10 (`acquire_no_guard`: retries after random 0-200 ms delays) | {} | {} |\n| distlock (`acquire`: woken by the release message) | {} | {} |\n\ndistlock / rslock at p50: **{:.3}**",
+        theirs.p(0.5),
+        theirs.p(0.99),
+        mine.p(0.5),
+        mine.p(0.99),
+        mine.p(0.5) as f64 / theirs.p(0.5) as f64
+    );
     Ok(())
 }
