@@ -122,12 +122,7 @@ pub(crate) async fn run(
                 md,
                 "\n#### {backend}: against a peer library (uncontended acquire+release)"
             );
-            let nodes: Vec<String> = url
-                .trim_start_matches("redlock://")
-                .split(',')
-                .map(|n| format!("redis://{n}/"))
-                .collect();
-            let peer = rslock::LockManager::new(nodes);
+            let peer = rslock::LockManager::new(rslock_nodes(url));
             let backend_alone = crate::backend_step(lib, "peer");
             let rslock_cycle = || async {
                 let l = peer
@@ -259,6 +254,14 @@ pub(crate) async fn run(
     Ok(())
 }
 
+/// rslock's node URLs for a `redlock://host:port,...` URL.
+fn rslock_nodes(url: &str) -> Vec<String> {
+    url.trim_start_matches("redlock://")
+        .split(',')
+        .map(|n| format!("redis://{n}/"))
+        .collect()
+}
+
 /// Handoff latency, distlock against rslock, with one harness: a holder
 /// (one client) holds for `HOLD_FOR` while a waiter (a second client with
 /// its own connections) blocks in its acquire, then releases; the latency
@@ -275,12 +278,7 @@ async fn redlock_handoffs(
 ) -> Result<(), BoxError> {
     let rounds = (n / 100).clamp(3, 30);
     let waiter_lib = LockClient::from_dyn(distlock::connect(url).await?);
-    let waiter_peer = rslock::LockManager::new(
-        url.trim_start_matches("redlock://")
-            .split(',')
-            .map(|n| format!("redis://{n}/"))
-            .collect::<Vec<_>>(),
-    );
+    let waiter_peer = rslock::LockManager::new(rslock_nodes(url));
     let ttl = Duration::from_secs(30);
     let (mut theirs, mut mine) = (Series::new("rslock")?, Series::new("distlock")?);
     for _ in 0..rounds {
