@@ -126,26 +126,10 @@ pub mod requests {
     use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
     /// Joins the queue of lock `prefix` (`<name>/`) with `key` (`prefix` +
-    /// the lease id in hex), in one transaction. If the queue is empty (no
-    /// key under the prefix: a compare over the prefix's range) it puts the
-    /// key with the lease, and the key is the head: the transaction
-    /// succeeds. Otherwise it runs [`join`] nested, and its answer is the
-    /// only op response.
+    /// the lease id in hex): puts the key with the lease if it is absent
+    /// and reads the queue head in the same transaction; if it exists,
+    /// reads it and the head instead.
     pub fn enqueue(key: &str, prefix: &str, owner: &str, lease: i64) -> Txn {
-        Txn::new()
-            .when([Compare::create_revision(prefix, CompareOp::Equal, 0).with_prefix()])
-            .and_then([TxnOp::put(
-                key,
-                owner,
-                Some(PutOptions::new().with_lease(lease)),
-            )])
-            .or_else([TxnOp::txn(join(key, prefix, owner, lease))])
-    }
-
-    /// Go's `concurrency.Mutex` step: puts `key` with the lease if it is
-    /// absent and reads the queue head; if it exists, reads it and the
-    /// head instead.
-    pub fn join(key: &str, prefix: &str, owner: &str, lease: i64) -> Txn {
         Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
@@ -369,8 +353,7 @@ impl EtcdBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Puts my key, in one transaction: at once if the queue is empty (then
-    /// it is the head), else if absent, reading the queue head.
+    /// Puts my key if absent and reads the queue head, in one transaction.
     async fn enqueue(&self, req: &LockRequest) -> Result<Queued> {
         let session = self.session(req.ttl).await?;
         self.queued().insert(req.owner, session.clone());
@@ -386,28 +369,7 @@ impl EtcdBackend {
                     async move { c.txn(txn).await }
                 })
                 .await?;
-            // The revision of the whole transaction: my key's create
-            // revision when it was put (nested or not).
             let header_rev = resp.header().map_or(0, |h| h.revision());
-            if resp.succeeded() {
-                // The queue was empty: my key is the head.
-                return Ok(Queued {
-                    session,
-                    key,
-                    prefix,
-                    my_rev: header_rev,
-                    head_rev: header_rev,
-                });
-            }
-            let resp = match resp.op_responses().into_iter().next() {
-                Some(TxnOpResponse::Txn(joined)) => joined,
-                other => {
-                    return Err(Error::backend(
-                        "etcd",
-                        format!("unexpected answer to the enqueue transaction: {other:?}"),
-                    ))
-                }
-            };
             let ops = resp.op_responses();
             let head_rev = match ops.get(1) {
                 Some(TxnOpResponse::Get(g)) => g.kvs().first().map_or(0, |kv| kv.create_revision()),
