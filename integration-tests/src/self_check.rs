@@ -22,6 +22,9 @@ enum Flaw {
     RepeatsTokens,
     /// Answers a batched renewal with "extended" for every lock in it.
     BatchExtendsAll,
+    /// Keeps every lock two seconds past its TTL, as a session longer than
+    /// the TTL asked for would.
+    OutlivesTtl,
 }
 
 #[derive(Debug)]
@@ -42,6 +45,10 @@ impl Backend for Broken {
                 Ok(Some(FencingToken(1)))
             }
             Flaw::RepeatsTokens => Ok(self.inner.try_acquire(req).await?.map(|_| FencingToken(1))),
+            Flaw::OutlivesTtl => {
+                let outliving = req.with_ttl(req.ttl + Duration::from_secs(2));
+                self.inner.try_acquire(&outliving).await
+            }
             Flaw::ReleasesAnyOwner | Flaw::BatchExtendsAll => self.inner.try_acquire(req).await,
         }
     }
@@ -115,6 +122,11 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             "repeated_tokens",
             Flaw::RepeatsTokens,
             "tokens_increase_across_holders",
+        ),
+        (
+            "a_lock_outliving_its_ttl",
+            Flaw::OutlivesTtl,
+            "vanished_holder_is_replaced_within_ttl_plus_one_second",
         ),
         (
             "batched_renewal_of_others_locks",

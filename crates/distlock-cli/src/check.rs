@@ -16,7 +16,7 @@ pub(crate) struct CheckArgs {
     /// The lock the clients contend for (use a name nothing else uses).
     #[arg(long, default_value = "distlock-check")]
     lock: String,
-    /// Client processes.
+    /// Client processes, from 1 to 64 (2 or more with --pause-holder).
     #[arg(long, default_value_t = 4)]
     clients: usize,
     /// How long the workload runs.
@@ -31,18 +31,33 @@ pub(crate) struct CheckArgs {
     pause_holder: bool,
 }
 
+/// Each client is a process with its own connections: past a few dozen the
+/// run measures the machine's process table and the server's connection
+/// limit, not the lock.
+const MAX_CLIENTS: usize = 64;
+
 pub(crate) async fn check(args: CheckArgs) -> ExitCode {
     if let Err(e) = LockName::new(&args.lock) {
         return fail(EXIT_USAGE, e);
     }
-    if args.clients == 0 || (args.pause_holder && args.clients < 2) {
+    let least = if args.pause_holder { 2 } else { 1 };
+    if !(least..=MAX_CLIENTS).contains(&args.clients) {
         return fail(
             EXIT_USAGE,
-            "--clients must be at least 1 (2 with --pause-holder)",
+            format!(
+                "--clients {} is out of range: use {least} to {MAX_CLIENTS}",
+                args.clients
+            ),
         );
     }
     if args.ttl.is_zero() {
         return fail(EXIT_USAGE, "--ttl must be positive");
+    }
+    if args.duration.is_zero() {
+        return fail(
+            EXIT_USAGE,
+            "--duration must be positive: an empty run proves nothing",
+        );
     }
     // Fail here, with the usual exit codes, rather than in every worker.
     if let Err(e) = distlock::connect(&args.backend).await {

@@ -15,6 +15,9 @@ pub(crate) const EXIT_NOT_ACQUIRED: u8 = 75;
 pub(crate) const EXIT_LEASE_LOST: u8 = 76;
 /// Exit code: the backend is unreachable (EX_UNAVAILABLE).
 pub(crate) const EXIT_UNAVAILABLE: u8 = 69;
+/// Exit code: the backend refused the configuration (wrong password, no such
+/// database, unusable path); retrying cannot help (EX_CONFIG).
+pub(crate) const EXIT_CONFIG: u8 = 78;
 /// Exit code: invalid arguments (bad name, duration or URL).
 pub(crate) const EXIT_USAGE: u8 = 2;
 
@@ -40,7 +43,8 @@ enum Command {
     /// own (128+N if signal N killed it); 75 if the lock was not acquired
     /// within --wait; 76 if the lease was lost while the command ran (it gets
     /// SIGTERM, then SIGKILL after --kill-after); 69 if the backend is
-    /// unreachable; 2 for invalid arguments.
+    /// unreachable; 78 if the backend refused the configuration (wrong
+    /// password, no such database, unusable path); 2 for invalid arguments.
     Run(run::RunArgs),
     /// Show whether NAME is held (and the token, remaining TTL and queue
     /// length where the backend can tell).
@@ -85,6 +89,7 @@ pub(crate) fn code_for(e: &distlock::Error) -> u8 {
         distlock::Error::InvalidInput { .. } => EXIT_USAGE,
         distlock::Error::WaitTimeout { .. } => EXIT_NOT_ACQUIRED,
         distlock::Error::LeaseLost { .. } => EXIT_LEASE_LOST,
+        distlock::Error::Misconfigured { .. } => EXIT_CONFIG,
         _ => EXIT_UNAVAILABLE,
     }
 }

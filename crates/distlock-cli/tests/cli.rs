@@ -383,6 +383,23 @@ fn bad_input_exits_2_with_a_clear_message() {
             "--",
             "true",
         ],
+        // One server listed twice, in the same or another spelling.
+        vec![
+            "run",
+            "--backend",
+            "redlock://127.0.0.1:1,127.0.0.1:1,127.0.0.1:2",
+            "x",
+            "--",
+            "true",
+        ],
+        vec![
+            "run",
+            "--backend",
+            "redlock://localhost:1,127.0.0.1:1,127.0.0.1:2",
+            "x",
+            "--",
+            "true",
+        ],
         vec![
             "run",
             "--backend",
@@ -473,6 +490,9 @@ fn check_rejects_bad_input_with_usage_errors() {
     for args in [
         vec!["--clients", "0"],
         vec!["--clients", "1", "--pause-holder"],
+        vec!["--clients", "100000"],
+        vec!["--clients", "65"],
+        vec!["--duration", "0s"],
         vec!["--ttl", "0s"],
         vec!["--lock", "bad name!"],
         vec!["--duration", "soon"],

@@ -138,6 +138,20 @@ pub enum Error {
         message: String,
     },
 
+    /// The backend answered, and refused how it was asked: wrong
+    /// credentials, a database that does not exist, a path that cannot hold
+    /// the lock table. Retrying the same configuration cannot succeed.
+    #[error("{backend} refused the configuration: {message}")]
+    Misconfigured {
+        /// Which backend.
+        backend: &'static str,
+        /// What was refused and what to change.
+        message: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+
     /// The backend cannot do this.
     #[error("{backend} does not support {operation}")]
     Unsupported {
@@ -187,6 +201,19 @@ impl Error {
         Error::Backend {
             backend,
             source: source.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Misconfigured`].
+    pub fn misconfigured(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: Option<BoxError>,
+    ) -> Self {
+        Error::Misconfigured {
+            backend,
+            message: message.into(),
+            source,
         }
     }
 

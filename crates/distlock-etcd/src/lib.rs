@@ -89,6 +89,21 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
                 Some(Box::new(e)),
             )
         }
+        E::GRpcStatus(ref s)
+            if matches!(
+                s.code(),
+                tonic_code::UNAUTHENTICATED | tonic_code::PERMISSION_DENIED
+            ) || s.message().contains("authentication failed") =>
+        {
+            Error::misconfigured(
+                "etcd",
+                format!(
+                    "etcd at {endpoints}: {}; check the user and password in the URL, and the user's role",
+                    s.message()
+                ),
+                Some(Box::new(e)),
+            )
+        }
         E::InvalidArgs(_) | E::InvalidUri(_) => {
             Error::invalid(InputKind::Url, format!("etcd at {endpoints}: {e}"))
         }
@@ -104,6 +119,8 @@ mod tonic_code {
     pub(crate) const ABORTED: Code = Code::Aborted;
     // tonic reports a broken HTTP/2 connection (a killed member) as Unknown.
     pub(crate) const UNKNOWN: Code = Code::Unknown;
+    pub(crate) const UNAUTHENTICATED: Code = Code::Unauthenticated;
+    pub(crate) const PERMISSION_DENIED: Code = Code::PermissionDenied;
 }
 
 /// Whole seconds of a TTL, rounded up: the lease never ends before the TTL.
@@ -219,9 +236,13 @@ impl EtcdBackend {
             options = options.with_tls(etcd_client::TlsOptions::new());
         }
         let shown = hosts.to_string();
-        let client = Client::connect(&endpoints, Some(options))
+        let mut client = Client::connect(&endpoints, Some(options))
             .await
             .map_err(|e| err(&shown, e))?;
+        // The channel connects lazily, and requests retry an unavailable
+        // cluster for seconds: one unretried request here reports a server
+        // that is not there (or refuses the credentials) at once.
+        client.status().await.map_err(|e| err(&shown, e))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 kv: client.kv_client(),

@@ -275,6 +275,13 @@ fn map_err(endpoint: &str, e: RedisError) -> Error {
                     | ServerErrorKind::BusyLoading
             )
         );
+    if let Some(what) = refused_configuration(&e) {
+        return Error::misconfigured(
+            "redis",
+            format!("redis at {endpoint}: {e}; {what}"),
+            Some(Box::new(e)),
+        );
+    }
     if transient {
         Error::unavailable(
             "redis",
@@ -288,6 +295,26 @@ fn map_err(endpoint: &str, e: RedisError) -> Error {
         )
     } else {
         Error::backend("redis", e)
+    }
+}
+
+/// What to change, when the server refused the configuration itself:
+/// retrying the same password or database index cannot succeed.
+fn refused_configuration(e: &RedisError) -> Option<&'static str> {
+    use redis::{ErrorKind, ServerErrorKind};
+    match (e.kind(), e.code()) {
+        (ErrorKind::AuthenticationFailed, _) | (_, Some("WRONGPASS")) => {
+            Some("check the user and password in the URL")
+        }
+        (_, Some("NOAUTH")) => Some("the server requires a password: put it in the URL"),
+        (ErrorKind::Server(ServerErrorKind::NoPerm), _) => {
+            Some("grant the user the commands and keys in the backend's README")
+        }
+        // The client's SELECT after connecting; the text is the only mark.
+        _ if e.to_string().contains("refused to switch database") => {
+            Some("the database index in the URL is out of the server's range (see `databases` in redis.conf)")
+        }
+        _ => None,
     }
 }
 

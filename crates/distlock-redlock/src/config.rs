@@ -122,7 +122,43 @@ pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>
     if nodes.is_empty() {
         return Err(bad("no nodes".into()));
     }
+    let mut seen: Vec<((String, u16), &str)> = Vec::with_capacity(nodes.len());
+    for h in hosts.split(',').filter(|h| !h.is_empty()) {
+        let key = host_port(h).ok_or_else(|| bad(format!("node {h:?} is not host:port")))?;
+        if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
+            return Err(duplicate(h, first));
+        }
+        seen.push((key, h));
+    }
     Ok(nodes)
+}
+
+/// A node's host (lower case, without IPv6 brackets) and port (6379 when
+/// left out), the form in which two spellings of one node compare equal.
+pub(crate) fn host_port(node: &str) -> Option<(String, u16)> {
+    let (host, port) = match node.rsplit_once(':') {
+        // `[::1]:6379`, `host:6379`; a bare IPv6 address needs brackets.
+        Some((h, p)) if !h.contains(':') || h.ends_with(']') => (h, p.parse().ok()?),
+        Some(_) => return None,
+        None => (node, 6379),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return None;
+    }
+    Some((host.to_ascii_lowercase(), port))
+}
+
+/// The error for a node listed twice: a "majority" that counts one server
+/// twice rests on fewer real servers than it claims.
+pub(crate) fn duplicate(node: &str, same_as: &str) -> Error {
+    Error::invalid(
+        InputKind::Url,
+        format!(
+            "redlock:// URL: node {node} is the same server as {same_as}; \
+             every node must be a distinct Redis server, or a majority would count one server twice"
+        ),
+    )
 }
 
 pub(crate) fn validate(config: &RedlockConfig) -> Result<()> {
@@ -171,6 +207,10 @@ mod tests {
             "redlock://a:1?node_timeout_ms=0",
             "redlock://a:1?bogus=1",
             "redlock://a:1/path",
+            "redlock://a:1,a:1,b:2",
+            "redlock://A:1,a:1",
+            "redlock://a,a:6379",
+            "redlock://[::1]:1,[::1]:1",
         ] {
             let mut c = RedlockConfig::default();
             assert!(

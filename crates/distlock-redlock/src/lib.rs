@@ -81,10 +81,17 @@ impl RedlockBackend {
     /// [`connect`](Self::connect) with options; URL parameters override them.
     pub async fn connect_with(url: &str, mut config: RedlockConfig) -> Result<Self> {
         let urls = config::parse(url, &mut config)?;
+        if urls.len() == 1 {
+            tracing::warn!(
+                "redlock with a single node: no quorum, no tolerance of a node failure; \
+                 the same guarantees as the Redis backend on that server"
+            );
+        }
         let nodes: Vec<Node> = urls
             .into_iter()
             .map(|u| Node::new(u, config.prefix.clone()))
             .collect();
+        distinct_servers(&nodes).await?;
         let caps = Self::declared_capabilities(&config);
         let backend = Self {
             inner: Arc::new(Inner {
@@ -595,4 +602,28 @@ impl Backend for RedlockBackend {
             status
         })
     }
+}
+
+/// Refuses two nodes that resolve to one address (`localhost:6379` and
+/// `127.0.0.1:6379`): the text check in the URL parser cannot see that. A
+/// node whose name does not resolve now is left to fail like any
+/// unreachable node.
+async fn distinct_servers(nodes: &[Node]) -> Result<()> {
+    let endpoints: Vec<&str> = nodes.iter().map(|n| n.endpoint.as_str()).collect();
+    let resolved = join_all(endpoints.iter().map(|e| async move {
+        let (host, port) = config::host_port(e)?;
+        let addrs = tokio::net::lookup_host((host.as_str(), port)).await.ok()?;
+        Some(addrs.collect::<Vec<std::net::SocketAddr>>())
+    }))
+    .await;
+    for (i, a) in resolved.iter().enumerate() {
+        for (j, b) in resolved.iter().enumerate().take(i) {
+            if let (Some(a), Some(b)) = (a, b) {
+                if a.iter().any(|x| b.contains(x)) {
+                    return Err(config::duplicate(endpoints[i], endpoints[j]));
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -80,6 +80,15 @@ impl DbError {
                 Some(Box::new(e)),
             )
         };
+        if let sqlx::Error::Database(d) = &e {
+            if let Some(what) = self.refused_configuration(d.as_ref()) {
+                return Error::misconfigured(
+                    self.backend,
+                    format!("{} at {}: {d}; {what}", self.backend, self.endpoint),
+                    Some(Box::new(e)),
+                );
+            }
+        }
         match e {
             sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
@@ -101,6 +110,60 @@ impl DbError {
                 unavailable("is busy or shutting down", e)
             }
             other => Error::backend(self.backend, other),
+        }
+    }
+}
+
+/// Makes one connection directly, once, and closes it. A pool retries a
+/// refused connect until its acquire timeout, so a server that is not there
+/// would take that long to report; a wrong password or a missing database
+/// would be reported after it too.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn first_connection<C: sqlx::Connection>(
+    options: &<C as sqlx::Connection>::Options,
+    err: &DbError,
+    timeout: Duration,
+) -> Result<()> {
+    match tokio::time::timeout(timeout, C::connect_with(options)).await {
+        Ok(Ok(conn)) => {
+            // A failed goodbye changes nothing: the pool connects anew.
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(err.map(e)),
+        Err(_) => Err(Error::unavailable(
+            err.backend,
+            format!(
+                "{} at {} did not answer within {timeout:?}",
+                err.backend, err.endpoint
+            ),
+            None,
+        )),
+    }
+}
+
+impl DbError {
+    /// What to change, when the server refused the configuration itself:
+    /// retrying the same credentials, database or path cannot succeed.
+    fn refused_configuration(&self, d: &dyn sqlx::error::DatabaseError) -> Option<&'static str> {
+        let message = d.message();
+        match d.code().as_deref() {
+            // PostgreSQL: wrong password; no such role. MySQL: access denied.
+            Some("28P01" | "28000") => Some("check the user and password in the URL"),
+            // PostgreSQL: no such database.
+            Some("3D000") => Some("check the database name in the URL, or create it"),
+            // PostgreSQL: the user may not create or use the lock table.
+            Some("42501") => Some("grant the user the privileges in the backend's README"),
+            // MySQL shares 42000 with syntax errors: only its messages tell.
+            Some("42000") if message.starts_with("Unknown database") => {
+                Some("check the database name in the URL, or create it")
+            }
+            Some("42000") if message.contains("denied") => {
+                Some("grant the user the privileges in the backend's README")
+            }
+            // SQLite: cannot open the file (a directory, no permission).
+            Some("14") => Some("the path must name a file in a directory this process can write"),
+            _ => None,
         }
     }
 }
@@ -206,14 +269,19 @@ impl SqlBackend {
 #[cfg(feature = "postgres")]
 impl SqlBackend {
     async fn connect_postgres(url: &str, endpoint: String, config: SqlConfig) -> Result<Self> {
-        let err = DbError {
+        use std::str::FromStr;
+        let mut err = DbError {
             backend: "postgres",
             endpoint,
         };
+        let options = sqlx::postgres::PgConnectOptions::from_str(url).map_err(|e| err.map(e))?;
+        // The URL may leave the host to the environment (PGHOST) or default.
+        err.endpoint = format!("{}:{}", options.get_host(), options.get_port());
+        first_connection::<sqlx::PgConnection>(&options, &err, config.connect_timeout).await?;
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(config.pool_size.unwrap_or(10))
             .acquire_timeout(config.connect_timeout)
-            .connect(url)
+            .connect_with(options)
             .await
             .map_err(|e| err.map(e))?;
         Self::postgres(pool, config).await
@@ -246,13 +314,16 @@ impl SqlBackend {
             backend: "mysql",
             endpoint,
         };
+        use std::str::FromStr;
         let url = url
             .strip_prefix("mariadb:")
             .map_or_else(|| url.to_string(), |rest| format!("mysql:{rest}"));
+        let options = sqlx::mysql::MySqlConnectOptions::from_str(&url).map_err(|e| err.map(e))?;
+        first_connection::<sqlx::MySqlConnection>(&options, &err, config.connect_timeout).await?;
         let pool = sqlx::mysql::MySqlPoolOptions::new()
             .max_connections(config.pool_size.unwrap_or(10))
             .acquire_timeout(config.connect_timeout)
-            .connect(&url)
+            .connect_with(options)
             .await
             .map_err(|e| err.map(e))?;
         Self::mysql_with(pool, config, err).await
