@@ -13,6 +13,12 @@ have etcd             || missing+=(etcd-server)
 have etcdctl          || missing+=(etcd-client)
 [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
 have java             || missing+=(default-jre-headless)
+# The Curator interop tests compile a small InterProcessMutex program
+# (integration-tests/java) against Debian's Curator jars.
+have javac            || missing+=(default-jdk-headless)
+[ -f /usr/share/java/curator-recipes.jar ] || missing+=(libcurator-recipes-java)
+[ -f /usr/share/java/curator-framework.jar ] || missing+=(libcurator-framework-java)
+[ -f /usr/share/java/curator-client.jar ] || missing+=(libcurator-client-java)
 have mariadbd         || missing+=(mariadb-server)
 have mariadb          || missing+=(mariadb-client)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)

@@ -11,13 +11,16 @@ use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::harness::{ServerKind, TestServer};
 use integration_tests::trial;
 use libtest_mimic::Failed;
-use sql_support::{table_created_concurrently, Source, SqlFactory};
+use sql_support::{
+    misconfiguration_is_not_retryable, table_created_concurrently, Source, SqlFactory,
+};
 
 fn main() {
     let f = SqlFactory::new("postgres", Source::Server(ServerKind::Postgres));
     integration_tests::run_suite(f.clone(), move |rt| {
         vec![
             table_created_concurrently(f.clone(), rt),
+            misconfiguration_is_not_retryable(f.clone(), rt),
             trial(
                 rt,
                 "postgres::tokens_keep_increasing_across_a_restart",

@@ -11,7 +11,9 @@ use distlock_core::LockClient;
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::trial;
 use libtest_mimic::Failed;
-use sql_support::{table_created_concurrently, Source, SqlFactory};
+use sql_support::{
+    misconfiguration_is_not_retryable, table_created_concurrently, Source, SqlFactory,
+};
 
 const CHILD_ENV: &str = "DISTLOCK_TEST_SQLITE_CHILD";
 const ROUNDS: i64 = 25;
@@ -30,6 +32,7 @@ fn main() {
     integration_tests::run_suite(f.clone(), move |rt| {
         vec![
             table_created_concurrently(f.clone(), rt),
+            misconfiguration_is_not_retryable(f.clone(), rt),
             trial(
                 rt,
                 "sqlite::processes_sharing_one_file_exclude_each_other",

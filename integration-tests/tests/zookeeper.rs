@@ -1,11 +1,17 @@
 //! The conformance suite on a standalone ZooKeeper, plus its own edges: the
 //! herd test, a 3-server ensemble losing its leader, a client cut off past
-//! its session timeout, and a connection loss during create.
+//! its session timeout, a connection loss during create, and interop with
+//! Apache Curator's `InterProcessMutex` running in separate JVMs.
 
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use distlock_core::{async_trait, Backend, DynBackend, Error, LockClient, LockName, LockRequest};
+use distlock_core::{
+    async_trait, Backend, DynBackend, Error, LockClient, LockGuard, LockName, LockRequest,
+};
 use distlock_zookeeper::ZooKeeperBackend;
 use integration_tests::harness::proxy::Proxy;
 use integration_tests::harness::{zookeeper as server, ServerKind, TestServer};
@@ -16,6 +22,7 @@ use tokio::time::Instant;
 
 struct Zk {
     server: OnceLock<Result<TestServer, String>>,
+    curator: OnceLock<Result<CuratorClasses, String>>,
 }
 
 impl Zk {
@@ -29,12 +36,11 @@ impl Zk {
     }
 
     /// Detached sessions: a dropped client behaves like a crashed process,
-    /// whose session (and nodes) live until the server expires it.
+    /// whose session (and nodes) live until the server expires it. The
+    /// control session keeps its default timeout (10 s), so a hold that
+    /// lived in it instead of a session of its TTL fails the expiry cases.
     fn url(&self) -> Result<String, Failed> {
-        Ok(format!(
-            "zk://{}/conformance?session_timeout_ms=2000&detached=true",
-            self.hosts()?
-        ))
+        Ok(format!("zk://{}/conformance?detached=true", self.hosts()?))
     }
 }
 
@@ -68,6 +74,7 @@ impl BackendFactory for Zk {
 fn main() {
     let zk = Arc::new(Zk {
         server: OnceLock::new(),
+        curator: OnceLock::new(),
     });
     integration_tests::run_suite(zk.clone(), move |rt| {
         vec![
@@ -90,6 +97,26 @@ fn main() {
                 rt,
                 "zookeeper::connection_loss_during_create_leaves_no_orphan",
                 create_loss(zk.clone()),
+            ),
+            trial(
+                rt,
+                "zookeeper::a_ttl_outside_the_servers_session_timeouts_is_a_typed_error",
+                ttl_outside_session_bounds(),
+            ),
+            trial(
+                rt,
+                "zookeeper::curator_holder_excludes_distlock",
+                curator_holder_excludes_distlock(zk.clone()),
+            ),
+            trial(
+                rt,
+                "zookeeper::distlock_holder_excludes_curator",
+                distlock_holder_excludes_curator(zk.clone()),
+            ),
+            trial(
+                rt,
+                "zookeeper::distlock_and_curator_queue_in_one_line",
+                distlock_and_curator_queue_in_one_line(zk.clone()),
             ),
         ]
     })
@@ -202,11 +229,8 @@ async fn cut_off(f: Arc<Zk>) -> Result<(), Failed> {
     // An earlier lock, released, leaves its session's watcher idle; the
     // next lock in the session must still hear of the session's end.
     holder.lock(name()).acquire().await?.release().await?;
-    let g = holder
-        .lock(&lock)
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await?;
+    // The hold's session times out after its TTL.
+    let g = holder.lock(&lock).ttl(timeout).acquire().await?;
     let cut_at = Instant::now();
     proxy.set_blackhole(true);
     let l2 = lock.clone();
@@ -243,6 +267,53 @@ async fn cut_off(f: Arc<Zk>) -> Result<(), Failed> {
     }
     g2.release().await?;
     drop(proxy);
+    Ok(())
+}
+
+/// A hold's TTL is its session's timeout, which the server keeps between
+/// its minSessionTimeout and maxSessionTimeout: a TTL outside them is
+/// refused with both numbers, not served by a session of another length.
+async fn ttl_outside_session_bounds() -> Result<(), Failed> {
+    let server = tokio::task::spawn_blocking(|| {
+        server::spawn_with("minSessionTimeout=4000\nmaxSessionTimeout=8000\n")
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    let client = LockClient::new(
+        ZooKeeperBackend::connect(&format!("zk://127.0.0.1:{}", server.port)).await?,
+    );
+    for (ttl, bound, knob) in [
+        (Duration::from_secs(2), "4s", "minSessionTimeout"),
+        (Duration::from_secs(20), "8s", "maxSessionTimeout"),
+    ] {
+        match client.lock(name()).ttl(ttl).try_acquire().await {
+            Err(e @ Error::InvalidInput { .. }) => {
+                let text = e.to_string();
+                if !text.contains(bound) || !text.contains(knob) {
+                    return Err(format!(
+                        "TTL {ttl:?}: the error names neither {bound} nor {knob}: {text}"
+                    )
+                    .into());
+                }
+            }
+            Err(e) => return Err(format!("TTL {ttl:?}: expected InvalidInput, got {e:?}").into()),
+            Ok(_) => {
+                return Err(format!(
+                    "TTL {ttl:?} was granted on a server whose sessions last 4-8 s"
+                )
+                .into())
+            }
+        }
+    }
+    let g = client
+        .lock(name())
+        .ttl(Duration::from_secs(5))
+        .try_acquire()
+        .await?
+        .ok_or("a TTL inside the bounds was not granted")?;
+    g.release().await?;
+    drop(server);
     Ok(())
 }
 
@@ -308,5 +379,378 @@ async fn create_loss(f: Arc<Zk>) -> Result<(), Failed> {
         return Err(format!("{n} orphan nodes left after release").into());
     }
     drop(proxy);
+    Ok(())
+}
+
+/// Debian's jars that a Curator `InterProcessMutex` program needs, each
+/// `/usr/share/java/<name>.jar`.
+const CURATOR_JARS: &[&str] = &[
+    "curator-client",
+    "curator-framework",
+    "curator-recipes",
+    "zookeeper",
+    "zookeeper-jute",
+    "guava",
+    "slf4j-api",
+    "slf4j-nop",
+    "netty-handler",
+    "netty-transport",
+    "netty-common",
+    "netty-buffer",
+    "netty-codec",
+    "netty-resolver",
+    "netty-transport-native-epoll",
+    "netty-transport-native-unix-common",
+];
+
+const CURATOR_INSTALL: &str = "run scripts/install-servers.sh as root, or apt-get install default-jdk-headless libcurator-recipes-java libcurator-framework-java libcurator-client-java";
+
+const CURATOR_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/java/CuratorMutex.java");
+
+/// How long a contender must stay waiting while the lock is held elsewhere.
+/// Passing proves nothing about longer holds, but a broken exclusion shows
+/// within milliseconds of the contender being queued.
+const HELD: Duration = Duration::from_millis(1500);
+
+/// A bound for anything that should happen: a JVM starting on a loaded
+/// machine, a release reaching the next in line.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn curator_classpath() -> String {
+    CURATOR_JARS
+        .iter()
+        .map(|j| format!("/usr/share/java/{j}.jar"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The compiled `CuratorMutex`, removed with the factory at the end of the run.
+struct CuratorClasses(PathBuf);
+
+impl Drop for CuratorClasses {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Compiles `CuratorMutex.java` once per test run. A missing JDK or jar is
+/// an error, not a skip: the claim that Curator and distlock share one queue
+/// must not pass untested.
+async fn curator_classes(f: &Arc<Zk>) -> Result<PathBuf, Failed> {
+    let f = f.clone();
+    tokio::task::spawn_blocking(move || match f.curator.get_or_init(compile_curator) {
+        Ok(c) => Ok(c.0.clone()),
+        Err(e) => Err(Failed::from(e.as_str())),
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+fn compile_curator() -> Result<CuratorClasses, String> {
+    let missing: Vec<String> = CURATOR_JARS
+        .iter()
+        .map(|j| format!("/usr/share/java/{j}.jar"))
+        .filter(|p| !Path::new(p).is_file())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "the Curator interop tests need {}; {CURATOR_INSTALL}",
+            missing.join(", ")
+        ));
+    }
+    let javac = integration_tests::harness::process::find_binary("javac", &[], CURATOR_INSTALL)
+        .map_err(|e| format!("the Curator interop tests compile Java: {e}"))?;
+    let out = CuratorClasses(
+        integration_tests::harness::process::temp_dir("curator-classes")
+            .map_err(|e| e.to_string())?,
+    );
+    let mut cmd = Command::new(javac);
+    cmd.arg("-cp")
+        .arg(curator_classpath())
+        .arg("-d")
+        .arg(&out.0)
+        .arg(CURATOR_SOURCE);
+    integration_tests::harness::process::run_client(cmd)
+        .map_err(|e| format!("compiling {CURATOR_SOURCE}: {e}"))?;
+    Ok(out)
+}
+
+/// The ZooKeeper path of a distlock lock at the default root, where a
+/// Curator mutex on the same lock must live.
+fn zk_path(lock: &str) -> String {
+    format!("/distlock/{lock}")
+}
+
+/// A `CuratorMutex` JVM contending for one path. It is killed when dropped,
+/// so a failing test leaves neither a process nor a held node behind.
+struct Curator {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    stderr: PathBuf,
+}
+
+impl Curator {
+    fn spawn(classes: &Path, hosts: &str, path: &str) -> Result<Self, Failed> {
+        let java = integration_tests::harness::process::find_binary("java", &[], CURATOR_INSTALL)
+            .map_err(|e| e.to_string())?;
+        let stderr = classes.join(format!(
+            "stderr-{}.log",
+            &distlock_core::Owner::random().to_string()[..8]
+        ));
+        let log = std::fs::File::create(&stderr).map_err(|e| e.to_string())?;
+        let mut child = Command::new(java)
+            .args([
+                "-Xmx64m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-cp",
+            ])
+            .arg(format!("{}:{}", curator_classpath(), classes.display()))
+            .arg("CuratorMutex")
+            .args([hosts, path])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("starting the Curator JVM: {e}"))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Self {
+            child,
+            stdin,
+            lines,
+            stderr,
+        })
+    }
+
+    fn stderr_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        let start = s.len().saturating_sub(2000);
+        s.get(start..).unwrap_or(&s).to_string()
+    }
+
+    /// The next line it prints within `within`: `Ok(None)` if none came.
+    async fn next_line(&mut self, within: Duration) -> Result<Option<String>, Failed> {
+        match tokio::time::timeout(within, self.lines.recv()).await {
+            Err(_) => Ok(None),
+            Ok(Some(line)) => Ok(Some(line)),
+            Ok(None) => Err(format!(
+                "the Curator process exited ({:?}); stderr: {}",
+                self.child.try_wait(),
+                self.stderr_tail()
+            )
+            .into()),
+        }
+    }
+
+    async fn acquired(&mut self) -> Result<(), Failed> {
+        match self.next_line(PATIENCE).await? {
+            Some(l) if l.starts_with("ACQUIRED ") => Ok(()),
+            Some(l) => Err(format!("Curator printed {l:?}, expected ACQUIRED").into()),
+            None => Err(format!(
+                "Curator did not acquire within {PATIENCE:?}; stderr: {}",
+                self.stderr_tail()
+            )
+            .into()),
+        }
+    }
+
+    async fn still_waiting(&mut self, while_: &str) -> Result<(), Failed> {
+        match self.next_line(HELD).await? {
+            None => Ok(()),
+            Some(l) => Err(format!("Curator printed {l:?} while {while_}").into()),
+        }
+    }
+
+    async fn release(&mut self) -> Result<(), Failed> {
+        let mut stdin = self.stdin.take().ok_or("Curator already released")?;
+        stdin
+            .write_all(b"release\n")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("telling Curator to release: {e}"))?;
+        match self.next_line(PATIENCE).await? {
+            Some(l) if l == "RELEASED" => Ok(()),
+            other => {
+                Err(format!("Curator answered {other:?} to release, expected RELEASED").into())
+            }
+        }
+    }
+}
+
+impl Drop for Curator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until the lock's node has `n` children: a contender that started
+/// must also have queued before the test relies on its place in line.
+async fn wait_for_children(f: &Zk, lock: &str, n: usize) -> Result<(), Failed> {
+    let start = Instant::now();
+    loop {
+        let have = count_children(f, lock).await?;
+        if have == n {
+            return Ok(());
+        }
+        if start.elapsed() > PATIENCE {
+            return Err(
+                format!("{have} children under {lock} after {PATIENCE:?}, expected {n}").into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A distlock acquire waiting in the background, cancelled (and so
+/// dequeued) when dropped, so a failing test leaves no waiter behind.
+struct Pending(tokio::task::JoinHandle<distlock_core::Result<LockGuard>>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Starts a distlock acquire in the background.
+fn distlock_waiter(client: &LockClient, lock: &str) -> Pending {
+    let builder = client
+        .lock(lock)
+        .ttl(Duration::from_secs(30))
+        .wait(PATIENCE * 2);
+    Pending(tokio::spawn(builder.acquire()))
+}
+
+/// Fails unless `w` is still waiting after [`HELD`].
+async fn distlock_still_waiting(w: &mut Pending, while_: &str) -> Result<(), Failed> {
+    match tokio::time::timeout(HELD, &mut w.0).await {
+        Err(_) => Ok(()),
+        Ok(r) => Err(format!(
+            "a distlock acquire finished while {while_}: {:?}",
+            r.map(|r| r.map(|g| g.token()))
+        )
+        .into()),
+    }
+}
+
+async fn distlock_acquired(mut w: Pending) -> Result<LockGuard, Failed> {
+    Ok(tokio::time::timeout(PATIENCE, &mut w.0)
+        .await
+        .map_err(|_| Failed::from(format!("distlock did not acquire within {PATIENCE:?}")))?
+        .map_err(|e| e.to_string())??)
+}
+
+async fn distlock_client(f: &Zk) -> Result<LockClient, Failed> {
+    Ok(LockClient::new(
+        ZooKeeperBackend::connect(&format!("zk://{}", f.hosts()?)).await?,
+    ))
+}
+
+/// While a Curator process holds the mutex, distlock's try_acquire fails and
+/// its acquire waits; Curator's release lets the waiter in.
+async fn curator_holder_excludes_distlock(f: Arc<Zk>) -> Result<(), Failed> {
+    let classes = curator_classes(&f).await?;
+    let lock = name();
+    let client = distlock_client(&f).await?;
+    let mut curator = Curator::spawn(&classes, &f.hosts()?, &zk_path(&lock))?;
+    curator.acquired().await?;
+    if let Some(g) = client.lock(&lock).try_acquire().await? {
+        return Err(format!(
+            "distlock's try_acquire got token {} while Curator held the mutex",
+            g.token()
+        )
+        .into());
+    }
+    let mut waiter = distlock_waiter(&client, &lock);
+    wait_for_children(&f, &lock, 2).await?;
+    distlock_still_waiting(&mut waiter, "Curator held the mutex").await?;
+    curator.release().await?;
+    let g = distlock_acquired(waiter).await?;
+    g.release().await?;
+    Ok(())
+}
+
+/// While distlock holds the lock, a Curator process queued on the same path
+/// waits; distlock's release lets it in.
+async fn distlock_holder_excludes_curator(f: Arc<Zk>) -> Result<(), Failed> {
+    let classes = curator_classes(&f).await?;
+    let lock = name();
+    let client = distlock_client(&f).await?;
+    let g = client
+        .lock(&lock)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let mut curator = Curator::spawn(&classes, &f.hosts()?, &zk_path(&lock))?;
+    wait_for_children(&f, &lock, 2).await?;
+    curator.still_waiting("distlock held the lock").await?;
+    g.release().await?;
+    curator.acquired().await?;
+    curator.release().await?;
+    Ok(())
+}
+
+/// Holder A, then waiter B of the other kind, then waiter C of A's kind:
+/// A's release goes to B, not C, and C gets the lock only after B, with
+/// distlock and Curator in either role.
+async fn distlock_and_curator_queue_in_one_line(f: Arc<Zk>) -> Result<(), Failed> {
+    let classes = curator_classes(&f).await?;
+    let hosts = f.hosts()?;
+
+    // distlock A, Curator B, distlock C.
+    let lock = name();
+    let (a, c) = (distlock_client(&f).await?, distlock_client(&f).await?);
+    let held = a.lock(&lock).ttl(Duration::from_secs(30)).acquire().await?;
+    let mut b = Curator::spawn(&classes, &hosts, &zk_path(&lock))?;
+    wait_for_children(&f, &lock, 2).await?;
+    let mut waiter_c = distlock_waiter(&c, &lock);
+    wait_for_children(&f, &lock, 3).await?;
+    b.still_waiting("distlock A held the lock").await?;
+    held.release().await?;
+    tokio::select! {
+        r = b.acquired() => r?,
+        r = &mut waiter_c.0 => {
+            return Err(format!(
+                "distlock C, queued after Curator B, got the lock first: {:?}",
+                r.map(|r| r.map(|g| g.token()))
+            )
+            .into());
+        }
+    }
+    distlock_still_waiting(&mut waiter_c, "Curator B held the mutex").await?;
+    b.release().await?;
+    distlock_acquired(waiter_c).await?.release().await?;
+
+    // Curator A, distlock B, Curator C.
+    let lock = name();
+    let mut a = Curator::spawn(&classes, &hosts, &zk_path(&lock))?;
+    a.acquired().await?;
+    let b = distlock_client(&f).await?;
+    let mut waiter_b = distlock_waiter(&b, &lock);
+    wait_for_children(&f, &lock, 2).await?;
+    let mut c = Curator::spawn(&classes, &hosts, &zk_path(&lock))?;
+    wait_for_children(&f, &lock, 3).await?;
+    distlock_still_waiting(&mut waiter_b, "Curator A held the mutex").await?;
+    a.release().await?;
+    let g = tokio::select! {
+        r = c.acquired() => {
+            r?;
+            return Err("Curator C, queued after distlock B, got the mutex first".into());
+        }
+        r = &mut waiter_b.0 => r.map_err(|e| e.to_string())??,
+    };
+    c.still_waiting("distlock B held the lock").await?;
+    g.release().await?;
+    c.acquired().await?;
+    c.release().await?;
     Ok(())
 }

@@ -206,19 +206,60 @@ fn child_ignoring_sigterm_is_killed_after_grace() {
     assert!(start.elapsed() < Duration::from_secs(15));
 }
 
+/// Nothing listens: the OS refuses the connection at once, and so does
+/// distlock, naming the address it tried. The bound is generous for a
+/// loaded machine; the pool's retries used to take 5-10 s.
 #[test]
-fn unreachable_backend_gives_69() {
-    for b in [
-        "redis://127.0.0.1:1",
-        "postgres://u@127.0.0.1:1/db",
-        "etcd://127.0.0.1:1?timeout_ms=500",
+fn unreachable_backend_gives_69_at_once() {
+    for (b, shown) in [
+        ("redis://127.0.0.1:1", "127.0.0.1:1"),
+        ("postgres://u@127.0.0.1:1/db", "127.0.0.1:1"),
+        ("postgres:///db?host=127.0.0.1&port=1", "127.0.0.1:1"),
+        ("mysql://u@127.0.0.1:1/db", "127.0.0.1:1"),
+        ("etcd://127.0.0.1:1", "127.0.0.1:1"),
+        ("zk://127.0.0.1:1", "127.0.0.1:1"),
+        ("zk://127.0.0.1:1,127.0.0.1:2", "127.0.0.1:2"),
     ] {
+        let start = Instant::now();
         let out = run(b, &[], "x", &["true"]);
-        assert_eq!(
-            code(&out),
-            69,
-            "{b}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let took = start.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 69, "{b}: {err}");
+        assert!(
+            err.contains(shown),
+            "{b}: the message does not name {shown}: {err}"
+        );
+        assert!(
+            took < Duration::from_secs(3),
+            "{b}: reported after {took:?}: {err}"
+        );
+    }
+}
+
+/// The server answers and refuses the configuration: exit 78, a message
+/// saying what to change, at once.
+#[cfg(feature = "redis")]
+#[test]
+fn refused_configuration_gives_78() {
+    let r = redis();
+    let port = r.url.rsplit(':').next().unwrap();
+    let dir = scratch("config");
+    let cases = [
+        (format!("redis://:wrong@127.0.0.1:{port}"), "password"),
+        (format!("{}/99", r.url), "database index"),
+        (format!("sqlite://{}", dir.display()), "path"),
+    ];
+    for (b, what) in cases {
+        let out = run(&b, &[], "x", &["true"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 78, "{b}: {err}");
+        assert!(
+            err.contains(what),
+            "{b}: the message does not mention {what}: {err}"
+        );
+        assert!(
+            !err.contains("Retrying later"),
+            "{b}: called retryable: {err}"
         );
     }
 }

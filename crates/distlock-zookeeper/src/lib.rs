@@ -21,7 +21,11 @@ type Session = Arc<zk::Client>;
 /// Curator's `InterProcessMutex` (`_c_<uuid>-lock-<seq>`), so Curator clients
 /// and distlock exclude each other.
 ///
-/// Cheap to clone; clones share one ZooKeeper session.
+/// A hold lives in a session whose timeout is its TTL (one session per
+/// distinct TTL, as etcd keeps one lease per TTL), so a crashed holder's
+/// nodes go when its TTL runs out.
+///
+/// Cheap to clone; clones share the sessions.
 #[derive(Clone)]
 pub struct ZooKeeperBackend {
     inner: Arc<Inner>,
@@ -33,7 +37,9 @@ struct Inner {
     session_timeout: Duration,
     hold_while_disconnected: bool,
     detached: bool,
-    client: tokio::sync::Mutex<Option<Session>>,
+    /// The client's sessions by the timeout asked for: each hold's TTL, and
+    /// `session_timeout` for status, eviction and cleanup.
+    sessions: tokio::sync::Mutex<HashMap<Duration, Session>>,
     /// My node for each live acquisition.
     nodes: Mutex<HashMap<Owner, Node>>,
     wakeups: AtomicU64,
@@ -200,12 +206,14 @@ impl ZooKeeperBackend {
                 session_timeout,
                 hold_while_disconnected,
                 detached,
-                client: tokio::sync::Mutex::new(None),
+                sessions: Default::default(),
                 nodes: Mutex::new(HashMap::new()),
                 wakeups: AtomicU64::new(0),
             }),
         };
-        backend.client().await?;
+        // Fail at once when no server answers, rather than retrying for a
+        // connection timeout; later sessions retry like any reconnect.
+        backend.session(session_timeout, true).await?;
         Ok(backend)
     }
 
@@ -245,32 +253,79 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// The session's client; a new session after the last one ended.
+    /// The session for status, eviction and cleanup.
     async fn client(&self) -> Result<Session> {
-        let mut slot = self.inner.client.lock().await;
-        if let Some(c) = slot.as_mut() {
-            let state = c.state();
+        self.session(self.inner.session_timeout, false).await
+    }
+
+    /// The session asked for with `timeout`; a new one after the last one
+    /// ended.
+    async fn session(&self, timeout: Duration, fail_eagerly: bool) -> Result<Session> {
+        let mut sessions = self.inner.sessions.lock().await;
+        if let Some(c) = sessions.get(&timeout) {
             if !matches!(
-                state,
+                c.state(),
                 zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
             ) {
                 return Ok(c.clone());
             }
         }
         let mut connector = zk::Client::connector()
-            .with_session_timeout(self.inner.session_timeout)
-            .with_connection_timeout(self.inner.session_timeout.min(Duration::from_secs(5)));
+            .with_session_timeout(timeout)
+            .with_connection_timeout(timeout.min(Duration::from_secs(5)));
         if self.inner.detached {
             connector = connector.with_detached();
         }
-        let c = Arc::new(
-            connector
-                .connect(&self.inner.hosts)
-                .await
-                .map_err(|e| self.err(e))?,
-        );
-        *slot = Some(c.clone());
+        if fail_eagerly {
+            connector = connector.with_fail_eagerly();
+        }
+        let c = Arc::new(connector.connect(&self.inner.hosts).await.map_err(|e| {
+            if matches!(e, zk::Error::NoHosts) {
+                Error::unavailable(
+                    "zookeeper",
+                    format!("no ZooKeeper server answered at {}", self.inner.hosts),
+                    Some(Box::new(e)),
+                )
+            } else {
+                self.err(e)
+            }
+        })?);
+        sessions.insert(timeout, c.clone());
         Ok(c)
+    }
+
+    /// The session for a hold of `ttl`: its timeout, as the server
+    /// negotiated it, must be the TTL. The server clamps the timeout asked
+    /// for to its `minSessionTimeout`..`maxSessionTimeout`; a longer session
+    /// would keep a crashed holder's lock past its TTL, a shorter one could
+    /// end before the holder's local deadline.
+    async fn hold_session(&self, ttl: Duration) -> Result<Session> {
+        let c = self.session(ttl, false).await?;
+        let negotiated = c.session_timeout();
+        if negotiated == ttl {
+            return Ok(c);
+        }
+        let (bound, what, change) = if negotiated > ttl {
+            (
+                "below the minimum",
+                "at least",
+                "lower its minSessionTimeout",
+            )
+        } else {
+            (
+                "above the maximum",
+                "at most",
+                "raise its maxSessionTimeout",
+            )
+        };
+        Err(Error::invalid(
+            InputKind::Duration,
+            format!(
+                "TTL {ttl:?} is {bound} session timeout of the ZooKeeper server at {} ({negotiated:?}); \
+                 a hold's TTL is its session's timeout there: use a TTL of {what} {negotiated:?}, or {change}",
+                self.inner.hosts
+            ),
+        ))
     }
 
     /// How many times a waiter of this client was woken by its predecessor's
@@ -332,7 +387,7 @@ impl ZooKeeperBackend {
     /// both). `Enqueued::queue` is `None` if that list failed; callers then
     /// read the queue themselves.
     async fn enqueue(&self, req: &LockRequest) -> Result<Enqueued> {
-        let client = self.client().await?;
+        let client = self.hold_session(req.ttl).await?;
         let parent = self.parent(&req.name);
         let prefix = node_prefix(&req.owner);
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
@@ -689,16 +744,17 @@ impl Backend for ZooKeeperBackend {
 
     async fn session_ended(&self, key: u64) -> LostReason {
         // Core keeps this watcher while the session has no lock, so the
-        // session is looked up in the backend's current client first (a
+        // session is looked up among the backend's current sessions first (a
         // watcher started for a lock released at once finds no node), then
         // among the nodes of older sessions.
         let current = self
             .inner
-            .client
+            .sessions
             .lock()
             .await
-            .clone()
-            .filter(|c| c.session_id().0 as u64 == key);
+            .values()
+            .find(|c| c.session_id().0 as u64 == key)
+            .cloned();
         let client = current.or_else(|| {
             self.nodes()
                 .values()

@@ -14,6 +14,12 @@ const JARS: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.j
 
 /// Starts a private standalone ZooKeeper with a short tick.
 pub fn spawn() -> Result<ServerProcess, HarnessError> {
+    spawn_with("")
+}
+
+/// [`spawn`] with more `zoo.cfg` lines (`key=value\n` each), which override
+/// the defaults.
+pub fn spawn_with(extra_config: &str) -> Result<ServerProcess, HarnessError> {
     let java = find_binary("java", &[], INSTALL)?;
     if !Path::new("/usr/share/java/zookeeper.jar").is_file() {
         return Err(HarnessError::Missing {
@@ -25,7 +31,7 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
     let port = free_port()?;
     let cfg = dir.join("zoo.cfg");
     let conf = format!(
-        "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,mntr,stat\nmaxSessionTimeout=60000\nmaxClientCnxns=0\n",
+        "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,mntr,stat\nmaxSessionTimeout=60000\nmaxClientCnxns=0\n{extra_config}",
         dir.join("data").display()
     );
     std::fs::write(&cfg, conf).map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;

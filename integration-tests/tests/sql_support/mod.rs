@@ -122,3 +122,60 @@ pub fn table_created_concurrently(f: Arc<SqlFactory>, rt: &tokio::runtime::Runti
         },
     )
 }
+
+/// A URL the server refuses to serve, though it answers: a database that
+/// does not exist (PostgreSQL, MySQL), or a directory where the file should
+/// be (SQLite). Connecting reports a configuration error at once, one that
+/// `is_retryable()` says not to retry, and it names what to change.
+pub fn misconfiguration_is_not_retryable(
+    f: Arc<SqlFactory>,
+    rt: &tokio::runtime::Runtime,
+) -> Trial {
+    let handle = rt.handle().clone();
+    Trial::test(
+        format!(
+            "{}::a_refused_configuration_is_reported_at_once_and_not_retryable",
+            f.name
+        ),
+        move || {
+            handle.block_on(async {
+                let url = f.url()?;
+                let (base, query) = url.split_once('?').unwrap_or((&url, ""));
+                let (dir, _) = base
+                    .rsplit_once('/')
+                    .ok_or_else(|| Failed::from(format!("no path in {url}")))?;
+                let bad = match f.source {
+                    // The lock file's own directory, as the file.
+                    Source::SqliteFile => dir.to_string(),
+                    Source::Server(_) => format!("{dir}/no_such_database_here?{query}"),
+                };
+                let start = std::time::Instant::now();
+                let err = match SqlBackend::connect(&bad).await {
+                    Ok(_) => return Err(format!("{bad} connected").into()),
+                    Err(e) => e,
+                };
+                let took = start.elapsed();
+                if !matches!(err, distlock_core::Error::Misconfigured { .. }) {
+                    return Err(
+                        format!("{bad}: expected a configuration error, got {err:?}").into(),
+                    );
+                }
+                if err.is_retryable() {
+                    return Err(format!("{bad}: a configuration error counted as retryable").into());
+                }
+                let text = err.to_string();
+                if !text.contains("database") && !text.contains("path") {
+                    return Err(
+                        format!("{bad}: the message does not say what to change: {text}").into(),
+                    );
+                }
+                // A generous bound: the pool's retries took its acquire timeout (5 s).
+                if took > Duration::from_secs(3) {
+                    return Err(format!("{bad}: reported only after {took:?}").into());
+                }
+                eprintln!("{bad}: {text} ({took:?})");
+                Ok(())
+            })
+        },
+    )
+}
