@@ -47,16 +47,16 @@ cases![
     inspect_reports_the_holder,
 ];
 
-async fn client(f: &dyn BackendFactory) -> Result<LockClient, Failed> {
+pub(crate) async fn client(f: &dyn BackendFactory) -> Result<LockClient, Failed> {
     Ok(LockClient::from_dyn(f.client().await?))
 }
 
-fn name(ns: &str, case: &str) -> Result<LockName, Failed> {
+pub(crate) fn name(ns: &str, case: &str) -> Result<LockName, Failed> {
     Ok(LockName::new(format!("{ns}/{case}"))?)
 }
 
-const LONG_TTL: Duration = Duration::from_secs(60);
-const BOUND: Duration = Duration::from_secs(20);
+pub(crate) const LONG_TTL: Duration = Duration::from_secs(60);
+pub(crate) const BOUND: Duration = Duration::from_secs(20);
 
 /// Many clients increment a shared counter inside the critical section with
 /// a deliberate gap between read and write; any overlap loses an update or
@@ -863,10 +863,10 @@ fn needs_extend(caps: &Capabilities) -> Option<Completion> {
 
 /// Counts acquire requests in flight to the wrapped backend.
 #[derive(Debug)]
-struct InFlight {
-    inner: DynBackend,
-    now: AtomicUsize,
-    max: AtomicUsize,
+pub(crate) struct InFlight {
+    pub(crate) inner: DynBackend,
+    pub(crate) now: AtomicUsize,
+    pub(crate) max: AtomicUsize,
 }
 
 impl InFlight {

@@ -25,6 +25,7 @@ pub mod faults;
 pub mod harness;
 pub mod queue;
 pub mod self_check;
+pub mod semaphore;
 
 /// What a case returns: `Ok(Completion::Completed)`, an ignore with the
 /// capability it needs, or an error explaining the failed claim.
@@ -71,9 +72,11 @@ pub type CaseFn = for<'a> fn(
 pub fn trials(factory: Arc<dyn BackendFactory>, rt: &tokio::runtime::Runtime) -> Vec<Trial> {
     let backend = factory.name();
     let skipped = skipped_by_env(backend);
-    cases::ALL
-        .iter()
-        .map(|(case, f)| {
+    let exclusive = cases::ALL.iter().map(|c| (c, Needs::Nothing));
+    let permits = semaphore::ALL.iter().map(|c| (c, Needs::Semaphore));
+    exclusive
+        .chain(permits)
+        .map(|((case, f), needs)| {
             let name = format!("{backend}::{case}");
             let factory = factory.clone();
             let handle = rt.handle().clone();
@@ -84,6 +87,11 @@ pub fn trials(factory: Arc<dyn BackendFactory>, rt: &tokio::runtime::Runtime) ->
                     return Ok(Completion::ignored_with(why));
                 }
                 handle.block_on(async move {
+                    if needs == Needs::Semaphore {
+                        if let Some(ignored) = semaphore::unsupported(&*factory).await? {
+                            return Ok(ignored);
+                        }
+                    }
                     let ns = namespace();
                     tokio::time::timeout(Duration::from_secs(120), f(&*factory, ns))
                         .await
@@ -92,6 +100,13 @@ pub fn trials(factory: Arc<dyn BackendFactory>, rt: &tokio::runtime::Runtime) ->
             })
         })
         .collect()
+}
+
+/// What a group of cases needs the backend to declare.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Needs {
+    Nothing,
+    Semaphore,
 }
 
 /// A backend-specific trial: runs `fut` on the suite's runtime, bounded

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::{
-    async_trait, Backend, Capabilities, DynBackend, FencingToken, LockName, LockRequest,
-    MemoryBackend, Result as LockResult,
+    async_trait, Backend, Capabilities, DynBackend, FencingToken, HoldKind, LockName, LockRequest,
+    LockStatus, MemoryBackend, Result as LockResult,
 };
 use libtest_mimic::{Failed, Trial};
 
@@ -25,6 +25,20 @@ enum Flaw {
     /// Keeps every lock two seconds past its TTL, as a session longer than
     /// the TTL asked for would.
     OutlivesTtl,
+    /// Grants one permit more than a semaphore's limit.
+    GrantsOneMorePermit,
+}
+
+/// The request as the flawed backend passes it on.
+fn as_served(req: &LockRequest, flaw: Flaw) -> LockRequest {
+    match (flaw, req.kind) {
+        (Flaw::GrantsOneMorePermit, HoldKind::Permits { limit }) => {
+            let mut served = req.clone();
+            served.kind = HoldKind::Permits { limit: limit + 1 };
+            served
+        }
+        _ => req.clone(),
+    }
 }
 
 #[derive(Debug)]
@@ -49,11 +63,13 @@ impl Backend for Broken {
                 let outliving = req.with_ttl(req.ttl + Duration::from_secs(2));
                 self.inner.try_acquire(&outliving).await
             }
-            Flaw::ReleasesAnyOwner | Flaw::BatchExtendsAll => self.inner.try_acquire(req).await,
+            Flaw::ReleasesAnyOwner | Flaw::BatchExtendsAll | Flaw::GrantsOneMorePermit => {
+                self.inner.try_acquire(&as_served(req, self.flaw)).await
+            }
         }
     }
     async fn extend(&self, req: &LockRequest) -> LockResult<bool> {
-        self.inner.extend(req).await
+        self.inner.extend(&as_served(req, self.flaw)).await
     }
     async fn extend_many(&self, reqs: &[LockRequest]) -> LockResult<Vec<bool>> {
         let answers = self.inner.extend_many(reqs).await?;
@@ -65,8 +81,14 @@ impl Backend for Broken {
     async fn release(&self, req: &LockRequest) -> LockResult<bool> {
         match self.flaw {
             Flaw::ReleasesAnyOwner => Ok(self.inner.evict(&req.name)),
-            _ => self.inner.release(req).await,
+            _ => self.inner.release(&as_served(req, self.flaw)).await,
         }
+    }
+    async fn inspect_permits(&self, name: &LockName) -> LockResult<LockStatus> {
+        self.inner.inspect_permits(name).await
+    }
+    async fn set_limit(&self, name: &LockName, limit: u32) -> LockResult<Option<u32>> {
+        self.inner.set_limit(name, limit).await
     }
 }
 
@@ -96,7 +118,11 @@ impl BackendFactory for BrokenFactory {
 }
 
 fn case(name: &str) -> Option<CaseFn> {
-    cases::ALL.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
+    cases::ALL
+        .iter()
+        .chain(crate::semaphore::ALL)
+        .find(|(n, _)| *n == name)
+        .map(|(_, f)| *f)
 }
 
 /// `memory::suite_catches_*` trials: each runs one case on a broken backend
@@ -127,6 +153,11 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             "a_lock_outliving_its_ttl",
             Flaw::OutlivesTtl,
             "vanished_holder_is_replaced_within_ttl_plus_one_second",
+        ),
+        (
+            "a_semaphore_granting_one_permit_too_many",
+            Flaw::GrantsOneMorePermit,
+            "semaphore_never_has_more_than_its_limit_and_fills_it",
         ),
         (
             "batched_renewal_of_others_locks",

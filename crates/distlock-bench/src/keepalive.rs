@@ -78,6 +78,12 @@ impl Backend for Counting {
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         self.inner.inspect(name).await
     }
+    async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {
+        self.inner.inspect_permits(name).await
+    }
+    async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
+        self.inner.set_limit(name, limit).await
+    }
 }
 
 /// Resident set size of this process, in bytes.

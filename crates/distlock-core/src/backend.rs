@@ -12,8 +12,45 @@ use crate::error::{LostReason, Result};
 use crate::name::LockName;
 use crate::token::{FencingToken, Owner};
 
+/// What kind of hold a request asks for. A name's holds of different kinds
+/// are separate objects: the semaphore `pools/db` and the lock `pools/db`
+/// never contend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HoldKind {
+    /// One holder at a time: a lock.
+    Exclusive,
+    /// At most `limit` holders at a time, each with its own permit: a
+    /// counting semaphore. The limit is stored with the semaphore where
+    /// the backend can store it.
+    Permits {
+        /// How many permits the semaphore has.
+        limit: u32,
+    },
+}
+
+impl HoldKind {
+    /// How many holders the kind admits at once.
+    pub fn holders(&self) -> u32 {
+        match self {
+            HoldKind::Exclusive => 1,
+            HoldKind::Permits { limit } => *limit,
+        }
+    }
+}
+
+impl fmt::Display for HoldKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HoldKind::Exclusive => f.write_str("lock"),
+            HoldKind::Permits { limit } => write!(f, "semaphore of {limit} permits"),
+        }
+    }
+}
+
 /// One acquisition as the backend sees it: which lock, which owner value
-/// (fresh per acquisition), and the TTL to grant or extend by.
+/// (fresh per acquisition), the kind of hold, and the TTL to grant or
+/// extend by.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockRequest {
@@ -23,6 +60,8 @@ pub struct LockRequest {
     pub owner: Owner,
     /// The lease TTL to grant (or, for `extend`, to extend to from now).
     pub ttl: Duration,
+    /// The kind of hold.
+    pub kind: HoldKind,
     attempt: AttemptClock,
 }
 
@@ -45,7 +84,16 @@ impl LockRequest {
             name,
             owner: Owner::random(),
             ttl,
+            kind: HoldKind::Exclusive,
             attempt: AttemptClock::default(),
+        }
+    }
+
+    /// A request for one of `limit` permits, with a fresh random owner.
+    pub fn permit(name: LockName, ttl: Duration, limit: u32) -> Self {
+        Self {
+            kind: HoldKind::Permits { limit },
+            ..Self::new(name, ttl)
         }
     }
 
@@ -93,6 +141,10 @@ pub struct LockStatus {
     pub remaining: Option<Duration>,
     /// How many contenders are queued behind the holder (queue backends).
     pub queue_len: Option<usize>,
+    /// How many hold it now (a semaphore's permits in use).
+    pub holders: Option<usize>,
+    /// The limit stored with a semaphore.
+    pub limit: Option<u32>,
 }
 
 impl LockStatus {
@@ -119,6 +171,13 @@ impl LockStatus {
     /// Sets the queue length.
     pub fn with_queue_len(mut self, queue_len: Option<usize>) -> Self {
         self.queue_len = queue_len;
+        self
+    }
+
+    /// Sets how many hold it and the stored limit (semaphores).
+    pub fn with_holders(mut self, holders: usize, limit: Option<u32>) -> Self {
+        self.holders = Some(holders);
+        self.limit = limit;
         self
     }
 }
@@ -207,6 +266,8 @@ pub struct Capabilities {
     /// call being one request to the server. `1` (the default) means no
     /// batching: core calls [`Backend::extend`] per hold.
     pub extend_batch: usize,
+    /// Whether the backend grants [`HoldKind::Permits`] (semaphores).
+    pub semaphore: bool,
 }
 
 impl Capabilities {
@@ -232,7 +293,24 @@ impl Capabilities {
             drift_ppm: 10_000,
             drift_fixed: Duration::from_millis(2),
             extend_batch: 1,
+            semaphore: false,
         }
+    }
+
+    /// Whether requests of `kind` are served. Core refuses the others with
+    /// [`Error::Unsupported`](crate::Error::Unsupported) before sending
+    /// anything.
+    pub fn supports(&self, kind: &HoldKind) -> bool {
+        match kind {
+            HoldKind::Exclusive => true,
+            HoldKind::Permits { .. } => self.semaphore,
+        }
+    }
+
+    /// Declares that the backend grants semaphore permits.
+    pub fn with_semaphore(mut self) -> Self {
+        self.semaphore = true;
+        self
     }
 
     /// Sets the clock drift allowance (default 1% of the TTL plus 2 ms, as
@@ -300,6 +378,12 @@ impl Capabilities {
 ///   owner's lock.
 /// - `release` must also clean up a request that is only queued or was
 ///   perhaps granted (a lost reply), so core can call it after any failure.
+/// - Every method acts on the object of `req.kind`: a lock and a semaphore
+///   of the same name are separate. A backend that serves permits declares
+///   [`Capabilities::semaphore`]; for [`HoldKind::Permits`] it grants while
+///   fewer than the limit hold permits, refuses a limit other than the one
+///   stored with [`Error::LimitMismatch`](crate::Error::LimitMismatch), and
+///   gives every grant of the name a token above every earlier grant's.
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// What this backend guarantees.
@@ -368,6 +452,29 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
             operation: "inspecting a lock",
         })
     }
+
+    /// Reports the semaphore `name`: how many permits are held, and its
+    /// stored limit.
+    async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {
+        let _ = name;
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "semaphores",
+        })
+    }
+
+    /// Changes the limit stored with the semaphore `name` (creating it if
+    /// need be), and returns the limit it had. Permits already held stay
+    /// held; with a lower limit, new grants wait until fewer than the new
+    /// limit hold permits. Requests with the old limit then get
+    /// [`Error::LimitMismatch`](crate::Error::LimitMismatch).
+    async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
+        let _ = (name, limit);
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "semaphores",
+        })
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -402,6 +509,12 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         (**self).inspect(name).await
+    }
+    async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {
+        (**self).inspect_permits(name).await
+    }
+    async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
+        (**self).set_limit(name, limit).await
     }
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Backend, Capabilities, DynBackend, LockRequest};
+use crate::backend::{Backend, Capabilities, DynBackend, HoldKind, LockRequest};
 use crate::error::{Error, InputKind, Result};
 use crate::guard::{Hold, LockGuard};
 use crate::name::LockName;
@@ -44,8 +44,12 @@ pub(crate) struct ClientInner {
     pub(crate) scheduler: Arc<crate::watchdog::Scheduler>,
     /// One watcher per backend session, for backends that name them.
     pub(crate) sessions: Mutex<HashMap<u64, crate::watchdog::SessionWatch>>,
-    slots: Mutex<HashMap<LockName, Arc<Slot>>>,
+    slots: Mutex<HashMap<SlotKey, Arc<Slot>>>,
 }
+
+/// A name's holds of one kind share a slot; a lock and a semaphore of the
+/// same name are separate objects, and so are their slots.
+type SlotKey = (LockName, HoldKind);
 
 impl Drop for ClientInner {
     fn drop(&mut self) {
@@ -57,22 +61,25 @@ impl Drop for ClientInner {
     }
 }
 
-/// Local state for one lock name inside one client.
+/// Local state for one name and kind inside one client.
 pub(crate) struct Slot {
-    /// One permit: whoever holds it may talk to the backend about this name
-    /// (and keeps it for the whole hold), so other local tasks wait here
-    /// instead of adding load on the server. Tokio's semaphore is FIFO, so
-    /// local waiters are served in arrival order.
+    /// As many local permits as the kind admits holders (one for a lock, N
+    /// for a semaphore of N): whoever has one may talk to the backend about
+    /// this name (and keeps it for the whole hold), so other local tasks
+    /// wait here instead of adding load on the server, and one client never
+    /// puts more waiters on the server than there are permits it could use.
+    /// Tokio's semaphore is FIFO, so local waiters are served in arrival
+    /// order.
     pub(crate) gate: Arc<Semaphore>,
-    /// The current hold, for reentrant acquires.
-    pub(crate) held: Mutex<Option<Arc<Hold>>>,
+    /// The current holds, for reentrant acquires.
+    pub(crate) held: Mutex<Vec<Arc<Hold>>>,
 }
 
 /// A reference to a [`Slot`] that removes the slot from its client's map
 /// when the last user is gone.
 pub(crate) struct SlotRef {
     client: Arc<ClientInner>,
-    name: LockName,
+    key: SlotKey,
     pub(crate) slot: Arc<Slot>,
 }
 
@@ -82,7 +89,7 @@ impl Drop for SlotRef {
         // The map and this reference: nobody else can reach the slot, and
         // new references are only made under this same mutex.
         if Arc::strong_count(&self.slot) == 2 {
-            slots.remove(&self.name);
+            slots.remove(&self.key);
         }
     }
 }
@@ -137,9 +144,37 @@ impl LockClient {
     /// Starts building a lock on `name`. An invalid name is reported when
     /// the lock is acquired, as [`Error::InvalidInput`].
     pub fn lock(&self, name: impl AsRef<str>) -> LockBuilder {
+        self.builder(name, HoldKind::Exclusive)
+    }
+
+    /// Starts building an acquisition of one of `limit` permits of the
+    /// semaphore `name`. The guard, renewal, `lost()`, waiting and
+    /// reentrancy are a lock's. The limit is stored with the semaphore; a
+    /// request with another limit gets [`Error::LimitMismatch`]. A limit of
+    /// zero, or a backend without semaphores, is reported when acquired.
+    pub fn semaphore(&self, name: impl AsRef<str>, limit: u32) -> LockBuilder {
+        self.builder(name, HoldKind::Permits { limit })
+    }
+
+    /// Changes the limit stored with the semaphore `name` and returns the
+    /// one it had (`None`: the semaphore had none stored). See
+    /// [`Backend::set_limit`].
+    pub async fn set_semaphore_limit(
+        &self,
+        name: impl AsRef<str>,
+        limit: u32,
+    ) -> Result<Option<u32>> {
+        let name =
+            LockName::new(name).map_err(|e| Error::invalid(InputKind::LockName, e.to_string()))?;
+        check_kind(&self.inner.caps, &HoldKind::Permits { limit })?;
+        self.inner.backend.set_limit(&name, limit).await
+    }
+
+    fn builder(&self, name: impl AsRef<str>, kind: HoldKind) -> LockBuilder {
         LockBuilder {
             client: self.inner.clone(),
             name: LockName::new(name),
+            kind,
             ttl: DEFAULT_TTL,
             wait: None,
             renew: true,
@@ -148,22 +183,40 @@ impl LockClient {
         }
     }
 
-    fn slot_ref(inner: &Arc<ClientInner>, name: &LockName) -> SlotRef {
+    fn slot_ref(inner: &Arc<ClientInner>, name: &LockName, kind: HoldKind) -> SlotRef {
+        let key = (name.clone(), kind);
         let slot = lock(&inner.slots)
-            .entry(name.clone())
+            .entry(key.clone())
             .or_insert_with(|| {
                 Arc::new(Slot {
-                    gate: Arc::new(Semaphore::new(1)),
-                    held: Mutex::new(None),
+                    gate: Arc::new(Semaphore::new(kind.holders() as usize)),
+                    held: Mutex::new(Vec::new()),
                 })
             })
             .clone();
         SlotRef {
             client: inner.clone(),
-            name: name.clone(),
+            key,
             slot,
         }
     }
+}
+
+/// Refuses a kind the backend does not declare, before anything is sent.
+fn check_kind(caps: &Capabilities, kind: &HoldKind) -> Result<()> {
+    if !caps.supports(kind) {
+        return Err(Error::Unsupported {
+            backend: caps.backend,
+            operation: "semaphores",
+        });
+    }
+    if kind.holders() == 0 {
+        return Err(Error::invalid(
+            InputKind::Config,
+            "a semaphore needs a limit of at least one permit",
+        ));
+    }
+    Ok(())
 }
 
 /// Options for one acquisition; finish with [`acquire`](Self::acquire),
@@ -172,6 +225,7 @@ impl LockClient {
 pub struct LockBuilder {
     client: Arc<ClientInner>,
     name: Result<LockName>,
+    kind: HoldKind,
     ttl: Duration,
     wait: Option<Duration>,
     renew: bool,
@@ -183,6 +237,7 @@ impl fmt::Debug for LockBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockBuilder")
             .field("name", &self.name.as_ref().ok())
+            .field("kind", &self.kind)
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
             .field("renew", &self.renew)
@@ -274,6 +329,7 @@ impl LockBuilder {
             Err(e) => return Err(Error::invalid(InputKind::LockName, e.to_string())),
         };
         let caps = &self.client.caps;
+        check_kind(caps, &self.kind)?;
         if self.ttl.is_zero() {
             return Err(Error::invalid(
                 InputKind::Duration,
@@ -300,7 +356,7 @@ impl LockBuilder {
 
     async fn acquire_inner(self, attempt: Attempt) -> Result<Option<LockGuard>> {
         let name = self.validate()?;
-        let span = tracing::debug_span!("distlock.acquire", lock = %name, backend = self.client.caps.backend, ttl = ?self.ttl);
+        let span = tracing::debug_span!("distlock.acquire", lock = %name, kind = %self.kind, backend = self.client.caps.backend, ttl = ?self.ttl);
         self.acquire_validated(name, attempt).instrument(span).await
     }
 
@@ -310,11 +366,14 @@ impl LockBuilder {
         attempt: Attempt,
     ) -> Result<Option<LockGuard>> {
         let start = Instant::now();
-        let slot = LockClient::slot_ref(&self.client, &name);
+        let slot = LockClient::slot_ref(&self.client, &name, self.kind);
 
         if let Some(holder) = &self.holder {
-            let current = lock(&slot.slot.held).clone();
-            if let Some(hold) = current.filter(|h| h.holder.as_deref() == Some(holder.as_str())) {
+            let current = lock(&slot.slot.held)
+                .iter()
+                .find(|h| h.holder.as_deref() == Some(holder.as_str()))
+                .cloned();
+            if let Some(hold) = current {
                 return hold.nest().map(Some);
             }
         }
@@ -345,7 +404,8 @@ impl LockBuilder {
         };
 
         let backend = self.client.backend.clone();
-        let req = LockRequest::new(name, self.ttl);
+        let mut req = LockRequest::new(name, self.ttl);
+        req.kind = self.kind;
         // Started before the request is sent: the lease can only have begun
         // after this instant, so deadlines computed from it are conservative.
         let sent = Instant::now();
@@ -361,7 +421,12 @@ impl LockBuilder {
                 return Ok(None);
             }
             Err(e) => {
-                if matches!(e, Error::WaitTimeout { .. } | Error::InvalidInput { .. }) {
+                if matches!(
+                    e,
+                    Error::WaitTimeout { .. }
+                        | Error::InvalidInput { .. }
+                        | Error::LimitMismatch { .. }
+                ) {
                     cleanup.disarm();
                 }
                 // Otherwise the reply may have been lost after the server

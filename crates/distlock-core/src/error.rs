@@ -152,6 +152,19 @@ pub enum Error {
         source: Option<BoxError>,
     },
 
+    /// A semaphore was asked for with another limit than the one stored
+    /// with it. Nothing was acquired; change the limit deliberately with
+    /// `set_limit`, or ask for the stored one.
+    #[error("semaphore `{name}` has a limit of {stored} permits, and this request asked for {requested}; ask for {stored}, or change the limit with set_limit")]
+    LimitMismatch {
+        /// The semaphore.
+        name: LockName,
+        /// The limit the request asked for.
+        requested: u32,
+        /// The limit stored with the semaphore.
+        stored: u32,
+    },
+
     /// The backend cannot do this.
     #[error("{backend} does not support {operation}")]
     Unsupported {

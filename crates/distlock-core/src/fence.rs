@@ -1,10 +1,11 @@
 //! Fencing on the resource side.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
+use crate::client::lock;
 use crate::token::FencingToken;
 
-/// A token older than one the resource has already seen.
+/// A token older than the ones the resource has already seen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("stale fencing token {presented}: the resource has already seen {highest}; a newer holder owns the lock, so this writer must stop")]
 pub struct StaleToken {
@@ -15,47 +16,87 @@ pub struct StaleToken {
 }
 
 /// The check a protected resource makes: admit an operation only if its
-/// token is at least the highest seen so far, and remember it.
+/// token is among the `limit` highest seen so far (for a lock, `limit` is
+/// 1: at least the highest), and remember it.
 ///
 /// The same holder may write several times with its token; an older holder
-/// (one that was paused past its lease, say) is turned away once a newer
-/// token has been seen. Keep one gate per protected resource, next to the
+/// (one that was paused past its lease, say) is turned away once newer
+/// tokens have been seen. Keep one gate per protected resource, next to the
 /// resource (in the same process as the store that applies the writes).
 ///
-/// For a SQL table the same check is one statement; see the guide in
+/// For a semaphore of N permits, [`FenceGate::with_limit`] keeps the N
+/// highest tokens admitted. Every grant of a semaphore's name gets a token
+/// above every earlier grant's, and at most N permits are held at once, so
+/// once N newer tokens have been seen the holder of an older one may have
+/// been replaced: the gate turns it away. What that proves: the resource
+/// only ever accepts writes from the N newest grants it has seen, so no more
+/// than N writers at once. What it does not: an older holder whose permit is
+/// still valid (because a newer one already released) is turned away too;
+/// the gate errs on the side of rejecting.
+///
+/// For a SQL table the check for a lock is one statement; see the guide in
 /// `docs/guarantees.md`:
 ///
 /// ```sql
 /// UPDATE accounts SET balance = $balance, fence = $token
 ///  WHERE id = $id AND fence <= $token;  -- 0 rows: stale writer, stop
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct FenceGate {
-    highest: AtomicU64,
+    limit: usize,
+    /// The highest tokens admitted, at most `limit`, in ascending order.
+    highest: Mutex<Vec<u64>>,
+}
+
+impl Default for FenceGate {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl FenceGate {
-    /// A gate that has seen no token.
+    /// A gate for a lock (one holder at a time) that has seen no token.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_limit(1)
     }
 
-    /// Admits `token` if it is not older than the highest seen.
+    /// A gate for a semaphore of `limit` permits (a `limit` of 0 counts as
+    /// 1) that has seen no token.
+    pub fn with_limit(limit: u32) -> Self {
+        let limit = (limit as usize).max(1);
+        Self {
+            limit,
+            highest: Mutex::new(Vec::with_capacity(limit)),
+        }
+    }
+
+    /// Admits `token` if it is one of the `limit` highest seen, or newer.
     pub fn admit(&self, token: FencingToken) -> Result<(), StaleToken> {
-        let prev = self.highest.fetch_max(token.0, Ordering::AcqRel);
-        if token.0 < prev {
-            Err(StaleToken {
+        let mut seen = lock(&self.highest);
+        let t = token.0;
+        match seen.binary_search(&t) {
+            Ok(_) => Ok(()),
+            Err(at) if seen.len() < self.limit => {
+                seen.insert(at, t);
+                Ok(())
+            }
+            // Below every one of the `limit` highest: a newer grant may
+            // have taken this holder's place.
+            Err(0) => Err(StaleToken {
                 presented: token,
-                highest: FencingToken(prev),
-            })
-        } else {
-            Ok(())
+                highest: FencingToken(seen.last().copied().unwrap_or(0)),
+            }),
+            Err(at) => {
+                seen.remove(0);
+                seen.insert(at - 1, t);
+                Ok(())
+            }
         }
     }
 
     /// The highest token admitted so far.
     pub fn highest(&self) -> FencingToken {
-        FencingToken(self.highest.load(Ordering::Acquire))
+        FencingToken(lock(&self.highest).last().copied().unwrap_or(0))
     }
 }
 
@@ -72,5 +113,26 @@ mod tests {
         let e = g.admit(FencingToken(6)).unwrap_err();
         assert_eq!((e.presented, e.highest), (FencingToken(6), FencingToken(7)));
         assert_eq!(g.highest(), FencingToken(7));
+    }
+
+    #[test]
+    fn a_gate_of_n_keeps_the_n_highest_and_rejects_below_all_of_them() {
+        let g = FenceGate::with_limit(3);
+        for t in [4, 2, 9] {
+            assert!(g.admit(FencingToken(t)).is_ok(), "{t}");
+        }
+        // The gate holds three now, and 1 is below all of them.
+        assert!(g.admit(FencingToken(1)).is_err());
+        // Inside the three highest: admitted, and again.
+        assert!(g.admit(FencingToken(4)).is_ok());
+        assert!(g.admit(FencingToken(3)).is_ok());
+        // 3 took 2's place: {3, 4, 9}.
+        assert!(g.admit(FencingToken(2)).is_err());
+        assert!(g.admit(FencingToken(10)).is_ok());
+        // {4, 9, 10}: 3 is now below all of them.
+        let e = g.admit(FencingToken(3)).unwrap_err();
+        assert_eq!(e.highest, FencingToken(10));
+        assert!(g.admit(FencingToken(9)).is_ok());
+        assert_eq!(g.highest(), FencingToken(10));
     }
 }

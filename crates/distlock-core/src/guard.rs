@@ -136,7 +136,7 @@ impl Hold {
             nested: Mutex::new(1),
             state: StateCell::new(HoldState::Held { deadline }),
         });
-        *lock(&hold.slot.slot.held) = Some(hold.clone());
+        lock(&hold.slot.slot.held).push(hold.clone());
         crate::watchdog::start(&hold);
         hold
     }
@@ -226,15 +226,7 @@ impl Hold {
     fn free_local(&self) {
         self.client.scheduler.disarm(self);
         crate::watchdog::unwatch_session(self);
-        {
-            let mut held = lock(&self.slot.slot.held);
-            if held
-                .as_ref()
-                .is_some_and(|h| std::ptr::eq(Arc::as_ptr(h), self))
-            {
-                *held = None;
-            }
-        }
+        lock(&self.slot.slot.held).retain(|h| !std::ptr::eq(Arc::as_ptr(h), self));
         lock(&self.permit).take();
     }
 
@@ -290,6 +282,11 @@ impl LockGuard {
     /// The fencing token of this acquisition.
     pub fn token(&self) -> FencingToken {
         self.hold().token
+    }
+
+    /// The kind of hold: a lock, or a permit of a semaphore.
+    pub fn kind(&self) -> crate::backend::HoldKind {
+        self.hold().req.kind
     }
 
     /// The TTL the lock was acquired with.

@@ -13,8 +13,8 @@ mod token;
 mod watchdog;
 
 pub use backend::{
-    Backend, Capabilities, Consistency, DynBackend, Fencing, LockRequest, LockStatus, TrustedClock,
-    Waiting,
+    Backend, Capabilities, Consistency, DynBackend, Fencing, HoldKind, LockRequest, LockStatus,
+    TrustedClock, Waiting,
 };
 pub use client::{LockBuilder, LockClient, DEFAULT_TTL};
 pub use error::{BoxError, Error, InputKind, LostReason, Result};

@@ -9,7 +9,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{
-    Backend, Capabilities, Consistency, Fencing, LockRequest, LockStatus, TrustedClock, Waiting,
+    Backend, Capabilities, Consistency, Fencing, HoldKind, LockRequest, LockStatus, TrustedClock,
+    Waiting,
 };
 use crate::client::lock;
 use crate::error::{Error, Result};
@@ -26,6 +27,7 @@ use crate::token::{FencingToken, Owner};
 #[derive(Clone, Debug, Default)]
 pub struct MemoryBackend {
     table: Arc<Mutex<HashMap<LockName, Entry>>>,
+    semaphores: Arc<Mutex<HashMap<LockName, Semaphore>>>,
 }
 
 #[derive(Debug, Default)]
@@ -34,6 +36,23 @@ struct Entry {
     /// Never reset, not even on release: tokens keep increasing.
     counter: u64,
     released: Arc<Notify>,
+}
+
+#[derive(Debug, Default)]
+struct Semaphore {
+    /// Stored by the first acquire (or `set_limit`), kept after that.
+    limit: Option<u32>,
+    /// Each permit's owner and expiry.
+    permits: Vec<(Owner, Instant)>,
+    counter: u64,
+    released: Arc<Notify>,
+}
+
+impl Semaphore {
+    fn live(&mut self, now: Instant) -> &mut Vec<(Owner, Instant)> {
+        self.permits.retain(|(_, expires)| *expires > now);
+        &mut self.permits
+    }
 }
 
 impl MemoryBackend {
@@ -54,7 +73,41 @@ impl MemoryBackend {
         had
     }
 
-    fn attempt(&self, req: &LockRequest) -> (Option<FencingToken>, Arc<Notify>, Option<Instant>) {
+    /// One attempt: the token if granted, else the signal to wait on and
+    /// when the earliest hold expires.
+    fn attempt(
+        &self,
+        req: &LockRequest,
+    ) -> Result<(Option<FencingToken>, Arc<Notify>, Option<Instant>)> {
+        let HoldKind::Permits { limit } = req.kind else {
+            return Ok(self.attempt_exclusive(req));
+        };
+        let now = Instant::now();
+        let mut sems = lock(&self.semaphores);
+        let sem = sems.entry(req.name.clone()).or_default();
+        let stored = *sem.limit.get_or_insert(limit);
+        if stored != limit {
+            return Err(Error::LimitMismatch {
+                name: req.name.clone(),
+                requested: limit,
+                stored,
+            });
+        }
+        let released = sem.released.clone();
+        let live = sem.live(now);
+        if live.len() >= stored as usize {
+            let earliest = live.iter().map(|(_, e)| *e).min();
+            return Ok((None, released, earliest));
+        }
+        live.push((req.owner, now + req.ttl));
+        sem.counter += 1;
+        Ok((Some(FencingToken(sem.counter)), released, None))
+    }
+
+    fn attempt_exclusive(
+        &self,
+        req: &LockRequest,
+    ) -> (Option<FencingToken>, Arc<Notify>, Option<Instant>) {
         let now = Instant::now();
         let mut table = lock(&self.table);
         let e = table.entry(req.name.clone()).or_default();
@@ -84,10 +137,11 @@ impl Backend for MemoryBackend {
             Duration::from_secs(365 * 24 * 3600),
         )
         .with_extend_batch(1024)
+        .with_semaphore()
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
-        Ok(self.attempt(req).0)
+        Ok(self.attempt(req)?.0)
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
@@ -100,7 +154,7 @@ impl Backend for MemoryBackend {
             tokio::pin!(released);
             released.as_mut().enable();
             req.attempt_starting();
-            let (token, _, expires) = self.attempt(req);
+            let (token, _, expires) = self.attempt(req)?;
             if let Some(t) = token {
                 return Ok(t);
             }
@@ -122,16 +176,46 @@ impl Backend for MemoryBackend {
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
-        Ok(Self::extend_in(&mut lock(&self.table), req, Instant::now()))
+        Ok(self.extend_many(std::slice::from_ref(req)).await?[0])
     }
 
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
         let now = Instant::now();
         let mut table = lock(&self.table);
+        let mut sems = lock(&self.semaphores);
         Ok(reqs
             .iter()
-            .map(|req| Self::extend_in(&mut table, req, now))
+            .map(|req| match req.kind {
+                HoldKind::Permits { .. } => sems
+                    .get_mut(&req.name)
+                    .and_then(|s| s.live(now).iter_mut().find(|(o, _)| *o == req.owner))
+                    .map(|(_, expires)| *expires = now + req.ttl)
+                    .is_some(),
+                _ => Self::extend_in(&mut table, req, now),
+            })
             .collect())
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {
+        let now = Instant::now();
+        let mut sems = lock(&self.semaphores);
+        Ok(match sems.get_mut(name) {
+            Some(sem) => {
+                let limit = sem.limit;
+                let live = sem.live(now);
+                LockStatus::new(!live.is_empty()).with_holders(live.len(), limit)
+            }
+            None => LockStatus::new(false).with_holders(0, None),
+        })
+    }
+
+    async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
+        let mut sems = lock(&self.semaphores);
+        let sem = sems.entry(name.clone()).or_default();
+        let old = sem.limit.replace(limit);
+        // A higher limit may let a waiter in.
+        sem.released.notify_waiters();
+        Ok(old)
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
@@ -151,6 +235,19 @@ impl Backend for MemoryBackend {
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         let now = Instant::now();
+        if let HoldKind::Permits { .. } = req.kind {
+            let mut sems = lock(&self.semaphores);
+            let Some(sem) = sems.get_mut(&req.name) else {
+                return Ok(false);
+            };
+            let before = sem.live(now).len();
+            sem.permits.retain(|(o, _)| *o != req.owner);
+            let freed = sem.permits.len() < before;
+            if freed {
+                sem.released.notify_waiters();
+            }
+            return Ok(freed);
+        }
         let mut table = lock(&self.table);
         let Some(e) = table.get_mut(&req.name) else {
             return Ok(false);
@@ -178,10 +275,17 @@ impl MemoryBackend {
     }
 
     fn release_signal(&self, req: &LockRequest) -> Arc<Notify> {
-        lock(&self.table)
-            .entry(req.name.clone())
-            .or_default()
-            .released
-            .clone()
+        match req.kind {
+            HoldKind::Permits { .. } => lock(&self.semaphores)
+                .entry(req.name.clone())
+                .or_default()
+                .released
+                .clone(),
+            _ => lock(&self.table)
+                .entry(req.name.clone())
+                .or_default()
+                .released
+                .clone(),
+        }
     }
 }

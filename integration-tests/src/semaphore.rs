@@ -1,0 +1,456 @@
+//! The conformance cases of semaphores ([`HoldKind::Permits`]), registered
+//! for every backend and run where it declares
+//! [`Capabilities::semaphore`](distlock_core::Capabilities::semaphore).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::{Error, Fencing, HoldKind, LockClient, LockRequest, LostReason, Owner};
+use libtest_mimic::{Completion, Failed};
+use tokio::time::Instant;
+
+use crate::cases::{client, name, InFlight, BOUND, LONG_TTL};
+use crate::{ensure, BackendFactory, CaseFn, CaseResult};
+
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        /// Every semaphore case, by name.
+        pub const ALL: &[(&str, CaseFn)] = &[
+            $((stringify!($name), |f, ns| Box::pin($name(f, ns)))),*
+        ];
+    };
+}
+
+cases![
+    semaphore_never_has_more_than_its_limit_and_fills_it,
+    crashed_permit_holder_returns_its_permit_after_its_ttl,
+    paused_permit_holder_is_lost_and_its_permit_goes_to_a_waiter,
+    cancelled_permit_wait_leaves_no_permit_or_queue_entry,
+    a_different_limit_is_a_typed_error_naming_both,
+    permit_tokens_strictly_rise,
+    release_of_an_expired_or_foreign_permit_frees_nothing,
+    reentrant_permit_takes_no_second_permit,
+    local_waiters_put_at_most_limit_waiters_on_the_server,
+    inspect_reports_permits_in_use_and_the_limit,
+];
+
+/// How many permits of `sem` another client can take right now (it takes
+/// and releases them), up to `limit` + 1.
+async fn free_permits(f: &dyn BackendFactory, sem: &str, limit: u32) -> Result<u32, Failed> {
+    let c = client(f).await?;
+    let mut taken = Vec::new();
+    for _ in 0..=limit {
+        match c.semaphore(sem, limit).ttl(LONG_TTL).try_acquire().await? {
+            Some(g) => taken.push(g),
+            None => break,
+        }
+    }
+    let n = taken.len() as u32;
+    for g in taken {
+        g.release().await?;
+    }
+    Ok(n)
+}
+
+/// Clients contend for 3 permits, each holding a while: never more than
+/// 3 inside at once, and 3 inside together at least once.
+pub async fn semaphore_never_has_more_than_its_limit_and_fills_it(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    const LIMIT: u32 = 3;
+    const CLIENTS: usize = 6;
+    const ROUNDS: usize = 4;
+    let sem = name(&ns, "limit")?;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let c = client(f).await?;
+        let (sem, inside, most) = (sem.clone(), inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = c
+                    .semaphore(&sem, LIMIT)
+                    .ttl(LONG_TTL)
+                    .wait(BOUND * 3)
+                    .acquire()
+                    .await?;
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await?;
+            }
+            Ok::<_, Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await
+            .map_err(|e| Failed::from(format!("worker panicked: {e}")))??;
+    }
+    let most = most.load(Ordering::SeqCst);
+    ensure!(
+        most <= LIMIT as usize,
+        "{most} holders of a {LIMIT}-permit semaphore at once"
+    );
+    ensure!(
+        most == LIMIT as usize,
+        "never more than {most} of {LIMIT} permits held together by {CLIENTS} contending clients"
+    );
+    Ok(Completion::Completed)
+}
+
+/// Permit holders that vanish without releasing or renewing (a crashed
+/// process) give their permits back after their TTL: not at once, and no
+/// later than a second past it.
+pub async fn crashed_permit_holder_returns_its_permit_after_its_ttl(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let sem = name(&ns, "crash")?;
+    let ttl = f.short_ttl();
+    let raw = f.client().await?;
+    for _ in 0..2 {
+        let req = LockRequest::permit(sem.clone(), ttl, 2);
+        ensure!(
+            raw.try_acquire(&req).await?.is_some(),
+            "raw permit not granted"
+        );
+    }
+    drop(raw);
+    let b = client(f).await?;
+    let start = Instant::now();
+    ensure!(
+        b.semaphore(&sem, 2)
+            .ttl(LONG_TTL)
+            .try_acquire()
+            .await?
+            .is_none(),
+        "a third permit of two was granted"
+    );
+    let g = b
+        .semaphore(&sem, 2)
+        .ttl(LONG_TTL)
+        .wait(ttl + BOUND)
+        .acquire()
+        .await?;
+    let took = start.elapsed();
+    ensure!(
+        took >= ttl / 2,
+        "permit returned after {took:?}, well before its {ttl:?} TTL"
+    );
+    ensure!(
+        took <= ttl + Duration::from_secs(1),
+        "the crashed holder's permit returned only after {took:?}, more than a second past its {ttl:?} TTL"
+    );
+    g.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// A holder that stops renewing (paused) is reported lost at its deadline,
+/// and a waiter gets its permit.
+pub async fn paused_permit_holder_is_lost_and_its_permit_goes_to_a_waiter(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let sem = name(&ns, "paused")?;
+    let ttl = f.short_ttl();
+    let (a, b) = (client(f).await?, client(f).await?);
+    let paused = a.semaphore(&sem, 1).ttl(ttl).no_renew().acquire().await?;
+    let waiter = b
+        .semaphore(&sem, 1)
+        .ttl(LONG_TTL)
+        .wait(ttl + BOUND)
+        .acquire();
+    let reason = tokio::time::timeout(ttl * 2 + BOUND, paused.lost());
+    let (got, reason) = tokio::join!(waiter, reason);
+    let reason = reason.map_err(|_| Failed::from("the paused holder never saw lost()"))?;
+    ensure!(
+        matches!(reason, LostReason::DeadlinePassed),
+        "the paused holder was lost for {reason}, not its deadline"
+    );
+    let g = got?;
+    ensure!(
+        g.token() > paused.token() || f.client().await?.capabilities().fencing == Fencing::None,
+        "the waiter's token {} is not above the paused holder's {}",
+        g.token(),
+        paused.token()
+    );
+    g.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// A wait for a permit that is cancelled (its future dropped) leaves
+/// nothing: once the holder releases, the limit is free again in full.
+pub async fn cancelled_permit_wait_leaves_no_permit_or_queue_entry(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let sem = name(&ns, "cancel")?;
+    let (a, b) = (client(f).await?, client(f).await?);
+    let g = a.semaphore(&sem, 1).ttl(LONG_TTL).acquire().await?;
+    let waited = tokio::time::timeout(
+        Duration::from_millis(400),
+        b.semaphore(&sem, 1).ttl(LONG_TTL).acquire(),
+    )
+    .await;
+    ensure!(waited.is_err(), "the wait for a held permit finished");
+    g.release().await?;
+    // The cancelled waiter's cleanup runs in the background.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let free = free_permits(f, sem.as_str(), 1).await?;
+    ensure!(
+        free == 1,
+        "{free} of 1 permits free after the holder released and the waiter gave up"
+    );
+    Ok(Completion::Completed)
+}
+
+/// A client that asks for another limit than the stored one gets
+/// `LimitMismatch` with both numbers; `set_limit` changes it on purpose.
+pub async fn a_different_limit_is_a_typed_error_naming_both(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let sem = name(&ns, "mismatch")?;
+    let (a, b) = (client(f).await?, client(f).await?);
+    let g = a.semaphore(&sem, 3).ttl(LONG_TTL).acquire().await?;
+    match b.semaphore(&sem, 4).ttl(LONG_TTL).try_acquire().await {
+        Err(Error::LimitMismatch {
+            requested, stored, ..
+        }) => {
+            ensure!(
+                (requested, stored) == (4, 3),
+                "LimitMismatch named {requested} and {stored}, not 4 and 3"
+            );
+        }
+        other => return Err(format!("a limit of 4 against 3 gave {other:?}").into()),
+    }
+    let e = b.semaphore(&sem, 4).ttl(LONG_TTL).try_acquire().await;
+    let text = e
+        .map(|_| ())
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    ensure!(
+        text.contains('3') && text.contains('4'),
+        "the message does not name both limits: {text:?}"
+    );
+    let old = b.set_semaphore_limit(sem.as_str(), 4).await?;
+    ensure!(
+        old == Some(3),
+        "set_limit returned {old:?}, not the old limit 3"
+    );
+    let g2 = b
+        .semaphore(&sem, 4)
+        .ttl(LONG_TTL)
+        .try_acquire()
+        .await?
+        .ok_or("a permit with the new limit was not granted")?;
+    let r = a.semaphore(&sem, 3).ttl(LONG_TTL).try_acquire().await;
+    ensure!(
+        matches!(r, Err(Error::LimitMismatch { stored: 4, .. })),
+        "the old limit after set_limit gave {r:?}"
+    );
+    g2.release().await?;
+    g.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// Successive grants of a semaphore's permits, by different clients, get
+/// strictly rising tokens.
+pub async fn permit_tokens_strictly_rise(f: &dyn BackendFactory, ns: String) -> CaseResult {
+    if f.client().await?.capabilities().fencing == Fencing::None {
+        return Ok(Completion::ignored_with("the backend declares no fencing"));
+    }
+    let sem = name(&ns, "tokens")?;
+    let (a, b) = (client(f).await?, client(f).await?);
+    let mut last = None;
+    let mut held = Vec::new();
+    for i in 0..8 {
+        let c = if i % 2 == 0 { &a } else { &b };
+        let g = c.semaphore(&sem, 2).ttl(LONG_TTL).acquire().await?;
+        if let Some(prev) = last {
+            ensure!(
+                g.token() > prev,
+                "grant {i} got token {} after {prev}",
+                g.token()
+            );
+        }
+        last = Some(g.token());
+        held.push(g);
+        if held.len() == 2 {
+            held.remove(0).release().await?;
+        }
+    }
+    for g in held {
+        g.release().await?;
+    }
+    Ok(Completion::Completed)
+}
+
+/// Releasing a permit that expired, or one that was never granted, answers
+/// "not held" and frees none of the permits others hold.
+pub async fn release_of_an_expired_or_foreign_permit_frees_nothing(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let sem = name(&ns, "stale")?;
+    let ttl = f.short_ttl();
+    let raw = f.client().await?;
+    let stale = LockRequest::permit(sem.clone(), ttl, 2);
+    ensure!(
+        raw.try_acquire(&stale).await?.is_some(),
+        "raw permit not granted"
+    );
+    let (b, c) = (client(f).await?, client(f).await?);
+    let g1 = b
+        .semaphore(&sem, 2)
+        .ttl(LONG_TTL)
+        .wait(ttl + BOUND)
+        .acquire()
+        .await?;
+    // The second permit is the stale one's, once its TTL ran out.
+    let g2 = c
+        .semaphore(&sem, 2)
+        .ttl(LONG_TTL)
+        .wait(ttl + BOUND)
+        .acquire()
+        .await?;
+    if !raw.capabilities().session {
+        ensure!(
+            !raw.release(&stale).await?,
+            "releasing an expired permit reported it held"
+        );
+    }
+    let mut foreign = LockRequest::permit(sem.clone(), LONG_TTL, 2);
+    foreign.owner = Owner::random();
+    ensure!(
+        !raw.release(&foreign).await?,
+        "releasing a permit never granted reported it held"
+    );
+    let free = free_permits(f, sem.as_str(), 2).await?;
+    ensure!(free == 0, "{free} permits free while two holders hold both");
+    ensure!(g1.is_held() && g2.is_held(), "a holder lost its permit");
+    g1.release().await?;
+    g2.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// With an explicit holder, a second acquire nests and takes no second
+/// permit.
+pub async fn reentrant_permit_takes_no_second_permit(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let sem = name(&ns, "reentrant")?;
+    let a = client(f).await?;
+    let outer = a
+        .semaphore(&sem, 2)
+        .holder("job")
+        .ttl(LONG_TTL)
+        .acquire()
+        .await?;
+    let inner = a
+        .semaphore(&sem, 2)
+        .holder("job")
+        .ttl(LONG_TTL)
+        .acquire()
+        .await?;
+    ensure!(inner.hold_count() == 2, "hold count {}", inner.hold_count());
+    ensure!(
+        inner.token() == outer.token(),
+        "the nested acquire took a new permit"
+    );
+    let free = free_permits(f, sem.as_str(), 2).await?;
+    ensure!(
+        free == 1,
+        "{free} of 2 permits free while one holder nests twice"
+    );
+    inner.release().await?;
+    outer.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// Ten tasks of one client waiting on a full semaphore of 2 put at most 2
+/// acquires on the server at once.
+pub async fn local_waiters_put_at_most_limit_waiters_on_the_server(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let sem = name(&ns, "coalesce")?;
+    let counting = Arc::new(InFlight {
+        inner: f.client().await?,
+        now: AtomicUsize::new(0),
+        max: AtomicUsize::new(0),
+    });
+    let a = LockClient::from_dyn(counting.clone());
+    let holder = client(f).await?;
+    let full = [
+        holder.semaphore(&sem, 2).ttl(LONG_TTL).acquire().await?,
+        holder.semaphore(&sem, 2).ttl(LONG_TTL).acquire().await?,
+    ];
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let (a, sem) = (a.clone(), sem.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = a
+                .semaphore(&sem, 2)
+                .ttl(LONG_TTL)
+                .wait(BOUND * 2)
+                .acquire()
+                .await?;
+            g.release().await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for g in full {
+        g.release().await?;
+    }
+    for t in tasks {
+        t.await.map_err(|e| Failed::from(e.to_string()))??;
+    }
+    let max = counting.max.load(Ordering::SeqCst);
+    ensure!(
+        max <= 2,
+        "{max} acquires of a 2-permit semaphore were in flight to the backend at once"
+    );
+    Ok(Completion::Completed)
+}
+
+/// `inspect_permits` reports how many permits are held and the limit.
+pub async fn inspect_reports_permits_in_use_and_the_limit(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let sem = name(&ns, "inspect")?;
+    let a = client(f).await?;
+    let g1 = a.semaphore(&sem, 3).ttl(LONG_TTL).acquire().await?;
+    let g2 = a.semaphore(&sem, 3).ttl(LONG_TTL).acquire().await?;
+    let s = a.backend().inspect_permits(&sem).await?;
+    ensure!(
+        s.holders == Some(2) && s.limit == Some(3) && s.held,
+        "inspect said {s:?} with 2 of 3 permits held"
+    );
+    g1.release().await?;
+    g2.release().await?;
+    let s = a.backend().inspect_permits(&sem).await?;
+    ensure!(
+        s.holders == Some(0) && !s.held,
+        "inspect said {s:?} after both released"
+    );
+    Ok(Completion::Completed)
+}
+
+/// Why a semaphore case does not run on `f`, if it does not.
+pub(crate) async fn unsupported(f: &dyn BackendFactory) -> Result<Option<Completion>, Failed> {
+    let caps = f.client().await?.capabilities();
+    Ok((!caps.supports(&HoldKind::Permits { limit: 1 })).then(|| {
+        Completion::ignored_with(format!(
+            "{} does not declare semaphores (Capabilities::semaphore)",
+            caps.backend
+        ))
+    }))
+}
