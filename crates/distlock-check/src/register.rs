@@ -7,7 +7,10 @@
 //! - the **fenced** cell checks the caller's token: an operation is rejected
 //!   if its token is lower than the highest the cell has accepted, or equal to
 //!   it but from a different grant (two grants with one token is a duplicate
-//!   grant, which a strict resource refuses);
+//!   grant, which a strict resource refuses). For a semaphore of N permits
+//!   the cell keeps the N highest (token, grant) pairs it accepted, as
+//!   [`distlock::FenceGate::with_limit`] does, and rejects a token below
+//!   all of them;
 //! - the **unfenced** cell accepts everything, as storage that trusts the lock
 //!   alone would.
 //!
@@ -108,6 +111,8 @@ pub struct Log {
     pub end: u64,
     /// The lock's TTL in nanoseconds.
     pub ttl_ns: u64,
+    /// How many may hold at once: 1 for the lock, N for a semaphore.
+    pub limit: u32,
     /// Workers that reported reaching their pause point: worker → time.
     pub paused: HashMap<usize, u64>,
 }
@@ -115,8 +120,9 @@ pub struct Log {
 #[derive(Debug, Default)]
 struct State {
     log: Log,
-    f_max_token: u64,
-    f_max_grant: u64,
+    /// The highest (token, grant) pairs the fenced cell accepted, at most
+    /// `log.limit`, ascending.
+    f_highest: Vec<(u64, u64)>,
     armed: HashMap<usize, Instruction>,
     gates: HashMap<usize, Arc<tokio::sync::Notify>>,
     done: bool,
@@ -164,6 +170,12 @@ impl Register {
     /// A copy of the log so far.
     pub fn log(&self) -> Log {
         lock(&self.state).log.clone()
+    }
+
+    /// Records how many may hold at once (the checker and the fenced cell
+    /// need it).
+    pub fn set_limit(&self, limit: u32) {
+        lock(&self.state).log.limit = limit.max(1);
     }
 
     /// Records the lock's TTL (the checker needs it).
@@ -354,13 +366,27 @@ impl Register {
 
 impl State {
     fn fenced_accepts(&mut self, grant: u64, token: u64) -> bool {
-        let ok =
-            token > self.f_max_token || (token == self.f_max_token && grant == self.f_max_grant);
-        if ok {
-            self.f_max_token = token;
-            self.f_max_grant = grant;
+        let limit = self.log.limit.max(1) as usize;
+        let top = &mut self.f_highest;
+        if top.contains(&(token, grant)) {
+            return true;
         }
-        ok
+        // Another grant with a token the cell already accepted: a duplicate
+        // grant, refused by a strict resource.
+        if top.iter().any(|(t, _)| *t == token) {
+            return false;
+        }
+        let at = top.partition_point(|(t, _)| *t < token);
+        if top.len() < limit {
+            top.insert(at, (token, grant));
+            return true;
+        }
+        if at == 0 {
+            return false;
+        }
+        top.remove(0);
+        top.insert(at - 1, (token, grant));
+        true
     }
 }
 
@@ -369,8 +395,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_fenced_cell_of_n_keeps_the_n_highest_grants() {
+        let mut s = State::default();
+        s.log.limit = 2;
+        assert!(s.fenced_accepts(1, 5));
+        assert!(s.fenced_accepts(2, 3));
+        assert!(s.fenced_accepts(2, 3), "the same grant again");
+        assert!(!s.fenced_accepts(3, 2), "below both");
+        assert!(s.fenced_accepts(4, 6), "takes 3's place");
+        assert!(!s.fenced_accepts(2, 3), "the grant it replaced");
+        assert!(s.fenced_accepts(1, 5));
+        assert!(
+            !s.fenced_accepts(5, 6),
+            "another grant with an accepted token"
+        );
+    }
+
+    #[test]
     fn the_fenced_cell_refuses_lower_tokens_and_a_second_grant_with_an_equal_token() {
         let mut s = State::default();
+        s.log.limit = 1;
         assert!(s.fenced_accepts(1, 5));
         assert!(s.fenced_accepts(1, 5), "the same grant again");
         assert!(!s.fenced_accepts(2, 5), "another grant, same token");

@@ -1,5 +1,6 @@
 //! The checker: turns a run's [`Log`] into a [`Report`].
 
+use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -13,20 +14,28 @@ pub struct CellStats {
     /// Reads and writes the cell rejected (always 0 for the unfenced cell).
     pub rejected: u64,
     /// Accepted operations that were stale: by a grant older than another
-    /// grant whose operation the cell had already accepted. A stale write is
-    /// exactly a write by a holder that has been superseded.
+    /// grant whose operation the cell had already accepted (for a semaphore
+    /// of N: older than N such grants). A stale write is exactly a write by
+    /// a holder that has been superseded.
     pub stale_accepted: u64,
     /// The cell's final value.
     pub final_value: u64,
     /// Accepted increments that did not survive (`accepted_writes -
     /// final_value`): another holder's read-modify-write overwrote them.
+    /// Not counted for a semaphore, whose N holders' read-modify-writes
+    /// overlap by design.
     pub lost_updates: u64,
+    /// The most read-modify-writes the cell accepted at once (from a grant's
+    /// accepted read to its accepted write).
+    pub most_writers: u64,
+    /// How far `most_writers` went past the limit (1 for a lock).
+    pub writers_over_limit: u64,
 }
 
 impl CellStats {
-    /// Stale operations plus lost updates.
+    /// Stale operations, lost updates and writers past the limit.
     pub fn violations(&self) -> u64 {
-        self.stale_accepted + self.lost_updates
+        self.stale_accepted + self.lost_updates + self.writers_over_limit
     }
 }
 
@@ -37,6 +46,10 @@ pub struct Report {
     pub fencing: String,
     /// Worker processes.
     pub clients: usize,
+    /// How many may hold at once: 1 for the lock, N for a semaphore.
+    pub limit: u32,
+    /// The most holds (as the holders saw them) at once.
+    pub most_holders: usize,
     /// Acquisitions.
     pub holds: usize,
     /// Pairs of holds by different workers whose intervals (acquire returned →
@@ -80,9 +93,15 @@ impl Report {
 }
 
 fn cell(log: &Log, fenced: bool) -> CellStats {
+    let limit = log.limit.max(1) as usize;
     let start_of = |g: u64| log.holds.get(&g).map_or(0, |h| h.start);
     let mut stats = CellStats::default();
-    let mut newest_accepted_start = 0u64;
+    // The starts of the `limit` newest grants the cell accepted, ascending.
+    let mut newest: Vec<u64> = Vec::with_capacity(limit);
+    // Each grant's accepted read, and its read-modify-write once its write
+    // was accepted too.
+    let mut read_at: HashMap<u64, u64> = HashMap::new();
+    let mut rmws: Vec<(u64, u64)> = Vec::new();
     for op in &log.ops {
         let accepted = if fenced { op.fenced_ok } else { Some(true) };
         match accepted {
@@ -90,12 +109,24 @@ fn cell(log: &Log, fenced: bool) -> CellStats {
             Some(false) => stats.rejected += 1,
             Some(true) => {
                 let start = start_of(op.grant);
-                if newest_accepted_start > start {
-                    stats.stale_accepted += 1;
+                if !newest.contains(&start) {
+                    if newest.len() == limit && start < newest[0] {
+                        stats.stale_accepted += 1;
+                    } else {
+                        if newest.len() == limit {
+                            newest.remove(0);
+                        }
+                        let at = newest.partition_point(|s| *s < start);
+                        newest.insert(at, start);
+                    }
                 }
-                newest_accepted_start = newest_accepted_start.max(start);
                 if op.write {
                     stats.accepted_writes += 1;
+                    if let Some(r) = read_at.remove(&op.grant) {
+                        rmws.push((r, op.t));
+                    }
+                } else {
+                    read_at.insert(op.grant, op.t);
                 }
             }
         }
@@ -105,8 +136,28 @@ fn cell(log: &Log, fenced: bool) -> CellStats {
     } else {
         log.unfenced_value
     };
-    stats.lost_updates = stats.accepted_writes.saturating_sub(stats.final_value);
+    if limit == 1 {
+        stats.lost_updates = stats.accepted_writes.saturating_sub(stats.final_value);
+    }
+    stats.most_writers = most_at_once(&rmws) as u64;
+    stats.writers_over_limit = stats.most_writers.saturating_sub(limit as u64);
     stats
+}
+
+/// The most of `intervals` (start, end) that overlap at one instant.
+fn most_at_once(intervals: &[(u64, u64)]) -> usize {
+    let mut edges: Vec<(u64, i32)> = intervals
+        .iter()
+        .flat_map(|&(s, e)| [(s, 1), (e, -1)])
+        .collect();
+    // An end before a start at the same instant: touching is not overlapping.
+    edges.sort_unstable();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    most.max(0) as usize
 }
 
 /// Checks a run's log. `faulted` is the worker a fault was aimed at, and
@@ -136,6 +187,8 @@ pub fn check(log: &Log) -> Report {
             }
         }
     }
+    let intervals: Vec<(u64, u64)> = holds.iter().map(|h| (h.start, end(h))).collect();
+    let most_holders = most_at_once(&intervals);
     let token_order_violations = holds
         .windows(2)
         .filter(|w| w[1].token <= w[0].token)
@@ -180,6 +233,8 @@ pub fn check(log: &Log) -> Report {
             .map(|(_, f)| f.clone())
             .unwrap_or_default(),
         clients: log.workers.len(),
+        limit: log.limit.max(1),
+        most_holders,
         holds: holds.len(),
         overlaps,
         overlaps_without_faulted: without,
@@ -202,11 +257,19 @@ impl fmt::Display for Report {
             "clients: {}   holds: {}   acquire errors: {}   declared fencing: {}",
             self.clients, self.holds, self.errors, self.fencing
         )?;
-        writeln!(
-            f,
-            "overlapping holds (as the holders saw them): {} ({} not involving the faulted holder)",
-            self.overlaps, self.overlaps_without_faulted
-        )?;
+        if self.limit > 1 {
+            writeln!(
+                f,
+                "semaphore of {} permits: at most {} holds at once (as the holders saw them)",
+                self.limit, self.most_holders
+            )?;
+        } else {
+            writeln!(
+                f,
+                "overlapping holds (as the holders saw them): {} ({} not involving the faulted holder)",
+                self.overlaps, self.overlaps_without_faulted
+            )?;
+        }
         writeln!(
             f,
             "token order: {} successive grants whose token did not rise",
@@ -218,8 +281,8 @@ impl fmt::Display for Report {
         ] {
             writeln!(
                 f,
-                "{name}: {} writes accepted, {} rejected, {} stale accepted, {} lost updates (final value {})",
-                c.accepted_writes, c.rejected, c.stale_accepted, c.lost_updates, c.final_value
+                "{name}: {} writes accepted, {} rejected, {} stale accepted, {} lost updates, {} writers at once (final value {})",
+                c.accepted_writes, c.rejected, c.stale_accepted, c.lost_updates, c.most_writers, c.final_value
             )?;
         }
         if let Some(end) = &self.faulted_hold_end {
@@ -240,7 +303,7 @@ impl fmt::Display for Report {
             f,
             "verdict: {}",
             if self.fencing_failed() {
-                "UNSAFE: the fenced register accepted stale or lost writes"
+                "UNSAFE: the fenced register accepted stale or lost writes, or more writers than the limit"
             } else if self.unfenced.violations() > 0 {
                 "fencing caught what the lock alone let through"
             } else {
@@ -330,6 +393,42 @@ mod tests {
             "granted after the holder's deadline"
         );
         assert!(!r.fencing_failed());
+    }
+
+    #[test]
+    fn a_semaphore_run_counts_writers_at_once_against_its_limit() {
+        let mut log = Log {
+            limit: 2,
+            ..Log::default()
+        };
+        // Grants 1 and 2 hold together; 1 is paused between its read and
+        // its write while 3 and 4 are granted; its late write is the third
+        // writer at once in the unfenced cell, and rejected by the fenced one.
+        for (g, start) in [(1u64, 0u64), (2, 1), (3, 40), (4, 41)] {
+            log.holds
+                .insert(g, hold(g as usize, g, g, start, start + 20));
+        }
+        log.ops.push(op(2, 1, 1, false, Some(true)));
+        log.ops.push(op(3, 2, 2, false, Some(true)));
+        log.ops.push(op(10, 2, 2, true, Some(true)));
+        log.ops.push(op(42, 3, 3, false, Some(true)));
+        log.ops.push(op(43, 4, 4, false, Some(true)));
+        log.ops.push(op(50, 1, 1, true, Some(false)));
+        log.ops.push(op(51, 3, 3, true, Some(true)));
+        log.ops.push(op(52, 4, 4, true, Some(true)));
+        let r = check(&log);
+        assert_eq!((r.limit, r.most_holders), (2, 2));
+        assert_eq!(r.fenced.most_writers, 2);
+        assert_eq!(
+            (r.fenced.stale_accepted, r.fenced.writers_over_limit),
+            (0, 0)
+        );
+        assert_eq!(r.fenced.lost_updates, 0, "not counted for a semaphore");
+        assert_eq!(r.unfenced.most_writers, 3);
+        assert_eq!(r.unfenced.writers_over_limit, 1);
+        assert_eq!(r.unfenced.stale_accepted, 1, "grant 1 wrote after 3 and 4");
+        assert!(!r.fencing_failed());
+        assert!(r.unfenced.violations() > 0);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use tokio::process::{Child, Command};
 use crate::register::{Instruction, Register};
 use crate::report::{check, Report};
 use crate::worker::{
-    ENV_HOLD_MS, ENV_LOCK, ENV_REGISTER, ENV_TTL_MS, ENV_URL, ENV_WAIT_MS, ENV_WORKER,
+    ENV_HOLD_MS, ENV_LIMIT, ENV_LOCK, ENV_REGISTER, ENV_TTL_MS, ENV_URL, ENV_WAIT_MS, ENV_WORKER,
 };
 
 /// Why a run could not produce a report.
@@ -47,8 +47,12 @@ pub struct Workload {
     /// The backend URL each worker connects to (one per worker, so a fault
     /// can route one worker through a proxy).
     pub urls: Vec<String>,
-    /// The lock they contend for.
+    /// The lock they contend for (with `limit`, the semaphore).
     pub lock: String,
+    /// Contend for one of this many permits of the semaphore `lock`
+    /// instead of the lock: up to `limit` holders at once, and a resource
+    /// that keeps the `limit` highest tokens ([`distlock::FenceGate::with_limit`]).
+    pub limit: Option<u32>,
     /// The lock's TTL.
     pub ttl: Duration,
     /// How long a normal hold lasts between its read and its write.
@@ -74,6 +78,7 @@ impl Workload {
         Ok(Workload {
             urls: vec![url.to_string(); clients],
             lock: "distlock-check".into(),
+            limit: None,
             ttl: Duration::from_secs(2),
             hold: Duration::from_millis(10),
             wait: Duration::from_secs(10),
@@ -249,8 +254,14 @@ where
     if w.ttl.is_zero() {
         return Err(CheckError::Invalid("the TTL must be positive".into()));
     }
+    if w.limit == Some(0) {
+        return Err(CheckError::Invalid(
+            "a semaphore needs at least one permit".into(),
+        ));
+    }
     let reg = Register::start().await?;
     reg.set_ttl(w.ttl);
+    reg.set_limit(w.limit.unwrap_or(1));
     let run_id = RUNS.fetch_add(1, Ordering::Relaxed);
     let mut children: Vec<(Child, PathBuf)> = Vec::new();
     for (i, url) in w.urls.iter().enumerate() {
@@ -267,6 +278,7 @@ where
             .env(ENV_TTL_MS, w.ttl.as_millis().to_string())
             .env(ENV_HOLD_MS, w.hold.as_millis().to_string())
             .env(ENV_WAIT_MS, w.wait.as_millis().to_string())
+            .env(ENV_LIMIT, w.limit.map_or(String::new(), |n| n.to_string()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)

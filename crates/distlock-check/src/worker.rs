@@ -23,6 +23,8 @@ pub(crate) const ENV_LOCK: &str = "DISTLOCK_CHECK_LOCK";
 pub(crate) const ENV_TTL_MS: &str = "DISTLOCK_CHECK_TTL_MS";
 pub(crate) const ENV_HOLD_MS: &str = "DISTLOCK_CHECK_HOLD_MS";
 pub(crate) const ENV_WAIT_MS: &str = "DISTLOCK_CHECK_WAIT_MS";
+/// Empty for the lock; a number for a semaphore of that many permits.
+pub(crate) const ENV_LIMIT: &str = "DISTLOCK_CHECK_LIMIT";
 
 /// If this process was started as a check worker, runs the worker and
 /// returns its exit code; otherwise returns `None` at once.
@@ -63,6 +65,7 @@ struct Settings {
     ttl: Duration,
     hold: Duration,
     wait: Duration,
+    limit: Option<u32>,
 }
 
 fn settings(id: &str) -> Result<Settings, String> {
@@ -83,6 +86,10 @@ fn settings(id: &str) -> Result<Settings, String> {
         ttl: ms(ENV_TTL_MS)?,
         hold: ms(ENV_HOLD_MS)?,
         wait: ms(ENV_WAIT_MS)?,
+        limit: match var(ENV_LIMIT)?.as_str() {
+            "" => None,
+            n => Some(n.parse().map_err(|e| format!("{ENV_LIMIT}={n:?}: {e}"))?),
+        },
     })
 }
 
@@ -129,7 +136,11 @@ async fn run(s: Settings) -> Result<(), String> {
         if conn.call("WANT".into()).await? == "DONE" {
             return Ok(());
         }
-        let guard = match client.lock(&s.lock).ttl(s.ttl).wait(s.wait).acquire().await {
+        let builder = match s.limit {
+            Some(n) => client.semaphore(&s.lock, n),
+            None => client.lock(&s.lock),
+        };
+        let guard = match builder.ttl(s.ttl).wait(s.wait).acquire().await {
             Ok(g) => g,
             Err(e) => {
                 let line = match e {

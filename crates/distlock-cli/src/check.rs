@@ -25,6 +25,11 @@ pub(crate) struct CheckArgs {
     /// The lock's TTL.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     ttl: Duration,
+    /// Contend for one of N permits of a semaphore instead of the lock; the
+    /// fenced register then keeps the N highest tokens. Needs more clients
+    /// than permits.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    limit: Option<u32>,
     /// A third of the way in, stop one holder with SIGSTOP between its read
     /// and its write for twice the TTL, then resume it (a GC pause).
     #[arg(long)]
@@ -53,6 +58,17 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
     if args.ttl.is_zero() {
         return fail(EXIT_USAGE, "--ttl must be positive");
     }
+    if let Some(n) = args.limit {
+        if args.clients <= n as usize {
+            return fail(
+                EXIT_USAGE,
+                format!(
+                    "--clients {} cannot contend for {n} permits: use more clients than --limit",
+                    args.clients
+                ),
+            );
+        }
+    }
     if args.duration.is_zero() {
         return fail(
             EXIT_USAGE,
@@ -69,6 +85,7 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
     };
     w.lock = args.lock;
     w.ttl = args.ttl;
+    w.limit = args.limit;
     let pause = args.ttl * 2 + Duration::from_millis(500);
     if args.pause_holder {
         w.warmup = args.duration / 3;

@@ -36,15 +36,19 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run COMMAND while holding the lock NAME.
+    /// Run COMMAND while holding the lock NAME (or, with --limit N, one of
+    /// N permits of the semaphore NAME).
     ///
-    /// The command gets DISTLOCK_NAME, DISTLOCK_TOKEN (the fencing token) and
+    /// The command gets DISTLOCK_NAME, DISTLOCK_TOKEN (the fencing token of
+    /// the lock or the permit) and
     /// DISTLOCK_BACKEND (the URL without password). Exit codes: the command's
     /// own (128+N if signal N killed it); 75 if the lock was not acquired
     /// within --wait; 76 if the lease was lost while the command ran (it gets
     /// SIGTERM, then SIGKILL after --kill-after); 69 if the backend is
     /// unreachable; 78 if the backend refused the configuration (wrong
-    /// password, no such database, unusable path); 2 for invalid arguments.
+    /// password, no such database, unusable path); 2 for invalid arguments
+    /// (also a --limit other than the semaphore's stored one, or a backend
+    /// without semaphores).
     Run(run::RunArgs),
     /// Show whether NAME is held (and the token, remaining TTL and queue
     /// length where the backend can tell).
@@ -86,7 +90,9 @@ pub(crate) fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
 /// The exit code for a library error.
 pub(crate) fn code_for(e: &distlock::Error) -> u8 {
     match e {
-        distlock::Error::InvalidInput { .. } => EXIT_USAGE,
+        distlock::Error::InvalidInput { .. }
+        | distlock::Error::LimitMismatch { .. }
+        | distlock::Error::Unsupported { .. } => EXIT_USAGE,
         distlock::Error::WaitTimeout { .. } => EXIT_NOT_ACQUIRED,
         distlock::Error::LeaseLost { .. } => EXIT_LEASE_LOST,
         distlock::Error::Misconfigured { .. } => EXIT_CONFIG,

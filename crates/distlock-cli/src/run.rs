@@ -28,6 +28,11 @@ pub(crate) struct RunArgs {
     /// Do not renew: the lease (and the command) ends after --ttl.
     #[arg(long)]
     no_renew: bool,
+    /// Hold one of N permits of the semaphore NAME instead of the lock NAME
+    /// (`consul lock -n N`): at most N commands run at once. The limit is
+    /// stored with the semaphore; another limit than the stored one exits 2.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    limit: Option<u32>,
     /// Grace between SIGTERM and SIGKILL when the lease is lost.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     kill_after: Duration,
@@ -75,19 +80,22 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(code_for(&e), e),
     };
     let client = LockClient::from_dyn(backend);
-    let mut lock = client.lock(&name).ttl(args.ttl);
+    let mut lock = match args.limit {
+        Some(n) => client.semaphore(&name, n),
+        None => client.lock(&name),
+    }
+    .ttl(args.ttl);
+    let taken = match args.limit {
+        Some(n) => format!("all {n} permits of semaphore `{name}` are held"),
+        None => format!("lock `{name}` is held by someone else"),
+    };
     if args.no_renew {
         lock = lock.no_renew();
     }
     let guard = match args.wait {
         Some(w) if w.is_zero() => match lock.try_acquire().await {
             Ok(Some(g)) => g,
-            Ok(None) => {
-                return fail(
-                    EXIT_NOT_ACQUIRED,
-                    format!("lock `{name}` is held by someone else"),
-                )
-            }
+            Ok(None) => return fail(EXIT_NOT_ACQUIRED, taken),
             Err(e) => return fail(code_for(&e), e),
         },
         Some(w) => match lock.wait(w).acquire().await {
