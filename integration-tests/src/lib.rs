@@ -21,6 +21,7 @@ use distlock_core::{async_trait, DynBackend, LockName};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 pub mod cases;
+pub mod factory;
 pub mod faults;
 pub mod harness;
 pub mod queue;

@@ -4,11 +4,33 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::{DynBackend, Error, LockClient};
 use libtest_mimic::Failed;
 use tokio::time::Instant;
+
+use crate::factory::UrlBackend;
+use crate::harness::{HarnessError, ServerProcess};
+
+/// A queue backend that counts how often its waiters were woken.
+pub trait CountsWakeups: UrlBackend + Clone {
+    /// Wake-ups of this client's waiters by a predecessor's deletion.
+    fn wakeups(&self) -> u64;
+}
+
+impl CountsWakeups for distlock_etcd::EtcdBackend {
+    fn wakeups(&self) -> u64 {
+        distlock_etcd::EtcdBackend::wakeups(self)
+    }
+}
+
+impl CountsWakeups for distlock_zookeeper::ZooKeeperBackend {
+    fn wakeups(&self) -> u64 {
+        distlock_zookeeper::ZooKeeperBackend::wakeups(self)
+    }
+}
 
 /// A waiting client and how to read how often it was woken.
 pub struct Waiter {
@@ -80,6 +102,63 @@ pub async fn each_release_wakes_one_waiter(
         .into());
     }
     Ok(())
+}
+
+/// [`each_release_wakes_one_waiter`] with `n` waiters and a holder, each a
+/// client of its own at `url`.
+pub async fn herd<B: CountsWakeups>(
+    url: &str,
+    n: usize,
+    lock: &str,
+    queue_len: QueueLen<'_>,
+) -> Result<(), Failed> {
+    let mut waiters = Vec::new();
+    for _ in 0..n {
+        let b = B::connect(url).await?;
+        let counter = b.clone();
+        waiters.push(Waiter {
+            backend: Arc::new(b),
+            wakeups: Box::new(move || counter.wakeups()),
+        });
+    }
+    let holder = Arc::new(B::connect(url).await?);
+    each_release_wakes_one_waiter(holder, waiters, lock, queue_len).await
+}
+
+/// [`leader_loss_keeps_exclusion`] on the cluster that `start` starts: the
+/// holder and the waiter connect at `url_of(host:port,host:port,...)`, and
+/// `leader` names the client port of the member to kill.
+pub async fn leader_killed<B: UrlBackend>(
+    start: impl FnOnce() -> Result<Vec<ServerProcess>, HarnessError> + Send + 'static,
+    url_of: impl FnOnce(&str) -> String,
+    lock: &str,
+    ttl: Duration,
+    leader: impl FnOnce(&[ServerProcess]) -> Option<u16>,
+) -> Result<(), Failed> {
+    let members = tokio::task::spawn_blocking(start)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let hosts: Vec<String> = members
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port))
+        .collect();
+    let url = url_of(&hosts.join(","));
+    let holder = Arc::new(B::connect(&url).await?);
+    let waiter = Arc::new(B::connect(&url).await?);
+    let result = leader_loss_keeps_exclusion(holder, waiter, lock, ttl, || {
+        let port = leader(&members).ok_or("no leader found")?;
+        let leader = members
+            .iter()
+            .find(|m| m.port == port)
+            .ok_or("leader not among members")?;
+        leader
+            .signal("KILL")
+            .map_err(|e| Failed::from(e.to_string()))
+    })
+    .await;
+    drop(members);
+    result
 }
 
 /// A holder holds and a waiter waits; `kill_leader` kills the cluster's

@@ -3,64 +3,23 @@
 //! leader, and a server paused past the lease.
 
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{async_trait, DynBackend, Error, LockClient, LockName};
+use distlock_core::{Error, LockClient};
 use distlock_etcd::EtcdBackend;
+use integration_tests::factory::ServerFactory;
 use integration_tests::harness::{etcd as server, ServerKind, TestServer};
-use integration_tests::queue::{self, QueueLen, Waiter};
-use integration_tests::{trial, BackendFactory};
+use integration_tests::queue::{self, QueueLen};
+use integration_tests::trial;
 use libtest_mimic::Failed;
 use tokio::time::Instant;
 
-struct Etcd {
-    server: OnceLock<Result<TestServer, String>>,
-}
-
-impl Etcd {
-    fn url(&self) -> Result<String, Failed> {
-        let s = self
-            .server
-            .get_or_init(|| TestServer::start(ServerKind::Etcd).map_err(|e| e.to_string()));
-        s.as_ref()
-            .map(|s| s.url().to_string())
-            .map_err(|e| Failed::from(e.as_str()))
-    }
-}
-
-#[async_trait]
-impl BackendFactory for Etcd {
-    fn name(&self) -> &'static str {
-        "etcd"
-    }
-    async fn client(&self) -> distlock_core::Result<DynBackend> {
-        let url = self
-            .url()
-            .map_err(|e| Error::unavailable("test", format!("{e:?}"), None))?;
-        Ok(Arc::new(EtcdBackend::connect(&url).await?))
-    }
-    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
-        if EtcdBackend::connect(&self.url()?)
-            .await?
-            .evict(name)
-            .await?
-        {
-            Ok(())
-        } else {
-            Err(format!("nothing to evict for {name}").into())
-        }
-    }
-    fn short_ttl(&self) -> Duration {
-        // etcd's smallest lease is about 1.5 s with default timing.
-        Duration::from_secs(2)
-    }
-}
+type Etcd = ServerFactory<EtcdBackend>;
 
 fn main() {
-    let etcd = Arc::new(Etcd {
-        server: OnceLock::new(),
-    });
+    // etcd's smallest lease is about 1.5 s with default timing.
+    let etcd = Arc::new(Etcd::of_kind("etcd", ServerKind::Etcd).short_ttl(Duration::from_secs(2)));
     integration_tests::run_suite(etcd.clone(), move |rt| {
         vec![
             trial(
@@ -120,22 +79,12 @@ fn etcd_client_cmd(endpoint: &str) -> Result<Command, Failed> {
 async fn herd(f: Arc<Etcd>) -> Result<(), Failed> {
     let url = f.url()?;
     let lock = name();
-    let mut waiters = Vec::new();
-    for _ in 0..20 {
-        let b = EtcdBackend::connect(&url).await?;
-        let counter = b.clone();
-        waiters.push(Waiter {
-            backend: Arc::new(b),
-            wakeups: Box::new(move || counter.wakeups()),
-        });
-    }
-    let holder = Arc::new(EtcdBackend::connect(&url).await?);
     let (u, l) = (url.clone(), lock.clone());
     let queued: QueueLen<'_> = Box::new(move || {
         let (u, l) = (u.clone(), l.clone());
         Box::pin(async move { keys_under(&u, &l).await })
     });
-    queue::each_release_wakes_one_waiter(holder, waiters, &lock, queued).await
+    queue::herd::<EtcdBackend>(&url, 20, &lock, queued).await
 }
 
 fn spawn_etcdctl_lock(url: &str, lock: &str, command: &[&str]) -> Result<Child, Failed> {
@@ -231,31 +180,14 @@ async fn distlock_holds(f: Arc<Etcd>) -> Result<(), Failed> {
 /// A holder holds and a waiter waits on a 3-member cluster; the leader is
 /// killed (see `integration_tests::queue::leader_loss_keeps_exclusion`).
 async fn leader_killed() -> Result<(), Failed> {
-    let members = tokio::task::spawn_blocking(|| server::cluster(3))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    let eps: Vec<String> = members
-        .iter()
-        .map(|m| format!("127.0.0.1:{}", m.port))
-        .collect();
-    let url = format!("etcd://{}", eps.join(","));
-    let holder = Arc::new(EtcdBackend::connect(&url).await?);
-    let waiter = Arc::new(EtcdBackend::connect(&url).await?);
-    let result =
-        queue::leader_loss_keeps_exclusion(holder, waiter, &name(), Duration::from_secs(5), || {
-            let leader_port = server::leader(&members).ok_or("no leader found")?;
-            let leader = members
-                .iter()
-                .find(|m| m.port == leader_port)
-                .ok_or("leader not among members")?;
-            leader
-                .signal("KILL")
-                .map_err(|e| Failed::from(e.to_string()))
-        })
-        .await;
-    drop(members);
-    result
+    queue::leader_killed::<EtcdBackend>(
+        || server::cluster(3),
+        |hosts| format!("etcd://{hosts}"),
+        &name(),
+        Duration::from_secs(5),
+        server::leader,
+    )
+    .await
 }
 
 /// The server is paused longer than the lease: the holder must see lost()

@@ -5,6 +5,7 @@
 //! what theory predicts. `DISTLOCK_FAULT_MATRIX_DOC=docs/fault-matrix.md`
 //! writes the matrix into the doc.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,8 +18,6 @@ use integration_tests::{init_tracing, runtime, trial};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 const CLIENTS: usize = 3;
-/// Redlock's per-node timeout here (see tests/redlock.rs).
-const NODE_TIMEOUT_MS: u64 = 250;
 /// ZooKeeper's session timeout here; the lock's TTL matches it.
 const ZK_SESSION_MS: u64 = 2000;
 
@@ -95,17 +94,6 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await.map_err(failed)?
 }
 
-fn redlock_url(nodes: &[ServerProcess], options: &str) -> String {
-    let hosts: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    format!(
-        "redlock://{}?node_timeout_ms={NODE_TIMEOUT_MS}&fencing=true{options}",
-        hosts.join(",")
-    )
-}
-
 /// Starts private servers for `b` (fault tests stop, kill and restart them).
 async fn start(b: B, options: &'static str) -> Result<Env, Failed> {
     blocking(move || {
@@ -125,7 +113,10 @@ async fn start(b: B, options: &'static str) -> Result<Env, Failed> {
                 env.nodes = (0..5)
                     .map(|_| redis_server::spawn(&[]).map_err(failed))
                     .collect::<Result<_, _>>()?;
-                env.url = redlock_url(&env.nodes, options);
+                env.url = redis_server::redlock_url(
+                    env.nodes.iter().map(|n| n.port),
+                    &format!("&fencing=true{options}"),
+                );
             }
             _ => {
                 let kind = b.kind().ok_or("no server kind")?;
@@ -190,6 +181,45 @@ async fn until_stall_ends(started: tokio::time::Instant, stall: Duration) {
     tokio::time::sleep_until(started + stall + Duration::from_millis(500)).await;
 }
 
+/// The shape of every run whose holder is stalled between its read and its
+/// write: worker 0 stalls for `stall`; `inject` injects the fault and
+/// returns the mark of its start; another client must then be granted the
+/// lock within `grant_within` (unless the servers keep the lock, `None`),
+/// and the stalled write is let land.
+async fn during_stall(
+    f: &Faults,
+    stall: Duration,
+    grant_within: Option<Duration>,
+    inject: impl Future<Output = Result<u64, CheckError>>,
+) -> Result<(), CheckError> {
+    f.stall_holder(0, stall).await?;
+    let begun = tokio::time::Instant::now();
+    let t = inject.await?;
+    if let Some(within) = grant_within {
+        f.next_grant(t, 0, within).await?;
+    }
+    until_stall_ends(begun, stall).await;
+    Ok(())
+}
+
+/// The unfenced register breaks, but the faulted holder's guard reports the
+/// loss before anyone else is granted the lock, and nothing is granted twice.
+const LOST_BEFORE_REGRANT: Expect = Expect {
+    violations_without_fencing: true,
+    overlap: Some(false),
+    lost_before_regrant: Some(true),
+    double_grant: Some(false),
+};
+
+/// The servers grant the lock again while the faulted holder's lease still
+/// runs.
+const DOUBLE_GRANT: Expect = Expect {
+    violations_without_fencing: true,
+    overlap: None,
+    lost_before_regrant: None,
+    double_grant: Some(true),
+};
+
 /// F5 (F7 on ZooKeeper): the holder is cut off from the server by a proxy
 /// that blackholes its connection while it is between its read and its
 /// write. Its guard must report the loss before anyone else gets the lock;
@@ -203,12 +233,11 @@ async fn f5_cut_off(b: B, fault: &str) -> Result<(), Failed> {
     let w = workload(urls, ttl)?;
     let stall = ttl * 3;
     let report = distlock_check::run(&w, |f: Faults| async move {
-        f.stall_holder(0, stall).await?;
-        let begun = tokio::time::Instant::now();
-        proxy.set_blackhole(true);
-        let t = f.fault_started(0);
-        f.next_grant(t, 0, stall * 2).await?;
-        until_stall_ends(begun, stall).await;
+        let cut = async {
+            proxy.set_blackhole(true);
+            Ok(f.fault_started(0))
+        };
+        during_stall(&f, stall, Some(stall * 2), cut).await?;
         proxy.set_blackhole(false);
         proxy.sever();
         Ok(())
@@ -216,18 +245,7 @@ async fn f5_cut_off(b: B, fault: &str) -> Result<(), Failed> {
     .await
     .map_err(failed)?;
     drop(env);
-    verify(
-        b.name(),
-        fault,
-        ttl,
-        report,
-        Expect {
-            violations_without_fencing: true,
-            overlap: Some(false),
-            lost_before_regrant: Some(true),
-            double_grant: Some(false),
-        },
-    )
+    verify(b.name(), fault, ttl, report, LOST_BEFORE_REGRANT)
 }
 
 /// F6: the etcd server is paused (SIGSTOP) past the lease while the holder
@@ -244,15 +262,14 @@ async fn f6_etcd_pause() -> Result<(), Failed> {
     let w = workload(vec![env.url.clone(); CLIENTS], ttl)?;
     let stall = ttl * 4;
     let report = distlock_check::run(&w, |f: Faults| async move {
-        f.stall_holder(0, stall).await?;
-        let begun = tokio::time::Instant::now();
-        signal(pid, "STOP")?;
-        let t = f.fault_started(0);
-        tokio::time::sleep(ttl * 2 + Duration::from_secs(1)).await;
-        signal(pid, "CONT")?;
-        f.next_grant(t, 0, stall * 2).await?;
-        until_stall_ends(begun, stall).await;
-        Ok(())
+        let pause = async {
+            signal(pid, "STOP")?;
+            let t = f.fault_started(0);
+            tokio::time::sleep(ttl * 2 + Duration::from_secs(1)).await;
+            signal(pid, "CONT")?;
+            Ok(t)
+        };
+        during_stall(&f, stall, Some(stall * 2), pause).await
     })
     .await
     .map_err(failed)?;
@@ -262,12 +279,7 @@ async fn f6_etcd_pause() -> Result<(), Failed> {
         "F6 etcd server paused past the lease (keep-alives lost)",
         ttl,
         report,
-        Expect {
-            violations_without_fencing: true,
-            overlap: Some(false),
-            lost_before_regrant: Some(true),
-            double_grant: Some(false),
-        },
+        LOST_BEFORE_REGRANT,
     )
 }
 
@@ -311,29 +323,18 @@ async fn f10_redis_restart() -> Result<(), Failed> {
     let server = Arc::new(Mutex::new(env.server.take()));
     let shared = &server;
     let report = distlock_check::run(&w, |f: Faults| async move {
-        f.stall_holder(0, stall).await?;
-        let begun = tokio::time::Instant::now();
-        let t = f.fault_started(0);
-        restart(shared, |s| s.as_mut()?.process_mut(), true).await?;
-        f.next_grant(t, 0, stall * 2).await?;
-        until_stall_ends(begun, stall).await;
-        Ok(())
+        let kill = async {
+            let t = f.fault_started(0);
+            restart(shared, |s| s.as_mut()?.process_mut(), true).await?;
+            Ok(t)
+        };
+        during_stall(&f, stall, Some(stall * 2), kill).await
     })
     .await
     .map_err(failed)?;
     drop(server);
-    verify(
-        B::Redis.name(),
-        "F10 server killed, restarted empty",
-        ttl,
-        report,
-        Expect {
-            violations_without_fencing: true,
-            overlap: None,
-            lost_before_regrant: None,
-            double_grant: Some(true),
-        },
-    )
+    let fault = "F10 server killed, restarted empty";
+    verify(B::Redis.name(), fault, ttl, report, DOUBLE_GRANT)
 }
 
 /// F10 on PostgreSQL: the server is restarted while a client holds the
@@ -348,13 +349,15 @@ async fn f10_postgres_restart() -> Result<(), Failed> {
     let pids = Mutex::new((0, 0));
     let (shared, restarted_pids) = (&server, &pids);
     let report = distlock_check::run(&w, |f: Faults| async move {
-        f.stall_holder(0, stall).await?;
-        let begun = tokio::time::Instant::now();
-        f.fault_started(0);
-        let restarted = restart(shared, |s| s.as_mut()?.process_mut(), false).await?;
-        *restarted_pids.lock().unwrap_or_else(|p| p.into_inner()) = restarted;
-        until_stall_ends(begun, stall).await;
-        Ok(())
+        let restart = async {
+            let t = f.fault_started(0);
+            let restarted = restart(shared, |s| s.as_mut()?.process_mut(), false).await?;
+            *restarted_pids.lock().unwrap_or_else(|p| p.into_inner()) = restarted;
+            Ok(t)
+        };
+        // Committed rows survive the restart: nobody else is granted the
+        // lock while the holder stalls.
+        during_stall(&f, stall, None, restart).await
     })
     .await
     .map_err(failed)?;
@@ -428,30 +431,20 @@ async fn f2_failover() -> Result<(), Failed> {
         // grant comes 4 s later, so after a failover its lease still has
         // about 4 s to run when the replica's copy frees the lock.
         tokio::time::sleep(Duration::from_secs(4)).await;
-        f.stall_holder(0, stall).await?;
-        let begun = tokio::time::Instant::now();
-        let t = f.fault_started(0);
-        signal(master_pid, "KILL")?;
-        f.next_grant(t, 0, stall * 2).await?;
-        until_stall_ends(begun, stall).await;
+        let kill = async {
+            let t = f.fault_started(0);
+            signal(master_pid, "KILL")?;
+            Ok(t)
+        };
+        during_stall(&f, stall, Some(stall * 2), kill).await?;
         drop(proxy);
         Ok(())
     })
     .await
     .map_err(failed)?;
     drop((master, replica, sentinels));
-    verify(
-        "redis (sentinel)",
-        "F2 failover to a lagging replica",
-        ttl,
-        report,
-        Expect {
-            violations_without_fencing: true,
-            overlap: None,
-            lost_before_regrant: None,
-            double_grant: Some(true),
-        },
-    )
+    let fault = "F2 failover to a lagging replica";
+    verify("redis (sentinel)", fault, ttl, report, DOUBLE_GRANT)
 }
 
 fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Result<(), Failed> {
@@ -499,12 +492,8 @@ async fn f3_attempt(protected: bool) -> Result<(), Failed> {
     let mut via: Vec<u16> = env.nodes.iter().map(|n| n.port).collect();
     via[3] = proxies[0].port;
     via[4] = proxies[1].port;
-    let hosts: Vec<String> = via.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let mut urls = vec![env.url.clone(); CLIENTS];
-    urls[0] = format!(
-        "redlock://{}?node_timeout_ms={NODE_TIMEOUT_MS}&fencing=true{options}",
-        hosts.join(",")
-    );
+    urls[0] = redis_server::redlock_url(via, &format!("&fencing=true{options}"));
     let mut w = workload(urls, ttl)?;
     // Clients keep arriving: a waiter gives up after 300 ms and tries
     // afresh, as the seed's client B does, instead of sleeping until the
@@ -522,12 +511,12 @@ async fn f3_attempt(protected: bool) -> Result<(), Failed> {
         // One contender during the fault: two would split the free nodes
         // between them round after round (each retrying on the same beat).
         f.gate(2).await?;
-        f.stall_holder(0, stall).await?;
-        let begun = tokio::time::Instant::now();
-        let t = f.fault_started(0);
-        restart(restarted_node, |p| Some(p), true).await?;
-        f.next_grant(t, 0, ttl * 3).await?;
-        until_stall_ends(begun, stall).await;
+        let kill = async {
+            let t = f.fault_started(0);
+            restart(restarted_node, |p| Some(p), true).await?;
+            Ok(t)
+        };
+        during_stall(&f, stall, Some(ttl * 3), kill).await?;
         f.open_gate(2);
         for p in &proxies {
             p.set_blackhole(false);
@@ -577,29 +566,18 @@ async fn f4_clock_jump() -> Result<(), Failed> {
     w.wait = Duration::from_millis(300);
     let stall = Duration::from_secs(4);
     let report = distlock_check::run(&w, |f: Faults| async move {
-        f.stall_holder(0, stall).await?;
-        let begun = tokio::time::Instant::now();
-        let t = f.fault_started(0);
-        std::fs::write(&offset, "+3600\n").map_err(CheckError::Io)?;
-        f.next_grant(t, 0, stall * 2).await?;
-        until_stall_ends(begun, stall).await;
-        Ok(())
+        let jump = async {
+            let t = f.fault_started(0);
+            std::fs::write(&offset, "+3600\n").map_err(CheckError::Io)?;
+            Ok(t)
+        };
+        during_stall(&f, stall, Some(stall * 2), jump).await
     })
     .await
     .map_err(failed)?;
     drop(server);
-    verify(
-        B::Redis.name(),
-        "F4 server clock jumps forward",
-        ttl,
-        report,
-        Expect {
-            violations_without_fencing: true,
-            overlap: None,
-            lost_before_regrant: None,
-            double_grant: Some(true),
-        },
-    )
+    let fault = "F4 server clock jumps forward";
+    verify(B::Redis.name(), fault, ttl, report, DOUBLE_GRANT)
 }
 
 /// F9: the server's answer to an acquire is lost. Every client is held

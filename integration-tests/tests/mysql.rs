@@ -6,22 +6,15 @@ use distlock_core::LockClient;
 use distlock_sql::SqlConfig;
 use integration_tests::harness::ServerKind;
 use integration_tests::trial;
-use sql_support::{
-    misconfiguration_is_not_retryable, table_created_concurrently, Source, SqlFactory,
-};
+use sql_support::{Source, SqlFactory};
 
 fn main() {
-    let f = SqlFactory::new("mysql", Source::Server(ServerKind::MariaDb));
-    integration_tests::run_suite(f.clone(), move |rt| {
-        vec![
-            table_created_concurrently(f.clone(), rt),
-            misconfiguration_is_not_retryable(f.clone(), rt),
-            trial(
-                rt,
-                "mysql::lock_names_are_case_sensitive",
-                case_sensitive(f.clone()),
-            ),
-        ]
+    sql_support::run_suite("mysql", Source::Server(ServerKind::MariaDb), |f, rt| {
+        vec![trial(
+            rt,
+            "mysql::lock_names_are_case_sensitive",
+            case_sensitive(f.clone()),
+        )]
     })
 }
 

@@ -11,16 +11,11 @@ use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::harness::{ServerKind, TestServer};
 use integration_tests::trial;
 use libtest_mimic::Failed;
-use sql_support::{
-    misconfiguration_is_not_retryable, table_created_concurrently, Source, SqlFactory,
-};
+use sql_support::{Source, SqlFactory};
 
 fn main() {
-    let f = SqlFactory::new("postgres", Source::Server(ServerKind::Postgres));
-    integration_tests::run_suite(f.clone(), move |rt| {
+    sql_support::run_suite("postgres", Source::Server(ServerKind::Postgres), |f, rt| {
         vec![
-            table_created_concurrently(f.clone(), rt),
-            misconfiguration_is_not_retryable(f.clone(), rt),
             trial(
                 rt,
                 "postgres::tokens_keep_increasing_across_a_restart",
@@ -131,26 +126,14 @@ async fn notified(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
     config.notify_fallback = Duration::from_secs(60);
     let waiter = LockClient::new(f.connect(config).await?);
     let holder = LockClient::new(f.connect(SqlConfig::default()).await?);
-    let g = holder
-        .lock("notified/release")
-        .ttl(Duration::from_secs(120))
-        .acquire()
-        .await?;
-    let w = tokio::spawn(async move {
-        waiter
-            .lock("notified/release")
-            .ttl(Duration::from_secs(120))
-            .acquire()
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    g.release().await?;
-    let got = tokio::time::timeout(Duration::from_secs(15), w)
-        .await
-        .map_err(|_| Failed::from("waiter not woken by NOTIFY"))?
-        .map_err(|e| e.to_string())??;
-    got.release().await?;
-    Ok(())
+    sql_support::release_wakes_the_waiter(
+        holder,
+        waiter,
+        "notified/release",
+        Duration::from_millis(500),
+        "waiter not woken by NOTIFY",
+    )
+    .await
 }
 
 /// A client opens its LISTEN connection only when one of its tasks finds the

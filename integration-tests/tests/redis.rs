@@ -2,99 +2,34 @@
 //! Cluster and over TLS (`rediss://`), plus Redis's own edges: interop with the classic raw-command
 //! protocol, and a real Sentinel failover.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{async_trait, DynBackend, Error, LockClient, LockName, LostReason};
+use distlock_core::{Error, LockClient, LostReason};
 use distlock_redis::{RedisBackend, RedisConfig};
+use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::harness::proxy::Proxy;
-use integration_tests::harness::{redis as server, ServerKind, ServerProcess, TestServer};
-use integration_tests::BackendFactory;
+use integration_tests::harness::{redis as server, ServerKind};
 use libtest_mimic::{Completion, Failed, Trial};
 
-enum Deployment {
-    Single,
-    Cluster,
-    Tls,
-}
-
-/// The URL, and the servers to keep alive (processes or an external server).
-type Started = Result<(String, Vec<ServerProcess>, Option<TestServer>), String>;
-
-struct Redis {
-    name: &'static str,
-    deployment: Deployment,
-    started: OnceLock<Started>,
-}
-
-impl Redis {
-    fn new(name: &'static str, deployment: Deployment) -> Arc<Self> {
-        Arc::new(Self {
-            name,
-            deployment,
-            started: OnceLock::new(),
-        })
-    }
-
-    fn url(&self) -> Result<String, Failed> {
-        let started = self.started.get_or_init(|| match self.deployment {
-            Deployment::Single => TestServer::start(ServerKind::Redis)
-                .map(|s| (s.url().to_string(), Vec::new(), Some(s)))
-                .map_err(|e| e.to_string()),
-            Deployment::Cluster => server::cluster(3)
-                .map(|nodes| {
-                    let hosts: Vec<String> = nodes
-                        .iter()
-                        .map(|n| format!("127.0.0.1:{}", n.port))
-                        .collect();
-                    (format!("redis+cluster://{}", hosts.join(",")), nodes, None)
-                })
-                .map_err(|e| e.to_string()),
-            Deployment::Tls => server::spawn_tls()
-                .map(|(s, ca)| {
-                    (
-                        format!("rediss://127.0.0.1:{}?ca_file={}", s.port, ca.display()),
-                        vec![s],
-                        None,
-                    )
-                })
-                .map_err(|e| e.to_string()),
-        });
-        started
-            .as_ref()
-            .map(|(u, _, _)| u.clone())
-            .map_err(|e| Failed::from(e.as_str()))
-    }
-
-    async fn backend(&self) -> Result<RedisBackend, Failed> {
-        Ok(RedisBackend::connect(&self.url()?).await?)
-    }
-}
-
-#[async_trait]
-impl BackendFactory for Redis {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    async fn client(&self) -> distlock_core::Result<DynBackend> {
-        let url = self
-            .url()
-            .map_err(|e| Error::unavailable("test", format!("{e:?}"), None))?;
-        Ok(Arc::new(RedisBackend::connect(&url).await?))
-    }
-    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
-        if self.backend().await?.evict(name).await? {
-            Ok(())
-        } else {
-            Err(format!("nothing to evict for {name}").into())
-        }
-    }
-}
+type Redis = ServerFactory<RedisBackend>;
 
 fn main() {
-    let single = Redis::new("redis", Deployment::Single);
-    let cluster = Redis::new("redis::cluster", Deployment::Cluster);
-    let tls = Redis::new("redis::tls", Deployment::Tls);
+    let single = Arc::new(Redis::of_kind("redis", ServerKind::Redis));
+    let cluster = Arc::new(Redis::new("redis::cluster", || {
+        let nodes = server::cluster(3).map_err(|e| e.to_string())?;
+        let hosts: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let url = format!("redis+cluster://{}", hosts.join(","));
+        Ok(Servers::processes(url, nodes))
+    }));
+    let tls = Arc::new(Redis::new("redis::tls", || {
+        let (s, ca) = server::spawn_tls().map_err(|e| e.to_string())?;
+        let url = format!("rediss://127.0.0.1:{}?ca_file={}", s.port, ca.display());
+        Ok(Servers::processes(url, vec![s]))
+    }));
     integration_tests::run_suite(single.clone(), move |rt| {
         let mut extra = integration_tests::trials(cluster, rt);
         extra.extend(integration_tests::trials(tls, rt));

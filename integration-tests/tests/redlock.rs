@@ -2,19 +2,16 @@
 //! without fencing), plus the failure cases: nodes down, a paused node, and
 //! the node-restart double grant with and without delayed-restart protection.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{async_trait, DynBackend, Error, LockClient, LockName};
+use distlock_core::{Error, LockClient};
 use distlock_redlock::RedlockBackend;
+use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::harness::{redis as server, ServerProcess};
-use integration_tests::{trial, BackendFactory};
+use integration_tests::trial;
 use libtest_mimic::Failed;
 use tokio::time::Instant;
-
-/// Per-node timeout in these tests: the default 50 ms is meant for a quiet
-/// network; a loaded 2-core CI machine running debug builds needs more.
-const NODE_TIMEOUT_MS: u64 = 250;
 
 fn five_nodes() -> Result<Vec<ServerProcess>, Failed> {
     (0..5)
@@ -23,67 +20,20 @@ fn five_nodes() -> Result<Vec<ServerProcess>, Failed> {
 }
 
 fn url(nodes: &[ServerProcess], options: &str) -> String {
-    let hosts: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    format!(
-        "redlock://{}?node_timeout_ms={NODE_TIMEOUT_MS}{options}",
-        hosts.join(",")
-    )
+    server::redlock_url(nodes.iter().map(|n| n.port), options)
 }
 
-struct Redlock {
-    name: &'static str,
-    options: &'static str,
-    nodes: Arc<OnceLock<Result<Vec<ServerProcess>, String>>>,
-}
-
-impl Redlock {
-    fn url(&self) -> Result<String, Failed> {
-        let nodes = self
-            .nodes
-            .get_or_init(|| five_nodes().map_err(|e| format!("{e:?}")));
-        nodes
-            .as_ref()
-            .map(|n| url(n, self.options))
-            .map_err(|e| Failed::from(e.as_str()))
-    }
-}
-
-#[async_trait]
-impl BackendFactory for Redlock {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    async fn client(&self) -> distlock_core::Result<DynBackend> {
-        let url = self
-            .url()
-            .map_err(|e| Error::unavailable("test", format!("{e:?}"), None))?;
-        Ok(Arc::new(RedlockBackend::connect(&url).await?))
-    }
-    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
-        let b = RedlockBackend::connect(&self.url()?).await?;
-        if b.evict(name).await? {
-            Ok(())
-        } else {
-            Err(format!("nothing to evict for {name}").into())
-        }
-    }
-}
+type Redlock = ServerFactory<RedlockBackend>;
 
 fn main() {
-    let nodes = Arc::new(OnceLock::new());
-    let plain = Arc::new(Redlock {
-        name: "redlock",
-        options: "",
-        nodes: nodes.clone(),
+    let plain = Redlock::new("redlock", || {
+        let nodes = five_nodes().map_err(|e| format!("{e:?}"))?;
+        Ok(Servers::processes(url(&nodes, ""), nodes))
     });
-    let fenced = Arc::new(Redlock {
-        name: "redlock::fenced",
-        options: "&fencing=true",
-        nodes,
-    });
+    // Both run on one set of five nodes; each case's lock names live in a
+    // namespace of their own.
+    let fenced = Arc::new(plain.sharing("redlock::fenced", "&fencing=true"));
+    let plain = Arc::new(plain);
     integration_tests::run_suite(plain, move |rt| {
         let mut extra = integration_tests::trials(fenced, rt);
         extra.extend([
@@ -223,7 +173,8 @@ async fn paused_node() -> Result<(), Failed> {
     g.release().await?;
     // One per-node timeout, plus generous slack for a loaded machine; far
     // below the 2 s the paused node's connection would take to time out.
-    let bound = Duration::from_millis(NODE_TIMEOUT_MS) + Duration::from_millis(1500);
+    let bound =
+        Duration::from_millis(server::REDLOCK_NODE_TIMEOUT_MS) + Duration::from_millis(1500);
     if took > bound {
         return Err(format!("acquire took {took:?} with one node paused (bound {bound:?})").into());
     }

@@ -11,9 +11,7 @@ use distlock_core::LockClient;
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::trial;
 use libtest_mimic::Failed;
-use sql_support::{
-    misconfiguration_is_not_retryable, table_created_concurrently, Source, SqlFactory,
-};
+use sql_support::{Source, SqlFactory};
 
 const CHILD_ENV: &str = "DISTLOCK_TEST_SQLITE_CHILD";
 const ROUNDS: i64 = 25;
@@ -28,11 +26,8 @@ fn main() {
             }
         });
     }
-    let f = SqlFactory::new("sqlite", Source::SqliteFile);
-    integration_tests::run_suite(f.clone(), move |rt| {
+    sql_support::run_suite("sqlite", Source::SqliteFile, |f, rt| {
         vec![
-            table_created_concurrently(f.clone(), rt),
-            misconfiguration_is_not_retryable(f.clone(), rt),
             trial(
                 rt,
                 "sqlite::processes_sharing_one_file_exclude_each_other",
@@ -141,26 +136,12 @@ async fn woken_in_process(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
         .await?;
     let holder = LockClient::new(f.connect(SqlConfig::default()).await?);
     let waiter = LockClient::new(slow);
-    let g = holder
-        .lock("woken/in-process")
-        .ttl(Duration::from_secs(120))
-        .acquire()
-        .await?;
-    let w = tokio::spawn(async move {
-        waiter
-            .lock("woken/in-process")
-            .ttl(Duration::from_secs(120))
-            .acquire()
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    g.release().await?;
-    let got = tokio::time::timeout(Duration::from_secs(15), w)
-        .await
-        .map_err(|_| {
-            Failed::from("waiter not woken by the release (it would have polled only after 60 s)")
-        })?
-        .map_err(|e| e.to_string())??;
-    got.release().await?;
-    Ok(())
+    sql_support::release_wakes_the_waiter(
+        holder,
+        waiter,
+        "woken/in-process",
+        Duration::from_millis(300),
+        "waiter not woken by the release (it would have polled only after 60 s)",
+    )
+    .await
 }

@@ -9,73 +9,36 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use distlock_core::{
-    async_trait, Backend, DynBackend, Error, LockClient, LockGuard, LockName, LockRequest,
-};
+use distlock_core::{Backend, Error, LockClient, LockGuard, LockName, LockRequest};
 use distlock_zookeeper::ZooKeeperBackend;
+use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::harness::proxy::Proxy;
 use integration_tests::harness::{zookeeper as server, ServerKind, TestServer};
-use integration_tests::queue::{self, QueueLen, Waiter};
-use integration_tests::{trial, BackendFactory};
+use integration_tests::queue::{self, QueueLen};
+use integration_tests::trial;
 use libtest_mimic::Failed;
 use tokio::time::Instant;
 
-struct Zk {
-    server: OnceLock<Result<TestServer, String>>,
-    curator: OnceLock<Result<CuratorClasses, String>>,
-}
+type Zk = ServerFactory<ZooKeeperBackend>;
 
-impl Zk {
-    fn hosts(&self) -> Result<String, Failed> {
-        let s = self
-            .server
-            .get_or_init(|| TestServer::start(ServerKind::ZooKeeper).map_err(|e| e.to_string()));
-        s.as_ref()
-            .map(|s| format!("{}:{}", s.host(), s.port()))
-            .map_err(|e| Failed::from(e.as_str()))
-    }
-
-    /// Detached sessions: a dropped client behaves like a crashed process,
-    /// whose session (and nodes) live until the server expires it. The
-    /// control session keeps its default timeout (10 s), so a hold that
-    /// lived in it instead of a session of its TTL fails the expiry cases.
-    fn url(&self) -> Result<String, Failed> {
-        Ok(format!("zk://{}/conformance?detached=true", self.hosts()?))
-    }
-}
-
-#[async_trait]
-impl BackendFactory for Zk {
-    fn name(&self) -> &'static str {
-        "zookeeper"
-    }
-    async fn client(&self) -> distlock_core::Result<DynBackend> {
-        let url = self
-            .url()
-            .map_err(|e| Error::unavailable("test", format!("{e:?}"), None))?;
-        Ok(Arc::new(ZooKeeperBackend::connect(&url).await?))
-    }
-    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
-        if ZooKeeperBackend::connect(&self.url()?)
-            .await?
-            .evict(name)
-            .await?
-        {
-            Ok(())
-        } else {
-            Err(format!("nothing to evict for {name}").into())
-        }
-    }
-    fn short_ttl(&self) -> Duration {
-        Duration::from_secs(2)
-    }
-}
+/// The compiled `CuratorMutex`, built by the first Curator test that needs it.
+type CuratorBuild = Arc<OnceLock<Result<CuratorClasses, String>>>;
 
 fn main() {
-    let zk = Arc::new(Zk {
-        server: OnceLock::new(),
-        curator: OnceLock::new(),
-    });
+    // Detached sessions: a dropped client behaves like a crashed process,
+    // whose session (and nodes) live until the server expires it. The
+    // control session keeps its default timeout (10 s), so a hold that
+    // lived in it instead of a session of its TTL fails the expiry cases.
+    let zk = Arc::new(
+        Zk::new("zookeeper", || {
+            TestServer::start(ServerKind::ZooKeeper)
+                .map(|s| Servers::server_at(format!("zk://{}:{}", s.host(), s.port()), s))
+                .map_err(|e| e.to_string())
+        })
+        .url_suffix("/conformance?detached=true")
+        .short_ttl(Duration::from_secs(2)),
+    );
+    let curator = CuratorBuild::default();
     integration_tests::run_suite(zk.clone(), move |rt| {
         vec![
             trial(
@@ -106,17 +69,17 @@ fn main() {
             trial(
                 rt,
                 "zookeeper::curator_holder_excludes_distlock",
-                curator_holder_excludes_distlock(zk.clone()),
+                curator_holder_excludes_distlock(zk.clone(), curator.clone()),
             ),
             trial(
                 rt,
                 "zookeeper::distlock_holder_excludes_curator",
-                distlock_holder_excludes_curator(zk.clone()),
+                distlock_holder_excludes_curator(zk.clone(), curator.clone()),
             ),
             trial(
                 rt,
                 "zookeeper::distlock_and_curator_queue_in_one_line",
-                distlock_and_curator_queue_in_one_line(zk.clone()),
+                distlock_and_curator_queue_in_one_line(zk.clone(), curator.clone()),
             ),
         ]
     })
@@ -128,29 +91,19 @@ fn name() -> String {
 
 /// 20 waiters queue behind a holder; every release must wake exactly one.
 async fn herd(f: Arc<Zk>) -> Result<(), Failed> {
-    let url = format!("zk://{}", f.hosts()?);
+    let url = format!("zk://{}", f.host_port()?);
     let lock = name();
-    let mut waiters = Vec::new();
-    for _ in 0..20 {
-        let b = ZooKeeperBackend::connect(&url).await?;
-        let counter = b.clone();
-        waiters.push(Waiter {
-            backend: Arc::new(b),
-            wakeups: Box::new(move || counter.wakeups()),
-        });
-    }
-    let holder = Arc::new(ZooKeeperBackend::connect(&url).await?);
     let (zk, l) = (f.clone(), lock.clone());
     let queued: QueueLen<'_> = Box::new(move || {
         let (zk, l) = (zk.clone(), l.clone());
         Box::pin(async move { count_children(&zk, &l).await })
     });
-    queue::each_release_wakes_one_waiter(holder, waiters, &lock, queued).await
+    queue::herd::<ZooKeeperBackend>(&url, 20, &lock, queued).await
 }
 
 /// Children under the lock node, counted with ZooKeeper's own CLI.
 async fn count_children(f: &Zk, lock: &str) -> Result<usize, Failed> {
-    let cmd = server::cli(&f.hosts()?, &["ls", &format!("/distlock/{lock}")])
+    let cmd = server::cli(&f.host_port()?, &["ls", &format!("/distlock/{lock}")])
         .map_err(|e| e.to_string())?;
     let out =
         tokio::task::spawn_blocking(move || integration_tests::harness::process::run_client(cmd))
@@ -176,42 +129,26 @@ async fn count_children(f: &Zk, lock: &str) -> Result<usize, Failed> {
 /// A holder holds and a waiter waits on a 3-server ensemble; the leader is
 /// killed (see `integration_tests::queue::leader_loss_keeps_exclusion`).
 async fn leader_killed() -> Result<(), Failed> {
-    let members = tokio::task::spawn_blocking(|| server::ensemble(3))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    let hosts: Vec<String> = members
-        .iter()
-        .map(|m| format!("127.0.0.1:{}", m.port))
-        .collect();
-    let url = format!("zk://{}?session_timeout_ms=10000", hosts.join(","));
-    let holder = Arc::new(ZooKeeperBackend::connect(&url).await?);
-    let waiter = Arc::new(ZooKeeperBackend::connect(&url).await?);
-    let result = queue::leader_loss_keeps_exclusion(
-        holder,
-        waiter,
+    queue::leader_killed::<ZooKeeperBackend>(
+        || server::ensemble(3),
+        |hosts| format!("zk://{hosts}?session_timeout_ms=10000"),
         &name(),
         Duration::from_secs(10),
-        || {
-            let leader = members
+        |members| {
+            members
                 .iter()
                 .find(|m| server::is_leader(m.port))
-                .ok_or("no leader found")?;
-            leader
-                .signal("KILL")
-                .map_err(|e| Failed::from(e.to_string()))
+                .map(|m| m.port)
         },
     )
-    .await;
-    drop(members);
-    result
+    .await
 }
 
 /// The holder's connection goes through a proxy that is cut: it sees lost()
 /// at once (a disconnection counts as lost), and another client gets the
 /// lock only once the server has expired the holder's session.
 async fn cut_off(f: Arc<Zk>) -> Result<(), Failed> {
-    let port = integration_tests::harness::host_port(&format!("zk://{}", f.hosts()?))
+    let port = integration_tests::harness::host_port(&format!("zk://{}", f.host_port()?))
         .ok_or("no port")?
         .1;
     let proxy = Proxy::start(port).map_err(|e| e.to_string())?;
@@ -224,7 +161,8 @@ async fn cut_off(f: Arc<Zk>) -> Result<(), Failed> {
         ))
         .await?,
     );
-    let other = LockClient::new(ZooKeeperBackend::connect(&format!("zk://{}", f.hosts()?)).await?);
+    let other =
+        LockClient::new(ZooKeeperBackend::connect(&format!("zk://{}", f.host_port()?)).await?);
     let lock = name();
     // An earlier lock, released, leaves its session's watcher idle; the
     // next lock in the session must still hear of the session's end.
@@ -321,7 +259,7 @@ async fn ttl_outside_session_bounds() -> Result<(), Failed> {
 /// breaks. The client must find its node again by its owner value, not
 /// create a second one, and leave nothing behind after release.
 async fn create_loss(f: Arc<Zk>) -> Result<(), Failed> {
-    let port = integration_tests::harness::host_port(&format!("zk://{}", f.hosts()?))
+    let port = integration_tests::harness::host_port(&format!("zk://{}", f.host_port()?))
         .ok_or("no port")?
         .1;
     let proxy = Proxy::start(port).map_err(|e| e.to_string())?;
@@ -424,7 +362,7 @@ fn curator_classpath() -> String {
         .join(":")
 }
 
-/// The compiled `CuratorMutex`, removed with the factory at the end of the run.
+/// The compiled `CuratorMutex`, removed once the last test holding it is done.
 struct CuratorClasses(PathBuf);
 
 impl Drop for CuratorClasses {
@@ -436,9 +374,9 @@ impl Drop for CuratorClasses {
 /// Compiles `CuratorMutex.java` once per test run. A missing JDK or jar is
 /// an error, not a skip: the claim that Curator and distlock share one queue
 /// must not pass untested.
-async fn curator_classes(f: &Arc<Zk>) -> Result<PathBuf, Failed> {
-    let f = f.clone();
-    tokio::task::spawn_blocking(move || match f.curator.get_or_init(compile_curator) {
+async fn curator_classes(build: &CuratorBuild) -> Result<PathBuf, Failed> {
+    let build = build.clone();
+    tokio::task::spawn_blocking(move || match build.get_or_init(compile_curator) {
         Ok(c) => Ok(c.0.clone()),
         Err(e) => Err(Failed::from(e.as_str())),
     })
@@ -651,17 +589,17 @@ async fn distlock_acquired(mut w: Pending) -> Result<LockGuard, Failed> {
 
 async fn distlock_client(f: &Zk) -> Result<LockClient, Failed> {
     Ok(LockClient::new(
-        ZooKeeperBackend::connect(&format!("zk://{}", f.hosts()?)).await?,
+        ZooKeeperBackend::connect(&format!("zk://{}", f.host_port()?)).await?,
     ))
 }
 
 /// While a Curator process holds the mutex, distlock's try_acquire fails and
 /// its acquire waits; Curator's release lets the waiter in.
-async fn curator_holder_excludes_distlock(f: Arc<Zk>) -> Result<(), Failed> {
-    let classes = curator_classes(&f).await?;
+async fn curator_holder_excludes_distlock(f: Arc<Zk>, build: CuratorBuild) -> Result<(), Failed> {
+    let classes = curator_classes(&build).await?;
     let lock = name();
     let client = distlock_client(&f).await?;
-    let mut curator = Curator::spawn(&classes, &f.hosts()?, &zk_path(&lock))?;
+    let mut curator = Curator::spawn(&classes, &f.host_port()?, &zk_path(&lock))?;
     curator.acquired().await?;
     if let Some(g) = client.lock(&lock).try_acquire().await? {
         return Err(format!(
@@ -681,8 +619,8 @@ async fn curator_holder_excludes_distlock(f: Arc<Zk>) -> Result<(), Failed> {
 
 /// While distlock holds the lock, a Curator process queued on the same path
 /// waits; distlock's release lets it in.
-async fn distlock_holder_excludes_curator(f: Arc<Zk>) -> Result<(), Failed> {
-    let classes = curator_classes(&f).await?;
+async fn distlock_holder_excludes_curator(f: Arc<Zk>, build: CuratorBuild) -> Result<(), Failed> {
+    let classes = curator_classes(&build).await?;
     let lock = name();
     let client = distlock_client(&f).await?;
     let g = client
@@ -690,7 +628,7 @@ async fn distlock_holder_excludes_curator(f: Arc<Zk>) -> Result<(), Failed> {
         .ttl(Duration::from_secs(30))
         .acquire()
         .await?;
-    let mut curator = Curator::spawn(&classes, &f.hosts()?, &zk_path(&lock))?;
+    let mut curator = Curator::spawn(&classes, &f.host_port()?, &zk_path(&lock))?;
     wait_for_children(&f, &lock, 2).await?;
     curator.still_waiting("distlock held the lock").await?;
     g.release().await?;
@@ -702,9 +640,12 @@ async fn distlock_holder_excludes_curator(f: Arc<Zk>) -> Result<(), Failed> {
 /// Holder A, then waiter B of the other kind, then waiter C of A's kind:
 /// A's release goes to B, not C, and C gets the lock only after B, with
 /// distlock and Curator in either role.
-async fn distlock_and_curator_queue_in_one_line(f: Arc<Zk>) -> Result<(), Failed> {
-    let classes = curator_classes(&f).await?;
-    let hosts = f.hosts()?;
+async fn distlock_and_curator_queue_in_one_line(
+    f: Arc<Zk>,
+    build: CuratorBuild,
+) -> Result<(), Failed> {
+    let classes = curator_classes(&build).await?;
+    let hosts = f.host_port()?;
 
     // distlock A, Curator B, distlock C.
     let lock = name();

@@ -31,16 +31,19 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(code_for(&e), e),
     };
-    let opt = |v: Option<String>| v.unwrap_or_else(|| "null".into());
     if args.json {
-        println!(
-            "{{\"name\":\"{}\",\"held\":{},\"token\":{},\"remaining_ms\":{},\"queue_len\":{}}}",
-            name,
-            s.held,
-            opt(s.token.map(|t| t.to_string())),
-            opt(s.remaining.map(|r| r.as_millis().to_string())),
-            opt(s.queue_len.map(|q| q.to_string())),
-        );
+        let line = StatusJson {
+            name: name.as_str(),
+            held: s.held,
+            token: s.token.map(|t| t.get()),
+            remaining_ms: s.remaining.map(|r| r.as_millis()),
+            queue_len: s.queue_len,
+        }
+        .to_line();
+        match line {
+            Ok(line) => println!("{line}"),
+            Err(e) => return fail(1, format!("cannot write the status as JSON: {e}")),
+        }
     } else {
         println!("lock:      {name}");
         println!("held:      {}", if s.held { "yes" } else { "no" });
@@ -62,6 +65,24 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// The `--json` line. Serialized rather than formatted so that every string
+/// is escaped: scripts parse this line, and a quote or backslash in a field
+/// must not break it. Field order is the output's key order.
+#[derive(serde::Serialize, Debug)]
+struct StatusJson<'a> {
+    name: &'a str,
+    held: bool,
+    token: Option<u64>,
+    remaining_ms: Option<u128>,
+    queue_len: Option<usize>,
+}
+
+impl StatusJson<'_> {
+    fn to_line(&self) -> serde_json::Result<String> {
+        serde_json::to_string(self)
+    }
 }
 
 pub(crate) fn backends() -> ExitCode {
@@ -86,4 +107,29 @@ pub(crate) fn backends() -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StatusJson;
+
+    #[test]
+    fn status_json_escapes_quotes_and_backslashes_and_keeps_its_keys() {
+        let tricky = r#"a"b\c"#;
+        let line = StatusJson {
+            name: tricky,
+            held: true,
+            token: Some(7),
+            remaining_ms: Some(1500),
+            queue_len: None,
+        }
+        .to_line()
+        .unwrap();
+        let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(parsed["name"], tricky);
+        assert_eq!(
+            line,
+            r#"{"name":"a\"b\\c","held":true,"token":7,"remaining_ms":1500,"queue_len":null}"#
+        );
+    }
 }

@@ -10,6 +10,24 @@ use super::HarnessError;
 /// Install hint.
 pub const INSTALL: &str = "apt-get install redis-server (or run scripts/test.sh, which installs every server), or set DISTLOCK_TEST_REDIS_URL";
 
+/// Redlock's per-node timeout in the suite's URLs: the default 50 ms is
+/// meant for a quiet network; a loaded 2-core CI machine running debug
+/// builds needs more.
+pub const REDLOCK_NODE_TIMEOUT_MS: u64 = 250;
+
+/// The Redlock URL over redis-servers on these loopback ports: the suite's
+/// node timeout, then `options` (`&key=value` pairs).
+pub fn redlock_url(ports: impl IntoIterator<Item = u16>, options: &str) -> String {
+    let hosts: Vec<String> = ports
+        .into_iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    format!(
+        "redlock://{}?node_timeout_ms={REDLOCK_NODE_TIMEOUT_MS}{options}",
+        hosts.join(",")
+    )
+}
+
 /// Starts a private redis-server with no persistence, plus `extra` arguments
 /// (for example `--replicaof 127.0.0.1 PORT`).
 pub fn spawn(extra: &[&str]) -> Result<ServerProcess, HarnessError> {

@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use distlock_core::{async_trait, DynBackend, LockName};
+use distlock_core::{async_trait, DynBackend, LockClient, LockName};
 use distlock_sql::{SqlBackend, SqlConfig};
 use integration_tests::harness::{ServerKind, TestServer};
 use integration_tests::BackendFactory;
@@ -92,9 +92,28 @@ impl BackendFactory for SqlFactory {
     }
 }
 
+/// The `main` of a SQL backend's test file: the conformance suite on a
+/// [`SqlFactory`] for `source`, the trials every SQL backend shares, then
+/// `extra`.
+pub fn run_suite(
+    name: &'static str,
+    source: Source,
+    extra: impl FnOnce(&Arc<SqlFactory>, &tokio::runtime::Runtime) -> Vec<Trial>,
+) -> ! {
+    let f = SqlFactory::new(name, source);
+    integration_tests::run_suite(f.clone(), move |rt| {
+        let mut trials = vec![
+            table_created_concurrently(f.clone(), rt),
+            misconfiguration_is_not_retryable(f.clone(), rt),
+        ];
+        trials.extend(extra(&f, rt));
+        trials
+    })
+}
+
 /// Many clients create a fresh lock table at the same moment; all succeed
 /// and the table works.
-pub fn table_created_concurrently(f: Arc<SqlFactory>, rt: &tokio::runtime::Runtime) -> Trial {
+fn table_created_concurrently(f: Arc<SqlFactory>, rt: &tokio::runtime::Runtime) -> Trial {
     let handle = rt.handle().clone();
     Trial::test(
         format!("{}::table_is_created_concurrently_without_errors", f.name),
@@ -110,7 +129,7 @@ pub fn table_created_concurrently(f: Arc<SqlFactory>, rt: &tokio::runtime::Runti
                 for t in tasks {
                     backends.push(t.await.map_err(|e| Failed::from(e.to_string()))??);
                 }
-                let client = distlock_core::LockClient::new(backends.swap_remove(0));
+                let client = LockClient::new(backends.swap_remove(0));
                 let g = client
                     .lock("created/concurrently")
                     .try_acquire()
@@ -127,10 +146,7 @@ pub fn table_created_concurrently(f: Arc<SqlFactory>, rt: &tokio::runtime::Runti
 /// does not exist (PostgreSQL, MySQL), or a directory where the file should
 /// be (SQLite). Connecting reports a configuration error at once, one that
 /// `is_retryable()` says not to retry, and it names what to change.
-pub fn misconfiguration_is_not_retryable(
-    f: Arc<SqlFactory>,
-    rt: &tokio::runtime::Runtime,
-) -> Trial {
+fn misconfiguration_is_not_retryable(f: Arc<SqlFactory>, rt: &tokio::runtime::Runtime) -> Trial {
     let handle = rt.handle().clone();
     Trial::test(
         format!(
@@ -178,4 +194,36 @@ pub fn misconfiguration_is_not_retryable(
             })
         },
     )
+}
+
+/// `holder` holds `lock`, `waiter` queues for it for `settle`, the holder
+/// releases: the waiter must hold the lock within 15 s. Its fallback poll is
+/// set to a minute, so only the backend's release signal can do that.
+pub async fn release_wakes_the_waiter(
+    holder: LockClient,
+    waiter: LockClient,
+    lock: &'static str,
+    settle: Duration,
+    not_woken: &'static str,
+) -> Result<(), Failed> {
+    let g = holder
+        .lock(lock)
+        .ttl(Duration::from_secs(120))
+        .acquire()
+        .await?;
+    let w = tokio::spawn(async move {
+        waiter
+            .lock(lock)
+            .ttl(Duration::from_secs(120))
+            .acquire()
+            .await
+    });
+    tokio::time::sleep(settle).await;
+    g.release().await?;
+    let got = tokio::time::timeout(Duration::from_secs(15), w)
+        .await
+        .map_err(|_| Failed::from(not_woken))?
+        .map_err(|e| e.to_string())??;
+    got.release().await?;
+    Ok(())
 }
