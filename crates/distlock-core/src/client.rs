@@ -295,9 +295,9 @@ impl LockBuilder {
     /// future leaves nothing held or queued.
     pub async fn acquire(self) -> Result<LockGuard> {
         let deadline = self.wait.map(|w| Instant::now() + w);
-        match self.acquire_inner(Attempt::Wait(deadline)).await? {
+        match self.acquire_inner(Mode::Wait(deadline)).await? {
             Some(guard) => Ok(guard),
-            // Attempt::Wait only returns a guard or an error.
+            // Mode::Wait only returns a guard or an error.
             None => Err(Error::invalid(
                 InputKind::Config,
                 "internal: waiting acquire returned nothing",
@@ -308,7 +308,7 @@ impl LockBuilder {
     /// One attempt: `Ok(None)` if the lock is held elsewhere (or by another
     /// task of this client).
     pub async fn try_acquire(self) -> Result<Option<LockGuard>> {
-        self.acquire_inner(Attempt::Once).await
+        self.acquire_inner(Mode::Once).await
     }
 
     /// Acquires, runs `fut` while the lock is held, and releases. If the lock
@@ -354,16 +354,16 @@ impl LockBuilder {
         Ok(name)
     }
 
-    async fn acquire_inner(self, attempt: Attempt) -> Result<Option<LockGuard>> {
+    async fn acquire_inner(self, mode: Mode) -> Result<Option<LockGuard>> {
         let name = self.validate()?;
         let span = tracing::debug_span!("distlock.acquire", lock = %name, kind = %self.kind, backend = self.client.caps.backend, ttl = ?self.ttl);
-        self.acquire_validated(name, attempt).instrument(span).await
+        self.acquire_validated(name, mode).instrument(span).await
     }
 
     async fn acquire_validated(
         self,
         name: LockName,
-        attempt: Attempt,
+        mode: Mode,
     ) -> Result<Option<LockGuard>> {
         let start = Instant::now();
         let slot = LockClient::slot_ref(&self.client, &name, self.kind);
@@ -379,12 +379,12 @@ impl LockBuilder {
         }
 
         let gate = slot.slot.gate.clone();
-        let permit = match attempt {
-            Attempt::Once => match gate.try_acquire_owned() {
+        let permit = match mode {
+            Mode::Once => match gate.try_acquire_owned() {
                 Ok(p) => p,
                 Err(_) => return Ok(None),
             },
-            Attempt::Wait(deadline) => {
+            Mode::Wait(deadline) => {
                 let wait = gate.acquire_owned();
                 let acquired = match deadline {
                     None => Ok(wait.await),
@@ -410,9 +410,9 @@ impl LockBuilder {
         // after this instant, so deadlines computed from it are conservative.
         let sent = Instant::now();
         let mut cleanup = ReleaseIfDropped::arm(backend.clone(), req.clone());
-        let granted = match attempt {
-            Attempt::Once => backend.try_acquire(&req).await,
-            Attempt::Wait(deadline) => backend.acquire(&req, deadline).await.map(Some),
+        let granted = match mode {
+            Mode::Once => backend.try_acquire(&req).await,
+            Mode::Wait(deadline) => backend.acquire(&req, deadline).await.map(Some),
         };
         let token = match granted {
             Ok(Some(token)) => token,
@@ -456,8 +456,9 @@ impl LockBuilder {
     }
 }
 
+/// One attempt, or a wait until the deadline (forever with `None`).
 #[derive(Clone, Copy)]
-enum Attempt {
+enum Mode {
     Once,
     Wait(Option<Instant>),
 }

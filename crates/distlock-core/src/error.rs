@@ -174,13 +174,6 @@ pub enum Error {
         operation: &'static str,
     },
 
-    /// The operation was cancelled before it completed.
-    #[error("the lock operation on `{name}` was cancelled; nothing is held")]
-    Cancelled {
-        /// The lock.
-        name: LockName,
-    },
-
     /// Any other backend failure, with its source.
     #[error("{backend} error: {source}")]
     Backend {

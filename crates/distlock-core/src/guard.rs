@@ -41,13 +41,13 @@ impl StateCell {
     }
 
     /// The current state (hold the guard briefly).
-    pub(crate) fn borrow(&self) -> std::sync::MutexGuard<'_, HoldState> {
+    pub(crate) fn get(&self) -> std::sync::MutexGuard<'_, HoldState> {
         lock(&self.now)
     }
 
     /// Applies `f`; if it changed the state and the state is no longer
     /// Held, wakes the waiters. Returns what `f` returned.
-    fn send_if_modified(&self, f: impl FnOnce(&mut HoldState) -> bool) -> bool {
+    fn update_if(&self, f: impl FnOnce(&mut HoldState) -> bool) -> bool {
         let mut s = lock(&self.now);
         let changed = f(&mut s);
         let settled = changed && !matches!(*s, HoldState::Held { .. });
@@ -58,8 +58,8 @@ impl StateCell {
         changed
     }
 
-    fn send_replace(&self, next: HoldState) {
-        self.send_if_modified(|s| {
+    fn set(&self, next: HoldState) {
+        self.update_if(|s| {
             *s = next;
             true
         });
@@ -73,7 +73,7 @@ impl StateCell {
             tokio::pin!(notified);
             // Registered before the check, so a change in between wakes us.
             notified.as_mut().enable();
-            let now = self.borrow().clone();
+            let now = self.get().clone();
             if !matches!(now, HoldState::Held { .. }) {
                 return now;
             }
@@ -143,7 +143,7 @@ impl Hold {
 
     /// A nested acquire by the same holder.
     pub(crate) fn nest(self: Arc<Self>) -> Result<LockGuard> {
-        if let HoldState::Lost(reason) = &*self.state.borrow() {
+        if let HoldState::Lost(reason) = &*self.state.get() {
             return Err(Error::LeaseLost {
                 name: self.req.name.clone(),
                 reason: reason.clone(),
@@ -166,7 +166,7 @@ impl Hold {
     /// Moves from Held to `next`; a hold that is already lost or released
     /// stays so. Returns whether the state changed.
     pub(crate) fn transition(&self, next: HoldState) -> bool {
-        self.state.send_if_modified(|s| {
+        self.state.update_if(|s| {
             if matches!(s, HoldState::Held { .. }) {
                 *s = next;
                 true
@@ -187,7 +187,7 @@ impl Hold {
     }
 
     fn deadline(&self) -> Option<Instant> {
-        match &*self.state.borrow() {
+        match &*self.state.get() {
             HoldState::Held { deadline } => Some(*deadline),
             _ => None,
         }
@@ -196,7 +196,7 @@ impl Hold {
     /// Ends the hold: stops the watchdog, releases on the backend, lets the
     /// next local waiter in.
     async fn finish(&self) -> Result<bool> {
-        self.state.send_replace(HoldState::Released);
+        self.state.set(HoldState::Released);
         let span =
             tracing::debug_span!("distlock.release", lock = %self.req.name, token = %self.token);
         let result = self
@@ -219,7 +219,7 @@ impl Hold {
     }
 
     fn finish_local(&self) {
-        self.state.send_replace(HoldState::Released);
+        self.state.set(HoldState::Released);
         self.free_local();
     }
 
@@ -254,7 +254,7 @@ impl fmt::Debug for LockGuard {
         if let Some(h) = &self.hold {
             d.field("name", &h.req.name)
                 .field("token", &h.token)
-                .field("state", &*h.state.borrow());
+                .field("state", &*h.state.get());
         }
         d.finish()
     }
@@ -333,7 +333,7 @@ impl LockGuard {
     /// lost and [`Error::LeaseLost`] is returned.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let hold = self.hold();
-        if let HoldState::Lost(reason) = &*hold.state.borrow() {
+        if let HoldState::Lost(reason) = &*hold.state.get() {
             return Err(Error::LeaseLost {
                 name: hold.req.name.clone(),
                 reason: reason.clone(),

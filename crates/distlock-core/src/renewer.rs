@@ -97,7 +97,7 @@ async fn run(backend: DynBackend, max_batch: usize, mut queue: mpsc::UnboundedRe
             }
         }
         // A hold released or lost meanwhile needs no renewal.
-        batch.retain(|p| matches!(&*p.hold.state.borrow(), HoldState::Held { .. }));
+        batch.retain(|p| matches!(&*p.hold.state.get(), HoldState::Held { .. }));
         if batch.is_empty() {
             continue;
         }
