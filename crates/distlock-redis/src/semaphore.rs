@@ -296,3 +296,39 @@ impl RedisBackend {
         Ok(deadline.map_or(wake, |d| wake.min(d)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dropped_baton_hands_its_wakeup_to_the_next_waiter() {
+        let wake = Arc::new(Notify::new());
+        let (first, second) = (wake.notified(), wake.notified());
+        tokio::pin!(first, second);
+        first.as_mut().enable();
+        second.as_mut().enable();
+        wake.notify_one();
+        first.await;
+        // The woken waiter is cancelled before its attempt answers.
+        drop(Baton(Some(wake.clone())));
+        tokio::time::timeout(Duration::from_secs(1), second)
+            .await
+            .expect("the wake-up died with the cancelled waiter");
+    }
+
+    #[tokio::test]
+    async fn a_used_baton_wakes_nobody() {
+        let wake = Arc::new(Notify::new());
+        let mut baton = Baton(Some(wake.clone()));
+        baton.used();
+        drop(baton);
+        let next = wake.notified();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), next)
+                .await
+                .is_err(),
+            "a used wake-up was passed on"
+        );
+    }
+}
