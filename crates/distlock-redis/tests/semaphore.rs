@@ -277,3 +277,45 @@ async fn a_freed_permit_wakes_one_waiter_of_a_client_and_a_changed_limit_wakes_a
         );
     }
 }
+
+#[tokio::test]
+async fn a_mixed_renewal_batch_answers_for_each_lock_and_permit() {
+    let Some(server) = Server::start() else {
+        return;
+    };
+    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    let other = RedisBackend::connect(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let lock = LockRequest::new(name("batch/lock"), ttl);
+    let permit = LockRequest::permit(name("batch/sem"), ttl, 2);
+    let released = LockRequest::permit(name("batch/sem"), ttl, 2);
+    let theirs = LockRequest::permit(name("batch/sem"), ttl, 2);
+    for r in [&lock, &permit, &released] {
+        b.try_acquire(r).await.unwrap().unwrap();
+    }
+    assert!(b.release(&released).await.unwrap());
+    other.try_acquire(&theirs).await.unwrap().unwrap();
+    let mut foreign = theirs.clone();
+    foreign.owner = distlock_core::Owner::random();
+    let batch: Vec<LockRequest> = [&permit, &lock, &released, &foreign]
+        .iter()
+        .map(|r| r.with_ttl(Duration::from_secs(60)))
+        .collect();
+    assert!(b.capabilities().extend_batch > 1);
+    let answers = b.extend_many(&batch).await.unwrap();
+    assert_eq!(answers, [true, true, false, false]);
+    let mut raw = server.raw().await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(b.semaphore_keys(&permit.name).permits)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        pttl > 50_000,
+        "the permit set was not extended with its permit: {pttl} ms"
+    );
+    assert_eq!(
+        b.inspect_permits(&permit.name).await.unwrap().holders,
+        Some(2)
+    );
+}

@@ -248,7 +248,7 @@ impl RedlockBackend {
         // Step 1: the monotonic start instant.
         let start = Instant::now();
         // Step 2: every node concurrently, so a slow node costs at most the
-        // node timeout; and no node is waited for once a majority has
+        // node timeout; and no node is waited for once a quorum has
         // granted. All nodes start together, so one deadline for the step
         // bounds each of them like a timer per node would, for one timer.
         let quorum = self.quorum(&req.kind);
@@ -257,12 +257,15 @@ impl RedlockBackend {
             self.inner.nodes.iter().map(|n| self.vote(n, req)).collect();
         let mut tokens = Vec::new();
         let mut mismatched = Vec::new();
-        let (mut down, mut left): (usize, Option<Duration>) = (0, None);
+        let (mut down, mut held, mut left): (usize, usize, Option<Duration>) = (0, 0, None);
         let counted = timeout_at(start + t, async {
             while let Some(v) = votes.next().await {
                 match v {
                     Vote::Granted(t) => tokens.push(t),
-                    Vote::Held(l) => left = min_opt(left, l),
+                    Vote::Held(l) => {
+                        held += 1;
+                        left = min_opt(left, l);
+                    }
                     Vote::Mismatch(stored) => mismatched.push(stored),
                     Vote::Down => down += 1,
                 }
@@ -302,7 +305,7 @@ impl RedlockBackend {
             self.release_all(req).await;
             return Err(Error::unavailable(
                 "redlock",
-                "the fencing token could not be written back to a majority in time; the lock was released",
+                "the fencing token could not be written back to enough nodes in time; the hold was released",
                 None,
             ));
         }
@@ -310,9 +313,9 @@ impl RedlockBackend {
         // to fail: their grant may have happened and only the reply was lost.
         self.release_all(req).await;
         let total = self.inner.nodes.len();
-        if mismatched.len() > total - quorum {
-            // Too many nodes store another limit for a quorum to form with
-            // this one: waiting cannot help.
+        if !mismatched.is_empty() && mismatched.len() + down > total - quorum {
+            // Too few nodes are up and store this limit for a quorum to
+            // form: waiting cannot help, set_limit can.
             return Err(Error::LimitMismatch {
                 name: req.name.clone(),
                 requested: req.kind.holders(),
@@ -336,7 +339,14 @@ impl RedlockBackend {
                 None,
             ));
         }
-        Ok(Round::Contended(left, !tokens.is_empty()))
+        let split = match req.kind {
+            // Some nodes granted a semaphore's permit while too many were
+            // full for a quorum: the steady state while holders occupy
+            // their nodes, not a race; waiting for a release is right.
+            HoldKind::Permits { .. } => !tokens.is_empty() && held <= total - quorum,
+            _ => !tokens.is_empty(),
+        };
+        Ok(Round::Contended(left, split))
     }
 
     fn valid_after(&self, ttl: Duration, start: Instant) -> bool {
