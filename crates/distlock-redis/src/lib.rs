@@ -452,7 +452,7 @@ impl Backend for RedisBackend {
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         if let HoldKind::Permits { .. } = req.kind {
-            return Ok(self.extend_permits(&[req]).await?[0]);
+            return Ok(self.extend_permits(&[req]).await?.first() == Some(&true));
         }
         let keys = self.keys(&req.name);
         let mut inv = Scripts::get().extend.key(&keys.lock);
