@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, LockName,
-    LockRequest, Result, TrustedClock, Waiting,
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
+    LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
 use redis::RedisError;
 use tokio::time::Instant;
@@ -14,10 +14,11 @@ use tokio::time::Instant;
 mod config;
 mod conn;
 pub mod scripts;
+mod semaphore;
 mod subscriber;
 
 pub use config::RedisConfig;
-pub use scripts::{Keys, Scripts};
+pub use scripts::{Keys, Scripts, SemaphoreKeys};
 
 use conn::Conn;
 
@@ -104,8 +105,12 @@ impl RedisBackend {
         map_err(&self.inner.endpoint, e)
     }
 
-    /// One acquire script: the token, or how long the holder has left.
+    /// One acquire script: the token, or how long the holder has left (for
+    /// a semaphore: until its earliest permit expires).
     pub async fn attempt(&self, req: &LockRequest) -> Result<Attempt> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return self.attempt_permit(req).await;
+        }
         let lock = self.lock_key(&req.name);
         let mut inv = Scripts::get().acquire.key(&lock);
         inv.key(Keys::fence_of(&lock))
@@ -143,7 +148,12 @@ impl RedisBackend {
     /// carries token 0. For Redlock without fencing, where tokens are
     /// declared meaningless: no counter is kept, and the server runs no
     /// script (a script costs it about 3 µs more than the command).
+    /// A semaphore's permits need their script either way, so a permit
+    /// request runs [`attempt`](Self::attempt).
     pub async fn attempt_unfenced(&self, req: &LockRequest) -> Result<Attempt> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return self.attempt_permit(req).await;
+        }
         let lock = self.lock_key(&req.name);
         let mut set = redis::cmd("SET");
         set.arg(&lock)
@@ -218,7 +228,10 @@ impl RedisBackend {
     /// awaited. The subscription is confirmed by the server when this
     /// returns, so no later release is missed.
     pub async fn watch_releases(&self, name: &LockName) -> Result<ReleaseWatch> {
-        let channel = self.keys(name).channel;
+        self.watch_channel(self.keys(name).channel).await
+    }
+
+    async fn watch_channel(&self, channel: String) -> Result<ReleaseWatch> {
         let watch = self
             .inner
             .subscriber
@@ -252,6 +265,27 @@ impl RedisBackend {
             .find_map(|l| l.strip_prefix("run_id:"))
             .map(|s| s.trim().to_string())
             .ok_or_else(|| Error::backend("redis", "INFO server has no run_id"))
+    }
+}
+
+impl RedisBackend {
+    async fn extend_locks(&self, reqs: &[&LockRequest]) -> Result<Vec<bool>> {
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = Scripts::get().extend_many.prepare_invoke();
+        for req in reqs {
+            inv.key(self.lock_key(&req.name))
+                .arg(req.owner.to_string())
+                .arg(ttl_ms(req.ttl));
+        }
+        let answers: Vec<i64> = self
+            .inner
+            .conn
+            .script(&inv)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(answers.into_iter().map(|n| n == 1).collect())
     }
 }
 
@@ -324,7 +358,7 @@ impl RedisBackend {
         // Tokens come from a counter in Redis memory: they increase only
         // while Redis keeps its data (no failover to a lagging replica, no
         // restart without persistence). Asynchronous replication makes the
-        // lock AP.
+        // lock AP. Semaphores keep their own counter under the same terms.
         Capabilities::new(
             "redis",
             Fencing::BestEffort,
@@ -336,6 +370,7 @@ impl RedisBackend {
             Duration::from_millis(10),
             Duration::from_secs(365 * 24 * 3600),
         )
+        .with_semaphore()
     }
 }
 
@@ -359,6 +394,9 @@ impl Backend for RedisBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return self.acquire_permit(req, deadline).await;
+        }
         let start = Instant::now();
         // The first attempt goes out before any subscription, so an
         // uncontended acquire costs one script call. Once the lock is found
@@ -413,6 +451,9 @@ impl Backend for RedisBackend {
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return Ok(self.extend_permits(&[req]).await?.first() == Some(&true));
+        }
         let keys = self.keys(&req.name);
         let mut inv = Scripts::get().extend.key(&keys.lock);
         inv.arg(req.owner.to_string()).arg(ttl_ms(req.ttl));
@@ -425,23 +466,42 @@ impl Backend for RedisBackend {
         Ok(n == 1)
     }
 
+    /// Locks and permits go in one script call each, both sent at once on
+    /// the multiplexed connection: one round trip for a mixed batch.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
-        let mut inv = Scripts::get().extend_many.prepare_invoke();
-        for req in reqs {
-            inv.key(self.lock_key(&req.name))
-                .arg(req.owner.to_string())
-                .arg(ttl_ms(req.ttl));
-        }
-        let answers: Vec<i64> = self
-            .inner
-            .conn
-            .script(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(answers.into_iter().map(|n| n == 1).collect())
+        let (permits, locks): (Vec<_>, Vec<_>) = reqs
+            .iter()
+            .partition(|r| matches!(r.kind, HoldKind::Permits { .. }));
+        let (permit_answers, lock_answers) = tokio::try_join!(
+            async {
+                if permits.is_empty() {
+                    return Ok(Vec::new());
+                }
+                self.extend_permits(&permits).await
+            },
+            self.extend_locks(&locks),
+        )?;
+        let (mut permit_answers, mut lock_answers) =
+            (permit_answers.into_iter(), lock_answers.into_iter());
+        Ok(reqs
+            .iter()
+            .map(|r| match r.kind {
+                HoldKind::Permits { .. } => permit_answers.next(),
+                _ => lock_answers.next(),
+            })
+            .map(|a| a.unwrap_or(false))
+            .collect())
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<distlock_core::LockStatus> {
+    async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {
+        self.inspect_semaphore(name).await
+    }
+
+    async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
+        self.store_limit(name, limit).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         let keys = self.keys(name);
         let pttl: i64 = self
             .inner
@@ -455,7 +515,7 @@ impl Backend for RedisBackend {
             .cmd(redis::cmd("GET").arg(&keys.fence))
             .await
             .map_err(|e| self.err(e))?;
-        Ok(distlock_core::LockStatus::new(pttl != -2)
+        Ok(LockStatus::new(pttl != -2)
             .with_token(if pttl != -2 {
                 fence.map(FencingToken)
             } else {
@@ -465,6 +525,9 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return self.release_permit(req).await;
+        }
         let lock = self.lock_key(&req.name);
         let mut inv = Scripts::get().release.key(&lock);
         inv.arg(req.owner.to_string()).arg(Keys::channel_of(&lock));

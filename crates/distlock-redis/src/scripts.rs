@@ -1,6 +1,7 @@
-//! The Lua scripts and the key layout. Public so that the Redlock backend
-//! runs the same protocol on each of its nodes (with fencing; without it,
-//! a plain `SET NX PX` on the same key, see
+//! The Lua scripts and the key layout of locks and semaphores. Public so
+//! that the Redlock backend runs the same protocol on each of its nodes
+//! (locks with fencing; locks without it use a plain `SET NX PX` on the
+//! same key, see
 //! [`RedisBackend::attempt_unfenced`](crate::RedisBackend::attempt_unfenced)),
 //! and the benchmark can send them without distlock around them.
 
@@ -54,6 +55,40 @@ impl Keys {
     }
 }
 
+/// The keys and channel of one semaphore (the permits of
+/// [`HoldKind::Permits`](distlock_core::HoldKind::Permits)).
+///
+/// Every name carries the lock key of the same name as its hash tag, so in
+/// Redis Cluster a script sees all of one semaphore's keys in one slot. No
+/// name equals a lock's: a lock key never starts with a brace, and the lock's
+/// own auxiliary names end in `:fence` and `:released`. A lock and a
+/// semaphore of one name therefore never contend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SemaphoreKeys {
+    /// The permits: a sorted set of owners scored by expiry (ms, server
+    /// clock), expiring itself with its longest permit.
+    pub permits: String,
+    /// The stored limit, never deleted.
+    pub limit: String,
+    /// The fencing counter, never deleted.
+    pub fence: String,
+    /// The pub/sub channel a freed permit or a changed limit is announced on.
+    pub channel: String,
+}
+
+impl SemaphoreKeys {
+    /// The keys for the semaphore `name` under `prefix`.
+    pub fn new(prefix: &str, name: &LockName) -> Self {
+        let tag = Keys::lock_of(prefix, name);
+        Self {
+            permits: format!("{{{tag}}}:semaphore"),
+            limit: format!("{{{tag}}}:semaphore:limit"),
+            fence: format!("{{{tag}}}:semaphore:fence"),
+            channel: format!("{{{tag}}}:semaphore:released"),
+        }
+    }
+}
+
 /// The scripts, loaded once per process. `invoke_async` sends EVALSHA and
 /// falls back to EVAL (loading the script) when the server answers NOSCRIPT,
 /// for example after a restart or a failover.
@@ -70,6 +105,19 @@ pub struct Scripts {
     pub release: Script,
     /// `raise.lua`: raise the fencing counter to at least a value.
     pub raise: Script,
+    /// `permit_acquire.lua`: drop expired permits, check or store the
+    /// limit, then grant (INCR the fence, ZADD) or answer when the earliest
+    /// permit expires.
+    pub permit_acquire: Script,
+    /// `permit_extend.lua`: move the expiry of each live permit of the
+    /// owner; many semaphores in one call where they share a node.
+    pub permit_extend: Script,
+    /// `permit_release.lua`: ZREM the owner's permit, PUBLISH if it was live.
+    pub permit_release: Script,
+    /// `permit_limit.lua`: SET the limit, answer the old one, PUBLISH.
+    pub permit_limit: Script,
+    /// `permit_inspect.lua`: the stored limit and the live permits' owners.
+    pub permit_inspect: Script,
 }
 
 impl Scripts {
@@ -82,6 +130,11 @@ impl Scripts {
             extend_many: Script::new(include_str!("scripts/extend_many.lua")),
             release: Script::new(include_str!("scripts/release.lua")),
             raise: Script::new(include_str!("scripts/raise.lua")),
+            permit_acquire: Script::new(include_str!("scripts/permit_acquire.lua")),
+            permit_extend: Script::new(include_str!("scripts/permit_extend.lua")),
+            permit_release: Script::new(include_str!("scripts/permit_release.lua")),
+            permit_limit: Script::new(include_str!("scripts/permit_limit.lua")),
+            permit_inspect: Script::new(include_str!("scripts/permit_inspect.lua")),
         })
     }
 }
@@ -99,5 +152,19 @@ mod tests {
         // Redis Cluster hashes the lock key whole (names cannot contain
         // braces) and the others by their tag, which is the lock key; the
         // cluster tests would fail with CROSSSLOT otherwise.
+    }
+
+    #[test]
+    fn semaphore_keys_share_one_slot_and_differ_from_the_locks() {
+        let name = LockName::new("pools/db").unwrap();
+        let s = SemaphoreKeys::new("app:", &name);
+        let l = Keys::new("app:", &name);
+        let all = [&s.permits, &s.limit, &s.fence, &s.channel];
+        for k in all {
+            assert!(k.starts_with("{app:pools/db}:semaphore"), "{k}");
+            assert!(![&l.lock, &l.fence, &l.channel].contains(&k), "{k}");
+        }
+        let distinct: std::collections::HashSet<_> = all.into_iter().collect();
+        assert_eq!(distinct.len(), 4);
     }
 }

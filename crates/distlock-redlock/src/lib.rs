@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use distlock_core::poll::jitter;
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, LockName,
-    LockRequest, Result, TrustedClock, Waiting,
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
+    InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
 use distlock_redis::Attempt;
 use futures_util::future::{join_all, select_all, FutureExt};
@@ -16,9 +16,11 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 mod config;
 mod node;
+mod quorum;
 
 pub use config::RedlockConfig;
 use node::Node;
+use quorum::{grant_quorum, most_common};
 
 /// Redlock over N independent Redis nodes (N odd, usually 5).
 ///
@@ -56,6 +58,8 @@ impl fmt::Debug for RedlockBackend {
 enum Vote {
     Granted(FencingToken),
     Held(Option<Duration>),
+    /// The node stores another limit for this semaphore.
+    Mismatch(u32),
     Down,
 }
 
@@ -138,10 +142,23 @@ impl RedlockBackend {
         .with_drift(config.drift_ppm, config.drift_fixed)
         // A batch is one `extend_many.lua` call per node, all nodes at once.
         .with_extend_batch(512)
+        .with_semaphore()
     }
 
-    fn quorum(&self) -> usize {
-        self.inner.nodes.len() / 2 + 1
+    /// How many nodes must grant a hold of `kind`: a majority for a lock,
+    /// more for a semaphore of several permits (see [`grant_quorum`]).
+    fn quorum(&self, kind: &HoldKind) -> usize {
+        grant_quorum(self.inner.nodes.len(), kind.holders())
+    }
+
+    /// What to tell a caller who got too few nodes.
+    fn quorum_hint(kind: &HoldKind, what: &'static str) -> &'static str {
+        match kind {
+            HoldKind::Permits { limit } if *limit > 1 => {
+                "a semaphore of several permits needs more nodes than a lock (see the Semaphores section of the distlock-redlock README); check the Redis nodes or raise node_timeout_ms"
+            }
+            _ => what,
+        }
     }
 
     fn connect_timeout(&self) -> Duration {
@@ -210,6 +227,7 @@ impl RedlockBackend {
         };
         match ask.await {
             Ok(v) => v,
+            Err(Error::LimitMismatch { stored, .. }) => Vote::Mismatch(stored),
             Err(e) => {
                 tracing::debug!(node = %node.endpoint, error = %e, "redlock node failed");
                 Vote::Down
@@ -218,25 +236,37 @@ impl RedlockBackend {
     }
 
     /// One round of the algorithm: all nodes at once, within one node
-    /// timeout; success needs a majority and some validity left.
+    /// timeout; success needs a quorum (a majority for a lock) and some
+    /// validity left.
     async fn round(&self, req: &LockRequest) -> Result<Round> {
+        if req.kind.holders() == 0 {
+            return Err(Error::invalid(
+                InputKind::Config,
+                "a semaphore needs a limit of at least one permit",
+            ));
+        }
         // Step 1: the monotonic start instant.
         let start = Instant::now();
         // Step 2: every node concurrently, so a slow node costs at most the
-        // node timeout; and no node is waited for once a majority has
+        // node timeout; and no node is waited for once a quorum has
         // granted. All nodes start together, so one deadline for the step
         // bounds each of them like a timer per node would, for one timer.
-        let quorum = self.quorum();
+        let quorum = self.quorum(&req.kind);
         let t = self.inner.config.node_timeout;
         let mut votes: FuturesUnordered<_> =
             self.inner.nodes.iter().map(|n| self.vote(n, req)).collect();
         let mut tokens = Vec::new();
-        let (mut down, mut left): (usize, Option<Duration>) = (0, None);
+        let mut mismatched = Vec::new();
+        let (mut down, mut held, mut left): (usize, usize, Option<Duration>) = (0, 0, None);
         let counted = timeout_at(start + t, async {
             while let Some(v) = votes.next().await {
                 match v {
                     Vote::Granted(t) => tokens.push(t),
-                    Vote::Held(l) => left = min_opt(left, l),
+                    Vote::Held(l) => {
+                        held += 1;
+                        left = min_opt(left, l);
+                    }
+                    Vote::Mismatch(stored) => mismatched.push(stored),
                     Vote::Down => down += 1,
                 }
                 if tokens.len() >= quorum {
@@ -259,19 +289,23 @@ impl RedlockBackend {
             );
         }
         drop(votes);
-        // Steps 3-4: a majority, and validity = TTL - elapsed - drift > 0.
+        // Steps 3-4: a quorum, and validity = TTL - elapsed - drift > 0.
         if tokens.len() >= quorum && self.valid_after(req.ttl, start) {
-            let token = tokens.iter().copied().max().unwrap_or(FencingToken(0));
             if !self.inner.config.fencing {
-                return Ok(Round::Granted(token));
+                // Declared meaningless; a semaphore's script counts anyway.
+                return Ok(Round::Granted(FencingToken(0)));
             }
-            if self.write_back(req, token).await >= quorum && self.valid_after(req.ttl, start) {
+            let token = tokens.iter().copied().max().unwrap_or(FencingToken(0));
+            let needed = self.write_back_quorum(&req.kind);
+            if self.write_back(req, token, needed).await >= needed
+                && self.valid_after(req.ttl, start)
+            {
                 return Ok(Round::Granted(token));
             }
             self.release_all(req).await;
             return Err(Error::unavailable(
                 "redlock",
-                "the fencing token could not be written back to a majority in time; the lock was released",
+                "the fencing token could not be written back to enough nodes in time; the hold was released",
                 None,
             ));
         }
@@ -279,6 +313,15 @@ impl RedlockBackend {
         // to fail: their grant may have happened and only the reply was lost.
         self.release_all(req).await;
         let total = self.inner.nodes.len();
+        if !mismatched.is_empty() && mismatched.len() + down > total - quorum {
+            // Too few nodes are up and store this limit for a quorum to
+            // form: waiting cannot help, set_limit can.
+            return Err(Error::LimitMismatch {
+                name: req.name.clone(),
+                requested: req.kind.holders(),
+                stored: most_common(mismatched).unwrap_or(0),
+            });
+        }
         if down > total - quorum {
             return Err(Error::QuorumNotReached {
                 backend: "redlock",
@@ -286,17 +329,24 @@ impl RedlockBackend {
                 unreachable: down,
                 needed: quorum,
                 total,
-                hint: "too many Redis nodes are down, slow or quarantined after a restart; check them or raise node_timeout_ms",
+                hint: Self::quorum_hint(&req.kind, "too many Redis nodes are down, slow or quarantined after a restart; check them or raise node_timeout_ms"),
             });
         }
         if tokens.len() >= quorum {
             return Err(Error::unavailable(
                 "redlock",
-                format!("a majority granted the lock only after {:?}, too late for a TTL of {:?}; use a longer TTL", start.elapsed(), req.ttl),
+                format!("a quorum of nodes granted the lock only after {:?}, too late for a TTL of {:?}; use a longer TTL", start.elapsed(), req.ttl),
                 None,
             ));
         }
-        Ok(Round::Contended(left, !tokens.is_empty()))
+        let split = match req.kind {
+            // Some nodes granted a semaphore's permit while too many were
+            // full for a quorum: the steady state while holders occupy
+            // their nodes, not a race; waiting for a release is right.
+            HoldKind::Permits { .. } => !tokens.is_empty() && held <= total - quorum,
+            _ => !tokens.is_empty(),
+        };
+        Ok(Round::Contended(left, split))
     }
 
     fn valid_after(&self, ttl: Duration, start: Instant) -> bool {
@@ -307,9 +357,17 @@ impl RedlockBackend {
     /// pub/sub fails only costs its notifications.
     async fn watch_releases(&self, req: &LockRequest) -> Vec<distlock_redis::ReleaseWatch> {
         let t = self.connect_timeout();
+        let permits = matches!(req.kind, HoldKind::Permits { .. });
         join_all(self.inner.nodes.iter().map(|n| async move {
             let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
-            timeout(t, r.watch_releases(&req.name)).await.ok()?.ok()
+            let watch = async {
+                if permits {
+                    r.watch_permit_releases(&req.name).await
+                } else {
+                    r.watch_releases(&req.name).await
+                }
+            };
+            timeout(t, watch).await.ok()?.ok()
         }))
         .await
         .into_iter()
@@ -317,24 +375,42 @@ impl RedlockBackend {
         .collect()
     }
 
-    /// Fencing: raise every granting node's counter to the token. Any later
-    /// majority overlaps this one in at least one node (two sets of more than
-    /// N/2 nodes cannot be disjoint), whose INCR then returns more than this
-    /// token, so the next token is higher. Returns how many nodes confirmed,
-    /// as soon as a majority has.
-    async fn write_back(&self, req: &LockRequest, token: FencingToken) -> usize {
+    /// Fencing: raise the nodes' counters to the token. Any later quorum
+    /// overlaps the nodes raised in at least one node, whose INCR then
+    /// returns more than this token, so the next token is higher. Returns
+    /// how many nodes confirmed, as soon as `needed` have.
+    async fn write_back(&self, req: &LockRequest, token: FencingToken, needed: usize) -> usize {
         let deadline = Instant::now() + self.inner.config.node_timeout;
+        let permits = matches!(req.kind, HoldKind::Permits { .. });
         let mut answers: FuturesUnordered<_> = self
             .inner
             .nodes
             .iter()
             .map(|n| async move {
-                let raise = async { n.redis(false).await?.raise_fence(&req.name, token).await };
+                let raise = async {
+                    let r = n.redis(false).await?;
+                    if permits {
+                        r.raise_permit_fence(&req.name, token).await
+                    } else {
+                        r.raise_fence(&req.name, token).await
+                    }
+                };
                 matches!(raise.await, Ok(()))
             })
             .collect();
         // The rest are dropped unanswered (see `count_until`).
-        count_until(&mut answers, self.quorum(), deadline).await
+        count_until(&mut answers, needed, deadline).await
+    }
+
+    /// How many nodes a token must be written back to. A lock: a majority
+    /// (two majorities of the same nodes cannot be disjoint). A semaphore
+    /// whose grants need q of M nodes: M - q + 1, the fewest that every
+    /// later q nodes overlap.
+    fn write_back_quorum(&self, kind: &HoldKind) -> usize {
+        match kind {
+            HoldKind::Permits { .. } => self.inner.nodes.len() + 1 - self.quorum(kind),
+            _ => self.quorum(kind),
+        }
     }
 
     /// Release on every node, each bounded by the node timeout; returns how
@@ -449,7 +525,7 @@ impl Backend for RedlockBackend {
             // Wait for a release message, then for the same release to reach
             // a majority of nodes (or SETTLE), so that the next round does
             // not find the other nodes still held and split against itself.
-            let need = self.quorum().min(watches.len());
+            let need = self.quorum(&req.kind).min(watches.len());
             let mut heard = vec![false; watches.len()];
             let mut dead = Vec::new();
             loop {
@@ -499,12 +575,12 @@ impl Backend for RedlockBackend {
         .await;
         let yes = answers.iter().filter(|a| **a == Some(true)).count();
         let no = answers.iter().filter(|a| **a == Some(false)).count();
-        let (quorum, total) = (self.quorum(), self.inner.nodes.len());
+        let (quorum, total) = (self.quorum(&req.kind), self.inner.nodes.len());
         if yes >= quorum && self.valid_after(req.ttl, start) {
             return Ok(true);
         }
         if no > total - quorum {
-            // A majority said "not yours": the lock is gone.
+            // Too many said "not yours" for a quorum to hold it: it is gone.
             return Ok(false);
         }
         Err(Error::QuorumNotReached {
@@ -513,13 +589,14 @@ impl Backend for RedlockBackend {
             unreachable: total - yes - no,
             needed: quorum,
             total,
-            hint: "extend could not reach a majority; the guard reports lost() if this lasts until its deadline",
+            hint: Self::quorum_hint(&req.kind, "extend could not reach a majority; the guard reports lost() if this lasts until its deadline"),
         })
     }
 
-    /// The batch goes to every node at once, one script call each; then
-    /// each lock is judged as `extend` judges it: extended where a majority
-    /// extended it within its validity, not ours where a majority said no.
+    /// The batch goes to every node at once (one script call each, two
+    /// when it mixes locks and permits); then each hold is judged as
+    /// `extend` judges it: extended where a quorum extended it within its
+    /// validity, not ours where too many said no for a quorum.
     /// A lock with neither fails the whole batch (its nodes are down or
     /// slow, and so are everyone's), to be retried.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
@@ -534,9 +611,10 @@ impl Backend for RedlockBackend {
                 .filter(|a| a.len() == reqs.len())
         }))
         .await;
-        let (quorum, total) = (self.quorum(), self.inner.nodes.len());
+        let total = self.inner.nodes.len();
         let mut out = Vec::with_capacity(reqs.len());
         for (i, req) in reqs.iter().enumerate() {
+            let quorum = self.quorum(&req.kind);
             let said = |v: bool| answers.iter().flatten().filter(|a| a[i] == v).count();
             let (yes, no) = (said(true), said(false));
             if yes >= quorum && self.valid_after(req.ttl, start) {
@@ -550,20 +628,20 @@ impl Backend for RedlockBackend {
                     unreachable: total - yes - no,
                     needed: quorum,
                     total,
-                    hint: "a batched renewal could not reach a majority; the guards report lost() if this lasts until their deadlines",
+                    hint: Self::quorum_hint(&req.kind, "a batched renewal could not reach a majority; the guards report lost() if this lasts until their deadlines"),
                 });
             }
         }
         Ok(out)
     }
 
-    /// Returns once a majority has released. The other nodes' releases
+    /// Returns once a quorum has released. The other nodes' releases
     /// finish in a background task: a node that restarted answers the
     /// script call with NOSCRIPT and needs the script sent again, which a
     /// dropped request would never do, leaving the key there until its TTL.
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         let deadline = Instant::now() + self.inner.config.node_timeout;
-        let quorum = self.quorum();
+        let quorum = self.quorum(&req.kind);
         let shared = Arc::new((self.inner.clone(), req.clone()));
         let mut answers: FuturesUnordered<_> = (0..self.inner.nodes.len())
             .map(|i| {
@@ -586,7 +664,7 @@ impl Backend for RedlockBackend {
     }
 
     /// Held when a majority of nodes hold the key.
-    async fn inspect(&self, name: &LockName) -> Result<distlock_core::LockStatus> {
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         let t = self.connect_timeout();
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
             let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
@@ -594,13 +672,78 @@ impl Backend for RedlockBackend {
         }))
         .await;
         let held: Vec<_> = answers.into_iter().flatten().filter(|s| s.held).collect();
-        let status = distlock_core::LockStatus::new(held.len() >= self.quorum())
+        let status = LockStatus::new(held.len() >= self.quorum(&HoldKind::Exclusive))
             .with_remaining(held.iter().filter_map(|s| s.remaining).min());
         Ok(if self.inner.config.fencing {
             status.with_token(held.iter().filter_map(|s| s.token).max())
         } else {
             status
         })
+    }
+
+    /// A permit counts as held where as many nodes list it as a grant
+    /// needs; the limit is the one most nodes store.
+    async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {
+        let t = self.connect_timeout();
+        let answers = join_all(self.inner.nodes.iter().map(|n| async move {
+            let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
+            timeout(t, r.permit_holders(name)).await.ok()?.ok()
+        }))
+        .await;
+        let answered: Vec<_> = answers.into_iter().flatten().collect();
+        let limit = most_common(answered.iter().filter_map(|(l, _)| *l));
+        let kind = HoldKind::Permits {
+            limit: limit.unwrap_or(1),
+        };
+        let (quorum, total) = (self.quorum(&kind), self.inner.nodes.len());
+        if answered.len() < quorum {
+            return Err(Error::QuorumNotReached {
+                backend: "redlock",
+                granted: answered.len(),
+                unreachable: total - answered.len(),
+                needed: quorum,
+                total,
+                hint: "too few nodes answered to tell which permits a quorum holds; check the Redis nodes",
+            });
+        }
+        let mut listed: std::collections::HashMap<&str, usize> = Default::default();
+        for owner in answered.iter().flat_map(|(_, owners)| owners) {
+            *listed.entry(owner.as_str()).or_default() += 1;
+        }
+        let holders = listed.values().filter(|n| **n >= quorum).count();
+        Ok(LockStatus::new(holders > 0).with_holders(holders, limit))
+    }
+
+    /// Stores the limit on every node. A node that misses it keeps the old
+    /// limit and refuses requests with the new one (`LimitMismatch`), which
+    /// can leave too few nodes for a quorum; so anything short of every
+    /// node is an error, to be retried.
+    async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
+        if limit == 0 {
+            return Err(Error::invalid(
+                InputKind::Config,
+                "a semaphore needs a limit of at least one permit",
+            ));
+        }
+        let t = self.connect_timeout();
+        let answers = join_all(self.inner.nodes.iter().map(|n| async move {
+            let set = async { n.redis(false).await?.set_limit(name, limit).await };
+            timeout(t, set).await.ok()?.ok()
+        }))
+        .await;
+        let total = answers.len();
+        let old: Vec<Option<u32>> = answers.into_iter().flatten().collect();
+        if old.len() < total {
+            return Err(Error::unavailable(
+                "redlock",
+                format!(
+                    "the limit of semaphore `{name}` was stored on {} of {total} nodes; the others keep the old one, so run set_limit again once every node answers",
+                    old.len()
+                ),
+                None,
+            ));
+        }
+        Ok(most_common(old.into_iter().flatten()))
     }
 }
 
