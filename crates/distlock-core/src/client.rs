@@ -360,11 +360,7 @@ impl LockBuilder {
         self.acquire_validated(name, mode).instrument(span).await
     }
 
-    async fn acquire_validated(
-        self,
-        name: LockName,
-        mode: Mode,
-    ) -> Result<Option<LockGuard>> {
+    async fn acquire_validated(self, name: LockName, mode: Mode) -> Result<Option<LockGuard>> {
         let start = Instant::now();
         let slot = LockClient::slot_ref(&self.client, &name, self.kind);
 

@@ -23,9 +23,9 @@ struct Server {
 }
 
 impl Server {
-    /// `None` (the test then says why it did nothing) when redis-server is
-    /// not installed; `integration-tests/install-servers.sh` installs it.
-    fn start() -> Option<Self> {
+    /// Fails the test when redis-server is missing: `scripts/test.sh`
+    /// installs it.
+    fn start() -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -42,10 +42,7 @@ impl Server {
             .arg(&dir)
             .stdout(Stdio::null())
             .spawn();
-        let Ok(child) = child else {
-            eprintln!("redis-server is not installed; skipped");
-            return None;
-        };
+        let child = child.expect("redis-server must be installed; scripts/test.sh installs it");
         let server = Self { child, port, dir };
         let start = std::time::Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -55,7 +52,7 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Some(server)
+        server
     }
 
     fn url(&self) -> String {
@@ -105,9 +102,7 @@ fn name(s: &str) -> LockName {
 
 #[tokio::test]
 async fn abandoned_permits_leave_with_their_longest_permit_and_the_counter_stays() {
-    let Some(server) = Server::start() else {
-        return;
-    };
+    let server = Server::start();
     let b = RedisBackend::connect(&server.url()).await.unwrap();
     let sem = name("jobs/abandoned");
     let keys = b.semaphore_keys(&sem);
@@ -157,9 +152,7 @@ async fn abandoned_permits_leave_with_their_longest_permit_and_the_counter_stays
 
 #[tokio::test]
 async fn a_lock_and_a_semaphore_of_one_name_do_not_contend() {
-    let Some(server) = Server::start() else {
-        return;
-    };
+    let server = Server::start();
     let b = RedisBackend::connect(&server.url()).await.unwrap();
     let both = name("pools/db");
     let lock = LockRequest::new(both.clone(), Duration::from_secs(5));
@@ -181,9 +174,7 @@ async fn a_lock_and_a_semaphore_of_one_name_do_not_contend() {
 
 #[tokio::test]
 async fn the_same_owner_asking_again_takes_no_second_permit() {
-    let Some(server) = Server::start() else {
-        return;
-    };
+    let server = Server::start();
     let b = RedisBackend::connect(&server.url()).await.unwrap();
     let sem = name("jobs/retried");
     let req = LockRequest::permit(sem.clone(), Duration::from_secs(5), 2);
@@ -197,9 +188,7 @@ async fn the_same_owner_asking_again_takes_no_second_permit() {
 
 #[tokio::test]
 async fn a_limit_of_zero_is_invalid_input() {
-    let Some(server) = Server::start() else {
-        return;
-    };
+    let server = Server::start();
     let b = RedisBackend::connect(&server.url()).await.unwrap();
     let sem = name("jobs/zero");
     let req = LockRequest::permit(sem.clone(), Duration::from_secs(5), 0);
@@ -221,9 +210,7 @@ async fn a_limit_of_zero_is_invalid_input() {
 #[tokio::test]
 async fn a_freed_permit_wakes_one_waiter_of_a_client_and_a_changed_limit_wakes_all() {
     const WAITERS: usize = 4;
-    let Some(server) = Server::start() else {
-        return;
-    };
+    let server = Server::start();
     let holder = RedisBackend::connect(&server.url()).await.unwrap();
     // Backend::acquire itself, without LockClient's coalescing in front:
     // four waiters of one client on the server at once.
@@ -280,9 +267,7 @@ async fn a_freed_permit_wakes_one_waiter_of_a_client_and_a_changed_limit_wakes_a
 
 #[tokio::test]
 async fn a_mixed_renewal_batch_answers_for_each_lock_and_permit() {
-    let Some(server) = Server::start() else {
-        return;
-    };
+    let server = Server::start();
     let b = RedisBackend::connect(&server.url()).await.unwrap();
     let other = RedisBackend::connect(&server.url()).await.unwrap();
     let ttl = Duration::from_secs(2);

@@ -22,9 +22,9 @@ struct Server {
 }
 
 impl Server {
-    /// `None` (the test then says why it did nothing) when redis-server is
-    /// not installed; `integration-tests/install-servers.sh` installs it.
-    fn start() -> Option<Self> {
+    /// Fails the test when redis-server is missing: `scripts/test.sh`
+    /// installs it.
+    fn start() -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -41,10 +41,7 @@ impl Server {
             .arg(&dir)
             .stdout(Stdio::null())
             .spawn();
-        let Ok(child) = child else {
-            eprintln!("redis-server is not installed; skipped");
-            return None;
-        };
+        let child = child.expect("redis-server must be installed; scripts/test.sh installs it");
         let server = Self { child, port, dir };
         let start = std::time::Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -54,7 +51,7 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Some(server)
+        server
     }
 
     async fn node(&self) -> RedisBackend {
@@ -72,7 +69,7 @@ impl Drop for Server {
     }
 }
 
-fn five() -> Option<Vec<Server>> {
+fn five() -> Vec<Server> {
     (0..5).map(|_| Server::start()).collect()
 }
 
@@ -97,7 +94,7 @@ const TTL: Duration = Duration::from_secs(10);
 
 #[tokio::test]
 async fn a_semaphore_of_several_permits_tolerates_fewer_nodes_down_than_a_lock() {
-    let Some(mut servers) = five() else { return };
+    let mut servers = five();
     let b = redlock(&servers).await;
     drop(servers.pop());
     // 2 permits need 4 of 5 nodes, 4 permits all 5, a lock 3.
@@ -131,7 +128,7 @@ async fn a_semaphore_of_several_permits_tolerates_fewer_nodes_down_than_a_lock()
 
 #[tokio::test]
 async fn a_permit_counts_only_where_a_grant_quorum_lists_it() {
-    let Some(servers) = five() else { return };
+    let servers = five();
     let b = redlock(&servers).await;
     let sem = name("pools/partial");
     // A permit on a bare majority, as a majority-quorum semaphore would
@@ -161,7 +158,7 @@ async fn a_permit_counts_only_where_a_grant_quorum_lists_it() {
 
 #[tokio::test]
 async fn a_limit_only_a_minority_stores_is_outvoted_and_one_too_many_nodes_refuse() {
-    let Some(servers) = five() else { return };
+    let servers = five();
     let b = redlock(&servers).await;
     let sem = name("pools/drifted");
     servers[0].node().await.set_limit(&sem, 3).await.unwrap();
