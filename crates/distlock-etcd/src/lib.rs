@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, InputKind,
-    LockRequest, LostReason, Result, TrustedClock, Waiting,
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
+    InputKind, LockRequest, LostReason, Result, TrustedClock, Waiting,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KvClient, SortOrder,
@@ -17,6 +17,7 @@ use etcd_client::{
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+mod semaphore;
 mod session;
 
 use session::Session;
@@ -46,6 +47,8 @@ struct Inner {
     /// The session each live acquisition (by owner) was queued in, so extend,
     /// release and loss reports use that lease whatever TTL they are given.
     queued: std::sync::Mutex<HashMap<distlock_core::Owner, Arc<Session>>>,
+    /// When each granted permit ends unless extended (see `semaphore`).
+    permit_ends: std::sync::Mutex<HashMap<distlock_core::Owner, Instant>>,
     wakeups: AtomicU64,
 }
 
@@ -251,6 +254,7 @@ impl EtcdBackend {
                 sessions: Default::default(),
                 starting: Mutex::new(()),
                 queued: Default::default(),
+                permit_ends: Default::default(),
                 wakeups: AtomicU64::new(0),
             }),
         })
@@ -456,16 +460,6 @@ impl EtcdBackend {
             .succeeded())
     }
 
-    async fn still_mine(&self, key: &str, req: &LockRequest) -> Result<bool> {
-        let resp = self
-            .kv(|mut c| async move { c.get(key, None).await })
-            .await?;
-        Ok(resp
-            .kvs()
-            .first()
-            .is_some_and(|kv| kv.value() == req.owner.to_string().as_bytes()))
-    }
-
     /// Go's waitDeletes: watch only the key created just before mine, and
     /// when it goes, look again, since more than one key can sit ahead.
     /// Returns once no key older than mine is left. Transient failures (a
@@ -567,6 +561,7 @@ impl EtcdBackend {
         )
         .with_ttl_range(Duration::from_secs(1), Duration::from_secs(24 * 3600))
         .with_session()
+        .with_semaphore()
     }
 }
 
@@ -578,6 +573,9 @@ impl Backend for EtcdBackend {
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return self.try_acquire_permit(req).await;
+        }
         let q = self.enqueue(req).await?;
         if q.head_rev == q.my_rev {
             // The lock lives as long as the session's lease: count the
@@ -592,6 +590,9 @@ impl Backend for EtcdBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return self.acquire_permit(req, deadline).await;
+        }
         let start = Instant::now();
         let q = self.enqueue(req).await?;
         // First at once: the enqueue txn itself created or found my key and
@@ -642,29 +643,16 @@ impl Backend for EtcdBackend {
         Ok(FencingToken(q.my_rev as u64))
     }
 
-    /// The lock lives as long as its session's lease, which the session
+    /// The hold lives as long as its session's lease, which the session
     /// keeps alive; extending refreshes that lease now and checks the key.
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
-        let Some(session) = self.queued().get(&req.owner).cloned() else {
-            return Ok(false);
-        };
-        match session.refresh().await {
-            Ok(true) => {}
-            Ok(false) => return Ok(false),
-            Err(e) => {
-                return Err(Error::unavailable(
-                    "etcd",
-                    format!("etcd at {}: {e}", self.inner.endpoints),
-                    None,
-                ))
-            }
-        }
-        let key = format!("{}/{:x}", req.name, session.lease);
-        self.still_mine(&key, req).await
+        Ok(self.extend_many(std::slice::from_ref(req)).await?[0])
     }
 
     /// One keep-alive per session (the lease is what keeps every key of the
     /// batch) and one txn reading the batch's keys, instead of both per lock.
+    /// A lock's key must still carry its owner value, a permit's key (named
+    /// by its owner) must still hold its permit; both on the session's lease.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
         let sessions: Vec<Option<Arc<Session>>> = {
             let queued = self.queued();
@@ -684,19 +672,28 @@ impl Backend for EtcdBackend {
             })?;
             alive.insert(s.lease, lives);
         }
-        let keys: Vec<Option<String>> = reqs
+        let keys: Vec<Option<(String, Vec<u8>, i64)>> = reqs
             .iter()
             .zip(&sessions)
             .map(|(r, s)| {
-                s.as_ref()
-                    .filter(|s| alive.get(&s.lease) == Some(&true))
-                    .map(|s| format!("{}/{:x}", r.name, s.lease))
+                let s = s.as_ref().filter(|s| alive.get(&s.lease) == Some(&true))?;
+                Some(match r.kind {
+                    HoldKind::Permits { .. } => {
+                        let (key, held) = self.permit_check(r)?;
+                        (key, held.as_bytes().to_vec(), s.lease)
+                    }
+                    _ => (
+                        format!("{}/{:x}", r.name, s.lease),
+                        r.owner.to_string().into_bytes(),
+                        s.lease,
+                    ),
+                })
             })
             .collect();
         let reads: Vec<TxnOp> = keys
             .iter()
             .flatten()
-            .map(|k| TxnOp::get(k.as_str(), None))
+            .map(|(k, _, _)| TxnOp::get(k.as_str(), None))
             .collect();
         let mut values = if reads.is_empty() {
             Vec::new()
@@ -710,26 +707,31 @@ impl Backend for EtcdBackend {
             resp.op_responses()
                 .into_iter()
                 .map(|op| match op {
-                    TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                    TxnOpResponse::Get(g) => {
+                        g.kvs().first().map(|kv| (kv.value().to_vec(), kv.lease()))
+                    }
                     _ => None,
                 })
                 .collect::<Vec<_>>()
         }
         .into_iter();
-        Ok(reqs
-            .iter()
-            .zip(keys)
-            .map(|(r, key)| {
-                key.is_some()
-                    && values
+        Ok(keys
+            .into_iter()
+            .map(|key| {
+                key.is_some_and(|(_, expected, lease)| {
+                    values
                         .next()
                         .flatten()
-                        .is_some_and(|v| v == r.owner.to_string().as_bytes())
+                        .is_some_and(|(v, l)| v == expected && l == lease)
+                })
             })
             .collect())
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return self.release_permit(req).await;
+        }
         let mut released = false;
         for s in self.sessions_of(req) {
             let key = format!("{}/{:x}", req.name, s.lease);
@@ -761,6 +763,17 @@ impl Backend for EtcdBackend {
             .with_token(Some(FencingToken(first.create_revision() as u64)))
             .with_remaining((ttl >= 0).then(|| Duration::from_secs(ttl as u64)))
             .with_queue_len(Some(resp.kvs().len() - 1)))
+    }
+
+    async fn inspect_permits(
+        &self,
+        name: &distlock_core::LockName,
+    ) -> Result<distlock_core::LockStatus> {
+        self.inspect_semaphore(name).await
+    }
+
+    async fn set_limit(&self, name: &distlock_core::LockName, limit: u32) -> Result<Option<u32>> {
+        self.store_limit(name, limit).await
     }
 
     async fn session_lost(&self, req: &LockRequest) -> LostReason {

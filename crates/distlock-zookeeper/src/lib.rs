@@ -7,11 +7,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, InputKind,
-    LockName, LockRequest, LostReason, Owner, Result, TrustedClock, Waiting,
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
+    InputKind, LockName, LockRequest, LostReason, Owner, Result, TrustedClock, Waiting,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
+
+mod semaphore;
 
 /// One ZooKeeper session, shared (not cloned) by every node it holds: a
 /// `zk::Client` clone copies its chroot and session password.
@@ -42,6 +44,8 @@ struct Inner {
     sessions: tokio::sync::Mutex<HashMap<Duration, Session>>,
     /// My node for each live acquisition.
     nodes: Mutex<HashMap<Owner, Node>>,
+    /// When each granted permit ends unless extended (see `semaphore`).
+    permit_ends: Mutex<HashMap<Owner, Instant>>,
     wakeups: AtomicU64,
 }
 
@@ -208,6 +212,7 @@ impl ZooKeeperBackend {
                 detached,
                 sessions: Default::default(),
                 nodes: Mutex::new(HashMap::new()),
+                permit_ends: Mutex::new(HashMap::new()),
                 wakeups: AtomicU64::new(0),
             }),
         };
@@ -340,6 +345,14 @@ impl ZooKeeperBackend {
 
     /// The full path of `req`'s node with sequence number `seq`.
     fn node_path(&self, req: &LockRequest, seq: i64) -> String {
+        if let HoldKind::Permits { .. } = req.kind {
+            return format!(
+                "{}/{}{}",
+                self.permits_dir(&req.name),
+                semaphore::permit_prefix(&req.owner),
+                SeqSuffix(seq)
+            );
+        }
         format!(
             "{}/{}/_c_{}-lock-{}",
             self.inner.base,
@@ -568,6 +581,7 @@ impl ZooKeeperBackend {
         )
         .with_ttl_range(Duration::from_secs(1), Duration::from_secs(24 * 3600))
         .with_session()
+        .with_semaphore()
     }
 }
 
@@ -580,6 +594,9 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return self.try_acquire_permit(req).await;
+        }
         let q = self.enqueue(req).await?;
         let queue = match q.queue {
             Some(queue) => queue,
@@ -593,6 +610,9 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return self.acquire_permit(req, deadline).await;
+        }
         let start = Instant::now();
         let mut q = self.enqueue(req).await?;
         let token = q.token;
@@ -621,23 +641,21 @@ impl Backend for ZooKeeperBackend {
     /// The node lives as long as the session; extending checks that it is
     /// still there and still ours.
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
-        let Some((path, client)) = self.node_of(req) else {
-            return Ok(false);
-        };
-        match client.check_stat(&path).await {
-            Ok(Some(stat)) => Ok(stat.ephemeral_owner == client.session_id().0),
-            Ok(None) => Ok(false),
-            Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => Ok(false),
-            Err(e) => Err(self.err(e)),
-        }
+        Ok(self.extend_many(std::slice::from_ref(req)).await?[0])
     }
 
     /// The session keeps every node alive; renewing is checking that each
     /// node is still there and still this session's, one multi-read per
-    /// session for the whole batch.
+    /// session for the whole batch. A permit's node must also still say it
+    /// holds.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
-        let entries: Vec<Option<(String, Session)>> =
-            reqs.iter().map(|r| self.node_of(r)).collect();
+        let entries: Vec<Option<(String, Session)>> = reqs
+            .iter()
+            .map(|r| match r.kind {
+                HoldKind::Permits { .. } if !self.extend_permit_ttl(r) => None,
+                _ => self.node_of(r),
+            })
+            .collect();
         let mut answers = vec![false; reqs.len()];
         let mut sessions: Vec<(Session, Vec<usize>)> = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
@@ -665,8 +683,9 @@ impl Backend for ZooKeeperBackend {
             };
             for (&i, result) in group.iter().zip(results) {
                 answers[i] = match result {
-                    zk::MultiReadResult::Data { stat, .. } => {
+                    zk::MultiReadResult::Data { stat, data } => {
                         stat.ephemeral_owner == client.session_id().0
+                            && (reqs[i].kind == HoldKind::Exclusive || Self::holds(&data))
                     }
                     zk::MultiReadResult::Error {
                         err: zk::Error::NoNode | zk::Error::SessionExpired,
@@ -680,6 +699,9 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return self.release_permit(req).await;
+        }
         if self.nodes().contains_key(&req.owner) {
             return self.delete_node(req).await;
         }
@@ -719,6 +741,14 @@ impl Backend for ZooKeeperBackend {
                     .map(FencingToken),
             )
             .with_queue_len(Some(queue.len() - 1)))
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<distlock_core::LockStatus> {
+        self.inspect_semaphore(name).await
+    }
+
+    async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
+        self.store_limit(name, limit).await
     }
 
     /// Session expiry ends every lock of the session. By default a mere

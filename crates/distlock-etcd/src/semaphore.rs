@@ -1,0 +1,764 @@
+//! Counting semaphores ([`HoldKind::Permits`]) on etcd.
+//!
+//! Layout, under a root that no lock's keys can fall under (a lock's keys
+//! are `<name>/<lease hex>` and a name never starts with `/`; `@` never
+//! appears in a name, so one semaphore's keys never fall under another's):
+//!
+//! - `/distlock/semaphores/<name>/@limit`: the limit, in decimal, without
+//!   a lease. Written by the first acquire, in the transaction that puts its
+//!   key, and by `set_limit`.
+//! - `/distlock/semaphores/<name>/@permits/<owner>`: one key per contender,
+//!   on its session's lease (so a permit ends with the lease), valued
+//!   `held` or `waiting`.
+//!
+//! Grants. A contender may hold a permit once fewer than `limit` of the
+//! keys were created before its own (create revision order: FIFO). Its
+//! acquire is one transaction: compare the limit, count the keys, put its
+//! own key. Fewer than `limit` counted: granted, the token being the key's
+//! create revision. Otherwise it waits, and when it learns that fewer than
+//! `limit` older keys are left it claims the permit with a transaction that
+//! rewrites its key to `held`, guarded by the key's create revision and the
+//! limit; the token is that transaction's revision.
+//!
+//! Why at most `limit` hold: let `g` be the newest key among those holding
+//! at some instant. When `g` was granted, fewer than `limit` older keys
+//! existed; every other holder is older than `g` and alive now, so it
+//! existed then. Why tokens rise in grant order: every grant is a write
+//! (the acquire's put, or the claim's put), and its token is that write's
+//! revision, which is above every earlier write's.
+//!
+//! Waiting without a herd. A waiter only needs to act when it may become
+//! grantable (the count of older keys drops below the limit) or when its
+//! limit changes. The first waiter (its predecessor holds) watches the whole
+//! range: each deletion of an older key lowers its count, known exactly from
+//! its last read, so it claims without reading again. Every other waiter
+//! watches only its predecessor's key, for any event: the predecessor
+//! leaving (a deletion) or claiming its permit (the claim's put). That is
+//! enough: a waiter can only become grantable after its predecessor did (its
+//! predecessor has one older key fewer), and a waiting predecessor that
+//! becomes grantable claims, which wakes it; so each release wakes the first
+//! waiter, and its claim wakes the next one, which becomes the first. To
+//! tell a waiting predecessor from a holding one, a waiter marks its key
+//! `waiting` in its first read; a predecessor still `held` at that read may
+//! be a waiter that has not marked itself yet, so a range watcher also
+//! re-reads when its predecessor marks itself, and from then on watches only
+//! that predecessor.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::{
+    Error, FencingToken, HoldKind, InputKind, LockName, LockRequest, LockStatus, LostReason, Owner,
+    Result,
+};
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, EventType, GetOptions, GetResponse, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use tokio::time::Instant;
+
+use crate::session::Session;
+use crate::EtcdBackend;
+
+/// The root of every semaphore's keys.
+const ROOT: &str = "/distlock/semaphores/";
+/// A key that holds a permit (or, for one round trip after its creation,
+/// a contender that has not yet learned it waits).
+const HELD: &str = "held";
+/// A key that waits for a permit.
+const WAITING: &str = "waiting";
+
+/// The keys of one semaphore.
+struct SemKeys {
+    limit: String,
+    /// The prefix of the permit keys.
+    permits: String,
+    /// The end of the range watched by the first waiter: `[limit, end)`
+    /// holds the limit and every permit key, and nothing else.
+    range_end: String,
+}
+
+impl SemKeys {
+    fn new(name: &LockName) -> Self {
+        Self {
+            limit: format!("{ROOT}{name}/@limit"),
+            permits: format!("{ROOT}{name}/@permits/"),
+            range_end: format!("{ROOT}{name}/@permits0"),
+        }
+    }
+}
+
+/// `owner`'s permit key of semaphore `name`.
+fn permit_key(name: &LockName, owner: &Owner) -> String {
+    format!("{ROOT}{name}/@permits/{owner}")
+}
+
+/// The limit a permit request asks for; zero is refused.
+pub(crate) fn requested_limit(req: &LockRequest) -> Result<u32> {
+    match req.kind {
+        HoldKind::Permits { limit } if limit >= 1 => Ok(limit),
+        HoldKind::Permits { .. } => Err(zero_limit()),
+        _ => Err(Error::invalid(
+            InputKind::Config,
+            "a lock request was routed to the semaphore code",
+        )),
+    }
+}
+
+fn zero_limit() -> Error {
+    Error::invalid(
+        InputKind::Config,
+        "a semaphore needs a limit of at least one permit",
+    )
+}
+
+/// A limit as stored, or `None` for a missing key.
+fn stored_limit(get: &GetResponse) -> Result<Option<u32>> {
+    let Some(kv) = get.kvs().first() else {
+        return Ok(None);
+    };
+    std::str::from_utf8(kv.value())
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            Error::backend(
+                "etcd",
+                format!(
+                    "the semaphore limit at {:?} is not a number: {:?}",
+                    String::from_utf8_lossy(kv.key()),
+                    String::from_utf8_lossy(kv.value())
+                ),
+            )
+        })
+}
+
+fn mismatch(req: &LockRequest, requested: u32, stored: u32) -> Error {
+    Error::LimitMismatch {
+        name: req.name.clone(),
+        requested,
+        stored,
+    }
+}
+
+fn unexpected(what: &str) -> Error {
+    Error::unavailable(
+        "etcd",
+        format!("etcd answered a semaphore {what} with something else"),
+        None,
+    )
+}
+
+/// One contender for a permit: its key and the session it lives in.
+struct Contender<'a> {
+    req: &'a LockRequest,
+    session: Arc<Session>,
+    keys: SemKeys,
+    mine: String,
+    limit: u32,
+    /// My key's create revision, once known.
+    my_rev: i64,
+}
+
+/// What the acquire transaction found.
+enum Joined {
+    Granted(FencingToken),
+    /// My key is new and fewer than the limit are ahead of it.
+    Behind,
+    /// My key existed already (a retried transaction whose first reply was
+    /// lost): where it stands is read separately.
+    Found,
+}
+
+/// Where my key stands, read in one transaction.
+enum Standing {
+    /// My key (and with it my lease) is gone.
+    Gone,
+    Mismatch(u32),
+    LimitMissing,
+    Grantable,
+    Behind {
+        /// How many keys are older than mine, when at most the limit.
+        ahead: Option<usize>,
+        /// The key created just before mine: its name and value.
+        pred: Option<(Vec<u8>, Vec<u8>)>,
+        revision: i64,
+    },
+}
+
+/// Why a range watcher stopped watching.
+enum Wake {
+    Grantable,
+    Recheck,
+}
+
+impl Contender<'_> {
+    fn put_mine(&self, value: &str) -> TxnOp {
+        TxnOp::put(
+            self.mine.as_str(),
+            value,
+            Some(PutOptions::new().with_lease(self.session.lease)),
+        )
+    }
+
+    fn mine_unchanged(&self) -> Compare {
+        Compare::create_revision(self.mine.as_str(), CompareOp::Equal, self.my_rev)
+    }
+
+    /// Counts the keys, reads mine and puts it, if the limit is the one
+    /// asked for; stores the limit first if there is none.
+    fn join_txn(&self) -> Txn {
+        let limit = self.limit.to_string();
+        let join = || {
+            vec![
+                TxnOp::get(
+                    self.keys.permits.as_str(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                ),
+                TxnOp::get(self.mine.as_str(), None),
+                self.put_mine(HELD),
+            ]
+        };
+        let mut first = vec![TxnOp::put(self.keys.limit.as_str(), limit.as_str(), None)];
+        first.extend(join());
+        Txn::new()
+            .when([Compare::value(
+                self.keys.limit.as_str(),
+                CompareOp::Equal,
+                limit.as_str(),
+            )])
+            .and_then(join())
+            .or_else([TxnOp::txn(
+                Txn::new()
+                    .when([Compare::create_revision(
+                        self.keys.limit.as_str(),
+                        CompareOp::Equal,
+                        0,
+                    )])
+                    .and_then(first)
+                    .or_else([TxnOp::get(self.keys.limit.as_str(), None)]),
+            )])
+    }
+
+    fn lost(&self) -> Error {
+        Error::LeaseLost {
+            name: self.req.name.clone(),
+            reason: LostReason::SessionLost(
+                "my permit key or its lease vanished while waiting".into(),
+            ),
+        }
+    }
+}
+
+impl EtcdBackend {
+    async fn contender<'a>(&self, req: &'a LockRequest) -> Result<Contender<'a>> {
+        let limit = requested_limit(req)?;
+        let session = self.session(req.ttl).await?;
+        self.queued().insert(req.owner, session.clone());
+        Ok(Contender {
+            req,
+            session,
+            keys: SemKeys::new(&req.name),
+            mine: permit_key(&req.name, &req.owner),
+            limit,
+            my_rev: 0,
+        })
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
+        self.kv(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    /// The acquire: one transaction. Sets `c.my_rev`.
+    async fn join(&self, c: &mut Contender<'_>) -> Result<Joined> {
+        let resp = self.txn(c.join_txn()).await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let ops = resp.op_responses();
+        let ops = if resp.succeeded() {
+            ops
+        } else {
+            let Some(TxnOpResponse::Txn(first_use)) = ops.into_iter().next() else {
+                return Err(unexpected("acquire"));
+            };
+            let ops = first_use.op_responses();
+            if !first_use.succeeded() {
+                let Some(TxnOpResponse::Get(limit)) = ops.first() else {
+                    return Err(unexpected("acquire"));
+                };
+                // The limit is stored and is not the one asked for (the
+                // compare failed, the key exists).
+                return match stored_limit(limit)? {
+                    Some(stored) => Err(mismatch(c.req, c.limit, stored)),
+                    None => Err(unexpected("acquire")),
+                };
+            }
+            ops.into_iter().skip(1).collect()
+        };
+        let (Some(TxnOpResponse::Get(count)), Some(TxnOpResponse::Get(me))) =
+            (ops.first(), ops.get(1))
+        else {
+            return Err(unexpected("acquire"));
+        };
+        if let Some(kv) = me.kvs().first() {
+            c.my_rev = kv.create_revision();
+            return Ok(Joined::Found);
+        }
+        c.my_rev = revision;
+        // Every key counted is older than mine, which this transaction made.
+        if count.count() < i64::from(c.limit) {
+            Ok(Joined::Granted(FencingToken(revision as u64)))
+        } else {
+            Ok(Joined::Behind)
+        }
+    }
+
+    /// Where my key stands; with `mark`, also rewrites it `waiting`.
+    async fn standing(&self, c: &Contender<'_>, mark: bool) -> Result<Standing> {
+        let older = || {
+            GetOptions::new()
+                .with_prefix()
+                .with_max_create_revision((c.my_rev - 1).max(1))
+        };
+        let mut reads = Vec::with_capacity(4);
+        if mark {
+            reads.push(c.put_mine(WAITING));
+        }
+        reads.extend([
+            // Only the first limit + 1: enough to tell "fewer than the
+            // limit", and to know the count exactly when it is the limit.
+            TxnOp::get(
+                c.keys.permits.as_str(),
+                Some(
+                    older()
+                        .with_keys_only()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(i64::from(c.limit) + 1),
+                ),
+            ),
+            TxnOp::get(
+                c.keys.permits.as_str(),
+                Some(
+                    older()
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1),
+                ),
+            ),
+            TxnOp::get(c.keys.limit.as_str(), None),
+        ]);
+        let txn = Txn::new().when([c.mine_unchanged()]).and_then(reads);
+        let resp = self.txn(txn).await?;
+        if !resp.succeeded() {
+            return Ok(Standing::Gone);
+        }
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let ops = resp.op_responses();
+        let (
+            Some(TxnOpResponse::Get(ahead)),
+            Some(TxnOpResponse::Get(pred)),
+            Some(TxnOpResponse::Get(limit)),
+        ) = (
+            ops.get(usize::from(mark)),
+            ops.get(usize::from(mark) + 1),
+            ops.get(usize::from(mark) + 2),
+        )
+        else {
+            return Err(unexpected("read"));
+        };
+        match stored_limit(limit)? {
+            None => return Ok(Standing::LimitMissing),
+            Some(stored) if stored != c.limit => return Ok(Standing::Mismatch(stored)),
+            Some(_) => {}
+        }
+        let n = ahead.kvs().len();
+        if n < c.limit as usize {
+            return Ok(Standing::Grantable);
+        }
+        Ok(Standing::Behind {
+            ahead: (n <= c.limit as usize).then_some(n),
+            pred: pred
+                .kvs()
+                .first()
+                .map(|kv| (kv.key().to_vec(), kv.value().to_vec())),
+            revision,
+        })
+    }
+
+    /// Claims the permit my key may now hold: a write, so that my successor
+    /// (watching my key) wakes, and whose revision is the token.
+    async fn claim(&self, c: &Contender<'_>) -> Result<Option<FencingToken>> {
+        let limit = c.limit.to_string();
+        let txn = Txn::new()
+            .when([
+                c.mine_unchanged(),
+                Compare::value(c.keys.limit.as_str(), CompareOp::Equal, limit.as_str()),
+            ])
+            .and_then([c.put_mine(HELD)]);
+        let resp = self.txn(txn).await?;
+        Ok(resp
+            .succeeded()
+            .then(|| FencingToken(resp.header().map_or(0, |h| h.revision()) as u64)))
+    }
+
+    /// Puts the limit back after someone deleted its key.
+    async fn restore_limit(&self, c: &Contender<'_>) -> Result<()> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                c.keys.limit.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([TxnOp::put(c.keys.limit.as_str(), c.limit.to_string(), None)]);
+        self.txn(txn).await.map(|_| ())
+    }
+
+    /// Deletes `req`'s permit key; whether it held a permit.
+    async fn delete_permit(&self, req: &LockRequest) -> Result<bool> {
+        let key = permit_key(&req.name, &req.owner);
+        let resp = self
+            .kv(|mut c| {
+                let key = key.clone();
+                async move {
+                    c.delete(key, Some(DeleteOptions::new().with_prev_key()))
+                        .await
+                }
+            })
+            .await?;
+        Ok(resp
+            .prev_kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == HELD.as_bytes()))
+    }
+
+    /// Waits for my predecessor's key to change (claimed or gone).
+    async fn watch_predecessor(&self, pred: Vec<u8>, from: i64) -> Result<()> {
+        let mut stream = self
+            .client()
+            .watch(pred, Some(WatchOptions::new().with_start_revision(from)))
+            .await
+            .map_err(|e| self.err(e))?;
+        while let Some(msg) = stream.message().await.map_err(|e| self.err(e))? {
+            if msg.canceled() || !msg.events().is_empty() {
+                break;
+            }
+        }
+        self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The first waiter's watch: every change to the limit or the permit
+    /// keys from `from` on, counting down the older keys that go.
+    async fn watch_holders(
+        &self,
+        c: &Contender<'_>,
+        mut ahead: Option<usize>,
+        pred: Option<&[u8]>,
+        from: i64,
+    ) -> Result<Wake> {
+        let opts = WatchOptions::new()
+            .with_range(c.keys.range_end.as_str())
+            .with_start_revision(from)
+            .with_prev_key();
+        let mut stream = self
+            .client()
+            .watch(c.keys.limit.as_str(), Some(opts))
+            .await
+            .map_err(|e| self.err(e))?;
+        let limit = c.limit.to_string();
+        while let Some(msg) = stream.message().await.map_err(|e| self.err(e))? {
+            if msg.canceled() {
+                break;
+            }
+            for event in msg.events() {
+                let Some(kv) = event.kv() else { continue };
+                let key = kv.key();
+                let recheck = match event.event_type() {
+                    EventType::Delete if key == c.keys.limit.as_bytes() => true,
+                    // Mine: the next read reports it gone.
+                    EventType::Delete if key == c.mine.as_bytes() => true,
+                    EventType::Delete => match event.prev_kv() {
+                        Some(prev) if prev.create_revision() >= c.my_rev => false,
+                        Some(_) => match ahead.as_mut() {
+                            Some(n) => {
+                                *n = n.saturating_sub(1);
+                                false
+                            }
+                            None => true,
+                        },
+                        // The previous value was compacted away: whether
+                        // the key was older than mine is unknown.
+                        None => true,
+                    },
+                    EventType::Put if key == c.keys.limit.as_bytes() => {
+                        kv.value() != limit.as_bytes()
+                    }
+                    // My predecessor turned out to wait: watch only it.
+                    EventType::Put => pred == Some(key) && kv.value() == WAITING.as_bytes(),
+                };
+                if recheck {
+                    self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Wake::Recheck);
+                }
+            }
+            if ahead.is_some_and(|n| n < c.limit as usize) {
+                self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+                return Ok(Wake::Grantable);
+            }
+        }
+        Ok(Wake::Recheck)
+    }
+
+    /// One read and at most one watch; `Some` once the permit is mine.
+    async fn wait_step(&self, c: &Contender<'_>, mark: &mut bool) -> Result<Option<FencingToken>> {
+        let standing = self.standing(c, *mark).await?;
+        *mark = false;
+        match standing {
+            Standing::Gone => Err(c.lost()),
+            Standing::Mismatch(stored) => Err(mismatch(c.req, c.limit, stored)),
+            Standing::LimitMissing => self.restore_limit(c).await.map(|()| None),
+            Standing::Grantable => self.claim(c).await,
+            Standing::Behind {
+                ahead,
+                pred,
+                revision,
+            } => match pred {
+                Some((key, value)) if value == WAITING.as_bytes() => {
+                    self.watch_predecessor(key, revision + 1).await?;
+                    Ok(None)
+                }
+                pred => match self
+                    .watch_holders(
+                        c,
+                        ahead,
+                        pred.as_ref().map(|p| p.0.as_slice()),
+                        revision + 1,
+                    )
+                    .await?
+                {
+                    Wake::Grantable => self.claim(c).await,
+                    Wake::Recheck => Ok(None),
+                },
+            },
+        }
+    }
+
+    /// Waits until my key holds a permit. Transient failures (a member
+    /// dying, a leader election) are retried for up to 30 s in a row.
+    async fn wait_for_permit(&self, c: &Contender<'_>) -> Result<FencingToken> {
+        let mut mark = true;
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            match self.wait_step(c, &mut mark).await {
+                Ok(Some(token)) => return Ok(token),
+                Ok(None) => failing_since = None,
+                Err(e @ Error::Unavailable { .. }) => {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > Duration::from_secs(30) {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, "etcd semaphore wait interrupted; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Grants or refuses a permit without waiting.
+    pub(crate) async fn try_acquire_permit(
+        &self,
+        req: &LockRequest,
+    ) -> Result<Option<FencingToken>> {
+        let mut c = self.contender(req).await?;
+        let outcome = async {
+            let token = match self.join(&mut c).await? {
+                Joined::Granted(token) => Some(token),
+                Joined::Behind => None,
+                Joined::Found => match self.standing(&c, false).await? {
+                    Standing::Grantable => self.claim(&c).await?,
+                    Standing::Gone => return Err(c.lost()),
+                    Standing::Mismatch(stored) => return Err(mismatch(req, c.limit, stored)),
+                    Standing::LimitMissing | Standing::Behind { .. } => None,
+                },
+            };
+            Ok(token)
+        }
+        .await;
+        match outcome {
+            Ok(Some(token)) => {
+                req.attempt_started_at(c.session.lease_began());
+                self.start_permit_ttl(req);
+                Ok(Some(token))
+            }
+            other => {
+                // Not granted: leave no key behind.
+                let _ = self.delete_permit(req).await;
+                self.queued().remove(&req.owner);
+                other
+            }
+        }
+    }
+
+    /// Waits for a permit until `deadline`.
+    pub(crate) async fn acquire_permit(
+        &self,
+        req: &LockRequest,
+        deadline: Option<Instant>,
+    ) -> Result<FencingToken> {
+        let start = Instant::now();
+        let mut c = self.contender(req).await?;
+        let waited = async {
+            match self.join(&mut c).await? {
+                Joined::Granted(token) => Ok(token),
+                Joined::Behind | Joined::Found => {
+                    let c = &c;
+                    tokio::select! {
+                        r = self.wait_for_permit(c) => r,
+                        reason = c.session.lost() => Err(Error::LeaseLost { name: req.name.clone(), reason }),
+                    }
+                }
+            }
+        };
+        let outcome = match deadline {
+            Some(d) => tokio::time::timeout_at(d, waited)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::WaitTimeout {
+                        name: req.name.clone(),
+                        waited: start.elapsed(),
+                    })
+                }),
+            None => waited.await,
+        };
+        match outcome {
+            Ok(token) => {
+                // The permit lives as long as the lease: count the holder's
+                // deadline from the lease's last keep-alive.
+                req.attempt_started_at(c.session.lease_began());
+                self.start_permit_ttl(req);
+                Ok(token)
+            }
+            Err(e) => {
+                // A timed-out or failed wait deletes my key (a dropped one
+                // is released by core, which ends up in `release_permit`).
+                let _ = self.delete_permit(req).await;
+                self.queued().remove(&req.owner);
+                Err(e)
+            }
+        }
+    }
+
+    /// Deletes `req`'s permit key, granted or only waiting, found by its
+    /// owner whatever this client remembers.
+    pub(crate) async fn release_permit(&self, req: &LockRequest) -> Result<bool> {
+        self.permit_ends().remove(&req.owner);
+        let held = self.delete_permit(req).await?;
+        self.queued().remove(&req.owner);
+        Ok(held)
+    }
+
+    /// For `extend` and `extend_many`: moves the end of `req`'s permit to
+    /// its TTL from now, and returns the key and value that show the permit
+    /// is still held; `None` if it already ended here.
+    ///
+    /// The end moves before the server is asked, so that the expiry task
+    /// can never delete a key that a concurrent extend has just vouched
+    /// for: once the task has taken the permit's end out, extend answers
+    /// "not held" without asking.
+    pub(crate) fn permit_check(&self, req: &LockRequest) -> Option<(String, &'static str)> {
+        let mut ends = self.permit_ends();
+        let end = ends.get_mut(&req.owner)?;
+        *end = (*end).max(Instant::now() + req.ttl);
+        Some((permit_key(&req.name, &req.owner), HELD))
+    }
+
+    fn permit_ends(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, Instant>> {
+        self.inner
+            .permit_ends
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts the TTL of a permit just granted: unless extended, it ends
+    /// `req.ttl` from now, when this client deletes its key. The lease
+    /// alone would keep it as long as this client lives, since the session
+    /// keeps every lease alive; the lease still ends it `req.ttl` after a
+    /// crash. Counted from after the grant, so never before the holder's
+    /// own deadline, which counts from before the request.
+    fn start_permit_ttl(&self, req: &LockRequest) {
+        let end = Instant::now() + req.ttl;
+        self.permit_ends().insert(req.owner, end);
+        let inner = Arc::downgrade(&self.inner);
+        let req = req.clone();
+        tokio::spawn(async move {
+            let mut at = end;
+            loop {
+                tokio::time::sleep_until(at).await;
+                let Some(inner) = inner.upgrade() else { return };
+                let backend = EtcdBackend { inner };
+                {
+                    let mut ends = backend.permit_ends();
+                    match ends.get(&req.owner) {
+                        None => return,
+                        Some(end) if *end > Instant::now() => {
+                            at = *end;
+                            continue;
+                        }
+                        Some(_) => {
+                            ends.remove(&req.owner);
+                        }
+                    }
+                }
+                tracing::debug!(semaphore = %req.name, "a permit reached its TTL unextended; deleting it");
+                if let Err(e) = backend.delete_permit(&req).await {
+                    // The lease ends it at the latest when this client does.
+                    tracing::warn!(semaphore = %req.name, error = %e, "could not delete an expired permit");
+                }
+                backend.queued().remove(&req.owner);
+                return;
+            }
+        });
+    }
+
+    pub(crate) async fn inspect_semaphore(&self, name: &LockName) -> Result<LockStatus> {
+        let keys = SemKeys::new(name);
+        let txn = Txn::new().and_then([
+            TxnOp::get(keys.limit.as_str(), None),
+            TxnOp::get(keys.permits.as_str(), Some(GetOptions::new().with_prefix())),
+        ]);
+        let resp = self.txn(txn).await?;
+        let ops = resp.op_responses();
+        let (Some(TxnOpResponse::Get(limit)), Some(TxnOpResponse::Get(permits))) =
+            (ops.first(), ops.get(1))
+        else {
+            return Err(unexpected("inspection"));
+        };
+        let holders = permits
+            .kvs()
+            .iter()
+            .filter(|kv| kv.value() == HELD.as_bytes())
+            .count();
+        Ok(LockStatus::new(holders > 0).with_holders(holders, stored_limit(limit)?))
+    }
+
+    pub(crate) async fn store_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
+        if limit == 0 {
+            return Err(zero_limit());
+        }
+        let key = SemKeys::new(name).limit;
+        let txn = Txn::new().and_then([
+            TxnOp::get(key.as_str(), None),
+            TxnOp::put(key.as_str(), limit.to_string(), None),
+        ]);
+        let resp = self.txn(txn).await?;
+        match resp.op_responses().first() {
+            Some(TxnOpResponse::Get(old)) => stored_limit(old),
+            _ => Err(unexpected("limit change")),
+        }
+    }
+}
