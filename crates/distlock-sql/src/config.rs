@@ -11,7 +11,7 @@ use distlock_core::{Error, InputKind, Result};
 ///
 /// | parameter | meaning | default |
 /// |---|---|---|
-/// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, at most 54 characters) | `distlock_locks` |
+/// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, at most 54 characters); semaphores live in `<table>_sems` and `<table>_permits` | `distlock_locks` |
 /// | `pool_size` | connections in the pool the backend builds | 10 (SQLite: 4) |
 ///
 /// Every other parameter is passed to sqlx unchanged (for example
@@ -98,23 +98,42 @@ impl SqlConfig {
     }
 }
 
+/// Longest lock table name: room for the `distlock_` prefix of PostgreSQL's
+/// notification channel and for the semaphore tables' suffixes within the
+/// databases' identifier limit.
+const MAX_TABLE_LEN: usize = 54;
+
+/// PostgreSQL's identifier limit (NAMEDATALEN - 1; it silently truncates
+/// longer names, so two tables could become one); MySQL's is 64.
+const MAX_IDENTIFIER_LEN: usize = 63;
+
 /// Checks a table name, which is interpolated into SQL and so must be a
-/// plain identifier (no quoting, no schema, nothing to inject).
+/// plain identifier (no quoting, no schema, nothing to inject), and the
+/// names derived from it (the semaphore tables) likewise.
 pub(crate) fn validate_table(table: &str) -> Result<()> {
-    let mut chars = table.chars();
-    let ok = table.len() <= 54
-        && chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let derived = crate::semaphore::PermitTables::for_lock_table(table);
+    let ok = table.len() <= MAX_TABLE_LEN
+        && is_identifier(table)
+        && derived
+            .names()
+            .iter()
+            .all(|t| t.len() <= MAX_IDENTIFIER_LEN && is_identifier(t));
     if ok {
         Ok(())
     } else {
         Err(Error::invalid(
             InputKind::Config,
-            format!("table name {table:?} must match [A-Za-z_][A-Za-z0-9_]* and be at most 54 characters"),
+            format!("table name {table:?} must match [A-Za-z_][A-Za-z0-9_]* and be at most {MAX_TABLE_LEN} characters"),
         ))
     }
+}
+
+fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]
@@ -147,6 +166,17 @@ mod tests {
             &"x".repeat(55),
         ] {
             assert!(validate_table(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn semaphore_tables_of_the_longest_table_name_fit_every_database() {
+        let longest = "t".repeat(MAX_TABLE_LEN);
+        assert!(validate_table(&longest).is_ok());
+        let derived = crate::semaphore::PermitTables::for_lock_table(&longest);
+        for name in derived.names() {
+            assert!(name.len() <= MAX_IDENTIFIER_LEN, "{name}");
+            assert!(is_identifier(name), "{name}");
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, InputKind,
-    LockName, LockRequest, Result, TrustedClock, Waiting,
+    LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
 use tokio::time::Instant;
 
@@ -16,6 +16,7 @@ mod config;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod semaphore;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod wait;
@@ -24,6 +25,7 @@ pub use config::SqlConfig;
 /// The sqlx version this crate builds on, for users passing their own pools.
 pub use sqlx;
 
+use semaphore::{valid_limit, Object};
 use wait::{wait_loop, Pace};
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
@@ -457,10 +459,12 @@ impl SqlBackend {
         .with_ttl_range(
             Duration::from_millis(10),
             Duration::from_secs(365 * 24 * 3600),
-        );
-        // Renewals in batches: one UPDATE over unnest() arrays on
-        // PostgreSQL, one transaction on SQLite. MySQL has no UPDATE ...
-        // RETURNING to say which rows were extended, so it renews one by one.
+        )
+        .with_semaphore();
+        // Renewals in batches, locks and permits together: one statement
+        // of UPDATEs over unnest() arrays on PostgreSQL, one transaction on
+        // SQLite. MySQL has no UPDATE ... RETURNING to say which rows were
+        // extended, so it renews one by one.
         match database {
             "postgres" => caps.with_extend_batch(1000),
             "sqlite" => caps.with_extend_batch(256),
@@ -476,10 +480,20 @@ impl Backend for SqlBackend {
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
-        dispatch!(self, db => db.try_acquire(req).await)
+        match Object::of(req, &self.inner.err)? {
+            Object::Lock => dispatch!(self, db => db.try_acquire(req).await),
+            Object::Semaphore { limit } => {
+                Ok(self.permit_attempt(req, valid_limit(limit)?).await?.token)
+            }
+        }
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+        if let Object::Semaphore { limit } = Object::of(req, &self.inner.err)? {
+            return self
+                .acquire_permit(req, valid_limit(limit)?, deadline)
+                .await;
+        }
         let config = &self.inner.config;
         match &self.inner.db {
             #[cfg(feature = "postgres")]
@@ -550,18 +564,155 @@ impl Backend for SqlBackend {
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
-        dispatch!(self, db => db.release(req).await)
+        match Object::of(req, &self.inner.err)? {
+            Object::Lock => dispatch!(self, db => db.release(req).await),
+            Object::Semaphore { .. } => dispatch!(self, db => db.permit_release(req).await),
+        }
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<distlock_core::LockStatus> {
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         // (token, remaining lease in microseconds) of a live holder.
         let row = dispatch!(self, db => db.inspect(name.as_str()).await)?;
         Ok(match row {
-            Some((token, micros)) => distlock_core::LockStatus::new(true)
+            Some((token, micros)) => LockStatus::new(true)
                 .with_token(token_from_db(&self.inner.err, token).ok())
                 .with_remaining(Some(Duration::from_micros(micros.max(0) as u64))),
-            None => distlock_core::LockStatus::new(false),
+            None => LockStatus::new(false),
         })
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {
+        dispatch!(self, db => db.inspect_permits(name).await)
+    }
+
+    async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
+        let limit = valid_limit(limit)?;
+        match &self.inner.db {
+            #[cfg(feature = "mysql")]
+            Db::MySql(_) => self.mysql_set_limit_to_completion(name, limit).await,
+            #[allow(unreachable_patterns)]
+            _ => dispatch!(self, db => db.set_limit(name, limit).await),
+        }
+    }
+}
+
+impl SqlBackend {
+    /// One attempt at a permit.
+    async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<wait::Attempt> {
+        match &self.inner.db {
+            #[cfg(feature = "mysql")]
+            Db::MySql(_) => self.mysql_permit_attempt_to_completion(req, limit).await,
+            #[allow(unreachable_patterns)]
+            _ => dispatch!(self, db => db.permit_attempt(req, limit).await),
+        }
+    }
+
+    /// Waits for a permit as `acquire` waits for a lock, woken by permit
+    /// releases and limit changes (PostgreSQL: NOTIFY on the permits'
+    /// channel; SQLite: in this process), and re-checking when the
+    /// earliest-ending permit expires.
+    async fn acquire_permit(
+        &self,
+        req: &LockRequest,
+        limit: u32,
+        deadline: Option<Instant>,
+    ) -> Result<FencingToken> {
+        let config = &self.inner.config;
+        let attempt = || {
+            req.attempt_starting();
+            self.permit_attempt(req, limit)
+        };
+        match &self.inner.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(pg) => {
+                // As for locks: listen only once the permits are found taken.
+                if let Some(t) = attempt().await?.token {
+                    return Ok(t);
+                }
+                let _listening = pg.listen().await?;
+                let pace = Pace::Notified {
+                    cap: config.notify_fallback,
+                };
+                wait_loop(
+                    &req.name,
+                    deadline,
+                    Some(&pg.permit_releases),
+                    &pace,
+                    attempt,
+                )
+                .await
+            }
+            #[cfg(feature = "mysql")]
+            Db::MySql(_) => {
+                let pace = Pace::Backoff(config.poll);
+                wait_loop(&req.name, deadline, None, &pace, attempt).await
+            }
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite(lite) => {
+                let pace = Pace::Backoff(config.poll);
+                let releases = Some(&lite.permit_releases);
+                wait_loop(&req.name, deadline, releases, &pace, attempt).await
+            }
+        }
+    }
+}
+
+/// MySQL's semaphore transactions run in a task of their own that finishes
+/// even when the caller stops waiting. sqlx's MySQL `begin` has no guard
+/// against being dropped: a future dropped while `START TRANSACTION` is on
+/// the wire leaves the server in a transaction that sqlx does not know of,
+/// on a pooled connection whose next statements (anyone's) would then never
+/// commit.
+#[cfg(feature = "mysql")]
+impl SqlBackend {
+    async fn mysql_permit_attempt_to_completion(
+        &self,
+        req: &LockRequest,
+        limit: u32,
+    ) -> Result<wait::Attempt> {
+        let (backend, req) = (self.clone(), req.clone());
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            #[allow(irrefutable_let_patterns)]
+            let Db::MySql(my) = &backend.inner.db
+            else {
+                return;
+            };
+            let found = my.permit_attempt(&req, limit).await;
+            // A grant nobody waits for any more is handed back at once,
+            // rather than held until its TTL runs out.
+            if let Err(Ok(wait::Attempt { token: Some(_), .. })) = reply.send(found) {
+                if let Err(e) = my.permit_release(&req).await {
+                    tracing::warn!(semaphore = %req.name, error = %e, "releasing a permit granted after its acquire was dropped failed; it returns after its TTL");
+                }
+            }
+        });
+        answer.await.map_err(|_| self.task_ended())?
+    }
+
+    async fn mysql_set_limit_to_completion(
+        &self,
+        name: &LockName,
+        limit: u32,
+    ) -> Result<Option<u32>> {
+        let (backend, name) = (self.clone(), name.clone());
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            #[allow(irrefutable_let_patterns)]
+            let Db::MySql(my) = &backend.inner.db
+            else {
+                return;
+            };
+            let _ = reply.send(my.set_limit(&name, limit).await);
+        });
+        answer.await.map_err(|_| self.task_ended())?
+    }
+
+    fn task_ended(&self) -> Error {
+        Error::backend(
+            self.inner.err.backend,
+            "the task running a semaphore transaction ended without an answer (is the runtime shutting down?)",
+        )
     }
 }
 

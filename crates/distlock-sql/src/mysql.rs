@@ -3,7 +3,10 @@
 use distlock_core::{FencingToken, LockRequest, Result};
 use sqlx::mysql::MySqlPool;
 
+use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, DbError};
+
+mod permits;
 
 pub(crate) struct My {
     pub(crate) pool: MySqlPool,
@@ -15,6 +18,7 @@ pub(crate) struct My {
     release_any: String,
     evict: String,
     inspect: String,
+    permits: permits::Statements,
     err: DbError,
 }
 
@@ -70,15 +74,21 @@ impl My {
             release_any,
             evict,
             inspect,
+            permits: permits::Statements::new(&PermitTables::for_lock_table(table)),
             err,
         }
     }
 
     pub(crate) async fn create_table(&self) -> Result<()> {
-        sqlx::query(&self.create)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
+        for create in [self.create.as_str()]
+            .into_iter()
+            .chain(self.permits.creates())
+        {
+            sqlx::query(create)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
+        }
         Ok(())
     }
 
@@ -106,6 +116,9 @@ impl My {
     }
 
     pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        if let Object::Semaphore { .. } = Object::of(req, &self.err)? {
+            return self.permit_extend(req).await;
+        }
         let r = sqlx::query(&self.extend)
             .bind(ttl_micros(req.ttl))
             .bind(req.name.as_str())

@@ -7,8 +7,11 @@ use distlock_core::{FencingToken, LockRequest, Result};
 use sqlx::postgres::{PgListener, PgPool};
 use tokio::sync::broadcast;
 
+use crate::semaphore::{Object, PermitTables};
 use crate::wait::Attempt;
 use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
+
+mod permits;
 
 pub(crate) struct Pg {
     pub(crate) pool: PgPool,
@@ -22,6 +25,12 @@ pub(crate) struct Pg {
     evict: String,
     inspect: String,
     pub(crate) releases: broadcast::Sender<Arc<str>>,
+    permits: permits::Statements,
+    /// Where permit releases and limit changes are announced: apart from
+    /// the locks', so that lock waiters and semaphore waiters of one name
+    /// do not wake each other.
+    permit_channel: String,
+    pub(crate) permit_releases: broadcast::Sender<Arc<str>>,
     /// The LISTEN connection, while a task of this backend waits.
     listener: Mutex<Weak<Listening>>,
     /// Held while one is being started, so that waiters share it.
@@ -88,9 +97,14 @@ impl Pg {
             "SELECT token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint FROM {table}
               WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
         );
+        let tables = PermitTables::for_lock_table(table);
         Self {
             pool,
             channel: format!("distlock_{table}"),
+            permits: permits::Statements::new(table, &tables),
+            // Named after the table whose rows it announces.
+            permit_channel: tables.permits.clone(),
+            permit_releases: broadcast::channel(1024).0,
             create,
             take,
             attempt,
@@ -117,10 +131,15 @@ impl Pg {
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err.map(e))?;
-        sqlx::query(&self.create)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err.map(e))?;
+        for create in [self.create.as_str()]
+            .into_iter()
+            .chain(self.permits.creates())
+        {
+            sqlx::query(create)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err.map(e))?;
+        }
         tx.commit().await.map_err(|e| self.err.map(e))
     }
 
@@ -149,7 +168,7 @@ impl Pg {
         token.map(|t| token_from_db(&self.err, t)).transpose()
     }
 
-    pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
+    async fn extend_lock(&self, req: &LockRequest) -> Result<bool> {
         let r = sqlx::query(&self.extend)
             .bind(req.name.as_str())
             .bind(req.owner.to_string())
@@ -160,7 +179,24 @@ impl Pg {
         Ok(r.rows_affected() == 1)
     }
 
+    pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        match Object::of(req, &self.err)? {
+            Object::Lock => self.extend_lock(req).await,
+            Object::Semaphore { .. } => self.permit_extend(req).await,
+        }
+    }
+
     pub(crate) async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        let mut is_permit = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            is_permit.push(matches!(
+                Object::of(r, &self.err)?,
+                Object::Semaphore { .. }
+            ));
+        }
+        if is_permit.contains(&true) {
+            return self.extend_locks_and_permits(reqs, &is_permit).await;
+        }
         let names: Vec<&str> = reqs.iter().map(|r| r.name.as_str()).collect();
         let owners: Vec<String> = reqs.iter().map(|r| r.owner.to_string()).collect();
         let ttls: Vec<f64> = reqs.iter().map(|r| ttl_micros(r.ttl) as f64).collect();
@@ -176,6 +212,44 @@ impl Pg {
             .iter()
             .zip(owners)
             .map(|(r, owner)| extended.contains(&(r.name.as_str().to_owned(), owner)))
+            .collect())
+    }
+
+    /// A batch with permits in it, in one statement. Each request is
+    /// answered from the rows its own table reports extended.
+    async fn extend_locks_and_permits(
+        &self,
+        reqs: &[LockRequest],
+        is_permit: &[bool],
+    ) -> Result<Vec<bool>> {
+        let owners: Vec<String> = reqs.iter().map(|r| r.owner.to_string()).collect();
+        // Columns of (name, owner, TTL): [0] for locks, [1] for permits.
+        let mut columns: [(Vec<&str>, Vec<&str>, Vec<f64>); 2] = Default::default();
+        for ((r, owner), p) in reqs.iter().zip(&owners).zip(is_permit) {
+            let (names, owners, ttls) = &mut columns[usize::from(*p)];
+            names.push(r.name.as_str());
+            owners.push(owner);
+            ttls.push(ttl_micros(r.ttl) as f64);
+        }
+        let [(lock_names, lock_owners, lock_ttls), (permit_names, permit_owners, permit_ttls)] =
+            columns;
+        let extended: Vec<(bool, String, String)> = sqlx::query_as(&self.permits.extend_both)
+            .bind(&lock_names)
+            .bind(&lock_owners)
+            .bind(&lock_ttls)
+            .bind(&permit_names)
+            .bind(&permit_owners)
+            .bind(&permit_ttls)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        let extended: std::collections::HashSet<(bool, String, String)> =
+            extended.into_iter().collect();
+        Ok(reqs
+            .iter()
+            .zip(owners)
+            .zip(is_permit)
+            .map(|((r, owner), p)| extended.contains(&(*p, r.name.as_str().to_owned(), owner)))
             .collect())
     }
 
@@ -208,12 +282,13 @@ impl Pg {
     }
 
     /// The one LISTEN connection this backend's waiters share, started by
-    /// the first of them; each notification carries the released lock's
-    /// name. It lives while someone holds the returned handle: when the
-    /// last waiter stops waiting it is closed (`UNLISTEN *`, and the
-    /// connection goes back to the pool), so a release's NOTIFY signals only
-    /// the database sessions of clients that wait (each one it signals
-    /// costs the releaser's commit time; docs/benchmarks.md).
+    /// the first of them, on the locks' channel and the permits'; each
+    /// notification carries the released lock's or semaphore's name. It
+    /// lives while someone holds the returned handle: when the last waiter
+    /// stops waiting it is closed (`UNLISTEN *`, and the connection goes
+    /// back to the pool), so a release's NOTIFY signals only the database
+    /// sessions of clients that wait (each one it signals costs the
+    /// releaser's commit time; docs/benchmarks.md).
     pub(crate) async fn listen(&self) -> Result<Arc<Listening>> {
         if let Some(l) = self.listening() {
             return Ok(l);
@@ -225,13 +300,21 @@ impl Pg {
         let mut l = PgListener::connect_with(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
-        l.listen(&self.channel).await.map_err(|e| self.err.map(e))?;
-        let tx = self.releases.clone();
+        l.listen_all([self.channel.as_str(), self.permit_channel.as_str()])
+            .await
+            .map_err(|e| self.err.map(e))?;
+        let (locks, permits) = (self.releases.clone(), self.permit_releases.clone());
+        let permit_channel = self.permit_channel.clone();
         let task = tokio::spawn(async move {
             loop {
                 match l.recv().await {
                     Ok(n) => {
-                        let _ = tx.send(Arc::from(n.payload()));
+                        let to = if n.channel() == permit_channel {
+                            &permits
+                        } else {
+                            &locks
+                        };
+                        let _ = to.send(Arc::from(n.payload()));
                     }
                     Err(e) => {
                         // PgListener reconnects on the next recv;

@@ -9,7 +9,10 @@ use distlock_core::{FencingToken, LockRequest, Result};
 use sqlx::sqlite::SqlitePool;
 use tokio::sync::broadcast;
 
+use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, DbError};
+
+mod permits;
 
 /// SQLite's current time in milliseconds since the Unix epoch, computed by
 /// SQLite itself (the machine's clock, shared by every process on the file).
@@ -24,16 +27,19 @@ pub(crate) struct Lite {
     evict: String,
     inspect: String,
     pub(crate) releases: broadcast::Sender<Arc<str>>,
+    permits: permits::Statements,
+    /// Permit releases (and limit changes) of this file's semaphores.
+    pub(crate) permit_releases: broadcast::Sender<Arc<str>>,
     err: DbError,
 }
 
 /// Release notifications shared by every backend in this process that uses
 /// the same file and table, so local waiters wake without polling.
-fn releases_for(file: &Path, table: &str) -> broadcast::Sender<Arc<str>> {
+fn releases_for(file: &Path, objects: &str) -> broadcast::Sender<Arc<str>> {
     static REGISTRY: OnceLock<Mutex<HashMap<String, broadcast::Sender<Arc<str>>>>> =
         OnceLock::new();
     let key = format!(
-        "{}#{table}",
+        "{}#{objects}",
         std::fs::canonicalize(file)
             .unwrap_or_else(|_| file.to_path_buf())
             .display()
@@ -80,7 +86,12 @@ impl Lite {
         let inspect = format!(
             "SELECT token, (expires_at - {NOW_MS}) * 1000 FROM {table} WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW_MS}"
         );
-        let releases = releases_for(pool.connect_options().get_filename(), table);
+        let options = pool.connect_options();
+        let file = options.get_filename();
+        let releases = releases_for(file, table);
+        // `#` cannot occur in a table name, so this key names no lock table.
+        let permit_releases = releases_for(file, &format!("{table}#permits"));
+        let permits = permits::Statements::new(&PermitTables::for_lock_table(table));
         Self {
             pool,
             create,
@@ -90,6 +101,8 @@ impl Lite {
             evict,
             inspect,
             releases,
+            permits,
+            permit_releases,
             err,
         }
     }
@@ -120,8 +133,13 @@ impl Lite {
     }
 
     pub(crate) async fn create_table(&self) -> Result<()> {
-        self.busy(|| sqlx::query(&self.create).execute(&self.pool))
-            .await?;
+        for create in [self.create.as_str()]
+            .into_iter()
+            .chain(self.permits.creates())
+        {
+            self.busy(|| sqlx::query(create).execute(&self.pool))
+                .await?;
+        }
         Ok(())
     }
 
@@ -141,9 +159,10 @@ impl Lite {
 
     pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
         let owner = req.owner.to_string();
+        let statement = self.extend_statement(req)?;
         let r = self
             .busy(|| {
-                sqlx::query(&self.extend)
+                sqlx::query(statement)
                     .bind(req.name.as_str())
                     .bind(&owner)
                     .bind(ttl_millis(req))
@@ -153,15 +172,27 @@ impl Lite {
         Ok(r.rows_affected() == 1)
     }
 
-    /// Every renewal of the batch in one transaction: one commit (one WAL
-    /// write) instead of one per lock.
+    /// The renewal of a lock's row or of a permit's.
+    fn extend_statement(&self, req: &LockRequest) -> Result<&str> {
+        Ok(match Object::of(req, &self.err)? {
+            Object::Lock => &self.extend,
+            Object::Semaphore { .. } => self.permit_extend_statement(),
+        })
+    }
+
+    /// Every renewal of the batch (locks and permits alike) in one
+    /// transaction: one commit (one WAL write) instead of one per hold.
     pub(crate) async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
         let owners: Vec<String> = reqs.iter().map(|r| r.owner.to_string()).collect();
+        let statements = reqs
+            .iter()
+            .map(|r| self.extend_statement(r))
+            .collect::<Result<Vec<_>>>()?;
         self.busy(|| async {
             let mut tx = self.pool.begin().await?;
             let mut answers = Vec::with_capacity(reqs.len());
-            for (req, owner) in reqs.iter().zip(&owners) {
-                let r = sqlx::query(&self.extend)
+            for ((req, owner), statement) in reqs.iter().zip(&owners).zip(&statements) {
+                let r = sqlx::query(statement)
                     .bind(req.name.as_str())
                     .bind(owner)
                     .bind(ttl_millis(req))

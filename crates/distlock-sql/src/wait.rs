@@ -10,7 +10,8 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 /// One attempt's outcome: the token, or how long the current holder's lease
-/// still runs (when the database told us).
+/// (a semaphore's: the earliest-ending permit's) still runs, when the
+/// database told us.
 pub(crate) struct Attempt {
     pub(crate) token: Option<FencingToken>,
     pub(crate) holder_expires_in: Option<Duration>,
@@ -57,12 +58,15 @@ where
                 waited: start.elapsed(),
             });
         }
-        let delay = match pace {
-            Pace::Notified { cap } => a
-                .holder_expires_in
-                .map_or(*cap, |left| (left + Duration::from_millis(1)).min(*cap)),
+        let cap = match pace {
+            Pace::Notified { cap } => *cap,
             Pace::Backoff(b) => b.delay(n),
         };
+        // Right after the holder's (or the earliest permit's) lease ends,
+        // if that comes first: expiry sends no notification.
+        let delay = a
+            .holder_expires_in
+            .map_or(cap, |left| (left + Duration::from_millis(1)).min(cap));
         let mut wake = now + delay;
         if let Some(d) = deadline {
             wake = wake.min(d);

@@ -1,0 +1,284 @@
+//! MySQL/MariaDB semaphores: per attempt, one READ COMMITTED transaction
+//! that locks the semaphore row (`SELECT ... FOR UPDATE`), so acquirers of
+//! a name take turns.
+//!
+//! READ COMMITTED because each statement then reads what was committed
+//! before it, in particular the permits of the acquirer that held the row
+//! lock before us, and because it takes no gap locks: under REPEATABLE
+//! READ, deleting one name's expired permits locks the gap into the next
+//! name's, and two names' acquirers inserting their permits deadlock.
+
+use std::future::Future;
+use std::time::Duration;
+
+use distlock_core::{LockName, LockRequest, LockStatus, Result};
+use sqlx::mysql::MySqlDatabaseError;
+
+use super::My;
+use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
+use crate::ttl_micros;
+use crate::wait::Attempt;
+
+/// One round trip: the isolation level applies to the next transaction only.
+const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+
+/// How often a transaction is run again after it met another one creating
+/// the same semaphore row, or a deadlock (which InnoDB resolves by rolling
+/// one back: nothing was changed).
+const RETRIES: usize = 5;
+
+pub(crate) struct Statements {
+    create_semaphores: String,
+    create_permits: String,
+    select_semaphore: String,
+    insert_semaphore: String,
+    delete_expired: String,
+    count_live: String,
+    bump_token: String,
+    insert_permit: String,
+    extend: String,
+    release: String,
+    inspect: String,
+    update_limit: String,
+}
+
+impl Statements {
+    pub(crate) fn new(tables: &PermitTables) -> Self {
+        let PermitTables {
+            semaphores,
+            permits,
+        } = tables;
+        // ascii_bin: names compare byte for byte, as in the lock table.
+        let name = "VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL";
+        Self {
+            create_semaphores: format!(
+                "CREATE TABLE IF NOT EXISTS {semaphores} (
+                    name {name} PRIMARY KEY,
+                    permits INT UNSIGNED NOT NULL,
+                    token BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+            ),
+            create_permits: format!(
+                "CREATE TABLE IF NOT EXISTS {permits} (
+                    name {name},
+                    owner CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+                    token BIGINT UNSIGNED NOT NULL,
+                    expires_at DATETIME(6) NOT NULL,
+                    PRIMARY KEY (name, owner)) ENGINE=InnoDB"
+            ),
+            select_semaphore: format!(
+                "SELECT permits, token FROM {semaphores} WHERE name = ? FOR UPDATE"
+            ),
+            insert_semaphore: format!(
+                "INSERT INTO {semaphores} (name, permits, token) VALUES (?, ?, 0)"
+            ),
+            // The owner's own earlier permit goes too: asking again with
+            // the same owner (a retry after a lost reply) takes one permit,
+            // not two.
+            delete_expired: format!(
+                "DELETE FROM {permits} WHERE name = ? AND (expires_at <= NOW(6) OR owner = ?)"
+            ),
+            count_live: format!(
+                "SELECT COUNT(*), TIMESTAMPDIFF(MICROSECOND, NOW(6), MIN(expires_at)) FROM {permits}
+                  WHERE name = ? AND expires_at > NOW(6)"
+            ),
+            bump_token: format!("UPDATE {semaphores} SET token = ? WHERE name = ?"),
+            insert_permit: format!(
+                "INSERT INTO {permits} (name, owner, token, expires_at)
+                 VALUES (?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND)"
+            ),
+            extend: format!(
+                "UPDATE {permits} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
+                  WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+            ),
+            // Only a live permit, so the rows changed answer "was it still
+            // held"; an expired one is free already and the next acquire
+            // deletes it.
+            release: format!(
+                "DELETE FROM {permits} WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+            ),
+            inspect: format!(
+                "SELECT s.permits,
+                        (SELECT COUNT(*) FROM {permits} p
+                          WHERE p.name = s.name AND p.expires_at > NOW(6))
+                   FROM {semaphores} s WHERE s.name = ?"
+            ),
+            update_limit: format!("UPDATE {semaphores} SET permits = ? WHERE name = ?"),
+        }
+    }
+
+    pub(crate) fn creates(&self) -> [&str; 2] {
+        [&self.create_semaphores, &self.create_permits]
+    }
+}
+
+/// Whether a failed transaction changed nothing and may simply run again:
+/// a duplicate key on the semaphore row (another client created it first)
+/// or a deadlock victim.
+fn may_retry(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
+        .is_some_and(|d| matches!(d.number(), 1062 | 1213))
+}
+
+impl My {
+    /// Runs `f` (one whole transaction) again while it may be retried.
+    async fn retrying<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        let mut tries = 0;
+        loop {
+            match f().await {
+                Err(e) if may_retry(&e) && tries < RETRIES => {
+                    tries += 1;
+                    tokio::time::sleep(
+                        Duration::from_millis(1)
+                            + distlock_core::poll::jitter(Duration::from_millis(10)),
+                    )
+                    .await;
+                }
+                other => return other.map_err(|e| self.err.map(e)),
+            }
+        }
+    }
+}
+
+impl My {
+    /// The semaphore row locked (or created with the requested limit), the
+    /// limit checked, expired permits deleted, the live ones counted, and,
+    /// if one is free, the counter bumped and the permit inserted with the
+    /// new token.
+    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Attempt> {
+        let owner = req.owner.to_string();
+        let found = self
+            .retrying(|| self.permit_transaction(req, &owner, limit))
+            .await?;
+        found.into_attempt(&self.err, req, limit)
+    }
+
+    async fn permit_transaction(
+        &self,
+        req: &LockRequest,
+        owner: &str,
+        limit: u32,
+    ) -> Result<PermitAttempt, sqlx::Error> {
+        let s = &self.permits;
+        let name = req.name.as_str();
+        let mut tx = self.pool.begin_with(BEGIN).await?;
+        let row: Option<(u32, u64)> = sqlx::query_as(&s.select_semaphore)
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let (stored, token) = match row {
+            Some(row) => row,
+            None => {
+                sqlx::query(&s.insert_semaphore)
+                    .bind(name)
+                    .bind(limit)
+                    .execute(&mut *tx)
+                    .await?;
+                (limit, 0)
+            }
+        };
+        if stored != limit {
+            tx.rollback().await?;
+            return Ok(PermitAttempt::LimitIs(i64::from(stored)));
+        }
+        sqlx::query(&s.delete_expired)
+            .bind(name)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+        let (live, left): (i64, Option<i64>) = sqlx::query_as(&s.count_live)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?;
+        if live >= i64::from(stored) {
+            // Keeps the expired permits' deletion.
+            tx.commit().await?;
+            return Ok(PermitAttempt::Full(remaining_micros(left)));
+        }
+        let token = token + 1;
+        sqlx::query(&s.bump_token)
+            .bind(token)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(&s.insert_permit)
+            .bind(name)
+            .bind(owner)
+            .bind(token)
+            .bind(ttl_micros(req.ttl))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(PermitAttempt::Granted(i64::try_from(token).unwrap_or(-1)))
+    }
+
+    pub(crate) async fn permit_extend(&self, req: &LockRequest) -> Result<bool> {
+        let r = sqlx::query(&self.permits.extend)
+            .bind(ttl_micros(req.ttl))
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    pub(crate) async fn permit_release(&self, req: &LockRequest) -> Result<bool> {
+        let r = sqlx::query(&self.permits.release)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {
+        let row: Option<(u32, i64)> = sqlx::query_as(&self.permits.inspect)
+            .bind(name.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(match row {
+            Some((limit, live)) => {
+                let live = usize::try_from(live).unwrap_or(0);
+                LockStatus::new(live > 0)
+                    .with_holders(live, Some(limit_from_db(&self.err, i64::from(limit))?))
+            }
+            None => LockStatus::new(false).with_holders(0, None),
+        })
+    }
+
+    pub(crate) async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
+        let old = self
+            .retrying(|| self.set_limit_transaction(name.as_str(), limit))
+            .await?;
+        old.map(|l| limit_from_db(&self.err, i64::from(l)))
+            .transpose()
+    }
+
+    async fn set_limit_transaction(
+        &self,
+        name: &str,
+        limit: u32,
+    ) -> Result<Option<u32>, sqlx::Error> {
+        let s = &self.permits;
+        let mut tx = self.pool.begin_with(BEGIN).await?;
+        let old: Option<(u32, u64)> = sqlx::query_as(&s.select_semaphore)
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?;
+        match old {
+            Some(_) => sqlx::query(&s.update_limit).bind(limit).bind(name),
+            None => sqlx::query(&s.insert_semaphore).bind(name).bind(limit),
+        }
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(old.map(|(limit, _)| limit))
+    }
+}

@@ -1,0 +1,119 @@
+//! What the three databases share for semaphores: the tables' names, which
+//! object a request acts on, and the limit checks.
+
+use std::time::Duration;
+
+use distlock_core::{Error, HoldKind, InputKind, LockRequest, Result};
+
+use crate::wait::Attempt;
+use crate::{token_from_db, DbError};
+
+/// The tables a semaphore lives in, named after the lock table: one row per
+/// semaphore (its limit and its token counter, never deleted, so tokens
+/// keep rising across releases, expiries and restarts), and one row per
+/// permit held (its owner, token and expiry).
+pub(crate) struct PermitTables {
+    pub(crate) semaphores: String,
+    pub(crate) permits: String,
+}
+
+impl PermitTables {
+    pub(crate) fn for_lock_table(table: &str) -> Self {
+        Self {
+            semaphores: format!("{table}_sems"),
+            permits: format!("{table}_permits"),
+        }
+    }
+
+    pub(crate) fn names(&self) -> [&str; 2] {
+        [&self.semaphores, &self.permits]
+    }
+}
+
+/// Which object a request acts on: a name's lock and its semaphore are
+/// separate rows in separate tables.
+pub(crate) enum Object {
+    Lock,
+    Semaphore { limit: u32 },
+}
+
+impl Object {
+    /// A kind this crate does not know is refused rather than served as a
+    /// lock, which could hand out a hold its caller thinks is shared.
+    pub(crate) fn of(req: &LockRequest, err: &DbError) -> Result<Self> {
+        match req.kind {
+            HoldKind::Exclusive => Ok(Object::Lock),
+            HoldKind::Permits { limit } => Ok(Object::Semaphore { limit }),
+            _ => Err(Error::Unsupported {
+                backend: err.backend,
+                operation: "this kind of hold",
+            }),
+        }
+    }
+}
+
+/// A limit a semaphore may be created with or changed to.
+pub(crate) fn valid_limit(limit: u32) -> Result<u32> {
+    if limit == 0 {
+        return Err(Error::invalid(
+            InputKind::Config,
+            "a semaphore needs a limit of at least one permit",
+        ));
+    }
+    Ok(limit)
+}
+
+/// A limit read back from the semaphore table.
+pub(crate) fn limit_from_db(err: &DbError, stored: i64) -> Result<u32> {
+    u32::try_from(stored)
+        .ok()
+        .filter(|l| *l > 0)
+        .ok_or_else(|| {
+            Error::backend(
+                err.backend,
+                format!("semaphore table returned an invalid limit {stored}"),
+            )
+        })
+}
+
+/// What one attempt at a permit found, as each database reports it.
+pub(crate) enum PermitAttempt {
+    /// Granted, with this token.
+    Granted(i64),
+    /// All permits are held; the earliest of them expires in this long.
+    Full(Option<Duration>),
+    /// The semaphore's stored limit differs from the requested one; nothing
+    /// was changed.
+    LimitIs(i64),
+}
+
+impl PermitAttempt {
+    pub(crate) fn into_attempt(
+        self,
+        err: &DbError,
+        req: &LockRequest,
+        requested: u32,
+    ) -> Result<Attempt> {
+        match self {
+            PermitAttempt::Granted(t) => Ok(Attempt {
+                token: Some(token_from_db(err, t)?),
+                holder_expires_in: None,
+            }),
+            PermitAttempt::Full(left) => Ok(Attempt {
+                token: None,
+                holder_expires_in: left,
+            }),
+            PermitAttempt::LimitIs(stored) => Err(Error::LimitMismatch {
+                name: req.name.clone(),
+                requested,
+                stored: limit_from_db(err, stored)?,
+            }),
+        }
+    }
+}
+
+/// A remaining lease in microseconds from the database, clamped at zero (a
+/// permit can expire between the statement and the reply).
+pub(crate) fn remaining_micros(left: Option<i64>) -> Option<Duration> {
+    left.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)))
+}
