@@ -164,6 +164,65 @@ pub fn verify(
     }
 }
 
+/// Checks a semaphore run (`report.limit` permits) whose faulted holder was
+/// paused past its TTL: the fenced register (the N highest tokens) accepted
+/// no stale operation and never more writers at once than the limit; the
+/// unfenced register shows the violation (a stale write, or more writers
+/// than the limit); the holders themselves never counted more holds than
+/// the limit, except for the paused one; tokens rose on strong backends.
+pub fn verify_permits(
+    backend: &str,
+    fault: &str,
+    ttl: Duration,
+    report: Report,
+) -> Result<(), Failed> {
+    let mut problems = Vec::new();
+    let limit = u64::from(report.limit);
+    if report.limit < 2 {
+        problems.push(format!("a semaphore run with a limit of {}", report.limit));
+    }
+    if report.fenced.stale_accepted > 0 || report.fenced.writers_over_limit > 0 {
+        problems.push(format!(
+            "the fenced register accepted {} stale operations and {} writers at once (limit {limit})",
+            report.fenced.stale_accepted, report.fenced.most_writers
+        ));
+    }
+    if report.fencing == "Strong" && report.token_order_violations > 0 {
+        problems.push(format!(
+            "{} grants with a token that did not rise, on a backend that declares strong fencing",
+            report.token_order_violations
+        ));
+    }
+    if report.unfenced.violations() == 0 {
+        problems.push("without fencing no violation showed: the fault did not fire".into());
+    }
+    // The paused holder still believes it holds while the others do.
+    if report.most_holders as u64 > limit + 1 {
+        problems.push(format!(
+            "{} holds at once by the holders' own account, limit {limit}",
+            report.most_holders
+        ));
+    }
+    if report.recovery.is_none() {
+        problems.push("no other client was granted a permit after the fault".into());
+    }
+    ROWS.lock().unwrap_or_else(|p| p.into_inner()).push(Row {
+        backend: format!("{backend} (semaphore of {limit})"),
+        fault: fault.into(),
+        report: report.clone(),
+        ttl,
+        expect: Expect {
+            violations_without_fencing: true,
+            ..Expect::default()
+        },
+    });
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{}\n\nreport:\n{report}", problems.join("\n")).into())
+    }
+}
+
 /// The matrix as a Markdown table, rows sorted by fault then backend.
 pub fn matrix() -> String {
     let mut rows = ROWS.lock().unwrap_or_else(|p| p.into_inner()).clone();

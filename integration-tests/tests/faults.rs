@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_check::{CheckError, Faults, Workload};
-use integration_tests::faults::{print_matrix, verify, verify_late_release, Expect};
+use integration_tests::faults::{
+    print_matrix, verify, verify_late_release, verify_permits, Expect,
+};
 use integration_tests::harness::{
     process::temp_dir, proxy::Proxy, redis as redis_server, ServerKind, ServerProcess, TestServer,
 };
@@ -174,6 +176,28 @@ async fn f1_pause(b: B) -> Result<(), Failed> {
         },
     )?;
     late
+}
+
+/// F1 on a semaphore of 2 permits with 4 clients: a permit holder is paused
+/// past its TTL, its permit goes to another client, and its late write must
+/// be refused by the register that keeps the 2 highest tokens.
+async fn f1_pause_permits(b: B) -> Result<(), Failed> {
+    let env = start(b, "").await?;
+    let ttl = ttl_for(b);
+    let mut w = workload(vec![env.url.clone(); 4], ttl)?;
+    w.limit = Some(2);
+    w.lock = "faults/pool".into();
+    let pause = ttl * 2 + Duration::from_secs(1);
+    let report = distlock_check::run(&w, |f| async move { f.pause_holder(0, pause).await })
+        .await
+        .map_err(failed)?;
+    drop(env);
+    verify_permits(
+        b.name(),
+        "F1 permit holder paused past its TTL",
+        ttl,
+        report,
+    )
 }
 
 /// Waits for the stalled holder's write to land, then a little more.
@@ -676,6 +700,24 @@ fn main() -> std::process::ExitCode {
                 b.name().split(' ').next().unwrap_or("")
             ),
             f1_pause(b),
+        ));
+    }
+    for b in [
+        B::Sqlite,
+        B::Postgres,
+        B::Mysql,
+        B::Redis,
+        B::Redlock,
+        B::Etcd,
+        B::ZooKeeper,
+    ] {
+        trials.push(trial(
+            &rt,
+            format!(
+                "faults::F1_pause_permit::{}",
+                b.name().split(' ').next().unwrap_or("")
+            ),
+            f1_pause_permits(b),
         ));
     }
     for b in [B::Postgres, B::Mysql, B::Redis, B::Etcd] {

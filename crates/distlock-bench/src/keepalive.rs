@@ -113,11 +113,15 @@ pub(crate) struct KeepAlive {
 /// (resident set against the same process, warmed up by 100 acquire +
 /// release cycles, before acquiring) and the renewal requests sent per
 /// renewal period.
+///
+/// With `limit`, the holds are permits: `m / limit` semaphores of `limit`
+/// permits each, every permit held.
 pub(crate) async fn keep_alive(
     backend: DynBackend,
     m: usize,
     ttl: Duration,
     tag: &str,
+    limit: Option<u32>,
 ) -> std::result::Result<KeepAlive, BoxError> {
     let counting = Counting::new(backend);
     let client = LockClient::from_dyn(counting.clone());
@@ -131,12 +135,11 @@ pub(crate) async fn keep_alive(
     let started = Instant::now();
     let mut guards = Vec::with_capacity(m);
     for i in 0..m {
-        let g = client
-            .lock(format!("bench/{tag}/held/{i}"))
-            .ttl(ttl)
-            .try_acquire()
-            .await?
-            .ok_or("lock busy")?;
+        let builder = match limit {
+            Some(n) => client.semaphore(format!("bench/{tag}/permits/{}", i / n as usize), n),
+            None => client.lock(format!("bench/{tag}/held/{i}")),
+        };
+        let g = builder.ttl(ttl).try_acquire().await?.ok_or("lock busy")?;
         guards.push(g);
     }
     let acquire_secs = started.elapsed().as_secs_f64();

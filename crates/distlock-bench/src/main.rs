@@ -1,7 +1,7 @@
 //! `distlock-bench`: distlock against the raw round trips each backend
 //! needs, and against peer libraries, in one run.
 //!
-//! Scenarios (issue 10): 1 round-trip calibration; 2 uncontended
+//! Scenarios: 1 round-trip calibration; 2 uncontended
 //! acquire+release against the raw minimal sequence (closed loop, and open
 //! loop at a fixed rate); 3 K tasks on K names; 4 K clients on one name
 //! (fairness); 5 and 6 handoff latency and the herd with 1, 10 and 100
@@ -213,6 +213,47 @@ fn lib_step(lib: &LockClient, tag: &str) -> Step {
     })
 }
 
+/// Permits per semaphore in the uncontended semaphore variants.
+const UNCONTENDED_LIMIT: u32 = 3;
+
+/// One uncontended permit acquire + release through the client.
+fn lib_permit_step(lib: &LockClient, tag: &str) -> Step {
+    let (lib, tag) = (lib.clone(), tag.to_string());
+    Arc::new(move |_, slot| {
+        let lib = lib.clone();
+        let name = format!("bench/{tag}/uncontended-permit/{slot}");
+        Box::pin(async move {
+            let g = lib
+                .semaphore(&name, UNCONTENDED_LIMIT)
+                .ttl(Duration::from_secs(30))
+                .try_acquire()
+                .await?
+                .ok_or("semaphore full")?;
+            g.release().await?;
+            Ok(())
+        })
+    })
+}
+
+/// One uncontended permit acquire + release through the backend alone.
+fn backend_permit_step(lib: &LockClient, tag: &str) -> Step {
+    let (backend, tag) = (lib.backend().clone(), tag.to_string());
+    Arc::new(move |_, slot| {
+        let backend = backend.clone();
+        let name = format!("bench/{tag}/uncontended-permit/{slot}");
+        Box::pin(async move {
+            let req = distlock::LockRequest::permit(
+                distlock::LockName::new(&name)?,
+                Duration::from_secs(30),
+                UNCONTENDED_LIMIT,
+            );
+            backend.try_acquire(&req).await?.ok_or("semaphore full")?;
+            backend.release(&req).await?;
+            Ok(())
+        })
+    })
+}
+
 /// One uncontended acquire + release through the backend alone: the
 /// `Backend` trait's calls, without the client (no guard, no watchdog, no
 /// local state).
@@ -252,6 +293,17 @@ async fn uncontended(
     if let Some(proto) = &t.proto {
         variants.push((Series::new("distlock's requests, sent raw")?, proto.clone()));
     }
+    // The semaphore's two variants sit before the lock's last two, which
+    // the split below reads by position.
+    let permits = variants.len();
+    variants.push((
+        Series::new("semaphore: distlock backend, no client")?,
+        backend_permit_step(lib, t.name),
+    ));
+    variants.push((
+        Series::new("semaphore: distlock acquire+release")?,
+        lib_permit_step(lib, t.name),
+    ));
     variants.push((
         Series::new("distlock backend, no client")?,
         backend_step(lib, t.name),
@@ -332,6 +384,13 @@ async fn uncontended(
         ),
     };
     let _ = writeln!(r.md, "\nthe gap at p50, as fractions of raw: {split}");
+    let _ = writeln!(
+        r.md,
+        "\nsemaphore of {UNCONTENDED_LIMIT} at p50: distlock / backend alone {:.2}; distlock semaphore / raw lock sequence {:.2}; distlock semaphore / distlock lock {:.2}",
+        p50(permits + 1) / p50(permits),
+        p50(permits + 1) / raw50,
+        p50(permits + 1) / p50(last)
+    );
     r.latency.push((
         t.name.to_string(),
         vec![
@@ -622,12 +681,34 @@ async fn idle_round_trip(rtt: &Step, n: u32) -> Result<(u64, u64), BoxError> {
 /// set before acquiring is the baseline, not the peak of earlier scenarios.
 pub(crate) const HOLD_ENV: &str = "DISTLOCK_BENCH_HOLD";
 
+/// Permits per semaphore when scenario 7 holds permits.
+const PERMITS_PER_SEMAPHORE: u32 = 10;
+
 async fn scenario_7(t: &Target, a: &Args, r: &mut Results) -> Result<(), BoxError> {
+    for limit in [None, Some(PERMITS_PER_SEMAPHORE)] {
+        hold_in_a_fresh_process(t, a, limit, r).await?;
+    }
+    Ok(())
+}
+
+async fn hold_in_a_fresh_process(
+    t: &Target,
+    a: &Args,
+    limit: Option<u32>,
+    r: &mut Results,
+) -> Result<(), BoxError> {
     let ttl = Duration::from_secs(if a.smoke { 3 } else { 9 });
     let out = tokio::process::Command::new(std::env::current_exe()?)
         .env(
             HOLD_ENV,
-            format!("{} {} {} {}", t.url, a.held, ttl.as_secs(), t.name),
+            format!(
+                "{} {} {} {} {}",
+                t.url,
+                a.held,
+                ttl.as_secs(),
+                t.name,
+                limit.unwrap_or(0)
+            ),
         )
         .output()
         .await?;
@@ -645,9 +726,13 @@ async fn scenario_7(t: &Target, a: &Args, r: &mut Results) -> Result<(), BoxErro
     let [bytes, renewals, renewed, secs] = v[..] else {
         return Err(format!("unexpected output {text:?}").into());
     };
+    let what = match limit {
+        None => "locks".to_string(),
+        Some(n) => format!("permits ({} semaphores of {n})", a.held / n as usize),
+    };
     let _ = writeln!(
         r.md,
-        "\n#### {}: holding {} locks in one client (TTL {} s, fresh process)\n\n| memory per held lock | renewal requests per renewal period | holds renewed per period | time to acquire them all |\n|---|---|---|---|\n| {bytes:.0} bytes | {renewals:.0} | {renewed:.0} | {secs:.1} s |",
+        "\n#### {}: holding {} {what} in one client (TTL {} s, fresh process)\n\n| memory per hold | renewal requests per renewal period | holds renewed per period | time to acquire them all |\n|---|---|---|---|\n| {bytes:.0} bytes | {renewals:.0} | {renewed:.0} | {secs:.1} s |",
         t.name,
         a.held,
         ttl.as_secs(),
@@ -659,14 +744,16 @@ async fn scenario_7(t: &Target, a: &Args, r: &mut Results) -> Result<(), BoxErro
 /// per period, holds renewed per period and seconds to acquire.
 async fn hold_many(spec: &str) -> Result<(), BoxError> {
     let f: Vec<&str> = spec.split(' ').collect();
-    let [url, m, ttl, tag] = f[..] else {
-        return Err(format!("{HOLD_ENV}={spec:?}: expected URL M TTL_SECS TAG").into());
+    let [url, m, ttl, tag, limit] = f[..] else {
+        return Err(format!("{HOLD_ENV}={spec:?}: expected URL M TTL_SECS TAG LIMIT").into());
     };
+    let limit: u32 = limit.parse()?;
     let k = keepalive::keep_alive(
         distlock::connect(url).await?,
         m.parse()?,
         Duration::from_secs(ttl.parse()?),
         tag,
+        (limit > 0).then_some(limit),
     )
     .await?;
     println!(

@@ -63,7 +63,10 @@ pub struct Report {
     pub fenced: CellStats,
     /// The unfenced cell.
     pub unfenced: CellStats,
-    /// Successive grants (in acquire order) whose token did not rise.
+    /// Successive grants (in acquire order) whose token did not rise. For a
+    /// semaphore, whose grants overlap and return to their clients in any
+    /// order: grants whose token is not above that of every hold that had
+    /// ended before it began.
     pub token_order_violations: usize,
     /// From the fault's start to the next grant to another worker.
     pub recovery: Option<Duration>,
@@ -144,6 +147,24 @@ fn cell(log: &Log, fenced: bool) -> CellStats {
     stats
 }
 
+/// Holds (sorted by start) whose token is not above the token of every
+/// hold that ended before they began.
+fn tokens_below_an_ended_hold(holds: &[&Hold], end: impl Fn(&Hold) -> u64) -> usize {
+    let mut ended: Vec<(u64, u64)> = holds.iter().map(|h| (end(h), h.token)).collect();
+    ended.sort_unstable();
+    let (mut next, mut highest, mut violations) = (0, None, 0);
+    for h in holds {
+        while next < ended.len() && ended[next].0 < h.start {
+            highest = highest.max(Some(ended[next].1));
+            next += 1;
+        }
+        if highest.is_some_and(|t| h.token <= t) {
+            violations += 1;
+        }
+    }
+    violations
+}
+
 /// The most of `intervals` (start, end) that overlap at one instant.
 fn most_at_once(intervals: &[(u64, u64)]) -> usize {
     let mut edges: Vec<(u64, i32)> = intervals
@@ -189,15 +210,22 @@ pub fn check(log: &Log) -> Report {
     }
     let intervals: Vec<(u64, u64)> = holds.iter().map(|h| (h.start, end(h))).collect();
     let most_holders = most_at_once(&intervals);
-    let token_order_violations = holds
-        .windows(2)
-        .filter(|w| w[1].token <= w[0].token)
-        .count();
+    let token_order_violations = if log.limit > 1 {
+        tokens_below_an_ended_hold(&holds, end)
+    } else {
+        holds
+            .windows(2)
+            .filter(|w| w[1].token <= w[0].token)
+            .count()
+    };
 
     let mut recovery = None;
     let mut lost_before_regrant = None;
     let mut faulted_hold_end = None;
     let mut double_grant = None;
+    // Another grant while the faulted holder still holds is a semaphore's
+    // normal work, not a double grant: those two verdicts are the lock's.
+    let single = log.limit <= 1;
     if let Some((t, w)) = fault {
         let next = holds
             .iter()
@@ -211,13 +239,13 @@ pub fn check(log: &Log) -> Report {
             .find(|h| Some(h.worker) == w && h.start <= t && h.end.is_none_or(|e| e >= t))
         {
             faulted_hold_end = Some(h.how.clone());
-            if let Some(n) = next {
+            if let Some(n) = next.filter(|_| single) {
                 let lease_end = h.deadline;
                 let released = h.how.starts_with("released");
                 let before_release = !released || h.end.is_none_or(|e| n < e);
                 double_grant = Some(n < lease_end && before_release);
             }
-            lost_before_regrant = Some(match (h.end, next) {
+            lost_before_regrant = single.then_some(match (h.end, next) {
                 (Some(e), Some(n)) => h.how.starts_with("lost") && e <= n,
                 (Some(_), None) => h.how.starts_with("lost"),
                 (None, _) => false,
@@ -429,6 +457,26 @@ mod tests {
         assert_eq!(r.unfenced.stale_accepted, 1, "grant 1 wrote after 3 and 4");
         assert!(!r.fencing_failed());
         assert!(r.unfenced.violations() > 0);
+        assert_eq!(r.token_order_violations, 0);
+    }
+
+    #[test]
+    fn a_semaphore_grant_that_returns_first_with_the_higher_token_is_in_order() {
+        let mut log = Log {
+            limit: 2,
+            ..Log::default()
+        };
+        log.workers.insert(0, (1, "Strong".into()));
+        // 6 returns to its client before 5 does: both were granted while
+        // the other held, so either order is fine. 4 began after 6 ended:
+        // that is out of order.
+        log.holds.insert(1, hold(0, 1, 6, 0, 10));
+        log.holds.insert(2, hold(1, 2, 5, 1, 12));
+        log.holds.insert(3, hold(0, 3, 7, 11, 20));
+        log.holds.insert(4, hold(1, 4, 4, 13, 20));
+        let r = check(&log);
+        assert_eq!(r.token_order_violations, 1);
+        assert!(r.fencing_failed());
     }
 
     #[test]

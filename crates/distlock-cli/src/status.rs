@@ -16,6 +16,10 @@ pub(crate) struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// NAME is a semaphore: show how many of its permits are held and its
+    /// stored limit.
+    #[arg(long)]
+    semaphore: bool,
 }
 
 pub(crate) async fn status(args: StatusArgs) -> ExitCode {
@@ -27,7 +31,11 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
         Ok(b) => b,
         Err(e) => return fail(code_for(&e), e),
     };
-    let s = match backend.inspect(&name).await {
+    let s = match if args.semaphore {
+        backend.inspect_permits(&name).await
+    } else {
+        backend.inspect(&name).await
+    } {
         Ok(s) => s,
         Err(e) => return fail(code_for(&e), e),
     };
@@ -38,12 +46,22 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
             token: s.token.map(|t| t.get()),
             remaining_ms: s.remaining.map(|r| r.as_millis()),
             queue_len: s.queue_len,
+            holders: s.holders,
+            limit: s.limit,
         }
         .to_line();
         match line {
             Ok(line) => println!("{line}"),
             Err(e) => return fail(1, format!("cannot write the status as JSON: {e}")),
         }
+    } else if args.semaphore {
+        println!("semaphore: {name}");
+        println!("held:      {} permits", s.holders.unwrap_or(0));
+        println!(
+            "limit:     {}",
+            s.limit
+                .map_or_else(|| "(none stored yet)".to_string(), |l| l.to_string())
+        );
     } else {
         println!("lock:      {name}");
         println!("held:      {}", if s.held { "yes" } else { "no" });
@@ -77,6 +95,12 @@ struct StatusJson<'a> {
     token: Option<u64>,
     remaining_ms: Option<u128>,
     queue_len: Option<usize>,
+    /// Only for `--semaphore`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holders: Option<usize>,
+    /// Only for `--semaphore`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u32>,
 }
 
 impl StatusJson<'_> {
@@ -122,6 +146,8 @@ mod tests {
             token: Some(7),
             remaining_ms: Some(1500),
             queue_len: None,
+            holders: None,
+            limit: None,
         }
         .to_line()
         .unwrap();

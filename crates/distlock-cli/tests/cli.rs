@@ -30,9 +30,9 @@ fn sqlite(tag: &str) -> String {
     format!("sqlite://{}", scratch(tag).join("locks.db").display())
 }
 
-/// A password-protected redis-server for one test, stopped when dropped.
-/// (One shared through a `static` was never dropped, since statics outlive
-/// the test process's destructors, and was left running after every run.)
+/// A password-protected redis-server for one test, stopped when dropped
+/// (per test, not in a `static`: statics are never dropped, so a shared
+/// server would outlive the test process).
 #[cfg(feature = "redis")]
 struct Redis {
     url: String,
@@ -296,6 +296,84 @@ fn sigterm_is_forwarded_and_the_lock_released() {
     );
 }
 
+/// The maximum overlap of `start`/`end` lines appended in time order.
+fn most_at_once(log: &str) -> usize {
+    let (mut now, mut most) = (0usize, 0usize);
+    for line in log.lines() {
+        if line.starts_with("start") {
+            now += 1;
+            most = most.max(now);
+        } else {
+            now = now.saturating_sub(1);
+        }
+    }
+    most
+}
+
+/// Eight `distlock run --limit 3` at once: never more than three commands
+/// run together, and three do at least once.
+#[test]
+fn limit_3_runs_at_most_three_commands_at_once() {
+    let dir = scratch("limit");
+    let b = format!("sqlite://{}", dir.join("locks.db").display());
+    let log = dir.join("intervals.log");
+    let script = format!(
+        "echo start >> {0}; sleep 0.4; echo end >> {0}; echo $DISTLOCK_TOKEN >> {0}.tokens",
+        log.display()
+    );
+    let children: Vec<Child> = (0..8)
+        .map(|_| {
+            bin()
+                .args(["run", "--backend", &b, "--limit", "3", "--wait", "60s"])
+                .args(["shared/pool", "--", "sh", "-c", &script])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.lines().count(), 16, "{text}");
+    let most = most_at_once(&text);
+    assert!(
+        most <= 3,
+        "{most} commands ran at once under --limit 3:\n{text}"
+    );
+    assert_eq!(most, 3, "never three commands at once among eight:\n{text}");
+    let tokens = std::fs::read_to_string(dir.join("intervals.log.tokens")).unwrap();
+    let mut seen: Vec<u64> = tokens.lines().map(|t| t.parse().unwrap()).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), 8, "permit tokens repeated: {tokens}");
+    let out = bin()
+        .args([
+            "status",
+            "shared/pool",
+            "--semaphore",
+            "--json",
+            "--backend",
+            &b,
+        ])
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        status.contains("\"holders\":0") && status.contains("\"limit\":3"),
+        "{status}"
+    );
+    // The stored limit is 3: another one is refused with exit 2.
+    let out = run(
+        &b,
+        &["--limit", "4", "--wait", "0"],
+        "shared/pool",
+        &["true"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{err}");
+    assert!(err.contains('3') && err.contains('4'), "{err}");
+}
+
 fn no_overlap(backend: &str, dir: &Path) {
     let log = dir.join("intervals.log");
     let script = format!(
@@ -399,6 +477,9 @@ fn bad_input_exits_2_with_a_clear_message() {
         vec!["run", "--ttl", "0s", "x", "--", "true"],
         vec!["run", "--wait", "soon", "x", "--", "true"],
         vec!["run", "--kill-after", "-1s", "x", "--", "true"],
+        vec!["run", "--limit", "0", "x", "--", "true"],
+        vec!["run", "--limit", "many", "x", "--", "true"],
+        vec!["run", "--limit", "-3", "x", "--", "true"],
         vec!["run", "x"],
         vec!["run", "--bogus", "x", "--", "true"],
         vec!["run", "--backend", "nonsense", "x", "--", "true"],
@@ -525,6 +606,50 @@ fn check_with_a_paused_holder_shows_fencing_catching_the_stale_write() {
     );
 }
 
+/// The semaphore workload: a holder of one of 2 permits paused past its TTL
+/// is turned away by the fenced register (which keeps the 2 highest tokens),
+/// which never has more than 2 writers at once; the unfenced one shows the
+/// violation.
+#[test]
+fn check_with_a_paused_permit_holder_shows_the_n_gate_catching_it() {
+    let out = bin()
+        .args(["check", "--backend", &sqlite("check-sem"), "--limit", "2"])
+        .args([
+            "--clients",
+            "5",
+            "--duration",
+            "8s",
+            "--ttl",
+            "1s",
+            "--pause-holder",
+        ])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(report.contains("semaphore of 2 permits"), "{report}");
+    assert_eq!(
+        report_number(&report, "fenced register", "stale accepted"),
+        0,
+        "{report}"
+    );
+    assert!(
+        report_number(&report, "fenced register", "writers at once") <= 2,
+        "{report}"
+    );
+    let unfenced_stale = report_number(&report, "unfenced register", "stale accepted");
+    let unfenced_writers = report_number(&report, "unfenced register", "writers at once");
+    assert!(
+        unfenced_stale >= 1 || unfenced_writers > 2,
+        "the paused holder's stale write should reach the unfenced register:\n{report}"
+    );
+}
+
 #[test]
 fn check_rejects_bad_input_with_usage_errors() {
     let db = sqlite("check-bad");
@@ -534,6 +659,8 @@ fn check_rejects_bad_input_with_usage_errors() {
         vec!["--clients", "100000"],
         vec!["--clients", "65"],
         vec!["--duration", "0s"],
+        vec!["--limit", "0"],
+        vec!["--limit", "4", "--clients", "4"],
         vec!["--ttl", "0s"],
         vec!["--lock", "bad name!"],
         vec!["--duration", "soon"],
