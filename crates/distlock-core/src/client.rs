@@ -1,20 +1,23 @@
-//! What a user holds: the client, its lock builder, and the per-name local
-//! state that gives reentrancy and in-process coalescing.
+//! What a user holds: the client and its builder, the top of core's layers.
+//! A builder validates, takes a slot's local permit (coalescing), asks the
+//! backend, and starts a [`Hold`] (its lease armed in the keeper) behind
+//! the guard it returns.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Backend, Capabilities, DynBackend, HoldKind, LockRequest};
 use crate::error::{Error, InputKind, Result};
-use crate::guard::{Hold, LockGuard};
+use crate::guard::LockGuard;
+use crate::keeper::Keeper;
+use crate::lease::lock;
 use crate::name::LockName;
+use crate::slot::{slot_ref, Grant, Hold, SlotTable};
 
 /// The default lease TTL: long enough to survive a slow renewal round trip,
 /// short enough that a crashed holder frees the lock within half a minute.
@@ -27,7 +30,7 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// every backend:
 /// - a conservative local deadline per lock, measured on a monotonic clock
 ///   started before the acquire request was sent;
-/// - automatic renewal by a watchdog at about TTL/3;
+/// - automatic renewal by the keeper at about TTL/3;
 /// - [`LockGuard::lost`] when the lock may no longer be held;
 /// - reentrancy for an explicit [`holder`](LockBuilder::holder);
 /// - in-process coalescing: tasks of one client waiting for the same name
@@ -38,73 +41,14 @@ pub struct LockClient {
 }
 
 pub(crate) struct ClientInner {
-    pub(crate) backend: DynBackend,
-    pub(crate) caps: Capabilities,
-    pub(crate) renewer: crate::renewer::Renewer,
-    pub(crate) scheduler: Arc<crate::watchdog::Scheduler>,
-    /// One watcher per backend session, for backends that name them.
-    pub(crate) sessions: Mutex<HashMap<u64, crate::watchdog::SessionWatch>>,
-    slots: Mutex<HashMap<SlotKey, Arc<Slot>>>,
-}
-
-/// A name's holds of one kind share a slot; a lock and a semaphore of the
-/// same name are separate objects, and so are their slots.
-type SlotKey = (LockName, HoldKind);
-
-impl Drop for ClientInner {
-    fn drop(&mut self) {
-        let sessions = self
-            .sessions
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner);
-        crate::watchdog::stop_session_watchers(sessions);
-    }
-}
-
-/// Local state for one name and kind inside one client.
-pub(crate) struct Slot {
-    /// As many local permits as the kind admits holders (one for a lock, N
-    /// for a semaphore of N): whoever has one may talk to the backend about
-    /// this name (and keeps it for the whole hold), so other local tasks
-    /// wait here instead of adding load on the server, and one client never
-    /// puts more waiters on the server than there are permits it could use.
-    /// Tokio's semaphore is FIFO, so local waiters are served in arrival
-    /// order.
-    pub(crate) gate: Arc<Semaphore>,
-    /// The current holds, for reentrant acquires.
-    pub(crate) held: Mutex<Vec<Arc<Hold>>>,
-}
-
-/// A reference to a [`Slot`] that removes the slot from its client's map
-/// when the last user is gone.
-pub(crate) struct SlotRef {
-    client: Arc<ClientInner>,
-    key: SlotKey,
-    pub(crate) slot: Arc<Slot>,
-}
-
-impl Drop for SlotRef {
-    fn drop(&mut self) {
-        let mut slots = lock(&self.client.slots);
-        // The map and this reference: nobody else can reach the slot, and
-        // new references are only made under this same mutex.
-        if Arc::strong_count(&self.slot) == 2 {
-            slots.remove(&self.key);
-        }
-    }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these short critical sections leaves the
-    // data consistent (every update is a single assignment), so poisoning is
-    // not a reason to take the whole client down.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) keeper: Arc<Keeper>,
+    slots: Arc<SlotTable>,
 }
 
 impl fmt::Debug for LockClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockClient")
-            .field("backend", &self.inner.backend)
+            .field("backend", &self.inner.keeper.backend)
             .field("local_names", &lock(&self.inner.slots).len())
             .finish()
     }
@@ -118,27 +62,22 @@ impl LockClient {
 
     /// A client over an already shared backend.
     pub fn from_dyn(backend: DynBackend) -> Self {
-        let caps = backend.capabilities();
         Self {
             inner: Arc::new(ClientInner {
-                renewer: crate::renewer::Renewer::new(backend.clone(), caps.extend_batch),
-                scheduler: Arc::default(),
-                sessions: Mutex::new(HashMap::new()),
-                backend,
-                caps,
-                slots: Mutex::new(HashMap::new()),
+                keeper: Keeper::new(backend),
+                slots: Arc::default(),
             }),
         }
     }
 
     /// The backend's declared capabilities.
     pub fn capabilities(&self) -> &Capabilities {
-        &self.inner.caps
+        &self.inner.keeper.caps
     }
 
     /// The backend itself, for its primitive operations.
     pub fn backend(&self) -> &DynBackend {
-        &self.inner.backend
+        &self.inner.keeper.backend
     }
 
     /// Starts building a lock on `name`. An invalid name is reported when
@@ -166,8 +105,8 @@ impl LockClient {
     ) -> Result<Option<u32>> {
         let name =
             LockName::new(name).map_err(|e| Error::invalid(InputKind::LockName, e.to_string()))?;
-        check_kind(&self.inner.caps, &HoldKind::Permits { limit })?;
-        self.inner.backend.set_limit(&name, limit).await
+        check_kind(&self.inner.keeper.caps, &HoldKind::Permits { limit })?;
+        self.inner.keeper.backend.set_limit(&name, limit).await
     }
 
     fn builder(&self, name: impl AsRef<str>, kind: HoldKind) -> LockBuilder {
@@ -180,24 +119,6 @@ impl LockClient {
             renew: true,
             max_hold: None,
             holder: None,
-        }
-    }
-
-    fn slot_ref(inner: &Arc<ClientInner>, name: &LockName, kind: HoldKind) -> SlotRef {
-        let key = (name.clone(), kind);
-        let slot = lock(&inner.slots)
-            .entry(key.clone())
-            .or_insert_with(|| {
-                Arc::new(Slot {
-                    gate: Arc::new(Semaphore::new(kind.holders() as usize)),
-                    held: Mutex::new(Vec::new()),
-                })
-            })
-            .clone();
-        SlotRef {
-            client: inner.clone(),
-            key,
-            slot,
         }
     }
 }
@@ -248,7 +169,7 @@ impl fmt::Debug for LockBuilder {
 }
 
 impl LockBuilder {
-    /// The lease TTL (default [`DEFAULT_TTL`]). The watchdog renews at
+    /// The lease TTL (default [`DEFAULT_TTL`]). The keeper renews at
     /// about a third of it.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -328,7 +249,7 @@ impl LockBuilder {
             Ok(n) => n.clone(),
             Err(e) => return Err(Error::invalid(InputKind::LockName, e.to_string())),
         };
-        let caps = &self.client.caps;
+        let caps = &self.client.keeper.caps;
         check_kind(caps, &self.kind)?;
         if self.ttl.is_zero() {
             return Err(Error::invalid(
@@ -356,21 +277,18 @@ impl LockBuilder {
 
     async fn acquire_inner(self, mode: Mode) -> Result<Option<LockGuard>> {
         let name = self.validate()?;
-        let span = tracing::debug_span!("distlock.acquire", lock = %name, kind = %self.kind, backend = self.client.caps.backend, ttl = ?self.ttl);
+        let span = tracing::debug_span!("distlock.acquire", lock = %name, kind = %self.kind, backend = self.client.keeper.caps.backend, ttl = ?self.ttl);
         self.acquire_validated(name, mode).instrument(span).await
     }
 
     async fn acquire_validated(self, name: LockName, mode: Mode) -> Result<Option<LockGuard>> {
         let start = Instant::now();
-        let slot = LockClient::slot_ref(&self.client, &name, self.kind);
+        let slot = slot_ref(&self.client.slots, &name, self.kind);
 
         if let Some(holder) = &self.holder {
-            let current = lock(&slot.slot.held)
-                .iter()
-                .find(|h| h.holder.as_deref() == Some(holder.as_str()))
-                .cloned();
-            if let Some(hold) = current {
-                return hold.nest().map(Some);
+            if let Some(hold) = slot.slot.held_by(holder) {
+                hold.nest()?;
+                return Ok(Some(LockGuard::new(hold)));
             }
         }
 
@@ -399,7 +317,7 @@ impl LockBuilder {
             }
         };
 
-        let backend = self.client.backend.clone();
+        let backend = self.client.keeper.backend.clone();
         let mut req = LockRequest::new(name, self.ttl);
         req.kind = self.kind;
         // Started before the request is sent: the lease can only have begun
@@ -438,15 +356,17 @@ impl LockBuilder {
         let sent = req.last_attempt().unwrap_or(sent);
         tracing::debug!(%token, waited = ?start.elapsed(), "acquired");
         let hold = Hold::start(
-            self.client.clone(),
+            self.client.keeper.clone(),
             slot,
             permit,
-            req,
-            token,
-            sent,
-            self.renew,
-            self.max_hold,
-            self.holder,
+            Grant {
+                req,
+                token,
+                sent,
+                renew: self.renew,
+                max_hold: self.max_hold,
+                holder: self.holder,
+            },
         );
         Ok(Some(LockGuard::new(hold)))
     }

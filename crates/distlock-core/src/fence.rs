@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 
-use crate::client::lock;
+use crate::lease::lock;
 use crate::token::FencingToken;
 
 /// A token older than the ones the resource has already seen.

@@ -5,12 +5,14 @@ mod client;
 mod error;
 mod fence;
 mod guard;
+mod keeper;
+mod lease;
 mod memory;
 mod name;
 pub mod poll;
 mod renewer;
+mod slot;
 mod token;
-mod watchdog;
 
 pub use backend::{
     Backend, Capabilities, Consistency, DynBackend, Fencing, HoldKind, LockRequest, LockStatus,

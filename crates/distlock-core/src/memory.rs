@@ -12,8 +12,8 @@ use crate::backend::{
     Backend, Capabilities, Consistency, Fencing, HoldKind, LockRequest, LockStatus, TrustedClock,
     Waiting,
 };
-use crate::client::lock;
 use crate::error::{Error, Result};
+use crate::lease::lock;
 use crate::name::LockName;
 use crate::token::{FencingToken, Owner};
 

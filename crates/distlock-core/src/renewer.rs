@@ -1,12 +1,14 @@
-//! Batched renewal. The watchdog decides *when* a hold renews; when the
+//! Batched renewal. The keeper decides *when* a lease renews; when the
 //! backend can extend many holds in one request
 //! ([`Capabilities::extend_batch`](crate::Capabilities::extend_batch) > 1),
 //! the renewal goes through one task per client that sends everything
 //! queued in one [`Backend::extend_many`] call, and collects the next batch
-//! while that call is in flight (group commit). Watchdogs also round their
-//! renewal times down to a shared grid, so holds taken at different moments
+//! while that call is in flight (group commit). The keeper also rounds
+//! renewal times down to a shared grid, so leases taken at different moments
 //! come due together. Holding M locks then costs about M / batch requests
-//! per renewal period instead of M.
+//! per renewal period instead of M. Each answer goes back to the keeper
+//! through the callback it gave the renewer, so the renewer knows only
+//! leases and the backend.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -16,14 +18,17 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{DynBackend, LockRequest};
-use crate::client::lock;
-use crate::guard::{Hold, HoldState};
-use crate::watchdog::renewed;
+use crate::lease::{lock, HoldState, Lease};
 
-/// One renewal: the hold, when the watchdog asked (the new deadline counts
+/// Where a renewal's answer goes: the lease, when the renewal was asked for,
+/// its TTL, and the backend's answer.
+pub(crate) type Answered =
+    Arc<dyn Fn(Arc<Lease>, Instant, Duration, Result<bool, String>) + Send + Sync>;
+
+/// One renewal: the lease, when the keeper asked (the new deadline counts
 /// from here, so waiting in the queue only shortens it) and the TTL.
 struct Pending {
-    hold: Arc<Hold>,
+    lease: Arc<Lease>,
     sent: Instant,
     ttl: Duration,
 }
@@ -31,16 +36,18 @@ struct Pending {
 pub(crate) struct Renewer {
     backend: DynBackend,
     max_batch: usize,
+    answered: Answered,
     /// Started on first use, inside the caller's runtime; started again if
     /// that runtime has gone away.
     queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
 }
 
 impl Renewer {
-    pub(crate) fn new(backend: DynBackend, max_batch: usize) -> Self {
+    pub(crate) fn new(backend: DynBackend, max_batch: usize, answered: Answered) -> Self {
         Self {
             backend,
             max_batch: max_batch.max(1),
+            answered,
             queue: Mutex::new(None),
         }
     }
@@ -49,17 +56,17 @@ impl Renewer {
         self.max_batch > 1
     }
 
-    /// Renews `hold` to `ttl`, alone or in a batch; the answer goes to
-    /// [`renewed`].
-    pub(crate) fn submit(&self, hold: Arc<Hold>, sent: Instant, ttl: Duration) {
+    /// Renews `lease` to `ttl`, alone or in a batch; the answer goes to
+    /// the callback.
+    pub(crate) fn submit(&self, lease: Arc<Lease>, sent: Instant, ttl: Duration) {
         if !self.batching() {
-            let backend = self.backend.clone();
+            let (backend, answered) = (self.backend.clone(), self.answered.clone());
             tokio::spawn(async move {
-                let req = hold.req.with_ttl(ttl);
+                let req = lease.req.with_ttl(ttl);
                 let span =
-                    tracing::debug_span!("distlock.renew", lock = %req.name, token = %hold.token);
+                    tracing::debug_span!("distlock.renew", lock = %req.name, token = %lease.token);
                 let answer = backend.extend(&req).instrument(span).await;
-                renewed(hold, sent, ttl, answer.map_err(|e| e.to_string()));
+                answered(lease, sent, ttl, answer.map_err(|e| e.to_string()));
             });
             return;
         }
@@ -68,14 +75,19 @@ impl Renewer {
             Some(tx) if !tx.is_closed() => tx,
             _ => {
                 let (tx, rx) = mpsc::unbounded_channel();
-                tokio::spawn(run(self.backend.clone(), self.max_batch, rx));
+                tokio::spawn(run(
+                    self.backend.clone(),
+                    self.max_batch,
+                    self.answered.clone(),
+                    rx,
+                ));
                 queue.insert(tx)
             }
         };
-        if let Err(mpsc::error::SendError(p)) = tx.send(Pending { hold, sent, ttl }) {
+        if let Err(mpsc::error::SendError(p)) = tx.send(Pending { lease, sent, ttl }) {
             drop(queue);
-            renewed(
-                p.hold,
+            (self.answered)(
+                p.lease,
                 p.sent,
                 p.ttl,
                 Err("the renewal task has ended".into()),
@@ -84,7 +96,12 @@ impl Renewer {
     }
 }
 
-async fn run(backend: DynBackend, max_batch: usize, mut queue: mpsc::UnboundedReceiver<Pending>) {
+async fn run(
+    backend: DynBackend,
+    max_batch: usize,
+    answered: Answered,
+    mut queue: mpsc::UnboundedReceiver<Pending>,
+) {
     let mut batch = Vec::with_capacity(max_batch);
     while queue.recv_many(&mut batch, max_batch).await > 0 {
         // Holds that came due at the same grid point are runnable now; let
@@ -96,12 +113,12 @@ async fn run(backend: DynBackend, max_batch: usize, mut queue: mpsc::UnboundedRe
                 Err(_) => break,
             }
         }
-        // A hold released or lost meanwhile needs no renewal.
-        batch.retain(|p| matches!(&*p.hold.state.get(), HoldState::Held { .. }));
+        // A lease released or lost meanwhile needs no renewal.
+        batch.retain(|p| matches!(&*p.lease.state.get(), HoldState::Held { .. }));
         if batch.is_empty() {
             continue;
         }
-        let reqs: Vec<LockRequest> = batch.iter().map(|p| p.hold.req.with_ttl(p.ttl)).collect();
+        let reqs: Vec<LockRequest> = batch.iter().map(|p| p.lease.req.with_ttl(p.ttl)).collect();
         let span = tracing::debug_span!("distlock.renew_batch", size = reqs.len());
         let answers = match backend.extend_many(&reqs).instrument(span).await {
             Ok(answers) if answers.len() == reqs.len() => Ok(answers),
@@ -117,7 +134,7 @@ async fn run(backend: DynBackend, max_batch: usize, mut queue: mpsc::UnboundedRe
                 Ok(a) => Ok(a[i]),
                 Err(e) => Err(e.clone()),
             };
-            renewed(p.hold, p.sent, p.ttl, answer);
+            answered(p.lease, p.sent, p.ttl, answer);
         }
     }
 }

@@ -1,0 +1,209 @@
+//! The renewable lease: one acquisition's request, token and state, and the
+//! renewal bookkeeping the keeper owns.
+//!
+//! The bottom of core's layers: it knows no timer task, slot, guard or
+//! client. Above it, [`keeper`](crate::keeper) times renewals and watches
+//! sessions; [`slot`](crate::slot) keeps each name's local gate and the
+//! holds for reentrancy; the client and the guard sit on top.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::time::Instant;
+
+use crate::backend::LockRequest;
+use crate::error::LostReason;
+use crate::token::FencingToken;
+
+/// Locks one of core's short critical sections. A panic inside one leaves
+/// the data consistent (every update is a single assignment), so poisoning
+/// is not a reason to take the whole client down.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum HoldState {
+    Held { deadline: Instant },
+    Lost(LostReason),
+    Released,
+}
+
+/// A lease's state, and a wake-up for those waiting for it to leave Held.
+///
+/// A mutex and one `Notify`: the state is read and written a few times per
+/// acquisition, and only a loss or a release (once per lease) needs to wake
+/// anyone.
+pub(crate) struct StateCell {
+    now: Mutex<HoldState>,
+    settled: Notify,
+}
+
+impl StateCell {
+    fn new(state: HoldState) -> Self {
+        Self {
+            now: Mutex::new(state),
+            settled: Notify::new(),
+        }
+    }
+
+    /// The current state (hold the guard briefly).
+    pub(crate) fn get(&self) -> MutexGuard<'_, HoldState> {
+        lock(&self.now)
+    }
+
+    /// Applies `f`; if it changed the state and the state is no longer
+    /// Held, wakes the waiters. Returns what `f` returned.
+    fn update_if(&self, f: impl FnOnce(&mut HoldState) -> bool) -> bool {
+        let mut s = lock(&self.now);
+        let changed = f(&mut s);
+        let settled = changed && !matches!(*s, HoldState::Held { .. });
+        drop(s);
+        if settled {
+            self.settled.notify_waiters();
+        }
+        changed
+    }
+
+    fn set(&self, next: HoldState) {
+        self.update_if(|s| {
+            *s = next;
+            true
+        });
+    }
+
+    /// Resolves once the state is no longer Held (it never returns to
+    /// Held), with that state.
+    pub(crate) async fn settled(&self) -> HoldState {
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a change in between wakes us.
+            notified.as_mut().enable();
+            let now = self.get().clone();
+            if !matches!(now, HoldState::Held { .. }) {
+                return now;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Per-lease renewal state, owned by the keeper.
+#[derive(Debug)]
+pub(crate) struct Renewal {
+    pub(crate) next_renew: Instant,
+    pub(crate) renewing: bool,
+    pub(crate) in_flight: bool,
+    pub(crate) last_error: Option<String>,
+    pub(crate) capped_by_max_hold: bool,
+}
+
+impl Renewal {
+    pub(crate) fn new(next_renew: Instant, renewing: bool) -> Self {
+        Self {
+            next_renew,
+            renewing,
+            in_flight: false,
+            last_error: None,
+            capped_by_max_hold: false,
+        }
+    }
+
+    /// When the keeper must look at the lease next.
+    pub(crate) fn wake_at(&self, deadline: Instant) -> Instant {
+        if self.renewing && !self.in_flight {
+            self.next_renew.min(deadline)
+        } else {
+            deadline
+        }
+    }
+}
+
+/// Where a lease sits in the keeper's timer map.
+pub(crate) type TimerKey = (Instant, u64);
+
+/// One backend-level acquisition as core tracks it.
+pub(crate) struct Lease {
+    pub(crate) req: LockRequest,
+    pub(crate) token: FencingToken,
+    pub(crate) max_hold_until: Option<Instant>,
+    pub(crate) state: StateCell,
+    /// Renewal bookkeeping, owned by the keeper.
+    pub(crate) renewal: Mutex<Renewal>,
+    /// This lease's entry in the keeper's timer map.
+    pub(crate) timer: Mutex<Option<TimerKey>>,
+    /// This lease's place in its session's watcher: (session key, slot).
+    pub(crate) session: Mutex<Option<(u64, u64)>>,
+    /// The local gate's permit: dropped when the lease ends, which lets the
+    /// next local waiter of the name in.
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
+}
+
+impl Lease {
+    pub(crate) fn new(
+        req: LockRequest,
+        token: FencingToken,
+        deadline: Instant,
+        renewal: Renewal,
+        max_hold_until: Option<Instant>,
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
+        Self {
+            req,
+            token,
+            max_hold_until,
+            state: StateCell::new(HoldState::Held { deadline }),
+            renewal: Mutex::new(renewal),
+            timer: Mutex::new(None),
+            session: Mutex::new(None),
+            permit: Mutex::new(Some(permit)),
+        }
+    }
+
+    /// Moves from Held to `next`; a lease that is already lost or released
+    /// stays so. Returns whether the state changed.
+    pub(crate) fn transition(&self, next: HoldState) -> bool {
+        self.state.update_if(|s| {
+            if matches!(s, HoldState::Held { .. }) {
+                *s = next;
+                true
+            } else {
+                false
+            }
+        })
+    }
+
+    /// The local deadline, or `None` once lost or released.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match &*self.state.get() {
+            HoldState::Held { deadline } => Some(*deadline),
+            _ => None,
+        }
+    }
+
+    /// Reports the lease lost and lets the next local waiter in: a lost
+    /// lease can protect nothing, so it must not keep the client's other
+    /// tasks from acquiring anew.
+    pub(crate) fn mark_lost(&self, reason: LostReason) {
+        if self.transition(HoldState::Lost(reason.clone())) {
+            tracing::warn!(lock = %self.req.name, token = %self.token, %reason, "lock lost");
+        }
+        self.free_permit();
+    }
+
+    /// Marks the lease released (a renewal in flight then changes nothing).
+    pub(crate) fn mark_released(&self) {
+        self.state.set(HoldState::Released);
+    }
+
+    /// Ends the lease locally: released, and the local permit freed.
+    pub(crate) fn end(&self) {
+        self.mark_released();
+        self.free_permit();
+    }
+
+    fn free_permit(&self) {
+        lock(&self.permit).take();
+    }
+}

@@ -1,0 +1,225 @@
+//! Per-name local state: the gate that coalesces a client's tasks, and the
+//! holds reentrant acquires nest into.
+//!
+//! Above the keeper and the lease, below the guard and the client: a
+//! [`Hold`] is a lease plus what a user's nested guards share (holder,
+//! nest count, the slot it lives in).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{HoldKind, LockRequest};
+use crate::error::{Error, LostReason, Result};
+use crate::keeper::Keeper;
+use crate::lease::{lock, HoldState, Lease, Renewal};
+use crate::name::LockName;
+use crate::token::FencingToken;
+
+/// A name's holds of one kind share a slot; a lock and a semaphore of the
+/// same name are separate objects, and so are their slots.
+pub(crate) type SlotKey = (LockName, HoldKind);
+
+/// A client's slots, by name and kind.
+pub(crate) type SlotTable = Mutex<HashMap<SlotKey, Arc<Slot>>>;
+
+/// Local state for one name and kind inside one client.
+pub(crate) struct Slot {
+    /// As many local permits as the kind admits holders (one for a lock, N
+    /// for a semaphore of N): whoever has one may talk to the backend about
+    /// this name (and keeps it for the whole hold), so other local tasks
+    /// wait here instead of adding load on the server, and one client never
+    /// puts more waiters on the server than there are permits it could use.
+    /// Tokio's semaphore is FIFO, so local waiters are served in arrival
+    /// order.
+    pub(crate) gate: Arc<Semaphore>,
+    /// The holds of this slot, for reentrant acquires; ended ones are
+    /// skipped and pruned.
+    held: Mutex<Vec<Weak<Hold>>>,
+}
+
+/// A reference to a [`Slot`] that removes the slot from its table when the
+/// last user is gone.
+pub(crate) struct SlotRef {
+    table: Arc<SlotTable>,
+    key: SlotKey,
+    pub(crate) slot: Arc<Slot>,
+}
+
+impl Drop for SlotRef {
+    fn drop(&mut self) {
+        let mut slots = lock(&self.table);
+        // The table and this reference: nobody else can reach the slot, and
+        // new references are only made under this same mutex.
+        if Arc::strong_count(&self.slot) == 2 {
+            slots.remove(&self.key);
+        }
+    }
+}
+
+/// The slot for `name` and `kind`, made on first use.
+pub(crate) fn slot_ref(table: &Arc<SlotTable>, name: &LockName, kind: HoldKind) -> SlotRef {
+    let key = (name.clone(), kind);
+    let slot = lock(table)
+        .entry(key.clone())
+        .or_insert_with(|| {
+            Arc::new(Slot {
+                gate: Arc::new(Semaphore::new(kind.holders() as usize)),
+                held: Mutex::new(Vec::new()),
+            })
+        })
+        .clone();
+    SlotRef {
+        table: table.clone(),
+        key,
+        slot,
+    }
+}
+
+impl Slot {
+    /// The live hold of `holder` in this slot, if any.
+    pub(crate) fn held_by(&self, holder: &str) -> Option<Arc<Hold>> {
+        lock(&self.held)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|h| h.holder.as_deref() == Some(holder) && h.lease.deadline().is_some())
+    }
+
+    fn add(&self, hold: &Arc<Hold>) {
+        let mut held = lock(&self.held);
+        held.retain(|h| h.upgrade().is_some_and(|h| h.lease.deadline().is_some()));
+        held.push(Arc::downgrade(hold));
+    }
+}
+
+/// One backend-level acquisition, shared by all nested guards on it.
+pub(crate) struct Hold {
+    pub(crate) keeper: Arc<Keeper>,
+    pub(crate) lease: Arc<Lease>,
+    pub(crate) holder: Option<String>,
+    nested: Mutex<usize>,
+    // Last: dropped after the lease, so the slot outlives its holds.
+    _slot: SlotRef,
+}
+
+/// What a grant carries into [`Hold::start`].
+pub(crate) struct Grant {
+    pub(crate) req: LockRequest,
+    pub(crate) token: FencingToken,
+    /// When the lease began at the earliest: the deadline counts from here.
+    pub(crate) sent: Instant,
+    pub(crate) renew: bool,
+    pub(crate) max_hold: Option<std::time::Duration>,
+    pub(crate) holder: Option<String>,
+}
+
+impl Hold {
+    /// Starts a hold for a grant: its lease, armed in the keeper, in its
+    /// slot for reentrant acquires.
+    pub(crate) fn start(
+        keeper: Arc<Keeper>,
+        slot: SlotRef,
+        permit: OwnedSemaphorePermit,
+        grant: Grant,
+    ) -> Arc<Self> {
+        let Grant {
+            req,
+            token,
+            sent,
+            renew,
+            max_hold,
+            holder,
+        } = grant;
+        let deadline = sent + keeper.caps.safe_validity(req.ttl);
+        let renewal = Renewal::new(
+            keeper.first_renewal(sent, req.ttl),
+            renew && keeper.caps.extend,
+        );
+        let max_hold_until = max_hold.map(|m| sent + m);
+        let lease = Arc::new(Lease::new(
+            req,
+            token,
+            deadline,
+            renewal,
+            max_hold_until,
+            permit,
+        ));
+        let hold = Arc::new(Hold {
+            keeper,
+            lease,
+            holder,
+            nested: Mutex::new(1),
+            _slot: slot,
+        });
+        hold._slot.slot.add(&hold);
+        hold.keeper.start(&hold.lease);
+        hold
+    }
+
+    /// A nested acquire by the same holder: one more level.
+    pub(crate) fn nest(self: &Arc<Self>) -> Result<()> {
+        if let HoldState::Lost(reason) = &*self.lease.state.get() {
+            return Err(Error::LeaseLost {
+                name: self.lease.req.name.clone(),
+                reason: reason.clone(),
+            });
+        }
+        let mut n = lock(&self.nested);
+        if *n == 0 {
+            // Being released right now: behave as if the hold had ended.
+            return Err(Error::LeaseLost {
+                name: self.lease.req.name.clone(),
+                reason: LostReason::RenewalRejected,
+            });
+        }
+        *n += 1;
+        tracing::debug!(lock = %self.lease.req.name, depth = *n, "nested acquire");
+        Ok(())
+    }
+
+    pub(crate) fn depth(&self) -> usize {
+        *lock(&self.nested)
+    }
+
+    /// Drops one nesting level; true when it was the last.
+    pub(crate) fn unnest(&self) -> bool {
+        let mut n = lock(&self.nested);
+        *n = n.saturating_sub(1);
+        *n == 0
+    }
+
+    /// Ends the hold: stops its renewal, releases on the backend, lets the
+    /// next local waiter in.
+    pub(crate) async fn finish(&self) -> Result<bool> {
+        let lease = &self.lease;
+        lease.mark_released();
+        let span =
+            tracing::debug_span!("distlock.release", lock = %lease.req.name, token = %lease.token);
+        let result = self
+            .keeper
+            .backend
+            .release(&lease.req)
+            .instrument(span)
+            .await;
+        match &result {
+            Ok(true) => tracing::debug!(lock = %lease.req.name, token = %lease.token, "released"),
+            Ok(false) => {
+                tracing::info!(lock = %lease.req.name, token = %lease.token, "released, but the backend says it was no longer ours")
+            }
+            Err(e) => {
+                tracing::warn!(lock = %lease.req.name, error = %e, "release failed; the lease will expire after its TTL")
+            }
+        }
+        self.finish_local();
+        result
+    }
+
+    /// Ends the hold on this side only (no runtime to release in).
+    pub(crate) fn finish_local(&self) {
+        self.keeper.stop(&self.lease);
+        self.lease.end();
+    }
+}
