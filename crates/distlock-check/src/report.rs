@@ -15,8 +15,9 @@ pub struct CellStats {
     pub rejected: u64,
     /// Accepted operations that were stale: by a grant older than another
     /// grant whose operation the cell had already accepted (for a semaphore
-    /// of N: older than N such grants). A stale write is exactly a write by
-    /// a holder that has been superseded.
+    /// of N: once N grants that began after this holder's own deadline had
+    /// been accepted). A stale write is exactly a write by a holder that has
+    /// been superseded.
     pub stale_accepted: u64,
     /// The cell's final value.
     pub final_value: u64,
@@ -98,9 +99,17 @@ impl Report {
 fn cell(log: &Log, fenced: bool) -> CellStats {
     let limit = log.limit.max(1) as usize;
     let start_of = |g: u64| log.holds.get(&g).map_or(0, |h| h.start);
+    let deadline_of = |g: u64| log.holds.get(&g).map_or(u64::MAX, |h| h.deadline);
     let mut stats = CellStats::default();
-    // The starts of the `limit` newest grants the cell accepted, ascending.
-    let mut newest: Vec<u64> = Vec::with_capacity(limit);
+    // A lock: the start of the newest grant the cell accepted.
+    let mut newest = 0u64;
+    // A semaphore: the starts of every grant the cell accepted, ascending.
+    // Its grants overlap and return to their clients in any order, so
+    // "newer" cannot be read off the starts of two live holds; a grant is
+    // superseded once `limit` grants that began after its holder's own
+    // deadline have been accepted.
+    let mut accepted_starts: Vec<u64> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     // Each grant's accepted read, and its read-modify-write once its write
     // was accepted too.
     let mut read_at: HashMap<u64, u64> = HashMap::new();
@@ -112,15 +121,21 @@ fn cell(log: &Log, fenced: bool) -> CellStats {
             Some(false) => stats.rejected += 1,
             Some(true) => {
                 let start = start_of(op.grant);
-                if !newest.contains(&start) {
-                    if newest.len() == limit && start < newest[0] {
+                if limit == 1 {
+                    if newest > start {
                         stats.stale_accepted += 1;
-                    } else {
-                        if newest.len() == limit {
-                            newest.remove(0);
-                        }
-                        let at = newest.partition_point(|s| *s < start);
-                        newest.insert(at, start);
+                    }
+                    newest = newest.max(start);
+                } else {
+                    let deadline = deadline_of(op.grant);
+                    let after =
+                        accepted_starts.len() - accepted_starts.partition_point(|s| *s <= deadline);
+                    if after >= limit {
+                        stats.stale_accepted += 1;
+                    }
+                    if seen.insert(op.grant) {
+                        let at = accepted_starts.partition_point(|s| *s < start);
+                        accepted_starts.insert(at, start);
                     }
                 }
                 if op.write {

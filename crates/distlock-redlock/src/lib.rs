@@ -770,3 +770,42 @@ async fn distinct_servers(nodes: &[Node]) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nothing listens on these ports: the check is at connect, before any
+    /// node is asked anything.
+    #[tokio::test]
+    async fn one_server_under_two_names_is_refused_naming_both() {
+        let err = RedlockBackend::connect("redlock://localhost:1,127.0.0.1:1,127.0.0.1:2")
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+        assert!(
+            text.contains("localhost:1") && text.contains("127.0.0.1:1"),
+            "{text}"
+        );
+        let err = RedlockBackend::connect("redlock://A:1,a:1")
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        assert!(err.to_string().contains("A:1"), "{err}");
+        // Distinct ports of one host are distinct servers.
+        assert!(distinct_servers(
+            &config::parse(
+                "redlock://127.0.0.1:1,127.0.0.1:2",
+                &mut RedlockConfig::default()
+            )
+            .unwrap()
+            .into_iter()
+            .map(|u| Node::new(u, String::new()))
+            .collect::<Vec<_>>()
+        )
+        .await
+        .is_ok());
+    }
+}
