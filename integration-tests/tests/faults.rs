@@ -35,6 +35,21 @@ enum B {
 }
 
 impl B {
+    const EVERY: [B; 7] = [
+        B::Sqlite,
+        B::Postgres,
+        B::Mysql,
+        B::Redis,
+        B::Redlock,
+        B::Etcd,
+        B::ZooKeeper,
+    ];
+
+    /// The name without a qualifier such as "(fenced)", for trial names.
+    fn short_name(self) -> &'static str {
+        self.name().split(' ').next().unwrap_or("")
+    }
+
     fn name(self) -> &'static str {
         match self {
             B::Sqlite => "sqlite",
@@ -684,41 +699,13 @@ fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     let rt = runtime();
     let mut trials: Vec<Trial> = Vec::new();
-    for b in [
-        B::Sqlite,
-        B::Postgres,
-        B::Mysql,
-        B::Redis,
-        B::Redlock,
-        B::Etcd,
-        B::ZooKeeper,
-    ] {
-        trials.push(trial(
-            &rt,
-            format!(
-                "faults::F1_pause::{}",
-                b.name().split(' ').next().unwrap_or("")
-            ),
-            f1_pause(b),
-        ));
+    for b in B::EVERY {
+        let name = format!("faults::F1_pause::{}", b.short_name());
+        trials.push(trial(&rt, name, f1_pause(b)));
     }
-    for b in [
-        B::Sqlite,
-        B::Postgres,
-        B::Mysql,
-        B::Redis,
-        B::Redlock,
-        B::Etcd,
-        B::ZooKeeper,
-    ] {
-        trials.push(trial(
-            &rt,
-            format!(
-                "faults::F1_pause_permit::{}",
-                b.name().split(' ').next().unwrap_or("")
-            ),
-            f1_pause_permits(b),
-        ));
+    for b in B::EVERY {
+        let name = format!("faults::F1_pause_permit::{}", b.short_name());
+        trials.push(trial(&rt, name, f1_pause_permits(b)));
     }
     for b in [B::Postgres, B::Mysql, B::Redis, B::Etcd] {
         trials.push(trial(

@@ -979,6 +979,43 @@ async fn redis_target() -> Result<Target, BoxError> {
     })
 }
 
+/// The raw steps on a pool of either database: a round trip (`SELECT 1`),
+/// and an acquire by `$acquire` followed by a release by `$release`, each
+/// bound to the slot's name and the task's owner. A macro because sqlx types
+/// its queries by database.
+macro_rules! raw_sql_steps {
+    ($pool:expr, $acquire:literal, $release:literal) => {{
+        let pool = $pool;
+        let p1 = pool.clone();
+        let rtt: Step = Arc::new(move |_, _| {
+            let p = p1.clone();
+            Box::pin(async move {
+                sqlx::query("SELECT 1").execute(&p).await?;
+                Ok(())
+            })
+        });
+        let raw: Step = Arc::new(move |i, slot| {
+            let p = pool.clone();
+            Box::pin(async move {
+                let (name, owner) = (format!("raw/{slot}"), format!("raw-{i}"));
+                let t: Option<i64> = sqlx::query_scalar($acquire)
+                    .bind(&name)
+                    .bind(&owner)
+                    .fetch_optional(&p)
+                    .await?;
+                t.ok_or("raw lock busy")?;
+                sqlx::query($release)
+                    .bind(&name)
+                    .bind(&owner)
+                    .execute(&p)
+                    .await?;
+                Ok(())
+            })
+        });
+        (rtt, raw)
+    }};
+}
+
 async fn sql_target(backend: &str) -> Result<Target, BoxError> {
     let (url, server) = if backend == "sqlite" {
         let dir = integration_tests::harness::process::temp_dir("bench-sqlite")?;
@@ -999,29 +1036,10 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
             .connect_with(options)
             .await?;
         sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token INTEGER NOT NULL, expires_at INTEGER NOT NULL)").execute(&pool).await?;
-        let p1 = pool.clone();
-        (
-            Arc::new(move |_, _| {
-                let p = p1.clone();
-                Box::pin(async move {
-                    sqlx::query("SELECT 1").execute(&p).await?;
-                    Ok(())
-                })
-            }),
-            Arc::new(move |i, slot| {
-                let p = pool.clone();
-                Box::pin(async move {
-                    let (name, owner) = (format!("raw/{slot}"), format!("raw-{i}"));
-                    let t: Option<i64> = sqlx::query_scalar("INSERT INTO raw_locks VALUES (?1, ?2, 1, 0) ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, token = raw_locks.token + 1 WHERE raw_locks.owner IS NULL RETURNING token").bind(&name).bind(&owner).fetch_optional(&p).await?;
-                    t.ok_or("raw lock busy")?;
-                    sqlx::query("UPDATE raw_locks SET owner = NULL WHERE name = ?1 AND owner = ?2")
-                        .bind(&name)
-                        .bind(&owner)
-                        .execute(&p)
-                        .await?;
-                    Ok(())
-                })
-            }),
+        raw_sql_steps!(
+            pool,
+            "INSERT INTO raw_locks VALUES (?1, ?2, 1, 0) ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, token = raw_locks.token + 1 WHERE raw_locks.owner IS NULL RETURNING token",
+            "UPDATE raw_locks SET owner = NULL WHERE name = ?1 AND owner = ?2"
         )
     } else {
         let pool = sqlx::postgres::PgPoolOptions::new()
@@ -1029,29 +1047,10 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
             .connect(&url)
             .await?;
         sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)").execute(&pool).await?;
-        let p1 = pool.clone();
-        (
-            Arc::new(move |_, _| {
-                let p = p1.clone();
-                Box::pin(async move {
-                    sqlx::query("SELECT 1").execute(&p).await?;
-                    Ok(())
-                })
-            }),
-            Arc::new(move |i, slot| {
-                let p = pool.clone();
-                Box::pin(async move {
-                    let (name, owner) = (format!("raw/{slot}"), format!("raw-{i}"));
-                    let t: Option<i64> = sqlx::query_scalar("INSERT INTO raw_locks AS l VALUES ($1, $2, 1, now()) ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1 WHERE l.owner IS NULL RETURNING token").bind(&name).bind(&owner).fetch_optional(&p).await?;
-                    t.ok_or("raw lock busy")?;
-                    sqlx::query("UPDATE raw_locks SET owner = NULL WHERE name = $1 AND owner = $2")
-                        .bind(&name)
-                        .bind(&owner)
-                        .execute(&p)
-                        .await?;
-                    Ok(())
-                })
-            }),
+        raw_sql_steps!(
+            pool,
+            "INSERT INTO raw_locks AS l VALUES ($1, $2, 1, now()) ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1 WHERE l.owner IS NULL RETURNING token",
+            "UPDATE raw_locks SET owner = NULL WHERE name = $1 AND owner = $2"
         )
     };
     Ok(Target {

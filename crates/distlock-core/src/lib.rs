@@ -3,6 +3,7 @@
 mod backend;
 mod client;
 mod error;
+pub mod expiry;
 mod fence;
 mod guard;
 mod keeper;

@@ -1,11 +1,14 @@
-//! Waiting by polling, for backends that cannot be notified.
+//! Waiting: by polling, for backends that cannot be notified, and a
+//! native wait bounded by its deadline.
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::backend::{Backend, LockRequest};
 use crate::error::{Error, Result};
+use crate::name::LockName;
 use crate::token::FencingToken;
 
 /// Capped exponential backoff with full jitter.
@@ -90,6 +93,29 @@ pub async fn acquire_by_polling<B: Backend + ?Sized>(
         }
         tokio::time::sleep_until(wake).await;
         attempt = attempt.saturating_add(1);
+    }
+}
+
+/// Runs a native wait for `name` until `deadline` (for ever without one);
+/// past it, the wait is dropped and the answer is [`Error::WaitTimeout`]
+/// with the time since `start`.
+///
+/// The caller cleans up after a failed wait: dropping it here leaves
+/// whatever it queued on the server.
+pub async fn within_deadline<T>(
+    name: &LockName,
+    start: Instant,
+    deadline: Option<Instant>,
+    wait: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, wait).await.unwrap_or_else(|_| {
+            Err(Error::WaitTimeout {
+                name: name.clone(),
+                waited: start.elapsed(),
+            })
+        }),
+        None => wait.await,
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_core::poll::within_deadline;
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
     InputKind, LockRequest, LostReason, Result, TrustedClock, Waiting,
@@ -48,7 +49,7 @@ struct Inner {
     /// release and loss reports use that lease whatever TTL they are given.
     queued: std::sync::Mutex<HashMap<distlock_core::Owner, Arc<Session>>>,
     /// When each granted permit ends unless extended (see `semaphore`).
-    permit_ends: std::sync::Mutex<HashMap<distlock_core::Owner, Instant>>,
+    permit_ends: distlock_core::expiry::PermitEnds,
     wakeups: AtomicU64,
 }
 
@@ -605,17 +606,7 @@ impl Backend for EtcdBackend {
                     reason = q.session.lost() => Err(Error::LeaseLost { name: req.name.clone(), reason }),
                 }
             };
-            let outcome = match deadline {
-                Some(d) => tokio::time::timeout_at(d, waited)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(Error::WaitTimeout {
-                            name: req.name.clone(),
-                            waited: start.elapsed(),
-                        })
-                    }),
-                None => waited.await,
-            };
+            let outcome = within_deadline(&req.name, start, deadline, waited).await;
             match outcome {
                 Ok(m) => mine = m,
                 Err(e) => {

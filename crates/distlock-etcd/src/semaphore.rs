@@ -44,11 +44,11 @@
 //! re-reads when its predecessor marks itself, and from then on watches only
 //! that predecessor.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_core::poll::within_deadline;
 use distlock_core::{
     Error, FencingToken, HoldKind, InputKind, LockName, LockRequest, LockStatus, LostReason, Owner,
     Result,
@@ -624,17 +624,7 @@ impl EtcdBackend {
                 }
             }
         };
-        let outcome = match deadline {
-            Some(d) => tokio::time::timeout_at(d, waited)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::WaitTimeout {
-                        name: req.name.clone(),
-                        waited: start.elapsed(),
-                    })
-                }),
-            None => waited.await,
-        };
+        let outcome = within_deadline(&req.name, start, deadline, waited).await;
         match outcome {
             Ok(token) => {
                 // The permit lives as long as the lease: count the holder's
@@ -656,7 +646,7 @@ impl EtcdBackend {
     /// Deletes `req`'s permit key, granted or only waiting, found by its
     /// owner whatever this client remembers.
     pub(crate) async fn release_permit(&self, req: &LockRequest) -> Result<bool> {
-        self.permit_ends().remove(&req.owner);
+        self.inner.permit_ends.remove(&req.owner);
         let held = self.delete_permit(req).await?;
         self.queued().remove(&req.owner);
         Ok(held)
@@ -664,64 +654,33 @@ impl EtcdBackend {
 
     /// For `extend` and `extend_many`: moves the end of `req`'s permit to
     /// its TTL from now, and returns the key and value that show the permit
-    /// is still held; `None` if it already ended here.
-    ///
-    /// The end moves before the server is asked, so that the expiry task
-    /// can never delete a key that a concurrent extend has just vouched
-    /// for: once the task has taken the permit's end out, extend answers
-    /// "not held" without asking.
+    /// is still held; `None` if it already ended here (see
+    /// [`PermitEnds::extend`](distlock_core::expiry::PermitEnds::extend)).
     pub(crate) fn permit_check(&self, req: &LockRequest) -> Option<(String, &'static str)> {
-        let mut ends = self.permit_ends();
-        let end = ends.get_mut(&req.owner)?;
-        *end = (*end).max(Instant::now() + req.ttl);
-        Some((permit_key(&req.name, &req.owner), HELD))
-    }
-
-    fn permit_ends(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, Instant>> {
         self.inner
             .permit_ends
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(&req.owner, req.ttl)
+            .then(|| (permit_key(&req.name, &req.owner), HELD))
     }
 
     /// Starts the TTL of a permit just granted: unless extended, it ends
     /// `req.ttl` from now, when this client deletes its key. The lease
     /// alone would keep it as long as this client lives, since the session
     /// keeps every lease alive; the lease still ends it `req.ttl` after a
-    /// crash. Counted from after the grant, so never before the holder's
-    /// own deadline, which counts from before the request.
+    /// crash.
     fn start_permit_ttl(&self, req: &LockRequest) {
-        let end = Instant::now() + req.ttl;
-        self.permit_ends().insert(req.owner, end);
         let inner = Arc::downgrade(&self.inner);
         let req = req.clone();
-        tokio::spawn(async move {
-            let mut at = end;
-            loop {
-                tokio::time::sleep_until(at).await;
-                let Some(inner) = inner.upgrade() else { return };
-                let backend = EtcdBackend { inner };
-                {
-                    let mut ends = backend.permit_ends();
-                    match ends.get(&req.owner) {
-                        None => return,
-                        Some(end) if *end > Instant::now() => {
-                            at = *end;
-                            continue;
-                        }
-                        Some(_) => {
-                            ends.remove(&req.owner);
-                        }
-                    }
-                }
-                tracing::debug!(semaphore = %req.name, "a permit reached its TTL unextended; deleting it");
-                if let Err(e) = backend.delete_permit(&req).await {
-                    // The lease ends it at the latest when this client does.
-                    tracing::warn!(semaphore = %req.name, error = %e, "could not delete an expired permit");
-                }
-                backend.queued().remove(&req.owner);
-                return;
+        let (owner, ttl) = (req.owner, req.ttl);
+        self.inner.permit_ends.start(owner, ttl, move || async move {
+            let Some(inner) = inner.upgrade() else { return };
+            let backend = EtcdBackend { inner };
+            tracing::debug!(semaphore = %req.name, "a permit reached its TTL unextended; deleting it");
+            if let Err(e) = backend.delete_permit(&req).await {
+                // The lease ends it at the latest when this client does.
+                tracing::warn!(semaphore = %req.name, error = %e, "could not delete an expired permit");
             }
+            backend.queued().remove(&req.owner);
         });
     }
 

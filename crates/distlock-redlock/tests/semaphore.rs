@@ -6,66 +6,21 @@
 // Test helpers: a failed spawn or command should abort the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use distlock_core::{Backend, Error, LockName, LockRequest};
 use distlock_redis::RedisBackend;
 use distlock_redlock::RedlockBackend;
 
-/// A redis-server on a free loopback port, without persistence, killed
-/// when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-    dir: std::path::PathBuf,
-}
+#[path = "../../distlock-redis/tests/support/redis_server.rs"]
+mod redis_server;
+use redis_server::Server;
 
 impl Server {
-    /// Fails the test when redis-server is missing: `scripts/test.sh`
-    /// installs it.
-    fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(format!(
-            "distlock-redlock-semaphore-{}-{port}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--dir"])
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .spawn();
-        let child = child.expect("redis-server must be installed; scripts/test.sh installs it");
-        let server = Self { child, port, dir };
-        let start = std::time::Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-
     async fn node(&self) -> RedisBackend {
         RedisBackend::connect(&format!("redis://127.0.0.1:{}", self.port))
             .await
             .unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

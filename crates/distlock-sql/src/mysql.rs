@@ -119,7 +119,13 @@ impl My {
         if let Object::Semaphore { .. } = Object::of(req, &self.err)? {
             return self.permit_extend(req).await;
         }
-        let r = sqlx::query(&self.extend)
+        self.extend_row(&self.extend, req).await
+    }
+
+    /// Moves the end of `req`'s row, a lock's or a permit's by `sql`, to
+    /// its TTL from now; whether it was still held.
+    async fn extend_row(&self, sql: &str, req: &LockRequest) -> Result<bool> {
+        let r = sqlx::query(sql)
             .bind(ttl_micros(req.ttl))
             .bind(req.name.as_str())
             .bind(req.owner.to_string())

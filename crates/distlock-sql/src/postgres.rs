@@ -168,8 +168,10 @@ impl Pg {
         token.map(|t| token_from_db(&self.err, t)).transpose()
     }
 
-    async fn extend_lock(&self, req: &LockRequest) -> Result<bool> {
-        let r = sqlx::query(&self.extend)
+    /// Moves the end of `req`'s row, a lock's or a permit's by `sql`, to
+    /// its TTL from now; whether it was still held.
+    async fn extend_row(&self, sql: &str, req: &LockRequest) -> Result<bool> {
+        let r = sqlx::query(sql)
             .bind(req.name.as_str())
             .bind(req.owner.to_string())
             .bind(ttl_micros(req.ttl))
@@ -181,7 +183,7 @@ impl Pg {
 
     pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
         match Object::of(req, &self.err)? {
-            Object::Lock => self.extend_lock(req).await,
+            Object::Lock => self.extend_row(&self.extend, req).await,
             Object::Semaphore { .. } => self.permit_extend(req).await,
         }
     }

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use distlock_core::poll::within_deadline;
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
     InputKind, LockName, LockRequest, LostReason, Owner, Result, TrustedClock, Waiting,
@@ -45,7 +46,7 @@ struct Inner {
     /// My node for each live acquisition.
     nodes: Mutex<HashMap<Owner, Node>>,
     /// When each granted permit ends unless extended (see `semaphore`).
-    permit_ends: Mutex<HashMap<Owner, Instant>>,
+    permit_ends: distlock_core::expiry::PermitEnds,
     wakeups: AtomicU64,
 }
 
@@ -212,7 +213,7 @@ impl ZooKeeperBackend {
                 detached,
                 sessions: Default::default(),
                 nodes: Mutex::new(HashMap::new()),
-                permit_ends: Mutex::new(HashMap::new()),
+                permit_ends: Default::default(),
                 wakeups: AtomicU64::new(0),
             }),
         };
@@ -617,17 +618,7 @@ impl Backend for ZooKeeperBackend {
         let mut q = self.enqueue(req).await?;
         let token = q.token;
         let waited = self.wait_first(req, &mut q);
-        let outcome = match deadline {
-            Some(d) => tokio::time::timeout_at(d, waited)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::WaitTimeout {
-                        name: req.name.clone(),
-                        waited: start.elapsed(),
-                    })
-                }),
-            None => waited.await,
-        };
+        let outcome = within_deadline(&req.name, start, deadline, waited).await;
         match outcome {
             Ok(()) => Ok(token),
             Err(e) => {

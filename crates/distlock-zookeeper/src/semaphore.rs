@@ -33,11 +33,11 @@
 //! that returns the state they watch, so nothing between a read and its
 //! watch is missed.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_core::poll::within_deadline;
 use distlock_core::{
     Error, FencingToken, HoldKind, InputKind, LockName, LockRequest, LockStatus, LostReason, Owner,
     Result,
@@ -532,17 +532,7 @@ impl ZooKeeperBackend {
                 Joined::Behind | Joined::Unsure => self.wait_for_permit(&c).await,
             }
         };
-        let outcome = match deadline {
-            Some(d) => tokio::time::timeout_at(d, waited)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::WaitTimeout {
-                        name: req.name.clone(),
-                        waited: start.elapsed(),
-                    })
-                }),
-            None => waited.await,
-        };
+        let outcome = within_deadline(&req.name, start, deadline, waited).await;
         match outcome {
             Ok(token) => {
                 self.start_permit_ttl(req);
@@ -561,7 +551,7 @@ impl ZooKeeperBackend {
     /// owner when this client does not know it (a create whose reply was
     /// lost, a cancelled acquire).
     pub(crate) async fn release_permit(&self, req: &LockRequest) -> Result<bool> {
-        self.permit_ends().remove(&req.owner);
+        self.inner.permit_ends.remove(&req.owner);
         if self.nodes().contains_key(&req.owner) {
             return self.delete_node(req).await;
         }
@@ -581,16 +571,10 @@ impl ZooKeeperBackend {
     }
 
     /// For `extend_many`: moves the end of `req`'s permit to its TTL from
-    /// now; `false` if it already ended here. It moves before the server is
-    /// asked, so the expiry task never deletes a node that a concurrent
-    /// extend has just vouched for.
+    /// now; `false` if it already ended here (see
+    /// [`PermitEnds::extend`](distlock_core::expiry::PermitEnds::extend)).
     pub(crate) fn extend_permit_ttl(&self, req: &LockRequest) -> bool {
-        let mut ends = self.permit_ends();
-        let Some(end) = ends.get_mut(&req.owner) else {
-            return false;
-        };
-        *end = (*end).max(Instant::now() + req.ttl);
-        true
+        self.inner.permit_ends.extend(&req.owner, req.ttl)
     }
 
     /// Whether a permit child's data says it holds.
@@ -598,49 +582,22 @@ impl ZooKeeperBackend {
         data == HELD
     }
 
-    fn permit_ends(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, Instant>> {
-        self.inner
-            .permit_ends
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Starts the TTL of a permit just granted: unless extended, it ends
     /// `req.ttl` from now, when this client deletes its node. Its session
     /// alone would keep it as long as this client lives, since the client
     /// keeps its sessions alive; the session still ends it `req.ttl` after a
-    /// crash. Counted from after the grant, so never before the holder's
-    /// own deadline, which counts from before the request.
+    /// crash.
     fn start_permit_ttl(&self, req: &LockRequest) {
-        let end = Instant::now() + req.ttl;
-        self.permit_ends().insert(req.owner, end);
         let inner = Arc::downgrade(&self.inner);
         let req = req.clone();
-        tokio::spawn(async move {
-            let mut at = end;
-            loop {
-                tokio::time::sleep_until(at).await;
-                let Some(inner) = inner.upgrade() else { return };
-                let backend = ZooKeeperBackend { inner };
-                {
-                    let mut ends = backend.permit_ends();
-                    match ends.get(&req.owner) {
-                        None => return,
-                        Some(end) if *end > Instant::now() => {
-                            at = *end;
-                            continue;
-                        }
-                        Some(_) => {
-                            ends.remove(&req.owner);
-                        }
-                    }
-                }
-                tracing::debug!(semaphore = %req.name, "a permit reached its TTL unextended; deleting it");
-                if let Err(e) = backend.delete_node(&req).await {
-                    // Its session ends it at the latest when this client does.
-                    tracing::warn!(semaphore = %req.name, error = %e, "could not delete an expired permit");
-                }
-                return;
+        let (owner, ttl) = (req.owner, req.ttl);
+        self.inner.permit_ends.start(owner, ttl, move || async move {
+            let Some(inner) = inner.upgrade() else { return };
+            let backend = ZooKeeperBackend { inner };
+            tracing::debug!(semaphore = %req.name, "a permit reached its TTL unextended; deleting it");
+            if let Err(e) = backend.delete_node(&req).await {
+                // Its session ends it at the latest when this client does.
+                tracing::warn!(semaphore = %req.name, error = %e, "could not delete an expired permit");
             }
         });
     }

@@ -217,14 +217,7 @@ impl My {
     }
 
     pub(crate) async fn permit_extend(&self, req: &LockRequest) -> Result<bool> {
-        let r = sqlx::query(&self.permits.extend)
-            .bind(ttl_micros(req.ttl))
-            .bind(req.name.as_str())
-            .bind(req.owner.to_string())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
-        Ok(r.rows_affected() == 1)
+        self.extend_row(&self.permits.extend, req).await
     }
 
     pub(crate) async fn permit_release(&self, req: &LockRequest) -> Result<bool> {

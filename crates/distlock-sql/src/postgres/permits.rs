@@ -173,14 +173,7 @@ impl Pg {
     }
 
     pub(crate) async fn permit_extend(&self, req: &LockRequest) -> Result<bool> {
-        let r = sqlx::query(&self.permits.extend)
-            .bind(req.name.as_str())
-            .bind(req.owner.to_string())
-            .bind(ttl_micros(req.ttl))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
-        Ok(r.rows_affected() == 1)
+        self.extend_row(&self.permits.extend, req).await
     }
 
     pub(crate) async fn permit_release(&self, req: &LockRequest) -> Result<bool> {
