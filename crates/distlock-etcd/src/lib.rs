@@ -284,7 +284,7 @@ impl EtcdBackend {
     /// [`call`](Self::call) for key-value requests, on the KV service's
     /// client alone: a `Client` clone copies every service's channel (about
     /// twenty), a `KvClient` clone two. Sending raw requests with a `Client`
-    /// clone per request measured 20-40 µs slower (docs/benchmarks.md).
+    /// clone per request is measurably slower (docs/benchmarks.md).
     async fn kv<T, F, Fut>(&self, f: F) -> Result<T>
     where
         F: Fn(KvClient) -> Fut,

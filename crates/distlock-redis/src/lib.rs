@@ -147,7 +147,7 @@ impl RedisBackend {
     /// (and, only when the lock is held, a `PTTL` for how long). The grant
     /// carries token 0. For Redlock without fencing, where tokens are
     /// declared meaningless: no counter is kept, and the server runs no
-    /// script (a script costs it about 3 µs more than the command).
+    /// script (a script costs the server more than the command).
     /// A semaphore's permits need their script either way, so a permit
     /// request runs [`attempt`](Self::attempt).
     pub async fn attempt_unfenced(&self, req: &LockRequest) -> Result<Attempt> {
