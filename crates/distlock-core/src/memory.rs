@@ -145,7 +145,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
-        let start = Instant::now();
+        let clock = crate::poll::WaitClock::start(&req.name, deadline);
         loop {
             let notify = self.release_signal(req);
             // Registered before the attempt, so a release between the
@@ -158,16 +158,7 @@ impl Backend for MemoryBackend {
             if let Some(t) = token {
                 return Ok(t);
             }
-            let mut wake = expires.unwrap_or_else(Instant::now);
-            if let Some(d) = deadline {
-                if Instant::now() >= d {
-                    return Err(Error::WaitTimeout {
-                        name: req.name.clone(),
-                        waited: start.elapsed(),
-                    });
-                }
-                wake = wake.min(d);
-            }
+            let wake = clock.retry_at(expires.unwrap_or_else(Instant::now))?;
             tokio::select! {
                 () = released => {}
                 () = tokio::time::sleep_until(wake) => {}

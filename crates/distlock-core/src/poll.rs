@@ -65,6 +65,69 @@ pub fn jitter(max: Duration) -> Duration {
     Duration::from_nanos(u64::from_le_bytes(b) % (nanos + 1))
 }
 
+/// The clock of one waiting acquire: when it began, and until when it may
+/// wait. Every backend's wait loop asks it when to try again, so the
+/// deadline rule and the `WaitTimeout` it ends with are the same everywhere.
+#[derive(Clone, Debug)]
+pub struct WaitClock {
+    name: LockName,
+    start: Instant,
+    deadline: Option<Instant>,
+}
+
+impl WaitClock {
+    /// A wait for `name` that starts now and may last until `deadline`
+    /// (for ever without one).
+    pub fn start(name: &LockName, deadline: Option<Instant>) -> Self {
+        Self {
+            name: name.clone(),
+            start: Instant::now(),
+            deadline,
+        }
+    }
+
+    /// When to try again after a refused attempt: `wake`, or the deadline if
+    /// that comes first; [`Error::WaitTimeout`] once the deadline has passed.
+    pub fn retry_at(&self, wake: Instant) -> Result<Instant> {
+        match self.deadline {
+            Some(d) if Instant::now() >= d => Err(self.timed_out()),
+            Some(d) => Ok(wake.min(d)),
+            None => Ok(wake),
+        }
+    }
+
+    /// [`WaitClock::retry_at`] a few milliseconds after a holder's lease
+    /// that has `left` to run ends (expiry sends no notification; a waiter
+    /// there a moment early would only sleep again), or after `otherwise`
+    /// when the backend cannot tell.
+    pub fn retry_after_expiry(
+        &self,
+        left: Option<Duration>,
+        otherwise: Duration,
+    ) -> Result<Instant> {
+        self.retry_at(Instant::now() + left.map_or(otherwise, |l| l + Duration::from_millis(2)))
+    }
+
+    /// Runs a native wait until the deadline; past it, the wait is dropped
+    /// and the answer is [`Error::WaitTimeout`].
+    pub async fn within<T>(&self, wait: impl Future<Output = Result<T>>) -> Result<T> {
+        match self.deadline {
+            Some(d) => tokio::time::timeout_at(d, wait)
+                .await
+                .unwrap_or_else(|_| Err(self.timed_out())),
+            None => wait.await,
+        }
+    }
+
+    /// The error a wait ends with at its deadline.
+    pub fn timed_out(&self) -> Error {
+        Error::WaitTimeout {
+            name: self.name.clone(),
+            waited: self.start.elapsed(),
+        }
+    }
+}
+
 /// Polls `try_acquire` until it grants or `deadline` passes.
 ///
 /// Cancellation-safe: between attempts nothing is held or queued.
@@ -74,48 +137,16 @@ pub async fn acquire_by_polling<B: Backend + ?Sized>(
     deadline: Option<Instant>,
     backoff: Backoff,
 ) -> Result<FencingToken> {
-    let start = Instant::now();
+    let clock = WaitClock::start(&req.name, deadline);
     let mut attempt = 0u32;
     loop {
         req.attempt_starting();
         if let Some(token) = backend.try_acquire(req).await? {
             return Ok(token);
         }
-        let mut wake = Instant::now() + backoff.delay(attempt);
-        if let Some(d) = deadline {
-            if Instant::now() >= d {
-                return Err(Error::WaitTimeout {
-                    name: req.name.clone(),
-                    waited: start.elapsed(),
-                });
-            }
-            wake = wake.min(d);
-        }
+        let wake = clock.retry_at(Instant::now() + backoff.delay(attempt))?;
         tokio::time::sleep_until(wake).await;
         attempt = attempt.saturating_add(1);
-    }
-}
-
-/// Runs a native wait for `name` until `deadline` (for ever without one);
-/// past it, the wait is dropped and the answer is [`Error::WaitTimeout`]
-/// with the time since `start`.
-///
-/// The caller cleans up after a failed wait: dropping it here leaves
-/// whatever it queued on the server.
-pub async fn within_deadline<T>(
-    name: &LockName,
-    start: Instant,
-    deadline: Option<Instant>,
-    wait: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    match deadline {
-        Some(d) => tokio::time::timeout_at(d, wait).await.unwrap_or_else(|_| {
-            Err(Error::WaitTimeout {
-                name: name.clone(),
-                waited: start.elapsed(),
-            })
-        }),
-        None => wait.await,
     }
 }
 

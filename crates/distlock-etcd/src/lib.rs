@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::poll::within_deadline;
+use distlock_core::poll::WaitClock;
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
     InputKind, LockRequest, LostReason, Result, TrustedClock, Waiting,
@@ -594,7 +594,7 @@ impl Backend for EtcdBackend {
         if let HoldKind::Permits { .. } = req.kind {
             return self.acquire_permit(req, deadline).await;
         }
-        let start = Instant::now();
+        let clock = WaitClock::start(&req.name, deadline);
         let q = self.enqueue(req).await?;
         // First at once: the enqueue txn itself created or found my key and
         // read the queue head, atomically; nothing more to check.
@@ -606,7 +606,7 @@ impl Backend for EtcdBackend {
                     reason = q.session.lost() => Err(Error::LeaseLost { name: req.name.clone(), reason }),
                 }
             };
-            let outcome = within_deadline(&req.name, start, deadline, waited).await;
+            let outcome = clock.within(waited).await;
             match outcome {
                 Ok(m) => mine = m,
                 Err(e) => {

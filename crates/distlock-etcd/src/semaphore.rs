@@ -48,7 +48,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::poll::within_deadline;
+use distlock_core::poll::WaitClock;
 use distlock_core::{
     Error, FencingToken, HoldKind, InputKind, LockName, LockRequest, LockStatus, LostReason, Owner,
     Result,
@@ -610,7 +610,7 @@ impl EtcdBackend {
         req: &LockRequest,
         deadline: Option<Instant>,
     ) -> Result<FencingToken> {
-        let start = Instant::now();
+        let clock = WaitClock::start(&req.name, deadline);
         let mut c = self.contender(req).await?;
         let waited = async {
             match self.join(&mut c).await? {
@@ -624,7 +624,7 @@ impl EtcdBackend {
                 }
             }
         };
-        let outcome = within_deadline(&req.name, start, deadline, waited).await;
+        let outcome = clock.within(waited).await;
         match outcome {
             Ok(token) => {
                 // The permit lives as long as the lease: count the holder's

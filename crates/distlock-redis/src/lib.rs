@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_core::poll::WaitClock;
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
     LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
@@ -397,7 +398,7 @@ impl Backend for RedisBackend {
         if let HoldKind::Permits { .. } = req.kind {
             return self.acquire_permit(req, deadline).await;
         }
-        let start = Instant::now();
+        let clock = WaitClock::start(&req.name, deadline);
         // The first attempt goes out before any subscription, so an
         // uncontended acquire costs one script call. Once the lock is found
         // held, every attempt runs with a live subscription (made again if
@@ -423,20 +424,9 @@ impl Backend for RedisBackend {
                 Attempt::Granted(t) => return Ok(t),
                 Attempt::Held(left) => left,
             };
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Err(Error::WaitTimeout {
-                    name: req.name.clone(),
-                    waited: start.elapsed(),
-                });
-            }
             // Re-check when the holder's lease runs out, so an expiry is
-            // noticed without a release; a few ms late, never early.
-            let mut wake =
-                now + left.map_or(Duration::from_millis(100), |l| l + Duration::from_millis(2));
-            if let Some(d) = deadline {
-                wake = wake.min(d);
-            }
+            // noticed without a release.
+            let wake = clock.retry_after_expiry(left, Duration::from_millis(100))?;
             let sleep = tokio::time::sleep_until(wake);
             match watch.as_mut() {
                 Some(w) => {

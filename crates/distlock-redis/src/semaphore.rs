@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_core::poll::WaitClock;
 use distlock_core::{
     Error, FencingToken, HoldKind, InputKind, LockName, LockRequest, LockStatus, Result,
 };
@@ -226,7 +227,7 @@ impl RedisBackend {
         req: &LockRequest,
         deadline: Option<Instant>,
     ) -> Result<FencingToken> {
-        let start = Instant::now();
+        let clock = WaitClock::start(&req.name, deadline);
         req.attempt_starting();
         if let Attempt::Granted(t) = self.attempt_permit(req).await? {
             return Ok(t);
@@ -262,7 +263,9 @@ impl RedisBackend {
                 Attempt::Granted(t) => return Ok(t),
                 Attempt::Held(left) => left,
             };
-            let sleep = tokio::time::sleep_until(self.wake_at(start, deadline, left, req)?);
+            let sleep = tokio::time::sleep_until(
+                clock.retry_after_expiry(left, Duration::from_millis(100))?,
+            );
             match notified.as_mut().as_pin_mut() {
                 Some(n) => tokio::select! {
                     () = sleep => {}
@@ -271,29 +274,6 @@ impl RedisBackend {
                 None => sleep.await,
             }
         }
-    }
-
-    /// When a waiter that found every permit held tries again unless woken:
-    /// just after the earliest permit expires, bounded by the deadline; or
-    /// `WaitTimeout` if the deadline has passed.
-    fn wake_at(
-        &self,
-        start: Instant,
-        deadline: Option<Instant>,
-        left: Option<Duration>,
-        req: &LockRequest,
-    ) -> Result<Instant> {
-        let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            return Err(Error::WaitTimeout {
-                name: req.name.clone(),
-                waited: start.elapsed(),
-            });
-        }
-        // A few ms late, never early: the server frees the permit at its
-        // expiry, and a waiter there a moment early would sleep again.
-        let wake = now + left.map_or(Duration::from_millis(100), |l| l + Duration::from_millis(2));
-        Ok(deadline.map_or(wake, |d| wake.min(d)))
     }
 }
 

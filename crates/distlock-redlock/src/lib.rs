@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::poll::jitter;
+use distlock_core::poll::{jitter, WaitClock};
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
     InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
@@ -477,7 +477,7 @@ impl Backend for RedlockBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
-        let start = Instant::now();
+        let clock = WaitClock::start(&req.name, deadline);
         // Subscribed after the first round that finds the lock held, so an
         // uncontended acquire costs one round and no subscription.
         let (mut watches, mut subscribed) = (Vec::new(), false);
@@ -487,13 +487,7 @@ impl Backend for RedlockBackend {
                 Round::Granted(t) => return Ok(t),
                 Round::Contended(left, split) => (left, split),
             };
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Err(Error::WaitTimeout {
-                    name: req.name.clone(),
-                    waited: start.elapsed(),
-                });
-            }
+            clock.retry_at(Instant::now())?;
             if !subscribed {
                 // Subscribe, then go round again (at once, or after the
                 // split delay below): a release between the round above and
@@ -511,12 +505,9 @@ impl Backend for RedlockBackend {
                 tokio::time::sleep(jitter(self.inner.config.retry_jitter)).await;
                 continue;
             }
-            let mut wake =
-                now + left.map_or(Duration::from_millis(200), |l| l + Duration::from_millis(2));
-            if let Some(d) = deadline {
-                wake = wake.min(d);
-            }
-            let sleep = tokio::time::sleep_until(wake);
+            let sleep = tokio::time::sleep_until(
+                clock.retry_after_expiry(left, Duration::from_millis(200))?,
+            );
             tokio::pin!(sleep);
             if watches.is_empty() {
                 sleep.await;

@@ -4,8 +4,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::poll::Backoff;
-use distlock_core::{Error, FencingToken, LockName, Result};
+use distlock_core::poll::{Backoff, WaitClock};
+use distlock_core::{FencingToken, LockName, Result};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
@@ -43,20 +43,13 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Attempt>>,
 {
-    let start = Instant::now();
+    let clock = WaitClock::start(name, deadline);
     let mut n = 0u32;
     loop {
         let mut rx = releases.map(broadcast::Sender::subscribe);
         let a = attempt().await?;
         if let Some(t) = a.token {
             return Ok(t);
-        }
-        let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            return Err(Error::WaitTimeout {
-                name: name.clone(),
-                waited: start.elapsed(),
-            });
         }
         let cap = match pace {
             Pace::Notified { cap } => *cap,
@@ -67,11 +60,7 @@ where
         let delay = a
             .holder_expires_in
             .map_or(cap, |left| (left + Duration::from_millis(1)).min(cap));
-        let mut wake = now + delay;
-        if let Some(d) = deadline {
-            wake = wake.min(d);
-        }
-        let sleep = tokio::time::sleep_until(wake);
+        let sleep = tokio::time::sleep_until(clock.retry_at(Instant::now() + delay)?);
         match rx.as_mut() {
             Some(rx) => {
                 tokio::select! {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use distlock_core::poll::within_deadline;
+use distlock_core::poll::WaitClock;
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
     InputKind, LockName, LockRequest, LostReason, Owner, Result, TrustedClock, Waiting,
@@ -614,11 +614,11 @@ impl Backend for ZooKeeperBackend {
         if let HoldKind::Permits { .. } = req.kind {
             return self.acquire_permit(req, deadline).await;
         }
-        let start = Instant::now();
+        let clock = WaitClock::start(&req.name, deadline);
         let mut q = self.enqueue(req).await?;
         let token = q.token;
         let waited = self.wait_first(req, &mut q);
-        let outcome = within_deadline(&req.name, start, deadline, waited).await;
+        let outcome = clock.within(waited).await;
         match outcome {
             Ok(()) => Ok(token),
             Err(e) => {

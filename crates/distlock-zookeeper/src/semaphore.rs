@@ -37,7 +37,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::poll::within_deadline;
+use distlock_core::poll::WaitClock;
 use distlock_core::{
     Error, FencingToken, HoldKind, InputKind, LockName, LockRequest, LockStatus, LostReason, Owner,
     Result,
@@ -520,7 +520,7 @@ impl ZooKeeperBackend {
         req: &LockRequest,
         deadline: Option<Instant>,
     ) -> Result<FencingToken> {
-        let start = Instant::now();
+        let clock = WaitClock::start(&req.name, deadline);
         let mut c = self.contender(req).await?;
         let waited = async {
             match self.join(&mut c).await? {
@@ -532,7 +532,7 @@ impl ZooKeeperBackend {
                 Joined::Behind | Joined::Unsure => self.wait_for_permit(&c).await,
             }
         };
-        let outcome = within_deadline(&req.name, start, deadline, waited).await;
+        let outcome = clock.within(waited).await;
         match outcome {
             Ok(token) => {
                 self.start_permit_ttl(req);
