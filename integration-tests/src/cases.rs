@@ -291,21 +291,26 @@ pub async fn vanished_holder_is_replaced_within_ttl_plus_one_second(
     );
     drop(raw);
     let b = client(f).await?;
+    replaced_after_ttl(ttl, || b.lock(&lock)).await
+}
+
+/// What a vanished holder's replacement must see: `hold()` is refused at
+/// once, then granted after the vanished hold's `ttl` (not before half of
+/// it), and no later than a second past it.
+pub(crate) async fn replaced_after_ttl(
+    ttl: Duration,
+    hold: impl Fn() -> distlock_core::LockBuilder,
+) -> CaseResult {
     let start = Instant::now();
     ensure!(
-        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
-        "lock free right after it was taken"
+        hold().ttl(LONG_TTL).try_acquire().await?.is_none(),
+        "free right after the vanished holder took it"
     );
-    let g = b
-        .lock(&lock)
-        .ttl(LONG_TTL)
-        .wait(ttl + BOUND)
-        .acquire()
-        .await?;
+    let g = hold().ttl(LONG_TTL).wait(ttl + BOUND).acquire().await?;
     let took = start.elapsed();
     ensure!(
         took >= ttl / 2,
-        "lock freed after {took:?}, well before its {ttl:?} TTL"
+        "freed after {took:?}, well before the vanished holder's {ttl:?} TTL"
     );
     ensure!(
         took <= ttl + Duration::from_secs(1),
