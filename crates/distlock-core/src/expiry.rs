@@ -58,7 +58,10 @@ impl PermitEnds {
                         }
                     }
                 }
-                expire().await;
+                // Boxed: this task lives as long as the permit, and its
+                // future would otherwise be as large as the backend's whole
+                // delete request, for every permit held.
+                Box::pin(expire()).await;
                 return;
             }
         });
