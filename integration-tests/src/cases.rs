@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::{
-    async_trait, Backend, Capabilities, DynBackend, Error, Fencing, FencingToken, InputKind,
+    async_trait, Backend, Capabilities, DynBackend, Error, Fencing, FencingToken, Grant, InputKind,
     LockClient, LockName, LockRequest, LostReason, Result as LockResult,
 };
 use libtest_mimic::{Completion, Failed};
@@ -609,7 +609,12 @@ pub async fn tokens_increase_across_holders(f: &dyn BackendFactory, ns: String) 
     // An expiry in between, not a release.
     let raw = f.client().await?;
     let req = LockRequest::new(lock.clone(), ttl);
-    seen.push(raw.try_acquire(&req).await?.ok_or("raw acquire failed")?);
+    seen.push(
+        raw.try_acquire(&req)
+            .await?
+            .ok_or("raw acquire failed")?
+            .token,
+    );
     // The holder vanishes (on session backends its session ends with it).
     drop(raw);
     let g = b
@@ -889,14 +894,10 @@ impl Backend for InFlight {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    async fn try_acquire(&self, req: &LockRequest) -> LockResult<Option<FencingToken>> {
+    async fn try_acquire(&self, req: &LockRequest) -> LockResult<Option<Grant>> {
         self.count(self.inner.try_acquire(req)).await
     }
-    async fn acquire(
-        &self,
-        req: &LockRequest,
-        deadline: Option<Instant>,
-    ) -> LockResult<FencingToken> {
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> LockResult<Grant> {
         self.count(self.inner.acquire(req, deadline)).await
     }
     async fn extend(&self, req: &LockRequest) -> LockResult<bool> {

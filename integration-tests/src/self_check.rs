@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::{
-    async_trait, Backend, Capabilities, DynBackend, FencingToken, HoldKind, LockName, LockRequest,
-    LockStatus, MemoryBackend, Result as LockResult,
+    async_trait, Backend, Capabilities, DynBackend, FencingToken, Grant, HoldKind, LockName,
+    LockRequest, LockStatus, MemoryBackend, Result as LockResult,
 };
 use libtest_mimic::{Failed, Trial};
 
@@ -52,13 +52,18 @@ impl Backend for Broken {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    async fn try_acquire(&self, req: &LockRequest) -> LockResult<Option<FencingToken>> {
+    async fn try_acquire(&self, req: &LockRequest) -> LockResult<Option<Grant>> {
         match self.flaw {
             Flaw::GrantsEveryone => {
+                let began = tokio::time::Instant::now();
                 let _ = self.inner.try_acquire(req).await?;
-                Ok(Some(FencingToken(1)))
+                Ok(Some(Grant::new(FencingToken(1), began)))
             }
-            Flaw::RepeatsTokens => Ok(self.inner.try_acquire(req).await?.map(|_| FencingToken(1))),
+            Flaw::RepeatsTokens => Ok(self
+                .inner
+                .try_acquire(req)
+                .await?
+                .map(|g| Grant::new(FencingToken(1), g.began))),
             Flaw::OutlivesTtl => {
                 let outliving = req.with_ttl(req.ttl + Duration::from_secs(2));
                 self.inner.try_acquire(&outliving).await

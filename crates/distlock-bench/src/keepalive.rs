@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{
-    async_trait, Backend, Capabilities, DynBackend, FencingToken, LockClient, LockName,
-    LockRequest, LockStatus, LostReason, Result,
+    async_trait, Backend, Capabilities, DynBackend, Grant, LockClient, LockName, LockRequest,
+    LockStatus, LostReason, Result,
 };
 use tokio::time::Instant;
 
@@ -44,11 +44,11 @@ impl Backend for Counting {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         self.acquires.fetch_add(1, Ordering::Relaxed);
         self.inner.try_acquire(req).await
     }
-    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         self.acquires.fetch_add(1, Ordering::Relaxed);
         self.inner.acquire(req, deadline).await
     }

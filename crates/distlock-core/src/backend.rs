@@ -62,20 +62,29 @@ pub struct LockRequest {
     pub ttl: Duration,
     /// The kind of hold.
     pub kind: HoldKind,
-    attempt: AttemptClock,
 }
 
-/// When the latest acquire attempt of a request was sent. Shared by the
-/// request's clones; never part of its equality.
-#[derive(Clone, Debug, Default)]
-struct AttemptClock(Arc<std::sync::Mutex<Option<Instant>>>);
+/// What a backend answers a granted request with: the fencing token, and
+/// when the lease began at the earliest. The holder's local deadline counts
+/// from `began`, so it is never later than the lease's end on the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Grant {
+    /// The fencing token of this acquisition.
+    pub token: FencingToken,
+    /// The instant right before the request that granted the lease was
+    /// sent: for a queue backend the read that confirmed ownership; for a
+    /// lease a session keeps alive (etcd), when its current term began. A
+    /// grant after a long wait thus gets its full TTL.
+    pub began: Instant,
+}
 
-impl PartialEq for AttemptClock {
-    fn eq(&self, _: &Self) -> bool {
-        true
+impl Grant {
+    /// A grant of `token` whose lease began no earlier than `began`.
+    pub fn new(token: FencingToken, began: Instant) -> Self {
+        Self { token, began }
     }
 }
-impl Eq for AttemptClock {}
 
 impl LockRequest {
     /// A request with a fresh random owner.
@@ -85,7 +94,6 @@ impl LockRequest {
             owner: Owner::random(),
             ttl,
             kind: HoldKind::Exclusive,
-            attempt: AttemptClock::default(),
         }
     }
 
@@ -95,28 +103,6 @@ impl LockRequest {
             kind: HoldKind::Permits { limit },
             ..Self::new(name, ttl)
         }
-    }
-
-    /// Backends call this right before sending each acquire attempt (for
-    /// queue backends: the request that confirms ownership). The holder's
-    /// local deadline is counted from the last call, so a grant that came
-    /// after a long wait gets its full TTL; a backend that never calls it
-    /// gets the (safe, shorter) deadline counted from the start of the wait.
-    pub fn attempt_starting(&self) {
-        let now = Instant::now();
-        *self.attempt.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
-    }
-
-    /// For backends whose lease is not started by the acquire request (an
-    /// etcd lease kept alive by a session): the instant the lease's current
-    /// term began, so that the holder's deadline is no later than its end.
-    pub fn attempt_started_at(&self, at: Instant) {
-        *self.attempt.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
-    }
-
-    /// When [`LockRequest::attempt_starting`] was last called.
-    pub fn last_attempt(&self) -> Option<Instant> {
-        *self.attempt.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The same acquisition with another TTL.
@@ -389,13 +375,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// What this backend guarantees.
     fn capabilities(&self) -> Capabilities;
 
-    /// One attempt: the fencing token if granted, `None` if someone else holds it.
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>>;
+    /// One attempt: the grant, or `None` if someone else holds it.
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>>;
 
     /// Waits for the lock until `deadline`. The default polls `try_acquire`
     /// with jittered exponential backoff; backends that can be notified
     /// override it.
-    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         crate::poll::acquire_by_polling(self, req, deadline, crate::poll::Backoff::default()).await
     }
 
@@ -483,10 +469,10 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     fn capabilities(&self) -> Capabilities {
         (**self).capabilities()
     }
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         (**self).try_acquire(req).await
     }
-    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         (**self).acquire(req, deadline).await
     }
     async fn extend(&self, req: &LockRequest) -> Result<bool> {

@@ -17,7 +17,7 @@ use crate::guard::LockGuard;
 use crate::keeper::Keeper;
 use crate::lease::lock;
 use crate::name::LockName;
-use crate::slot::{slot_ref, Grant, Hold, SlotTable};
+use crate::slot::{slot_ref, Acquired, Hold, SlotTable};
 
 /// The default lease TTL: long enough to survive a slow renewal round trip,
 /// short enough that a crashed holder frees the lock within half a minute.
@@ -320,16 +320,13 @@ impl LockBuilder {
         let backend = self.client.keeper.backend.clone();
         let mut req = LockRequest::new(name, self.ttl);
         req.kind = self.kind;
-        // Started before the request is sent: the lease can only have begun
-        // after this instant, so deadlines computed from it are conservative.
-        let sent = Instant::now();
         let mut cleanup = ReleaseIfDropped::arm(backend.clone(), req.clone());
         let granted = match mode {
             Mode::Once => backend.try_acquire(&req).await,
             Mode::Wait(deadline) => backend.acquire(&req, deadline).await.map(Some),
         };
-        let token = match granted {
-            Ok(Some(token)) => token,
+        let grant = match granted {
+            Ok(Some(grant)) => grant,
             Ok(None) => {
                 cleanup.disarm();
                 return Ok(None);
@@ -351,15 +348,15 @@ impl LockBuilder {
             }
         };
         cleanup.disarm();
-        // The lease began no earlier than the last attempt the backend sent
-        // (or, for session leases, when the backend says it began).
-        let sent = req.last_attempt().unwrap_or(sent);
+        // The deadline counts from when the backend says the lease began:
+        // before the granting request was sent, so it is conservative.
+        let (token, sent) = (grant.token, grant.began);
         tracing::debug!(%token, waited = ?start.elapsed(), "acquired");
         let hold = Hold::start(
             self.client.keeper.clone(),
             slot,
             permit,
-            Grant {
+            Acquired {
                 req,
                 token,
                 sent,

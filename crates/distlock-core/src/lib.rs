@@ -16,8 +16,8 @@ mod slot;
 mod token;
 
 pub use backend::{
-    Backend, Capabilities, Consistency, DynBackend, Fencing, HoldKind, LockRequest, LockStatus,
-    TrustedClock, Waiting,
+    Backend, Capabilities, Consistency, DynBackend, Fencing, Grant, HoldKind, LockRequest,
+    LockStatus, TrustedClock, Waiting,
 };
 pub use client::{LockBuilder, LockClient, DEFAULT_TTL};
 pub use error::{BoxError, Error, InputKind, LostReason, Result};

@@ -9,8 +9,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{
-    Backend, Capabilities, Consistency, Fencing, HoldKind, LockRequest, LockStatus, TrustedClock,
-    Waiting,
+    Backend, Capabilities, Consistency, Fencing, Grant, HoldKind, LockRequest, LockStatus,
+    TrustedClock, Waiting,
 };
 use crate::error::{Error, Result};
 use crate::lease::lock;
@@ -140,11 +140,12 @@ impl Backend for MemoryBackend {
         .with_semaphore()
     }
 
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
-        Ok(self.attempt(req)?.0)
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
+        let began = Instant::now();
+        Ok(self.attempt(req)?.0.map(|t| Grant::new(t, began)))
     }
 
-    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         let clock = crate::poll::WaitClock::start(&req.name, deadline);
         loop {
             let notify = self.release_signal(req);
@@ -153,10 +154,10 @@ impl Backend for MemoryBackend {
             let released = notify.notified();
             tokio::pin!(released);
             released.as_mut().enable();
-            req.attempt_starting();
+            let began = Instant::now();
             let (token, _, expires) = self.attempt(req)?;
             if let Some(t) = token {
-                return Ok(t);
+                return Ok(Grant::new(t, began));
             }
             let wake = clock.retry_at(expires.unwrap_or_else(Instant::now))?;
             tokio::select! {

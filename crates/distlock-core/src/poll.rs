@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Backend, LockRequest};
+use crate::backend::{Backend, Grant, LockRequest};
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::token::FencingToken;
 
 /// Capped exponential backoff with full jitter.
 #[derive(Clone, Copy, Debug)]
@@ -136,13 +135,12 @@ pub async fn acquire_by_polling<B: Backend + ?Sized>(
     req: &LockRequest,
     deadline: Option<Instant>,
     backoff: Backoff,
-) -> Result<FencingToken> {
+) -> Result<Grant> {
     let clock = WaitClock::start(&req.name, deadline);
     let mut attempt = 0u32;
     loop {
-        req.attempt_starting();
-        if let Some(token) = backend.try_acquire(req).await? {
-            return Ok(token);
+        if let Some(grant) = backend.try_acquire(req).await? {
+            return Ok(grant);
         }
         let wake = clock.retry_at(Instant::now() + backoff.delay(attempt))?;
         tokio::time::sleep_until(wake).await;

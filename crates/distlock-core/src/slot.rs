@@ -105,8 +105,8 @@ pub(crate) struct Hold {
     _slot: SlotRef,
 }
 
-/// What a grant carries into [`Hold::start`].
-pub(crate) struct Grant {
+/// What an acquisition carries into [`Hold::start`].
+pub(crate) struct Acquired {
     pub(crate) req: LockRequest,
     pub(crate) token: FencingToken,
     /// When the lease began at the earliest: the deadline counts from here.
@@ -123,16 +123,16 @@ impl Hold {
         keeper: Arc<Keeper>,
         slot: SlotRef,
         permit: OwnedSemaphorePermit,
-        grant: Grant,
+        acquired: Acquired,
     ) -> Arc<Self> {
-        let Grant {
+        let Acquired {
             req,
             token,
             sent,
             renew,
             max_hold,
             holder,
-        } = grant;
+        } = acquired;
         let deadline = sent + keeper.caps.safe_validity(req.ttl);
         let renewal = Renewal::new(
             keeper.first_renewal(sent, req.ttl),

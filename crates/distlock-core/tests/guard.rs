@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::{
-    async_trait, Backend, Capabilities, Error, FencingToken, LockClient, LockRequest, LostReason,
+    async_trait, Backend, Capabilities, Error, Grant, LockClient, LockRequest, LostReason,
     MemoryBackend, Result,
 };
 use tokio::sync::Notify;
@@ -27,7 +27,7 @@ impl Backend for Scripted {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities().with_session()
     }
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let granted = self.inner.try_acquire(req).await?;
         if self.lose_acquire_reply.load(Ordering::SeqCst) {
             return Err(Error::unavailable("scripted", "reply lost", None));
@@ -232,7 +232,7 @@ impl Backend for Batching {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities().with_extend_batch(BATCH)
     }
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         self.inner.try_acquire(req).await
     }
     async fn extend(&self, _req: &LockRequest) -> Result<bool> {
@@ -362,7 +362,7 @@ impl Backend for Sessions {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities().with_session()
     }
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         self.inner.try_acquire(req).await
     }
     async fn extend(&self, req: &LockRequest) -> Result<bool> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlock_core::poll::WaitClock;
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
     InputKind, LockRequest, LostReason, Result, TrustedClock, Waiting,
 };
 use etcd_client::{
@@ -573,7 +573,7 @@ impl Backend for EtcdBackend {
         Self::declared_capabilities().with_extend_batch(MAX_TXN_OPS)
     }
 
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         if let HoldKind::Permits { .. } = req.kind {
             return self.try_acquire_permit(req).await;
         }
@@ -581,8 +581,8 @@ impl Backend for EtcdBackend {
         if q.head_rev == q.my_rev {
             // The lock lives as long as the session's lease: count the
             // holder's deadline from that lease's last keep-alive.
-            req.attempt_started_at(q.session.lease_began());
-            return Ok(Some(FencingToken(q.my_rev as u64)));
+            let token = FencingToken(q.my_rev as u64);
+            return Ok(Some(Grant::new(token, q.session.lease_began())));
         }
         // Not first: leave no queue entry behind.
         self.delete_mine(&q.key, req).await?;
@@ -590,7 +590,7 @@ impl Backend for EtcdBackend {
         Ok(None)
     }
 
-    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         if let HoldKind::Permits { .. } = req.kind {
             return self.acquire_permit(req, deadline).await;
         }
@@ -622,7 +622,7 @@ impl Backend for EtcdBackend {
         // key (and so my lease) still exists before claiming the lock. The
         // hold's deadline counts from the lease's last keep-alive, so it is
         // never later than the lease's own end.
-        req.attempt_started_at(q.session.lease_began());
+        let began = q.session.lease_began();
         if q.session.is_lost() || !mine {
             let _ = self.delete_mine(&q.key, req).await;
             self.queued().remove(&req.owner);
@@ -631,7 +631,7 @@ impl Backend for EtcdBackend {
                 reason: LostReason::SessionLost("my key or lease vanished while waiting".into()),
             });
         }
-        Ok(FencingToken(q.my_rev as u64))
+        Ok(Grant::new(FencingToken(q.my_rev as u64), began))
     }
 
     /// The hold lives as long as its session's lease, which the session

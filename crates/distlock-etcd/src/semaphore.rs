@@ -50,8 +50,8 @@ use std::time::Duration;
 
 use distlock_core::poll::WaitClock;
 use distlock_core::{
-    Error, FencingToken, HoldKind, InputKind, LockName, LockRequest, LockStatus, LostReason, Owner,
-    Result,
+    Error, FencingToken, Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, LostReason,
+    Owner, Result,
 };
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, EventType, GetOptions, GetResponse, PutOptions, SortOrder,
@@ -570,10 +570,7 @@ impl EtcdBackend {
     }
 
     /// Grants or refuses a permit without waiting.
-    pub(crate) async fn try_acquire_permit(
-        &self,
-        req: &LockRequest,
-    ) -> Result<Option<FencingToken>> {
+    pub(crate) async fn try_acquire_permit(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let mut c = self.contender(req).await?;
         let outcome = async {
             let token = match self.join(&mut c).await? {
@@ -591,15 +588,14 @@ impl EtcdBackend {
         .await;
         match outcome {
             Ok(Some(token)) => {
-                req.attempt_started_at(c.session.lease_began());
                 self.start_permit_ttl(req);
-                Ok(Some(token))
+                Ok(Some(Grant::new(token, c.session.lease_began())))
             }
             other => {
                 // Not granted: leave no key behind.
                 let _ = self.delete_permit(req).await;
                 self.queued().remove(&req.owner);
-                other
+                other.map(|_| None)
             }
         }
     }
@@ -609,7 +605,7 @@ impl EtcdBackend {
         &self,
         req: &LockRequest,
         deadline: Option<Instant>,
-    ) -> Result<FencingToken> {
+    ) -> Result<Grant> {
         let clock = WaitClock::start(&req.name, deadline);
         let mut c = self.contender(req).await?;
         let waited = async {
@@ -629,9 +625,8 @@ impl EtcdBackend {
             Ok(token) => {
                 // The permit lives as long as the lease: count the holder's
                 // deadline from the lease's last keep-alive.
-                req.attempt_started_at(c.session.lease_began());
                 self.start_permit_ttl(req);
-                Ok(token)
+                Ok(Grant::new(token, c.session.lease_began()))
             }
             Err(e) => {
                 // A timed-out or failed wait deletes my key (a dropped one

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use distlock_core::poll::WaitClock;
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
     LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
 use redis::RedisError;
@@ -387,14 +387,15 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
+        let began = Instant::now();
         match self.attempt(req).await? {
-            Attempt::Granted(t) => Ok(Some(t)),
+            Attempt::Granted(t) => Ok(Some(Grant::new(t, began))),
             Attempt::Held(_) => Ok(None),
         }
     }
 
-    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         if let HoldKind::Permits { .. } = req.kind {
             return self.acquire_permit(req, deadline).await;
         }
@@ -404,9 +405,9 @@ impl Backend for RedisBackend {
         // held, every attempt runs with a live subscription (made again if
         // its connection died), so a release between a failed attempt and
         // the wait is still seen.
-        req.attempt_starting();
+        let began = Instant::now();
         if let Attempt::Granted(t) = self.attempt(req).await? {
-            return Ok(t);
+            return Ok(Grant::new(t, began));
         }
         let mut watch = None;
         loop {
@@ -419,9 +420,9 @@ impl Backend for RedisBackend {
                     }
                 };
             }
-            req.attempt_starting();
+            let began = Instant::now();
             let left = match self.attempt(req).await? {
-                Attempt::Granted(t) => return Ok(t),
+                Attempt::Granted(t) => return Ok(Grant::new(t, began)),
                 Attempt::Held(left) => left,
             };
             // Re-check when the holder's lease runs out, so an expiry is

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use distlock_core::poll::WaitClock;
 use distlock_core::{
-    Error, FencingToken, HoldKind, InputKind, LockName, LockRequest, LockStatus, Result,
+    Error, FencingToken, Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, Result,
 };
 use redis::Value;
 use tokio::sync::Notify;
@@ -226,11 +226,11 @@ impl RedisBackend {
         &self,
         req: &LockRequest,
         deadline: Option<Instant>,
-    ) -> Result<FencingToken> {
+    ) -> Result<Grant> {
         let clock = WaitClock::start(&req.name, deadline);
-        req.attempt_starting();
+        let began = Instant::now();
         if let Attempt::Granted(t) = self.attempt_permit(req).await? {
-            return Ok(t);
+            return Ok(Grant::new(t, began));
         }
         let mut watch: Option<PermitWatch> = None;
         let mut baton = Baton(None);
@@ -256,11 +256,11 @@ impl RedisBackend {
             if let Some(n) = notified.as_mut().as_pin_mut() {
                 n.enable();
             }
-            req.attempt_starting();
+            let began = Instant::now();
             let answer = self.attempt_permit(req).await?;
             baton.used();
             let left = match answer {
-                Attempt::Granted(t) => return Ok(t),
+                Attempt::Granted(t) => return Ok(Grant::new(t, began)),
                 Attempt::Held(left) => left,
             };
             let sleep = tokio::time::sleep_until(

@@ -64,11 +64,11 @@ async fn abandoned_permits_leave_with_their_longest_permit_and_the_counter_stays
     let short = LockRequest::permit(sem.clone(), Duration::from_millis(300), 2);
     let long = LockRequest::permit(sem.clone(), Duration::from_millis(800), 2);
     assert_eq!(
-        b.try_acquire(&short).await.unwrap().map(|t| t.get()),
+        b.try_acquire(&short).await.unwrap().map(|g| g.token.get()),
         Some(1)
     );
     assert_eq!(
-        b.try_acquire(&long).await.unwrap().map(|t| t.get()),
+        b.try_acquire(&long).await.unwrap().map(|g| g.token.get()),
         Some(2)
     );
     let mut raw = server.raw().await;
@@ -99,7 +99,7 @@ async fn abandoned_permits_leave_with_their_longest_permit_and_the_counter_stays
     assert_eq!((limit.as_deref(), fence.as_deref()), (Some("2"), Some("2")));
     let next = LockRequest::permit(sem.clone(), Duration::from_secs(5), 2);
     assert_eq!(
-        b.try_acquire(&next).await.unwrap().map(|t| t.get()),
+        b.try_acquire(&next).await.unwrap().map(|g| g.token.get()),
         Some(3),
         "the counter restarted"
     );
@@ -135,7 +135,7 @@ async fn the_same_owner_asking_again_takes_no_second_permit() {
     let req = LockRequest::permit(sem.clone(), Duration::from_secs(5), 2);
     let first = b.try_acquire(&req).await.unwrap().unwrap();
     let again = b.try_acquire(&req).await.unwrap().unwrap();
-    assert!(again > first);
+    assert!(again.token > first.token);
     assert_eq!(b.inspect_permits(&sem).await.unwrap().holders, Some(1));
     assert!(b.release(&req).await.unwrap());
     assert!(!b.release(&req).await.unwrap());

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use distlock_core::poll::{jitter, WaitClock};
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
     InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
 use distlock_redis::Attempt;
@@ -469,22 +469,23 @@ impl Backend for RedlockBackend {
         self.inner.caps.clone()
     }
 
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
+        let began = Instant::now();
         match self.round(req).await? {
-            Round::Granted(t) => Ok(Some(t)),
+            Round::Granted(t) => Ok(Some(Grant::new(t, began))),
             Round::Contended(..) => Ok(None),
         }
     }
 
-    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         let clock = WaitClock::start(&req.name, deadline);
         // Subscribed after the first round that finds the lock held, so an
         // uncontended acquire costs one round and no subscription.
         let (mut watches, mut subscribed) = (Vec::new(), false);
         loop {
-            req.attempt_starting();
+            let began = Instant::now();
             let (left, split) = match self.round(req).await? {
-                Round::Granted(t) => return Ok(t),
+                Round::Granted(t) => return Ok(Grant::new(t, began)),
                 Round::Contended(left, split) => (left, split),
             };
             clock.retry_at(Instant::now())?;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, InputKind,
-    LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant,
+    InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
 use tokio::time::Instant;
 
@@ -479,16 +479,18 @@ impl Backend for SqlBackend {
         Self::declared_capabilities(self.inner.err.backend)
     }
 
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
-        match Object::of(req, &self.inner.err)? {
-            Object::Lock => dispatch!(self, db => db.try_acquire(req).await),
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
+        let began = Instant::now();
+        let token = match Object::of(req, &self.inner.err)? {
+            Object::Lock => dispatch!(self, db => db.try_acquire(req).await)?,
             Object::Semaphore { limit } => {
-                Ok(self.permit_attempt(req, valid_limit(limit)?).await?.token)
+                self.permit_attempt(req, valid_limit(limit)?).await?.token
             }
-        }
+        };
+        Ok(token.map(|t| Grant::new(t, began)))
     }
 
-    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         if let Object::Semaphore { limit } = Object::of(req, &self.inner.err)? {
             return self
                 .acquire_permit(req, valid_limit(limit)?, deadline)
@@ -501,16 +503,15 @@ impl Backend for SqlBackend {
                 // Listen only once the lock is found held (an uncontended
                 // acquire costs one statement), then attempt again before
                 // sleeping: a release in between is not missed.
-                req.attempt_starting();
+                let began = Instant::now();
                 if let Some(t) = pg.attempt(req).await?.token {
-                    return Ok(t);
+                    return Ok(Grant::new(t, began));
                 }
                 let _listening = pg.listen().await?;
                 let pace = Pace::Notified {
                     cap: config.notify_fallback,
                 };
                 wait_loop(&req.name, deadline, Some(&pg.releases), &pace, || {
-                    req.attempt_starting();
                     pg.attempt(req)
                 })
                 .await
@@ -519,7 +520,6 @@ impl Backend for SqlBackend {
             Db::MySql(my) => {
                 let pace = Pace::Backoff(config.poll);
                 wait_loop(&req.name, deadline, None, &pace, || async {
-                    req.attempt_starting();
                     Ok(wait::Attempt {
                         token: my.try_acquire(req).await?,
                         holder_expires_in: None,
@@ -531,7 +531,6 @@ impl Backend for SqlBackend {
             Db::Sqlite(lite) => {
                 let pace = Pace::Backoff(config.poll);
                 wait_loop(&req.name, deadline, Some(&lite.releases), &pace, || async {
-                    req.attempt_starting();
                     Ok(wait::Attempt {
                         token: lite.try_acquire(req).await?,
                         holder_expires_in: None,
@@ -616,18 +615,16 @@ impl SqlBackend {
         req: &LockRequest,
         limit: u32,
         deadline: Option<Instant>,
-    ) -> Result<FencingToken> {
+    ) -> Result<Grant> {
         let config = &self.inner.config;
-        let attempt = || {
-            req.attempt_starting();
-            self.permit_attempt(req, limit)
-        };
+        let attempt = || self.permit_attempt(req, limit);
         match &self.inner.db {
             #[cfg(feature = "postgres")]
             Db::Postgres(pg) => {
                 // As for locks: listen only once the permits are found taken.
+                let began = Instant::now();
                 if let Some(t) = attempt().await?.token {
-                    return Ok(t);
+                    return Ok(Grant::new(t, began));
                 }
                 let _listening = pg.listen().await?;
                 let pace = Pace::Notified {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::poll::{Backoff, WaitClock};
-use distlock_core::{FencingToken, LockName, Result};
+use distlock_core::{FencingToken, Grant, LockName, Result};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
@@ -38,7 +38,7 @@ pub(crate) async fn wait_loop<F, Fut>(
     releases: Option<&broadcast::Sender<Arc<str>>>,
     pace: &Pace,
     mut attempt: F,
-) -> Result<FencingToken>
+) -> Result<Grant>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Attempt>>,
@@ -47,9 +47,10 @@ where
     let mut n = 0u32;
     loop {
         let mut rx = releases.map(broadcast::Sender::subscribe);
+        let began = Instant::now();
         let a = attempt().await?;
         if let Some(t) = a.token {
-            return Ok(t);
+            return Ok(Grant::new(t, began));
         }
         let cap = match pace {
             Pace::Notified { cap } => *cap,

@@ -137,8 +137,8 @@ async fn asking_again_with_the_same_owner_takes_one_permit(kind: &str) -> TestRe
     let b = connect(&url(kind)?).await?;
     let n = name("pool/retry")?;
     let req = LockRequest::permit(n.clone(), LONG, 2);
-    let first = b.try_acquire(&req).await?.ok_or("first not granted")?;
-    let again = b.try_acquire(&req).await?.ok_or("retry not granted")?;
+    let first = b.try_acquire(&req).await?.ok_or("first not granted")?.token;
+    let again = b.try_acquire(&req).await?.ok_or("retry not granted")?.token;
     check(again > first, format!("retry token {again} after {first}"))?;
     let status = b.inspect_permits(&n).await?;
     check(status.holders == Some(1), format!("{kind}: {status:?}"))?;
@@ -176,7 +176,7 @@ async fn tokens_and_limit_outlive_the_backend(kind: &str) -> TestResult {
     for _ in 0..2 {
         let b = connect(&url).await?;
         let req = LockRequest::permit(n.clone(), LONG, 2);
-        let t = b.try_acquire(&req).await?.ok_or("not granted")?;
+        let t = b.try_acquire(&req).await?.ok_or("not granted")?.token;
         check(
             last.is_none_or(|l| t > l),
             format!("token {t} after {last:?}"),

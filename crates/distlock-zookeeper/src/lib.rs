@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlock_core::poll::WaitClock;
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, HoldKind,
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
     InputKind, LockName, LockRequest, LostReason, Owner, Result, TrustedClock, Waiting,
 };
 use tokio::time::Instant;
@@ -108,6 +108,9 @@ struct Enqueued {
     /// The children in queue order, as listed right after the create; `None`
     /// if that list failed.
     queue: Option<Vec<String>>,
+    /// When the read that may confirm ownership was sent: with the create
+    /// first, then again after each wake-up. A grant's lease counts from here.
+    began: Instant,
 }
 
 /// A node's fencing token: its creation zxid.
@@ -410,7 +413,7 @@ impl ZooKeeperBackend {
             // Both requests are queued when their futures are made (the
             // client orders requests at creation, not at polling). The list
             // is the read that may confirm ownership.
-            req.attempt_starting();
+            let began = Instant::now();
             let create = client.create(&path, b"", &options);
             let list = client.list_children(&parent);
             let (created, listed) = tokio::join!(create, list);
@@ -431,6 +434,7 @@ impl ZooKeeperBackend {
                         node,
                         token,
                         queue,
+                        began,
                     };
                     return Ok(self.remember(req, seq, q));
                 }
@@ -455,6 +459,7 @@ impl ZooKeeperBackend {
                                 node: found,
                                 token: czxid_token(stat.czxid)?,
                                 queue: None,
+                                began,
                             };
                             return Ok(self.remember(req, seq, q));
                         }
@@ -531,7 +536,7 @@ impl ZooKeeperBackend {
             let queue = match q.queue.take() {
                 Some(queue) => queue,
                 None => {
-                    req.attempt_starting();
+                    q.began = Instant::now();
                     self.queue(client, parent).await?
                 }
             };
@@ -562,7 +567,7 @@ impl ZooKeeperBackend {
                     // mine without another read. The event came over my
                     // session, which was alive when it was sent; the
                     // session watcher reports it if it ends later.
-                    req.attempt_starting();
+                    q.began = Instant::now();
                     return Ok(());
                 }
             }
@@ -594,7 +599,7 @@ impl Backend for ZooKeeperBackend {
         Self::declared_capabilities().with_extend_batch(500)
     }
 
-    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         if let HoldKind::Permits { .. } = req.kind {
             return self.try_acquire_permit(req).await;
         }
@@ -604,13 +609,13 @@ impl Backend for ZooKeeperBackend {
             None => self.queue(&q.client, &q.parent).await?,
         };
         if queue.first() == Some(&q.node) {
-            return Ok(Some(q.token));
+            return Ok(Some(Grant::new(q.token, q.began)));
         }
         self.delete_node(req).await?;
         Ok(None)
     }
 
-    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<FencingToken> {
+    async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         if let HoldKind::Permits { .. } = req.kind {
             return self.acquire_permit(req, deadline).await;
         }
@@ -620,7 +625,7 @@ impl Backend for ZooKeeperBackend {
         let waited = self.wait_first(req, &mut q);
         let outcome = clock.within(waited).await;
         match outcome {
-            Ok(()) => Ok(token),
+            Ok(()) => Ok(Grant::new(token, q.began)),
             Err(e) => {
                 // A timed-out or failed wait deletes my node.
                 let _ = self.delete_node(req).await;

@@ -39,8 +39,8 @@ use std::time::Duration;
 
 use distlock_core::poll::WaitClock;
 use distlock_core::{
-    Error, FencingToken, HoldKind, InputKind, LockName, LockRequest, LockStatus, LostReason, Owner,
-    Result,
+    Error, FencingToken, Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, LostReason,
+    Owner, Result,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -139,9 +139,29 @@ struct Contender<'a> {
     /// My child's name and sequence, once created.
     mine: String,
     seq: i64,
+    /// When the request that may grant my permit was sent (the create's
+    /// flight, then the claim): a grant's lease counts from here.
+    began: std::sync::Mutex<Instant>,
 }
 
 impl Contender<'_> {
+    fn mark_attempt(&self) {
+        *self
+            .began
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+    }
+
+    fn grant(&self, token: FencingToken) -> Grant {
+        Grant::new(
+            token,
+            *self
+                .began
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
     fn my_path(&self) -> String {
         format!("{}/{}", self.permits, self.mine)
     }
@@ -199,6 +219,7 @@ impl ZooKeeperBackend {
             limit,
             mine: String::new(),
             seq: 0,
+            began: std::sync::Mutex::new(Instant::now()),
         })
     }
 
@@ -257,7 +278,7 @@ impl ZooKeeperBackend {
         for _ in 0..5 {
             // Sent in this order (the client orders requests when their
             // futures are made), handled in this order by the server.
-            c.req.attempt_starting();
+            c.mark_attempt();
             let before = c.client.get_data(&c.node);
             let create = c.client.create(&path, HELD, &options);
             let list = c.client.get_children(&c.permits);
@@ -387,7 +408,7 @@ impl ZooKeeperBackend {
     async fn claim(&self, c: &Contender<'_>, version: i32) -> Result<Option<FencingToken>> {
         // The write that confirms the permit, over the permit's session:
         // the holder's deadline counts from before it is sent.
-        c.req.attempt_starting();
+        c.mark_attempt();
         let mut writer = c.client.new_multi_writer();
         writer
             .add_check_version(&c.node, version)
@@ -472,10 +493,7 @@ impl ZooKeeperBackend {
     }
 
     /// Grants or refuses a permit without waiting.
-    pub(crate) async fn try_acquire_permit(
-        &self,
-        req: &LockRequest,
-    ) -> Result<Option<FencingToken>> {
+    pub(crate) async fn try_acquire_permit(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let mut c = self.contender(req).await?;
         let outcome = async {
             let mut version = match self.join(&mut c).await? {
@@ -504,12 +522,12 @@ impl ZooKeeperBackend {
         match outcome {
             Ok(Some(token)) => {
                 self.start_permit_ttl(req);
-                Ok(Some(token))
+                Ok(Some(c.grant(token)))
             }
             other => {
                 // Not granted: leave no node behind.
                 let _ = self.release_permit(req).await;
-                other
+                other.map(|_| None)
             }
         }
     }
@@ -519,7 +537,7 @@ impl ZooKeeperBackend {
         &self,
         req: &LockRequest,
         deadline: Option<Instant>,
-    ) -> Result<FencingToken> {
+    ) -> Result<Grant> {
         let clock = WaitClock::start(&req.name, deadline);
         let mut c = self.contender(req).await?;
         let waited = async {
@@ -536,7 +554,7 @@ impl ZooKeeperBackend {
         match outcome {
             Ok(token) => {
                 self.start_permit_ttl(req);
-                Ok(token)
+                Ok(c.grant(token))
             }
             Err(e) => {
                 // A timed-out or failed wait deletes my node (a dropped one
