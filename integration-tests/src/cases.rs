@@ -13,16 +13,7 @@ use distlock_core::{
 use libtest_mimic::{Completion, Failed};
 use tokio::time::Instant;
 
-use crate::{ensure, BackendFactory, CaseFn, CaseResult};
-
-macro_rules! cases {
-    ($($name:ident),* $(,)?) => {
-        /// Every case, by name.
-        pub const ALL: &[(&str, CaseFn)] = &[
-            $((stringify!($name), |f, ns| Box::pin($name(f, ns)))),*
-        ];
-    };
-}
+use crate::{ensure, BackendFactory, CaseResult};
 
 cases![
     mutual_exclusion_under_contention,

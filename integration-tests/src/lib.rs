@@ -20,6 +20,17 @@ use std::time::Duration;
 use distlock_core::{async_trait, DynBackend, LockName};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
+/// A module's cases, by name, as `pub const ALL` (each case an `async fn`
+/// of the module taking the factory and a namespace).
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        /// Every case of this module, by name.
+        pub const ALL: &[(&str, $crate::CaseFn)] = &[
+            $((stringify!($name), |f, ns| Box::pin($name(f, ns)))),*
+        ];
+    };
+}
+
 pub mod cases;
 pub mod factory;
 pub mod faults;

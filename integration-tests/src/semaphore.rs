@@ -10,16 +10,7 @@ use distlock_core::{Error, Fencing, HoldKind, LockClient, LockRequest, LostReaso
 use libtest_mimic::{Completion, Failed};
 
 use crate::cases::{client, name, replaced_after_ttl, InFlight, BOUND, LONG_TTL};
-use crate::{ensure, BackendFactory, CaseFn, CaseResult};
-
-macro_rules! cases {
-    ($($name:ident),* $(,)?) => {
-        /// Every semaphore case, by name.
-        pub const ALL: &[(&str, CaseFn)] = &[
-            $((stringify!($name), |f, ns| Box::pin($name(f, ns)))),*
-        ];
-    };
-}
+use crate::{ensure, BackendFactory, CaseResult};
 
 cases![
     semaphore_never_has_more_than_its_limit_and_fills_it,
