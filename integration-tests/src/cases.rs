@@ -744,33 +744,9 @@ pub async fn local_waiters_coalesce_to_one_backend_request(
     ns: String,
 ) -> CaseResult {
     let lock = name(&ns, "coalesce")?;
-    let counting = Arc::new(InFlight {
-        inner: f.client().await?,
-        now: AtomicUsize::new(0),
-        max: AtomicUsize::new(0),
-    });
-    let a = LockClient::from_dyn(counting.clone());
     let holder = client(f).await?;
-    let g = holder.lock(&lock).ttl(LONG_TTL).acquire().await?;
-    let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let (a, lock) = (a.clone(), lock.clone());
-        tasks.push(tokio::spawn(async move {
-            let g = a
-                .lock(&lock)
-                .ttl(LONG_TTL)
-                .wait(BOUND * 2)
-                .acquire()
-                .await?;
-            g.release().await
-        }));
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    g.release().await?;
-    for t in tasks {
-        t.await.map_err(|e| Failed::from(e.to_string()))??;
-    }
-    let max = counting.max.load(Ordering::SeqCst);
+    let held = vec![holder.lock(&lock).ttl(LONG_TTL).acquire().await?];
+    let max = most_acquires_in_flight(f, 8, held, move |c| c.lock(&lock)).await?;
     ensure!(
         max == 1,
         "{max} acquires were in flight to the backend at once"
@@ -860,6 +836,40 @@ pub async fn inspect_reports_the_holder(f: &dyn BackendFactory, ns: String) -> C
 fn needs_extend(caps: &Capabilities) -> Option<Completion> {
     (!caps.extend)
         .then(|| Completion::ignored_with(format!("{} does not support extend", caps.backend)))
+}
+
+/// `tasks` tasks of one fresh client wait for what `hold` builds while
+/// another client keeps `held`; once they queue, `held` is released and every
+/// task acquires and releases in turn. Returns the most acquire requests
+/// that were in flight to the backend at once.
+pub(crate) async fn most_acquires_in_flight(
+    f: &dyn BackendFactory,
+    tasks: usize,
+    held: Vec<distlock_core::LockGuard>,
+    hold: impl Fn(&LockClient) -> distlock_core::LockBuilder + Clone + Send + 'static,
+) -> Result<usize, Failed> {
+    let counting = Arc::new(InFlight {
+        inner: f.client().await?,
+        now: AtomicUsize::new(0),
+        max: AtomicUsize::new(0),
+    });
+    let a = LockClient::from_dyn(counting.clone());
+    let mut running = Vec::new();
+    for _ in 0..tasks {
+        let (a, hold) = (a.clone(), hold.clone());
+        running.push(tokio::spawn(async move {
+            let g = hold(&a).ttl(LONG_TTL).wait(BOUND * 2).acquire().await?;
+            g.release().await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for g in held {
+        g.release().await?;
+    }
+    for t in running {
+        t.await.map_err(|e| Failed::from(e.to_string()))??;
+    }
+    Ok(counting.max.load(Ordering::SeqCst))
 }
 
 /// Counts acquire requests in flight to the wrapped backend.

@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{Error, Fencing, HoldKind, LockClient, LockRequest, LostReason, Owner};
+use distlock_core::{Error, Fencing, HoldKind, LockRequest, LostReason, Owner};
 use libtest_mimic::{Completion, Failed};
 
-use crate::cases::{client, name, replaced_after_ttl, InFlight, BOUND, LONG_TTL};
+use crate::cases::{client, most_acquires_in_flight, name, replaced_after_ttl, BOUND, LONG_TTL};
 use crate::{ensure, BackendFactory, CaseResult};
 
 cases![
@@ -348,38 +348,12 @@ pub async fn local_waiters_put_at_most_limit_waiters_on_the_server(
     ns: String,
 ) -> CaseResult {
     let sem = name(&ns, "coalesce")?;
-    let counting = Arc::new(InFlight {
-        inner: f.client().await?,
-        now: AtomicUsize::new(0),
-        max: AtomicUsize::new(0),
-    });
-    let a = LockClient::from_dyn(counting.clone());
     let holder = client(f).await?;
-    let full = [
+    let full = vec![
         holder.semaphore(&sem, 2).ttl(LONG_TTL).acquire().await?,
         holder.semaphore(&sem, 2).ttl(LONG_TTL).acquire().await?,
     ];
-    let mut tasks = Vec::new();
-    for _ in 0..10 {
-        let (a, sem) = (a.clone(), sem.clone());
-        tasks.push(tokio::spawn(async move {
-            let g = a
-                .semaphore(&sem, 2)
-                .ttl(LONG_TTL)
-                .wait(BOUND * 2)
-                .acquire()
-                .await?;
-            g.release().await
-        }));
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    for g in full {
-        g.release().await?;
-    }
-    for t in tasks {
-        t.await.map_err(|e| Failed::from(e.to_string()))??;
-    }
-    let max = counting.max.load(Ordering::SeqCst);
+    let max = most_acquires_in_flight(f, 10, full, move |c| c.semaphore(&sem, 2)).await?;
     ensure!(
         max <= 2,
         "{max} acquires of a 2-permit semaphore were in flight to the backend at once"
