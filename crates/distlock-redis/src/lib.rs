@@ -106,6 +106,19 @@ impl RedisBackend {
         map_err(&self.inner.endpoint, e)
     }
 
+    /// Runs one script on the connection, its errors mapped.
+    async fn run<T: redis::FromRedisValue>(&self, inv: &redis::ScriptInvocation<'_>) -> Result<T> {
+        self.inner.conn.script(inv).await.map_err(|e| self.err(e))
+    }
+
+    /// Raises the counter at `fence` to at least `token` (never lowers it).
+    async fn raise_counter(&self, fence: &str, token: FencingToken) -> Result<()> {
+        let mut inv = Scripts::get().raise.key(fence);
+        inv.arg(token.get());
+        let _: i64 = self.run(&inv).await?;
+        Ok(())
+    }
+
     /// One acquire script: the token, or how long the holder has left (for
     /// a semaphore: until its earliest permit expires).
     pub async fn attempt(&self, req: &LockRequest) -> Result<Attempt> {
@@ -117,12 +130,7 @@ impl RedisBackend {
         inv.key(Keys::fence_of(&lock))
             .arg(req.owner.to_string())
             .arg(ttl_ms(req.ttl));
-        let answer: i64 = self
-            .inner
-            .conn
-            .script(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
+        let answer: i64 = self.run(&inv).await?;
         if answer >= 1 {
             if self.inner.config.wait_replicas > 0 {
                 // Rare: boxed so that the common path's future stays small.
@@ -213,16 +221,7 @@ impl RedisBackend {
     /// Raises the fencing counter of `name` to at least `token` (never
     /// lowers it). Redlock's fencing writes its token back with this.
     pub async fn raise_fence(&self, name: &LockName, token: FencingToken) -> Result<()> {
-        let keys = self.keys(name);
-        let mut inv = Scripts::get().raise.key(&keys.fence);
-        inv.arg(token.get());
-        let _: i64 = self
-            .inner
-            .conn
-            .script(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        self.raise_counter(&self.keys(name).fence, token).await
     }
 
     /// Subscribes to release messages for `name`; resolves nothing until
@@ -280,12 +279,7 @@ impl RedisBackend {
                 .arg(req.owner.to_string())
                 .arg(ttl_ms(req.ttl));
         }
-        let answers: Vec<i64> = self
-            .inner
-            .conn
-            .script(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
+        let answers: Vec<i64> = self.run(&inv).await?;
         Ok(answers.into_iter().map(|n| n == 1).collect())
     }
 }
@@ -448,12 +442,7 @@ impl Backend for RedisBackend {
         let keys = self.keys(&req.name);
         let mut inv = Scripts::get().extend.key(&keys.lock);
         inv.arg(req.owner.to_string()).arg(ttl_ms(req.ttl));
-        let n: i64 = self
-            .inner
-            .conn
-            .script(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
+        let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
 
@@ -522,12 +511,7 @@ impl Backend for RedisBackend {
         let lock = self.lock_key(&req.name);
         let mut inv = Scripts::get().release.key(&lock);
         inv.arg(req.owner.to_string()).arg(Keys::channel_of(&lock));
-        let n: i64 = self
-            .inner
-            .conn
-            .script(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
+        let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
 }

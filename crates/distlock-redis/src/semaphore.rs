@@ -73,12 +73,7 @@ impl RedisBackend {
             .arg(req.owner.to_string())
             .arg(ttl_ms(req.ttl))
             .arg(limit);
-        let answer: Value = self
-            .inner
-            .conn
-            .script(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
+        let answer: Value = self.run(&inv).await?;
         match answer {
             Value::Int(token) if token >= 1 => {
                 if self.inner.config.wait_replicas > 0 {
@@ -118,12 +113,7 @@ impl RedisBackend {
                 .arg(req.owner.to_string())
                 .arg(ttl_ms(req.ttl));
         }
-        let answers: Vec<i64> = self
-            .inner
-            .conn
-            .script(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
+        let answers: Vec<i64> = self.run(&inv).await?;
         if answers.len() != reqs.len() {
             return Err(Error::backend(
                 "redis",
@@ -141,12 +131,7 @@ impl RedisBackend {
         let keys = self.semaphore_keys(&req.name);
         let mut inv = Scripts::get().permit_release.key(&keys.permits);
         inv.arg(req.owner.to_string()).arg(&keys.channel);
-        let n: i64 = self
-            .inner
-            .conn
-            .script(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
+        let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
 
@@ -156,12 +141,7 @@ impl RedisBackend {
         let keys = self.semaphore_keys(name);
         let mut inv = Scripts::get().permit_inspect.key(&keys.permits);
         inv.key(&keys.limit);
-        let (limit, owners): (i64, Vec<String>) = self
-            .inner
-            .conn
-            .script(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
+        let (limit, owners): (i64, Vec<String>) = self.run(&inv).await?;
         let limit = u32::try_from(limit).ok().filter(|l| *l > 0);
         Ok((limit, owners))
     }
@@ -176,12 +156,7 @@ impl RedisBackend {
         let keys = self.semaphore_keys(name);
         let mut inv = Scripts::get().permit_limit.key(&keys.limit);
         inv.arg(limit).arg(&keys.channel);
-        let old: Option<String> = self
-            .inner
-            .conn
-            .script(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
+        let old: Option<String> = self.run(&inv).await?;
         Ok(old.and_then(|o| o.parse().ok()))
     }
 
@@ -189,16 +164,8 @@ impl RedisBackend {
     /// `token` (never lowers it). Redlock's fencing writes its token back
     /// with this.
     pub async fn raise_permit_fence(&self, name: &LockName, token: FencingToken) -> Result<()> {
-        let keys = self.semaphore_keys(name);
-        let mut inv = Scripts::get().raise.key(&keys.fence);
-        inv.arg(token.get());
-        let _: i64 = self
-            .inner
-            .conn
-            .script(&inv)
+        self.raise_counter(&self.semaphore_keys(name).fence, token)
             .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
     }
 
     /// Subscribes to the semaphore `name`'s messages (a freed permit, a
