@@ -6,7 +6,7 @@ mod sql_support;
 use std::process::Command;
 use std::time::Duration;
 
-use distlock_core::poll::Backoff;
+use distlock_core::wait::Backoff;
 use distlock_core::LockClient;
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::trial;

@@ -382,7 +382,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// with jittered exponential backoff; backends that can be notified
     /// override it.
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
-        crate::poll::acquire_by_polling(self, req, deadline, crate::poll::Backoff::default()).await
+        crate::wait::acquire_by_polling(self, req, deadline, crate::wait::Backoff::default()).await
     }
 
     /// Extends the lease to `req.ttl` from now if `req.owner` still holds it.

@@ -297,7 +297,7 @@ impl Keeper {
                 tracing::warn!(lock = %lease.req.name, error = %e, "renewal failed; retrying until the deadline");
                 r.last_error = Some(e);
                 let retry = (lease.req.ttl / 3 / 4).max(Duration::from_millis(5));
-                r.next_renew = Instant::now() + crate::poll::jitter(retry);
+                r.next_renew = Instant::now() + crate::wait::jitter(retry);
                 drop(r);
                 self.rearm(&lease);
             }

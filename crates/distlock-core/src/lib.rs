@@ -10,10 +10,10 @@ mod keeper;
 mod lease;
 mod memory;
 mod name;
-pub mod poll;
 mod renewer;
 mod slot;
 mod token;
+pub mod wait;
 
 pub use backend::{
     Backend, Capabilities, Consistency, DynBackend, Fencing, Grant, HoldKind, LockRequest,

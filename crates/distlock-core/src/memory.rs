@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{
@@ -16,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::lease::lock;
 use crate::name::LockName;
 use crate::token::{FencingToken, Owner};
+use crate::wait::{wait_for_grant, Outcome, Pace, Signal, Signalled};
 
 /// A lock table in this process's memory.
 ///
@@ -35,7 +35,7 @@ struct Entry {
     holder: Option<(Owner, Instant)>,
     /// Never reset, not even on release: tokens keep increasing.
     counter: u64,
-    released: Arc<Notify>,
+    released: Signal,
 }
 
 #[derive(Debug, Default)]
@@ -45,7 +45,7 @@ struct Semaphore {
     /// Each permit's owner and expiry.
     permits: Vec<(Owner, Instant)>,
     counter: u64,
-    released: Arc<Notify>,
+    released: Signal,
 }
 
 impl Semaphore {
@@ -69,16 +69,13 @@ impl MemoryBackend {
             return false;
         };
         let had = e.holder.take().is_some();
-        e.released.notify_waiters();
+        e.released.wake_all();
         had
     }
 
-    /// One attempt: the token if granted, else the signal to wait on and
-    /// when the earliest hold expires.
-    fn attempt(
-        &self,
-        req: &LockRequest,
-    ) -> Result<(Option<FencingToken>, Arc<Notify>, Option<Instant>)> {
+    /// One attempt: the token if granted, else how long until the earliest
+    /// hold expires.
+    fn attempt(&self, req: &LockRequest) -> Result<Outcome> {
         let HoldKind::Permits { limit } = req.kind else {
             return Ok(self.attempt_exclusive(req));
         };
@@ -93,30 +90,26 @@ impl MemoryBackend {
                 stored,
             });
         }
-        let released = sem.released.clone();
         let live = sem.live(now);
         if live.len() >= stored as usize {
-            let earliest = live.iter().map(|(_, e)| *e).min();
-            return Ok((None, released, earliest));
+            let earliest = live.iter().map(|(_, e)| *e - now).min();
+            return Ok(Outcome::Held(earliest));
         }
         live.push((req.owner, now + req.ttl));
         sem.counter += 1;
-        Ok((Some(FencingToken(sem.counter)), released, None))
+        Ok(Outcome::Granted(FencingToken(sem.counter)))
     }
 
-    fn attempt_exclusive(
-        &self,
-        req: &LockRequest,
-    ) -> (Option<FencingToken>, Arc<Notify>, Option<Instant>) {
+    fn attempt_exclusive(&self, req: &LockRequest) -> Outcome {
         let now = Instant::now();
         let mut table = lock(&self.table);
         let e = table.entry(req.name.clone()).or_default();
         match e.holder {
-            Some((_, expires)) if expires > now => (None, e.released.clone(), Some(expires)),
+            Some((_, expires)) if expires > now => Outcome::Held(Some(expires - now)),
             _ => {
                 e.counter += 1;
                 e.holder = Some((req.owner, now + req.ttl));
-                (Some(FencingToken(e.counter)), e.released.clone(), None)
+                Outcome::Granted(FencingToken(e.counter))
             }
         }
     }
@@ -142,29 +135,17 @@ impl Backend for MemoryBackend {
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let began = Instant::now();
-        Ok(self.attempt(req)?.0.map(|t| Grant::new(t, began)))
+        Ok(self.attempt(req)?.token().map(|t| Grant::new(t, began)))
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
-        let clock = crate::poll::WaitClock::start(&req.name, deadline);
-        loop {
-            let notify = self.release_signal(req);
-            // Registered before the attempt, so a release between the
-            // attempt and the wait is not missed.
-            let released = notify.notified();
-            tokio::pin!(released);
-            released.as_mut().enable();
-            let began = Instant::now();
-            let (token, _, expires) = self.attempt(req)?;
-            if let Some(t) = token {
-                return Ok(Grant::new(t, began));
-            }
-            let wake = clock.retry_at(expires.unwrap_or_else(Instant::now))?;
-            tokio::select! {
-                () = released => {}
-                () = tokio::time::sleep_until(wake) => {}
-            }
-        }
+        let mut wakeups = Signalled::new(self.release_signal(req));
+        // Every end of a hold signals or is an expiry the lease's end says.
+        let pace = Pace::notified(Duration::from_millis(100));
+        wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async {
+            self.attempt(req)
+        })
+        .await
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
@@ -205,8 +186,8 @@ impl Backend for MemoryBackend {
         let mut sems = lock(&self.semaphores);
         let sem = sems.entry(name.clone()).or_default();
         let old = sem.limit.replace(limit);
-        // A higher limit may let a waiter in.
-        sem.released.notify_waiters();
+        // A higher limit may let several waiters in.
+        sem.released.wake_all();
         Ok(old)
     }
 
@@ -236,7 +217,7 @@ impl Backend for MemoryBackend {
             sem.permits.retain(|(o, _)| *o != req.owner);
             let freed = sem.permits.len() < before;
             if freed {
-                sem.released.notify_waiters();
+                sem.released.wake_one();
             }
             return Ok(freed);
         }
@@ -247,7 +228,7 @@ impl Backend for MemoryBackend {
         match e.holder {
             Some((owner, expires)) if owner == req.owner => {
                 e.holder = None;
-                e.released.notify_waiters();
+                e.released.wake_all();
                 Ok(expires > now)
             }
             _ => Ok(false),
@@ -266,7 +247,7 @@ impl MemoryBackend {
         }
     }
 
-    fn release_signal(&self, req: &LockRequest) -> Arc<Notify> {
+    fn release_signal(&self, req: &LockRequest) -> Signal {
         match req.kind {
             HoldKind::Permits { .. } => lock(&self.semaphores)
                 .entry(req.name.clone())

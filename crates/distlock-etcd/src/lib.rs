@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::poll::WaitClock;
+use distlock_core::wait::WaitClock;
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
     InputKind, LockRequest, LostReason, Result, TrustedClock, Waiting,

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::poll::WaitClock;
+use distlock_core::wait::{wait_for_grant, Outcome, Pace, Signalled, Wakeup, Wakeups};
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
     LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
@@ -27,7 +27,7 @@ use conn::Conn;
 /// renew in about 20 requests, small enough that one call keeps the server
 /// busy for well under a millisecond.
 const EXTEND_BATCH: usize = 512;
-use subscriber::Subscriber;
+use subscriber::{Subscriber, Wake};
 
 /// A lock on one Redis deployment: a single server, a Sentinel-managed
 /// master, or a Redis Cluster.
@@ -54,15 +54,6 @@ impl fmt::Debug for RedisBackend {
             .field("wait_replicas", &self.inner.config.wait_replicas)
             .finish()
     }
-}
-
-/// One acquire attempt's outcome.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Attempt {
-    /// Granted, with this token.
-    Granted(FencingToken),
-    /// Held by someone else for about this long still (`None`: unknown).
-    Held(Option<Duration>),
 }
 
 impl RedisBackend {
@@ -121,7 +112,7 @@ impl RedisBackend {
 
     /// One acquire script: the token, or how long the holder has left (for
     /// a semaphore: until its earliest permit expires).
-    pub async fn attempt(&self, req: &LockRequest) -> Result<Attempt> {
+    pub async fn attempt(&self, req: &LockRequest) -> Result<Outcome> {
         if let HoldKind::Permits { .. } = req.kind {
             return self.attempt_permit(req).await;
         }
@@ -136,7 +127,7 @@ impl RedisBackend {
                 // Rare: boxed so that the common path's future stays small.
                 Box::pin(self.await_replicas(req)).await?;
             }
-            return Ok(Attempt::Granted(FencingToken(answer.unsigned_abs())));
+            return Ok(Outcome::Granted(FencingToken(answer.unsigned_abs())));
         }
         if answer == 0 {
             return Err(Error::backend(
@@ -147,7 +138,7 @@ impl RedisBackend {
         // -(PTTL + 3): PTTL -2 the key just vanished, -1 no expiry (a
         // foreign client's key), else the holder's remaining lease.
         let pttl = -answer - 3;
-        Ok(Attempt::Held(
+        Ok(Outcome::Held(
             (pttl >= 0).then(|| Duration::from_millis(pttl.unsigned_abs())),
         ))
     }
@@ -159,7 +150,7 @@ impl RedisBackend {
     /// script (a script costs the server more than the command).
     /// A semaphore's permits need their script either way, so a permit
     /// request runs [`attempt`](Self::attempt).
-    pub async fn attempt_unfenced(&self, req: &LockRequest) -> Result<Attempt> {
+    pub async fn attempt_unfenced(&self, req: &LockRequest) -> Result<Outcome> {
         if let HoldKind::Permits { .. } = req.kind {
             return self.attempt_permit(req).await;
         }
@@ -175,7 +166,7 @@ impl RedisBackend {
             if self.inner.config.wait_replicas > 0 {
                 Box::pin(self.await_replicas(req)).await?;
             }
-            return Ok(Attempt::Granted(FencingToken(0)));
+            return Ok(Outcome::Granted(FencingToken(0)));
         }
         let pttl: i64 = self
             .inner
@@ -183,7 +174,7 @@ impl RedisBackend {
             .cmd(redis::cmd("PTTL").arg(&lock))
             .await
             .map_err(|e| self.err(e))?;
-        Ok(Attempt::Held(
+        Ok(Outcome::Held(
             (pttl >= 0).then(|| Duration::from_millis(pttl.unsigned_abs())),
         ))
     }
@@ -228,14 +219,14 @@ impl RedisBackend {
     /// awaited. The subscription is confirmed by the server when this
     /// returns, so no later release is missed.
     pub async fn watch_releases(&self, name: &LockName) -> Result<ReleaseWatch> {
-        self.watch_channel(self.keys(name).channel).await
+        self.watch_channel(self.keys(name).channel, Wake::All).await
     }
 
-    async fn watch_channel(&self, channel: String) -> Result<ReleaseWatch> {
+    async fn watch_channel(&self, channel: String, wake: Wake) -> Result<ReleaseWatch> {
         let watch = self
             .inner
             .subscriber
-            .watch(&self.inner.conn, &channel)
+            .watch(&self.inner.conn, &channel, wake)
             .await
             .map_err(|e| self.err(e))?;
         Ok(ReleaseWatch { watch, channel })
@@ -383,56 +374,23 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let began = Instant::now();
-        match self.attempt(req).await? {
-            Attempt::Granted(t) => Ok(Some(Grant::new(t, began))),
-            Attempt::Held(_) => Ok(None),
-        }
+        Ok(self
+            .attempt(req)
+            .await?
+            .token()
+            .map(|t| Grant::new(t, began)))
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         if let HoldKind::Permits { .. } = req.kind {
             return self.acquire_permit(req, deadline).await;
         }
-        let clock = WaitClock::start(&req.name, deadline);
-        // The first attempt goes out before any subscription, so an
-        // uncontended acquire costs one script call. Once the lock is found
-        // held, every attempt runs with a live subscription (made again if
-        // its connection died), so a release between a failed attempt and
-        // the wait is still seen.
-        let began = Instant::now();
-        if let Attempt::Granted(t) = self.attempt(req).await? {
-            return Ok(Grant::new(t, began));
-        }
-        let mut watch = None;
-        loop {
-            if watch.is_none() {
-                watch = match self.watch_releases(&req.name).await {
-                    Ok(w) => Some(w),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "no pub/sub; waiting on the holder's TTL only");
-                        None
-                    }
-                };
-            }
-            let began = Instant::now();
-            let left = match self.attempt(req).await? {
-                Attempt::Granted(t) => return Ok(Grant::new(t, began)),
-                Attempt::Held(left) => left,
-            };
-            // Re-check when the holder's lease runs out, so an expiry is
-            // noticed without a release.
-            let wake = clock.retry_after_expiry(left, Duration::from_millis(100))?;
-            let sleep = tokio::time::sleep_until(wake);
-            match watch.as_mut() {
-                Some(w) => {
-                    tokio::select! {
-                        () = sleep => {}
-                        r = w.released() => if !r { watch = None; },
-                    }
-                }
-                None => sleep.await,
-            }
-        }
+        let mut wakeups = Subscribed::new(self, &req.name, false);
+        let pace = Pace::notified(Duration::from_millis(100));
+        wait_for_grant(&req.name, deadline, pace, &mut wakeups, || {
+            self.attempt(req)
+        })
+        .await
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
@@ -531,23 +489,73 @@ impl fmt::Debug for ReleaseWatch {
 }
 
 impl ReleaseWatch {
-    /// Resolves at the next release of the lock; `false` if the pub/sub
-    /// connection died (then only polling is left).
-    pub async fn released(&mut self) -> bool {
-        released(&mut self.watch.rx, &self.channel).await
+    /// Registers now for the next message on the channel (or the loss of
+    /// the pub/sub connection); resolves with whether the connection still
+    /// lives (when not, only polling is left).
+    pub fn next(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
+        self.watch.next()
+    }
+
+    /// Whether the pub/sub connection behind it still delivers messages.
+    pub fn alive(&self) -> bool {
+        self.watch.alive()
     }
 }
 
-/// Waits for a release message on `channel`; false if the subscription died.
-async fn released(rx: &mut tokio::sync::broadcast::Receiver<Arc<str>>, channel: &str) -> bool {
-    use tokio::sync::broadcast::error::RecvError;
-    loop {
-        match rx.recv().await {
-            Ok(c) if &*c == channel => return true,
-            Ok(c) if &*c == subscriber::CONNECTION_LOST => return false,
-            Ok(_) => {}
-            Err(RecvError::Lagged(_)) => return true,
-            Err(RecvError::Closed) => return false,
+/// Wake-ups from a lock's or a semaphore's pub/sub channel. Subscribed only
+/// once an attempt is refused, so an uncontended acquire costs one script
+/// call; subscribed again when the pub/sub connection dies. A freed permit
+/// wakes one waiter of this client; a release, all of them.
+struct Subscribed<'a> {
+    backend: &'a RedisBackend,
+    name: &'a LockName,
+    permits: bool,
+    watch: Option<ReleaseWatch>,
+    signalled: Signalled,
+}
+
+impl<'a> Subscribed<'a> {
+    fn new(backend: &'a RedisBackend, name: &'a LockName, permits: bool) -> Self {
+        Self {
+            backend,
+            name,
+            permits,
+            watch: None,
+            signalled: Signalled::from(None),
         }
+    }
+}
+
+impl Wakeups for Subscribed<'_> {
+    fn arm(&mut self) -> Option<Wakeup> {
+        self.watch.as_ref().filter(|w| w.alive())?;
+        self.signalled.arm()
+    }
+
+    async fn prepare(&mut self) -> Result<()> {
+        if self.watch.as_ref().is_some_and(ReleaseWatch::alive) {
+            return Ok(());
+        }
+        let b = self.backend;
+        let subscribed = if self.permits {
+            let channel = b.semaphore_keys(self.name).channel;
+            b.watch_channel(channel, Wake::OnePerPermit).await
+        } else {
+            b.watch_releases(self.name).await
+        };
+        self.watch = subscribed
+            .inspect_err(|e| tracing::debug!(error = %e, "no pub/sub; waiting on lease ends only"))
+            .ok();
+        self.signalled
+            .set(self.watch.as_ref().map(|w| w.watch.signal().clone()));
+        Ok(())
+    }
+
+    fn woken(&mut self) {
+        self.signalled.woken();
+    }
+
+    fn answered(&mut self) {
+        self.signalled.answered();
     }
 }

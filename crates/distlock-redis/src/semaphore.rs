@@ -1,20 +1,18 @@
 //! Semaphores ([`HoldKind::Permits`]): the permit scripts and the wait for
 //! a free permit.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::poll::WaitClock;
+use distlock_core::wait::{wait_for_grant, Outcome, Pace};
 use distlock_core::{
     Error, FencingToken, Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, Result,
 };
 use redis::Value;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::scripts::{Scripts, SemaphoreKeys};
-use crate::subscriber::PermitWatch;
-use crate::{ttl_ms, Attempt, RedisBackend, ReleaseWatch};
+use crate::subscriber::Wake;
+use crate::{ttl_ms, RedisBackend, ReleaseWatch, Subscribed};
 
 /// The limit a permit request asks for; a typed error for zero, which no
 /// semaphore can grant.
@@ -35,27 +33,6 @@ fn checked_limit(limit: u32) -> Result<u32> {
     Ok(limit)
 }
 
-/// A wake-up this waiter took from the others and has not yet acted on.
-/// Dropped before its attempt has answered (the acquire was cancelled or
-/// failed), it passes the wake-up on: the freed permit is then not left
-/// unclaimed while the other waiters sleep until the earliest expiry.
-struct Baton(Option<Arc<Notify>>);
-
-impl Baton {
-    /// The attempt answered: the wake-up was used.
-    fn used(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for Baton {
-    fn drop(&mut self) {
-        if let Some(wake) = self.0.take() {
-            wake.notify_one();
-        }
-    }
-}
-
 impl RedisBackend {
     /// The keys used for the semaphore `name`.
     pub fn semaphore_keys(&self, name: &LockName) -> SemaphoreKeys {
@@ -64,7 +41,7 @@ impl RedisBackend {
 
     /// One permit acquire script: the token, or how long until the earliest
     /// permit expires; `LimitMismatch` if another limit is stored.
-    pub(crate) async fn attempt_permit(&self, req: &LockRequest) -> Result<Attempt> {
+    pub(crate) async fn attempt_permit(&self, req: &LockRequest) -> Result<Outcome> {
         let limit = limit_of(req)?;
         let keys = self.semaphore_keys(&req.name);
         let mut inv = Scripts::get().permit_acquire.key(&keys.permits);
@@ -79,9 +56,9 @@ impl RedisBackend {
                 if self.inner.config.wait_replicas > 0 {
                     Box::pin(self.await_replicas(req)).await?;
                 }
-                Ok(Attempt::Granted(FencingToken(token.unsigned_abs())))
+                Ok(Outcome::Granted(FencingToken(token.unsigned_abs())))
             }
-            Value::Int(left) if left < 0 => Ok(Attempt::Held(Some(Duration::from_millis(
+            Value::Int(left) if left < 0 => Ok(Outcome::Held(Some(Duration::from_millis(
                 left.unsigned_abs(),
             )))),
             Value::Array(stored) => match stored.first() {
@@ -173,109 +150,21 @@ impl RedisBackend {
     /// subscription is confirmed by the server when this returns.
     pub async fn watch_permit_releases(&self, name: &LockName) -> Result<ReleaseWatch> {
         let channel = self.semaphore_keys(name).channel;
-        self.watch_channel(channel).await
+        self.watch_channel(channel, Wake::All).await
     }
 
-    async fn watch_permits(&self, name: &LockName) -> Result<PermitWatch> {
-        let channel = self.semaphore_keys(name).channel;
-        self.inner
-            .subscriber
-            .watch_permits(&self.inner.conn, &channel)
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    /// Waits for a permit. Like a lock's wait (try once without a
-    /// subscription; then every attempt runs with one, re-checking when the
-    /// earliest permit expires), but a freed permit wakes one waiter of this
-    /// client, not all of them.
+    /// Waits for a permit as a lock's wait does, but a freed permit wakes
+    /// one waiter of this client, not all of them.
     pub(crate) async fn acquire_permit(
         &self,
         req: &LockRequest,
         deadline: Option<Instant>,
     ) -> Result<Grant> {
-        let clock = WaitClock::start(&req.name, deadline);
-        let began = Instant::now();
-        if let Attempt::Granted(t) = self.attempt_permit(req).await? {
-            return Ok(Grant::new(t, began));
-        }
-        let mut watch: Option<PermitWatch> = None;
-        let mut baton = Baton(None);
-        loop {
-            if watch.as_ref().is_some_and(|w| !w.alive()) {
-                watch = None;
-            }
-            if watch.is_none() {
-                watch = match self.watch_permits(&req.name).await {
-                    Ok(w) => Some(w),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "no pub/sub; waiting on permit expiries only");
-                        None
-                    }
-                };
-            }
-            let wake = watch.as_ref().map(|w| w.wake.clone());
-            let notified = wake.as_deref().map(Notify::notified);
-            tokio::pin!(notified);
-            // Registered before the attempt: a permit freed after the
-            // attempt looked is then delivered to this waiter (or, if it
-            // returns, passed on to another when `notified` is dropped).
-            if let Some(n) = notified.as_mut().as_pin_mut() {
-                n.enable();
-            }
-            let began = Instant::now();
-            let answer = self.attempt_permit(req).await?;
-            baton.used();
-            let left = match answer {
-                Attempt::Granted(t) => return Ok(Grant::new(t, began)),
-                Attempt::Held(left) => left,
-            };
-            let sleep = tokio::time::sleep_until(
-                clock.retry_after_expiry(left, Duration::from_millis(100))?,
-            );
-            match notified.as_mut().as_pin_mut() {
-                Some(n) => tokio::select! {
-                    () = sleep => {}
-                    () = n => baton = Baton(wake.clone()),
-                },
-                None => sleep.await,
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_dropped_baton_hands_its_wakeup_to_the_next_waiter() {
-        let wake = Arc::new(Notify::new());
-        let (first, second) = (wake.notified(), wake.notified());
-        tokio::pin!(first, second);
-        first.as_mut().enable();
-        second.as_mut().enable();
-        wake.notify_one();
-        first.await;
-        // The woken waiter is cancelled before its attempt answers.
-        drop(Baton(Some(wake.clone())));
-        tokio::time::timeout(Duration::from_secs(1), second)
-            .await
-            .expect("the wake-up died with the cancelled waiter");
-    }
-
-    #[tokio::test]
-    async fn a_used_baton_wakes_nobody() {
-        let wake = Arc::new(Notify::new());
-        let mut baton = Baton(Some(wake.clone()));
-        baton.used();
-        drop(baton);
-        let next = wake.notified();
-        assert!(
-            tokio::time::timeout(Duration::from_millis(50), next)
-                .await
-                .is_err(),
-            "a used wake-up was passed on"
-        );
+        let mut wakeups = Subscribed::new(self, &req.name, true);
+        let pace = Pace::notified(Duration::from_millis(100));
+        wait_for_grant(&req.name, deadline, pace, &mut wakeups, || {
+            self.attempt_permit(req)
+        })
+        .await
     }
 }

@@ -4,29 +4,31 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use std::future::Future;
+
+use distlock_core::wait::{Signal, Signals};
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
 use redis::RedisResult;
-use tokio::sync::{broadcast, Mutex, Notify};
+use tokio::sync::Mutex;
 
 use crate::conn::Conn;
 
-/// The pseudo channel name sent to every waiter when the pub/sub
-/// connection ends.
-pub(crate) const CONNECTION_LOST: &str = "";
+/// The payload `permit_release.lua` publishes: one freed permit, which
+/// wakes one waiter. Every other message (a released lock, `limit` for a
+/// changed limit) wakes every waiter of its channel.
+const PERMIT_FREED: &str = "permit";
 
-/// The payload `permit_limit.lua` publishes; every other message on a
-/// semaphore's channel is one freed permit.
-const LIMIT_CHANGED: &str = "limit";
+/// The suffix of a semaphore's channel (see `SemaphoreKeys`).
+const SEMAPHORE_CHANNEL: &str = "}:semaphore:released";
 
-/// Per semaphore channel, the signal its waiters in this client park on.
-type PermitWakers = Arc<std::sync::Mutex<HashMap<String, Arc<Notify>>>>;
-
-/// Subscriptions counted per channel; each message is forwarded to waiters
-/// as the channel name.
+/// Subscriptions counted per channel; each message wakes the channel's
+/// waiters in this client.
 pub(crate) struct Subscriber {
     live: Mutex<Option<Live>>,
-    events: broadcast::Sender<Arc<str>>,
+    /// Per channel, the waiters woken one at a time by a freed permit; per
+    /// `*` and channel, the waiters woken all at once by every message.
+    signals: Arc<Signals>,
     /// Numbers each pub/sub connection, so that a subscription made on a
     /// connection that has since died cannot, when dropped, unsubscribe a
     /// waiter that subscribed again on the new one.
@@ -38,7 +40,6 @@ struct Live {
     sink: PubSubSink,
     counts: HashMap<String, usize>,
     alive: Arc<AtomicBool>,
-    permit_wakers: PermitWakers,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -50,24 +51,40 @@ impl Drop for Live {
 
 /// A waiter's subscription; unsubscribes (when it was the last) on drop.
 pub(crate) struct Watch {
-    pub(crate) rx: broadcast::Receiver<Arc<str>>,
-    _subscription: Subscription,
-}
-
-/// A semaphore waiter's subscription: one freed permit wakes one waiter of
-/// this client (`notify_one`), a changed limit or a lost connection wakes
-/// them all.
-pub(crate) struct PermitWatch {
-    pub(crate) wake: Arc<Notify>,
+    signal: Signal,
     alive: Arc<AtomicBool>,
     _subscription: Subscription,
 }
 
-impl PermitWatch {
+impl Watch {
+    /// What this subscription's messages wake.
+    pub(crate) fn signal(&self) -> &Signal {
+        &self.signal
+    }
+
     /// Whether the pub/sub connection behind it still delivers messages.
     pub(crate) fn alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
     }
+
+    /// Registers now for the next wake-up; resolves with whether the
+    /// connection still lives (a lost connection wakes every waiter).
+    pub(crate) fn next(&self) -> impl Future<Output = bool> + Send + 'static {
+        let (woken, alive) = (self.signal.wakeup(), self.alive.clone());
+        async move {
+            woken.await;
+            alive.load(Ordering::Acquire)
+        }
+    }
+}
+
+/// How a channel's messages wake the waiters of one subscription.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// A freed permit wakes one waiter; anything else, all.
+    OnePerPermit,
+    /// Every message wakes every waiter (Redlock counts them per node).
+    All,
 }
 
 /// One counted subscription to a channel, given back on drop.
@@ -91,39 +108,28 @@ impl Subscriber {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
             live: Mutex::new(None),
-            events: broadcast::channel(1024).0,
+            signals: Arc::default(),
             connections: AtomicU64::new(0),
         })
     }
 
     /// Subscribes to `channel`; returns once the server has confirmed, so a
-    /// release published after this call is never missed.
-    pub(crate) async fn watch(self: &Arc<Self>, conn: &Conn, channel: &str) -> RedisResult<Watch> {
-        let mut live = self.live.lock().await;
-        let l = self.live_connection(&mut live, conn).await?;
-        let rx = self.events.subscribe();
-        Ok(Watch {
-            rx,
-            _subscription: self.subscribe(l, channel).await?,
-        })
-    }
-
-    /// [`Subscriber::watch`] for a semaphore's channel, with wake-one
-    /// signalling.
-    pub(crate) async fn watch_permits(
+    /// message published after this call is never missed.
+    pub(crate) async fn watch(
         self: &Arc<Self>,
         conn: &Conn,
         channel: &str,
-    ) -> RedisResult<PermitWatch> {
+        wake: Wake,
+    ) -> RedisResult<Watch> {
         let mut live = self.live.lock().await;
         let l = self.live_connection(&mut live, conn).await?;
-        let wake = lock(&l.permit_wakers)
-            .entry(channel.to_string())
-            .or_default()
-            .clone();
+        let signal = match wake {
+            Wake::OnePerPermit => self.signals.get(channel),
+            Wake::All => self.signals.get(&format!("*{channel}")),
+        };
         let alive = l.alive.clone();
-        Ok(PermitWatch {
-            wake,
+        Ok(Watch {
+            signal,
             alive,
             _subscription: self.subscribe(l, channel).await?,
         })
@@ -151,34 +157,34 @@ impl Subscriber {
             .await?
             .split();
         let alive = Arc::new(AtomicBool::new(true));
-        let permit_wakers = PermitWakers::default();
-        let (tx, flag, wakers) = (self.events.clone(), alive.clone(), permit_wakers.clone());
+        let (signals, flag) = (self.signals.clone(), alive.clone());
         let task = tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
                 let channel = msg.get_channel_name();
-                if let Some(wake) = lock(&wakers).get(channel) {
-                    match msg.get_payload::<String>() {
-                        Ok(p) if p == LIMIT_CHANGED => wake.notify_waiters(),
-                        _ => wake.notify_one(),
+                let freed = channel.ends_with(SEMAPHORE_CHANNEL)
+                    && msg.get_payload::<String>().is_ok_and(|p| p == PERMIT_FREED);
+                if let Some(s) = signals.find(channel) {
+                    if freed {
+                        s.wake_one();
+                    } else {
+                        s.wake_all();
                     }
                 }
-                let _ = tx.send(Arc::from(channel));
+                if let Some(s) = signals.find(&format!("*{channel}")) {
+                    s.wake_all();
+                }
             }
             // The connection is gone (server restart, failover): wake
             // every waiter to re-check now, since the lock's state may
             // have changed; the next subscription opens a new connection.
             flag.store(false, Ordering::Release);
-            for wake in lock(&wakers).values() {
-                wake.notify_waiters();
-            }
-            let _ = tx.send(Arc::from(CONNECTION_LOST));
+            signals.wake_everyone();
         });
         Ok(Live {
             generation: self.connections.fetch_add(1, Ordering::Relaxed),
             sink,
             counts: HashMap::new(),
             alive,
-            permit_wakers,
             task,
         })
     }
@@ -190,7 +196,6 @@ impl Subscriber {
         if *n == 0 {
             if let Err(e) = l.sink.subscribe(channel).await {
                 l.counts.remove(channel);
-                lock(&l.permit_wakers).remove(channel);
                 return Err(e);
             }
         }
@@ -218,12 +223,7 @@ impl Subscriber {
         };
         if last {
             l.counts.remove(channel);
-            lock(&l.permit_wakers).remove(channel);
             let _ = l.sink.unsubscribe(channel).await;
         }
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

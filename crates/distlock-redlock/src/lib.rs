@@ -4,13 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::poll::{jitter, WaitClock};
+use distlock_core::wait::{jitter, wait_for_grant, Outcome, Pace, Wakeup, Wakeups};
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
     InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
-use distlock_redis::Attempt;
-use futures_util::future::{join_all, select_all, FutureExt};
+use distlock_redis::ReleaseWatch;
+use futures_util::future::{join_all, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, timeout_at, Instant};
 
@@ -221,8 +221,9 @@ impl RedlockBackend {
                 None => attempt.await,
             }
             .map(|a| match a {
-                Attempt::Granted(t) => Vote::Granted(t),
-                Attempt::Held(left) => Vote::Held(left),
+                Outcome::Granted(t) => Vote::Granted(t),
+                Outcome::Held(left) => Vote::Held(left),
+                Outcome::RetryIn(_) => Vote::Held(None),
             })
         };
         match ask.await {
@@ -478,83 +479,24 @@ impl Backend for RedlockBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
-        let clock = WaitClock::start(&req.name, deadline);
-        // Subscribed after the first round that finds the lock held, so an
-        // uncontended acquire costs one round and no subscription.
-        let (mut watches, mut subscribed) = (Vec::new(), false);
-        loop {
-            let began = Instant::now();
-            let (left, split) = match self.round(req).await? {
-                Round::Granted(t) => return Ok(Grant::new(t, began)),
-                Round::Contended(left, split) => (left, split),
-            };
-            clock.retry_at(Instant::now())?;
-            if !subscribed {
-                // Subscribe, then go round again (at once, or after the
-                // split delay below): a release between the round above and
-                // the subscription is then not missed.
-                watches = self.watch_releases(req).await;
-                subscribed = true;
-                if !split {
-                    continue;
-                }
-            }
-            if split {
-                // Another contender took some nodes in the same instant:
-                // a random delay, so the two do not split the vote again in
+        let mut wakeups = NodeWatches {
+            backend: self,
+            req,
+            watches: None,
+        };
+        let retry_jitter = self.inner.config.retry_jitter;
+        let pace = Pace::notified(Duration::from_millis(200));
+        wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async {
+            Ok(match self.round(req).await? {
+                Round::Granted(t) => Outcome::Granted(t),
+                // Another contender took some nodes in the same instant: a
+                // random delay, so the two do not split the vote again in
                 // lockstep (the Redlock paper's retry delay).
-                tokio::time::sleep(jitter(self.inner.config.retry_jitter)).await;
-                continue;
-            }
-            let sleep = tokio::time::sleep_until(
-                clock.retry_after_expiry(left, Duration::from_millis(200))?,
-            );
-            tokio::pin!(sleep);
-            if watches.is_empty() {
-                sleep.await;
-                continue;
-            }
-            // Wait for a release message, then for the same release to reach
-            // a majority of nodes (or SETTLE), so that the next round does
-            // not find the other nodes still held and split against itself.
-            let need = self.quorum(&req.kind).min(watches.len());
-            let mut heard = vec![false; watches.len()];
-            let mut dead = Vec::new();
-            loop {
-                let pending: Vec<_> = watches
-                    .iter_mut()
-                    .enumerate()
-                    .filter(|(i, _)| !heard[*i] && !dead.contains(i))
-                    .map(|(i, w)| Box::pin(async move { (i, w.released().await) }))
-                    .collect();
-                if pending.is_empty() {
-                    break;
-                }
-                let got = if heard.contains(&true) {
-                    timeout(SETTLE, select_all(pending)).await.ok()
-                } else {
-                    tokio::select! {
-                        () = &mut sleep => None,
-                        got = select_all(pending) => Some(got),
-                    }
-                };
-                let Some(((i, alive), _, _)) = got else { break };
-                if !alive {
-                    // A node's pub/sub connection ended: it woke us to
-                    // re-check; from now on its TTL is the fallback.
-                    dead.push(i);
-                    break;
-                }
-                heard[i] = true;
-                if heard.iter().filter(|h| **h).count() >= need {
-                    break;
-                }
-            }
-            dead.sort_unstable();
-            for i in dead.into_iter().rev() {
-                watches.swap_remove(i);
-            }
-        }
+                Round::Contended(_, true) => Outcome::RetryIn(jitter(retry_jitter)),
+                Round::Contended(left, false) => Outcome::Held(left),
+            })
+        })
+        .await
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
@@ -761,6 +703,52 @@ async fn distinct_servers(nodes: &[Node]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Wake-ups from the nodes' pub/sub channels, subscribed once a round is
+/// refused. A wake-up is a release heard from a majority of the nodes that
+/// can say (or one heard and then [`SETTLE`]), so the next round does not
+/// find the other nodes still held and split against itself.
+struct NodeWatches<'a> {
+    backend: &'a RedlockBackend,
+    req: &'a LockRequest,
+    watches: Option<Vec<ReleaseWatch>>,
+}
+
+impl Wakeups for NodeWatches<'_> {
+    fn arm(&mut self) -> Option<Wakeup> {
+        let watches = self.watches.as_ref().filter(|w| !w.is_empty())?;
+        let need = self.backend.quorum(&self.req.kind).min(watches.len());
+        let mut heard: FuturesUnordered<_> = watches.iter().map(ReleaseWatch::next).collect();
+        Some(Box::pin(async move {
+            // A node whose pub/sub connection ended wakes the waiter to
+            // re-check at once; from then on its TTL is the fallback.
+            if heard.next().await != Some(true) {
+                return;
+            }
+            let mut count = 1;
+            if count >= need {
+                return;
+            }
+            let _ = timeout(SETTLE, async {
+                while let Some(alive) = heard.next().await {
+                    count += 1;
+                    if !alive || count >= need {
+                        return;
+                    }
+                }
+            })
+            .await;
+        }))
+    }
+
+    async fn prepare(&mut self) -> Result<()> {
+        match &mut self.watches {
+            Some(w) => w.retain(ReleaseWatch::alive),
+            None => self.watches = Some(self.backend.watch_releases(self.req).await),
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use distlock_core::poll::Backoff;
+use distlock_core::wait::Backoff;
 use distlock_core::{Error, InputKind, Result};
 
 /// Options for [`SqlBackend`](crate::SqlBackend).

@@ -25,8 +25,8 @@ pub use config::SqlConfig;
 /// The sqlx version this crate builds on, for users passing their own pools.
 pub use sqlx;
 
+use distlock_core::wait::{wait_for_grant, Outcome, Pace, Signalled};
 use semaphore::{valid_limit, Object};
-use wait::{wait_loop, Pace};
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("distlock-sql needs at least one of the features `postgres`, `mysql`, `sqlite`");
@@ -484,59 +484,22 @@ impl Backend for SqlBackend {
         let token = match Object::of(req, &self.inner.err)? {
             Object::Lock => dispatch!(self, db => db.try_acquire(req).await)?,
             Object::Semaphore { limit } => {
-                self.permit_attempt(req, valid_limit(limit)?).await?.token
+                self.permit_attempt(req, valid_limit(limit)?).await?.token()
             }
         };
         Ok(token.map(|t| Grant::new(t, began)))
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
-        if let Object::Semaphore { limit } = Object::of(req, &self.inner.err)? {
-            return self
-                .acquire_permit(req, valid_limit(limit)?, deadline)
-                .await;
-        }
-        let config = &self.inner.config;
-        match &self.inner.db {
-            #[cfg(feature = "postgres")]
-            Db::Postgres(pg) => {
-                // Listen only once the lock is found held (an uncontended
-                // acquire costs one statement), then attempt again before
-                // sleeping: a release in between is not missed.
-                let began = Instant::now();
-                if let Some(t) = pg.attempt(req).await?.token {
-                    return Ok(Grant::new(t, began));
-                }
-                let _listening = pg.listen().await?;
-                let pace = Pace::Notified {
-                    cap: config.notify_fallback,
-                };
-                wait_loop(&req.name, deadline, Some(&pg.releases), &pace, || {
-                    pg.attempt(req)
-                })
-                .await
+        match Object::of(req, &self.inner.err)? {
+            Object::Lock => {
+                self.wait(req, deadline, false, || self.lock_attempt(req))
+                    .await
             }
-            #[cfg(feature = "mysql")]
-            Db::MySql(my) => {
-                let pace = Pace::Backoff(config.poll);
-                wait_loop(&req.name, deadline, None, &pace, || async {
-                    Ok(wait::Attempt {
-                        token: my.try_acquire(req).await?,
-                        holder_expires_in: None,
-                    })
-                })
-                .await
-            }
-            #[cfg(feature = "sqlite")]
-            Db::Sqlite(lite) => {
-                let pace = Pace::Backoff(config.poll);
-                wait_loop(&req.name, deadline, Some(&lite.releases), &pace, || async {
-                    Ok(wait::Attempt {
-                        token: lite.try_acquire(req).await?,
-                        holder_expires_in: None,
-                    })
-                })
-                .await
+            Object::Semaphore { limit } => {
+                let limit = valid_limit(limit)?;
+                self.wait(req, deadline, true, || self.permit_attempt(req, limit))
+                    .await
             }
         }
     }
@@ -597,7 +560,7 @@ impl Backend for SqlBackend {
 
 impl SqlBackend {
     /// One attempt at a permit.
-    async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<wait::Attempt> {
+    async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         match &self.inner.db {
             #[cfg(feature = "mysql")]
             Db::MySql(_) => self.mysql_permit_attempt_to_completion(req, limit).await,
@@ -606,49 +569,74 @@ impl SqlBackend {
         }
     }
 
-    /// Waits for a permit as `acquire` waits for a lock, woken by permit
-    /// releases and limit changes (PostgreSQL: NOTIFY on the permits'
-    /// channel; SQLite: in this process), and re-checking when the
-    /// earliest-ending permit expires.
-    async fn acquire_permit(
+    /// One attempt at a lock.
+    async fn lock_attempt(&self, req: &LockRequest) -> Result<Outcome> {
+        let held =
+            |token: Option<FencingToken>| token.map_or(Outcome::Held(None), Outcome::Granted);
+        match &self.inner.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(pg) => pg.attempt(req).await,
+            #[allow(unreachable_patterns)]
+            _ => Ok(held(dispatch!(self, db => db.try_acquire(req).await)?)),
+        }
+    }
+
+    /// Retries `attempt` until it grants or the deadline passes, woken by
+    /// releases (of permits when `permits`) where the database can say:
+    /// PostgreSQL by NOTIFY, SQLite within this process. A freed permit
+    /// wakes one waiter of this client; a released lock or a changed limit,
+    /// all of them. Each also re-checks when the holder's lease (the
+    /// earliest-ending permit) ends.
+    async fn wait<F, Fut>(
         &self,
         req: &LockRequest,
-        limit: u32,
         deadline: Option<Instant>,
-    ) -> Result<Grant> {
+        permits: bool,
+        attempt: F,
+    ) -> Result<Grant>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Outcome>>,
+    {
         let config = &self.inner.config;
-        let attempt = || self.permit_attempt(req, limit);
+        let name = &req.name;
         match &self.inner.db {
             #[cfg(feature = "postgres")]
             Db::Postgres(pg) => {
-                // As for locks: listen only once the permits are found taken.
-                let began = Instant::now();
-                if let Some(t) = attempt().await?.token {
-                    return Ok(Grant::new(t, began));
-                }
-                let _listening = pg.listen().await?;
+                let signals = if permits {
+                    &pg.permit_releases
+                } else {
+                    &pg.releases
+                };
+                let mut wakeups = wait::Listened::new(pg, signals.get(name.as_str()));
                 let pace = Pace::Notified {
+                    unknown: config.notify_fallback,
                     cap: config.notify_fallback,
                 };
-                wait_loop(
-                    &req.name,
-                    deadline,
-                    Some(&pg.permit_releases),
-                    &pace,
-                    attempt,
-                )
-                .await
+                wait_for_grant(name, deadline, pace, &mut wakeups, attempt).await
             }
             #[cfg(feature = "mysql")]
             Db::MySql(_) => {
                 let pace = Pace::Backoff(config.poll);
-                wait_loop(&req.name, deadline, None, &pace, attempt).await
+                wait_for_grant(
+                    name,
+                    deadline,
+                    pace,
+                    &mut distlock_core::wait::NoWakeups,
+                    attempt,
+                )
+                .await
             }
             #[cfg(feature = "sqlite")]
             Db::Sqlite(lite) => {
+                let signals = if permits {
+                    &lite.permit_releases
+                } else {
+                    &lite.releases
+                };
+                let mut wakeups = Signalled::new(signals.get(name.as_str()));
                 let pace = Pace::Backoff(config.poll);
-                let releases = Some(&lite.permit_releases);
-                wait_loop(&req.name, deadline, releases, &pace, attempt).await
+                wait_for_grant(name, deadline, pace, &mut wakeups, attempt).await
             }
         }
     }
@@ -666,7 +654,7 @@ impl SqlBackend {
         &self,
         req: &LockRequest,
         limit: u32,
-    ) -> Result<wait::Attempt> {
+    ) -> Result<Outcome> {
         let (backend, req) = (self.clone(), req.clone());
         let (reply, answer) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
@@ -678,7 +666,7 @@ impl SqlBackend {
             let found = my.permit_attempt(&req, limit).await;
             // A grant nobody waits for any more is handed back at once,
             // rather than held until its TTL runs out.
-            if let Err(Ok(wait::Attempt { token: Some(_), .. })) = reply.send(found) {
+            if let Err(Ok(Outcome::Granted(_))) = reply.send(found) {
                 if let Err(e) = my.permit_release(&req).await {
                     tracing::warn!(semaphore = %req.name, error = %e, "releasing a permit granted after its acquire was dropped failed; it returns after its TTL");
                 }

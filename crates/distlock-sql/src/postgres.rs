@@ -3,12 +3,11 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use distlock_core::wait::{Outcome, Signals};
 use distlock_core::{FencingToken, LockRequest, Result};
 use sqlx::postgres::{PgListener, PgPool};
-use tokio::sync::broadcast;
 
 use crate::semaphore::{Object, PermitTables};
-use crate::wait::Attempt;
 use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
 
 mod permits;
@@ -24,13 +23,16 @@ pub(crate) struct Pg {
     release: String,
     evict: String,
     inspect: String,
-    pub(crate) releases: broadcast::Sender<Arc<str>>,
+    /// This client's lock waiters, per name: a release wakes them all.
+    pub(crate) releases: Arc<Signals>,
     permits: permits::Statements,
     /// Where permit releases and limit changes are announced: apart from
     /// the locks', so that lock waiters and semaphore waiters of one name
     /// do not wake each other.
     permit_channel: String,
-    pub(crate) permit_releases: broadcast::Sender<Arc<str>>,
+    /// This client's permit waiters, per name: a freed permit wakes one, a
+    /// changed limit all of them.
+    pub(crate) permit_releases: Arc<Signals>,
     /// The LISTEN connection, while a task of this backend waits.
     listener: Mutex<Weak<Listening>>,
     /// Held while one is being started, so that waiters share it.
@@ -104,7 +106,7 @@ impl Pg {
             permits: permits::Statements::new(table, &tables),
             // Named after the table whose rows it announces.
             permit_channel: tables.permits.clone(),
-            permit_releases: broadcast::channel(1024).0,
+            permit_releases: Arc::default(),
             create,
             take,
             attempt,
@@ -113,7 +115,7 @@ impl Pg {
             release,
             evict,
             inspect,
-            releases: broadcast::channel(1024).0,
+            releases: Arc::default(),
             listener: Mutex::new(Weak::new()),
             starting: tokio::sync::Mutex::new(()),
             err,
@@ -143,7 +145,7 @@ impl Pg {
         tx.commit().await.map_err(|e| self.err.map(e))
     }
 
-    pub(crate) async fn attempt(&self, req: &LockRequest) -> Result<Attempt> {
+    pub(crate) async fn attempt(&self, req: &LockRequest) -> Result<Outcome> {
         let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(&self.attempt)
             .bind(req.name.as_str())
             .bind(req.owner.to_string())
@@ -151,9 +153,9 @@ impl Pg {
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
-        Ok(Attempt {
-            token: token.map(|t| token_from_db(&self.err, t)).transpose()?,
-            holder_expires_in: left.map(|us| Duration::from_micros(us.max(0) as u64)),
+        Ok(match token {
+            Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
+            None => Outcome::Held(left.map(|us| Duration::from_micros(us.max(0) as u64))),
         })
     }
 
@@ -285,7 +287,8 @@ impl Pg {
 
     /// The one LISTEN connection this backend's waiters share, started by
     /// the first of them, on the locks' channel and the permits'; each
-    /// notification carries the released lock's or semaphore's name. It
+    /// notification carries the released lock's or semaphore's name (a
+    /// changed limit: [`LIMIT_CHANGED`] before it). It
     /// lives while someone holds the returned handle: when the last waiter
     /// stops waiting it is closed (`UNLISTEN *`, and the connection goes
     /// back to the pool), so a release's NOTIFY signals only the database
@@ -310,18 +313,23 @@ impl Pg {
         let task = tokio::spawn(async move {
             loop {
                 match l.recv().await {
-                    Ok(n) => {
-                        let to = if n.channel() == permit_channel {
-                            &permits
-                        } else {
-                            &locks
+                    Ok(n) if n.channel() == permit_channel => {
+                        match n.payload().strip_prefix(LIMIT_CHANGED) {
+                            Some(name) => permits.find(name).map(|s| s.wake_all()),
+                            None => permits.find(n.payload()).map(|s| s.wake_one()),
                         };
-                        let _ = to.send(Arc::from(n.payload()));
+                    }
+                    Ok(n) => {
+                        if let Some(s) = locks.find(n.payload()) {
+                            s.wake_all();
+                        }
                     }
                     Err(e) => {
-                        // PgListener reconnects on the next recv;
-                        // waiters fall back to bounded polling meanwhile.
+                        // PgListener reconnects on the next recv; what it
+                        // missed meanwhile, every waiter checks again.
                         tracing::debug!(error = %e, "LISTEN connection failed; reconnecting");
+                        locks.wake_everyone();
+                        permits.wake_everyone();
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 }
@@ -343,3 +351,7 @@ impl Pg {
 /// A running LISTEN connection; dropping the last handle stops it (the
 /// listener's own drop then sends `UNLISTEN *` and returns the connection).
 pub(crate) struct Listening(#[allow(dead_code)] AbortOnDrop);
+
+/// Marks a NOTIFY payload on the permits' channel as a changed limit of the
+/// semaphore named after it (a character no name contains).
+pub(crate) const LIMIT_CHANGED: &str = "*";

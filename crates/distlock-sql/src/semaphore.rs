@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use distlock_core::wait::Outcome;
 use distlock_core::{Error, HoldKind, InputKind, LockRequest, Result};
 
-use crate::wait::Attempt;
 use crate::{token_from_db, DbError};
 
 /// The tables a semaphore lives in, named after the lock table: one row per
@@ -88,21 +88,15 @@ pub(crate) enum PermitAttempt {
 }
 
 impl PermitAttempt {
-    pub(crate) fn into_attempt(
+    pub(crate) fn into_outcome(
         self,
         err: &DbError,
         req: &LockRequest,
         requested: u32,
-    ) -> Result<Attempt> {
+    ) -> Result<Outcome> {
         match self {
-            PermitAttempt::Granted(t) => Ok(Attempt {
-                token: Some(token_from_db(err, t)?),
-                holder_expires_in: None,
-            }),
-            PermitAttempt::Full(left) => Ok(Attempt {
-                token: None,
-                holder_expires_in: left,
-            }),
+            PermitAttempt::Granted(t) => Ok(Outcome::Granted(token_from_db(err, t)?)),
+            PermitAttempt::Full(left) => Ok(Outcome::Held(left)),
             PermitAttempt::LimitIs(stored) => Err(Error::LimitMismatch {
                 name: req.name.clone(),
                 requested,

@@ -5,9 +5,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use distlock_core::wait::Signals;
 use distlock_core::{FencingToken, LockRequest, Result};
 use sqlx::sqlite::SqlitePool;
-use tokio::sync::broadcast;
 
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, DbError};
@@ -26,18 +26,19 @@ pub(crate) struct Lite {
     release: String,
     evict: String,
     inspect: String,
-    pub(crate) releases: broadcast::Sender<Arc<str>>,
+    /// This process's lock waiters on the file, per name.
+    pub(crate) releases: Arc<Signals>,
     permits: permits::Statements,
-    /// Permit releases (and limit changes) of this file's semaphores.
-    pub(crate) permit_releases: broadcast::Sender<Arc<str>>,
+    /// This process's permit waiters on the file, per name.
+    pub(crate) permit_releases: Arc<Signals>,
     err: DbError,
 }
 
-/// Release notifications shared by every backend in this process that uses
-/// the same file and table, so local waiters wake without polling.
-fn releases_for(file: &Path, objects: &str) -> broadcast::Sender<Arc<str>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<String, broadcast::Sender<Arc<str>>>>> =
-        OnceLock::new();
+/// The waiters of every backend in this process that uses the same file and
+/// table, so a release in this process wakes them without polling (other
+/// processes' waiters poll).
+fn releases_for(file: &Path, objects: &str) -> Arc<Signals> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<Signals>>>> = OnceLock::new();
     let key = format!(
         "{}#{objects}",
         std::fs::canonicalize(file)
@@ -48,9 +49,7 @@ fn releases_for(file: &Path, objects: &str) -> broadcast::Sender<Arc<str>> {
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    map.entry(key)
-        .or_insert_with(|| broadcast::channel(1024).0)
-        .clone()
+    map.entry(key).or_default().clone()
 }
 
 impl Lite {
@@ -123,7 +122,7 @@ impl Lite {
                 Err(e) if is_busy(&e) && start.elapsed() < BUSY_RETRY_FOR => {
                     tokio::time::sleep(
                         Duration::from_millis(5)
-                            + distlock_core::poll::jitter(Duration::from_millis(45)),
+                            + distlock_core::wait::jitter(Duration::from_millis(45)),
                     )
                     .await;
                 }
@@ -218,7 +217,9 @@ impl Lite {
             .await?;
         let held = r.rows_affected() == 1;
         if held {
-            let _ = self.releases.send(Arc::from(req.name.as_str()));
+            if let Some(s) = self.releases.find(req.name.as_str()) {
+                s.wake_all();
+            }
         }
         Ok(held)
     }

@@ -37,7 +37,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::poll::WaitClock;
+use distlock_core::wait::WaitClock;
 use distlock_core::{
     Error, FencingToken, Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, LostReason,
     Owner, Result,

@@ -17,7 +17,7 @@ use sqlx::mysql::MySqlDatabaseError;
 use super::My;
 use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
 use crate::ttl_micros;
-use crate::wait::Attempt;
+use distlock_core::wait::Outcome;
 
 /// One round trip: the isolation level applies to the next transaction only.
 const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
@@ -134,7 +134,7 @@ impl My {
                     tries += 1;
                     tokio::time::sleep(
                         Duration::from_millis(1)
-                            + distlock_core::poll::jitter(Duration::from_millis(10)),
+                            + distlock_core::wait::jitter(Duration::from_millis(10)),
                     )
                     .await;
                 }
@@ -149,12 +149,12 @@ impl My {
     /// limit checked, expired permits deleted, the live ones counted, and,
     /// if one is free, the counter bumped and the permit inserted with the
     /// new token.
-    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Attempt> {
+    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         let owner = req.owner.to_string();
         let found = self
             .retrying(|| self.permit_transaction(req, &owner, limit))
             .await?;
-        found.into_attempt(&self.err, req, limit)
+        found.into_outcome(&self.err, req, limit)
     }
 
     async fn permit_transaction(

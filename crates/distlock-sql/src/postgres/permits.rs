@@ -11,9 +11,10 @@
 use distlock_core::{LockName, LockRequest, LockStatus, Result};
 
 use super::Pg;
+use crate::postgres::LIMIT_CHANGED;
 use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
 use crate::ttl_micros;
-use crate::wait::Attempt;
+use distlock_core::wait::Outcome;
 
 pub(crate) struct Statements {
     create_semaphores: String,
@@ -131,7 +132,7 @@ impl Statements {
             select_limit: format!("SELECT permits FROM {semaphores} WHERE name = $1 FOR UPDATE"),
             update_limit: format!(
                 "WITH u AS (UPDATE {semaphores} SET permits = $2 WHERE name = $1)
-                 SELECT pg_notify($3, $1)::text"
+                 SELECT pg_notify($3, '{LIMIT_CHANGED}' || $1)::text"
             ),
         }
     }
@@ -142,7 +143,7 @@ impl Statements {
 }
 
 impl Pg {
-    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Attempt> {
+    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         let s = &self.permits;
         let map = |e| self.err.map(e);
         let mut tx = self.pool.begin().await.map_err(map)?;
@@ -169,7 +170,7 @@ impl Pg {
             tx.rollback().await.map_err(map)?;
             PermitAttempt::LimitIs(stored)
         };
-        found.into_attempt(&self.err, req, limit)
+        found.into_outcome(&self.err, req, limit)
     }
 
     pub(crate) async fn permit_extend(&self, req: &LockRequest) -> Result<bool> {

@@ -1,13 +1,11 @@
 //! SQLite semaphores: each attempt is one transaction under the file's write
 //! lock, so acquirers of every process on the file take turns.
 
-use std::sync::Arc;
-
 use distlock_core::{LockName, LockRequest, LockStatus, Result};
 
 use super::{ttl_millis, Lite, NOW_MS};
 use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
-use crate::wait::Attempt;
+use distlock_core::wait::Outcome;
 
 pub(crate) struct Statements {
     create_semaphores: String,
@@ -109,7 +107,7 @@ impl Lite {
     /// the limit check; expired permits out; the live ones counted; and,
     /// if one is free, the counter bumped and the permit inserted with the
     /// new token.
-    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Attempt> {
+    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         let s = &self.permits;
         let name = req.name.as_str();
         let owner = req.owner.to_string();
@@ -156,7 +154,7 @@ impl Lite {
                 Ok(PermitAttempt::Granted(token))
             })
             .await?;
-        found.into_attempt(&self.err, req, limit)
+        found.into_outcome(&self.err, req, limit)
     }
 
     pub(crate) fn permit_extend_statement(&self) -> &str {
@@ -175,7 +173,9 @@ impl Lite {
             .await?;
         let held = r.rows_affected() == 1;
         if held {
-            let _ = self.permit_releases.send(Arc::from(req.name.as_str()));
+            if let Some(s) = self.permit_releases.find(req.name.as_str()) {
+                s.wake_one();
+            }
         }
         Ok(held)
     }
@@ -228,8 +228,10 @@ impl Lite {
                 Ok(old)
             })
             .await?;
-        // A higher limit may let a waiter in.
-        let _ = self.permit_releases.send(Arc::from(name.as_str()));
+        // A higher limit may let several waiters in.
+        if let Some(s) = self.permit_releases.find(name.as_str()) {
+            s.wake_all();
+        }
         old.map(|l| limit_from_db(&self.err, l)).transpose()
     }
 }
