@@ -7,7 +7,7 @@ mod sql_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{Backend, LockClient, LockName, LockRequest};
+use distlock_core::LockClient;
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::harness::{ServerKind, TestServer};
 use integration_tests::trial;
@@ -214,26 +214,18 @@ async fn listens_only_while_waiting(f: std::sync::Arc<SqlFactory>) -> Result<(),
     Ok(())
 }
 
-/// Four waiters of one client wait for a permit (the backend called
-/// directly, without the client's coalescing in front). One release must
-/// make one of them try again, not all four: attempts are counted by a
-/// trigger on the semaphore row, which every attempt updates first with its
-/// token unchanged (a grant then raises the token).
+/// See [`sql_support::freed_permit_wakes_one`]; the count is a trigger on
+/// the semaphore row.
 async fn freed_permit_wakes_one(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    const WAITERS: usize = 4;
     let table = format!("wake_{}", &integration_tests::namespace()[12..]);
     let url = f.url_with(&format!("table={table}"))?;
-    let mut config = SqlConfig::default();
-    // Only a NOTIFY wakes a waiter within the test.
-    config.notify_fallback = Duration::from_secs(60);
-    let holder = SqlBackend::connect(&url).await?;
-    let waiters = Arc::new(SqlBackend::connect_with(&url, config).await?);
-    let held = LockRequest::permit(LockName::new("jobs/wake-one")?, Duration::from_secs(60), 1);
-    holder.try_acquire(&held).await?.ok_or("the first permit was refused")?;
     let admin = sqlx::PgPool::connect(&f.url()?)
         .await
         .map_err(|e| e.to_string())?;
-    for ddl in [
+    let mut config = SqlConfig::default();
+    // Only a NOTIFY wakes a waiter within the test.
+    config.notify_fallback = Duration::from_secs(60);
+    let counter = [
         format!("CREATE TABLE {table}_attempts (n BIGINT NOT NULL)"),
         format!("INSERT INTO {table}_attempts VALUES (0)"),
         format!(
@@ -244,48 +236,18 @@ async fn freed_permit_wakes_one(f: Arc<SqlFactory>) -> Result<(), Failed> {
             "CREATE TRIGGER {table}_count AFTER UPDATE ON {table}_sems FOR EACH ROW
              WHEN (OLD.token = NEW.token) EXECUTE FUNCTION {table}_count()"
         ),
-    ] {
-        sqlx::query(&ddl)
-            .execute(&admin)
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    let attempts = || async {
-        sqlx::query_scalar::<_, i64>(&format!("SELECT n FROM {table}_attempts"))
-            .fetch_one(&admin)
-            .await
-            .map_err(|e| Failed::from(e.to_string()))
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let (tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
-    for _ in 0..WAITERS {
-        let (w, name, tx) = (waiters.clone(), held.name.clone(), tx.clone());
-        tokio::spawn(async move {
-            let req = LockRequest::permit(name, Duration::from_secs(60), 1);
-            let _ = tx.send(w.acquire(&req, Some(deadline)).await);
-        });
-    }
-    // Each waiter has tried once and found the permit taken.
-    let end = tokio::time::Instant::now() + Duration::from_secs(10);
-    while attempts().await? < WAITERS as i64 {
-        if tokio::time::Instant::now() > end {
-            return Err("the waiters did not all try".into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = attempts().await?;
-    if !holder.release(&held).await? {
-        return Err("the holder's permit was not held".into());
-    }
-    tokio::time::timeout(Duration::from_secs(10), granted.recv())
-        .await
-        .map_err(|_| Failed::from("no waiter was woken by the release"))?
-        .ok_or("waiter task ended")??;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let woken = attempts().await? - before;
-    if woken != 1 {
-        return Err(format!("one freed permit made {woken} waiters try again").into());
-    }
-    Ok(())
+    ];
+    let count = format!("SELECT n FROM {table}_attempts");
+    sql_support::freed_permit_wakes_one(
+        &url,
+        config,
+        || async {
+            for ddl in &counter {
+                sqlx::query(ddl).execute(&admin).await?;
+            }
+            Ok(())
+        },
+        || async { sqlx::query_scalar(&count).fetch_one(&admin).await },
+    )
+    .await
 }

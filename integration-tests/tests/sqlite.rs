@@ -38,6 +38,11 @@ fn main() {
                 "sqlite::same_process_waiter_is_woken_on_release",
                 woken_in_process(f.clone()),
             ),
+            trial(
+                rt,
+                "sqlite::a_freed_permit_wakes_one_waiter_of_a_process",
+                freed_permit_wakes_one(f.clone()),
+            ),
         ]
     })
 }
@@ -142,6 +147,44 @@ async fn woken_in_process(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
         "woken/in-process",
         Duration::from_millis(300),
         "waiter not woken by the release (it would have polled only after 60 s)",
+    )
+    .await
+}
+
+/// See [`sql_support::freed_permit_wakes_one`]; the count is a trigger on
+/// the semaphore row.
+async fn freed_permit_wakes_one(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let table = format!("wake_{}", &integration_tests::namespace()[12..]);
+    let url = f.url_with(&format!("table={table}"))?;
+    // The file exists once the first backend has opened it.
+    SqlBackend::connect(&url).await?;
+    let admin = sqlx::SqlitePool::connect(&format!("{}?mode=rw", f.url()?))
+        .await
+        .map_err(|e| e.to_string())?;
+    // Only an in-process release wakes a waiter within the test.
+    let config = SqlConfig::default().with_poll(Backoff::new(
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    ));
+    let counter = [
+        format!("CREATE TABLE {table}_attempts (n INTEGER NOT NULL)"),
+        format!("INSERT INTO {table}_attempts VALUES (0)"),
+        format!(
+            "CREATE TRIGGER {table}_count AFTER UPDATE ON {table}_sems FOR EACH ROW
+             WHEN OLD.token = NEW.token BEGIN UPDATE {table}_attempts SET n = n + 1; END"
+        ),
+    ];
+    let count = format!("SELECT n FROM {table}_attempts");
+    sql_support::freed_permit_wakes_one(
+        &url,
+        config,
+        || async {
+            for ddl in &counter {
+                sqlx::query(ddl).execute(&admin).await?;
+            }
+            Ok(())
+        },
+        || async { sqlx::query_scalar(&count).fetch_one(&admin).await },
     )
     .await
 }

@@ -5,12 +5,13 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use distlock_core::{async_trait, DynBackend, LockClient, LockName};
-use distlock_sql::{SqlBackend, SqlConfig};
+use distlock_core::{async_trait, Backend, DynBackend, LockClient, LockName, LockRequest};
+use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::harness::{ServerKind, TestServer};
 use integration_tests::BackendFactory;
 use libtest_mimic::{Failed, Trial};
 use tokio::sync::OnceCell;
+use tokio::time::Instant;
 
 /// Where a SQL backend's database comes from.
 pub enum Source {
@@ -225,5 +226,72 @@ pub async fn release_wakes_the_waiter(
         .map_err(|_| Failed::from(not_woken))?
         .map_err(|e| e.to_string())??;
     got.release().await?;
+    Ok(())
+}
+
+/// Four waiters of one client wait for a permit (the backend called
+/// directly, without the client's coalescing in front). One release must
+/// make one of them try again, not all four. `count_attempts` reads a
+/// counter that `install_counter` makes the database keep: a trigger on the
+/// semaphore row, which every attempt updates first with its token
+/// unchanged (a grant then raises the token). `config` must keep the
+/// waiters from waking by themselves during the test.
+pub async fn freed_permit_wakes_one<I, IF, C, CF>(
+    url: &str,
+    config: SqlConfig,
+    install_counter: I,
+    count_attempts: C,
+) -> Result<(), Failed>
+where
+    I: FnOnce() -> IF,
+    IF: std::future::Future<Output = Result<(), sqlx::Error>>,
+    C: Fn() -> CF,
+    CF: std::future::Future<Output = Result<i64, sqlx::Error>>,
+{
+    const WAITERS: usize = 4;
+    let holder = SqlBackend::connect(url).await?;
+    let waiters = Arc::new(SqlBackend::connect_with(url, config).await?);
+    let held = LockRequest::permit(LockName::new("jobs/wake-one")?, Duration::from_secs(60), 1);
+    holder
+        .try_acquire(&held)
+        .await?
+        .ok_or("the first permit was refused")?;
+    install_counter().await.map_err(|e| e.to_string())?;
+    let attempts = || async {
+        count_attempts()
+            .await
+            .map_err(|e| Failed::from(e.to_string()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..WAITERS {
+        let (w, name, tx) = (waiters.clone(), held.name.clone(), tx.clone());
+        tokio::spawn(async move {
+            let req = LockRequest::permit(name, Duration::from_secs(60), 1);
+            let _ = tx.send(w.acquire(&req, Some(deadline)).await);
+        });
+    }
+    // Every waiter has tried and found the permit taken.
+    let end = Instant::now() + Duration::from_secs(10);
+    while attempts().await? < WAITERS as i64 {
+        if Instant::now() > end {
+            return Err("the waiters did not all try".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = attempts().await?;
+    if !holder.release(&held).await? {
+        return Err("the holder's permit was not held".into());
+    }
+    tokio::time::timeout(Duration::from_secs(10), granted.recv())
+        .await
+        .map_err(|_| Failed::from("no waiter was woken by the release"))?
+        .ok_or("waiter task ended")??;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let woken = attempts().await? - before;
+    if woken != 1 {
+        return Err(format!("one freed permit made {woken} waiters try again").into());
+    }
     Ok(())
 }
