@@ -54,13 +54,17 @@ async fn restart() -> Result<(), Failed> {
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
     let url = server.url().to_string();
-    let mut tokens = Vec::new();
+    // A lock's tokens and a semaphore's.
+    let (mut tokens, mut permits) = (Vec::new(), Vec::new());
     {
         let client = LockClient::new(SqlBackend::connect(&url).await?);
         for _ in 0..2 {
             let g = client.lock("restart/tokens").acquire().await?;
             tokens.push(g.token());
             g.release().await?;
+            let p = client.semaphore("restart/permits", 2).acquire().await?;
+            permits.push(p.token());
+            p.release().await?;
         }
     }
     server = tokio::task::spawn_blocking(move || {
@@ -77,11 +81,15 @@ async fn restart() -> Result<(), Failed> {
     let g = client.lock("restart/tokens").acquire().await?;
     tokens.push(g.token());
     g.release().await?;
+    let p = client.semaphore("restart/permits", 2).acquire().await?;
+    permits.push(p.token());
+    p.release().await?;
     drop(server);
-    if tokens.windows(2).all(|w| w[0] < w[1]) {
+    let rising = |t: &[distlock_core::FencingToken]| t.windows(2).all(|w| w[0] < w[1]);
+    if rising(&tokens) && rising(&permits) {
         Ok(())
     } else {
-        Err(format!("tokens across the restart: {tokens:?}").into())
+        Err(format!("tokens across the restart: lock {tokens:?}, semaphore {permits:?}").into())
     }
 }
 
