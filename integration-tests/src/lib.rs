@@ -35,6 +35,7 @@ pub mod cases;
 pub mod factory;
 pub mod faults;
 pub mod harness;
+pub mod multi;
 pub mod queue;
 pub mod self_check;
 pub mod semaphore;
@@ -85,8 +86,10 @@ pub fn trials(factory: Arc<dyn BackendFactory>, rt: &tokio::runtime::Runtime) ->
     let backend = factory.name();
     let skipped = skipped_by_env(backend);
     let exclusive = cases::ALL.iter().map(|c| (c, Needs::Nothing));
+    let multi = multi::ALL.iter().map(|c| (c, Needs::Nothing));
     let permits = semaphore::ALL.iter().map(|c| (c, Needs::Semaphore));
     exclusive
+        .chain(multi)
         .chain(permits)
         .map(|((case, f), needs)| {
             let name = format!("{backend}::{case}");

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::{
-    async_trait, Backend, Capabilities, DynBackend, FencingToken, Grant, HoldKind, LockName,
-    LockRequest, LockStatus, MemoryBackend, Result as LockResult,
+    async_trait, AllAtOnce, Backend, Capabilities, DynBackend, FencingToken, Grant, HoldKind,
+    LockName, LockRequest, LockStatus, MemoryBackend, Result as LockResult,
 };
 use libtest_mimic::{Failed, Trial};
 
@@ -27,6 +27,8 @@ enum Flaw {
     OutlivesTtl,
     /// Grants one permit more than a semaphore's limit.
     GrantsOneMorePermit,
+    /// Grants a multi-lock's names at once even when some are held.
+    GrantsHeldNamesTogether,
 }
 
 /// The request as the flawed backend passes it on.
@@ -68,9 +70,21 @@ impl Backend for Broken {
                 let outliving = req.with_ttl(req.ttl + Duration::from_secs(2));
                 self.inner.try_acquire(&outliving).await
             }
-            Flaw::ReleasesAnyOwner | Flaw::BatchExtendsAll | Flaw::GrantsOneMorePermit => {
-                self.inner.try_acquire(&as_served(req, self.flaw)).await
+            _ => self.inner.try_acquire(&as_served(req, self.flaw)).await,
+        }
+    }
+    async fn try_acquire_all(&self, reqs: &[LockRequest]) -> LockResult<AllAtOnce> {
+        match self.flaw {
+            Flaw::GrantsHeldNamesTogether => {
+                let began = tokio::time::Instant::now();
+                let mut grants = Vec::new();
+                for req in reqs {
+                    let _ = self.inner.try_acquire(req).await?;
+                    grants.push(Grant::new(FencingToken(1), began));
+                }
+                Ok(AllAtOnce::Granted(grants))
             }
+            _ => self.inner.try_acquire_all(reqs).await,
         }
     }
     async fn extend(&self, req: &LockRequest) -> LockResult<bool> {
@@ -126,6 +140,7 @@ fn case(name: &str) -> Option<CaseFn> {
     cases::ALL
         .iter()
         .chain(crate::semaphore::ALL)
+        .chain(crate::multi::ALL)
         .find(|(n, _)| *n == name)
         .map(|(_, f)| *f)
 }
@@ -163,6 +178,11 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             "a_semaphore_granting_one_permit_too_many",
             Flaw::GrantsOneMorePermit,
             "semaphore_never_has_more_than_its_limit_and_fills_it",
+        ),
+        (
+            "a_multi_lock_granted_over_a_held_name",
+            Flaw::GrantsHeldNamesTogether,
+            "multi_lock_is_all_or_nothing",
         ),
         (
             "batched_renewal_of_others_locks",

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{
-    async_trait, Backend, Capabilities, DynBackend, Grant, LockClient, LockName, LockRequest,
-    LockStatus, LostReason, Result,
+    async_trait, AllAtOnce, Backend, Capabilities, DynBackend, Grant, LockClient, LockName,
+    LockRequest, LockStatus, LostReason, Result,
 };
 use tokio::time::Instant;
 
@@ -51,6 +51,10 @@ impl Backend for Counting {
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         self.acquires.fetch_add(1, Ordering::Relaxed);
         self.inner.acquire(req, deadline).await
+    }
+    async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
+        self.acquires.fetch_add(1, Ordering::Relaxed);
+        self.inner.try_acquire_all(reqs).await
     }
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         self.extends.fetch_add(1, Ordering::Relaxed);

@@ -346,6 +346,19 @@ impl Capabilities {
     }
 }
 
+/// The answer to [`Backend::try_acquire_all`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AllAtOnce {
+    /// Every request granted, in the order asked.
+    Granted(Vec<Grant>),
+    /// At least one name is held elsewhere; nothing was granted (or what
+    /// was is released again).
+    Refused,
+    /// The backend has no such request, or not for these names (e.g. Redis
+    /// Cluster keys in different slots).
+    NotOffered,
+}
+
 /// The primitive operations a backend implements.
 ///
 /// Everything a user holds (guards, renewal, `lost()`, reentrancy,
@@ -383,6 +396,16 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// override it.
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         crate::wait::acquire_by_polling(self, req, deadline, crate::wait::Backoff::default()).await
+    }
+
+    /// One attempt at every request at once, all or nothing: every grant,
+    /// or [`AllAtOnce::Refused`] with nothing held. Core calls it with at
+    /// least two requests on distinct names, in canonical (sorted) order.
+    /// The default declines ([`AllAtOnce::NotOffered`]) and core takes the
+    /// names one at a time in that order instead.
+    async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
+        let _ = reqs;
+        Ok(AllAtOnce::NotOffered)
     }
 
     /// Extends the lease to `req.ttl` from now if `req.owner` still holds it.
@@ -474,6 +497,9 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         (**self).acquire(req, deadline).await
+    }
+    async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
+        (**self).try_acquire_all(reqs).await
     }
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         (**self).extend(req).await

@@ -8,16 +8,17 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Backend, Capabilities, DynBackend, HoldKind, LockRequest};
+use crate::backend::{Backend, Capabilities, DynBackend, Grant, HoldKind, LockRequest};
 use crate::error::{Error, InputKind, Result};
 use crate::guard::LockGuard;
 use crate::keeper::Keeper;
 use crate::lease::lock;
 use crate::name::LockName;
-use crate::slot::{slot_ref, Acquired, Hold, SlotTable};
+use crate::slot::{slot_ref, Acquired, Hold, SlotRef, SlotTable};
 
 /// The default lease TTL: long enough to survive a slow renewal round trip,
 /// short enough that a crashed holder frees the lock within half a minute.
@@ -109,6 +110,23 @@ impl LockClient {
         self.inner.keeper.backend.set_limit(&name, limit).await
     }
 
+    /// Starts building a hold of every lock in `names` at once: all held,
+    /// or none. The names are taken in one canonical (sorted) order
+    /// whatever order they are given in, so two callers asking for the same
+    /// names in opposite orders cannot deadlock; a name given twice is
+    /// [`Error::InvalidInput`]. One [`MultiGuard`](crate::MultiGuard) holds
+    /// them all.
+    pub fn lock_all<I, S>(&self, names: I) -> crate::MultiLockBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        crate::MultiLockBuilder::new(
+            self.builder("", HoldKind::Exclusive),
+            names.into_iter().map(LockName::new).collect(),
+        )
+    }
+
     fn builder(&self, name: impl AsRef<str>, kind: HoldKind) -> LockBuilder {
         LockBuilder {
             client: self.inner.clone(),
@@ -144,11 +162,11 @@ fn check_kind(caps: &Capabilities, kind: &HoldKind) -> Result<()> {
 /// [`try_acquire`](Self::try_acquire) or [`run`](Self::run).
 #[must_use = "a lock builder does nothing until acquired"]
 pub struct LockBuilder {
-    client: Arc<ClientInner>,
+    pub(crate) client: Arc<ClientInner>,
     name: Result<LockName>,
     kind: HoldKind,
     ttl: Duration,
-    wait: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
     renew: bool,
     max_hold: Option<Duration>,
     holder: Option<String>,
@@ -249,6 +267,12 @@ impl LockBuilder {
             Ok(n) => n.clone(),
             Err(e) => return Err(Error::invalid(InputKind::LockName, e.to_string())),
         };
+        self.validate_options()?;
+        Ok(name)
+    }
+
+    /// Checks everything but the name.
+    pub(crate) fn validate_options(&self) -> Result<()> {
         let caps = &self.client.keeper.caps;
         check_kind(caps, &self.kind)?;
         if self.ttl.is_zero() {
@@ -272,7 +296,7 @@ impl LockBuilder {
                 "max hold time must be greater than zero",
             ));
         }
-        Ok(name)
+        Ok(())
     }
 
     async fn acquire_inner(self, mode: Mode) -> Result<Option<LockGuard>> {
@@ -283,15 +307,31 @@ impl LockBuilder {
 
     async fn acquire_validated(self, name: LockName, mode: Mode) -> Result<Option<LockGuard>> {
         let start = Instant::now();
-        let slot = slot_ref(&self.client.slots, &name, self.kind);
+        let (slot, permit) = match self.take_local(&name, mode).await? {
+            None => return Ok(None),
+            Some(Local::Nested(guard)) => return Ok(Some(guard)),
+            Some(Local::Gate(slot, permit)) => (slot, permit),
+        };
+        let req = self.request(name);
+        let Some(grant) = self.client.ask(&req, mode).await? else {
+            return Ok(None);
+        };
+        tracing::debug!(token = %grant.token, waited = ?start.elapsed(), "acquired");
+        Ok(Some(self.start(slot, permit, req, grant)))
+    }
 
+    /// The local side of `name`: a nested guard if this builder's holder
+    /// holds it already, else the slot's local permit (waited for in `mode`;
+    /// `None`: not free at once, or the wait ran out in [`Mode::Once`]).
+    pub(crate) async fn take_local(&self, name: &LockName, mode: Mode) -> Result<Option<Local>> {
+        let start = Instant::now();
+        let slot = slot_ref(&self.client.slots, name, self.kind);
         if let Some(holder) = &self.holder {
             if let Some(hold) = slot.slot.held_by(holder) {
                 hold.nest()?;
-                return Ok(Some(LockGuard::new(hold)));
+                return Ok(Some(Local::Nested(LockGuard::new(hold))));
             }
         }
-
         let gate = slot.slot.gate.clone();
         let permit = match mode {
             Mode::Once => match gate.try_acquire_owned() {
@@ -309,105 +349,128 @@ impl LockBuilder {
                     // The gate is never closed; both arms mean we ran out of time.
                     _ => {
                         return Err(Error::WaitTimeout {
-                            name,
+                            name: name.clone(),
                             waited: start.elapsed(),
                         })
                     }
                 }
             }
         };
+        Ok(Some(Local::Gate(slot, permit)))
+    }
 
-        let backend = self.client.keeper.backend.clone();
+    /// The backend request for `name` with this builder's kind and TTL.
+    pub(crate) fn request(&self, name: LockName) -> LockRequest {
         let mut req = LockRequest::new(name, self.ttl);
         req.kind = self.kind;
-        let mut cleanup = ReleaseIfDropped::arm(backend.clone(), req.clone());
-        let granted = match mode {
-            Mode::Once => backend.try_acquire(&req).await,
-            Mode::Wait(deadline) => backend.acquire(&req, deadline).await.map(Some),
-        };
-        let grant = match granted {
-            Ok(Some(grant)) => grant,
-            Ok(None) => {
-                cleanup.disarm();
-                return Ok(None);
-            }
-            Err(e) => {
-                if matches!(
-                    e,
-                    Error::WaitTimeout { .. }
-                        | Error::InvalidInput { .. }
-                        | Error::LimitMismatch { .. }
-                ) {
-                    cleanup.disarm();
-                }
-                // Otherwise the reply may have been lost after the server
-                // granted the lock: `cleanup` releases our owner on drop, so
-                // no lock is left held by nobody.
-                tracing::debug!(error = %e, "acquire failed");
-                return Err(e);
-            }
-        };
-        cleanup.disarm();
+        req
+    }
+
+    /// Starts the hold behind a grant and returns its guard.
+    pub(crate) fn start(
+        &self,
+        slot: SlotRef,
+        permit: OwnedSemaphorePermit,
+        req: LockRequest,
+        grant: Grant,
+    ) -> LockGuard {
         // The deadline counts from when the backend says the lease began:
         // before the granting request was sent, so it is conservative.
-        let (token, sent) = (grant.token, grant.began);
-        tracing::debug!(%token, waited = ?start.elapsed(), "acquired");
         let hold = Hold::start(
             self.client.keeper.clone(),
             slot,
             permit,
             Acquired {
                 req,
-                token,
-                sent,
+                token: grant.token,
+                sent: grant.began,
                 renew: self.renew,
                 max_hold: self.max_hold,
-                holder: self.holder,
+                holder: self.holder.clone(),
             },
         );
-        Ok(Some(LockGuard::new(hold)))
+        LockGuard::new(hold)
     }
+}
+
+/// A name's local side before the backend is asked.
+pub(crate) enum Local {
+    /// Held already by the same holder: one more nesting level.
+    Nested(LockGuard),
+    /// The name's slot and its local permit, kept for the whole hold.
+    Gate(SlotRef, OwnedSemaphorePermit),
+}
+
+impl ClientInner {
+    /// Asks the backend for `req` (once, or waiting in `mode`). Should the
+    /// future be dropped, or the backend fail after it may have granted (a
+    /// lost reply), the owner is released in the background, so nothing is
+    /// left held by nobody.
+    pub(crate) async fn ask(&self, req: &LockRequest, mode: Mode) -> Result<Option<Grant>> {
+        let backend = &self.keeper.backend;
+        let mut cleanup = ReleaseIfDropped::arm(backend.clone(), vec![req.clone()]);
+        let granted = match mode {
+            Mode::Once => backend.try_acquire(req).await,
+            Mode::Wait(deadline) => backend.acquire(req, deadline).await.map(Some),
+        };
+        if granted.as_ref().is_ok() || granted.as_ref().is_err_and(grants_nothing) {
+            cleanup.disarm();
+        }
+        if let Err(e) = &granted {
+            tracing::debug!(error = %e, "acquire failed");
+        }
+        granted
+    }
+}
+
+/// Errors after which the server cannot have granted anything.
+pub(crate) fn grants_nothing(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::WaitTimeout { .. } | Error::InvalidInput { .. } | Error::LimitMismatch { .. }
+    )
 }
 
 /// One attempt, or a wait until the deadline (forever with `None`).
 #[derive(Clone, Copy)]
-enum Mode {
+pub(crate) enum Mode {
     Once,
     Wait(Option<Instant>),
 }
 
-/// Releases a request's owner if dropped while armed: covers a caller that
+/// Releases requests' owners if dropped while armed: covers a caller that
 /// drops the acquire future mid-flight and an acquire whose reply was lost.
-struct ReleaseIfDropped {
-    armed: Option<(DynBackend, LockRequest)>,
+pub(crate) struct ReleaseIfDropped {
+    armed: Option<(DynBackend, Vec<LockRequest>)>,
 }
 
 impl ReleaseIfDropped {
-    fn arm(backend: DynBackend, req: LockRequest) -> Self {
+    pub(crate) fn arm(backend: DynBackend, reqs: Vec<LockRequest>) -> Self {
         Self {
-            armed: Some((backend, req)),
+            armed: Some((backend, reqs)),
         }
     }
-    fn disarm(&mut self) {
+
+    pub(crate) fn disarm(&mut self) {
         self.armed = None;
     }
 }
 
 impl Drop for ReleaseIfDropped {
     fn drop(&mut self) {
-        if let Some((backend, req)) = self.armed.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    rt.spawn(async move {
-                        if let Err(e) = backend.release(&req).await {
-                            tracing::warn!(lock = %req.name, error = %e, "cleanup release after a cancelled or failed acquire failed; the lease will expire after its TTL");
-                        }
-                    });
-                }
-                Err(_) => {
-                    tracing::warn!(lock = %req.name, "no runtime to clean up a cancelled acquire; the lease will expire after its TTL")
+        let Some((backend, reqs)) = self.armed.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(locks = reqs.len(), "no runtime to clean up a cancelled acquire; the leases will expire after their TTL");
+            return;
+        };
+        rt.spawn(async move {
+            for req in reqs {
+                if let Err(e) = backend.release(&req).await {
+                    tracing::warn!(lock = %req.name, error = %e, "cleanup release after a cancelled or failed acquire failed; the lease will expire after its TTL");
                 }
             }
-        }
+        });
     }
 }

@@ -54,6 +54,9 @@ pub enum LostReason {
     /// The session or lease behind the lock ended (etcd lease, ZooKeeper
     /// session, database connection).
     SessionLost(String),
+    /// Another lock taken with this one (a multi-lock) may be lost, so this
+    /// one was released with it.
+    WithOther(LockName),
 }
 
 impl fmt::Display for LostReason {
@@ -71,6 +74,10 @@ impl fmt::Display for LostReason {
             LostReason::DeadlinePassed => f.write_str("the lease deadline passed without renewal"),
             LostReason::MaxHoldReached => f.write_str("the maximum hold time was reached"),
             LostReason::SessionLost(why) => write!(f, "the backend session ended: {why}"),
+            LostReason::WithOther(name) => write!(
+                f,
+                "`{name}`, taken with it, may be lost, so it was released too"
+            ),
         }
     }
 }

@@ -42,6 +42,11 @@ impl LockGuard {
         Self { hold: Some(hold) }
     }
 
+    /// The hold behind this guard, shared.
+    pub(crate) fn hold_arc(&self) -> Arc<Hold> {
+        self.hold().clone()
+    }
+
     fn hold(&self) -> &Arc<Hold> {
         // `hold` is only taken by `release(self)` and `drop`, after which no
         // method can be called.

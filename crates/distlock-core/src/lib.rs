@@ -9,6 +9,7 @@ mod guard;
 mod keeper;
 mod lease;
 mod memory;
+mod multi;
 mod name;
 mod renewer;
 mod slot;
@@ -16,14 +17,15 @@ mod token;
 pub mod wait;
 
 pub use backend::{
-    Backend, Capabilities, Consistency, DynBackend, Fencing, Grant, HoldKind, LockRequest,
-    LockStatus, TrustedClock, Waiting,
+    AllAtOnce, Backend, Capabilities, Consistency, DynBackend, Fencing, Grant, HoldKind,
+    LockRequest, LockStatus, TrustedClock, Waiting,
 };
 pub use client::{LockBuilder, LockClient, DEFAULT_TTL};
 pub use error::{BoxError, Error, InputKind, LostReason, Result};
 pub use fence::{FenceGate, StaleToken};
 pub use guard::LockGuard;
 pub use memory::MemoryBackend;
+pub use multi::{MultiGuard, MultiLockBuilder};
 pub use name::{LockName, MAX_NAME_LEN};
 pub use token::{FencingToken, Owner};
 

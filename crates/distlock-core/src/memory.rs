@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::backend::{
-    Backend, Capabilities, Consistency, Fencing, Grant, HoldKind, LockRequest, LockStatus,
-    TrustedClock, Waiting,
+    AllAtOnce, Backend, Capabilities, Consistency, Fencing, Grant, HoldKind, LockRequest,
+    LockStatus, TrustedClock, Waiting,
 };
 use crate::error::{Error, Result};
 use crate::lease::lock;
@@ -146,6 +146,33 @@ impl Backend for MemoryBackend {
             self.attempt(req)
         })
         .await
+    }
+
+    async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
+        if reqs.iter().any(|r| r.kind != HoldKind::Exclusive) {
+            return Ok(AllAtOnce::NotOffered);
+        }
+        let began = Instant::now();
+        let mut table = lock(&self.table);
+        let held = |r: &LockRequest| {
+            table
+                .get(&r.name)
+                .and_then(|e| e.holder)
+                .is_some_and(|(_, expires)| expires > began)
+        };
+        if reqs.iter().any(held) {
+            return Ok(AllAtOnce::Refused);
+        }
+        Ok(AllAtOnce::Granted(
+            reqs.iter()
+                .map(|r| {
+                    let e = table.entry(r.name.clone()).or_default();
+                    e.counter += 1;
+                    e.holder = Some((r.owner, began + r.ttl));
+                    Grant::new(FencingToken(e.counter), began)
+                })
+                .collect(),
+        ))
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
