@@ -45,6 +45,11 @@ fn main() {
             move || handle.block_on(subscribes_when_held()),
         ));
         let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::a_multi_lock_of_free_names_is_one_request",
+            move || handle.block_on(multi_lock_is_one_request()),
+        ));
+        let handle = rt.handle().clone();
         extra.push(Trial::ignorable_test(
             "redis::failover_to_a_lagging_replica_grants_twice_and_holder_sees_lost",
             move || handle.block_on(failover()).map(|()| Completion::Completed),
@@ -312,5 +317,67 @@ async fn failover() -> Result<(), Failed> {
         return Err("release of the replicated lock on the new master failed".into());
     }
     drop((proxy, replica, sentinels, master));
+    Ok(())
+}
+
+/// Taking four free locks at once is one request to the server (one script
+/// call, where one at a time would be four), and a set with one held name is refused in one request with
+/// nothing written. On a server of its own, so that only these commands
+/// are counted.
+async fn multi_lock_is_one_request() -> Result<(), Failed> {
+    let node = tokio::task::spawn_blocking(|| server::spawn(&[]))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let port = node.port;
+    // Every distlock request is a script call (the commands a script runs
+    // are counted apart).
+    let served = move || {
+        let stats = server::command(port, &["INFO", "commandstats"]).unwrap_or_default();
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>()
+    };
+    let url = format!("redis://127.0.0.1:{port}");
+    let client = LockClient::new(RedisBackend::connect(&url).await?);
+    let names = ["multi/a", "multi/b", "multi/c", "multi/d"];
+    // Loads the script (a first EVALSHA answered NOSCRIPT is sent again).
+    client
+        .lock_all(names)
+        .try_acquire()
+        .await?
+        .ok_or("four free locks were refused")?
+        .release()
+        .await?;
+    let before = served();
+    let m = client
+        .lock_all(names)
+        .try_acquire()
+        .await?
+        .ok_or("four free locks were refused")?;
+    let took = served() - before;
+    if took != 1 {
+        return Err(format!("taking four free locks took {took} script calls").into());
+    }
+    let other = LockClient::new(RedisBackend::connect(&url).await?);
+    let held = served();
+    let refused = other.lock_all(["multi/x", "multi/d"]).try_acquire().await?;
+    if refused.is_some() || served() - held != 1 {
+        return Err("a set with a held name was not refused in one request".into());
+    }
+    if other.lock("multi/x").try_acquire().await?.is_none() {
+        return Err("a refused set left a name held".into());
+    }
+    m.release().await?;
+    drop(node);
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use distlock::{LockClient, LockName};
+use distlock::{LockClient, LockGuard, LockName, LostReason, MultiGuard};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
@@ -36,8 +36,10 @@ pub(crate) struct RunArgs {
     /// Grace between SIGTERM and SIGKILL when the lease is lost.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     kill_after: Duration,
-    /// The lock name.
-    name: String,
+    /// The lock name; several names hold every one of those locks at once
+    /// (taken in sorted order, all or none).
+    #[arg(required = true, num_args = 1..)]
+    names: Vec<String>,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
@@ -59,13 +61,49 @@ fn exit_of(status: std::process::ExitStatus) -> ExitCode {
     }
 }
 
+/// What the command runs under: one lock or permit, or several locks.
+enum Held {
+    One(LockGuard),
+    All(MultiGuard),
+}
+
+impl Held {
+    /// Each name and its token, in canonical order.
+    fn tokens(&self) -> Vec<(LockName, distlock::FencingToken)> {
+        match self {
+            Held::One(g) => vec![(g.name().clone(), g.token())],
+            Held::All(m) => m.tokens(),
+        }
+    }
+
+    async fn lost(&self) -> (LockName, LostReason) {
+        match self {
+            Held::One(g) => (g.name().clone(), g.lost().await),
+            Held::All(m) => m.lost().await,
+        }
+    }
+
+    async fn release(self) -> distlock::Result<bool> {
+        match self {
+            Held::One(g) => g.release().await,
+            Held::All(m) => m.release().await,
+        }
+    }
+}
+
 pub(crate) async fn run(args: RunArgs) -> ExitCode {
-    let name = match LockName::new(&args.name) {
-        Ok(n) => n,
-        Err(e) => return fail(EXIT_USAGE, e),
-    };
+    let mut names = Vec::with_capacity(args.names.len());
+    for n in &args.names {
+        match LockName::new(n) {
+            Ok(n) => names.push(n),
+            Err(e) => return fail(EXIT_USAGE, e),
+        }
+    }
     if args.ttl.is_zero() {
         return fail(EXIT_USAGE, "--ttl must be greater than zero");
+    }
+    if args.limit.is_some() && names.len() > 1 {
+        return fail(EXIT_USAGE, "--limit takes one semaphore name");
     }
     if let Some(dir) = args
         .backend
@@ -80,39 +118,25 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(code_for(&e), e),
     };
     let client = LockClient::from_dyn(backend);
-    let mut lock = match args.limit {
-        Some(n) => client.semaphore(&name, n),
-        None => client.lock(&name),
-    }
-    .ttl(args.ttl);
-    let taken = match args.limit {
-        Some(n) => format!("all {n} permits of semaphore `{name}` are held"),
-        None => format!("lock `{name}` is held by someone else"),
+    let held = match acquire(&client, &names, &args).await {
+        Ok(h) => h,
+        Err(code) => return code,
     };
-    if args.no_renew {
-        lock = lock.no_renew();
-    }
-    let guard = match args.wait {
-        Some(w) if w.is_zero() => match lock.try_acquire().await {
-            Ok(Some(g)) => g,
-            Ok(None) => return fail(EXIT_NOT_ACQUIRED, taken),
-            Err(e) => return fail(code_for(&e), e),
-        },
-        Some(w) => match lock.wait(w).acquire().await {
-            Ok(g) => g,
-            Err(e) => return fail(code_for(&e), e),
-        },
-        None => match lock.acquire().await {
-            Ok(g) => g,
-            Err(e) => return fail(code_for(&e), e),
-        },
-    };
-    tracing::info!(lock = %name, token = %guard.token(), "acquired");
+    let tokens = held.tokens();
+    let (name, token) = tokens[0].clone();
+    let all_tokens = tokens
+        .iter()
+        .map(|(n, t)| format!("{n}={t}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    tracing::info!(locks = %all_tokens, "acquired");
+    let guard = held;
 
     let mut child = match tokio::process::Command::new(&args.command[0])
         .args(&args.command[1..])
         .env("DISTLOCK_NAME", name.as_str())
-        .env("DISTLOCK_TOKEN", guard.token().to_string())
+        .env("DISTLOCK_TOKEN", token.to_string())
+        .env("DISTLOCK_TOKENS", &all_tokens)
         .env("DISTLOCK_BACKEND", distlock::redact(&args.backend))
         .process_group(0)
         .spawn()
@@ -141,8 +165,8 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
-            reason = guard.lost(), if !lost => {
-                tracing::error!(lock = %name, %reason, "lease lost; stopping the command");
+            (which, reason) = guard.lost(), if !lost => {
+                tracing::error!(lock = %which, %reason, "lease lost; stopping the command");
                 lost = true;
                 send(pid, Signal::SIGTERM);
                 let grace = tokio::time::sleep(args.kill_after);
@@ -163,7 +187,10 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     if lost {
         return fail(
             EXIT_LEASE_LOST,
-            format!("the lease on `{name}` was lost while the command ran"),
+            format!(
+                "the lease on {} was lost while the command ran",
+                quoted(&tokens)
+            ),
         );
     }
     if let Err(e) = released {
@@ -173,4 +200,79 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         Ok(s) => exit_of(s),
         Err(e) => fail(1, format!("waiting for the command failed: {e}")),
     }
+}
+
+/// Takes the lock, the permit or every lock, as the flags say; the exit
+/// code when that fails.
+async fn acquire(
+    client: &LockClient,
+    names: &[LockName],
+    args: &RunArgs,
+) -> Result<Held, ExitCode> {
+    let failed = |e: distlock::Error| fail(code_for(&e), e);
+    if names.len() > 1 {
+        let mut all = client.lock_all(names).ttl(args.ttl);
+        if args.no_renew {
+            all = all.no_renew();
+        }
+        let taken = || {
+            fail(
+                EXIT_NOT_ACQUIRED,
+                format!(
+                    "one of the locks {} is held by someone else",
+                    quoted_names(names)
+                ),
+            )
+        };
+        return match args.wait {
+            Some(w) if w.is_zero() => match all.try_acquire().await {
+                Ok(Some(m)) => Ok(Held::All(m)),
+                Ok(None) => Err(taken()),
+                Err(e) => Err(failed(e)),
+            },
+            Some(w) => all.wait(w).acquire().await.map(Held::All).map_err(failed),
+            None => all.acquire().await.map(Held::All).map_err(failed),
+        };
+    }
+    let name = &names[0];
+    let mut lock = match args.limit {
+        Some(n) => client.semaphore(name, n),
+        None => client.lock(name),
+    }
+    .ttl(args.ttl);
+    if args.no_renew {
+        lock = lock.no_renew();
+    }
+    let taken = || match args.limit {
+        Some(n) => fail(
+            EXIT_NOT_ACQUIRED,
+            format!("all {n} permits of semaphore `{name}` are held"),
+        ),
+        None => fail(
+            EXIT_NOT_ACQUIRED,
+            format!("lock `{name}` is held by someone else"),
+        ),
+    };
+    match args.wait {
+        Some(w) if w.is_zero() => match lock.try_acquire().await {
+            Ok(Some(g)) => Ok(Held::One(g)),
+            Ok(None) => Err(taken()),
+            Err(e) => Err(failed(e)),
+        },
+        Some(w) => lock.wait(w).acquire().await.map(Held::One).map_err(failed),
+        None => lock.acquire().await.map(Held::One).map_err(failed),
+    }
+}
+
+fn quoted_names(names: &[LockName]) -> String {
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn quoted(tokens: &[(LockName, distlock::FencingToken)]) -> String {
+    let names: Vec<LockName> = tokens.iter().map(|(n, _)| n.clone()).collect();
+    quoted_names(&names)
 }

@@ -684,3 +684,88 @@ fn check_rejects_bad_input_with_usage_errors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown backend scheme"));
 }
+
+/// `distlock run a b` and `distlock run b a` at once: every command
+/// finishes (no deadlock), no two run together, and each sees both tokens
+/// in sorted name order.
+#[test]
+fn several_names_in_opposite_orders_never_overlap() {
+    let dir = scratch("multi");
+    let b = format!("sqlite://{}", dir.join("locks.db").display());
+    let log = dir.join("intervals.log");
+    let script = format!(
+        "echo start >> {0}; sleep 0.1; echo end >> {0}; echo $DISTLOCK_TOKEN $DISTLOCK_TOKENS >> {0}.tokens",
+        log.display()
+    );
+    let children: Vec<Child> = (0..8)
+        .map(|i| {
+            let names = if i % 2 == 0 {
+                ["jobs/a", "jobs/b"]
+            } else {
+                ["jobs/b", "jobs/a"]
+            };
+            bin()
+                .args(["run", "--backend", &b, "--wait", "60s"])
+                .args(names)
+                .args(["--", "sh", "-c", &script])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.lines().count(), 16, "{text}");
+    assert_eq!(
+        most_at_once(&text),
+        1,
+        "two commands held both locks at once:\n{text}"
+    );
+    let tokens = std::fs::read_to_string(dir.join("intervals.log.tokens")).unwrap();
+    for line in tokens.lines() {
+        let parts: Vec<&str> = line.split(' ').collect();
+        assert_eq!(
+            parts.len(),
+            3,
+            "DISTLOCK_TOKEN and two DISTLOCK_TOKENS pairs: {line}"
+        );
+        assert!(
+            parts[1].starts_with("jobs/a=") && parts[2].starts_with("jobs/b="),
+            "DISTLOCK_TOKENS is not in sorted order: {line}"
+        );
+        assert_eq!(
+            Some(parts[0]),
+            parts[1].strip_prefix("jobs/a="),
+            "DISTLOCK_TOKEN is not the first name's token: {line}"
+        );
+    }
+    for bad in [vec!["jobs/a", "jobs/a"], vec!["jobs/a", "bad name"]] {
+        let out = bin()
+            .args(["run", "--backend", &b, "--wait", "0"])
+            .args(&bad)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+    }
+    let out = bin()
+        .args([
+            "run",
+            "--backend",
+            &b,
+            "--limit",
+            "3",
+            "jobs/a",
+            "jobs/b",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--limit with two names: {out:?}"
+    );
+}

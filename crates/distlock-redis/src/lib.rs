@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use distlock_core::wait::{wait_for_grant, Outcome, Pace, Signalled, Wakeup, Wakeups};
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
-    LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
+    async_trait, AllAtOnce, Backend, Capabilities, Consistency, Error, Fencing, FencingToken,
+    Grant, HoldKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
 use redis::RedisError;
 use tokio::time::Instant;
@@ -391,6 +391,58 @@ impl Backend for RedisBackend {
             self.attempt(req)
         })
         .await
+    }
+
+    /// One script for every lock, on a single server or Sentinel's master;
+    /// not in Cluster, where the locks' keys live in different slots.
+    async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
+        if self.inner.conn.is_cluster() || reqs.iter().any(|r| r.kind != HoldKind::Exclusive) {
+            return Ok(AllAtOnce::NotOffered);
+        }
+        let began = Instant::now();
+        let mut inv = Scripts::get().acquire_all.prepare_invoke();
+        for req in reqs {
+            let lock = self.lock_key(&req.name);
+            inv.key(&lock)
+                .key(Keys::fence_of(&lock))
+                .arg(req.owner.to_string())
+                .arg(ttl_ms(req.ttl));
+        }
+        let answer: redis::Value = self.run(&inv).await?;
+        let tokens: Vec<i64> = match answer {
+            redis::Value::Int(0) => return Ok(AllAtOnce::Refused),
+            redis::Value::Array(tokens) => tokens
+                .into_iter()
+                .map(|t| match t {
+                    redis::Value::Int(t) => t,
+                    _ => 0,
+                })
+                .collect(),
+            other => {
+                return Err(Error::backend(
+                    "redis",
+                    format!("acquire_all.lua answered {other:?}"),
+                ))
+            }
+        };
+        if tokens.len() != reqs.len() || tokens.iter().any(|t| *t < 1) {
+            return Err(Error::backend(
+                "redis",
+                format!(
+                    "acquire_all.lua answered tokens {tokens:?} for {} locks",
+                    reqs.len()
+                ),
+            ));
+        }
+        if self.inner.config.wait_replicas > 0 {
+            Box::pin(self.await_replicas(&reqs[0])).await?;
+        }
+        Ok(AllAtOnce::Granted(
+            tokens
+                .into_iter()
+                .map(|t| Grant::new(FencingToken(t.unsigned_abs()), began))
+                .collect(),
+        ))
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {

@@ -96,6 +96,10 @@ impl SemaphoreKeys {
 pub struct Scripts {
     /// `acquire.lua`: SET NX PX, then INCR the fence; or PTTL of the holder.
     pub acquire: Script,
+    /// `acquire_all.lua`: `acquire.lua` for several locks, all or nothing
+    /// (one server only: the keys of different names live in different
+    /// Cluster slots).
+    pub acquire_all: Script,
     /// `extend.lua`: PEXPIRE if the owner matches.
     pub extend: Script,
     /// `extend_many.lua`: `extend.lua` over many keys in one call (not in
@@ -126,6 +130,7 @@ impl Scripts {
         static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
         SCRIPTS.get_or_init(|| Scripts {
             acquire: Script::new(include_str!("scripts/acquire.lua")),
+            acquire_all: Script::new(include_str!("scripts/acquire_all.lua")),
             extend: Script::new(include_str!("scripts/extend.lua")),
             extend_many: Script::new(include_str!("scripts/extend_many.lua")),
             release: Script::new(include_str!("scripts/release.lua")),

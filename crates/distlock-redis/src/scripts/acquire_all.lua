@@ -1,0 +1,16 @@
+-- KEYS: a lock key and its fencing counter for each lock, in pairs; ARGV:
+-- each lock's owner and TTL in ms, in pairs. All or nothing: if any lock
+-- is held, nothing is written and the answer is 0; otherwise every lock is
+-- set (with its expiry, as acquire.lua does) and the answer is the tokens,
+-- in order. One round trip for the whole set, on one server.
+for i = 1, #KEYS, 2 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    return 0
+  end
+end
+local tokens = {}
+for i = 1, #KEYS, 2 do
+  redis.call('SET', KEYS[i], ARGV[i], 'PX', ARGV[i + 1])
+  tokens[#tokens + 1] = redis.call('INCR', KEYS[i + 1])
+end
+return tokens
