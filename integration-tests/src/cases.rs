@@ -512,9 +512,19 @@ pub async fn lost_fires_at_deadline_without_renewal(
     let lock = name(&ns, "deadline")?;
     let ttl = f.short_ttl();
     let a = client(f).await?;
-    // `try_acquire` sends one request right after `before`. (A waiting
-    // acquire may first subscribe to release messages; its deadline counts
-    // from the attempt that was granted, which comes later.)
+    // A first hold of this TTL opens what the backend keeps per TTL (etcd's
+    // lease, ZooKeeper's session), so that below `try_acquire` sends one
+    // request right after `before`. (A waiting acquire may first subscribe
+    // to release messages; its deadline counts from the attempt that was
+    // granted, which comes later.)
+    let warm = name(&ns, "deadline-warm-up")?;
+    a.lock(&warm)
+        .ttl(ttl)
+        .no_renew()
+        .acquire()
+        .await?
+        .release()
+        .await?;
     let before = Instant::now();
     let g = a
         .lock(&lock)
@@ -526,7 +536,8 @@ pub async fn lost_fires_at_deadline_without_renewal(
     let deadline = g.deadline().ok_or("fresh guard has no deadline")?;
     ensure!(
         deadline <= before + ttl,
-        "deadline is later than the TTL measured from before the request"
+        "the deadline is {:?} after the request began, later than its TTL {ttl:?}",
+        deadline - before
     );
     let reason = tokio::time::timeout(ttl + BOUND, g.lost())
         .await

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant,
-    InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
+    async_trait, AllAtOnce, Backend, Capabilities, Consistency, Error, Fencing, FencingToken,
+    Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
 use tokio::time::Instant;
 
@@ -504,6 +504,27 @@ impl Backend for SqlBackend {
         }
     }
 
+    /// PostgreSQL: one statement; SQLite: one transaction; MySQL takes the
+    /// names one at a time.
+    async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
+        if reqs.iter().any(|r| r.kind != HoldKind::Exclusive) {
+            return Ok(AllAtOnce::NotOffered);
+        }
+        let began = Instant::now();
+        let tokens = match &self.inner.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(pg) => pg.try_acquire_all(reqs).await?,
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite(_) => self.sqlite_try_acquire_all_to_completion(reqs).await?,
+            #[allow(unreachable_patterns)]
+            _ => return Ok(AllAtOnce::NotOffered),
+        };
+        Ok(match tokens {
+            Some(ts) => AllAtOnce::Granted(ts.into_iter().map(|t| Grant::new(t, began)).collect()),
+            None => AllAtOnce::Refused,
+        })
+    }
+
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         dispatch!(self, db => db.extend(req).await)
     }
@@ -639,6 +660,42 @@ impl SqlBackend {
                 wait_for_grant(name, deadline, pace, &mut wakeups, attempt).await
             }
         }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl SqlBackend {
+    /// SQLite's multi-lock transaction runs in a task of its own that
+    /// finishes even when the caller stops waiting, and hands back at once
+    /// what it granted after that: a caller's cleanup release could
+    /// otherwise run before a commit still in flight lands.
+    async fn sqlite_try_acquire_all_to_completion(
+        &self,
+        reqs: &[LockRequest],
+    ) -> Result<Option<Vec<FencingToken>>> {
+        let (backend, reqs) = (self.clone(), reqs.to_vec());
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            #[allow(irrefutable_let_patterns)]
+            let Db::Sqlite(lite) = &backend.inner.db
+            else {
+                return;
+            };
+            let found = lite.try_acquire_all(&reqs).await;
+            if let Err(Ok(Some(_))) = reply.send(found) {
+                for req in &reqs {
+                    if let Err(e) = lite.release(req).await {
+                        tracing::warn!(lock = %req.name, error = %e, "releasing a lock granted after its acquire was dropped failed; it frees after its TTL");
+                    }
+                }
+            }
+        });
+        answer.await.map_err(|_| {
+            Error::backend(
+                self.inner.err.backend,
+                "the task running a multi-lock transaction ended without an answer (is the runtime shutting down?)",
+            )
+        })?
     }
 }
 

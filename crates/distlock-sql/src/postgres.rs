@@ -17,6 +17,8 @@ pub(crate) struct Pg {
     channel: String,
     create: String,
     take: String,
+    take_all: String,
+    give_back: String,
     attempt: String,
     extend: String,
     extend_many: String,
@@ -64,6 +66,30 @@ impl Pg {
               WHERE l.owner IS NULL OR l.expires_at <= now()
              RETURNING token"
         );
+        // `take` for many rows in one statement, in the order given (the
+        // canonical one, so two such statements lock rows in one order), and
+        // only if none of them is held as the statement starts. A holder
+        // that takes one of them meanwhile makes it answer fewer rows; those
+        // go back by `give_back`.
+        let take_all = format!(
+            "INSERT INTO {table} AS l (name, owner, token, expires_at)
+             SELECT r.name, r.owner, 1, now() + make_interval(secs => r.ttl / 1e6)
+               FROM unnest($1::text[], $2::text[], $3::float8[]) WITH ORDINALITY
+                    AS r(name, owner, ttl, ord)
+              WHERE NOT EXISTS (SELECT 1 FROM {table} h WHERE h.name = ANY($1)
+                                   AND h.owner IS NOT NULL AND h.expires_at > now())
+              ORDER BY r.ord
+             ON CONFLICT (name) DO UPDATE
+                SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at
+              WHERE l.owner IS NULL OR l.expires_at <= now()
+             RETURNING name, token"
+        );
+        let give_back = format!(
+            "UPDATE {table} AS l SET owner = NULL
+               FROM unnest($1::text[], $2::text[]) AS r(name, owner)
+              WHERE l.name = r.name AND l.owner = r.owner
+             RETURNING pg_notify($3, l.name)::text"
+        );
         let attempt = format!(
             "WITH granted AS (
                 INSERT INTO {table} AS l (name, owner, token, expires_at)
@@ -109,6 +135,8 @@ impl Pg {
             permit_releases: Arc::default(),
             create,
             take,
+            take_all,
+            give_back,
             attempt,
             extend,
             extend_many,
@@ -157,6 +185,41 @@ impl Pg {
             Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
             None => Outcome::Held(left.map(|us| Duration::from_micros(us.max(0) as u64))),
         })
+    }
+
+    /// Every lock of `reqs` in one statement, or none.
+    pub(crate) async fn try_acquire_all(
+        &self,
+        reqs: &[LockRequest],
+    ) -> Result<Option<Vec<FencingToken>>> {
+        let names: Vec<&str> = reqs.iter().map(|r| r.name.as_str()).collect();
+        let owners: Vec<String> = reqs.iter().map(|r| r.owner.to_string()).collect();
+        let ttls: Vec<f64> = reqs.iter().map(|r| ttl_micros(r.ttl) as f64).collect();
+        let rows: Vec<(String, i64)> = sqlx::query_as(&self.take_all)
+            .bind(&names)
+            .bind(&owners)
+            .bind(&ttls)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        if rows.len() == reqs.len() {
+            let mut tokens = Vec::with_capacity(reqs.len());
+            for name in &names {
+                let t = rows.iter().find(|(n, _)| n == name).map(|(_, t)| *t);
+                tokens.push(token_from_db(&self.err, t.unwrap_or(0))?);
+            }
+            return Ok(Some(tokens));
+        }
+        if !rows.is_empty() {
+            sqlx::query(&self.give_back)
+                .bind(&names)
+                .bind(&owners)
+                .bind(&self.channel)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
+        }
+        Ok(None)
     }
 
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {

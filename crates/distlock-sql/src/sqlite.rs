@@ -142,6 +142,44 @@ impl Lite {
         Ok(())
     }
 
+    /// Every lock of `reqs` in one transaction, or none (rolled back).
+    pub(crate) async fn try_acquire_all(
+        &self,
+        reqs: &[LockRequest],
+    ) -> Result<Option<Vec<FencingToken>>> {
+        let owners: Vec<String> = reqs.iter().map(|r| r.owner.to_string()).collect();
+        let tokens: Option<Vec<i64>> = self
+            .busy(|| async {
+                let mut tx = self.pool.begin().await?;
+                let mut tokens = Vec::with_capacity(reqs.len());
+                for (req, owner) in reqs.iter().zip(&owners) {
+                    let token: Option<i64> = sqlx::query_scalar(&self.attempt)
+                        .bind(req.name.as_str())
+                        .bind(owner)
+                        .bind(ttl_millis(req))
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    match token {
+                        Some(t) => tokens.push(t),
+                        None => {
+                            tx.rollback().await?;
+                            return Ok(None);
+                        }
+                    }
+                }
+                tx.commit().await?;
+                Ok(Some(tokens))
+            })
+            .await?;
+        tokens
+            .map(|ts| {
+                ts.into_iter()
+                    .map(|t| token_from_db(&self.err, t))
+                    .collect()
+            })
+            .transpose()
+    }
+
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
         let owner = req.owner.to_string();
         let token: Option<i64> = self
