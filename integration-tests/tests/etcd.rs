@@ -52,6 +52,11 @@ fn main() {
                 "etcd::woken_waiter_whose_key_vanished_does_not_claim_the_lock",
                 vanished_waiter(etcd.clone()),
             ),
+            trial(
+                rt,
+                "etcd::a_multi_lock_of_free_names_is_one_request",
+                multi_lock_is_one_request(),
+            ),
         ]
     })
 }
@@ -295,5 +300,58 @@ async fn vanished_waiter(f: Arc<Etcd>) -> Result<(), Failed> {
         .ok_or("the lock was left held")?
         .release()
         .await?;
+    Ok(())
+}
+
+/// The KV requests (`Txn`, `Range`, `Put`, `DeleteRange`) a member has
+/// served, from its Prometheus metrics.
+fn kv_requests(port: u16) -> Result<u64, Failed> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    let kv = ["\"Txn\"", "\"Range\"", "\"Put\"", "\"DeleteRange\""];
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("grpc_server_handled_total{") && kv.iter().any(|m| l.contains(m)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
+}
+
+/// Taking four free locks at once is one request (one transaction puts
+/// every key and reads every queue head), where one at a time would be
+/// four. On a member of its own, so that only these requests are counted.
+async fn multi_lock_is_one_request() -> Result<(), Failed> {
+    let server = tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Etcd))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let url = server.url().to_string();
+    let port = integration_tests::harness::host_port(&url)
+        .ok_or("no port")?
+        .1;
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    let names = ["multi/a", "multi/b", "multi/c", "multi/d"];
+    // Grants the session's lease first.
+    client
+        .lock("multi/warm-up")
+        .acquire()
+        .await?
+        .release()
+        .await?;
+    let before = kv_requests(port)?;
+    let m = client
+        .lock_all(names)
+        .try_acquire()
+        .await?
+        .ok_or("four free locks were refused")?;
+    let took = kv_requests(port)? - before;
+    m.release().await?;
+    drop(server);
+    if took != 1 {
+        return Err(format!("taking four free locks took {took} KV requests").into());
+    }
     Ok(())
 }

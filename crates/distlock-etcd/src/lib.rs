@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use distlock_core::wait::WaitClock;
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
-    InputKind, LockRequest, LostReason, Result, TrustedClock, Waiting,
+    async_trait, AllAtOnce, Backend, Capabilities, Consistency, Error, Fencing, FencingToken,
+    Grant, HoldKind, InputKind, LockRequest, LostReason, Result, TrustedClock, Waiting,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KvClient, SortOrder,
@@ -161,6 +161,38 @@ pub mod requests {
                 TxnOp::get(key, None),
                 TxnOp::get(prefix, Some(first_created())),
             ])
+    }
+
+    /// [`enqueue`] for several locks at once: `(key, prefix, owner)` each,
+    /// all put (if none exists yet) and every queue head read, in one
+    /// transaction. The puts come first, then the heads, in order.
+    pub fn enqueue_all(locks: &[(String, String, String)], lease: i64) -> Txn {
+        let absent: Vec<Compare> = locks
+            .iter()
+            .map(|(key, ..)| Compare::create_revision(key.as_str(), CompareOp::Equal, 0))
+            .collect();
+        let puts = locks.iter().map(|(key, _, owner)| {
+            TxnOp::put(
+                key.as_str(),
+                owner.as_str(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        });
+        let heads = locks
+            .iter()
+            .map(|(_, prefix, _)| TxnOp::get(prefix.as_str(), Some(first_created())));
+        Txn::new()
+            .when(absent)
+            .and_then(puts.chain(heads).collect::<Vec<_>>())
+    }
+
+    /// Deletes `keys` (keys of this client's lease that it just put).
+    pub fn delete_all(keys: &[String]) -> Txn {
+        Txn::new().and_then(
+            keys.iter()
+                .map(|key| TxnOp::delete(key.as_str(), None))
+                .collect::<Vec<_>>(),
+        )
     }
 
     /// Deletes `key` if it still carries `owner`.
@@ -588,6 +620,77 @@ impl Backend for EtcdBackend {
         self.delete_mine(&q.key, req).await?;
         self.queued().remove(&req.owner);
         Ok(None)
+    }
+
+    /// One transaction puts every lock's key and reads every queue head;
+    /// when one is not first, a second deletes all of them. Declined when
+    /// the TTLs differ (one lease holds them all) or a key of this lease is
+    /// left from before (the one-at-a-time path cleans it up).
+    async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
+        let ttl = reqs[0].ttl;
+        if reqs
+            .iter()
+            .any(|r| r.kind != HoldKind::Exclusive || r.ttl != ttl)
+        {
+            return Ok(AllAtOnce::NotOffered);
+        }
+        let session = self.session(ttl).await?;
+        let locks: Vec<(String, String, String)> = reqs
+            .iter()
+            .map(|r| {
+                let prefix = format!("{}/", r.name);
+                (
+                    format!("{prefix}{:x}", session.lease),
+                    prefix,
+                    r.owner.to_string(),
+                )
+            })
+            .collect();
+        {
+            let mut queued = self.queued();
+            for r in reqs {
+                queued.insert(r.owner, session.clone());
+            }
+        }
+        let forget = |backend: &Self| {
+            let mut queued = backend.queued();
+            for r in reqs {
+                queued.remove(&r.owner);
+            }
+        };
+        let txn = requests::enqueue_all(&locks, session.lease);
+        let resp = self
+            .kv(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        if !resp.succeeded() {
+            forget(self);
+            return Ok(AllAtOnce::NotOffered);
+        }
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let ops = resp.op_responses();
+        let first = ops[reqs.len()..].iter().all(|op| match op {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()) == Some(rev),
+            _ => false,
+        });
+        if first && ops.len() == 2 * reqs.len() {
+            let began = session.lease_began();
+            let token = FencingToken(rev as u64);
+            return Ok(AllAtOnce::Granted(
+                reqs.iter().map(|_| Grant::new(token, began)).collect(),
+            ));
+        }
+        let mine: Vec<String> = locks.into_iter().map(|(key, ..)| key).collect();
+        let txn = requests::delete_all(&mine);
+        self.kv(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
+        forget(self);
+        Ok(AllAtOnce::Refused)
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
