@@ -504,8 +504,8 @@ impl Backend for SqlBackend {
         }
     }
 
-    /// PostgreSQL: one statement; SQLite: one transaction; MySQL takes the
-    /// names one at a time.
+    /// PostgreSQL: one statement; SQLite and MySQL: one transaction, run to
+    /// completion in a task of its own.
     async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
         if reqs.iter().any(|r| r.kind != HoldKind::Exclusive) {
             return Ok(AllAtOnce::NotOffered);
@@ -516,6 +516,8 @@ impl Backend for SqlBackend {
             Db::Postgres(pg) => pg.try_acquire_all(reqs).await?,
             #[cfg(feature = "sqlite")]
             Db::Sqlite(_) => self.sqlite_try_acquire_all_to_completion(reqs).await?,
+            #[cfg(feature = "mysql")]
+            Db::MySql(_) => self.mysql_try_acquire_all_to_completion(reqs).await?,
             #[allow(unreachable_patterns)]
             _ => return Ok(AllAtOnce::NotOffered),
         };
@@ -732,6 +734,30 @@ impl SqlBackend {
         answer.await.map_err(|_| self.task_ended())?
     }
 
+    async fn mysql_try_acquire_all_to_completion(
+        &self,
+        reqs: &[LockRequest],
+    ) -> Result<Option<Vec<FencingToken>>> {
+        let (backend, reqs) = (self.clone(), reqs.to_vec());
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            #[allow(irrefutable_let_patterns)]
+            let Db::MySql(my) = &backend.inner.db
+            else {
+                return;
+            };
+            let found = my.try_acquire_all(&reqs).await;
+            if let Err(Ok(Some(_))) = reply.send(found) {
+                for req in &reqs {
+                    if let Err(e) = my.release(req).await {
+                        tracing::warn!(lock = %req.name, error = %e, "releasing a lock granted after its acquire was dropped failed; it frees after its TTL");
+                    }
+                }
+            }
+        });
+        answer.await.map_err(|_| self.task_ended())?
+    }
+
     async fn mysql_set_limit_to_completion(
         &self,
         name: &LockName,
@@ -753,7 +779,7 @@ impl SqlBackend {
     fn task_ended(&self) -> Error {
         Error::backend(
             self.inner.err.backend,
-            "the task running a semaphore transaction ended without an answer (is the runtime shutting down?)",
+            "the task running a transaction ended without an answer (is the runtime shutting down?)",
         )
     }
 }

@@ -92,6 +92,54 @@ impl My {
         Ok(())
     }
 
+    /// Every lock of `reqs` in one transaction, taken in the order given
+    /// (the canonical one, so two such transactions lock rows in one
+    /// order), or none: rolled back at the first that is held.
+    pub(crate) async fn try_acquire_all(
+        &self,
+        reqs: &[LockRequest],
+    ) -> Result<Option<Vec<FencingToken>>> {
+        let tokens = self.retrying(|| self.take_all(reqs)).await?;
+        tokens
+            .map(|ts| {
+                ts.into_iter()
+                    .map(|t| token_from_db(&self.err, t))
+                    .collect()
+            })
+            .transpose()
+    }
+
+    async fn take_all(&self, reqs: &[LockRequest]) -> Result<Option<Vec<i64>>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let mut tokens = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            let owner = req.owner.to_string();
+            let taken = sqlx::query(&self.take)
+                .bind(&owner)
+                .bind(ttl_micros(req.ttl))
+                .bind(req.name.as_str())
+                .execute(&mut *tx)
+                .await?;
+            if taken.rows_affected() == 1 {
+                tokens.push(i64::try_from(taken.last_insert_id()).unwrap_or(-1));
+                continue;
+            }
+            let inserted = sqlx::query(&self.insert)
+                .bind(req.name.as_str())
+                .bind(&owner)
+                .bind(ttl_micros(req.ttl))
+                .execute(&mut *tx)
+                .await?;
+            if inserted.rows_affected() != 1 {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+            tokens.push(1);
+        }
+        tx.commit().await?;
+        Ok(Some(tokens))
+    }
+
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
         let owner = req.owner.to_string();
         let r = sqlx::query(&self.take)

@@ -122,7 +122,7 @@ fn may_retry(e: &sqlx::Error) -> bool {
 
 impl My {
     /// Runs `f` (one whole transaction) again while it may be retried.
-    async fn retrying<T, F, Fut>(&self, f: F) -> Result<T>
+    pub(crate) async fn retrying<T, F, Fut>(&self, f: F) -> Result<T>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
