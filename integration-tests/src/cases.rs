@@ -46,6 +46,26 @@ pub(crate) fn name(ns: &str, case: &str) -> Result<LockName, Failed> {
     Ok(LockName::new(format!("{ns}/{case}"))?)
 }
 
+/// Whether `c` is refused `lock` at once: someone else holds it.
+pub(crate) async fn refused(c: &LockClient, lock: &LockName) -> Result<bool, Failed> {
+    Ok(c.lock(lock).ttl(LONG_TTL).try_acquire().await?.is_none())
+}
+
+/// `c`'s guard of `lock` with the long TTL, waiting at most `wait` for it.
+pub(crate) async fn acquire_within(
+    c: &LockClient,
+    lock: &LockName,
+    wait: Duration,
+) -> Result<distlock_core::LockGuard, Failed> {
+    Ok(c.lock(lock).ttl(LONG_TTL).wait(wait).acquire().await?)
+}
+
+/// Checks that `c` is granted `lock` within [`BOUND`], and releases it.
+async fn takes_in_turn(c: &LockClient, lock: &LockName) -> Result<(), Failed> {
+    acquire_within(c, lock, BOUND).await?.release().await?;
+    Ok(())
+}
+
 pub(crate) const LONG_TTL: Duration = Duration::from_secs(60);
 pub(crate) const BOUND: Duration = Duration::from_secs(20);
 
@@ -132,12 +152,9 @@ pub async fn try_acquire_on_held_lock_returns_none(
         g.is_some(),
         "first try_acquire on a free lock returned None"
     );
+    ensure!(refused(&b, &lock).await?, "another client got a held lock");
     ensure!(
-        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
-        "another client got a held lock"
-    );
-    ensure!(
-        a.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
+        refused(&a, &lock).await?,
         "another task of the holder got a held lock"
     );
     if let Some(g) = g {
@@ -146,11 +163,28 @@ pub async fn try_acquire_on_held_lock_returns_none(
             "release of a held lock reported it was not held"
         );
     }
-    ensure!(
-        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_some(),
-        "lock not free after release"
-    );
+    ensure!(!refused(&b, &lock).await?, "lock not free after release");
     Ok(Completion::Completed)
+}
+
+/// The case's lock held with the long TTL by one fresh client (the guard),
+/// and `N` other fresh clients.
+async fn held_and_rivals<const N: usize>(
+    f: &dyn BackendFactory,
+    ns: &str,
+    case: &str,
+) -> Result<(LockName, distlock_core::LockGuard, [LockClient; N]), Failed> {
+    let lock = name(ns, case)?;
+    let holder = client(f).await?;
+    let g = holder.lock(&lock).ttl(LONG_TTL).acquire().await?;
+    let mut rivals = Vec::with_capacity(N);
+    for _ in 0..N {
+        rivals.push(client(f).await?);
+    }
+    let rivals = rivals
+        .try_into()
+        .map_err(|_| Failed::from("made the wrong number of rivals"))?;
+    Ok((lock, g, rivals))
 }
 
 /// A bounded wait on a held lock ends with `WaitTimeout`, no sooner than
@@ -159,9 +193,7 @@ pub async fn wait_with_timeout_returns_timeout_error(
     f: &dyn BackendFactory,
     ns: String,
 ) -> CaseResult {
-    let lock = name(&ns, "timeout")?;
-    let (a, b) = (client(f).await?, client(f).await?);
-    let _g = a.lock(&lock).ttl(LONG_TTL).acquire().await?;
+    let (lock, _g, [b]) = held_and_rivals(f, &ns, "timeout").await?;
     let wait = Duration::from_millis(700);
     let start = Instant::now();
     let r = b.lock(&lock).ttl(LONG_TTL).wait(wait).acquire().await;
@@ -183,9 +215,7 @@ pub async fn waiter_gets_lock_after_holder_releases(
     f: &dyn BackendFactory,
     ns: String,
 ) -> CaseResult {
-    let lock = name(&ns, "handoff")?;
-    let (a, b) = (client(f).await?, client(f).await?);
-    let g = a.lock(&lock).ttl(LONG_TTL).acquire().await?;
+    let (lock, g, [b]) = held_and_rivals(f, &ns, "handoff").await?;
     let first = g.token();
     let lk = lock.clone();
     let mut waiter = tokio::spawn(async move {
@@ -233,12 +263,7 @@ pub async fn stale_or_foreign_release_does_not_free_holder(
         f.evict(&lock).await?;
     }
     let b = client(f).await?;
-    let g = b
-        .lock(&lock)
-        .ttl(LONG_TTL)
-        .wait(ttl + BOUND)
-        .acquire()
-        .await?;
+    let g = acquire_within(&b, &lock, ttl + BOUND).await?;
     ensure!(
         !raw.release(&stale).await?,
         "stale release claimed to free the new holder's lock"
@@ -254,7 +279,7 @@ pub async fn stale_or_foreign_release_does_not_free_holder(
     );
     let c = client(f).await?;
     ensure!(
-        c.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
+        refused(&c, &lock).await?,
         "holder lost the lock to a stale release"
     );
     ensure!(g.is_held(), "holder's guard no longer held");
@@ -271,18 +296,22 @@ pub async fn vanished_holder_is_replaced_within_ttl_plus_one_second(
     f: &dyn BackendFactory,
     ns: String,
 ) -> CaseResult {
-    let lock = name(&ns, "vanish")?;
-    let ttl = f.short_ttl();
-    let raw = f.client().await?;
-    ensure!(
-        raw.try_acquire(&LockRequest::new(lock.clone(), ttl))
-            .await?
-            .is_some(),
-        "raw acquire failed"
-    );
+    let req = LockRequest::new(name(&ns, "vanish")?, f.short_ttl());
+    let (raw, _) = raw_hold(f, &req).await?;
     drop(raw);
     let b = client(f).await?;
-    replaced_after_ttl(ttl, || b.lock(&lock)).await
+    replaced_after_ttl(req.ttl, || b.lock(&req.name)).await
+}
+
+/// A raw client of `f` (no guard, no renewal) that holds `req`, and its
+/// grant.
+pub(crate) async fn raw_hold(
+    f: &dyn BackendFactory,
+    req: &LockRequest,
+) -> Result<(DynBackend, Grant), Failed> {
+    let raw = f.client().await?;
+    let grant = raw.try_acquire(req).await?.ok_or("raw acquire failed")?;
+    Ok((raw, grant))
 }
 
 /// What a vanished holder's replacement must see: `hold()` is refused at
@@ -345,22 +374,20 @@ pub async fn release_after_the_lease_lapsed_reports_not_held(
 
 /// A manual `extend` keeps a non-renewed lock past its original TTL.
 pub async fn extend_keeps_lock_past_original_ttl(f: &dyn BackendFactory, ns: String) -> CaseResult {
-    if let Some(why) = needs_extend(&f.client().await?.capabilities()) {
-        return Ok(why);
-    }
-    let lock = name(&ns, "extend")?;
-    let ttl = f.short_ttl();
-    let (a, b) = (client(f).await?, client(f).await?);
-    let g = a.lock(&lock).ttl(ttl).no_renew().acquire().await?;
-    g.extend(ttl * 6).await?;
-    tokio::time::sleep(ttl * 2).await;
-    ensure!(g.is_held(), "guard not held after extend");
-    ensure!(
-        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
-        "lock expired at its original TTL despite extend"
-    );
-    ensure!(g.release().await?, "release after extend reported not held");
-    Ok(Completion::Completed)
+    with_extend(f, &ns, "extend", |lock, ttl| async move {
+        let (a, b) = (client(f).await?, client(f).await?);
+        let g = a.lock(&lock).ttl(ttl).no_renew().acquire().await?;
+        g.extend(ttl * 6).await?;
+        tokio::time::sleep(ttl * 2).await;
+        ensure!(g.is_held(), "guard not held after extend");
+        ensure!(
+            refused(&b, &lock).await?,
+            "lock expired at its original TTL despite extend"
+        );
+        ensure!(g.release().await?, "release after extend reported not held");
+        Ok(Completion::Completed)
+    })
+    .await
 }
 
 /// The watchdog keeps a lock for several TTLs.
@@ -368,24 +395,22 @@ pub async fn auto_renewal_keeps_lock_for_several_ttls(
     f: &dyn BackendFactory,
     ns: String,
 ) -> CaseResult {
-    if let Some(why) = needs_extend(&f.client().await?.capabilities()) {
-        return Ok(why);
-    }
-    let lock = name(&ns, "renew")?;
-    let ttl = f.short_ttl();
-    let (a, b) = (client(f).await?, client(f).await?);
-    let g = a.lock(&lock).ttl(ttl).acquire().await?;
-    tokio::time::sleep(ttl * 7 / 2).await;
-    ensure!(g.is_held(), "guard lost the lock despite renewal");
-    ensure!(
-        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
-        "another client got a renewed lock"
-    );
-    ensure!(
-        g.release().await?,
-        "release reported the renewed lock as not held"
-    );
-    Ok(Completion::Completed)
+    with_extend(f, &ns, "renew", |lock, ttl| async move {
+        let (a, b) = (client(f).await?, client(f).await?);
+        let g = a.lock(&lock).ttl(ttl).acquire().await?;
+        tokio::time::sleep(ttl * 7 / 2).await;
+        ensure!(g.is_held(), "guard lost the lock despite renewal");
+        ensure!(
+            refused(&b, &lock).await?,
+            "another client got a renewed lock"
+        );
+        ensure!(
+            g.release().await?,
+            "release reported the renewed lock as not held"
+        );
+        Ok(Completion::Completed)
+    })
+    .await
 }
 
 /// A batched renewal (`extend_many`) answers for each hold as `extend`
@@ -475,32 +500,30 @@ pub async fn batched_renewal_answers_for_each_hold(
 /// When the lock is taken away behind the holder's back, the next renewal
 /// fails and `lost()` fires.
 pub async fn lost_fires_when_renewal_is_rejected(f: &dyn BackendFactory, ns: String) -> CaseResult {
-    if let Some(why) = needs_extend(&f.client().await?.capabilities()) {
-        return Ok(why);
-    }
-    let lock = name(&ns, "lost")?;
-    let ttl = f.short_ttl();
-    let a = client(f).await?;
-    let g = a.lock(&lock).ttl(ttl).acquire().await?;
-    ensure!(g.is_held(), "fresh guard not held");
-    f.evict(&lock).await?;
-    let reason = tokio::time::timeout(ttl * 2 + BOUND, g.lost())
-        .await
-        .map_err(|_| Failed::from("lost() did not fire after the lock was evicted"))?;
-    ensure!(
-        matches!(
-            reason,
-            LostReason::RenewalRejected | LostReason::SessionLost(_)
-        ),
-        "unexpected loss reason: {reason}"
-    );
-    ensure!(!g.is_held(), "guard still claims to hold after lost()");
-    let out = g.run_until_lost(async {}).await;
-    ensure!(
-        matches!(out, Err(Error::LeaseLost { .. })),
-        "run_until_lost after loss gave {out:?}"
-    );
-    Ok(Completion::Completed)
+    with_extend(f, &ns, "lost", |lock, ttl| async move {
+        let a = client(f).await?;
+        let g = a.lock(&lock).ttl(ttl).acquire().await?;
+        ensure!(g.is_held(), "fresh guard not held");
+        f.evict(&lock).await?;
+        let reason = tokio::time::timeout(ttl * 2 + BOUND, g.lost())
+            .await
+            .map_err(|_| Failed::from("lost() did not fire after the lock was evicted"))?;
+        ensure!(
+            matches!(
+                reason,
+                LostReason::RenewalRejected | LostReason::SessionLost(_)
+            ),
+            "unexpected loss reason: {reason}"
+        );
+        ensure!(!g.is_held(), "guard still claims to hold after lost()");
+        let out = g.run_until_lost(async {}).await;
+        ensure!(
+            matches!(out, Err(Error::LeaseLost { .. })),
+            "run_until_lost after loss gave {out:?}"
+        );
+        Ok(Completion::Completed)
+    })
+    .await
 }
 
 /// Without renewal, `lost()` fires at the local deadline, which is never
@@ -604,27 +627,16 @@ pub async fn tokens_increase_across_holders(f: &dyn BackendFactory, ns: String) 
     let mut seen: Vec<FencingToken> = Vec::new();
     for i in 0..6 {
         let c = if i % 2 == 0 { &a } else { &b };
-        let g = c.lock(&lock).ttl(LONG_TTL).wait(BOUND).acquire().await?;
+        let g = acquire_within(c, &lock, BOUND).await?;
         seen.push(g.token());
         g.release().await?;
     }
     // An expiry in between, not a release.
-    let raw = f.client().await?;
-    let req = LockRequest::new(lock.clone(), ttl);
-    seen.push(
-        raw.try_acquire(&req)
-            .await?
-            .ok_or("raw acquire failed")?
-            .token,
-    );
+    let (raw, grant) = raw_hold(f, &LockRequest::new(lock.clone(), ttl)).await?;
+    seen.push(grant.token);
     // The holder vanishes (on session backends its session ends with it).
     drop(raw);
-    let g = b
-        .lock(&lock)
-        .ttl(LONG_TTL)
-        .wait(ttl + BOUND)
-        .acquire()
-        .await?;
+    let g = acquire_within(&b, &lock, ttl + BOUND).await?;
     seen.push(g.token());
     g.release().await?;
     ensure!(
@@ -638,9 +650,7 @@ pub async fn tokens_increase_across_holders(f: &dyn BackendFactory, ns: String) 
 /// holder releases, a third client gets the lock at once (not after a TTL),
 /// and the cancelled client itself can acquire again.
 pub async fn cancelled_wait_leaves_no_trace(f: &dyn BackendFactory, ns: String) -> CaseResult {
-    let lock = name(&ns, "cancel")?;
-    let (a, b, c) = (client(f).await?, client(f).await?, client(f).await?);
-    let g = a.lock(&lock).ttl(LONG_TTL).acquire().await?;
+    let (lock, g, [b, c]) = held_and_rivals(f, &ns, "cancel").await?;
     let waited = tokio::time::timeout(
         Duration::from_millis(400),
         b.lock(&lock).ttl(LONG_TTL).acquire(),
@@ -648,10 +658,8 @@ pub async fn cancelled_wait_leaves_no_trace(f: &dyn BackendFactory, ns: String) 
     .await;
     ensure!(waited.is_err(), "waiter got a held lock");
     g.release().await?;
-    let g = c.lock(&lock).ttl(LONG_TTL).wait(BOUND).acquire().await?;
-    g.release().await?;
-    let g = b.lock(&lock).ttl(LONG_TTL).wait(BOUND).acquire().await?;
-    g.release().await?;
+    takes_in_turn(&c, &lock).await?;
+    takes_in_turn(&b, &lock).await?;
     Ok(Completion::Completed)
 }
 
@@ -663,9 +671,7 @@ pub async fn waiter_ahead_giving_up_hands_nothing_on(
     f: &dyn BackendFactory,
     ns: String,
 ) -> CaseResult {
-    let lock = name(&ns, "giveup")?;
-    let (a, b, c) = (client(f).await?, client(f).await?, client(f).await?);
-    let g = a.lock(&lock).ttl(LONG_TTL).acquire().await?;
+    let (lock, g, [b, c]) = held_and_rivals(f, &ns, "giveup").await?;
     let ahead = b
         .lock(&lock)
         .ttl(LONG_TTL)
@@ -735,16 +741,12 @@ pub async fn reentrant_nested_acquire_nests(f: &dyn BackendFactory, ns: String) 
         inner.release().await?,
         "inner release reported the lock as not held"
     );
-    ensure!(
-        b.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_none(),
-        "lock freed by the inner release"
-    );
+    ensure!(refused(&b, &lock).await?, "lock freed by the inner release");
     ensure!(
         outer.release().await?,
         "outer release reported the lock as not held"
     );
-    let g = b.lock(&lock).ttl(LONG_TTL).wait(BOUND).acquire().await?;
-    g.release().await?;
+    takes_in_turn(&b, &lock).await?;
     Ok(Completion::Completed)
 }
 
@@ -804,10 +806,7 @@ pub async fn invalid_names_and_ttls_give_typed_errors(
         matches!(r, Err(Error::InvalidInput { .. })),
         "zero max hold gave {r:?}"
     );
-    ensure!(
-        a.lock(&lock).ttl(LONG_TTL).try_acquire().await?.is_some(),
-        "valid input refused"
-    );
+    ensure!(!refused(&a, &lock).await?, "valid input refused");
     Ok(Completion::Completed)
 }
 
@@ -844,9 +843,23 @@ pub async fn inspect_reports_the_holder(f: &dyn BackendFactory, ns: String) -> C
     Ok(Completion::Completed)
 }
 
-fn needs_extend(caps: &Capabilities) -> Option<Completion> {
-    (!caps.extend)
-        .then(|| Completion::ignored_with(format!("{} does not support extend", caps.backend)))
+/// Runs `body` (given the case's lock and the short TTL) where the backend
+/// supports `extend`; elsewhere the case is ignored.
+async fn with_extend<Fut>(
+    f: &dyn BackendFactory,
+    ns: &str,
+    case: &str,
+    body: impl FnOnce(LockName, Duration) -> Fut,
+) -> CaseResult
+where
+    Fut: std::future::Future<Output = CaseResult>,
+{
+    let caps = f.client().await?.capabilities();
+    if !caps.extend {
+        let why = format!("{} does not support extend", caps.backend);
+        return Ok(Completion::ignored_with(why));
+    }
+    body(name(ns, case)?, f.short_ttl()).await
 }
 
 /// `tasks` tasks of one fresh client wait for what `hold` builds while

@@ -99,12 +99,7 @@ pub fn verify(
             report.fenced.stale_accepted, report.fenced.lost_updates
         ));
     }
-    if report.fencing == "Strong" && report.token_order_violations > 0 {
-        problems.push(format!(
-            "{} grants with a token that did not rise, on a backend that declares strong fencing",
-            report.token_order_violations
-        ));
-    }
+    problems.extend(token_order_problem(&report));
     let shown = report.unfenced.violations() > 0;
     if shown != expect.violations_without_fencing {
         problems.push(if shown {
@@ -150,18 +145,34 @@ pub fn verify(
     if report.recovery.is_none() {
         problems.push("no other client was granted the lock after the fault".into());
     }
-    ROWS.lock().unwrap_or_else(|p| p.into_inner()).push(Row {
+    let row = Row {
         backend: backend.into(),
         fault: fault.into(),
-        report: report.clone(),
+        report,
         ttl,
         expect,
-    });
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("{}\n\nreport:\n{report}", problems.join("\n")).into())
-    }
+    };
+    record(row, &problems)
+}
+
+/// The token order problem, if any: a token that did not rise, on a backend
+/// that declares strong fencing.
+fn token_order_problem(report: &Report) -> Option<String> {
+    (report.fencing == "Strong" && report.token_order_violations > 0).then(|| {
+        format!(
+            "{} grants with a token that did not rise, on a backend that declares strong fencing",
+            report.token_order_violations
+        )
+    })
+}
+
+/// Adds `row` to the matrix; fails with `problems` and the row's report if
+/// there are any.
+fn record(row: Row, problems: &[String]) -> Result<(), Failed> {
+    let failure = (!problems.is_empty())
+        .then(|| format!("{}\n\nreport:\n{}", problems.join("\n"), row.report));
+    ROWS.lock().unwrap_or_else(|p| p.into_inner()).push(row);
+    failure.map_or(Ok(()), |f| Err(f.into()))
 }
 
 /// Checks a semaphore run (`report.limit` permits) whose faulted holder was
@@ -187,12 +198,7 @@ pub fn verify_permits(
             report.fenced.stale_accepted, report.fenced.most_writers
         ));
     }
-    if report.fencing == "Strong" && report.token_order_violations > 0 {
-        problems.push(format!(
-            "{} grants with a token that did not rise, on a backend that declares strong fencing",
-            report.token_order_violations
-        ));
-    }
+    problems.extend(token_order_problem(&report));
     if report.unfenced.violations() == 0 {
         problems.push("without fencing no violation showed: the fault did not fire".into());
     }
@@ -206,21 +212,17 @@ pub fn verify_permits(
     if report.recovery.is_none() {
         problems.push("no other client was granted a permit after the fault".into());
     }
-    ROWS.lock().unwrap_or_else(|p| p.into_inner()).push(Row {
+    let row = Row {
         backend: format!("{backend} (semaphore of {limit})"),
         fault: fault.into(),
-        report: report.clone(),
+        report,
         ttl,
         expect: Expect {
             violations_without_fencing: true,
             ..Expect::default()
         },
-    });
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("{}\n\nreport:\n{report}", problems.join("\n")).into())
-    }
+    };
+    record(row, &problems)
 }
 
 /// The matrix as a Markdown table, rows sorted by fault then backend.

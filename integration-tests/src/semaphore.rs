@@ -6,10 +6,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{Error, Fencing, HoldKind, LockRequest, LostReason, Owner};
+use distlock_core::{
+    Error, Fencing, HoldKind, LockClient, LockGuard, LockName, LockRequest, LostReason, Owner,
+};
 use libtest_mimic::{Completion, Failed};
 
-use crate::cases::{client, most_acquires_in_flight, name, replaced_after_ttl, BOUND, LONG_TTL};
+use crate::cases::{
+    client, most_acquires_in_flight, name, raw_hold, replaced_after_ttl, BOUND, LONG_TTL,
+};
 use crate::{ensure, BackendFactory, CaseResult};
 
 cases![
@@ -41,6 +45,21 @@ async fn free_permits(f: &dyn BackendFactory, sem: &str, limit: u32) -> Result<u
         g.release().await?;
     }
     Ok(n)
+}
+
+/// `c`'s permit of `sem` (of `limit`) with the long TTL, waiting at most
+/// `wait` for it.
+async fn permit_within(
+    c: &LockClient,
+    sem: &LockName,
+    limit: u32,
+    wait: Duration,
+) -> Result<LockGuard, Failed> {
+    Ok(c.semaphore(sem, limit)
+        .ttl(LONG_TTL)
+        .wait(wait)
+        .acquire()
+        .await?)
 }
 
 /// Clients contend for 3 permits, each holding a while: never more than
@@ -126,11 +145,7 @@ pub async fn paused_permit_holder_is_lost_and_its_permit_goes_to_a_waiter(
     let ttl = f.short_ttl();
     let (a, b) = (client(f).await?, client(f).await?);
     let paused = a.semaphore(&sem, 1).ttl(ttl).no_renew().acquire().await?;
-    let waiter = b
-        .semaphore(&sem, 1)
-        .ttl(LONG_TTL)
-        .wait(ttl + BOUND)
-        .acquire();
+    let waiter = permit_within(&b, &sem, 1, ttl + BOUND);
     let reason = tokio::time::timeout(ttl * 2 + BOUND, paused.lost());
     let (got, reason) = tokio::join!(waiter, reason);
     let reason = reason.map_err(|_| Failed::from("the paused holder never saw lost()"))?;
@@ -266,26 +281,12 @@ pub async fn release_of_an_expired_or_foreign_permit_frees_nothing(
 ) -> CaseResult {
     let sem = name(&ns, "stale")?;
     let ttl = f.short_ttl();
-    let raw = f.client().await?;
     let stale = LockRequest::permit(sem.clone(), ttl, 2);
-    ensure!(
-        raw.try_acquire(&stale).await?.is_some(),
-        "raw permit not granted"
-    );
+    let (raw, _) = raw_hold(f, &stale).await?;
     let (b, c) = (client(f).await?, client(f).await?);
-    let g1 = b
-        .semaphore(&sem, 2)
-        .ttl(LONG_TTL)
-        .wait(ttl + BOUND)
-        .acquire()
-        .await?;
+    let g1 = permit_within(&b, &sem, 2, ttl + BOUND).await?;
     // The second permit is the stale one's, once its TTL ran out.
-    let g2 = c
-        .semaphore(&sem, 2)
-        .ttl(LONG_TTL)
-        .wait(ttl + BOUND)
-        .acquire()
-        .await?;
+    let g2 = permit_within(&c, &sem, 2, ttl + BOUND).await?;
     if !raw.capabilities().session {
         ensure!(
             !raw.release(&stale).await?,
@@ -314,18 +315,9 @@ pub async fn reentrant_permit_takes_no_second_permit(
 ) -> CaseResult {
     let sem = name(&ns, "reentrant")?;
     let a = client(f).await?;
-    let outer = a
-        .semaphore(&sem, 2)
-        .holder("job")
-        .ttl(LONG_TTL)
-        .acquire()
-        .await?;
-    let inner = a
-        .semaphore(&sem, 2)
-        .holder("job")
-        .ttl(LONG_TTL)
-        .acquire()
-        .await?;
+    let nested = || a.semaphore(&sem, 2).holder("job").ttl(LONG_TTL).acquire();
+    let outer = nested().await?;
+    let inner = nested().await?;
     ensure!(inner.hold_count() == 2, "hold count {}", inner.hold_count());
     ensure!(
         inner.token() == outer.token(),

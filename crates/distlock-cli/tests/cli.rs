@@ -26,8 +26,12 @@ fn scratch(tag: &str) -> PathBuf {
     d
 }
 
+fn sqlite_in(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("locks.db").display())
+}
+
 fn sqlite(tag: &str) -> String {
-    format!("sqlite://{}", scratch(tag).join("locks.db").display())
+    sqlite_in(&scratch(tag))
 }
 
 /// A password-protected redis-server for one test, stopped when dropped
@@ -49,34 +53,54 @@ fn redis() -> Redis {
     }
 }
 
-fn run(backend: &str, extra: &[&str], name: &str, cmd: &[&str]) -> Output {
-    bin()
-        .arg("run")
-        .args(["--backend", backend])
+/// `distlock run`, with options `extra`, of `cmd` under the lock `name`.
+fn run_command(backend: &str, extra: &[&str], name: &str, cmd: &[&str]) -> Command {
+    let mut c = bin();
+    c.args(["run", "--backend", backend])
         .args(extra)
-        .arg(name)
-        .arg("--")
-        .args(cmd)
-        .output()
-        .unwrap()
+        .args([name, "--"])
+        .args(cmd);
+    c
+}
+
+fn run(backend: &str, extra: &[&str], name: &str, cmd: &[&str]) -> Output {
+    run_command(backend, extra, name, cmd).output().unwrap()
+}
+
+/// Starts `distlock run` of `cmd` on `name` without waiting for it.
+fn spawn_run(backend: &str, extra: &[&str], name: &str, cmd: &[&str]) -> Child {
+    run_command(backend, extra, name, cmd).spawn().unwrap()
 }
 
 fn spawn_holder(backend: &str, name: &str, secs: u32) -> Child {
-    bin()
-        .arg("run")
-        .args(["--backend", backend, name, "--", "sleep", &secs.to_string()])
-        .spawn()
-        .unwrap()
+    spawn_run(backend, &[], name, &["sleep", &secs.to_string()])
+}
+
+/// Starts `count` runs of `sh -c script` on `name` at once and checks that
+/// each one succeeds.
+fn run_together(count: usize, backend: &str, extra: &[&str], name: &str, script: &str) {
+    let children: Vec<Child> = (0..count)
+        .map(|_| spawn_run(backend, extra, name, &["sh", "-c", script]))
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+}
+
+/// The `distlock status --json` report of `name`, with `extra` options.
+fn status_json(backend: &str, name: &str, extra: &[&str]) -> String {
+    let out = bin()
+        .args(["status", name, "--json", "--backend", backend])
+        .args(extra)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn wait_held(backend: &str, name: &str) {
     let start = Instant::now();
     loop {
-        let out = bin()
-            .args(["status", name, "--json", "--backend", backend])
-            .output()
-            .unwrap();
-        if String::from_utf8_lossy(&out.stdout).contains("\"held\":true") {
+        if status_json(backend, name, &[]).contains("\"held\":true") {
             return;
         }
         assert!(
@@ -206,6 +230,19 @@ fn child_ignoring_sigterm_is_killed_after_grace() {
     assert!(start.elapsed() < Duration::from_secs(15));
 }
 
+/// Runs `true` under a lock on `backend`, checks that distlock exits with
+/// `want` and a message naming `what`, and returns that message.
+fn refused(backend: &str, want: i32, what: &str) -> String {
+    let out = run(backend, &[], "x", &["true"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(code(&out), want, "{backend}: {err}");
+    assert!(
+        err.contains(what),
+        "{backend}: the message does not name {what}: {err}"
+    );
+    err
+}
+
 /// Nothing listens: the OS refuses the connection at once, and so does
 /// distlock, naming the address it tried. The bound is generous for a
 /// loaded machine; the pool's retries used to take 5-10 s.
@@ -221,14 +258,8 @@ fn unreachable_backend_gives_69_at_once() {
         ("zk://127.0.0.1:1,127.0.0.1:2", "127.0.0.1:2"),
     ] {
         let start = Instant::now();
-        let out = run(b, &[], "x", &["true"]);
+        let err = refused(b, 69, shown);
         let took = start.elapsed();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(code(&out), 69, "{b}: {err}");
-        assert!(
-            err.contains(shown),
-            "{b}: the message does not name {shown}: {err}"
-        );
         assert!(
             took < Duration::from_secs(3),
             "{b}: reported after {took:?}: {err}"
@@ -250,13 +281,7 @@ fn refused_configuration_gives_78() {
         (format!("sqlite://{}", dir.display()), "path"),
     ];
     for (b, what) in cases {
-        let out = run(&b, &[], "x", &["true"]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(code(&out), 78, "{b}: {err}");
-        assert!(
-            err.contains(what),
-            "{b}: the message does not mention {what}: {err}"
-        );
+        let err = refused(&b, 78, what);
         assert!(
             !err.contains("Retrying later"),
             "{b}: called retryable: {err}"
@@ -268,19 +293,12 @@ fn refused_configuration_gives_78() {
 #[test]
 fn sigterm_is_forwarded_and_the_lock_released() {
     let b = sqlite("signal");
-    let child = bin()
-        .args([
-            "run",
-            "--backend",
-            &b,
-            "sig/lock",
-            "--",
-            "sh",
-            "-c",
-            "trap 'exit 9' TERM; sleep 30 & wait",
-        ])
-        .spawn()
-        .unwrap();
+    let child = spawn_run(
+        &b,
+        &[],
+        "sig/lock",
+        &["sh", "-c", "trap 'exit 9' TERM; sleep 30 & wait"],
+    );
     wait_held(&b, "sig/lock");
     std::thread::sleep(Duration::from_millis(200));
     Command::new("kill")
@@ -315,24 +333,14 @@ fn most_at_once(log: &str) -> usize {
 #[test]
 fn limit_3_runs_at_most_three_commands_at_once() {
     let dir = scratch("limit");
-    let b = format!("sqlite://{}", dir.join("locks.db").display());
+    let b = sqlite_in(&dir);
     let log = dir.join("intervals.log");
     let script = format!(
         "echo start >> {0}; sleep 0.4; echo end >> {0}; echo $DISTLOCK_TOKEN >> {0}.tokens",
         log.display()
     );
-    let children: Vec<Child> = (0..8)
-        .map(|_| {
-            bin()
-                .args(["run", "--backend", &b, "--limit", "3", "--wait", "60s"])
-                .args(["shared/pool", "--", "sh", "-c", &script])
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for mut c in children {
-        assert!(c.wait().unwrap().success());
-    }
+    let limit = ["--limit", "3", "--wait", "60s"];
+    run_together(8, &b, &limit, "shared/pool", &script);
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(text.lines().count(), 16, "{text}");
     let most = most_at_once(&text);
@@ -346,18 +354,7 @@ fn limit_3_runs_at_most_three_commands_at_once() {
     seen.sort_unstable();
     seen.dedup();
     assert_eq!(seen.len(), 8, "permit tokens repeated: {tokens}");
-    let out = bin()
-        .args([
-            "status",
-            "shared/pool",
-            "--semaphore",
-            "--json",
-            "--backend",
-            &b,
-        ])
-        .output()
-        .unwrap();
-    let status = String::from_utf8_lossy(&out.stdout);
+    let status = status_json(&b, "shared/pool", &["--semaphore"]);
     assert!(
         status.contains("\"holders\":0") && status.contains("\"limit\":3"),
         "{status}"
@@ -380,28 +377,7 @@ fn no_overlap(backend: &str, dir: &Path) {
         "echo start $(date +%s%N) >> {0}; sleep 0.05; echo end $(date +%s%N) >> {0}",
         log.display()
     );
-    let children: Vec<Child> = (0..10)
-        .map(|_| {
-            bin()
-                .args([
-                    "run",
-                    "--backend",
-                    backend,
-                    "--wait",
-                    "60s",
-                    "shared/overlap",
-                    "--",
-                    "sh",
-                    "-c",
-                    &script,
-                ])
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for mut c in children {
-        assert!(c.wait().unwrap().success());
-    }
+    run_together(10, backend, &["--wait", "60s"], "shared/overlap", &script);
     let text = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<(&str, u128)> = text
         .lines()
@@ -425,7 +401,7 @@ fn no_overlap(backend: &str, dir: &Path) {
 #[test]
 fn concurrent_runs_never_overlap() {
     let d = scratch("overlap-sqlite");
-    no_overlap(&format!("sqlite://{}", d.join("locks.db").display()), &d);
+    no_overlap(&sqlite_in(&d), &d);
     #[cfg(feature = "redis")]
     no_overlap(&redis().url, &scratch("overlap-redis"));
 }
@@ -464,83 +440,58 @@ fn status_and_backends_report() {
 #[test]
 fn bad_input_exits_2_with_a_clear_message() {
     let long = "x".repeat(201);
-    let cases: Vec<Vec<&str>> = vec![
-        vec!["run", "", "--", "true"],
-        vec!["run", "has space", "--", "true"],
-        vec!["run", "/leading", "--", "true"],
-        vec!["run", "a//b", "--", "true"],
-        vec!["run", "{tag}", "--", "true"],
-        vec!["run", "caf\u{e9}", "--", "true"],
-        vec!["run", &long, "--", "true"],
-        vec!["run", "--ttl", "nope", "x", "--", "true"],
-        vec!["run", "--ttl", "10", "x", "--", "true"],
-        vec!["run", "--ttl", "0s", "x", "--", "true"],
-        vec!["run", "--wait", "soon", "x", "--", "true"],
-        vec!["run", "--kill-after", "-1s", "x", "--", "true"],
-        vec!["run", "--limit", "0", "x", "--", "true"],
-        vec!["run", "--limit", "many", "x", "--", "true"],
-        vec!["run", "--limit", "-3", "x", "--", "true"],
-        vec!["run", "x"],
-        vec!["run", "--bogus", "x", "--", "true"],
-        vec!["run", "--backend", "nonsense", "x", "--", "true"],
-        vec!["run", "--backend", "ftp://host/x", "x", "--", "true"],
-        vec!["run", "--backend", "redis://", "x", "--", "true"],
-        vec![
-            "run",
-            "--backend",
-            "redis://host:notaport",
-            "x",
-            "--",
-            "true",
-        ],
-        vec!["run", "--backend", "sqlite://", "x", "--", "true"],
-        vec!["run", "--backend", "etcd://", "x", "--", "true"],
-        vec!["run", "--backend", "zk://", "x", "--", "true"],
-        vec!["run", "--backend", "redlock://", "x", "--", "true"],
-        vec![
-            "run",
-            "--backend",
-            "redlock://a:1?fencing=maybe",
-            "x",
-            "--",
-            "true",
-        ],
+    let names = [
+        "",
+        "has space",
+        "/leading",
+        "a//b",
+        "{tag}",
+        "caf\u{e9}",
+        &long,
+    ];
+    let options: [&[&str]; 9] = [
+        &["--ttl", "nope"],
+        &["--ttl", "10"],
+        &["--ttl", "0s"],
+        &["--wait", "soon"],
+        &["--kill-after", "-1s"],
+        &["--limit", "0"],
+        &["--limit", "many"],
+        &["--limit", "-3"],
+        &["--bogus"],
+    ];
+    let backends = [
+        "nonsense",
+        "ftp://host/x",
+        "redis://",
+        "redis://host:notaport",
+        "sqlite://",
+        "etcd://",
+        "zk://",
+        "redlock://",
+        "redlock://a:1?fencing=maybe",
         // One server listed twice, in the same or another spelling.
-        vec![
-            "run",
-            "--backend",
-            "redlock://127.0.0.1:1,127.0.0.1:1,127.0.0.1:2",
-            "x",
-            "--",
-            "true",
-        ],
-        vec![
-            "run",
-            "--backend",
-            "redlock://localhost:1,127.0.0.1:1,127.0.0.1:2",
-            "x",
-            "--",
-            "true",
-        ],
-        vec![
-            "run",
-            "--backend",
-            "redis+sentinel://a:1",
-            "x",
-            "--",
-            "true",
-        ],
-        vec![
-            "run",
-            "--backend",
-            "sqlite:///tmp/x.db?table=bad;name",
-            "x",
-            "--",
-            "true",
-        ],
+        "redlock://127.0.0.1:1,127.0.0.1:1,127.0.0.1:2",
+        "redlock://localhost:1,127.0.0.1:1,127.0.0.1:2",
+        "redis+sentinel://a:1",
+        "sqlite:///tmp/x.db?table=bad;name",
+    ];
+    let mut cases: Vec<Vec<&str>> = names.iter().map(|n| vec!["run", n, "--", "true"]).collect();
+    cases.extend(
+        options
+            .iter()
+            .map(|o| [&["run"], *o, &["x", "--", "true"]].concat()),
+    );
+    cases.extend(
+        backends
+            .iter()
+            .map(|b| vec!["run", "--backend", b, "x", "--", "true"]),
+    );
+    cases.extend([
+        vec!["run", "x"],
         vec!["status", "bad name"],
         vec!["frobnicate"],
-    ];
+    ]);
     assert!(cases.len() >= 20);
     for args in cases {
         let out = bin().args(&args).output().unwrap();
@@ -572,20 +523,28 @@ fn report_number(report: &str, cell: &str, label: &str) -> u64 {
         .unwrap_or_else(|| panic!("no number before {label:?} in {line:?}"))
 }
 
-#[test]
-fn check_with_a_paused_holder_shows_fencing_catching_the_stale_write() {
+/// The report of `distlock check` on a fresh SQLite file, a holder paused
+/// past its 1 s TTL, and `args`; the run must exit 0.
+fn paused_check(tag: &str, args: &[&str]) -> String {
     let out = bin()
-        .args(["check", "--backend", &sqlite("check"), "--clients", "3"])
-        .args(["--duration", "6s", "--ttl", "1s", "--pause-holder"])
+        .args(["check", "--backend", &sqlite(tag)])
+        .args(["--ttl", "1s", "--pause-holder"])
+        .args(args)
         .output()
         .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(
         out.status.code(),
         Some(0),
         "{report}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    report
+}
+
+#[test]
+fn check_with_a_paused_holder_shows_fencing_catching_the_stale_write() {
+    let report = paused_check("check", &["--clients", "3", "--duration", "6s"]);
     assert_eq!(
         report_number(&report, "fenced register", "stale accepted"),
         0,
@@ -612,26 +571,8 @@ fn check_with_a_paused_holder_shows_fencing_catching_the_stale_write() {
 /// violation.
 #[test]
 fn check_with_a_paused_permit_holder_shows_the_n_gate_catching_it() {
-    let out = bin()
-        .args(["check", "--backend", &sqlite("check-sem"), "--limit", "2"])
-        .args([
-            "--clients",
-            "5",
-            "--duration",
-            "8s",
-            "--ttl",
-            "1s",
-            "--pause-holder",
-        ])
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{report}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = ["--limit", "2", "--clients", "5", "--duration", "8s"];
+    let report = paused_check("check-sem", &args);
     assert!(report.contains("semaphore of 2 permits"), "{report}");
     assert_eq!(
         report_number(&report, "fenced register", "stale accepted"),

@@ -55,10 +55,16 @@ fn name(s: &str) -> LockName {
     LockName::new(s).unwrap()
 }
 
-#[tokio::test]
-async fn abandoned_permits_leave_with_their_longest_permit_and_the_counter_stays() {
+/// A fresh server and a backend connected to it.
+async fn connected() -> (Server, RedisBackend) {
     let server = Server::start();
     let b = RedisBackend::connect(&server.url()).await.unwrap();
+    (server, b)
+}
+
+#[tokio::test]
+async fn abandoned_permits_leave_with_their_longest_permit_and_the_counter_stays() {
+    let (server, b) = connected().await;
     let sem = name("jobs/abandoned");
     let keys = b.semaphore_keys(&sem);
     let short = LockRequest::permit(sem.clone(), Duration::from_millis(300), 2);
@@ -107,8 +113,7 @@ async fn abandoned_permits_leave_with_their_longest_permit_and_the_counter_stays
 
 #[tokio::test]
 async fn a_lock_and_a_semaphore_of_one_name_do_not_contend() {
-    let server = Server::start();
-    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    let (_server, b) = connected().await;
     let both = name("pools/db");
     let lock = LockRequest::new(both.clone(), Duration::from_secs(5));
     let permit = LockRequest::permit(both.clone(), Duration::from_secs(5), 1);
@@ -129,8 +134,7 @@ async fn a_lock_and_a_semaphore_of_one_name_do_not_contend() {
 
 #[tokio::test]
 async fn the_same_owner_asking_again_takes_no_second_permit() {
-    let server = Server::start();
-    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    let (_server, b) = connected().await;
     let sem = name("jobs/retried");
     let req = LockRequest::permit(sem.clone(), Duration::from_secs(5), 2);
     let first = b.try_acquire(&req).await.unwrap().unwrap();
@@ -143,8 +147,7 @@ async fn the_same_owner_asking_again_takes_no_second_permit() {
 
 #[tokio::test]
 async fn a_limit_of_zero_is_invalid_input() {
-    let server = Server::start();
-    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    let (_server, b) = connected().await;
     let sem = name("jobs/zero");
     let req = LockRequest::permit(sem.clone(), Duration::from_secs(5), 0);
     assert!(matches!(
@@ -222,8 +225,7 @@ async fn a_freed_permit_wakes_one_waiter_of_a_client_and_a_changed_limit_wakes_a
 
 #[tokio::test]
 async fn a_mixed_renewal_batch_answers_for_each_lock_and_permit() {
-    let server = Server::start();
-    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    let (server, b) = connected().await;
     let other = RedisBackend::connect(&server.url()).await.unwrap();
     let ttl = Duration::from_secs(2);
     let lock = LockRequest::new(name("batch/lock"), ttl);

@@ -59,33 +59,25 @@ pub fn check_docker(endpoint: &str) -> Result<(), HarnessError> {
         reason,
     };
     let timeout = Duration::from_secs(2);
-    let request = b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n";
-    let mut reply = String::new();
-    if let Some(path) = endpoint.strip_prefix("unix://") {
-        let mut s = UnixStream::connect(path).map_err(|e| unavailable(e.to_string()))?;
-        s.set_read_timeout(Some(timeout))
-            .map_err(|e| unavailable(e.to_string()))?;
-        s.write_all(request)
-            .map_err(|e| unavailable(e.to_string()))?;
-        s.read_to_string(&mut reply)
-            .map_err(|e| unavailable(e.to_string()))?;
+    let reply = if let Some(path) = endpoint.strip_prefix("unix://") {
+        UnixStream::connect(path).and_then(|s| {
+            s.set_read_timeout(Some(timeout))?;
+            ping(s)
+        })
     } else if let Some(addr) = endpoint.strip_prefix("tcp://") {
         let addr = addr
             .parse()
             .map_err(|e| unavailable(format!("bad address: {e}")))?;
-        let mut s =
-            TcpStream::connect_timeout(&addr, timeout).map_err(|e| unavailable(e.to_string()))?;
-        s.set_read_timeout(Some(timeout))
-            .map_err(|e| unavailable(e.to_string()))?;
-        s.write_all(request)
-            .map_err(|e| unavailable(e.to_string()))?;
-        s.read_to_string(&mut reply)
-            .map_err(|e| unavailable(e.to_string()))?;
+        TcpStream::connect_timeout(&addr, timeout).and_then(|s| {
+            s.set_read_timeout(Some(timeout))?;
+            ping(s)
+        })
     } else {
         return Err(unavailable(
             "only unix:// and tcp:// endpoints are supported".into(),
         ));
     }
+    .map_err(|e| unavailable(e.to_string()))?;
     if reply.contains("OK") {
         Ok(())
     } else {
@@ -96,46 +88,47 @@ pub fn check_docker(endpoint: &str) -> Result<(), HarnessError> {
     }
 }
 
+/// Sends `GET /_ping` over `stream` and reads the whole answer.
+fn ping(mut stream: impl Read + Write) -> std::io::Result<String> {
+    stream.write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply)?;
+    Ok(reply)
+}
+
+/// The image of `kind` (ready once it logs a known line), its client port
+/// and its environment.
 fn image(kind: ServerKind) -> (GenericImage, u16, Vec<(&'static str, &'static str)>) {
-    match kind {
-        ServerKind::Redis => (
-            GenericImage::new("redis", "7.0")
-                .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections")),
-            6379,
-            vec![],
-        ),
-        ServerKind::Etcd => (
-            GenericImage::new("quay.io/coreos/etcd", "v3.4.23")
-                .with_wait_for(WaitFor::message_on_stderr("ready to serve client requests")),
-            2379,
-            vec![
-                ("ETCD_LISTEN_CLIENT_URLS", "http://0.0.0.0:2379"),
-                ("ETCD_ADVERTISE_CLIENT_URLS", "http://127.0.0.1:2379"),
-            ],
-        ),
-        ServerKind::ZooKeeper => (
-            GenericImage::new("zookeeper", "3.8")
-                .with_wait_for(WaitFor::message_on_stdout("binding to port")),
-            2181,
-            vec![("ZOO_4LW_COMMANDS_WHITELIST", "srvr,ruok,mntr,stat")],
-        ),
-        ServerKind::Postgres => (
-            GenericImage::new("postgres", "15").with_wait_for(WaitFor::message_on_stderr(
-                "database system is ready to accept connections",
-            )),
-            5432,
-            vec![("POSTGRES_HOST_AUTH_METHOD", "trust")],
-        ),
-        ServerKind::MariaDb => (
-            GenericImage::new("mariadb", "10.11")
-                .with_wait_for(WaitFor::message_on_stderr("ready for connections")),
-            3306,
-            vec![
-                ("MARIADB_ALLOW_EMPTY_ROOT_PASSWORD", "1"),
-                ("MARIADB_DATABASE", super::mariadb::DATABASE),
-            ],
-        ),
-    }
+    let (name, tag, port) = match kind {
+        ServerKind::Redis => ("redis", "7.0", 6379),
+        ServerKind::Etcd => ("quay.io/coreos/etcd", "v3.4.23", 2379),
+        ServerKind::ZooKeeper => ("zookeeper", "3.8", 2181),
+        ServerKind::Postgres => ("postgres", "15", 5432),
+        ServerKind::MariaDb => ("mariadb", "10.11", 3306),
+    };
+    let ready = match kind {
+        ServerKind::Redis => WaitFor::message_on_stdout("Ready to accept connections"),
+        ServerKind::Etcd => WaitFor::message_on_stderr("ready to serve client requests"),
+        ServerKind::ZooKeeper => WaitFor::message_on_stdout("binding to port"),
+        ServerKind::Postgres => {
+            WaitFor::message_on_stderr("database system is ready to accept connections")
+        }
+        ServerKind::MariaDb => WaitFor::message_on_stderr("ready for connections"),
+    };
+    let env = match kind {
+        ServerKind::Redis => vec![],
+        ServerKind::Etcd => vec![
+            ("ETCD_LISTEN_CLIENT_URLS", "http://0.0.0.0:2379"),
+            ("ETCD_ADVERTISE_CLIENT_URLS", "http://127.0.0.1:2379"),
+        ],
+        ServerKind::ZooKeeper => vec![("ZOO_4LW_COMMANDS_WHITELIST", "srvr,ruok,mntr,stat")],
+        ServerKind::Postgres => vec![("POSTGRES_HOST_AUTH_METHOD", "trust")],
+        ServerKind::MariaDb => vec![
+            ("MARIADB_ALLOW_EMPTY_ROOT_PASSWORD", "1"),
+            ("MARIADB_DATABASE", super::mariadb::DATABASE),
+        ],
+    };
+    (GenericImage::new(name, tag).with_wait_for(ready), port, env)
 }
 
 /// Starts a container of `kind` (Docker at `docker_host`, else the default).

@@ -11,36 +11,9 @@ pub const INSTALL: &str = "apt-get install etcd-server etcd-client (or run scrip
 
 /// Starts a private single-member etcd cluster.
 pub fn spawn() -> Result<ServerProcess, HarnessError> {
-    let bin = find_binary("etcd", &[], INSTALL)?;
-    let dir = temp_dir("etcd")?;
-    let (client, peer) = (free_port()?, free_port()?);
-    let c = format!("http://127.0.0.1:{client}");
-    let p = format!("http://127.0.0.1:{peer}");
-    let mut cmd = Command::new(bin);
-    cmd.args(["--name", "n1", "--data-dir"])
-        .arg(dir.join("data"))
-        .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
-        .args([
-            "--listen-peer-urls",
-            &p,
-            "--initial-advertise-peer-urls",
-            &p,
-        ])
-        .args([
-            "--initial-cluster",
-            &format!("n1={p}"),
-            "--log-level",
-            "warn",
-        ]);
-    ServerProcess::spawn(
-        "etcd",
-        cmd,
-        dir,
-        client,
-        "TERM",
-        Duration::from_secs(30),
-        move || healthy(client),
-    )
+    cluster(1)?
+        .pop()
+        .ok_or_else(|| HarnessError::start("etcd", "a cluster of one has no member"))
 }
 
 /// Whether `/health` reports healthy.
@@ -102,7 +75,7 @@ pub fn cluster(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
                 "--log-level",
                 "warn",
             ]);
-        members.push(ServerProcess::spawn_unready(
+        members.push(ServerProcess::start(
             "etcd member",
             cmd,
             dir,

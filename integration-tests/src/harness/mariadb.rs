@@ -49,7 +49,7 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
     if root {
         cmd.arg("--user=root");
     }
-    let server = ServerProcess::spawn(
+    let server = ServerProcess::start(
         "mariadb",
         cmd,
         dir,
@@ -65,7 +65,8 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
                     .is_ok_and(|s| s.success())
             })
         },
-    )?;
+    )?
+    .when_ready()?;
     let mut create = client(port)?;
     create.args(["-e", &format!("CREATE DATABASE IF NOT EXISTS {DATABASE}")]);
     run_client(create).map_err(|e| HarnessError::start("mariadb", e))?;

@@ -75,7 +75,7 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
             "-c",
             "max_connections=1000",
         ]);
-    ServerProcess::spawn(
+    ServerProcess::start(
         "postgres",
         cmd,
         dir,
@@ -88,7 +88,8 @@ pub fn spawn() -> Result<ServerProcess, HarnessError> {
                 .status()
                 .is_ok_and(|s| s.success())
         },
-    )
+    )?
+    .when_ready()
 }
 
 /// `psql` connected to `url`, for smoke tests.

@@ -39,26 +39,12 @@ impl std::fmt::Debug for ServerProcess {
 }
 
 impl ServerProcess {
-    /// Spawns `cmd` with output to `dir/server.log` and waits until `ready`
-    /// answers true (or the process exits, or `timeout` passes).
-    pub fn spawn(
-        what: &'static str,
-        cmd: Command,
-        dir: PathBuf,
-        port: u16,
-        stop_signal: &'static str,
-        timeout: Duration,
-        ready: impl Fn() -> bool + Send + Sync + 'static,
-    ) -> Result<Self, HarnessError> {
-        let mut server = Self::spawn_unready(what, cmd, dir, port, stop_signal, timeout, ready)?;
-        server.wait_ready()?;
-        Ok(server)
-    }
-
-    /// Like [`spawn`](Self::spawn) but returns at once; call
-    /// [`wait_ready`](Self::wait_ready) later (cluster members are only ready
-    /// once enough of them run).
-    pub fn spawn_unready(
+    /// Spawns `cmd` with output to `dir/server.log` and returns at once;
+    /// [`when_ready`](Self::when_ready) or [`wait_ready`](Self::wait_ready)
+    /// then waits until `ready` answers true (or the process exits, or
+    /// `timeout` passes). Cluster members are only ready once enough of them
+    /// run.
+    pub fn start(
         what: &'static str,
         mut cmd: Command,
         dir: PathBuf,
@@ -96,6 +82,12 @@ impl ServerProcess {
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         cmd.spawn()
             .map_err(|e| HarnessError::start(what, format!("spawning {cmd:?}: {e}")))
+    }
+
+    /// The server, once its readiness probe answers.
+    pub fn when_ready(mut self) -> Result<Self, HarnessError> {
+        self.wait_ready()?;
+        Ok(self)
     }
 
     /// Waits until the readiness probe answers.

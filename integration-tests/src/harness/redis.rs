@@ -36,15 +36,19 @@ pub fn spawn(extra: &[&str]) -> Result<ServerProcess, HarnessError> {
     let port = free_port()?;
     let mut cmd = private_command(&bin, port, &dir);
     cmd.args(extra);
-    ServerProcess::spawn(
-        "redis-server",
-        cmd,
-        dir,
-        port,
-        "TERM",
-        Duration::from_secs(20),
-        move || ping(port),
-    )
+    start("redis-server", cmd, dir, port, move || ping(port))
+}
+
+/// Starts `cmd` as `what` on `port` and waits until `ready` answers.
+fn start(
+    what: &'static str,
+    cmd: Command,
+    dir: PathBuf,
+    port: u16,
+    ready: impl Fn() -> bool + Send + Sync + 'static,
+) -> Result<ServerProcess, HarnessError> {
+    let timeout = Duration::from_secs(20);
+    ServerProcess::start(what, cmd, dir, port, "TERM", timeout, ready)?.when_ready()
 }
 
 /// redis-server on `port` and loopback only, without persistence, its
@@ -152,15 +156,7 @@ pub fn sentinel_with_failover_timeout(
     .map_err(|e| HarnessError::start("redis-sentinel", e.to_string()))?;
     let mut cmd = Command::new(bin);
     cmd.arg(&conf);
-    ServerProcess::spawn(
-        "redis-sentinel",
-        cmd,
-        dir,
-        port,
-        "TERM",
-        Duration::from_secs(20),
-        move || ping(port),
-    )
+    start("redis-sentinel", cmd, dir, port, move || ping(port))
 }
 
 /// Starts a redis-server that only speaks TLS, with a throwaway CA and
@@ -226,20 +222,10 @@ pub fn spawn_tls() -> Result<(ServerProcess, std::path::PathBuf), HarnessError> 
         "ext.cnf",
     ])?;
     let port = free_port()?;
-    let mut cmd = Command::new(bin);
+    // TLS only: the plain port is off.
+    let mut cmd = private_command(&bin, 0, &dir);
     cmd.current_dir(&dir)
-        .args([
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
+        .args(["--tls-port", &port.to_string()])
         .args([
             "--tls-cert-file",
             "server.crt",
@@ -249,28 +235,18 @@ pub fn spawn_tls() -> Result<(ServerProcess, std::path::PathBuf), HarnessError> 
             "ca.crt",
             "--tls-auth-clients",
             "no",
-        ])
-        .arg("--dir")
-        .arg(&dir);
+        ]);
     let ca = dir.join("ca.crt");
     let ca_for_probe = ca.clone();
-    let server = ServerProcess::spawn(
-        "redis-server (TLS)",
-        cmd,
-        dir,
-        port,
-        "TERM",
-        Duration::from_secs(20),
-        move || {
-            let mut c = Command::new(&cli);
-            c.arg("--tls").arg("--cacert").arg(&ca_for_probe).args([
-                "-p",
-                &port.to_string(),
-                "PING",
-            ]);
-            super::process::run_client(c).is_ok_and(|out| out.contains("PONG"))
-        },
-    )?;
+    let ping_tls = move || {
+        let mut c = Command::new(&cli);
+        c.arg("--tls")
+            .arg("--cacert")
+            .arg(&ca_for_probe)
+            .args(["-p", &port.to_string(), "PING"]);
+        super::process::run_client(c).is_ok_and(|out| out.contains("PONG"))
+    };
+    let server = start("redis-server (TLS)", cmd, dir, port, ping_tls)?;
     Ok((server, ca))
 }
 
@@ -360,14 +336,8 @@ pub fn spawn_with_fake_clock() -> Result<(ServerProcess, PathBuf), HarnessError>
     .env("FAKETIME_TIMESTAMP_FILE", &offset)
     .env("FAKETIME_NO_CACHE", "1")
     .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-    let p = ServerProcess::spawn(
-        "redis-server (faketime)",
-        cmd,
-        dir,
-        port,
-        "TERM",
-        Duration::from_secs(20),
-        move || ping(port),
-    )?;
+    let p = start("redis-server (faketime)", cmd, dir, port, move || {
+        ping(port)
+    })?;
     Ok((p, offset))
 }

@@ -1,6 +1,6 @@
 //! A standalone ZooKeeper server (Debian's jars on a JVM).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -28,26 +28,32 @@ pub fn spawn_with(extra_config: &str) -> Result<ServerProcess, HarnessError> {
         });
     }
     let dir = temp_dir("zookeeper")?;
-    let port = free_port()?;
+    let main = "org.apache.zookeeper.server.ZooKeeperServerMain";
+    let timeout = Duration::from_secs(60);
+    start(&java, main, dir, free_port()?, timeout, extra_config)?.when_ready()
+}
+
+/// Writes `dir/zoo.cfg` (the suite's settings, data in `dir/data`, clients
+/// on `client`, then `extra_config`) and starts the class `main` on it,
+/// returning at once.
+fn start(
+    java: &Path,
+    main: &str,
+    dir: PathBuf,
+    client: u16,
+    timeout: Duration,
+    extra_config: &str,
+) -> Result<ServerProcess, HarnessError> {
     let cfg = dir.join("zoo.cfg");
     let conf = format!(
-        "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,mntr,stat\nmaxSessionTimeout=60000\nmaxClientCnxns=0\n{extra_config}",
+        "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={client}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,mntr,stat\nmaxSessionTimeout=60000\nmaxClientCnxns=0\n{extra_config}",
         dir.join("data").display()
     );
     std::fs::write(&cfg, conf).map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;
     let mut cmd = Command::new(java);
-    cmd.args(jvm_args())
-        .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
-        .arg(&cfg);
-    ServerProcess::spawn(
-        "zookeeper",
-        cmd,
-        dir,
-        port,
-        "TERM",
-        Duration::from_secs(60),
-        move || serving(port),
-    )
+    cmd.args(jvm_args()).arg(main).arg(&cfg);
+    let ready = move || serving(client);
+    ServerProcess::start("zookeeper", cmd, dir, client, "TERM", timeout, ready)
 }
 
 /// JVM flags that keep a test server small and quick to start.
@@ -102,25 +108,9 @@ pub fn ensemble(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
             .map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;
         std::fs::write(data.join("myid"), format!("{}\n", i + 1))
             .map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;
-        let cfg = dir.join("zoo.cfg");
-        let conf = format!(
-            "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={client}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,mntr,stat\nmaxSessionTimeout=60000\nmaxClientCnxns=0\n{servers}",
-            data.display()
-        );
-        std::fs::write(&cfg, conf).map_err(|e| HarnessError::start("zookeeper", e.to_string()))?;
-        let mut cmd = Command::new(&java);
-        cmd.args(jvm_args())
-            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
-            .arg(&cfg);
-        members.push(ServerProcess::spawn_unready(
-            "zookeeper member",
-            cmd,
-            dir,
-            client,
-            "TERM",
-            Duration::from_secs(90),
-            move || serving(client),
-        )?);
+        let main = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
+        let timeout = Duration::from_secs(90);
+        members.push(start(&java, main, dir, client, timeout, &servers)?);
     }
     for m in &mut members {
         m.wait_ready()?;
