@@ -109,14 +109,7 @@ async fn subscribes_when_held() -> Result<(), Failed> {
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
     let port = node.port;
-    let subscribes = move || {
-        let stats = server::command(port, &["INFO", "commandstats"]).unwrap_or_default();
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_subscribe:calls="))
-            .and_then(|v| v.split(',').next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let subscribes = move || server::calls(port, &["subscribe"]);
     let url = format!("redis://127.0.0.1:{port}");
     let holder = LockClient::new(RedisBackend::connect(&url).await?);
     let waiter = LockClient::new(RedisBackend::connect(&url).await?);
@@ -332,21 +325,7 @@ async fn multi_lock_is_one_request() -> Result<(), Failed> {
     let port = node.port;
     // Every distlock request is a script call (the commands a script runs
     // are counted apart).
-    let served = move || {
-        let stats = server::command(port, &["INFO", "commandstats"]).unwrap_or_default();
-        stats
-            .lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum::<u64>()
-    };
+    let served = move || server::calls(port, &["evalsha", "eval"]);
     let url = format!("redis://127.0.0.1:{port}");
     let client = LockClient::new(RedisBackend::connect(&url).await?);
     let names = ["multi/a", "multi/b", "multi/c", "multi/d"];

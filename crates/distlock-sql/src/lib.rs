@@ -25,7 +25,7 @@ pub use config::SqlConfig;
 /// The sqlx version this crate builds on, for users passing their own pools.
 pub use sqlx;
 
-use distlock_core::wait::{wait_for_grant, Outcome, Pace, Signalled};
+use distlock_core::wait::{wait_for_grant, Outcome, Pace};
 use semaphore::{valid_limit, Object};
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
@@ -640,6 +640,8 @@ impl SqlBackend {
             }
             #[cfg(feature = "mysql")]
             Db::MySql(_) => {
+                // Polls either way: nothing announces a release.
+                let _ = permits;
                 let pace = Pace::Backoff(config.poll);
                 wait_for_grant(
                     name,
@@ -657,7 +659,7 @@ impl SqlBackend {
                 } else {
                     &lite.releases
                 };
-                let mut wakeups = Signalled::new(signals.get(name.as_str()));
+                let mut wakeups = distlock_core::wait::Signalled::new(signals.get(name.as_str()));
                 let pace = Pace::Backoff(config.poll);
                 wait_for_grant(name, deadline, pace, &mut wakeups, attempt).await
             }
@@ -665,122 +667,141 @@ impl SqlBackend {
     }
 }
 
-#[cfg(feature = "sqlite")]
+/// Transactions that run in a task of their own, finishing even when the
+/// caller stops waiting. sqlx's MySQL `begin` has no guard against being
+/// dropped: a future dropped while `START TRANSACTION` is on the wire
+/// leaves the server in a transaction that sqlx does not know of, on a
+/// pooled connection whose next statements (anyone's) would then never
+/// commit. And a grant that lands after its caller stopped waiting is
+/// handed back at once by the task: the caller's cleanup release could
+/// otherwise run before a commit still in flight lands.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl SqlBackend {
-    /// SQLite's multi-lock transaction runs in a task of its own that
-    /// finishes even when the caller stops waiting, and hands back at once
-    /// what it granted after that: a caller's cleanup release could
-    /// otherwise run before a commit still in flight lands.
-    async fn sqlite_try_acquire_all_to_completion(
-        &self,
-        reqs: &[LockRequest],
-    ) -> Result<Option<Vec<FencingToken>>> {
-        let (backend, reqs) = (self.clone(), reqs.to_vec());
+    /// Runs `work` to completion; if nobody waits for its answer any more,
+    /// `undo` gets it.
+    async fn to_completion<T, W, WF, U, UF>(&self, work: W, undo: U) -> Result<T>
+    where
+        T: Send + 'static,
+        W: FnOnce(SqlBackend) -> WF + Send + 'static,
+        WF: std::future::Future<Output = Result<T>> + Send,
+        U: FnOnce(SqlBackend, T) -> UF + Send + 'static,
+        UF: std::future::Future<Output = ()> + Send,
+    {
+        let backend = self.clone();
         let (reply, answer) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            #[allow(irrefutable_let_patterns)]
-            let Db::Sqlite(lite) = &backend.inner.db
-            else {
-                return;
-            };
-            let found = lite.try_acquire_all(&reqs).await;
-            if let Err(Ok(Some(_))) = reply.send(found) {
-                for req in &reqs {
-                    if let Err(e) = lite.release(req).await {
-                        tracing::warn!(lock = %req.name, error = %e, "releasing a lock granted after its acquire was dropped failed; it frees after its TTL");
-                    }
-                }
+            let found = work(backend.clone()).await;
+            if let Err(Ok(orphan)) = reply.send(found) {
+                undo(backend, orphan).await;
             }
         });
         answer.await.map_err(|_| {
             Error::backend(
                 self.inner.err.backend,
-                "the task running a multi-lock transaction ended without an answer (is the runtime shutting down?)",
+                "the task running a transaction ended without an answer (is the runtime shutting down?)",
             )
         })?
     }
-}
 
-/// MySQL's semaphore transactions run in a task of their own that finishes
-/// even when the caller stops waiting. sqlx's MySQL `begin` has no guard
-/// against being dropped: a future dropped while `START TRANSACTION` is on
-/// the wire leaves the server in a transaction that sqlx does not know of,
-/// on a pooled connection whose next statements (anyone's) would then never
-/// commit.
-#[cfg(feature = "mysql")]
-impl SqlBackend {
+    /// Releases locks granted after their acquire was dropped.
+    async fn hand_back(&self, reqs: &[LockRequest]) {
+        for req in reqs {
+            if let Err(e) = self.release(req).await {
+                tracing::warn!(lock = %req.name, error = %e, "releasing a lock granted after its acquire was dropped failed; it frees after its TTL");
+            }
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    async fn sqlite_try_acquire_all_to_completion(
+        &self,
+        reqs: &[LockRequest],
+    ) -> Result<Option<Vec<FencingToken>>> {
+        let reqs = reqs.to_vec();
+        let undo = reqs.clone();
+        self.to_completion(
+            move |b| async move {
+                match &b.inner.db {
+                    Db::Sqlite(lite) => lite.try_acquire_all(&reqs).await,
+                    #[allow(unreachable_patterns)]
+                    _ => Ok(None),
+                }
+            },
+            move |b, granted| async move {
+                if granted.is_some() {
+                    b.hand_back(&undo).await;
+                }
+            },
+        )
+        .await
+    }
+
+    #[cfg(feature = "mysql")]
+    async fn mysql_try_acquire_all_to_completion(
+        &self,
+        reqs: &[LockRequest],
+    ) -> Result<Option<Vec<FencingToken>>> {
+        let reqs = reqs.to_vec();
+        let undo = reqs.clone();
+        self.to_completion(
+            move |b| async move {
+                match &b.inner.db {
+                    Db::MySql(my) => my.try_acquire_all(&reqs).await,
+                    #[allow(unreachable_patterns)]
+                    _ => Ok(None),
+                }
+            },
+            move |b, granted| async move {
+                if granted.is_some() {
+                    b.hand_back(&undo).await;
+                }
+            },
+        )
+        .await
+    }
+
+    #[cfg(feature = "mysql")]
     async fn mysql_permit_attempt_to_completion(
         &self,
         req: &LockRequest,
         limit: u32,
     ) -> Result<Outcome> {
-        let (backend, req) = (self.clone(), req.clone());
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            #[allow(irrefutable_let_patterns)]
-            let Db::MySql(my) = &backend.inner.db
-            else {
-                return;
-            };
-            let found = my.permit_attempt(&req, limit).await;
-            // A grant nobody waits for any more is handed back at once,
-            // rather than held until its TTL runs out.
-            if let Err(Ok(Outcome::Granted(_))) = reply.send(found) {
-                if let Err(e) = my.permit_release(&req).await {
-                    tracing::warn!(semaphore = %req.name, error = %e, "releasing a permit granted after its acquire was dropped failed; it returns after its TTL");
+        let (req, undo) = (req.clone(), req.clone());
+        self.to_completion(
+            move |b| async move {
+                match &b.inner.db {
+                    Db::MySql(my) => my.permit_attempt(&req, limit).await,
+                    #[allow(unreachable_patterns)]
+                    _ => Ok(Outcome::Held(None)),
                 }
-            }
-        });
-        answer.await.map_err(|_| self.task_ended())?
+            },
+            move |b, found| async move {
+                if let Outcome::Granted(_) = found {
+                    b.hand_back(std::slice::from_ref(&undo)).await;
+                }
+            },
+        )
+        .await
     }
 
-    async fn mysql_try_acquire_all_to_completion(
-        &self,
-        reqs: &[LockRequest],
-    ) -> Result<Option<Vec<FencingToken>>> {
-        let (backend, reqs) = (self.clone(), reqs.to_vec());
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            #[allow(irrefutable_let_patterns)]
-            let Db::MySql(my) = &backend.inner.db
-            else {
-                return;
-            };
-            let found = my.try_acquire_all(&reqs).await;
-            if let Err(Ok(Some(_))) = reply.send(found) {
-                for req in &reqs {
-                    if let Err(e) = my.release(req).await {
-                        tracing::warn!(lock = %req.name, error = %e, "releasing a lock granted after its acquire was dropped failed; it frees after its TTL");
-                    }
-                }
-            }
-        });
-        answer.await.map_err(|_| self.task_ended())?
-    }
-
+    #[cfg(feature = "mysql")]
     async fn mysql_set_limit_to_completion(
         &self,
         name: &LockName,
         limit: u32,
     ) -> Result<Option<u32>> {
-        let (backend, name) = (self.clone(), name.clone());
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            #[allow(irrefutable_let_patterns)]
-            let Db::MySql(my) = &backend.inner.db
-            else {
-                return;
-            };
-            let _ = reply.send(my.set_limit(&name, limit).await);
-        });
-        answer.await.map_err(|_| self.task_ended())?
-    }
-
-    fn task_ended(&self) -> Error {
-        Error::backend(
-            self.inner.err.backend,
-            "the task running a transaction ended without an answer (is the runtime shutting down?)",
+        let name = name.clone();
+        self.to_completion(
+            move |b| async move {
+                match &b.inner.db {
+                    Db::MySql(my) => my.set_limit(&name, limit).await,
+                    #[allow(unreachable_patterns)]
+                    _ => Ok(None),
+                }
+            },
+            |_, _| async {},
         )
+        .await
     }
 }
 

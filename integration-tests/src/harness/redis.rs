@@ -87,6 +87,31 @@ pub fn command(port: u16, args: &[&str]) -> Option<String> {
     tcp_exchange(port, req.as_bytes())
 }
 
+/// How often the server on `port` has run the commands `names` (lower
+/// case, e.g. `evalsha`), from `INFO commandstats`: what clients sent, not
+/// the commands their scripts ran.
+pub fn calls(port: u16, names: &[&str]) -> u64 {
+    calls_in(
+        &command(port, &["INFO", "commandstats"]).unwrap_or_default(),
+        names,
+    )
+}
+
+/// [`calls`] from the text of an `INFO commandstats` reply.
+pub fn calls_in(info: &str, names: &[&str]) -> u64 {
+    info.lines()
+        .filter_map(|l| {
+            let (cmd, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            names.contains(&cmd).then_some(rest)?;
+            rest.strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 /// Starts `n` cluster-enabled servers and joins them into one cluster of
 /// masters, waiting until every node reports `cluster_state:ok`.
 pub fn cluster(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
