@@ -2,8 +2,8 @@
 //! needs, and against peer libraries, in one run.
 //!
 //! Scenarios: 1 round-trip calibration; 2 uncontended
-//! acquire+release against the raw minimal sequence (closed loop, and open
-//! loop at a fixed rate); 3 K tasks on K names; 4 K clients on one name
+//! acquire+release against the raw minimal sequence, for a lock and for a
+//! semaphore's permit (closed loop, and open loop at a fixed rate); 3 K tasks on K names; 4 K clients on one name
 //! (fairness); 5 and 6 handoff latency and the herd with 1, 10 and 100
 //! waiters; 7 the cost of holding M locks. `--out DIR` also writes the
 //! tables as Markdown and the plots as SVG.
@@ -176,6 +176,11 @@ struct Target {
     /// client crate and no distlock code around them (where written): the
     /// protocol's cost, apart from the client's.
     proto: Option<Step>,
+    /// The minimal hand-written acquire + release of one permit of a
+    /// semaphore of [`UNCONTENDED_LIMIT`], expiring by the server's clock,
+    /// with the same client crate and connection as `raw`: the semaphore's
+    /// baseline.
+    raw_permit: Step,
     requests: Option<Counter>,
     _server: Option<TestServer>,
     _servers: Vec<TestServer>,
@@ -188,6 +193,9 @@ struct Results {
     latency: Vec<(String, Vec<f64>)>,
     handoff: Vec<(String, Vec<Option<f64>>)>,
     rtt_p50: Vec<(String, f64)>,
+    /// Per backend, distlock / its raw sequence at p50 in the uncontended
+    /// closed loop: the lock's and the semaphore's.
+    ratios: Vec<(String, f64, f64)>,
 }
 
 /// One uncontended acquire + release with a 30 s TTL.
@@ -279,7 +287,8 @@ fn backend_step(lib: &LockClient, tag: &str) -> Step {
 /// distlock, two variants split distlock's extra time: its own requests
 /// sent raw (the protocol: fencing counter, release message, queue reads),
 /// and the backend called without the client (the backend crate's
-/// client-side cost; the rest is core's).
+/// client-side cost; the rest is core's). A semaphore's permit has its own
+/// three: its raw minimal sequence, the backend alone and the client.
 async fn uncontended(
     t: &Target,
     lib: &LockClient,
@@ -293,8 +302,13 @@ async fn uncontended(
     if let Some(proto) = &t.proto {
         variants.push((Series::new("distlock's requests, sent raw")?, proto.clone()));
     }
-    // The semaphore's two variants sit before the lock's last two, which
+    // The semaphore's three variants sit before the lock's last two, which
     // the split below reads by position.
+    let raw_permit = variants.len();
+    variants.push((
+        Series::new("raw minimal semaphore sequence")?,
+        t.raw_permit.clone(),
+    ));
     let permits = variants.len();
     variants.push((
         Series::new("semaphore: distlock backend, no client")?,
@@ -391,6 +405,18 @@ async fn uncontended(
         p50(permits + 1) / raw50,
         p50(permits + 1) / p50(last)
     );
+    let (sem_raw, sem_ours) = (&variants[raw_permit].0, &variants[permits + 1].0);
+    let sem_ratio = sem_ours.p(0.5) as f64 / sem_raw.p(0.5) as f64;
+    let sem_raw50 = p50(raw_permit);
+    let _ = writeln!(
+        r.md,
+        "\nsemaphore of {UNCONTENDED_LIMIT} at p50: distlock / raw semaphore sequence **{sem_ratio:.2}** (p99: {:.2}); raw semaphore / raw lock sequence {:.2}; the gap as fractions of the raw semaphore: backend (protocol and client) {:+.2}, core {:+.2}",
+        sem_ours.p(0.99) as f64 / sem_raw.p(0.99) as f64,
+        sem_raw50 / raw50,
+        (p50(permits) - sem_raw50) / sem_raw50,
+        (p50(permits + 1) - p50(permits)) / sem_raw50
+    );
+    r.ratios.push((t.name.to_string(), ratio, sem_ratio));
     r.latency.push((
         t.name.to_string(),
         vec![
@@ -781,15 +807,56 @@ fn set_nx_px(key: &str, owner: &str) -> redis::Cmd {
     cmd
 }
 
+/// The raw permit acquire, judged by the server's clock: drop the expired
+/// permits, and add the owner's with its expiry as score if fewer than the
+/// limit are left. `KEYS[1]` the semaphore, `ARGV` owner, limit, TTL in ms.
+fn permit_script() -> redis::Script {
+    redis::Script::new(
+        "local t = redis.call('TIME')
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+         redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+         if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+           redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+           return 1
+         end
+         return 0",
+    )
+}
+
+/// One raw permit acquire on one Redis: whether it was granted.
+async fn permit_acquire(
+    c: &mut redis::aio::MultiplexedConnection,
+    script: &redis::Script,
+    key: &str,
+    owner: &str,
+) -> Result<bool, redis::RedisError> {
+    let granted: i64 = script
+        .key(key)
+        .arg(owner)
+        .arg(UNCONTENDED_LIMIT)
+        .arg(30_000)
+        .invoke_async(c)
+        .await?;
+    Ok(granted == 1)
+}
+
 /// Whether two of three answers were yes, waiting no longer than that.
 async fn majority<F>(answers: &mut FuturesUnordered<F>) -> bool
+where
+    F: Future<Output = Result<bool, redis::RedisError>>,
+{
+    at_least(answers, 2).await
+}
+
+/// Whether `needed` answers were yes, waiting no longer than that.
+async fn at_least<F>(answers: &mut FuturesUnordered<F>, needed: usize) -> bool
 where
     F: Future<Output = Result<bool, redis::RedisError>>,
 {
     let mut yes = 0;
     while let Some(r) = answers.next().await {
         yes += usize::from(matches!(r, Ok(true)));
-        if yes >= 2 {
+        if yes >= needed {
             return true;
         }
     }
@@ -836,8 +903,9 @@ async fn redlock_target() -> Result<Target, BoxError> {
         })
     });
     let cad = redis::Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0");
+    let c2 = conns.clone();
     let raw: Step = Arc::new(move |i, slot| {
-        let (c, cad) = (conns.clone(), cad.clone());
+        let (c, cad) = (c2.clone(), cad.clone());
         Box::pin(async move {
             let key = format!("bench/raw/{slot}");
             let owner = format!("raw-{i}");
@@ -875,12 +943,57 @@ async fn redlock_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
+    // The raw semaphore: the permit script on the three nodes at once, then
+    // `ZREM` on the three at once. A majority is not enough: each node
+    // grants `limit` permits, so `limit + 1` holders fit on `q` nodes each
+    // unless `(limit + 1) q > 3 limit`; each half is done at the smallest
+    // such `q` (all three nodes for a semaphore of 3).
+    let script = permit_script();
+    let needed = (3 * UNCONTENDED_LIMIT / (UNCONTENDED_LIMIT + 1) + 1) as usize;
+    let raw_permit: Step = Arc::new(move |i, slot| {
+        let (c, script) = (conns.clone(), script.clone());
+        Box::pin(async move {
+            let key = format!("bench/raw-permit/{slot}");
+            let owner = format!("raw-{i}");
+            let mut adds: FuturesUnordered<_> = c
+                .iter()
+                .cloned()
+                .map(|mut c| {
+                    let (key, owner, script) = (key.clone(), owner.clone(), script.clone());
+                    async move { permit_acquire(&mut c, &script, &key, &owner).await }
+                })
+                .collect();
+            if !at_least(&mut adds, needed).await {
+                return Err("raw redlock semaphore: no quorum".into());
+            }
+            drop(adds);
+            let mut rems: FuturesUnordered<_> = c
+                .into_iter()
+                .map(|mut c| {
+                    let (key, owner) = (key.clone(), owner.clone());
+                    async move {
+                        let n: i64 = redis::cmd("ZREM")
+                            .arg(&key)
+                            .arg(&owner)
+                            .query_async(&mut c)
+                            .await?;
+                        Ok::<bool, redis::RedisError>(n == 1)
+                    }
+                })
+                .collect();
+            if !at_least(&mut rems, needed).await {
+                return Err("raw redlock semaphore: release reached no quorum".into());
+            }
+            Ok(())
+        })
+    });
     Ok(Target {
         name: "redlock",
         url,
         rtt,
         raw,
         proto: None,
+        raw_permit,
         requests: None,
         _server: None,
         _servers: servers,
@@ -909,6 +1022,24 @@ async fn redis_target() -> Result<Target, BoxError> {
             let ok: Option<String> = set_nx_px(&key, &owner).query_async(&mut c).await?;
             ok.ok_or("raw lock busy")?;
             let _: i64 = cad.key(&key).arg(&owner).invoke_async(&mut c).await?;
+            Ok(())
+        })
+    });
+    // The raw semaphore: the permit script, then `ZREM`.
+    let (c4, script) = (conn.clone(), permit_script());
+    let raw_permit: Step = Arc::new(move |i, slot| {
+        let (mut c, script) = (c4.clone(), script.clone());
+        Box::pin(async move {
+            let key = format!("bench/raw-permit/{slot}");
+            let owner = format!("raw-{i}");
+            if !permit_acquire(&mut c, &script, &key, &owner).await? {
+                return Err("raw semaphore full".into());
+            }
+            let _: i64 = redis::cmd("ZREM")
+                .arg(&key)
+                .arg(&owner)
+                .query_async(&mut c)
+                .await?;
             Ok(())
         })
     });
@@ -973,6 +1104,7 @@ async fn redis_target() -> Result<Target, BoxError> {
         rtt,
         raw,
         proto: Some(proto),
+        raw_permit,
         requests: Some(requests),
         _server: Some(server),
         _servers: Vec::new(),
@@ -1024,8 +1156,11 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         let s = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Postgres)).await??;
         (s.url().to_string(), Some(s))
     };
-    // The raw sequence runs on the same kind of pool distlock builds.
-    let (rtt, raw): (Step, Step) = if backend == "sqlite" {
+    // The raw sequences run on the same kind of pool distlock builds. The
+    // raw semaphore keeps one row per permit, with no semaphore row and no
+    // fencing counter: the acquire inserts the owner's row if fewer than the
+    // limit are live, the release deletes it.
+    let (rtt, raw, raw_permit): (Step, Step, Step) = if backend == "sqlite" {
         let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)?
             .create_if_missing(true)
             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
@@ -1036,22 +1171,98 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
             .connect_with(options)
             .await?;
         sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token INTEGER NOT NULL, expires_at INTEGER NOT NULL)").execute(&pool).await?;
-        raw_sql_steps!(
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_permits (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        let p = pool.clone();
+        // One statement each, as SQLite runs a writing statement under the
+        // file's write lock: the count and the insert see the same rows.
+        // With no data-modifying CTE in SQLite, the release also deletes
+        // the name's expired permits (the acquire counts only live ones).
+        let raw_permit: Step = Arc::new(move |i, slot| {
+            let p = p.clone();
+            Box::pin(async move {
+                let (name, owner) = (format!("raw-permit/{slot}"), format!("raw-{i}"));
+                let granted: Option<i32> = sqlx::query_scalar(
+                    "INSERT INTO raw_permits
+                     SELECT ?1, ?2, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 30000
+                      WHERE (SELECT count(*) FROM raw_permits WHERE name = ?1
+                              AND expires_at > CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)) < ?3
+                     RETURNING 1",
+                )
+                .bind(&name)
+                .bind(&owner)
+                .bind(i64::from(UNCONTENDED_LIMIT))
+                .fetch_optional(&p)
+                .await?;
+                granted.ok_or("raw semaphore full")?;
+                sqlx::query(
+                    "DELETE FROM raw_permits WHERE name = ?1 AND (owner = ?2
+                      OR expires_at <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))",
+                )
+                .bind(&name)
+                .bind(&owner)
+                .execute(&p)
+                .await?;
+                Ok(())
+            })
+        });
+        let (rtt, raw) = raw_sql_steps!(
             pool,
             "INSERT INTO raw_locks VALUES (?1, ?2, 1, 0) ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, token = raw_locks.token + 1 WHERE raw_locks.owner IS NULL RETURNING token",
             "UPDATE raw_locks SET owner = NULL WHERE name = ?1 AND owner = ?2"
-        )
+        );
+        (rtt, raw, raw_permit)
     } else {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(10)
             .connect(&url)
             .await?;
         sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)").execute(&pool).await?;
-        raw_sql_steps!(
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_permits (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        let p = pool.clone();
+        // Under READ COMMITTED a statement counts from the snapshot it
+        // started with, so concurrent acquirers of a name must take turns
+        // before the counting statement starts: a transaction holding the
+        // name's advisory lock, then one statement that deletes the expired
+        // permits and inserts the owner's if fewer than the limit are live.
+        let raw_permit: Step = Arc::new(move |i, slot| {
+            let p = p.clone();
+            Box::pin(async move {
+                let (name, owner) = (format!("raw-permit/{slot}"), format!("raw-{i}"));
+                let mut tx = p.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                    .bind(&name)
+                    .execute(&mut *tx)
+                    .await?;
+                let granted: Option<i32> = sqlx::query_scalar(
+                    "WITH expired AS (
+                        DELETE FROM raw_permits WHERE name = $1 AND expires_at <= now())
+                     INSERT INTO raw_permits (name, owner, expires_at)
+                     SELECT $1, $2, now() + interval '30 seconds'
+                      WHERE (SELECT count(*) FROM raw_permits
+                              WHERE name = $1 AND expires_at > now()) < $3
+                     RETURNING 1",
+                )
+                .bind(&name)
+                .bind(&owner)
+                .bind(i64::from(UNCONTENDED_LIMIT))
+                .fetch_optional(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                granted.ok_or("raw semaphore full")?;
+                sqlx::query("DELETE FROM raw_permits WHERE name = $1 AND owner = $2")
+                    .bind(&name)
+                    .bind(&owner)
+                    .execute(&p)
+                    .await?;
+                Ok(())
+            })
+        });
+        let (rtt, raw) = raw_sql_steps!(
             pool,
             "INSERT INTO raw_locks AS l VALUES ($1, $2, 1, now()) ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1 WHERE l.owner IS NULL RETURNING token",
             "UPDATE raw_locks SET owner = NULL WHERE name = $1 AND owner = $2"
-        )
+        );
+        (rtt, raw, raw_permit)
     };
     Ok(Target {
         name: if backend == "sqlite" {
@@ -1063,6 +1274,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         rtt,
         raw,
         proto: None,
+        raw_permit,
         requests: None,
         _server: server,
         _servers: Vec::new(),
@@ -1070,7 +1282,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
 }
 
 async fn etcd_target() -> Result<Target, BoxError> {
-    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
     let server = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Etcd)).await??;
     let endpoint = format!("http://{}:{}", server.host(), server.port());
     let client = etcd_client::Client::connect([endpoint], None).await?;
@@ -1101,6 +1313,35 @@ async fn etcd_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
+    // The raw semaphore: one txn counts the permit keys and puts the
+    // owner's on the session's lease (granted if fewer than the limit were
+    // there before it: each holder's key exists while it holds, so at most
+    // the limit hold); then delete the key.
+    let c3 = client.clone();
+    let raw_permit: Step = Arc::new(move |i, slot| {
+        let mut c = c3.clone();
+        Box::pin(async move {
+            let prefix = format!("bench/raw-permit/{slot}/");
+            let key = format!("{prefix}{i:x}");
+            let txn = Txn::new().and_then([
+                TxnOp::get(
+                    prefix.as_str(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                ),
+                TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease))),
+            ]);
+            let resp = c.txn(txn).await?;
+            let before = match resp.op_responses().first() {
+                Some(TxnOpResponse::Get(g)) => g.count(),
+                _ => return Err("raw semaphore: no count in the txn's answer".into()),
+            };
+            c.delete(key, None).await?;
+            if before >= i64::from(UNCONTENDED_LIMIT) {
+                return Err("raw semaphore full".into());
+            }
+            Ok(())
+        })
+    });
     let raw: Step = Arc::new(move |_, slot| {
         let mut c = client.clone();
         Box::pin(async move {
@@ -1125,6 +1366,7 @@ async fn etcd_target() -> Result<Target, BoxError> {
         rtt,
         raw,
         proto: Some(proto),
+        raw_permit,
         requests: None,
         _server: Some(server),
         _servers: Vec::new(),
@@ -1168,6 +1410,33 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
+    // The raw semaphore (the minimal path of Curator's
+    // `InterProcessSemaphoreV2`, without its lock): create an ephemeral
+    // sequential node and, in the same flight, list the children; the
+    // permit is held if the node is among the first `limit`; then delete it.
+    client.mkdir("/bench/raw-permit", &dir).await?;
+    let c3 = client.clone();
+    let raw_permit: Step = Arc::new(move |_, _| {
+        let c = c3.clone();
+        Box::pin(async move {
+            let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            let (created, listed) = tokio::join!(
+                c.create("/bench/raw-permit/permit-", b"", &opts),
+                c.list_children("/bench/raw-permit")
+            );
+            let mine = format!("permit-{}", created?.1);
+            // Equal-width sequence numbers: the names sort in creation order.
+            let mut children = listed?;
+            children.sort_unstable();
+            let rank = children.iter().position(|n| *n == mine);
+            c.delete(&format!("/bench/raw-permit/{mine}"), None).await?;
+            match rank {
+                Some(k) if k < UNCONTENDED_LIMIT as usize => Ok(()),
+                Some(_) => Err("raw semaphore full".into()),
+                None => Err("raw semaphore: own node not listed".into()),
+            }
+        })
+    });
     let raw: Step = Arc::new(move |_, _| {
         let c = client.clone();
         Box::pin(async move {
@@ -1183,6 +1452,7 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
         rtt,
         raw,
         proto: Some(proto),
+        raw_permit,
         requests: None,
         _server: Some(server),
         _servers: Vec::new(),
@@ -1296,6 +1566,15 @@ async fn main() -> Result<(), BoxError> {
         if let Some(dir) = &a.out {
             std::fs::create_dir_all(dir)?;
             std::fs::write(dir.join("results.md"), &r.md)?;
+        }
+    }
+    if !r.ratios.is_empty() {
+        let _ = writeln!(
+            r.md,
+            "\n### uncontended, closed loop: distlock / its raw sequence at p50\n\n| backend | lock | semaphore of {UNCONTENDED_LIMIT} |\n|---|---|---|"
+        );
+        for (name, lock, permit) in &r.ratios {
+            let _ = writeln!(r.md, "| {name} | {lock:.2} | {permit:.2} |");
         }
     }
     println!("{}", r.md);
