@@ -1,12 +1,13 @@
 //! `distlock-bench`: distlock against the raw round trips each backend
 //! needs, and against peer libraries, in one run.
 //!
-//! Scenarios: 1 round-trip calibration; 2 uncontended
-//! acquire+release against the raw minimal sequence, for a lock and for a
-//! semaphore's permit (closed loop, and open loop at a fixed rate); 3 K tasks on K names; 4 K clients on one name
-//! (fairness); 5 and 6 handoff latency and the herd with 1, 10 and 100
-//! waiters; 7 the cost of holding M locks. `--out DIR` also writes the
-//! tables as Markdown and the plots as SVG.
+//! Scenarios: 1 round-trip calibration; 2 uncontended acquire+release
+//! against the raw minimal sequence, for a lock and for a semaphore's
+//! permit (closed loop, and open loop at a fixed rate); 3 K tasks on K
+//! names; 4 K clients on one name (fairness); 5 and 6 handoff latency and
+//! the herd with 1, 10 and 100 waiters; 7 the cost of holding M locks;
+//! multi: multi-locks of 1, 4 and 16 free names. `--out DIR` also writes
+//! the tables as Markdown and the plots as SVG.
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -23,6 +24,7 @@ use tokio::time::Instant;
 
 mod contention;
 mod keepalive;
+mod multi;
 mod peers;
 mod plot;
 
@@ -85,8 +87,9 @@ struct Args {
     out: Option<PathBuf>,
     /// Run only these scenario groups: core (core's CPU cost per operation,
     /// in memory), 2 (uncontended, closed and open loop), 3 (scenarios
-    /// 3-6), 7 (holding many locks), peers.
-    #[arg(long, value_delimiter = ',', default_value = "core,2,3,7,peers")]
+    /// 3-6), 7 (holding many locks), multi (multi-locks of 1, 4 and 16
+    /// names), peers.
+    #[arg(long, value_delimiter = ',', default_value = "core,2,3,7,multi,peers")]
     only: Vec<String>,
 }
 
@@ -1527,6 +1530,14 @@ async fn main() -> Result<(), BoxError> {
                 "scenarios 3-6",
                 if run("3") {
                     scenarios_3_to_6(&t, &lib, &a, &mut r).await
+                } else {
+                    Ok(())
+                },
+            ),
+            (
+                "multi-lock",
+                if run("multi") {
+                    multi::run(&t, &lib, (a.iterations / 10).max(10), &mut r).await
                 } else {
                     Ok(())
                 },
