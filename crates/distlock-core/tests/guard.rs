@@ -300,6 +300,34 @@ async fn renewals_of_many_holds_go_out_in_few_batches() {
     assert!(b.largest.load(Ordering::SeqCst) <= BATCH);
 }
 
+/// A multi-lock's holds are renewed together: each renewal round of its
+/// 16 locks is one `extend_many` batch.
+#[tokio::test(start_paused = true)]
+async fn a_multi_locks_renewals_go_out_as_one_batch() {
+    let b = Arc::new(Batching::default());
+    let client = LockClient::from_dyn(b.clone());
+    let names: Vec<String> = (0..16).map(|i| format!("multi/{i:02}")).collect();
+    let m = client
+        .lock_all(&names)
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(m.is_held());
+    let (batches, renewed) = (
+        b.batches.load(Ordering::SeqCst),
+        b.renewed.load(Ordering::SeqCst),
+    );
+    assert!(renewed >= 16 * 9, "{renewed} renewals of 16 holds in 10 s");
+    assert_eq!(
+        batches * 16,
+        renewed,
+        "{batches} batches for {renewed} renewals of 16 holds"
+    );
+    assert!(m.release().await.unwrap());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_rejected_renewal_in_a_batch_loses_only_that_hold() {
     let b = Arc::new(Batching::default());
