@@ -1,0 +1,219 @@
+//! distlock's conformance suite: the claims every backend must meet, as
+//! async cases generic over a [`BackendFactory`], and the runner that
+//! registers them as libtest-mimic trials named `<backend>::<case>`.
+//!
+//! - [`cases`]: locks; [`semaphore`]: counting semaphores (for backends
+//!   that declare them); [`multi`]: several locks at once.
+//! - [`run_suite`]: the `main` of a backend's test file: every case for one
+//!   factory, plus the file's own trials.
+//! - [`self_check`]: deliberately broken backends the cases must fail on.
+//!
+//! A backend's test file is one factory and one call to [`run_suite`]:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use distlock_conformance::{async_trait, BackendFactory, Failed};
+//! use distlock_core::{DynBackend, LockName, MemoryBackend};
+//!
+//! struct Memory(MemoryBackend);
+//!
+//! #[async_trait]
+//! impl BackendFactory for Memory {
+//!     fn name(&self) -> &'static str {
+//!         "memory"
+//!     }
+//!     async fn client(&self) -> distlock_core::Result<DynBackend> {
+//!         Ok(Arc::new(self.0.clone()))
+//!     }
+//!     async fn evict(&self, name: &LockName) -> Result<(), Failed> {
+//!         self.0.evict(name);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! fn main() {
+//!     distlock_conformance::run_suite(Arc::new(Memory(MemoryBackend::new())), |_| Vec::new())
+//! }
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::{DynBackend, LockName};
+use libtest_mimic::Arguments;
+
+/// A module's cases, by name, as `pub const ALL` (each case an `async fn`
+/// of the module taking the factory and a namespace).
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        /// Every case of this module, by name.
+        pub const ALL: &[(&str, $crate::CaseFn)] = &[
+            $((stringify!($name), |f, ns| Box::pin($name(f, ns)))),*
+        ];
+    };
+}
+
+pub mod cases;
+pub mod multi;
+pub mod self_check;
+pub mod semaphore;
+
+pub use distlock_core::async_trait;
+pub use libtest_mimic::{Completion, Failed, Trial};
+
+/// What a case returns: `Ok(Completion::Completed)`, an ignore with the
+/// capability it needs, or an error explaining the failed claim.
+pub type CaseResult = Result<Completion, Failed>;
+
+/// Hands out fresh, independent clients of one backend, as if each were a
+/// separate process.
+#[async_trait]
+pub trait BackendFactory: Send + Sync + 'static {
+    /// The backend name used in trial names (`memory`, `sqlite`, `postgres`,
+    /// `mysql`, `redis`, `redlock`, `etcd`, `zookeeper`).
+    fn name(&self) -> &'static str;
+
+    /// A new client with its own connection (and session, where the backend
+    /// has one). Starts the server on first use.
+    async fn client(&self) -> distlock_core::Result<DynBackend>;
+
+    /// Removes the lock's state behind its holder's back, as an operator or a
+    /// failover would, so that the holder's next renewal is rejected.
+    async fn evict(&self, name: &LockName) -> Result<(), Failed>;
+
+    /// A TTL short enough for expiry cases and long enough for the backend to
+    /// honour it reliably on a loaded 2-core machine.
+    fn short_ttl(&self) -> Duration {
+        Duration::from_millis(600)
+    }
+}
+
+/// A random lock-name namespace, so cases run in parallel on one server
+/// without flushing it.
+pub fn namespace() -> String {
+    let o = distlock_core::Owner::random();
+    format!("conformance-{}", &o.to_string()[..8])
+}
+
+/// One conformance case.
+pub type CaseFn = for<'a> fn(
+    &'a dyn BackendFactory,
+    String,
+) -> std::pin::Pin<Box<dyn Future<Output = CaseResult> + Send + 'a>>;
+
+/// Builds the trials for `factory`: every case in [`cases::ALL`] plus
+/// `extra` (backend-specific trials, already named).
+pub fn trials(factory: Arc<dyn BackendFactory>, rt: &tokio::runtime::Runtime) -> Vec<Trial> {
+    let backend = factory.name();
+    let skipped = skipped_by_env(backend);
+    let exclusive = cases::ALL.iter().map(|c| (c, Needs::Nothing));
+    let multi = multi::ALL.iter().map(|c| (c, Needs::Nothing));
+    let permits = semaphore::ALL.iter().map(|c| (c, Needs::Semaphore));
+    exclusive
+        .chain(multi)
+        .chain(permits)
+        .map(|((case, f), needs)| {
+            let name = format!("{backend}::{case}");
+            let factory = factory.clone();
+            let handle = rt.handle().clone();
+            let f = *f;
+            let skip = skipped.clone();
+            Trial::ignorable_test(name, move || {
+                if let Some(why) = skip {
+                    return Ok(Completion::ignored_with(why));
+                }
+                handle.block_on(async move {
+                    if needs == Needs::Semaphore {
+                        if let Some(ignored) = semaphore::unsupported(&*factory).await? {
+                            return Ok(ignored);
+                        }
+                    }
+                    let ns = namespace();
+                    tokio::time::timeout(Duration::from_secs(120), f(&*factory, ns))
+                        .await
+                        .map_err(|_| Failed::from("case did not finish within 120 s"))?
+                })
+            })
+        })
+        .collect()
+}
+
+/// What a group of cases needs the backend to declare.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Needs {
+    Nothing,
+    Semaphore,
+}
+
+/// A backend-specific trial: runs `fut` on the suite's runtime, bounded
+/// like the conformance cases. The future is only polled when the trial runs.
+pub fn trial<F>(rt: &tokio::runtime::Runtime, name: impl Into<String>, fut: F) -> Trial
+where
+    F: Future<Output = Result<(), Failed>> + Send + 'static,
+{
+    let handle = rt.handle().clone();
+    Trial::test(name, move || {
+        handle.block_on(async {
+            tokio::time::timeout(Duration::from_secs(300), fut)
+                .await
+                .map_err(|_| Failed::from("trial did not finish within 300 s"))?
+        })
+    })
+}
+
+fn skipped_by_env(backend: &str) -> Option<String> {
+    let list = std::env::var("DISTLOCK_TEST_SKIP").ok()?;
+    list.split(',')
+        .any(|b| b.trim() == backend)
+        .then(|| format!("skipped because DISTLOCK_TEST_SKIP={list}"))
+}
+
+/// The `main` of a backend's test file: runs the conformance suite for
+/// `factory` plus `extra` trials, then drops the factory (stopping its
+/// servers) before exiting with the run's status.
+pub fn run_suite(
+    factory: Arc<dyn BackendFactory>,
+    extra: impl FnOnce(&tokio::runtime::Runtime) -> Vec<Trial>,
+) -> ! {
+    init_tracing();
+    let args = Arguments::from_args();
+    let rt = runtime();
+    let mut all = trials(factory.clone(), &rt);
+    all.extend(extra(&rt));
+    let conclusion = libtest_mimic::run(&args, all);
+    drop(factory);
+    drop(rt);
+    conclusion.exit()
+}
+
+/// The multi-threaded runtime the trials share.
+#[allow(clippy::expect_used)]
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime for the test suite")
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default: errors only; the suite
+/// provokes lost locks on purpose, so warnings are expected).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+/// Fails the case with a message unless `cond` holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(libtest_mimic::Failed::from(format!($($msg)+)));
+        }
+    };
+}
