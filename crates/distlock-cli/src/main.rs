@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 mod check;
+mod conformance;
 mod run;
 mod status;
 
@@ -61,6 +62,12 @@ enum Command {
     /// tokens), lost updates and token order. Exit status 1 if the fenced
     /// register accepted a stale write.
     Check(check::CheckArgs),
+    /// Run the conformance suite against the backend's servers: every case
+    /// it declares, in private random namespaces (other users' locks are
+    /// never touched), one line per case (ok, FAILED with the claim that
+    /// failed, ignored with the reason) and a summary. Exit status 1 if a
+    /// case failed. Cases that kill or pause servers are `distlock check`'s.
+    Conformance(conformance::ConformanceArgs),
 }
 
 /// The backend when neither --backend nor DISTLOCK_BACKEND is given: a
@@ -106,8 +113,12 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::parse();
+    // The conformance suite loses locks on purpose: their warnings are
+    // expected, so it logs errors only unless asked for more.
+    let suite = matches!(cli.command, Command::Conformance(_));
     let level = match (cli.quiet, cli.verbose) {
         (true, _) => "error",
+        (false, 0) if suite => "error",
         (false, 0) => "warn",
         (false, 1) => "debug",
         _ => "trace",
@@ -135,6 +146,7 @@ fn main() -> ExitCode {
             Command::Status(args) => status::status(args).await,
             Command::Backends => status::backends(),
             Command::Check(args) => check::check(args).await,
+            Command::Conformance(args) => conformance::conformance(args).await,
         }
     })
 }

@@ -710,3 +710,82 @@ fn several_names_in_opposite_orders_never_overlap() {
         "--limit with two names: {out:?}"
     );
 }
+
+/// `distlock conformance` against `backend`: exits 0, every case ok or
+/// ignored with a reason, and the summary counts them; `--json` says the
+/// same as a JSON array.
+fn conformance_passes(backend: &str, only: &[&str]) {
+    let out = bin()
+        .args(["conformance", "--backend", backend])
+        .args(only)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cases: Vec<&str> = text.lines().filter(|l| l.contains("::")).collect();
+    assert!(cases.len() >= 10, "too few cases ran:\n{text}");
+    for line in &cases {
+        assert!(
+            line.starts_with("ok      ") || (line.starts_with("ignored ") && line.contains(": ")),
+            "a case neither passed nor was ignored with a reason: {line}"
+        );
+    }
+    let ok = cases.iter().filter(|l| l.starts_with("ok")).count();
+    assert!(text.contains(&format!(": {ok} ok, 0 failed, ")), "{text}");
+}
+
+#[test]
+fn conformance_passes_on_sqlite_and_refuses_bad_input() {
+    let b = sqlite("conformance");
+    conformance_passes(&b, &[]);
+    let out = bin()
+        .args(["conformance", "--backend", &b, "--only", "tokens", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cases = json.as_array().unwrap();
+    assert!(!cases.is_empty());
+    for c in cases {
+        assert!(c["case"].as_str().unwrap().contains("tokens"), "{c}");
+        assert_eq!(c["verdict"], "ok", "{c}");
+    }
+    for (args, want) in [
+        (vec!["--backend", &b, "--only", "no-such-case"], 2),
+        (vec!["--backend", "nonsense"], 2),
+        (vec!["--backend", "redis://127.0.0.1:1"], 69),
+    ] {
+        let out = bin().arg("conformance").args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(want), "{args:?}: {out:?}");
+    }
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn conformance_passes_on_redis() {
+    let r = redis();
+    conformance_passes(&r.url, &[]);
+}
+
+/// The SQL servers, etcd and ZooKeeper the harness starts.
+#[test]
+fn conformance_passes_on_the_harness_servers() {
+    use integration_tests::harness::{ServerKind, TestServer};
+    let mut kinds = vec![
+        ServerKind::Postgres,
+        ServerKind::MariaDb,
+        ServerKind::ZooKeeper,
+    ];
+    if cfg!(feature = "etcd") {
+        kinds.push(ServerKind::Etcd);
+    }
+    for kind in kinds {
+        let server = TestServer::start(kind).unwrap();
+        conformance_passes(server.url(), &[]);
+    }
+}

@@ -82,6 +82,12 @@ pub trait BackendFactory: Send + Sync + 'static {
     /// failover would, so that the holder's next renewal is rejected.
     async fn evict(&self, name: &LockName) -> Result<(), Failed>;
 
+    /// Whether [`evict`](Self::evict) is allowed; the cases that need it
+    /// are ignored where it is not (a deployment other users share).
+    fn can_evict(&self) -> bool {
+        true
+    }
+
     /// A TTL short enough for expiry cases and long enough for the backend to
     /// honour it reliably on a loaded 2-core machine.
     fn short_ttl(&self) -> Duration {
@@ -102,41 +108,84 @@ pub type CaseFn = for<'a> fn(
     String,
 ) -> std::pin::Pin<Box<dyn Future<Output = CaseResult> + Send + 'a>>;
 
-/// Builds the trials for `factory`: every case in [`cases::ALL`] plus
-/// `extra` (backend-specific trials, already named).
+/// Every case, by name, with what it needs the backend to declare.
+fn all_cases() -> impl Iterator<Item = (&'static str, CaseFn, Needs)> {
+    let exclusive = cases::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
+    let multi = multi::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
+    let permits = semaphore::ALL
+        .iter()
+        .map(|(n, f)| (*n, *f, Needs::Semaphore));
+    exclusive.chain(multi).chain(permits)
+}
+
+/// Runs one case in a fresh namespace, ignored when the backend does not
+/// declare what it needs, bounded in time.
+async fn run_case(factory: &dyn BackendFactory, f: CaseFn, needs: Needs) -> CaseResult {
+    if needs == Needs::Semaphore {
+        if let Some(ignored) = semaphore::unsupported(factory).await? {
+            return Ok(ignored);
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(120), f(factory, namespace()))
+        .await
+        .map_err(|_| Failed::from("case did not finish within 120 s"))?
+}
+
+/// Builds the trials for `factory`: every case, named
+/// `<backend>::<case>`.
 pub fn trials(factory: Arc<dyn BackendFactory>, rt: &tokio::runtime::Runtime) -> Vec<Trial> {
     let backend = factory.name();
     let skipped = skipped_by_env(backend);
-    let exclusive = cases::ALL.iter().map(|c| (c, Needs::Nothing));
-    let multi = multi::ALL.iter().map(|c| (c, Needs::Nothing));
-    let permits = semaphore::ALL.iter().map(|c| (c, Needs::Semaphore));
-    exclusive
-        .chain(multi)
-        .chain(permits)
-        .map(|((case, f), needs)| {
+    all_cases()
+        .map(|(case, f, needs)| {
             let name = format!("{backend}::{case}");
             let factory = factory.clone();
             let handle = rt.handle().clone();
-            let f = *f;
             let skip = skipped.clone();
             Trial::ignorable_test(name, move || {
                 if let Some(why) = skip {
                     return Ok(Completion::ignored_with(why));
                 }
-                handle.block_on(async move {
-                    if needs == Needs::Semaphore {
-                        if let Some(ignored) = semaphore::unsupported(&*factory).await? {
-                            return Ok(ignored);
-                        }
-                    }
-                    let ns = namespace();
-                    tokio::time::timeout(Duration::from_secs(120), f(&*factory, ns))
-                        .await
-                        .map_err(|_| Failed::from("case did not finish within 120 s"))?
-                })
+                handle.block_on(run_case(&*factory, f, needs))
             })
         })
         .collect()
+}
+
+/// How one case ended in [`check_deployment`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The claim held.
+    Ok,
+    /// The claim failed, and why.
+    Failed(String),
+    /// Not run, and why (the backend does not declare what it needs).
+    Ignored(String),
+}
+
+/// Runs every case whose name contains `only` (all without it) against
+/// `factory`, one after another, each in a random namespace of its own:
+/// what `distlock conformance` does to a deployment. Answers each case's
+/// name and verdict, in the suite's order.
+pub async fn check_deployment(
+    factory: &dyn BackendFactory,
+    only: Option<&str>,
+) -> Vec<(&'static str, Verdict)> {
+    let mut verdicts = Vec::new();
+    for (case, f, needs) in all_cases() {
+        if only.is_some_and(|p| !case.contains(p)) {
+            continue;
+        }
+        let verdict = match run_case(factory, f, needs).await {
+            Ok(Completion::Completed) => Verdict::Ok,
+            Ok(Completion::Ignored { reason }) => {
+                Verdict::Ignored(reason.unwrap_or_else(|| "ignored".into()))
+            }
+            Err(e) => Verdict::Failed(e.message().unwrap_or("failed").to_string()),
+        };
+        verdicts.push((case, verdict));
+    }
+    verdicts
 }
 
 /// What a group of cases needs the backend to declare.

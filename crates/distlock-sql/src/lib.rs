@@ -504,8 +504,8 @@ impl Backend for SqlBackend {
         }
     }
 
-    /// PostgreSQL: one statement; SQLite and MySQL: one transaction, run to
-    /// completion in a task of its own.
+    /// PostgreSQL: one statement; SQLite and MySQL: one transaction; each
+    /// run to completion in a task of its own.
     async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
         if reqs.iter().any(|r| r.kind != HoldKind::Exclusive) {
             return Ok(AllAtOnce::NotOffered);
@@ -513,7 +513,7 @@ impl Backend for SqlBackend {
         let began = Instant::now();
         let tokens = match &self.inner.db {
             #[cfg(feature = "postgres")]
-            Db::Postgres(pg) => pg.try_acquire_all(reqs).await?,
+            Db::Postgres(_) => self.pg_try_acquire_all_to_completion(reqs).await?,
             #[cfg(feature = "sqlite")]
             Db::Sqlite(_) => self.sqlite_try_acquire_all_to_completion(reqs).await?,
             #[cfg(feature = "mysql")]
@@ -667,7 +667,7 @@ impl SqlBackend {
     }
 }
 
-/// Transactions that run in a task of their own, finishing even when the
+/// Requests that run in a task of their own, finishing even when the
 /// caller stops waiting. sqlx's MySQL `begin` has no guard against being
 /// dropped: a future dropped while `START TRANSACTION` is on the wire
 /// leaves the server in a transaction that sqlx does not know of, on a
@@ -675,7 +675,6 @@ impl SqlBackend {
 /// commit. And a grant that lands after its caller stopped waiting is
 /// handed back at once by the task: the caller's cleanup release could
 /// otherwise run before a commit still in flight lands.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl SqlBackend {
     /// Runs `work` to completion; if nobody waits for its answer any more,
     /// `undo` gets it.
@@ -710,6 +709,30 @@ impl SqlBackend {
                 tracing::warn!(lock = %req.name, error = %e, "releasing a lock granted after its acquire was dropped failed; it frees after its TTL");
             }
         }
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn pg_try_acquire_all_to_completion(
+        &self,
+        reqs: &[LockRequest],
+    ) -> Result<Option<Vec<FencingToken>>> {
+        let reqs = reqs.to_vec();
+        let undo = reqs.clone();
+        self.to_completion(
+            move |b| async move {
+                match &b.inner.db {
+                    Db::Postgres(pg) => pg.try_acquire_all(&reqs).await,
+                    #[allow(unreachable_patterns)]
+                    _ => Ok(None),
+                }
+            },
+            move |b, granted| async move {
+                if granted.is_some() {
+                    b.hand_back(&undo).await;
+                }
+            },
+        )
+        .await
     }
 
     #[cfg(feature = "sqlite")]

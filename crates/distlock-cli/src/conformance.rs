@@ -1,0 +1,155 @@
+//! `distlock conformance`: the conformance suite against a deployment.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::{DynBackend, LockName};
+use distlock_conformance::{async_trait, check_deployment, BackendFactory, Failed, Verdict};
+
+use crate::{code_for, default_backend, fail};
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ConformanceArgs {
+    /// Backend URL, as for `distlock run`.
+    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    backend: String,
+    /// Run only the cases whose name contains this.
+    #[arg(long, value_name = "PATTERN")]
+    only: Option<String>,
+    /// Print the verdicts as a JSON array instead of one line per case.
+    #[arg(long)]
+    json: bool,
+    /// The TTL of the expiry cases. Default: 600ms, and 2s on etcd and
+    /// ZooKeeper (a session backend; a ZooKeeper whose minSessionTimeout is
+    /// above 2 s needs at least that).
+    #[arg(long, value_parser = crate::parse_duration)]
+    short_ttl: Option<Duration>,
+}
+
+/// New clients of the deployment at one URL. It never evicts: other users
+/// share the servers, so the cases that need an operator's removal of a
+/// lock are ignored.
+struct Deployment {
+    url: String,
+    backend: &'static str,
+    short_ttl: Duration,
+}
+
+#[async_trait]
+impl BackendFactory for Deployment {
+    fn name(&self) -> &'static str {
+        self.backend
+    }
+    async fn client(&self) -> distlock::Result<DynBackend> {
+        distlock::connect(&self.url).await
+    }
+    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
+        Err(format!("{name}: distlock conformance does not evict on a deployment").into())
+    }
+    fn can_evict(&self) -> bool {
+        false
+    }
+    fn short_ttl(&self) -> Duration {
+        self.short_ttl
+    }
+}
+
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    case: &'a str,
+    verdict: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<&'a str>,
+}
+
+pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
+    let probe = match distlock::connect(&args.backend).await {
+        Ok(b) => b,
+        Err(e) => return fail(code_for(&e), e),
+    };
+    let caps = probe.capabilities();
+    drop(probe);
+    // The cases stand for a crashed holder by dropping its client; a
+    // ZooKeeper client closes its sessions when dropped unless detached.
+    let url = if args.backend.starts_with("zk://") && !args.backend.contains("detached=") {
+        let sep = if args.backend.contains('?') { '&' } else { '?' };
+        format!("{}{sep}detached=true", args.backend)
+    } else {
+        args.backend.clone()
+    };
+    let factory = Arc::new(Deployment {
+        url,
+        backend: caps.backend,
+        // Short enough for the expiry cases, long enough for a session
+        // backend's lease or session to be honoured reliably.
+        short_ttl: args
+            .short_ttl
+            .unwrap_or(if caps.session {
+                Duration::from_secs(2)
+            } else {
+                Duration::from_millis(600)
+            })
+            .clamp(caps.min_ttl, caps.max_ttl),
+    });
+    let verdicts = check_deployment(&*factory, args.only.as_deref()).await;
+    let failed = verdicts
+        .iter()
+        .filter(|(_, v)| matches!(v, Verdict::Failed(_)))
+        .count();
+    if args.json {
+        let lines: Vec<Line<'_>> = verdicts
+            .iter()
+            .map(|(case, v)| match v {
+                Verdict::Ok => Line {
+                    case,
+                    verdict: "ok",
+                    why: None,
+                },
+                Verdict::Failed(why) => Line {
+                    case,
+                    verdict: "failed",
+                    why: Some(why),
+                },
+                Verdict::Ignored(why) => Line {
+                    case,
+                    verdict: "ignored",
+                    why: Some(why),
+                },
+            })
+            .collect();
+        match serde_json::to_string_pretty(&lines) {
+            Ok(text) => println!("{text}"),
+            Err(e) => return fail(1, format!("cannot write JSON: {e}")),
+        }
+    } else {
+        for (case, v) in &verdicts {
+            match v {
+                Verdict::Ok => println!("ok      {}::{case}", caps.backend),
+                Verdict::Failed(why) => println!("FAILED  {}::{case}: {why}", caps.backend),
+                Verdict::Ignored(why) => println!("ignored {}::{case}: {why}", caps.backend),
+            }
+        }
+        let ignored = verdicts
+            .iter()
+            .filter(|(_, v)| matches!(v, Verdict::Ignored(_)))
+            .count();
+        println!(
+            "{} on {}: {} ok, {failed} failed, {ignored} ignored",
+            distlock::redact(&args.backend),
+            caps.backend,
+            verdicts.len() - failed - ignored
+        );
+    }
+    if verdicts.is_empty() {
+        return fail(
+            crate::EXIT_USAGE,
+            format!("no case matches {:?}", args.only.unwrap_or_default()),
+        );
+    }
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
