@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{
-    async_trait, AllAtOnce, Backend, Capabilities, DynBackend, Grant, LockClient, LockName,
-    LockRequest, LockStatus, LostReason, Result,
+    async_trait, AllAtOnce, Backend, Capabilities, DynBackend, Finding, Grant, LockClient,
+    LockName, LockRequest, LockStatus, LostReason, Result,
 };
 use tokio::time::Instant;
 
@@ -88,6 +88,9 @@ impl Backend for Counting {
     }
     async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
         self.inner.set_limit(name, limit).await
+    }
+    async fn deployment_findings(&self) -> Result<Vec<Finding>> {
+        self.inner.deployment_findings().await
     }
 }
 

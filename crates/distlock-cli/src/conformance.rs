@@ -17,7 +17,8 @@ pub(crate) struct ConformanceArgs {
     /// Run only the cases whose name contains this.
     #[arg(long, value_name = "PATTERN")]
     only: Option<String>,
-    /// Print the verdicts as a JSON array instead of one line per case.
+    /// Print the findings and verdicts as JSON (`{findings, cases}`)
+    /// instead of one line each.
     #[arg(long)]
     json: bool,
     /// The TTL of the expiry cases. Default: 600ms, and 2s on etcd and
@@ -56,6 +57,22 @@ impl BackendFactory for Deployment {
 }
 
 #[derive(serde::Serialize)]
+struct Report<'a> {
+    findings: Vec<Setting<'a>>,
+    cases: Vec<Line<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct Setting<'a> {
+    setting: &'a str,
+    /// `fine`, `warning` or `unknown`.
+    verdict: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<&'a str>,
+    why: Option<&'a str>,
+}
+
+#[derive(serde::Serialize)]
 struct Line<'a> {
     case: &'a str,
     verdict: &'a str,
@@ -69,6 +86,10 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         Err(e) => return fail(code_for(&e), e),
     };
     let caps = probe.capabilities();
+    let findings = match probe.deployment_findings().await {
+        Ok(f) => f,
+        Err(e) => vec![distlock::Finding::unknown("deployment", e.to_string())],
+    };
     drop(probe);
     // The cases stand for a crashed holder by dropping its client; a
     // ZooKeeper client closes its sessions when dropped unless detached.
@@ -118,11 +139,45 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
                 },
             })
             .collect();
-        match serde_json::to_string_pretty(&lines) {
+        let settings = findings
+            .iter()
+            .map(|f| match (&f.value, &f.warning) {
+                (Ok(v), None) => Setting {
+                    setting: &f.setting,
+                    verdict: "fine",
+                    value: Some(v),
+                    why: None,
+                },
+                (Ok(v), Some(w)) => Setting {
+                    setting: &f.setting,
+                    verdict: "warning",
+                    value: Some(v),
+                    why: Some(w),
+                },
+                (Err(why), _) => Setting {
+                    setting: &f.setting,
+                    verdict: "unknown",
+                    value: None,
+                    why: Some(why),
+                },
+            })
+            .collect();
+        let report = Report {
+            findings: settings,
+            cases: lines,
+        };
+        match serde_json::to_string_pretty(&report) {
             Ok(text) => println!("{text}"),
             Err(e) => return fail(1, format!("cannot write JSON: {e}")),
         }
     } else {
+        for f in &findings {
+            match (&f.value, &f.warning) {
+                (Ok(v), None) => println!("fine    {}: {v}", f.setting),
+                (Ok(v), Some(w)) => println!("WARNING {}: {v}: {w}", f.setting),
+                (Err(why), _) => println!("unknown {}: {why}", f.setting),
+            }
+        }
         for (case, v) in &verdicts {
             match v {
                 Verdict::Ok => println!("ok      {}::{case}", caps.backend),

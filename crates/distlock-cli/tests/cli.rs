@@ -749,8 +749,15 @@ fn conformance_passes_on_sqlite_and_refuses_bad_input() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let cases = json.as_array().unwrap();
+    let cases = json["cases"].as_array().unwrap();
     assert!(!cases.is_empty());
+    let findings = json["findings"].as_array().unwrap();
+    assert!(
+        findings
+            .iter()
+            .any(|f| f["setting"] == "journal_mode" && f["verdict"] == "fine"),
+        "{findings:?}"
+    );
     for c in cases {
         assert!(c["case"].as_str().unwrap().contains("tokens"), "{c}");
         assert_eq!(c["verdict"], "ok", "{c}");
@@ -788,4 +795,78 @@ fn conformance_passes_on_the_harness_servers() {
         let server = TestServer::start(kind).unwrap();
         conformance_passes(server.url(), &[]);
     }
+}
+
+/// The deployment checks `distlock conformance` prints before the cases,
+/// for `backend`.
+fn findings(backend: &str) -> String {
+    let out = bin()
+        .args([
+            "conformance",
+            "--backend",
+            backend,
+            "--only",
+            "tokens_increase",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A misconfigured server is named as such, and a setting the server
+/// refuses to show is unknown, never fine.
+#[cfg(feature = "redis")]
+#[test]
+fn conformance_reports_a_redis_that_evicts_or_hides_its_config() {
+    use integration_tests::harness::redis::spawn;
+    let evicting = spawn(&["--maxmemory-policy", "allkeys-lru"]).unwrap();
+    let text = findings(&format!("redis://127.0.0.1:{}", evicting.port));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("WARNING maxmemory-policy: allkeys-lru: ")
+                && l.contains("noeviction")),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("WARNING persistence: ")),
+        "{text}"
+    );
+    let hidden = spawn(&["--rename-command", "CONFIG", ""]).unwrap();
+    let text = findings(&format!("redis://127.0.0.1:{}", hidden.port));
+    for setting in ["maxmemory-policy", "persistence"] {
+        assert!(
+            text.contains(&format!("unknown {setting}: ")),
+            "{setting}:\n{text}"
+        );
+        assert!(
+            !text.contains(&format!("fine    {setting}")),
+            "{setting}:\n{text}"
+        );
+        assert!(
+            !text.contains(&format!("WARNING {setting}")),
+            "{setting}:\n{text}"
+        );
+    }
+    let sound = spawn(&["--appendonly", "yes", "--maxmemory-policy", "noeviction"]).unwrap();
+    let text = findings(&format!("redis://127.0.0.1:{}", sound.port));
+    assert!(
+        text.contains("fine    maxmemory-policy: noeviction"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fine    persistence: appendonly yes"),
+        "{text}"
+    );
+}
+
+/// The harness's PostgreSQL runs with `synchronous_commit=off` and
+/// `fsync=off` (fast, and not durable): both are named.
+#[test]
+fn conformance_reports_a_postgres_without_durable_commits() {
+    use integration_tests::harness::{ServerKind, TestServer};
+    let server = TestServer::start(ServerKind::Postgres).unwrap();
+    let text = findings(server.url());
+    assert!(text.contains("WARNING synchronous_commit: off: "), "{text}");
+    assert!(text.contains("WARNING fsync: off: "), "{text}");
 }

@@ -114,6 +114,53 @@ impl LockRequest {
     }
 }
 
+/// One read-only look at a server setting a guarantee depends on
+/// ([`Backend::deployment_findings`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Finding {
+    /// What was read, e.g. `maxmemory-policy`.
+    pub setting: String,
+    /// What the server said, or `Err` with why it would not say: then
+    /// nothing is known, and nothing is reported as fine.
+    pub value: std::result::Result<String, String>,
+    /// When the value weakens a guarantee: which one, and what to change.
+    pub warning: Option<String>,
+}
+
+impl Finding {
+    /// A value that weakens nothing.
+    pub fn fine(setting: impl Into<String>, value: impl Into<String>) -> Self {
+        Self {
+            setting: setting.into(),
+            value: Ok(value.into()),
+            warning: None,
+        }
+    }
+
+    /// A value that weakens a guarantee, and what to change.
+    pub fn warning(
+        setting: impl Into<String>,
+        value: impl Into<String>,
+        warning: impl Into<String>,
+    ) -> Self {
+        Self {
+            setting: setting.into(),
+            value: Ok(value.into()),
+            warning: Some(warning.into()),
+        }
+    }
+
+    /// A setting the server would not show.
+    pub fn unknown(setting: impl Into<String>, why: impl Into<String>) -> Self {
+        Self {
+            setting: setting.into(),
+            value: Err(why.into()),
+            warning: None,
+        }
+    }
+}
+
 /// What a backend can tell about a lock without taking it (for `distlock
 /// status`). Fields a backend cannot know are `None`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -484,6 +531,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
             operation: "semaphores",
         })
     }
+
+    /// Read-only probes of the server settings this backend's guarantees
+    /// depend on (eviction, persistence, durable commits, session bounds,
+    /// cluster size), for `distlock conformance`. The default has none.
+    async fn deployment_findings(&self) -> Result<Vec<Finding>> {
+        Ok(Vec::new())
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -527,6 +581,9 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
     async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
         (**self).set_limit(name, limit).await
+    }
+    async fn deployment_findings(&self) -> Result<Vec<Finding>> {
+        (**self).deployment_findings().await
     }
 }
 

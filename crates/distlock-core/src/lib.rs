@@ -17,7 +17,7 @@ mod token;
 pub mod wait;
 
 pub use backend::{
-    AllAtOnce, Backend, Capabilities, Consistency, DynBackend, Fencing, Grant, HoldKind,
+    AllAtOnce, Backend, Capabilities, Consistency, DynBackend, Fencing, Finding, Grant, HoldKind,
     LockRequest, LockStatus, TrustedClock, Waiting,
 };
 pub use client::{LockBuilder, LockClient, DEFAULT_TTL};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use distlock_core::wait::WaitClock;
 use distlock_core::{
     async_trait, AllAtOnce, Backend, Capabilities, Consistency, Error, Fencing, FencingToken,
-    Grant, HoldKind, InputKind, LockRequest, LostReason, Result, TrustedClock, Waiting,
+    Finding, Grant, HoldKind, InputKind, LockRequest, LostReason, Result, TrustedClock, Waiting,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KvClient, SortOrder,
@@ -739,6 +739,26 @@ impl Backend for EtcdBackend {
 
     /// The hold lives as long as its session's lease, which the session
     /// keeps alive; extending refreshes that lease now and checks the key.
+    /// The server's version and the cluster's size: one member has no fault
+    /// tolerance.
+    async fn deployment_findings(&self) -> Result<Vec<Finding>> {
+        let mut client = self.client();
+        let version = match client.status().await {
+            Ok(s) => Finding::fine("version", s.version().to_string()),
+            Err(e) => Finding::unknown("version", format!("Status refused: {e}")),
+        };
+        let members = match client.member_list().await {
+            Ok(m) if m.members().len() == 1 => Finding::warning(
+                "members",
+                "1",
+                "one member: its loss stops every lock, and its disk is the only copy; run 3 or 5 members",
+            ),
+            Ok(m) => Finding::fine("members", m.members().len().to_string()),
+            Err(e) => Finding::unknown("members", format!("MemberList refused: {e}")),
+        };
+        Ok(vec![version, members])
+    }
+
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         Ok(self.extend_many(std::slice::from_ref(req)).await?[0])
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use distlock_core::wait::{wait_for_grant, Outcome, Pace, Signalled, Wakeup, Wakeups};
 use distlock_core::{
     async_trait, AllAtOnce, Backend, Capabilities, Consistency, Error, Fencing, FencingToken,
-    Grant, HoldKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
+    Finding, Grant, HoldKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
 use redis::RedisError;
 use tokio::time::Instant;
@@ -232,6 +232,31 @@ impl RedisBackend {
         Ok(ReleaseWatch { watch, channel })
     }
 
+    /// One `CONFIG GET` value, or why the server would not say.
+    async fn config_get(&self, key: &str) -> std::result::Result<String, String> {
+        let answer: redis::RedisResult<redis::Value> = self
+            .inner
+            .conn
+            .cmd(redis::cmd("CONFIG").arg("GET").arg(key))
+            .await;
+        let refused = |e: &dyn fmt::Display| format!("CONFIG GET {key} refused: {e}");
+        let text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            redis::Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        };
+        match answer {
+            Ok(redis::Value::Array(items)) if items.len() == 2 => {
+                text(&items[1]).ok_or_else(|| format!("CONFIG GET {key}: {items:?}"))
+            }
+            Ok(redis::Value::Map(pairs)) if pairs.len() == 1 => {
+                text(&pairs[0].1).ok_or_else(|| format!("CONFIG GET {key}: {pairs:?}"))
+            }
+            Ok(other) => Err(format!("CONFIG GET {key} answered {other:?}")),
+            Err(e) => Err(refused(&e)),
+        }
+    }
+
     /// Deletes the lock key whoever holds it, as an operator would. Returns
     /// whether it existed.
     pub async fn evict(&self, name: &LockName) -> Result<bool> {
@@ -443,6 +468,64 @@ impl Backend for RedisBackend {
                 .map(|t| Grant::new(FencingToken(t.unsigned_abs()), began))
                 .collect(),
         ))
+    }
+
+    /// `maxmemory-policy`, persistence and replication, where the server
+    /// lets `CONFIG GET` and `INFO` through.
+    async fn deployment_findings(&self) -> Result<Vec<Finding>> {
+        let mut out = Vec::new();
+        let policy = self.config_get("maxmemory-policy").await;
+        out.push(match policy {
+            Ok(p) if p == "noeviction" => Finding::fine("maxmemory-policy", p),
+            Ok(p) => Finding::warning(
+                "maxmemory-policy",
+                p,
+                "under memory pressure Redis may evict lock keys (two holders at once) and fencing counters (tokens repeat); set maxmemory-policy noeviction",
+            ),
+            Err(why) => Finding::unknown("maxmemory-policy", why),
+        });
+        let aof = self.config_get("appendonly").await;
+        let save = self.config_get("save").await;
+        out.push(match (aof, save) {
+            (Ok(a), _) if a == "yes" => Finding::fine("persistence", "appendonly yes"),
+            (Ok(_), Ok(s)) if !s.trim().is_empty() => Finding::warning(
+                "persistence",
+                format!("RDB snapshots only (save {s})"),
+                "a restart loses what happened since the last snapshot: held locks and fencing counters (tokens repeat); set appendonly yes",
+            ),
+            (Ok(_), Ok(_)) => Finding::warning(
+                "persistence",
+                "none (appendonly no, save \"\")",
+                "a restart loses every lock and fencing counter (tokens repeat); set appendonly yes",
+            ),
+            (Err(why), _) | (_, Err(why)) => Finding::unknown("persistence", why),
+        });
+        let info: redis::RedisResult<String> = self
+            .inner
+            .conn
+            .cmd(redis::cmd("INFO").arg("replication"))
+            .await;
+        out.push(match info {
+            Ok(info) => {
+                let field = |k: &str| {
+                    info.lines()
+                        .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
+                        .map(|v| v.trim().to_string())
+                };
+                let role = field("role").unwrap_or_default();
+                let replicas = field("connected_slaves").unwrap_or_default();
+                match replicas.parse::<u32>() {
+                    Ok(n) if n > 0 && self.inner.config.wait_replicas == 0 => Finding::warning(
+                        "replication",
+                        format!("role {role}, {n} replicas"),
+                        "replication is asynchronous: a failover to a lagging replica can grant a lock twice; set wait_replicas in the URL (guarantees.md, Redis and failover)",
+                    ),
+                    _ => Finding::fine("replication", format!("role {role}, {replicas} replicas")),
+                }
+            }
+            Err(e) => Finding::unknown("replication", format!("INFO replication refused: {e}")),
+        });
+        Ok(out)
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use distlock_core::{
     async_trait, AllAtOnce, Backend, Capabilities, Consistency, Error, Fencing, FencingToken,
-    Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
+    Finding, Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock,
+    Waiting,
 };
 use tokio::time::Instant;
 
@@ -482,7 +483,13 @@ impl Backend for SqlBackend {
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let began = Instant::now();
         let token = match Object::of(req, &self.inner.err)? {
-            Object::Lock => dispatch!(self, db => db.try_acquire(req).await)?,
+            Object::Lock => self
+                .attempt_to_completion(req, |b, req| async move {
+                    let token = dispatch!(b, db => db.try_acquire(&req).await)?;
+                    Ok(token.map_or(Outcome::Held(None), Outcome::Granted))
+                })
+                .await?
+                .token(),
             Object::Semaphore { limit } => {
                 self.permit_attempt(req, valid_limit(limit)?).await?.token()
             }
@@ -529,6 +536,10 @@ impl Backend for SqlBackend {
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         dispatch!(self, db => db.extend(req).await)
+    }
+
+    async fn deployment_findings(&self) -> Result<Vec<Finding>> {
+        Ok(dispatch!(self, db => db.deployment_findings().await))
     }
 
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
@@ -584,24 +595,46 @@ impl Backend for SqlBackend {
 impl SqlBackend {
     /// One attempt at a permit.
     async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
-        match &self.inner.db {
-            #[cfg(feature = "mysql")]
-            Db::MySql(_) => self.mysql_permit_attempt_to_completion(req, limit).await,
-            #[allow(unreachable_patterns)]
-            _ => dispatch!(self, db => db.permit_attempt(req, limit).await),
-        }
+        self.attempt_to_completion(req, move |b, req| async move {
+            dispatch!(b, db => db.permit_attempt(&req, limit).await)
+        })
+        .await
     }
 
-    /// One attempt at a lock.
+    /// One attempt at a lock; on PostgreSQL it also answers how long the
+    /// holder's lease still runs.
     async fn lock_attempt(&self, req: &LockRequest) -> Result<Outcome> {
-        let held =
-            |token: Option<FencingToken>| token.map_or(Outcome::Held(None), Outcome::Granted);
-        match &self.inner.db {
-            #[cfg(feature = "postgres")]
-            Db::Postgres(pg) => pg.attempt(req).await,
-            #[allow(unreachable_patterns)]
-            _ => Ok(held(dispatch!(self, db => db.try_acquire(req).await)?)),
-        }
+        self.attempt_to_completion(req, |b, req| async move {
+            let held =
+                |token: Option<FencingToken>| token.map_or(Outcome::Held(None), Outcome::Granted);
+            match &b.inner.db {
+                #[cfg(feature = "postgres")]
+                Db::Postgres(pg) => pg.attempt(&req).await,
+                #[allow(unreachable_patterns)]
+                _ => Ok(held(dispatch!(b, db => db.try_acquire(&req).await)?)),
+            }
+        })
+        .await
+    }
+
+    /// Runs one attempt at `req` to completion (see [`Self::to_completion`]):
+    /// a grant that lands after its caller stopped waiting is released at
+    /// once.
+    async fn attempt_to_completion<F, Fut>(&self, req: &LockRequest, attempt: F) -> Result<Outcome>
+    where
+        F: FnOnce(SqlBackend, LockRequest) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<Outcome>> + Send,
+    {
+        let (req, undo) = (req.clone(), req.clone());
+        self.to_completion(
+            move |b| attempt(b, req),
+            move |b, found| async move {
+                if let Outcome::Granted(_) = found {
+                    b.hand_back(std::slice::from_ref(&undo)).await;
+                }
+            },
+        )
+        .await
     }
 
     /// Retries `attempt` until it grants or the deadline passes, woken by
@@ -668,13 +701,14 @@ impl SqlBackend {
 }
 
 /// Requests that run in a task of their own, finishing even when the
-/// caller stops waiting. sqlx's MySQL `begin` has no guard against being
-/// dropped: a future dropped while `START TRANSACTION` is on the wire
-/// leaves the server in a transaction that sqlx does not know of, on a
-/// pooled connection whose next statements (anyone's) would then never
-/// commit. And a grant that lands after its caller stopped waiting is
-/// handed back at once by the task: the caller's cleanup release could
-/// otherwise run before a commit still in flight lands.
+/// caller stops waiting. A grant that lands after its caller stopped
+/// waiting is handed back at once by the task: the caller's cleanup release,
+/// on another pooled connection, could otherwise run before a statement or
+/// commit still in flight lands, and the lock would stay held until its TTL.
+/// And sqlx's MySQL `begin` has no guard against being dropped: a future
+/// dropped while `START TRANSACTION` is on the wire leaves the server in a
+/// transaction that sqlx does not know of, on a pooled connection whose next
+/// statements (anyone's) would then never commit.
 impl SqlBackend {
     /// Runs `work` to completion; if nobody waits for its answer any more,
     /// `undo` gets it.
@@ -777,30 +811,6 @@ impl SqlBackend {
             move |b, granted| async move {
                 if granted.is_some() {
                     b.hand_back(&undo).await;
-                }
-            },
-        )
-        .await
-    }
-
-    #[cfg(feature = "mysql")]
-    async fn mysql_permit_attempt_to_completion(
-        &self,
-        req: &LockRequest,
-        limit: u32,
-    ) -> Result<Outcome> {
-        let (req, undo) = (req.clone(), req.clone());
-        self.to_completion(
-            move |b| async move {
-                match &b.inner.db {
-                    Db::MySql(my) => my.permit_attempt(&req, limit).await,
-                    #[allow(unreachable_patterns)]
-                    _ => Ok(Outcome::Held(None)),
-                }
-            },
-            move |b, found| async move {
-                if let Outcome::Granted(_) = found {
-                    b.hand_back(std::slice::from_ref(&undo)).await;
                 }
             },
         )

@@ -1,6 +1,6 @@
 //! MySQL and MariaDB: a conditional UPDATE (or a first INSERT) per attempt.
 
-use distlock_core::{FencingToken, LockRequest, Result};
+use distlock_core::{FencingToken, Finding, LockRequest, Result};
 use sqlx::mysql::MySqlPool;
 
 use crate::semaphore::{Object, PermitTables};
@@ -90,6 +90,42 @@ impl My {
                 .map_err(|e| self.err.map(e))?;
         }
         Ok(())
+    }
+
+    /// `innodb_flush_log_at_trx_commit` (a grant is durable only at 1) and,
+    /// with binary logging on, `binlog_format` (the semaphore transactions
+    /// need ROW or MIXED).
+    pub(crate) async fn deployment_findings(&self) -> Vec<Finding> {
+        let mut out = Vec::new();
+        let flush: std::result::Result<i64, sqlx::Error> =
+            sqlx::query_scalar("SELECT CAST(@@innodb_flush_log_at_trx_commit AS SIGNED)")
+                .fetch_one(&self.pool)
+                .await;
+        let setting = "innodb_flush_log_at_trx_commit";
+        out.push(match flush {
+            Ok(1) => Finding::fine(setting, "1"),
+            Ok(v) => Finding::warning(
+                setting,
+                v.to_string(),
+                "a crash can lose the last second of committed grants and token counters (a second holder, repeated tokens); set innodb_flush_log_at_trx_commit = 1",
+            ),
+            Err(e) => Finding::unknown(setting, format!("reading it failed: {e}")),
+        });
+        let binlog: std::result::Result<(i64, String), sqlx::Error> =
+            sqlx::query_as("SELECT CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR)")
+                .fetch_one(&self.pool)
+                .await;
+        out.push(match binlog {
+            Ok((0, _)) => Finding::fine("binlog_format", "binary logging off"),
+            Ok((_, f)) if f == "STATEMENT" => Finding::warning(
+                "binlog_format",
+                f,
+                "the semaphore transactions are refused under statement-based logging; set binlog_format = ROW (or MIXED)",
+            ),
+            Ok((_, f)) => Finding::fine("binlog_format", f),
+            Err(e) => Finding::unknown("binlog_format", format!("reading it failed: {e}")),
+        });
+        out
     }
 
     /// Every lock of `reqs` in one transaction, taken in the order given

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use distlock_core::wait::{Outcome, Signals};
-use distlock_core::{FencingToken, LockRequest, Result};
+use distlock_core::{FencingToken, Finding, LockRequest, Result};
 use sqlx::postgres::{PgListener, PgPool};
 
 use crate::semaphore::{Object, PermitTables};
@@ -185,6 +185,24 @@ impl Pg {
             Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
             None => Outcome::Held(left.map(|us| Duration::from_micros(us.max(0) as u64))),
         })
+    }
+
+    /// `synchronous_commit` and `fsync`: a grant is durable only with both.
+    pub(crate) async fn deployment_findings(&self) -> Vec<Finding> {
+        let mut out = Vec::new();
+        for (setting, weakens) in [
+            ("synchronous_commit", "a crash can roll back committed grants and the token counters with them (a second holder, repeated tokens); set synchronous_commit = on"),
+            ("fsync", "a crash can lose committed grants and token counters, or corrupt the database; set fsync = on"),
+        ] {
+            let value: std::result::Result<String, sqlx::Error> =
+                sqlx::query_scalar(&format!("SHOW {setting}")).fetch_one(&self.pool).await;
+            out.push(match value {
+                Ok(v) if v == "off" => Finding::warning(setting, v, weakens),
+                Ok(v) => Finding::fine(setting, v),
+                Err(e) => Finding::unknown(setting, format!("SHOW {setting} refused: {e}")),
+            });
+        }
+        out
     }
 
     /// Every lock of `reqs` in one statement, or none.

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use distlock_core::wait::Signals;
-use distlock_core::{FencingToken, LockRequest, Result};
+use distlock_core::{FencingToken, Finding, LockRequest, Result};
 use sqlx::sqlite::SqlitePool;
 
 use crate::semaphore::{Object, PermitTables};
@@ -140,6 +140,38 @@ impl Lite {
                 .await?;
         }
         Ok(())
+    }
+
+    /// `journal_mode` (processes share the file through WAL) and
+    /// `synchronous` (off lets a power loss undo committed grants).
+    pub(crate) async fn deployment_findings(&self) -> Vec<Finding> {
+        let mode: std::result::Result<String, sqlx::Error> =
+            sqlx::query_scalar("PRAGMA journal_mode")
+                .fetch_one(&self.pool)
+                .await;
+        let sync: std::result::Result<i64, sqlx::Error> = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&self.pool)
+            .await;
+        vec![
+            match mode {
+                Ok(m) if m.eq_ignore_ascii_case("wal") => Finding::fine("journal_mode", m),
+                Ok(m) => Finding::warning(
+                    "journal_mode",
+                    m,
+                    "without WAL, processes on the file block each other's reads while one writes; distlock opens files in WAL mode",
+                ),
+                Err(e) => Finding::unknown("journal_mode", format!("PRAGMA failed: {e}")),
+            },
+            match sync {
+                Ok(0) => Finding::warning(
+                    "synchronous",
+                    "OFF",
+                    "a power loss can undo committed grants and token counters; use NORMAL or FULL",
+                ),
+                Ok(v) => Finding::fine("synchronous", ["OFF", "NORMAL", "FULL", "EXTRA"].get(v as usize).copied().unwrap_or("?")),
+                Err(e) => Finding::unknown("synchronous", format!("PRAGMA failed: {e}")),
+            },
+        ]
     }
 
     /// Every lock of `reqs` in one transaction, or none (rolled back).

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use distlock_core::wait::WaitClock;
 use distlock_core::{
-    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
-    InputKind, LockName, LockRequest, LostReason, Owner, Result, TrustedClock, Waiting,
+    async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Finding, Grant,
+    HoldKind, InputKind, LockName, LockRequest, LostReason, Owner, Result, TrustedClock, Waiting,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -636,6 +636,24 @@ impl Backend for ZooKeeperBackend {
 
     /// The node lives as long as the session; extending checks that it is
     /// still there and still ours.
+    /// Whether the server's session bounds admit the TTLs distlock uses
+    /// most: its default and the conformance suite's expiry TTL. A hold's
+    /// session must time out at exactly its TTL.
+    async fn deployment_findings(&self) -> Result<Vec<Finding>> {
+        let mut out = Vec::new();
+        for ttl in [distlock_core::DEFAULT_TTL, Duration::from_secs(2)] {
+            let setting = format!("session timeout for a {ttl:?} TTL");
+            out.push(match self.hold_session(ttl).await {
+                Ok(_) => Finding::fine(setting, format!("{ttl:?}, as asked")),
+                Err(Error::InvalidInput { message, .. }) => {
+                    Finding::warning(setting, "not granted as asked", message)
+                }
+                Err(e) => Finding::unknown(setting, e.to_string()),
+            });
+        }
+        Ok(out)
+    }
+
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         Ok(self.extend_many(std::slice::from_ref(req)).await?[0])
     }
