@@ -68,6 +68,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "zookeeper::with_credentials_other_clients_can_read_but_not_break_a_lock",
+                acls_protect_the_holder(zk.clone()),
+            ),
+            trial(
+                rt,
                 "zookeeper::curator_holder_excludes_distlock",
                 curator_holder_excludes_distlock(zk.clone(), curator.clone()),
             ),
@@ -693,5 +698,87 @@ async fn distlock_and_curator_queue_in_one_line(
     g.release().await?;
     c.acquired().await?;
     c.release().await?;
+    Ok(())
+}
+
+/// With `user:password@` in the URL every node distlock creates carries the
+/// ACL "the creator may do everything, anyone may read": ZooKeeper's own CLI,
+/// unauthenticated, can list the lock's queue but not delete the holder's
+/// node; a distlock reader without credentials still sees the lock held;
+/// a client with other credentials gets a typed error instead of the lock.
+async fn acls_protect_the_holder(f: Arc<Zk>) -> Result<(), Failed> {
+    let host_port = f.host_port()?;
+    let root = format!("acl-{}", &integration_tests::namespace()[12..]);
+    let url = |creds: &str| format!("zk://{creds}{host_port}?root={root}");
+    let holder = LockClient::new(ZooKeeperBackend::connect(&url("alice:s3cret@")).await?);
+    let g = holder.lock("jobs/acl").acquire().await?;
+    let zk_cli = |args: Vec<String>| {
+        let cmd = server::cli(
+            &host_port,
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        async move {
+            let cmd = cmd.map_err(|e| e.to_string())?;
+            tokio::task::spawn_blocking(move || {
+                integration_tests::harness::process::run_client(cmd)
+            })
+            .await
+            .map_err(|e| Failed::from(e.to_string()))
+        }
+    };
+    let parent = format!("/{root}/jobs/acl");
+    let listed = zk_cli(vec!["ls".into(), parent.clone()])
+        .await?
+        .map_err(Failed::from)?;
+    let node = listed
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('['))
+        .and_then(|l| {
+            l.trim_matches(['[', ']'])
+                .split(',')
+                .next()
+                .map(|n| n.trim().to_string())
+        })
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            Failed::from(format!(
+                "the queue is not readable without credentials: {listed}"
+            ))
+        })?;
+    let deleted = zk_cli(vec!["delete".into(), format!("{parent}/{node}")]).await?;
+    let refused = match &deleted {
+        Ok(out) | Err(out) => out.contains("Insufficient permission") || out.contains("NoAuth"),
+    };
+    if !refused {
+        return Err(format!(
+            "an unauthenticated delete of the holder's node was not refused: {deleted:?}"
+        )
+        .into());
+    }
+    if !g.is_held() {
+        return Err("the holder lost its lock to an unauthenticated client".into());
+    }
+    let reader = ZooKeeperBackend::connect(&url("")).await?;
+    if !reader.inspect(&LockName::new("jobs/acl")?).await?.held {
+        return Err("a reader without credentials does not see the lock held".into());
+    }
+    let other = LockClient::new(ZooKeeperBackend::connect(&url("mallory:guess@")).await?);
+    match other.lock("jobs/acl").try_acquire().await {
+        Err(Error::Misconfigured { .. }) => {}
+        got => return Err(format!("a client with other credentials got {got:?}").into()),
+    }
+    for bad in ["?acl=creator", "?acl=nobody"] {
+        let u = format!("zk://{host_port}{bad}");
+        if !matches!(
+            ZooKeeperBackend::connect(&u).await,
+            Err(Error::InvalidInput { .. })
+        ) {
+            return Err(format!("{u} was not refused as invalid").into());
+        }
+    }
+    if !g.release().await? {
+        return Err("the holder's release reported the lock not held".into());
+    }
     Ok(())
 }

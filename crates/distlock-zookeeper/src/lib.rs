@@ -34,8 +34,19 @@ pub struct ZooKeeperBackend {
     inner: Arc<Inner>,
 }
 
+/// With credentials: whoever authenticated as the creator may do
+/// everything, anyone may read (so `distlock status` works for readers).
+static CREATOR_ALL_ANYONE_READ: [zk::Acl; 2] = [
+    zk::Acl::new_const(zk::Permission::ALL, "auth", ""),
+    zk::Acl::new_const(zk::Permission::READ, "world", "anyone"),
+];
+
 struct Inner {
     hosts: String,
+    /// `user:password` for digest authentication, on every session.
+    digest: Option<String>,
+    /// The ACL of every node distlock creates.
+    acls: zk::Acls<'static>,
     base: String,
     session_timeout: Duration,
     hold_while_disconnected: bool,
@@ -88,6 +99,11 @@ fn err(hosts: &str, e: zk::Error) -> Error {
         zk::Error::BadArguments(_) => {
             Error::invalid(InputKind::Config, format!("ZooKeeper at {hosts}: {e}"))
         }
+        zk::Error::NoAuth | zk::Error::AuthFailed | zk::Error::InvalidAcl => Error::misconfigured(
+            "zookeeper",
+            format!("ZooKeeper at {hosts} refused: {e}; every client of a lock needs the credentials (user:password@ in the URL) of the client that created its nodes"),
+            Some(Box::new(e)),
+        ),
         other => Error::backend("zookeeper", other),
     }
 }
@@ -151,7 +167,12 @@ impl fmt::Display for SeqSuffix {
 }
 
 impl ZooKeeperBackend {
-    /// Connects to `zk://host:port[,host:port...][/chroot]`. Parameters:
+    /// Connects to `zk://[user:password@]host:port[,host:port...][/chroot]`.
+    /// With credentials every session authenticates with ZooKeeper's
+    /// `digest` scheme and every node distlock creates carries the ACL
+    /// `acl=creator` (the default then: the creator's identity may do
+    /// everything, anyone may read); `acl=open` (the default without
+    /// credentials, Curator's) lets anyone do everything. Parameters:
     /// `session_timeout_ms` (default 10000), `root` (the lock root under the
     /// chroot, default `/distlock`), `hold_while_disconnected` (default
     /// `false`: a disconnection counts as lost, Curator's Tech Note 14), and
@@ -162,9 +183,19 @@ impl ZooKeeperBackend {
             .strip_prefix("zk://")
             .ok_or_else(|| bad("expected zk://host:port[,host:port...][/chroot]".into()))?;
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (hosts, chroot) = match rest.find('/') {
+        let (authority, chroot) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
+        };
+        let (digest, hosts) = match authority.rsplit_once('@') {
+            Some((creds, hosts)) => {
+                let (user, password) = creds
+                    .split_once(':')
+                    .filter(|(u, p)| !u.is_empty() && !p.is_empty())
+                    .ok_or_else(|| bad("credentials must be user:password@".into()))?;
+                (Some(format!("{user}:{password}")), hosts)
+            }
+            None => (None, authority),
         };
         for h in hosts.split(',') {
             let ok = h
@@ -177,6 +208,11 @@ impl ZooKeeperBackend {
         let mut session_timeout = Duration::from_secs(10);
         let mut root = "/distlock".to_string();
         let (mut hold_while_disconnected, mut detached) = (false, false);
+        let mut acls = if digest.is_some() {
+            zk::Acls::new(&CREATOR_ALL_ANYONE_READ)
+        } else {
+            zk::Acls::anyone_all()
+        };
         let flag = |k: &str, v: &str| match v {
             "true" | "1" => Ok(true),
             "false" | "0" => Ok(false),
@@ -194,6 +230,19 @@ impl ZooKeeperBackend {
                 "root" => root = v.to_string(),
                 "hold_while_disconnected" => hold_while_disconnected = flag(k, v)?,
                 "detached" => detached = flag(k, v)?,
+                "acl" => {
+                    acls = match v {
+                        "open" => zk::Acls::anyone_all(),
+                        "creator" if digest.is_some() => zk::Acls::new(&CREATOR_ALL_ANYONE_READ),
+                        "creator" => {
+                            return Err(bad(
+                                "acl=creator needs credentials: zk://user:password@host:port"
+                                    .into(),
+                            ))
+                        }
+                        _ => return Err(bad(format!("acl={v:?}; use creator or open"))),
+                    }
+                }
                 _ => return Err(bad(format!("unknown parameter {k:?}"))),
             }
         }
@@ -210,6 +259,8 @@ impl ZooKeeperBackend {
         let backend = Self {
             inner: Arc::new(Inner {
                 hosts: hosts.to_string(),
+                digest,
+                acls,
                 base,
                 session_timeout,
                 hold_while_disconnected,
@@ -284,6 +335,9 @@ impl ZooKeeperBackend {
             .with_connection_timeout(timeout.min(Duration::from_secs(5)));
         if self.inner.detached {
             connector = connector.with_detached();
+        }
+        if let Some(digest) = &self.inner.digest {
+            connector = connector.with_auth("digest", digest.as_bytes());
         }
         if fail_eagerly {
             connector = connector.with_fail_eagerly();
@@ -407,7 +461,7 @@ impl ZooKeeperBackend {
         let client = self.hold_session(req.ttl).await?;
         let parent = self.parent(&req.name);
         let prefix = node_prefix(&req.owner);
-        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.inner.acls);
         let path = format!("{parent}/{prefix}");
         for _ in 0..5 {
             // Both requests are queued when their futures are made (the
@@ -439,7 +493,7 @@ impl ZooKeeperBackend {
                     return Ok(self.remember(req, seq, q));
                 }
                 Err(zk::Error::NoNode) => {
-                    let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                    let dir = zk::CreateMode::Persistent.with_acls(self.inner.acls);
                     client.mkdir(&parent, &dir).await.map_err(|e| self.err(e))?;
                 }
                 Err(zk::Error::ConnectionLoss) => {

@@ -226,7 +226,7 @@ impl ZooKeeperBackend {
     /// Stores `c.limit` if the semaphore has none, making its nodes if need
     /// be; a stored limit is left as it is.
     async fn store_limit_if_absent(&self, c: &Contender<'_>) -> Result<()> {
-        let dirs = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let dirs = zk::CreateMode::Persistent.with_acls(self.inner.acls);
         for _ in 0..10 {
             match c.client.get_data(&c.node).await {
                 Err(zk::Error::NoNode) => {
@@ -274,7 +274,7 @@ impl ZooKeeperBackend {
     async fn join(&self, c: &mut Contender<'_>) -> Result<Joined> {
         let prefix = permit_prefix(&c.req.owner);
         let path = format!("{}/{prefix}", c.permits);
-        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.inner.acls);
         for _ in 0..5 {
             // Sent in this order (the client orders requests when their
             // futures are made), handled in this order by the server.
@@ -665,7 +665,7 @@ impl ZooKeeperBackend {
         let client = self.client().await?;
         let node = self.semaphore_node(name);
         let value = limit.to_string();
-        let dirs = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let dirs = zk::CreateMode::Persistent.with_acls(self.inner.acls);
         for _ in 0..10 {
             match client.get_data(&node).await {
                 Ok((data, stat)) => {
