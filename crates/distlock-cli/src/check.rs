@@ -129,3 +129,10 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
         }
     }
 }
+
+impl CheckArgs {
+    /// The backend URL, for the password options to fill in.
+    pub(crate) fn backend_mut(&mut self) -> &mut String {
+        &mut self.backend
+    }
+}

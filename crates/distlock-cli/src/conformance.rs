@@ -208,3 +208,10 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         ExitCode::SUCCESS
     }
 }
+
+impl ConformanceArgs {
+    /// The backend URL, for the password options to fill in.
+    pub(crate) fn backend_mut(&mut self) -> &mut String {
+        &mut self.backend
+    }
+}

@@ -31,6 +31,11 @@ struct Cli {
     /// Only errors.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     quiet: bool,
+    /// Read the backend's password from this file (its first line) and put
+    /// it into the backend URL, instead of writing it in the URL.
+    /// (`DISTLOCK_PASSWORD` does the same from the environment.)
+    #[arg(long, global = true, value_name = "PATH")]
+    password_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -94,6 +99,50 @@ pub(crate) fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// Puts the password from `--password-file` or `DISTLOCK_PASSWORD` into the
+/// command's backend URL.
+fn apply_password(cli: &mut Cli) -> Result<(), String> {
+    let password = match (&cli.password_file, std::env::var("DISTLOCK_PASSWORD")) {
+        (Some(path), _) => std::fs::read_to_string(path)
+            .map_err(|e| format!("--password-file {}: {e}", path.display()))?
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string(),
+        (None, Ok(p)) => p,
+        (None, Err(_)) => return Ok(()),
+    };
+    let url = match &mut cli.command {
+        Command::Run(a) => a.backend_mut(),
+        Command::Status(a) => a.backend_mut(),
+        Command::Check(a) => a.backend_mut(),
+        Command::Conformance(a) => a.backend_mut(),
+        Command::Backends => return Ok(()),
+    };
+    *url = with_password(url, &password)?;
+    Ok(())
+}
+
+/// `url` with `password` as its userinfo's password (keeping the user).
+pub(crate) fn with_password(url: &str, password: &str) -> Result<String, String> {
+    if password.is_empty() {
+        return Err("the password given is empty".into());
+    }
+    if password.contains(['@', '/', '?', '#', ':']) {
+        return Err("the password contains one of @ / ? # :, which a URL cannot carry unescaped; percent-encode it in the URL instead".into());
+    }
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("{:?} is not a URL", distlock::redact(url)))?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, hosts) = match authority.rsplit_once('@') {
+        Some((info, hosts)) => (info.split_once(':').map_or(info, |(u, _)| u), hosts),
+        None => ("", authority),
+    };
+    Ok(format!("{scheme}://{user}:{password}@{hosts}{tail}"))
+}
+
 /// The exit code for a library error.
 pub(crate) fn code_for(e: &distlock::Error) -> u8 {
     match e {
@@ -112,7 +161,10 @@ fn main() -> ExitCode {
     if let Some(code) = distlock_check::worker_main_if_requested() {
         return code;
     }
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if let Err(e) = apply_password(&mut cli) {
+        return fail(EXIT_USAGE, e);
+    }
     // The conformance suite loses locks on purpose: their warnings are
     // expected, so it logs errors only unless asked for more.
     let suite = matches!(cli.command, Command::Conformance(_));

@@ -276,3 +276,10 @@ fn quoted(tokens: &[(LockName, distlock::FencingToken)]) -> String {
     let names: Vec<LockName> = tokens.iter().map(|(n, _)| n.clone()).collect();
     quoted_names(&names)
 }
+
+impl RunArgs {
+    /// The backend URL, for the password options to fill in.
+    pub(crate) fn backend_mut(&mut self) -> &mut String {
+        &mut self.backend
+    }
+}

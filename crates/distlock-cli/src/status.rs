@@ -159,3 +159,10 @@ mod tests {
         );
     }
 }
+
+impl StatusArgs {
+    /// The backend URL, for the password options to fill in.
+    pub(crate) fn backend_mut(&mut self) -> &mut String {
+        &mut self.backend
+    }
+}

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_distlock"));
     c.env_remove("DISTLOCK_BACKEND")
+        .env_remove("DISTLOCK_PASSWORD")
         .env("RUST_LOG", "error")
         .stdin(Stdio::null());
     c
@@ -869,4 +870,59 @@ fn conformance_reports_a_postgres_without_durable_commits() {
     let text = findings(server.url());
     assert!(text.contains("WARNING synchronous_commit: off: "), "{text}");
     assert!(text.contains("WARNING fsync: off: "), "{text}");
+}
+
+/// The password can come from `DISTLOCK_PASSWORD` or `--password-file`
+/// instead of the URL; it reaches the server, not the command's
+/// environment; a wrong one exits 78, one a URL cannot carry 2.
+#[cfg(feature = "redis")]
+#[test]
+fn the_password_comes_from_the_environment_or_a_file() {
+    let r = redis();
+    let bare = r.url.replace(":s3cret@", "");
+    assert!(!bare.contains("s3cret"), "{bare}");
+    let echo = ["--", "sh", "-c", "echo \"$DISTLOCK_BACKEND\""];
+    let out = bin()
+        .env("DISTLOCK_PASSWORD", "s3cret")
+        .args(["run", "--backend", &bare, "pw/env"])
+        .args(echo)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !shown.contains("s3cret") && shown.contains("***"),
+        "{shown}"
+    );
+    let file = scratch("pw").join("password");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let out = bin()
+        .args([
+            "--password-file",
+            file.to_str().unwrap(),
+            "run",
+            "--backend",
+            &bare,
+            "pw/file",
+        ])
+        .args(echo)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = bin()
+        .env("DISTLOCK_PASSWORD", "wrong")
+        .args(["run", "--backend", &bare, "pw/wrong", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("wrong"),
+        "{out:?}"
+    );
+    let out = bin()
+        .env("DISTLOCK_PASSWORD", "a@b")
+        .args(["run", "--backend", &bare, "pw/bad", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
