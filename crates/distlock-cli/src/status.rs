@@ -133,6 +133,13 @@ pub(crate) fn backends() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+impl StatusArgs {
+    /// The backend URL, for the password options to fill in.
+    pub(crate) fn backend_mut(&mut self) -> &mut String {
+        &mut self.backend
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::StatusJson;
@@ -157,12 +164,5 @@ mod tests {
             line,
             r#"{"name":"a\"b\\c","held":true,"token":7,"remaining_ms":1500,"queue_len":null}"#
         );
-    }
-}
-
-impl StatusArgs {
-    /// The backend URL, for the password options to fill in.
-    pub(crate) fn backend_mut(&mut self) -> &mut String {
-        &mut self.backend
     }
 }
