@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlock_core::{Error, LockClient};
 use distlock_etcd::EtcdBackend;
-use integration_tests::factory::ServerFactory;
+use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::harness::{etcd as server, ServerKind, TestServer};
 use integration_tests::queue::{self, QueueLen};
 use integration_tests::trial;
@@ -20,8 +20,28 @@ type Etcd = ServerFactory<EtcdBackend>;
 fn main() {
     // etcd's smallest lease is about 1.5 s with default timing.
     let etcd = Arc::new(Etcd::of_kind("etcd", ServerKind::Etcd).short_ttl(Duration::from_secs(2)));
+    // The suite again as a user whose role may touch only the suite's
+    // names, on a member with authentication enabled.
+    let auth = Arc::new(
+        Etcd::new("etcd::auth", || {
+            let member = server::spawn().map_err(|e| e.to_string())?;
+            let endpoint = format!("127.0.0.1:{}", member.port);
+            enable_auth(&endpoint)?;
+            Ok(Servers::processes(
+                format!("etcd://app:app-pw@{endpoint}"),
+                vec![member],
+            ))
+        })
+        .short_ttl(Duration::from_secs(2)),
+    );
     integration_tests::run_suite(etcd.clone(), move |rt| {
-        vec![
+        let mut extra = integration_tests::trials(auth.clone(), rt);
+        extra.push(trial(
+            rt,
+            "etcd::auth::a_wrong_password_or_a_role_without_the_prefix_is_a_typed_error",
+            refused_credentials(auth),
+        ));
+        extra.extend(vec![
             trial(
                 rt,
                 "etcd::each_release_wakes_exactly_one_of_20_waiters",
@@ -57,7 +77,8 @@ fn main() {
                 "etcd::a_multi_lock_of_free_names_is_one_request",
                 multi_lock_is_one_request(),
             ),
-        ]
+        ]);
+        extra
     })
 }
 
@@ -352,6 +373,85 @@ async fn multi_lock_is_one_request() -> Result<(), Failed> {
     drop(server);
     if took != 1 {
         return Err(format!("taking four free locks took {took} KV requests").into());
+    }
+    Ok(())
+}
+
+/// Turns on authentication on the member at `endpoint`: a root user, a user
+/// `app` (password `app-pw`) whose role may read and write only the
+/// conformance suite's lock names and semaphores, and a user `nobody`
+/// (password `nobody-pw`) with no role.
+fn enable_auth(endpoint: &str) -> Result<(), String> {
+    let steps: [&[&str]; 9] = [
+        &["user", "add", "root", "--new-user-password=root-pw"],
+        &["user", "grant-role", "root", "root"],
+        &["user", "add", "app", "--new-user-password=app-pw"],
+        &["role", "add", "app"],
+        &[
+            "role",
+            "grant-permission",
+            "app",
+            "--prefix=true",
+            "readwrite",
+            "conformance-",
+        ],
+        &[
+            "role",
+            "grant-permission",
+            "app",
+            "--prefix=true",
+            "readwrite",
+            "/distlock/semaphores/conformance-",
+        ],
+        &["user", "grant-role", "app", "app"],
+        &["user", "add", "nobody", "--new-user-password=nobody-pw"],
+        &["auth", "enable"],
+    ];
+    for step in steps {
+        let out = server::etcdctl(endpoint)
+            .map_err(|e| e.to_string())?
+            .args(step)
+            .output()
+            .map_err(|e| e.to_string())?;
+        let said = String::from_utf8_lossy(&out.stderr);
+        // etcd makes the root role itself on some versions.
+        if !out.status.success() && !said.contains("already exists") {
+            return Err(format!("etcdctl {step:?}: {said}"));
+        }
+    }
+    Ok(())
+}
+
+/// A wrong password, and a user whose role does not cover the lock's
+/// name, are `Error::Misconfigured` naming the credentials, not a retryable
+/// "unavailable"; the password appears in neither.
+async fn refused_credentials(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let endpoint = url.rsplit_once('@').ok_or("no credentials in the URL")?.1;
+    let wrong = EtcdBackend::connect(&format!("etcd://app:not-it@{endpoint}")).await;
+    let wrong = match wrong {
+        Ok(b) => LockClient::new(b)
+            .lock("conformance-x/job")
+            .try_acquire()
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    match wrong {
+        Err(Error::Misconfigured { message, .. }) if !message.contains("not-it") => {}
+        other => return Err(format!("a wrong password gave {other:?}").into()),
+    }
+    let nobody = LockClient::new(
+        EtcdBackend::connect(&format!("etcd://nobody:nobody-pw@{endpoint}")).await?,
+    );
+    match nobody.lock("conformance-x/job").try_acquire().await {
+        Err(Error::Misconfigured { .. }) => {}
+        other => return Err(format!("a user without the prefix got {other:?}").into()),
+    }
+    let app = LockClient::new(EtcdBackend::connect(&url).await?);
+    match app.lock("elsewhere/job").try_acquire().await {
+        Err(Error::Misconfigured { .. }) => {}
+        other => return Err(format!("a name outside the role's prefix gave {other:?}").into()),
     }
     Ok(())
 }
