@@ -14,6 +14,35 @@ use libtest_mimic::{Completion, Failed, Trial};
 
 type Redis = ServerFactory<RedisBackend>;
 
+/// The commands distlock sends or its scripts run, as a Redis ACL rule
+/// (with the key and channel patterns of the lock names' prefix added).
+const LEAST_PRIVILEGE: &[&str] = &[
+    "-@all",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+subscribe",
+    "+unsubscribe",
+    "+ping",
+    "+del",
+    "+exists",
+    "+get",
+    "+incr",
+    "+pexpire",
+    "+pttl",
+    "+publish",
+    "+set",
+    "+time",
+    "+wait",
+    "+zadd",
+    "+zcard",
+    "+zrange",
+    "+zrangebyscore",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zscore",
+];
+
 fn main() {
     let single = Arc::new(Redis::of_kind("redis", ServerKind::Redis));
     let cluster = Arc::new(Redis::new("redis::cluster", || {
@@ -30,9 +59,33 @@ fn main() {
         let url = format!("rediss://127.0.0.1:{}?ca_file={}", s.port, ca.display());
         Ok(Servers::processes(url, vec![s]))
     }));
+    // The suite as a user allowed only the commands, keys and channels
+    // distlock needs (the rule docs/guarantees.md gives), for the suite's
+    // names.
+    let acl = Arc::new(Redis::new("redis::acl", || {
+        let mut rule = vec![
+            "--user",
+            "app",
+            "on",
+            ">app-pw",
+            "resetkeys",
+            "resetchannels",
+        ];
+        rule.extend_from_slice(LEAST_PRIVILEGE);
+        rule.extend(["~conformance-*", "~{conformance-*", "&{conformance-*"]);
+        let s = server::spawn(&rule).map_err(|e| e.to_string())?;
+        let url = format!("redis://app:app-pw@127.0.0.1:{}", s.port);
+        Ok(Servers::processes(url, vec![s]))
+    }));
     integration_tests::run_suite(single.clone(), move |rt| {
         let mut extra = integration_tests::trials(cluster, rt);
         extra.extend(integration_tests::trials(tls, rt));
+        extra.extend(integration_tests::trials(acl.clone(), rt));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::acl::a_name_outside_the_users_keys_is_a_typed_error",
+            move || handle.block_on(outside_the_rule(acl)),
+        ));
         let handle = rt.handle().clone();
         let s = single.clone();
         extra.push(Trial::test(
@@ -359,4 +412,23 @@ async fn multi_lock_is_one_request() -> Result<(), Failed> {
     m.release().await?;
     drop(node);
     Ok(())
+}
+
+/// The least-privilege user may not touch names outside its key patterns:
+/// distlock says so with `Error::Misconfigured` (exit 78 in the CLI), and
+/// leaves the other names alone.
+async fn outside_the_rule(f: Arc<Redis>) -> Result<(), Failed> {
+    let client = LockClient::new(f.backend().await?);
+    match client.lock("elsewhere/job").try_acquire().await {
+        Err(distlock_core::Error::Misconfigured { message, .. }) if message.contains("README") => {}
+        other => return Err(format!("a name outside the user's keys gave {other:?}").into()),
+    }
+    match client
+        .lock(format!("{}/job", integration_tests::namespace()))
+        .try_acquire()
+        .await?
+    {
+        Some(g) => g.release().await.map(|_| ()).map_err(Failed::from),
+        None => Err("a free name inside the user's keys was refused".into()),
+    }
 }
