@@ -518,16 +518,7 @@ impl Backend for SqlBackend {
             return Ok(AllAtOnce::NotOffered);
         }
         let began = Instant::now();
-        let tokens = match &self.inner.db {
-            #[cfg(feature = "postgres")]
-            Db::Postgres(_) => self.pg_try_acquire_all_to_completion(reqs).await?,
-            #[cfg(feature = "sqlite")]
-            Db::Sqlite(_) => self.sqlite_try_acquire_all_to_completion(reqs).await?,
-            #[cfg(feature = "mysql")]
-            Db::MySql(_) => self.mysql_try_acquire_all_to_completion(reqs).await?,
-            #[allow(unreachable_patterns)]
-            _ => return Ok(AllAtOnce::NotOffered),
-        };
+        let tokens = self.try_acquire_all_to_completion(reqs).await?;
         Ok(match tokens {
             Some(ts) => AllAtOnce::Granted(ts.into_iter().map(|t| Grant::new(t, began)).collect()),
             None => AllAtOnce::Refused,
@@ -745,69 +736,15 @@ impl SqlBackend {
         }
     }
 
-    #[cfg(feature = "postgres")]
-    async fn pg_try_acquire_all_to_completion(
+    /// Every lock of `reqs` at once, or none, run to completion.
+    async fn try_acquire_all_to_completion(
         &self,
         reqs: &[LockRequest],
     ) -> Result<Option<Vec<FencingToken>>> {
         let reqs = reqs.to_vec();
         let undo = reqs.clone();
         self.to_completion(
-            move |b| async move {
-                match &b.inner.db {
-                    Db::Postgres(pg) => pg.try_acquire_all(&reqs).await,
-                    #[allow(unreachable_patterns)]
-                    _ => Ok(None),
-                }
-            },
-            move |b, granted| async move {
-                if granted.is_some() {
-                    b.hand_back(&undo).await;
-                }
-            },
-        )
-        .await
-    }
-
-    #[cfg(feature = "sqlite")]
-    async fn sqlite_try_acquire_all_to_completion(
-        &self,
-        reqs: &[LockRequest],
-    ) -> Result<Option<Vec<FencingToken>>> {
-        let reqs = reqs.to_vec();
-        let undo = reqs.clone();
-        self.to_completion(
-            move |b| async move {
-                match &b.inner.db {
-                    Db::Sqlite(lite) => lite.try_acquire_all(&reqs).await,
-                    #[allow(unreachable_patterns)]
-                    _ => Ok(None),
-                }
-            },
-            move |b, granted| async move {
-                if granted.is_some() {
-                    b.hand_back(&undo).await;
-                }
-            },
-        )
-        .await
-    }
-
-    #[cfg(feature = "mysql")]
-    async fn mysql_try_acquire_all_to_completion(
-        &self,
-        reqs: &[LockRequest],
-    ) -> Result<Option<Vec<FencingToken>>> {
-        let reqs = reqs.to_vec();
-        let undo = reqs.clone();
-        self.to_completion(
-            move |b| async move {
-                match &b.inner.db {
-                    Db::MySql(my) => my.try_acquire_all(&reqs).await,
-                    #[allow(unreachable_patterns)]
-                    _ => Ok(None),
-                }
-            },
+            move |b| async move { dispatch!(b, db => db.try_acquire_all(&reqs).await) },
             move |b, granted| async move {
                 if granted.is_some() {
                     b.hand_back(&undo).await;
