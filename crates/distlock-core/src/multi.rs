@@ -163,15 +163,15 @@ impl MultiLockBuilder {
         let each = &self.each;
         // Local permits first, in canonical order, then the backend: at
         // most one task of this client asks the server for a name.
-        let mut guards: Vec<(LockName, Taken)> = Vec::with_capacity(names.len());
+        let mut guards: Vec<Taken> = Vec::with_capacity(names.len());
         let mut pending = Vec::new();
         for name in names {
             match each.take_local(&name, mode).await? {
                 None => return Ok(None),
-                Some(Local::Nested(g)) => guards.push((name, Taken::Nested(g))),
+                Some(Local::Nested(g)) => guards.push(Taken::Nested(g)),
                 Some(Local::Gate(slot, permit)) => {
-                    pending.push((each.request(name.clone()), slot, permit));
-                    guards.push((name, Taken::Pending));
+                    pending.push((each.request(name), slot, permit));
+                    guards.push(Taken::Pending);
                 }
             }
         }
@@ -218,7 +218,7 @@ impl MultiLockBuilder {
         let mut started = started.into_iter();
         let guards = guards
             .into_iter()
-            .map(|(_, t)| match t {
+            .map(|t| match t {
                 Taken::Nested(g) => (g, false),
                 Taken::Pending => (started.next().expect("one guard per pending name"), true),
             })
