@@ -210,9 +210,7 @@ impl Pg {
         &self,
         reqs: &[LockRequest],
     ) -> Result<Option<Vec<FencingToken>>> {
-        let names: Vec<&str> = reqs.iter().map(|r| r.name.as_str()).collect();
-        let owners: Vec<String> = reqs.iter().map(|r| r.owner.to_string()).collect();
-        let ttls: Vec<f64> = reqs.iter().map(|r| ttl_micros(r.ttl) as f64).collect();
+        let (names, owners, ttls) = columns(reqs);
         let rows: Vec<(String, i64)> = sqlx::query_as(&self.take_all)
             .bind(&names)
             .bind(&owners)
@@ -282,9 +280,7 @@ impl Pg {
         if is_permit.contains(&true) {
             return self.extend_locks_and_permits(reqs, &is_permit).await;
         }
-        let names: Vec<&str> = reqs.iter().map(|r| r.name.as_str()).collect();
-        let owners: Vec<String> = reqs.iter().map(|r| r.owner.to_string()).collect();
-        let ttls: Vec<f64> = reqs.iter().map(|r| ttl_micros(r.ttl) as f64).collect();
+        let (names, owners, ttls) = columns(reqs);
         let extended: Vec<(String, String)> = sqlx::query_as(&self.extend_many)
             .bind(&names)
             .bind(&owners)
@@ -436,3 +432,13 @@ pub(crate) struct Listening(#[allow(dead_code)] AbortOnDrop);
 /// Marks a NOTIFY payload on the permits' channel as a changed limit of the
 /// semaphore named after it (a character no name contains).
 pub(crate) const LIMIT_CHANGED: &str = "*";
+
+/// The requests' names, owners and TTLs in microseconds, as the arrays the
+/// batch statements `unnest`.
+fn columns(reqs: &[LockRequest]) -> (Vec<&str>, Vec<String>, Vec<f64>) {
+    (
+        reqs.iter().map(|r| r.name.as_str()).collect(),
+        reqs.iter().map(|r| r.owner.to_string()).collect(),
+        reqs.iter().map(|r| ttl_micros(r.ttl) as f64).collect(),
+    )
+}
