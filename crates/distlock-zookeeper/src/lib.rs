@@ -774,8 +774,14 @@ impl Backend for ZooKeeperBackend {
             return self.delete_node(req).await;
         }
         // Released before the create's reply arrived (a cancelled acquire):
-        // find the node by its owner value.
-        let client = self.client().await?;
+        // find the node by its owner value, on the hold's own session when
+        // it has one, so that a create still in flight there is answered
+        // before this list.
+        let hold_session = self.inner.sessions.lock().await.get(&req.ttl).cloned();
+        let client = match hold_session {
+            Some(s) => s,
+            None => self.client().await?,
+        };
         let parent = self.parent(&req.name);
         let prefix = node_prefix(&req.owner);
         match self.find_mine(&client, &parent, &prefix).await? {
