@@ -20,6 +20,7 @@ pub mod postgres;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod tls;
 pub mod zookeeper;
 
 pub use process::ServerProcess;

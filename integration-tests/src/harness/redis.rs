@@ -189,63 +189,9 @@ pub fn sentinel_with_failover_timeout(
 /// PEM file (inside the server's directory).
 pub fn spawn_tls() -> Result<(ServerProcess, std::path::PathBuf), HarnessError> {
     let bin = find_binary("redis-server", &[], INSTALL)?;
-    let openssl = find_binary("openssl", &[], "apt-get install openssl")?;
     let cli = find_binary("redis-cli", &[], INSTALL)?;
     let dir = temp_dir("redis-tls")?;
-    let run = |args: &[&str]| {
-        let mut c = Command::new(&openssl);
-        c.current_dir(&dir).args(args);
-        super::process::run_client(c).map_err(|e| HarnessError::start("openssl", e))
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=distlock-test-ca",
-    ])?;
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ])?;
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .map_err(|e| HarnessError::start("redis-tls", e.to_string()))?;
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-    ])?;
+    let certs = super::tls::make_certs(&dir, "IP:127.0.0.1,DNS:localhost")?;
     let port = free_port()?;
     // TLS only: the plain port is off.
     let mut cmd = private_command(&bin, 0, &dir);
@@ -261,7 +207,7 @@ pub fn spawn_tls() -> Result<(ServerProcess, std::path::PathBuf), HarnessError> 
             "--tls-auth-clients",
             "no",
         ]);
-    let ca = dir.join("ca.crt");
+    let ca = certs.ca;
     let ca_for_probe = ca.clone();
     let ping_tls = move || {
         let mut c = Command::new(&cli);
