@@ -21,14 +21,14 @@ fn main() {
     // etcd's smallest lease is about 1.5 s with default timing.
     let etcd = Arc::new(Etcd::of_kind("etcd", ServerKind::Etcd).short_ttl(Duration::from_secs(2)));
     // The suite again as a user whose role may touch only the suite's
-    // names, on a member with authentication enabled.
+    // names, over TLS, on a member with authentication enabled.
     let auth = Arc::new(
         Etcd::new("etcd::auth", || {
-            let member = server::spawn().map_err(|e| e.to_string())?;
+            let (member, ca) = server::spawn_tls().map_err(|e| e.to_string())?;
             let endpoint = format!("127.0.0.1:{}", member.port);
-            enable_auth(&endpoint)?;
+            enable_auth(&endpoint, &ca)?;
             Ok(Servers::processes(
-                format!("etcd://app:app-pw@{endpoint}"),
+                format!("etcds://app:app-pw@{endpoint}?ca_file={}", ca.display()),
                 vec![member],
             ))
         })
@@ -39,7 +39,12 @@ fn main() {
         extra.push(trial(
             rt,
             "etcd::auth::a_wrong_password_or_a_role_without_the_prefix_is_a_typed_error",
-            refused_credentials(auth),
+            refused_credentials(auth.clone()),
+        ));
+        extra.push(trial(
+            rt,
+            "etcd::auth::a_server_certificate_from_another_ca_is_a_typed_error",
+            refused_certificate(auth),
         ));
         extra.extend(vec![
             trial(
@@ -377,11 +382,37 @@ async fn multi_lock_is_one_request() -> Result<(), Failed> {
     Ok(())
 }
 
-/// Turns on authentication on the member at `endpoint`: a root user, a user
-/// `app` (password `app-pw`) whose role may read and write only the
-/// conformance suite's lock names and semaphores, and a user `nobody`
-/// (password `nobody-pw`) with no role.
-fn enable_auth(endpoint: &str) -> Result<(), String> {
+/// A member whose certificate another CA signed is refused at connect
+/// time with `Error::Misconfigured` naming the certificate, at once and
+/// without the password; so is a `ca_file` that cannot be read.
+async fn refused_certificate(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let (base, ca) = url.split_once("?ca_file=").ok_or("no ca_file in the URL")?;
+    let dir = std::path::Path::new(ca)
+        .parent()
+        .ok_or("the CA has no directory")?;
+    let other = integration_tests::harness::tls::make_unrelated_ca(dir)?;
+    let started = Instant::now();
+    match EtcdBackend::connect(&format!("{base}?ca_file={}", other.display())).await {
+        Err(Error::Misconfigured { message, .. })
+            if message.contains("certificate") && !message.contains("app-pw") => {}
+        other => return Err(format!("a certificate from another CA gave {other:?}").into()),
+    }
+    if started.elapsed() > Duration::from_secs(5) {
+        return Err(format!("the refusal took {:?}", started.elapsed()).into());
+    }
+    match EtcdBackend::connect(&format!("{base}?ca_file={}/missing.pem", dir.display())).await {
+        Err(Error::InvalidInput { message, .. }) if message.contains("missing.pem") => {}
+        other => return Err(format!("an unreadable ca_file gave {other:?}").into()),
+    }
+    Ok(())
+}
+
+/// Turns on authentication on the TLS member at `endpoint` (whose CA is
+/// `ca`): a root user, a user `app` (password `app-pw`) whose role may read
+/// and write only the conformance suite's lock names and semaphores, and a
+/// user `nobody` (password `nobody-pw`) with no role.
+fn enable_auth(endpoint: &str, ca: &std::path::Path) -> Result<(), String> {
     let steps: [&[&str]; 9] = [
         &["user", "add", "root", "--new-user-password=root-pw"],
         &["user", "grant-role", "root", "root"],
@@ -408,8 +439,9 @@ fn enable_auth(endpoint: &str) -> Result<(), String> {
         &["auth", "enable"],
     ];
     for step in steps {
-        let out = server::etcdctl(endpoint)
+        let out = server::etcdctl(&format!("https://{endpoint}"))
             .map_err(|e| e.to_string())?
+            .arg(format!("--cacert={}", ca.display()))
             .args(step)
             .output()
             .map_err(|e| e.to_string())?;
@@ -428,7 +460,7 @@ fn enable_auth(endpoint: &str) -> Result<(), String> {
 async fn refused_credentials(f: Arc<Etcd>) -> Result<(), Failed> {
     let url = f.url()?;
     let endpoint = url.rsplit_once('@').ok_or("no credentials in the URL")?.1;
-    let wrong = EtcdBackend::connect(&format!("etcd://app:not-it@{endpoint}")).await;
+    let wrong = EtcdBackend::connect(&format!("etcds://app:not-it@{endpoint}")).await;
     let wrong = match wrong {
         Ok(b) => LockClient::new(b)
             .lock("conformance-x/job")
@@ -442,7 +474,7 @@ async fn refused_credentials(f: Arc<Etcd>) -> Result<(), Failed> {
         other => return Err(format!("a wrong password gave {other:?}").into()),
     }
     let nobody = LockClient::new(
-        EtcdBackend::connect(&format!("etcd://nobody:nobody-pw@{endpoint}")).await?,
+        EtcdBackend::connect(&format!("etcds://nobody:nobody-pw@{endpoint}")).await?,
     );
     match nobody.lock("conformance-x/job").try_acquire().await {
         Err(Error::Misconfigured { .. }) => {}

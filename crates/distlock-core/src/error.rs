@@ -243,3 +243,58 @@ impl Error {
         }
     }
 }
+
+/// What a TLS handshake refused, if `e` (or an error it wraps) says a
+/// certificate check failed: an unknown CA, a certificate for another host
+/// name, an expired certificate. Such a failure repeats on every retry, so
+/// backends report it as [`Error::Misconfigured`] rather than
+/// [`Error::Unavailable`].
+///
+/// Client libraries wrap the TLS library's error in their own (often inside
+/// an `std::io::Error`, whose `source` skips it), so this reads the text of
+/// every error in the chain.
+pub fn tls_refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        let text = e.to_string();
+        let lower = text.to_ascii_lowercase();
+        if lower.contains("certificate") || lower.contains("unknownissuer") {
+            return Some(text);
+        }
+        next = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Wrapper(std::io::Error);
+    impl fmt::Display for Wrapper {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("transport error")
+        }
+    }
+    impl std::error::Error for Wrapper {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_certificate_failure_anywhere_in_the_chain_is_a_tls_refusal() {
+        let inner = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "invalid peer certificate: UnknownIssuer",
+        );
+        let e = Wrapper(inner);
+        assert_eq!(
+            tls_refusal(&e).as_deref(),
+            Some("invalid peer certificate: UnknownIssuer")
+        );
+        let refused = Wrapper(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(tls_refusal(&refused), None);
+    }
+}

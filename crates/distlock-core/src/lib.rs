@@ -21,7 +21,7 @@ pub use backend::{
     LockRequest, LockStatus, TrustedClock, Waiting,
 };
 pub use client::{LockBuilder, LockClient, DEFAULT_TTL};
-pub use error::{BoxError, Error, InputKind, LostReason, Result};
+pub use error::{tls_refusal, BoxError, Error, InputKind, LostReason, Result};
 pub use fence::{FenceGate, StaleToken};
 pub use guard::LockGuard;
 pub use memory::MemoryBackend;

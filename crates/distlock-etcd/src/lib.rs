@@ -72,6 +72,15 @@ struct Queued {
 
 fn err(endpoints: &str, e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
+    // A refused certificate comes back as "unavailable", but every retry
+    // fails the same way.
+    if let Some(why) = distlock_core::tls_refusal(&e) {
+        return Error::misconfigured(
+            "etcd",
+            format!("etcd at {endpoints}: TLS refused the server's certificate ({why}); check ca_file and the host name in the URL"),
+            Some(Box::new(e)),
+        );
+    }
     match e {
         E::TransportError(_) | E::IoError(_) => Error::unavailable(
             "etcd",
@@ -113,6 +122,22 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
         }
         other => Error::backend("etcd", other),
     }
+}
+
+/// TLS that trusts the CA in `ca_file` (PEM), or the system's roots.
+#[cfg(feature = "tls")]
+fn tls_options(ca_file: Option<&str>) -> Result<etcd_client::TlsOptions> {
+    let tls = etcd_client::TlsOptions::new();
+    let Some(path) = ca_file else {
+        return Ok(tls.with_native_roots());
+    };
+    let pem = std::fs::read(path).map_err(|e| {
+        Error::invalid(
+            InputKind::Url,
+            format!("etcds:// URL: ca_file {path:?} cannot be read: {e}"),
+        )
+    })?;
+    Ok(tls.ca_certificate(etcd_client::Certificate::from_pem(pem)))
 }
 
 /// The few gRPC codes we branch on.
@@ -205,8 +230,10 @@ pub mod requests {
 
 impl EtcdBackend {
     /// Connects to `etcd://[user:password@]host:port[,host:port...]` (the
-    /// client fails over between endpoints). Parameters: `timeout_ms`
-    /// (connect and request timeout, default 5000).
+    /// client fails over between endpoints), or `etcds://` for TLS (feature
+    /// `tls`). Parameters: `timeout_ms` (connect and request timeout,
+    /// default 5000); `ca_file` (`etcds://` only: PEM file of the CA to
+    /// trust instead of the system roots).
     pub async fn connect(url: &str) -> Result<Self> {
         let bad = |why: String| Error::invalid(InputKind::Url, format!("etcd:// URL: {why}"));
         let (scheme, rest) = url
@@ -230,8 +257,13 @@ impl EtcdBackend {
             None => (None, rest),
         };
         let mut timeout = Duration::from_secs(5);
+        let mut ca_file: Option<&str> = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
+                Some(("ca_file", v)) if https => ca_file = Some(v),
+                Some(("ca_file", _)) => {
+                    return Err(bad("ca_file applies to etcds:// (TLS) only".into()))
+                }
                 Some(("timeout_ms", v)) => {
                     timeout = Duration::from_millis(
                         v.parse()
@@ -269,8 +301,10 @@ impl EtcdBackend {
         }
         #[cfg(feature = "tls")]
         if https {
-            options = options.with_tls(etcd_client::TlsOptions::new());
+            options = options.with_tls(tls_options(ca_file)?);
         }
+        #[cfg(not(feature = "tls"))]
+        let _ = ca_file;
         let shown = hosts.to_string();
         let mut client = Client::connect(&endpoints, Some(options))
             .await

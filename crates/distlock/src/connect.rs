@@ -16,6 +16,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("redis+cluster", "redis"),
     ("redlock", "redlock"),
     ("etcd", "etcd"),
+    ("etcds", "etcd-tls"),
     ("zk", "zookeeper"),
 ];
 
@@ -29,7 +30,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// | `mysql://`, `mariadb://` | MySQL / MariaDB | `mysql` |
 /// | `redis://`, `rediss://`, `redis+sentinel://h:p[,h:p]/SERVICE`, `redis+cluster://h:p[,h:p]` | Redis | `redis` (`redis-tls` for `rediss`) |
 /// | `redlock://h:p,h:p,h:p` | Redlock | `redlock` |
-/// | `etcd://h:p[,h:p]` | etcd | `etcd` |
+/// | `etcd://h:p[,h:p]`, `etcds://h:p[,h:p]` | etcd | `etcd` (`etcd-tls` for `etcds`) |
 /// | `zk://h:p[,h:p][/chroot]` | ZooKeeper | `zookeeper` |
 ///
 /// Backend options go in query parameters; see each backend crate. A scheme
@@ -99,12 +100,13 @@ pub async fn connect(url: &str) -> Result<DynBackend> {
             #[allow(unreachable_code)]
             Err(missing())
         }
-        "etcd" => {
+        "etcd" | "etcds" => {
             #[cfg(feature = "etcd")]
-            return Ok(std::sync::Arc::new(
-                distlock_etcd::EtcdBackend::connect(url).await?,
-            ));
-            #[allow(unreachable_code)]
+            if scheme != "etcds" || cfg!(feature = "etcd-tls") {
+                return Ok(std::sync::Arc::new(
+                    distlock_etcd::EtcdBackend::connect(url).await?,
+                ));
+            }
             Err(missing())
         }
         "zk" => {

@@ -1,9 +1,11 @@
 //! A single etcd member on loopback ports.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use super::process::{find_binary, free_port, tcp_exchange, temp_dir, ServerProcess};
+use super::tls::TestCerts;
 use super::HarnessError;
 
 /// Install hint.
@@ -47,34 +49,7 @@ pub fn cluster(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
     let mut members = Vec::new();
     for (i, (client, peer)) in ports.iter().copied().enumerate() {
         let dir = temp_dir("etcd-member")?;
-        let c = format!("http://127.0.0.1:{client}");
-        let p = format!("http://127.0.0.1:{peer}");
-        let mut cmd = Command::new(&bin);
-        cmd.args(["--name", &format!("m{i}"), "--data-dir"])
-            .arg(dir.join("data"))
-            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
-            .args([
-                "--listen-peer-urls",
-                &p,
-                "--initial-advertise-peer-urls",
-                &p,
-            ])
-            .args([
-                "--initial-cluster",
-                &initial,
-                "--initial-cluster-state",
-                "new",
-                "--initial-cluster-token",
-                "distlock-test",
-            ])
-            .args([
-                "--heartbeat-interval",
-                "100",
-                "--election-timeout",
-                "1000",
-                "--log-level",
-                "warn",
-            ]);
+        let cmd = member(&bin, i, &dir, (client, peer), &initial, None);
         members.push(ServerProcess::start(
             "etcd member",
             cmd,
@@ -89,6 +64,84 @@ pub fn cluster(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
         m.wait_ready()?;
     }
     Ok(members)
+}
+
+/// Starts a single member that serves clients only over TLS, with a
+/// throwaway CA and a certificate for `127.0.0.1` and `localhost`. Returns
+/// the member and the CA's PEM file. `/health` stays on a plain metrics
+/// port, for the readiness probe.
+pub fn spawn_tls() -> Result<(ServerProcess, PathBuf), HarnessError> {
+    let bin = find_binary("etcd", &[], INSTALL)?;
+    let (client, peer, metrics) = (free_port()?, free_port()?, free_port()?);
+    let dir = temp_dir("etcd-tls")?;
+    let certs = super::tls::make_certs(&dir, "IP:127.0.0.1,DNS:localhost")?;
+    let initial = format!("m0=http://127.0.0.1:{peer}");
+    let mut cmd = member(&bin, 0, &dir, (client, peer), &initial, Some(&certs));
+    cmd.args([
+        "--listen-metrics-urls",
+        &format!("http://127.0.0.1:{metrics}"),
+    ]);
+    let member = ServerProcess::start(
+        "etcd member (TLS)",
+        cmd,
+        dir,
+        client,
+        "TERM",
+        Duration::from_secs(60),
+        move || healthy(metrics),
+    )?
+    .when_ready()?;
+    Ok((member, certs.ca))
+}
+
+/// The command line of member `i` of a cluster whose peers are `initial`,
+/// serving clients over TLS with `tls`'s certificate when given.
+fn member(
+    bin: &Path,
+    i: usize,
+    dir: &Path,
+    (client, peer): (u16, u16),
+    initial: &str,
+    tls: Option<&TestCerts>,
+) -> Command {
+    let c = format!(
+        "{}://127.0.0.1:{client}",
+        if tls.is_some() { "https" } else { "http" }
+    );
+    let p = format!("http://127.0.0.1:{peer}");
+    let mut cmd = Command::new(bin);
+    cmd.args(["--name", &format!("m{i}"), "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+        .args([
+            "--listen-peer-urls",
+            &p,
+            "--initial-advertise-peer-urls",
+            &p,
+        ])
+        .args([
+            "--initial-cluster",
+            initial,
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            "distlock-test",
+        ])
+        .args([
+            "--heartbeat-interval",
+            "100",
+            "--election-timeout",
+            "1000",
+            "--log-level",
+            "warn",
+        ]);
+    if let Some(tls) = tls {
+        cmd.arg("--cert-file")
+            .arg(&tls.cert)
+            .arg("--key-file")
+            .arg(&tls.key);
+    }
+    cmd
 }
 
 /// The client port of the current leader among `members`, from `etcdctl endpoint status`.
