@@ -926,3 +926,45 @@ fn the_password_comes_from_the_environment_or_a_file() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
+
+/// Every URL form that can carry a password, against servers that are not
+/// there: neither the error, nor `status` (text or JSON), nor trace-level
+/// logs show the password.
+#[test]
+fn no_url_form_shows_its_password() {
+    const PW: &str = "Zq9-secret";
+    let forms = [
+        format!("postgres://app:{PW}@127.0.0.1:1/db"),
+        format!("postgresql://app:{PW}@127.0.0.1:1/db?sslmode=verify-full"),
+        format!("postgres:///db?host=127.0.0.1&port=1&user=app&password={PW}"),
+        format!("mysql://app:{PW}@127.0.0.1:1/db"),
+        format!("mariadb://app:{PW}@127.0.0.1:1/db?ssl-mode=VERIFY_IDENTITY"),
+        format!("redis://:{PW}@127.0.0.1:1"),
+        format!("redis://app:{PW}@127.0.0.1:1/2"),
+        format!("rediss://app:{PW}@127.0.0.1:1?ca_file=/nonexistent.pem"),
+        format!("redis+sentinel://app:{PW}@127.0.0.1:1,127.0.0.1:2/mymaster"),
+        format!("redis+cluster://app:{PW}@127.0.0.1:1,127.0.0.1:2"),
+        format!("redlock://app:{PW}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"),
+        format!("etcd://app:{PW}@127.0.0.1:1"),
+        format!("etcds://app:{PW}@127.0.0.1:1"),
+        format!("zk://app:{PW}@127.0.0.1:1/chroot?acl=creator"),
+    ];
+    for url in &forms {
+        let runs: [&[&str]; 3] = [
+            &["status", "pw/x", "--backend", url],
+            &["status", "pw/x", "--json", "--backend", url],
+            &["-vv", "run", "--backend", url, "pw/x", "--", "true"],
+        ];
+        for args in runs {
+            let out = bin().env_remove("RUST_LOG").args(args).output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_ne!(out.status.code(), Some(0), "{args:?} succeeded: {text}");
+            assert!(!text.is_empty(), "{args:?} said nothing");
+            assert!(!text.contains(PW), "{args:?} showed the password:\n{text}");
+        }
+    }
+}

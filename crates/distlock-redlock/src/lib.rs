@@ -605,8 +605,22 @@ impl Backend for RedlockBackend {
             timeout(t, r.inspect(name)).await.ok()?.ok()
         }))
         .await;
-        let held: Vec<_> = answers.into_iter().flatten().filter(|s| s.held).collect();
-        let status = LockStatus::new(held.len() >= self.quorum(&HoldKind::Exclusive))
+        let answered: Vec<_> = answers.into_iter().flatten().collect();
+        let held: Vec<_> = answered.iter().filter(|s| s.held).collect();
+        let (quorum, total) = (self.quorum(&HoldKind::Exclusive), self.inner.nodes.len());
+        // "Not held" needs so many nodes free that no majority can hold it.
+        let free = answered.len() - held.len();
+        if held.len() < quorum && free <= total - quorum {
+            return Err(Error::QuorumNotReached {
+                backend: "redlock",
+                granted: answered.len(),
+                unreachable: total - answered.len(),
+                needed: quorum,
+                total,
+                hint: "too few nodes answered to tell whether a quorum holds the lock; check the Redis nodes",
+            });
+        }
+        let status = LockStatus::new(held.len() >= quorum)
             .with_remaining(held.iter().filter_map(|s| s.remaining).min());
         Ok(if self.inner.config.fencing {
             status.with_token(held.iter().filter_map(|s| s.token).max())

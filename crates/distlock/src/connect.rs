@@ -121,7 +121,8 @@ pub async fn connect(url: &str) -> Result<DynBackend> {
     }
 }
 
-/// The URL with any password replaced by `***`, for logs and for the
+/// The URL with any password replaced by `***`, in the userinfo and in a
+/// `password=` query parameter (PostgreSQL's), for logs and for the
 /// `DISTLOCK_BACKEND` variable handed to child processes.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -129,6 +130,21 @@ pub fn redact(url: &str) -> String {
     };
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((key, _)) if key.eq_ignore_ascii_case("password") => {
+                        format!("{key}=***")
+                    }
+                    _ => pair.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", pairs.join("&"))
+        }
+        None => tail.to_string(),
+    };
     match authority.rsplit_once('@') {
         Some((userinfo, hosts)) => {
             let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
@@ -138,7 +154,7 @@ pub fn redact(url: &str) -> String {
                 format!("{scheme}://{user}@{hosts}{tail}")
             }
         }
-        None => url.to_string(),
+        None => format!("{scheme}://{authority}{tail}"),
     }
 }
 
@@ -211,6 +227,18 @@ mod tests {
         assert_eq!(redact("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
         assert_eq!(redact("mysql://root@h:3306/d"), "mysql://root@h:3306/d");
         assert_eq!(redact("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
+        assert_eq!(
+            redact("postgres:///db?host=h&password=s3cret&sslmode=require"),
+            "postgres:///db?host=h&password=***&sslmode=require"
+        );
+        assert_eq!(
+            redact("redlock://u:pw@a:1,b:2,c:3?fencing=true"),
+            "redlock://u:***@a:1,b:2,c:3?fencing=true"
+        );
+        assert_eq!(
+            redact("etcds://u:pw@a:1?ca_file=/ca.pem"),
+            "etcds://u:***@a:1?ca_file=/ca.pem"
+        );
     }
 
     #[tokio::test]
