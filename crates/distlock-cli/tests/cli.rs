@@ -928,8 +928,8 @@ fn the_password_comes_from_the_environment_or_a_file() {
 }
 
 /// Every URL form that can carry a password, against servers that are not
-/// there: neither the error, nor `status` (text or JSON), nor trace-level
-/// logs show the password.
+/// there: neither the error, nor `status` (text or JSON), nor
+/// `conformance --json`, nor trace-level logs show the password.
 #[test]
 fn no_url_form_shows_its_password() {
     const PW: &str = "Zq9-secret";
@@ -950,9 +950,10 @@ fn no_url_form_shows_its_password() {
         format!("zk://app:{PW}@127.0.0.1:1/chroot?acl=creator"),
     ];
     for url in &forms {
-        let runs: [&[&str]; 3] = [
+        let runs: [&[&str]; 4] = [
             &["status", "pw/x", "--backend", url],
             &["status", "pw/x", "--json", "--backend", url],
+            &["conformance", "--json", "--backend", url],
             &["-vv", "run", "--backend", url, "pw/x", "--", "true"],
         ];
         for args in runs {
