@@ -1,6 +1,9 @@
 //! The conformance suite on a single redis-server, on a 3-node Redis
-//! Cluster and over TLS (`rediss://`), plus Redis's own edges: interop with the classic raw-command
-//! protocol, and a real Sentinel failover.
+//! Cluster, and over TLS to a single server (`rediss://`), to a Sentinel and
+//! its master (`rediss+sentinel://`) and to a 3-node Cluster
+//! (`rediss+cluster://`), plus Redis's own edges: interop with the classic
+//! raw-command protocol, a wrong CA on each TLS form, and a real Sentinel
+//! failover.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +62,30 @@ fn main() {
         let url = format!("rediss://127.0.0.1:{}?ca_file={}", s.port, ca.display());
         Ok(Servers::processes(url, vec![s]))
     }));
+    let sentinel_tls = Arc::new(Redis::new("redis::sentinel_tls", || {
+        let (master, certs) = server::spawn_tls_with(&[]).map_err(|e| e.to_string())?;
+        let s = server::sentinel_tls(master.port, "m", &certs).map_err(|e| e.to_string())?;
+        let url = format!(
+            "rediss+sentinel://127.0.0.1:{}/m?ca_file={}",
+            s.port,
+            certs.ca.display()
+        );
+        // The master's directory holds the certificates: it stops last.
+        Ok(Servers::processes(url, vec![s, master]))
+    }));
+    let cluster_tls = Arc::new(Redis::new("redis::cluster_tls", || {
+        let (nodes, ca) = server::cluster_tls(3).map_err(|e| e.to_string())?;
+        let hosts: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let url = format!(
+            "rediss+cluster://{}?ca_file={}",
+            hosts.join(","),
+            ca.display()
+        );
+        Ok(Servers::processes(url, nodes))
+    }));
     // The suite as a user allowed only the commands, keys and channels
     // distlock needs (the rule docs/guarantees.md gives), for the suite's
     // names.
@@ -79,7 +106,23 @@ fn main() {
     }));
     integration_tests::run_suite(single.clone(), move |rt| {
         let mut extra = integration_tests::trials(cluster, rt);
-        extra.extend(integration_tests::trials(tls, rt));
+        extra.extend(integration_tests::trials(tls.clone(), rt));
+        extra.extend(integration_tests::trials(sentinel_tls.clone(), rt));
+        extra.extend(integration_tests::trials(cluster_tls.clone(), rt));
+        for (name, f) in [
+            ("redis::tls::a_wrong_ca_is_misconfigured_at_once", tls),
+            (
+                "redis::sentinel_tls::a_wrong_ca_is_misconfigured_at_once",
+                sentinel_tls,
+            ),
+            (
+                "redis::cluster_tls::a_wrong_ca_is_misconfigured_at_once",
+                cluster_tls,
+            ),
+        ] {
+            let handle = rt.handle().clone();
+            extra.push(Trial::test(name, move || handle.block_on(wrong_ca(f))));
+        }
         extra.extend(integration_tests::trials(acl.clone(), rt));
         let handle = rt.handle().clone();
         extra.push(Trial::test(
@@ -411,6 +454,57 @@ async fn multi_lock_is_one_request() -> Result<(), Failed> {
     }
     m.release().await?;
     drop(node);
+    Ok(())
+}
+
+/// A CA that signed none of the servers' certificates: connecting fails at
+/// once with `Error::Misconfigured` (not a retryable `Unavailable`), saying
+/// TLS and certificate and showing no password.
+async fn wrong_ca(f: Arc<Redis>) -> Result<(), Failed> {
+    const PASSWORD: &str = "wrong-ca-secret-pw";
+    let url = f.url()?;
+    let dir = std::env::temp_dir().join(format!(
+        "redistls-wrong-ca-{}-{}",
+        std::process::id(),
+        &distlock_core::Owner::random().to_string()[..8]
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let other = integration_tests::harness::tls::make_unrelated_ca(&dir)?;
+    let (base, _) = url
+        .split_once("?ca_file=")
+        .ok_or("the URL names no ca_file")?;
+    let (scheme, hosts) = base.split_once("://").ok_or("no scheme")?;
+    let url = format!(
+        "{scheme}://app:{PASSWORD}@{hosts}?ca_file={}",
+        other.display()
+    );
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(15), RedisBackend::connect(&url)).await;
+    let took = started.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+    let e = match r {
+        Err(_) => return Err(format!("{scheme}: a wrong CA hung for {took:?}").into()),
+        Ok(Ok(_)) => return Err(format!("{scheme}: a wrong CA connected").into()),
+        Ok(Err(e)) => e,
+    };
+    let text = format!("{e} {e:?}");
+    match &e {
+        Error::Misconfigured {
+            backend: "redis",
+            message,
+            ..
+        } if message.contains("TLS") && message.contains("certificate") => {}
+        other => return Err(format!("{scheme}: a wrong CA gave {other:?}").into()),
+    }
+    if e.is_retryable() {
+        return Err(format!("{scheme}: a wrong CA is retryable: {e}").into());
+    }
+    if text.contains(PASSWORD) {
+        return Err(format!("{scheme}: the error shows the password: {text}").into());
+    }
+    if took > Duration::from_secs(5) {
+        return Err(format!("{scheme}: a wrong CA took {took:?} to report").into());
+    }
     Ok(())
 }
 

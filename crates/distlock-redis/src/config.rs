@@ -13,7 +13,7 @@ use distlock_core::{Error, InputKind, Result};
 /// | `wait_replicas` | after a grant, `WAIT` for this many replicas; release and fail if fewer acknowledge | 0 (off) |
 /// | `wait_timeout_ms` | the `WAIT` timeout | 100 |
 /// | `timeout_ms` | connect and response timeout | 2000 |
-/// | `ca_file` | `rediss://` only: PEM file of the CA to trust instead of the system roots | system roots |
+/// | `ca_file` | `rediss://`, `rediss+sentinel://`, `rediss+cluster://`: PEM file of the CA to trust instead of the system roots | system roots |
 ///
 /// Other parameters of a `redis://` URL (such as `protocol`) are passed to
 /// the redis client.
@@ -28,7 +28,8 @@ pub struct RedisConfig {
     pub wait_timeout: Duration,
     /// Connect and per-command response timeout.
     pub timeout: Duration,
-    /// `rediss://`: trust this CA (PEM file) instead of the system roots.
+    /// TLS URLs (`rediss://`, `rediss+sentinel://`, `rediss+cluster://`):
+    /// trust this CA (PEM file) instead of the system roots.
     pub ca_file: Option<std::path::PathBuf>,
 }
 
@@ -83,15 +84,17 @@ impl RedisConfig {
 pub(crate) enum Topology {
     /// One server: a URL for the redis client.
     Single(String),
-    /// Sentinels that know the master of `service`.
+    /// Sentinels that know the master of `service`, as redis URLs.
     Sentinel {
         sentinels: Vec<String>,
         service: String,
         db: i64,
         username: Option<String>,
         password: Option<String>,
+        /// TLS to the Sentinels and to the master.
+        tls: bool,
     },
-    /// Cluster seed nodes, as redis URLs.
+    /// Cluster seed nodes, as redis URLs (`rediss://` for TLS).
     Cluster(Vec<String>),
 }
 
@@ -108,7 +111,8 @@ fn bad(url: &str, why: impl std::fmt::Display) -> Error {
     Error::invalid(InputKind::Url, format!("{shown}:// URL: {why}"))
 }
 
-/// Parses `redis://`, `redis+sentinel://` and `redis+cluster://` URLs,
+/// Parses `redis://`, `redis+sentinel://` and `redis+cluster://` URLs, and
+/// their TLS forms `rediss://`, `rediss+sentinel://` and `rediss+cluster://`,
 /// taking distlock's own query parameters into `config`.
 pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
     let (scheme, rest) = url
@@ -154,8 +158,26 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
     }
     let endpoint = hosts.join(",");
     let creds = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-    let topology = match scheme {
-        "redis" | "rediss" if scheme == "redis" || cfg!(feature = "tls") => {
+    // The TLS forms name the same topologies with `rediss` in front.
+    let (tls, topology_scheme) = match scheme.strip_prefix("rediss") {
+        Some(rest) => (true, format!("redis{rest}")),
+        None => (false, scheme.to_string()),
+    };
+    let node_scheme = if tls { "rediss" } else { "redis" };
+    if tls
+        && !cfg!(feature = "tls")
+        && matches!(
+            topology_scheme.as_str(),
+            "redis" | "redis+sentinel" | "redis+cluster"
+        )
+    {
+        return Err(Error::Unsupported {
+            backend: "redis",
+            operation: "TLS (rediss://, rediss+sentinel://, rediss+cluster://) without the `tls` cargo feature of distlock-redis",
+        });
+    }
+    let topology = match topology_scheme.as_str() {
+        "redis" => {
             if hosts.len() != 1 {
                 return Err(bad(
                     url,
@@ -173,12 +195,6 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
                 format!("/{path}")
             };
             Topology::Single(format!("{scheme}://{creds}{}{p}{q}", hosts[0]))
-        }
-        "rediss" => {
-            return Err(Error::Unsupported {
-                backend: "redis",
-                operation: "TLS (rediss://) without the `tls` cargo feature of distlock-redis",
-            });
         }
         "redis+sentinel" => {
             let mut parts = path.split('/').filter(|p| !p.is_empty());
@@ -205,11 +221,15 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
                 None => (None, None),
             };
             Topology::Sentinel {
-                sentinels: hosts.iter().map(|h| format!("redis://{h}")).collect(),
+                sentinels: hosts
+                    .iter()
+                    .map(|h| format!("{node_scheme}://{h}"))
+                    .collect(),
                 service: service.to_string(),
                 db,
                 username,
                 password,
+                tls,
             }
         }
         "redis+cluster" => {
@@ -219,15 +239,15 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
             Topology::Cluster(
                 hosts
                     .iter()
-                    .map(|h| format!("redis://{creds}{h}"))
+                    .map(|h| format!("{node_scheme}://{creds}{h}"))
                     .collect(),
             )
         }
-        other => {
+        _ => {
             return Err(bad(
                 url,
                 format!(
-                    "unknown scheme {other:?}; use redis://, redis+sentinel:// or redis+cluster://"
+                    "unknown scheme {scheme:?}; use redis://, redis+sentinel:// or redis+cluster:// (or rediss://, rediss+sentinel://, rediss+cluster:// for TLS)"
                 ),
             ))
         }
@@ -261,7 +281,8 @@ mod tests {
                 service: "mymaster".into(),
                 db: 3,
                 username: None,
-                password: None
+                password: None,
+                tls: false,
             }
         );
         let (t, _) = p("redis+cluster://a:7000,b:7001").unwrap();
@@ -306,10 +327,92 @@ mod tests {
     }
 
     #[test]
+    fn parses_the_tls_forms_of_sentinel_and_cluster() {
+        if !cfg!(feature = "tls") {
+            for url in [
+                "rediss+sentinel://a:1/m?ca_file=/x.pem",
+                "rediss+cluster://a:1,b:2?ca_file=/x.pem",
+            ] {
+                assert!(
+                    matches!(
+                        p(url),
+                        Err(Error::Unsupported {
+                            backend: "redis",
+                            ..
+                        })
+                    ),
+                    "{url}"
+                );
+            }
+            return;
+        }
+        let (t, c) = p("rediss+sentinel://u:pw@a:26379,b:26380/mymaster/3?ca_file=/x.pem").unwrap();
+        assert_eq!(
+            t,
+            Topology::Sentinel {
+                sentinels: vec!["rediss://a:26379".into(), "rediss://b:26380".into()],
+                service: "mymaster".into(),
+                db: 3,
+                username: Some("u".into()),
+                password: Some("pw".into()),
+                tls: true,
+            }
+        );
+        assert_eq!(c.ca_file.as_deref(), Some(std::path::Path::new("/x.pem")));
+        let (t, c) = p("rediss+cluster://:pw@a:7000,b:7001?ca_file=/x.pem").unwrap();
+        assert_eq!(
+            t,
+            Topology::Cluster(vec![
+                "rediss://:pw@a:7000".into(),
+                "rediss://:pw@b:7001".into()
+            ])
+        );
+        assert!(c.ca_file.is_some());
+        // Without ca_file: the system roots.
+        let (t, c) = p("rediss+cluster://a:7000").unwrap();
+        assert_eq!(t, Topology::Cluster(vec!["rediss://a:7000".into()]));
+        assert!(c.ca_file.is_none());
+    }
+
+    #[test]
+    fn rejects_malformed_tls_urls_with_typed_errors() {
+        for bad in [
+            "rediss+sentinel://a:1",
+            "rediss+sentinel://a:1/m/notadb",
+            "rediss+sentinel://a/m",
+            "rediss+cluster://",
+            "rediss+cluster://a:1?wait_replicas=1",
+            "rediss+redlock://a:1",
+            "redisss://a:1",
+        ] {
+            let r = p(bad);
+            // Without the feature a well-formed host list is refused as
+            // unsupported before the rest is read.
+            let unsupported = !cfg!(feature = "tls") && matches!(r, Err(Error::Unsupported { .. }));
+            assert!(
+                unsupported
+                    || matches!(
+                        r,
+                        Err(Error::InvalidInput {
+                            kind: InputKind::Url | InputKind::Config,
+                            ..
+                        })
+                    ),
+                "{bad}: {r:?}"
+            );
+        }
+    }
+
+    #[test]
     fn errors_never_show_passwords() {
-        let e = p("redis://user:hunter2@a:notaport")
-            .unwrap_err()
-            .to_string();
-        assert!(!e.contains("hunter2"), "{e}");
+        for url in [
+            "redis://user:hunter2@a:notaport",
+            "rediss+sentinel://user:hunter2@a:1/m/notadb",
+            "rediss+cluster://user:hunter2@a:notaport",
+            "rediss+cluster://user:hunter2@a:1?wait_replicas=1",
+        ] {
+            let e = p(url).unwrap_err().to_string();
+            assert!(!e.contains("hunter2"), "{e}");
+        }
     }
 }

@@ -1,14 +1,17 @@
 //! One multiplexed, self-reconnecting connection per client, whatever the
 //! topology.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Client, Cmd, FromRedisValue, RedisError, RedisResult, ScriptInvocation};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    Client, Cmd, FromRedisValue, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation,
+};
 use tokio::sync::Mutex;
 
 use crate::config::Topology;
@@ -45,32 +48,74 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
         .set_response_timeout(Some(timeout))
 }
 
+/// The certificates of TLS connections: the CA in `ca_file` instead of the
+/// system roots. `None` leaves the redis client on the system roots.
 #[cfg(feature = "tls")]
-fn single_client(url: &str, ca_file: Option<&std::path::Path>) -> RedisResult<Client> {
-    match ca_file {
-        Some(path) if url.starts_with("rediss:") => {
-            let root = std::fs::read(path).map_err(|e| {
-                RedisError::from((
-                    redis::ErrorKind::InvalidClientConfig,
-                    "cannot read ca_file",
-                    format!("{}: {e}", path.display()),
-                ))
-            })?;
-            Client::build_with_tls(
-                url,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root),
-                },
-            )
-        }
-        _ => Client::open(url),
-    }
+fn tls_certificates(ca_file: Option<&Path>) -> RedisResult<Option<redis::TlsCertificates>> {
+    let Some(path) = ca_file else {
+        return Ok(None);
+    };
+    let root = std::fs::read(path).map_err(|e| {
+        RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "cannot read ca_file",
+            format!("{}: {e}", path.display()),
+        ))
+    })?;
+    Ok(Some(redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root),
+    }))
 }
 
-#[cfg(not(feature = "tls"))]
-fn single_client(url: &str, _ca_file: Option<&std::path::Path>) -> RedisResult<Client> {
+/// A client for one server: `rediss://` URLs trust `ca_file`.
+fn single_client(url: &str, ca_file: Option<&Path>) -> RedisResult<Client> {
+    #[cfg(feature = "tls")]
+    if url.starts_with("rediss:") {
+        if let Some(certs) = tls_certificates(ca_file)? {
+            return Client::build_with_tls(url, certs);
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = ca_file;
     Client::open(url)
+}
+
+/// The client following a Sentinel service's master. With `tls`, both the
+/// Sentinels and the master are reached over TLS, trusting `ca_file`.
+fn sentinel_client(
+    sentinels: &[String],
+    service: &str,
+    db: i64,
+    username: Option<&str>,
+    password: Option<&str>,
+    tls: bool,
+    ca_file: Option<&Path>,
+) -> RedisResult<SentinelClient> {
+    let addrs = sentinels
+        .iter()
+        .map(|url| Ok(url.as_str().into_connection_info()?.addr().clone()))
+        .collect::<RedisResult<Vec<_>>>()?;
+    let mut builder = SentinelClientBuilder::new(addrs, service, SentinelServerType::Master)?
+        .set_client_to_redis_db(db);
+    if let Some(u) = username {
+        builder = builder.set_client_to_redis_username(u);
+    }
+    if let Some(p) = password {
+        builder = builder.set_client_to_redis_password(p);
+    }
+    if tls {
+        builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+        #[cfg(feature = "tls")]
+        if let Some(certs) = tls_certificates(ca_file)? {
+            builder = builder
+                .set_client_to_sentinel_certificates(certs.clone())
+                .set_client_to_redis_certificates(certs);
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = ca_file;
+    builder.build()
 }
 
 /// Errors after which the master may have moved.
@@ -109,7 +154,7 @@ impl Conn {
     pub(crate) async fn open(
         topology: &Topology,
         timeout: Duration,
-        ca_file: Option<&std::path::Path>,
+        ca_file: Option<&Path>,
     ) -> RedisResult<Self> {
         match topology {
             Topology::Single(url) => {
@@ -120,13 +165,17 @@ impl Conn {
                 Ok(Conn::Single { client, manager })
             }
             Topology::Cluster(nodes) => {
-                let seed = Client::open(nodes[0].as_str())?;
-                let conn = ClusterClient::builder(nodes.clone())
+                let seed = single_client(&nodes[0], ca_file)?;
+                let builder = ClusterClient::builder(nodes.clone())
                     .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .build()?
-                    .get_async_connection()
-                    .await?;
+                    .response_timeout(timeout);
+                // The seeds' `rediss://` switches TLS on; the CA is set here.
+                #[cfg(feature = "tls")]
+                let builder = match tls_certificates(ca_file)? {
+                    Some(certs) if nodes[0].starts_with("rediss:") => builder.certs(certs),
+                    _ => builder,
+                };
+                let conn = builder.build()?.get_async_connection().await?;
                 Ok(Conn::Cluster { seed, conn })
             }
             Topology::Sentinel {
@@ -135,23 +184,16 @@ impl Conn {
                 db,
                 username,
                 password,
+                tls,
             } => {
-                let mut info = redis::RedisConnectionInfo::default().set_db(*db);
-                if let Some(u) = username {
-                    info = info.set_username(u);
-                }
-                if let Some(p) = password {
-                    info = info.set_password(p);
-                }
-                let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(info);
-                // `build` takes a String without the redis crate's TLS
-                // feature and `impl AsRef<str>` with it.
-                #[allow(clippy::unnecessary_to_owned)]
-                let sentinel = SentinelClient::build(
-                    sentinels.clone(),
-                    service.to_string(),
-                    Some(node),
-                    SentinelServerType::Master,
+                let sentinel = sentinel_client(
+                    sentinels,
+                    service,
+                    *db,
+                    username.as_deref(),
+                    password.as_deref(),
+                    *tls,
+                    ca_file,
                 )?;
                 let conn = Arc::new(SentinelConn {
                     sentinel: Mutex::new(sentinel),

@@ -58,10 +58,10 @@ impl fmt::Debug for RedisBackend {
 
 impl RedisBackend {
     /// Connects to `redis://[user:pass@]host:port[/db]`,
-    /// `rediss://...` (feature `tls`),
     /// `redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db]` or
-    /// `redis+cluster://host:port[,host:port...]`, with the options of
-    /// [`RedisConfig`] as query parameters.
+    /// `redis+cluster://host:port[,host:port...]`, or over TLS (feature `tls`)
+    /// to `rediss://...`, `rediss+sentinel://...` or `rediss+cluster://...`,
+    /// with the options of [`RedisConfig`] as query parameters.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, RedisConfig::default()).await
     }
@@ -343,8 +343,9 @@ fn map_err(endpoint: &str, e: RedisError) -> Error {
     }
 }
 
-/// What to change, when the server refused the configuration itself:
-/// retrying the same password or database index cannot succeed.
+/// What to change, when the server refused the configuration itself, or
+/// TLS refused the server: retrying the same password, database index or
+/// CA cannot succeed.
 fn refused_configuration(e: &RedisError) -> Option<&'static str> {
     use redis::{ErrorKind, ServerErrorKind};
     match (e.kind(), e.code()) {
@@ -359,8 +360,31 @@ fn refused_configuration(e: &RedisError) -> Option<&'static str> {
         _ if e.to_string().contains("refused to switch database") => {
             Some("the database index in the URL is out of the server's range (see `databases` in redis.conf)")
         }
+        _ if tls_refused(e) => Some(
+            "the TLS handshake failed: check that ca_file names the PEM CA that signed the servers' certificates, and that the URL's hosts are names in those certificates",
+        ),
         _ => None,
     }
+}
+
+/// Whether a TLS handshake failed on the certificate or the protocol, which
+/// a retry with the same settings cannot mend. The text is the only mark
+/// that survives everywhere: the redis client keeps the TLS error only as an
+/// I/O error, and a cluster's first connect passes on only its text.
+fn tls_refused(e: &RedisError) -> bool {
+    // rustls's texts for a refused certificate, an alert from the server
+    // (it refused ours) and TLS spoken to a plain port; the redis client's
+    // for a ca_file that is not PEM.
+    const MARKS: &[&str] = &[
+        "invalid peer certificate",
+        "peer sent no certificates",
+        "received fatal alert",
+        "peer is incompatible",
+        "received corrupt message",
+        "Unable to parse root certificate PEM",
+    ];
+    let text = e.to_string();
+    MARKS.iter().any(|m| text.contains(m))
 }
 
 impl RedisBackend {
@@ -692,5 +716,38 @@ impl Wakeups for Subscribed<'_> {
 
     fn answered(&mut self) {
         self.signalled.answered();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_certificate_is_misconfigured_and_a_refused_connection_unavailable() {
+        // As the redis client reports a rustls refusal on one server, and
+        // as a cluster's first connect passes on its text.
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "invalid peer certificate: UnknownIssuer",
+        );
+        let cluster = RedisError::from((
+            redis::ErrorKind::Io,
+            "Failed to create initial connections",
+            "invalid peer certificate: UnknownIssuer".to_string(),
+        ));
+        for e in [RedisError::from(io), cluster] {
+            match map_err("a:1", e) {
+                Error::Misconfigured { message, .. } => {
+                    assert!(
+                        message.contains("TLS") && message.contains("ca_file"),
+                        "{message}"
+                    )
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(map_err("a:1", RedisError::from(refused)).is_retryable());
     }
 }

@@ -14,6 +14,8 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("rediss", "redis-tls"),
     ("redis+sentinel", "redis"),
     ("redis+cluster", "redis"),
+    ("rediss+sentinel", "redis-tls"),
+    ("rediss+cluster", "redis-tls"),
     ("redlock", "redlock"),
     ("etcd", "etcd"),
     ("etcds", "etcd-tls"),
@@ -28,7 +30,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// | `sqlite://PATH` | SQLite file | `sqlite` (default) |
 /// | `postgres://`, `postgresql://` | PostgreSQL | `postgres` |
 /// | `mysql://`, `mariadb://` | MySQL / MariaDB | `mysql` |
-/// | `redis://`, `rediss://`, `redis+sentinel://h:p[,h:p]/SERVICE`, `redis+cluster://h:p[,h:p]` | Redis | `redis` (`redis-tls` for `rediss`) |
+/// | `redis://`, `redis+sentinel://h:p[,h:p]/SERVICE`, `redis+cluster://h:p[,h:p]`, and over TLS `rediss://`, `rediss+sentinel://`, `rediss+cluster://` | Redis | `redis` (`redis-tls` for the `rediss` forms) |
 /// | `redlock://h:p,h:p,h:p` | Redlock | `redlock` |
 /// | `etcd://h:p[,h:p]`, `etcds://h:p[,h:p]` | etcd | `etcd` (`etcd-tls` for `etcds`) |
 /// | `zk://h:p[,h:p][/chroot]` | ZooKeeper | `zookeeper` |
@@ -83,9 +85,10 @@ pub async fn connect(url: &str) -> Result<DynBackend> {
             }
             Err(missing())
         }
-        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
+        "redis" | "redis+sentinel" | "redis+cluster" | "rediss" | "rediss+sentinel"
+        | "rediss+cluster" => {
             #[cfg(feature = "redis")]
-            if scheme != "rediss" || cfg!(feature = "redis-tls") {
+            if feature == "redis" || cfg!(feature = "redis-tls") {
                 return Ok(std::sync::Arc::new(
                     distlock_redis::RedisBackend::connect(url).await?,
                 ));
@@ -225,6 +228,10 @@ mod tests {
             "postgres://app:***@db:5432/x"
         );
         assert_eq!(redact("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
+        assert_eq!(
+            redact("rediss+sentinel://u:pw@a:1,b:2/m?ca_file=/ca.pem"),
+            "rediss+sentinel://u:***@a:1,b:2/m?ca_file=/ca.pem"
+        );
         assert_eq!(redact("mysql://root@h:3306/d"), "mysql://root@h:3306/d");
         assert_eq!(redact("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
         assert_eq!(

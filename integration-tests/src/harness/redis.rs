@@ -1,10 +1,11 @@
 //! redis-server on a loopback port.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use super::process::{find_binary, free_port, tcp_exchange, temp_dir, ServerProcess};
+use super::tls::TestCerts;
 use super::HarnessError;
 
 /// Install hint.
@@ -28,15 +29,66 @@ pub fn redlock_url(ports: impl IntoIterator<Item = u16>, options: &str) -> Strin
     )
 }
 
+/// The subjectAltNames of the TLS servers' certificates: clients reach them
+/// at 127.0.0.1, the address Sentinel and Cluster report.
+const TLS_SANS: &str = "IP:127.0.0.1,DNS:localhost";
+
 /// Starts a private redis-server with no persistence, plus `extra` arguments
 /// (for example `--replicaof 127.0.0.1 PORT`).
 pub fn spawn(extra: &[&str]) -> Result<ServerProcess, HarnessError> {
+    spawn_in(temp_dir("redis")?, extra, None)
+}
+
+/// A private redis-server in `dir` with `extra` arguments. With `tls` it
+/// speaks only TLS on its port (the plain port is off), presenting that
+/// certificate and trusting that CA for its own outgoing links (replication,
+/// the cluster bus).
+fn spawn_in(
+    dir: PathBuf,
+    extra: &[&str],
+    tls: Option<&TestCerts>,
+) -> Result<ServerProcess, HarnessError> {
     let bin = find_binary("redis-server", &[], INSTALL)?;
-    let dir = temp_dir("redis")?;
     let port = free_port()?;
-    let mut cmd = private_command(&bin, port, &dir);
+    let Some(certs) = tls else {
+        let mut cmd = private_command(&bin, port, &dir);
+        cmd.args(extra);
+        return start("redis-server", cmd, dir, port, move || ping(port));
+    };
+    let mut cmd = private_command(&bin, 0, &dir);
+    cmd.args(["--tls-port", &port.to_string()]);
+    tls_args(&mut cmd, certs);
     cmd.args(extra);
-    start("redis-server", cmd, dir, port, move || ping(port))
+    let ca = certs.ca.clone();
+    start("redis-server (TLS)", cmd, dir, port, move || {
+        tls_command(port, &ca, &["PING"]).is_some_and(|r| r.contains("PONG"))
+    })
+}
+
+/// The certificate, key and CA of a TLS server; clients need no
+/// certificate of their own.
+fn tls_args(cmd: &mut Command, certs: &TestCerts) {
+    cmd.arg("--tls-cert-file")
+        .arg(&certs.cert)
+        .arg("--tls-key-file")
+        .arg(&certs.key)
+        .arg("--tls-ca-cert-file")
+        .arg(&certs.ca)
+        .args(["--tls-auth-clients", "no"]);
+}
+
+/// Runs one command with `redis-cli` over TLS against `port`, trusting the
+/// CA in `ca`, and returns its output (`None` if it could not run or the
+/// handshake failed).
+pub fn tls_command(port: u16, ca: &Path, args: &[&str]) -> Option<String> {
+    let cli = find_binary("redis-cli", &[], INSTALL).ok()?;
+    let mut c = Command::new(cli);
+    c.arg("--tls")
+        .arg("--cacert")
+        .arg(ca)
+        .args(["-p", &port.to_string()])
+        .args(args);
+    super::process::run_client(c).ok()
 }
 
 /// Starts `cmd` as `what` on `port` and waits until `ready` answers.
@@ -115,17 +167,38 @@ pub fn calls_in(info: &str, names: &[&str]) -> u64 {
 /// Starts `n` cluster-enabled servers and joins them into one cluster of
 /// masters, waiting until every node reports `cluster_state:ok`.
 pub fn cluster(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
-    let mut nodes = Vec::new();
-    for _ in 0..n {
-        nodes.push(spawn(&[
-            "--cluster-enabled",
-            "yes",
-            "--cluster-node-timeout",
-            "2000",
-        ])?);
+    cluster_in(n, temp_dir("redis")?, None)
+}
+
+/// A cluster as [`cluster`] whose nodes speak only TLS, to clients and on
+/// the cluster bus, all with certificates of one throwaway CA. Returns the
+/// nodes and the CA's PEM file (in the first node's directory).
+pub fn cluster_tls(n: usize) -> Result<(Vec<ServerProcess>, PathBuf), HarnessError> {
+    let dir = temp_dir("redis-cluster-tls")?;
+    let certs = super::tls::make_certs(&dir, TLS_SANS)?;
+    let nodes = cluster_in(n, dir, Some(&certs))?;
+    Ok((nodes, certs.ca))
+}
+
+/// [`cluster`], the first node in `first_dir`, over TLS with `tls`.
+fn cluster_in(
+    n: usize,
+    first_dir: PathBuf,
+    tls: Option<&TestCerts>,
+) -> Result<Vec<ServerProcess>, HarnessError> {
+    let mut args = vec!["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"];
+    if tls.is_some() {
+        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+    }
+    let mut nodes = vec![spawn_in(first_dir, &args, tls)?];
+    for _ in 1..n {
+        nodes.push(spawn_in(temp_dir("redis")?, &args, tls)?);
     }
     let cli = find_binary("redis-cli", &[], INSTALL)?;
     let mut create = Command::new(cli);
+    if let Some(certs) = tls {
+        create.arg("--tls").arg("--cacert").arg(&certs.ca);
+    }
     create.args(["--cluster", "create"]);
     for node in &nodes {
         create.arg(format!("127.0.0.1:{}", node.port));
@@ -133,10 +206,15 @@ pub fn cluster(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
     create.args(["--cluster-replicas", "0", "--cluster-yes"]);
     super::process::run_client(create)
         .map_err(|e| HarnessError::start("redis cluster create", e))?;
+    let cluster_info = |port: u16| match tls {
+        Some(certs) => tls_command(port, &certs.ca, &["CLUSTER", "INFO"]),
+        None => command(port, &["CLUSTER", "INFO"]),
+    };
     let start = std::time::Instant::now();
-    while !nodes.iter().all(|s| {
-        command(s.port, &["CLUSTER", "INFO"]).is_some_and(|r| r.contains("cluster_state:ok"))
-    }) {
+    while !nodes
+        .iter()
+        .all(|s| cluster_info(s.port).is_some_and(|r| r.contains("cluster_state:ok")))
+    {
         if start.elapsed() > Duration::from_secs(30) {
             return Err(HarnessError::start(
                 "redis cluster",
@@ -163,6 +241,42 @@ pub fn sentinel_with_failover_timeout(
     service: &str,
     failover_timeout_ms: u64,
 ) -> Result<ServerProcess, HarnessError> {
+    sentinel_in(master_port, service, failover_timeout_ms, None)
+}
+
+/// A Sentinel as [`sentinel`] that speaks only TLS, to its clients and to
+/// the master and its replicas (`tls-replication`), with `certs` (the
+/// master's: one CA for all). Waits until it has reached the master over
+/// TLS (the master's flags are plain `master`).
+pub fn sentinel_tls(
+    master_port: u16,
+    service: &str,
+    certs: &TestCerts,
+) -> Result<ServerProcess, HarnessError> {
+    let s = sentinel_in(master_port, service, 5000, Some(certs))?;
+    let start = std::time::Instant::now();
+    loop {
+        let reply = tls_command(s.port, &certs.ca, &["SENTINEL", "MASTER", service]);
+        if reply.is_some_and(|r| r.lines().any(|l| l.trim() == "master")) {
+            return Ok(s);
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err(HarnessError::start(
+                "redis-sentinel (TLS)",
+                "the master's flags are not plain `master` after 20 s (no TLS link to it?)",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// [`sentinel_with_failover_timeout`], speaking only TLS with `tls`.
+fn sentinel_in(
+    master_port: u16,
+    service: &str,
+    failover_timeout_ms: u64,
+    tls: Option<&TestCerts>,
+) -> Result<ServerProcess, HarnessError> {
     let bin = find_binary(
         "redis-sentinel",
         &[],
@@ -171,54 +285,50 @@ pub fn sentinel_with_failover_timeout(
     let dir = temp_dir("sentinel")?;
     let port = free_port()?;
     let conf = dir.join("sentinel.conf");
+    let listen = match tls {
+        None => format!("port {port}\n"),
+        Some(c) => format!(
+            "port 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n",
+            c.cert.display(),
+            c.key.display(),
+            c.ca.display()
+        ),
+    };
     std::fs::write(
         &conf,
         format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {service} 127.0.0.1 {master_port} 2\nsentinel down-after-milliseconds {service} 1000\nsentinel failover-timeout {service} {failover_timeout_ms}\nsentinel parallel-syncs {service} 1\n",
+            "{listen}bind 127.0.0.1\ndir {}\nsentinel monitor {service} 127.0.0.1 {master_port} 2\nsentinel down-after-milliseconds {service} 1000\nsentinel failover-timeout {service} {failover_timeout_ms}\nsentinel parallel-syncs {service} 1\n",
             dir.display()
         ),
     )
     .map_err(|e| HarnessError::start("redis-sentinel", e.to_string()))?;
     let mut cmd = Command::new(bin);
     cmd.arg(&conf);
-    start("redis-sentinel", cmd, dir, port, move || ping(port))
+    match tls {
+        None => start("redis-sentinel", cmd, dir, port, move || ping(port)),
+        Some(c) => {
+            let ca = c.ca.clone();
+            start("redis-sentinel (TLS)", cmd, dir, port, move || {
+                tls_command(port, &ca, &["PING"]).is_some_and(|r| r.contains("PONG"))
+            })
+        }
+    }
 }
 
 /// Starts a redis-server that only speaks TLS, with a throwaway CA and
 /// server certificate made by `openssl`. Returns the server and the CA's
 /// PEM file (inside the server's directory).
-pub fn spawn_tls() -> Result<(ServerProcess, std::path::PathBuf), HarnessError> {
-    let bin = find_binary("redis-server", &[], INSTALL)?;
-    let cli = find_binary("redis-cli", &[], INSTALL)?;
+pub fn spawn_tls() -> Result<(ServerProcess, PathBuf), HarnessError> {
+    spawn_tls_with(&[]).map(|(s, certs)| (s, certs.ca))
+}
+
+/// [`spawn_tls`] with `extra` arguments, returning all its certificate
+/// files (for a Sentinel or replica that shares its CA).
+pub fn spawn_tls_with(extra: &[&str]) -> Result<(ServerProcess, TestCerts), HarnessError> {
     let dir = temp_dir("redis-tls")?;
-    let certs = super::tls::make_certs(&dir, "IP:127.0.0.1,DNS:localhost")?;
-    let port = free_port()?;
-    // TLS only: the plain port is off.
-    let mut cmd = private_command(&bin, 0, &dir);
-    cmd.current_dir(&dir)
-        .args(["--tls-port", &port.to_string()])
-        .args([
-            "--tls-cert-file",
-            "server.crt",
-            "--tls-key-file",
-            "server.key",
-            "--tls-ca-cert-file",
-            "ca.crt",
-            "--tls-auth-clients",
-            "no",
-        ]);
-    let ca = certs.ca;
-    let ca_for_probe = ca.clone();
-    let ping_tls = move || {
-        let mut c = Command::new(&cli);
-        c.arg("--tls")
-            .arg("--cacert")
-            .arg(&ca_for_probe)
-            .args(["-p", &port.to_string(), "PING"]);
-        super::process::run_client(c).is_ok_and(|out| out.contains("PONG"))
-    };
-    let server = start("redis-server (TLS)", cmd, dir, port, ping_tls)?;
-    Ok((server, ca))
+    let certs = super::tls::make_certs(&dir, TLS_SANS)?;
+    let server = spawn_in(dir, extra, Some(&certs))?;
+    Ok((server, certs))
 }
 
 /// Where Debian puts libfaketime.
