@@ -251,14 +251,23 @@ impl Error {
 /// [`Error::Unavailable`].
 ///
 /// Client libraries wrap the TLS library's error in their own (often inside
-/// an `std::io::Error`, whose `source` skips it), so this reads the text of
-/// every error in the chain.
+/// an `std::io::Error`, whose `source` skips it, or only as text), so this
+/// reads the text of every error in the chain for rustls's wording: a
+/// refused or unparsable certificate, an alert from the server (it refused
+/// ours), TLS spoken to a plain port.
 pub fn tls_refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    const MARKS: &[&str] = &[
+        "certificate",
+        "unknownissuer",
+        "received fatal alert",
+        "peer is incompatible",
+        "received corrupt message",
+    ];
     let mut next = Some(e);
     while let Some(e) = next {
         let text = e.to_string();
         let lower = text.to_ascii_lowercase();
-        if lower.contains("certificate") || lower.contains("unknownissuer") {
+        if MARKS.iter().any(|m| lower.contains(m)) {
             return Some(text);
         }
         next = e.source();

@@ -360,31 +360,11 @@ fn refused_configuration(e: &RedisError) -> Option<&'static str> {
         _ if e.to_string().contains("refused to switch database") => {
             Some("the database index in the URL is out of the server's range (see `databases` in redis.conf)")
         }
-        _ if tls_refused(e) => Some(
+        _ if distlock_core::tls_refusal(e).is_some() => Some(
             "the TLS handshake failed: check that ca_file names the PEM CA that signed the servers' certificates, and that the URL's hosts are names in those certificates",
         ),
         _ => None,
     }
-}
-
-/// Whether a TLS handshake failed on the certificate or the protocol, which
-/// a retry with the same settings cannot mend. The text is the only mark
-/// that survives everywhere: the redis client keeps the TLS error only as an
-/// I/O error, and a cluster's first connect passes on only its text.
-fn tls_refused(e: &RedisError) -> bool {
-    // rustls's texts for a refused certificate, an alert from the server
-    // (it refused ours) and TLS spoken to a plain port; the redis client's
-    // for a ca_file that is not PEM.
-    const MARKS: &[&str] = &[
-        "invalid peer certificate",
-        "peer sent no certificates",
-        "received fatal alert",
-        "peer is incompatible",
-        "received corrupt message",
-        "Unable to parse root certificate PEM",
-    ];
-    let text = e.to_string();
-    MARKS.iter().any(|m| text.contains(m))
 }
 
 impl RedisBackend {
