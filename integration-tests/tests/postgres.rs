@@ -140,7 +140,7 @@ async fn tls_is_encrypted(f: Arc<SqlFactory>) -> Result<(), Failed> {
 
 /// A CA that did not sign the server's certificate.
 async fn tls_wrong_ca(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let (port, certs) = tls_certs(&f)?;
+    let (port, _) = tls_certs(&f)?;
     let other = sql_support::unrelated_ca().await?;
     let url = tls_url("localhost", port, "verify-full", &other);
     let text =

@@ -890,6 +890,7 @@ mod tests {
         );
     }
 
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     #[test]
     fn demanding_tls_without_it_is_unsupported() {
         for backend in ["postgres", "mysql"] {
