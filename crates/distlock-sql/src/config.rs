@@ -14,8 +14,9 @@ use distlock_core::{Error, InputKind, Result};
 /// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, at most 54 characters); semaphores live in `<table>_sems` and `<table>_permits` | `distlock_locks` |
 /// | `pool_size` | connections in the pool the backend builds | 10 (SQLite: 4) |
 ///
-/// Every other parameter is passed to sqlx unchanged (for example
-/// `sslmode` on PostgreSQL or `mode` on SQLite).
+/// Every other parameter is passed to sqlx unchanged: for example `sslmode`
+/// and `sslrootcert` on PostgreSQL, `ssl-mode` and `ssl-ca` on MySQL (TLS
+/// needs the `tls` feature; see the crate docs), `mode` on SQLite.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct SqlConfig {
