@@ -4,19 +4,65 @@
 
 mod sql_support;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::LockClient;
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
+use integration_tests::harness::postgres as pg;
+use integration_tests::harness::tls::TestCerts;
 use integration_tests::harness::{ServerKind, TestServer};
 use integration_tests::trial;
 use libtest_mimic::Failed;
-use sql_support::{Source, SqlFactory};
+use sql_support::{Source, SqlFactory, Started};
 
 fn main() {
+    // A server that takes TCP clients only over TLS and with a password,
+    // reached by the name its certificate holds and verified in full.
+    let tls = SqlFactory::new(
+        "postgres::tls",
+        Source::Start(Box::new(|| {
+            let (process, certs) = pg::spawn_tls().map_err(|e| e.to_string())?;
+            let port = process.port;
+            Ok(Started {
+                url: tls_url("localhost", port, "verify-full", &certs.ca),
+                port,
+                certs: Some(certs),
+                process,
+            })
+        })),
+    );
     sql_support::run_suite("postgres", Source::Server(ServerKind::Postgres), |f, rt| {
-        vec![
+        let mut trials = integration_tests::trials(tls.clone(), rt);
+        trials.extend([
+            trial(
+                rt,
+                "postgres::tls::verify_full_by_the_certificates_name_is_encrypted",
+                tls_is_encrypted(tls.clone()),
+            ),
+            trial(
+                rt,
+                "postgres::tls::a_wrong_ca_is_a_typed_error_without_the_password",
+                tls_wrong_ca(tls.clone()),
+            ),
+            trial(
+                rt,
+                "postgres::tls::verify_full_by_an_address_the_certificate_lacks_is_a_typed_error",
+                tls_wrong_host(tls.clone()),
+            ),
+            trial(
+                rt,
+                "postgres::tls::verify_ca_checks_the_ca_and_the_host_name",
+                tls_verify_ca(tls.clone()),
+            ),
+            trial(
+                rt,
+                "postgres::tls::the_server_refuses_plaintext",
+                tls_plaintext_refused(tls.clone()),
+            ),
+        ]);
+        trials.extend(vec![
             trial(
                 rt,
                 "postgres::tokens_keep_increasing_across_a_restart",
@@ -42,8 +88,127 @@ fn main() {
                 "postgres::a_freed_permit_wakes_one_waiter_of_a_client",
                 freed_permit_wakes_one(f.clone()),
             ),
-        ]
+        ]);
+        trials
     })
+}
+
+/// The URL of a [`pg::spawn_tls`] server at `host`.
+fn tls_url(host: &str, port: u16, sslmode: &str, ca: &Path) -> String {
+    format!(
+        "postgres://postgres:{}@{host}:{port}/postgres?sslmode={sslmode}&sslrootcert={}",
+        pg::TLS_PASSWORD,
+        ca.display()
+    )
+}
+
+fn tls_certs(f: &SqlFactory) -> Result<(u16, &TestCerts), Failed> {
+    let s = f.started()?;
+    Ok((s.port, s.certs.as_ref().ok_or("no certificates")?))
+}
+
+/// A lock is taken and released over verify-full TLS, and the connections
+/// distlock opened are encrypted (`pg_stat_ssl`).
+async fn tls_is_encrypted(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let app = format!("tls_{}", &integration_tests::namespace()[12..]);
+    let client = LockClient::new(
+        SqlBackend::connect(&f.url_with(&format!("application_name={app}"))?).await?,
+    );
+    let g = client.lock("tls/encrypted").acquire().await?;
+    let admin = sqlx::PgPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (connections, encrypted): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE s.ssl)
+           FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+          WHERE a.application_name = $1",
+    )
+    .bind(&app)
+    .fetch_one(&admin)
+    .await
+    .map_err(|e| e.to_string())?;
+    if connections == 0 || encrypted != connections {
+        return Err(
+            format!("{encrypted} of distlock's {connections} connections are encrypted").into(),
+        );
+    }
+    if !g.release().await? {
+        return Err("release over TLS reported the lock as not held".into());
+    }
+    Ok(())
+}
+
+/// A CA that did not sign the server's certificate.
+async fn tls_wrong_ca(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (port, _) = tls_certs(&f)?;
+    let other = sql_support::unrelated_ca().await?;
+    let url = tls_url("localhost", port, "verify-full", &other);
+    let text =
+        sql_support::certificate_is_rejected(&url, pg::TLS_PASSWORD, "the CA is another").await?;
+    if !text.contains("UnknownIssuer") {
+        return Err(format!("the message does not say the issuer is unknown: {text}").into());
+    }
+    Ok(())
+}
+
+/// The certificate names `localhost` only: verify-full by address fails.
+async fn tls_wrong_host(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (port, certs) = tls_certs(&f)?;
+    let url = tls_url("127.0.0.1", port, "verify-full", &certs.ca);
+    let text = sql_support::certificate_is_rejected(
+        &url,
+        pg::TLS_PASSWORD,
+        "the host is not in the certificate",
+    )
+    .await?;
+    if !text.contains("not valid for name") {
+        return Err(format!("the message does not name the host mismatch: {text}").into());
+    }
+    Ok(())
+}
+
+/// verify-ca checks the CA: the right one connects, another is the typed
+/// error. sqlx 0.8 (with rustls 0.23) checks the host name under verify-ca
+/// as well, so by an address the certificate lacks it is refused as under
+/// verify-full: stricter than libpq, never laxer; the README says so.
+async fn tls_verify_ca(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (port, certs) = tls_certs(&f)?;
+    let url = tls_url("localhost", port, "verify-ca", &certs.ca);
+    let client = LockClient::new(SqlBackend::connect(&url).await?);
+    let g = client
+        .lock("tls/verify-ca")
+        .try_acquire()
+        .await?
+        .ok_or("verify-ca: lock not granted")?;
+    g.release().await?;
+    let other = sql_support::unrelated_ca().await?;
+    let wrong_ca = tls_url("localhost", port, "verify-ca", &other);
+    sql_support::certificate_is_rejected(&wrong_ca, pg::TLS_PASSWORD, "verify-ca, another CA")
+        .await?;
+    let by_address = tls_url("127.0.0.1", port, "verify-ca", &certs.ca);
+    sql_support::certificate_is_rejected(&by_address, pg::TLS_PASSWORD, "verify-ca by address")
+        .await?;
+    Ok(())
+}
+
+/// The server takes no plaintext TCP client, so the TLS cases above do
+/// test TLS: sslmode=disable is refused, as a configuration error.
+async fn tls_plaintext_refused(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (port, _) = tls_certs(&f)?;
+    let url = format!(
+        "postgres://postgres:{}@localhost:{port}/postgres?sslmode=disable",
+        pg::TLS_PASSWORD
+    );
+    match SqlBackend::connect(&url).await {
+        Ok(_) => Err("a plaintext client connected".into()),
+        Err(e @ distlock_core::Error::Misconfigured { .. }) => {
+            if e.to_string().contains(pg::TLS_PASSWORD) {
+                return Err(format!("the error shows the password: {e}").into());
+            }
+            Ok(())
+        }
+        Err(e) => Err(format!("plaintext: expected Misconfigured, got {e:?}").into()),
+    }
 }
 
 /// Its own server, since it is stopped and started again.

@@ -74,9 +74,14 @@ pub async fn semaphore_never_has_more_than_its_limit_and_fills_it(
     let sem = name(&ns, "limit")?;
     let inside = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
+    // Every client connects before any contends, so that a slow connect
+    // (TLS, password hashing) does not let the first ones finish alone.
+    let mut clients = Vec::new();
     for _ in 0..CLIENTS {
-        let c = client(f).await?;
+        clients.push(client(f).await?);
+    }
+    let mut tasks = Vec::new();
+    for c in clients {
         let (sem, inside, most) = (sem.clone(), inside.clone(), most.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
@@ -121,6 +126,9 @@ pub async fn crashed_permit_holder_returns_its_permit_after_its_ttl(
     let sem = name(&ns, "crash")?;
     let ttl = f.short_ttl();
     let raw = f.client().await?;
+    // Connected first: a slow connect (TLS, password hashing) must not
+    // count towards the TTL that the wait below measures.
+    let b = client(f).await?;
     for _ in 0..2 {
         let req = LockRequest::permit(sem.clone(), ttl, 2);
         ensure!(
@@ -129,7 +137,6 @@ pub async fn crashed_permit_holder_returns_its_permit_after_its_ttl(
         );
     }
     drop(raw);
-    let b = client(f).await?;
     // Both permits were the crashed holder's: a third is refused until
     // one of them expires.
     replaced_after_ttl(ttl, || b.semaphore(&sem, 2)).await

@@ -14,8 +14,9 @@ use distlock_core::{Error, InputKind, Result};
 /// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, at most 54 characters); semaphores live in `<table>_sems` and `<table>_permits` | `distlock_locks` |
 /// | `pool_size` | connections in the pool the backend builds | 10 (SQLite: 4) |
 ///
-/// Every other parameter is passed to sqlx unchanged (for example
-/// `sslmode` on PostgreSQL or `mode` on SQLite).
+/// Every other parameter is passed to sqlx unchanged: for example `sslmode`
+/// and `sslrootcert` on PostgreSQL, `ssl-mode` and `ssl-ca` on MySQL (TLS
+/// needs the `tls` feature; see the crate docs), `mode` on SQLite.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct SqlConfig {
@@ -98,6 +99,66 @@ impl SqlConfig {
     }
 }
 
+/// Checks that the certificate and key files a PostgreSQL or MySQL URL names
+/// (`sslrootcert`, `ssl-ca`, `sslcert`, `sslkey` and their spellings) can be
+/// read, so that a wrong path is reported as such before connecting rather
+/// than as a failed connection. A value holding a PEM certificate itself is
+/// not a path.
+pub(crate) fn check_tls_files(url: &str) -> Result<()> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(());
+    };
+    for pair in query.split('&') {
+        let Some((k, v)) = pair.split_once('=') else {
+            continue;
+        };
+        let is_file = matches!(
+            k,
+            "sslrootcert"
+                | "ssl-root-cert"
+                | "ssl-ca"
+                | "sslca"
+                | "sslcert"
+                | "ssl-cert"
+                | "sslkey"
+                | "ssl-key"
+        );
+        let path = percent_decode(v);
+        if !is_file || path.trim_start().starts_with("-----BEGIN") {
+            continue;
+        }
+        if let Err(e) = std::fs::File::open(&path) {
+            return Err(Error::invalid(
+                InputKind::Url,
+                format!("{k}={path:?} cannot be read: {e}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Decodes `%XX` escapes and `+` as a URL query does.
+fn percent_decode(v: &str) -> String {
+    let bytes = v.as_bytes();
+    let hex = |i: usize| bytes.get(i).and_then(|b| (*b as char).to_digit(16));
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match (bytes[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(h), Some(l)) => {
+                // Two hex digits make at most 255.
+                out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                i += 3;
+                continue;
+            }
+            (b'+', _, _) => out.push(b' '),
+            (b, _, _) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Longest lock table name: room for the `distlock_` prefix of PostgreSQL's
 /// notification channel and for the semaphore tables' suffixes within the
 /// databases' identifier limit.
@@ -150,6 +211,54 @@ mod tests {
         assert_eq!(c.table, "jobs_locks");
         assert_eq!(c.pool_size, Some(3));
         assert!(c.take_url_options("sqlite://x?pool_size=zero").is_err());
+    }
+
+    #[test]
+    fn unreadable_tls_files_are_reported_before_connecting() {
+        let missing =
+            "postgres://u:hunter2@h/db?sslmode=verify-full&sslrootcert=/no/such%20dir/ca.pem";
+        let e = check_tls_files(missing).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidInput {
+                    kind: InputKind::Url,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            text.contains("sslrootcert=\"/no/such dir/ca.pem\""),
+            "{text}"
+        );
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(check_tls_files("mysql://h/db?ssl-ca=/no/ca.pem").is_err());
+        let readable = format!(
+            "mysql://h/db?ssl-mode=VERIFY_CA&ssl-ca={}/Cargo.toml",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        assert!(check_tls_files(&readable).is_ok());
+        assert!(
+            check_tls_files("postgres://h/db?sslrootcert=-----BEGIN%20CERTIFICATE-----").is_ok()
+        );
+        assert!(check_tls_files("postgres://h/db?sslmode=require").is_ok());
+    }
+
+    #[test]
+    fn tls_options_pass_through_to_sqlx() {
+        let mut c = SqlConfig::default();
+        let url = "postgres://h/db?sslmode=verify-full&table=t&sslrootcert=/ca.pem";
+        assert_eq!(
+            c.take_url_options(url).unwrap(),
+            "postgres://h/db?sslmode=verify-full&sslrootcert=/ca.pem"
+        );
+        let url = "mysql://h/db?ssl-mode=VERIFY_IDENTITY&ssl-ca=/ca.pem&pool_size=2";
+        assert_eq!(
+            c.take_url_options(url).unwrap(),
+            "mysql://h/db?ssl-mode=VERIFY_IDENTITY&ssl-ca=/ca.pem"
+        );
     }
 
     #[test]

@@ -83,6 +83,18 @@ impl DbError {
                 Some(Box::new(e)),
             )
         };
+        if let Some(why) = tls_failure(&e) {
+            return Error::misconfigured(
+                self.backend,
+                format!(
+                    "{} at {}: TLS failed, {why}; {}",
+                    self.backend,
+                    self.endpoint,
+                    self.tls_hint()
+                ),
+                Some(Box::new(e)),
+            );
+        }
         if let sqlx::Error::Database(d) = &e {
             if let Some(what) = self.refused_configuration(d.as_ref()) {
                 return Error::misconfigured(
@@ -93,10 +105,9 @@ impl DbError {
             }
         }
         match e {
-            sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::Protocol(_)
-            | sqlx::Error::WorkerCrashed => unavailable("unreachable", e),
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => {
+                unavailable("unreachable", e)
+            }
             sqlx::Error::PoolTimedOut => unavailable("gave no connection in time", e),
             sqlx::Error::PoolClosed => unavailable("pool closed", e),
             sqlx::Error::Configuration(c) => Error::invalid(
@@ -115,6 +126,69 @@ impl DbError {
             other => Error::backend(self.backend, other),
         }
     }
+}
+
+impl DbError {
+    /// What to change after a TLS failure, in this database's URL terms.
+    fn tls_hint(&self) -> &'static str {
+        if self.backend == "mysql" {
+            "check ssl-mode, and that ssl-ca names the CA that signed the server's certificate; \
+             with ssl-mode=VERIFY_IDENTITY the URL's host must be a name in that certificate"
+        } else {
+            "check sslmode, and that sslrootcert names the CA that signed the server's certificate; \
+             with sslmode=verify-full the URL's host must be a name in that certificate"
+        }
+    }
+}
+
+/// Why a connection failed in TLS in a way that retrying cannot mend: TLS
+/// could not be set up as the URL asks (the server offers none, a CA file is
+/// unreadable), or the server's certificate was rejected (an unknown CA, a
+/// host name it does not name). sqlx reports the former as `Error::Tls` and
+/// the latter as the I/O error of the handshake, wrapping rustls's.
+fn tls_failure(e: &sqlx::Error) -> Option<String> {
+    match e {
+        sqlx::Error::Tls(t) => Some(t.to_string()),
+        #[cfg(feature = "tls")]
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .filter(|r| {
+                matches!(
+                    r,
+                    rustls::Error::InvalidCertificate(_)
+                        | rustls::Error::NoCertificatesPresented
+                        | rustls::Error::UnsupportedNameType
+                        | rustls::Error::InvalidCertRevocationList(_)
+                        | rustls::Error::PeerIncompatible(_)
+                )
+            })
+            .map(|r| format!("the server's certificate was rejected: {r}")),
+        _ => None,
+    }
+}
+
+/// Refuses, before connecting, a URL that demands TLS (`sslmode=require`
+/// and stricter, `ssl-mode=REQUIRED` and stricter) when this build has no
+/// TLS (`supported` is false): sqlx would report it only as a failed
+/// connection.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn refuse_tls_without_support(
+    backend: &'static str,
+    demanded: bool,
+    supported: bool,
+) -> Result<()> {
+    if !demanded || supported {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        backend,
+        operation: if backend == "mysql" {
+            "TLS (ssl-mode=REQUIRED, VERIFY_CA or VERIFY_IDENTITY) in a build without the `tls` cargo feature of distlock-sql (`sql-tls` of distlock)"
+        } else {
+            "TLS (sslmode=require, verify-ca or verify-full) in a build without the `tls` cargo feature of distlock-sql (`sql-tls` of distlock)"
+        },
+    })
 }
 
 /// Makes one connection directly, once, and closes it. A pool retries a
@@ -241,6 +315,9 @@ impl SqlBackend {
         config::validate_table(&config.table)?;
         let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or_default();
         let endpoint = endpoint_of(&url);
+        if scheme != "sqlite" {
+            config::check_tls_files(&url)?;
+        }
         match scheme {
             "postgres" | "postgresql" => Self::connect_postgres(&url, endpoint, config).await,
             "mysql" | "mariadb" => Self::connect_mysql(&url, endpoint, config).await,
@@ -278,6 +355,15 @@ impl SqlBackend {
             endpoint,
         };
         let options = sqlx::postgres::PgConnectOptions::from_str(url).map_err(|e| err.map(e))?;
+        use sqlx::postgres::PgSslMode;
+        refuse_tls_without_support(
+            "postgres",
+            matches!(
+                options.get_ssl_mode(),
+                PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
+            ),
+            cfg!(feature = "tls"),
+        )?;
         // The URL may leave the host to the environment (PGHOST) or default.
         err.endpoint = format!("{}:{}", options.get_host(), options.get_port());
         first_connection::<sqlx::PgConnection>(&options, &err, config.connect_timeout).await?;
@@ -322,6 +408,15 @@ impl SqlBackend {
             .strip_prefix("mariadb:")
             .map_or_else(|| url.to_string(), |rest| format!("mysql:{rest}"));
         let options = sqlx::mysql::MySqlConnectOptions::from_str(&url).map_err(|e| err.map(e))?;
+        use sqlx::mysql::MySqlSslMode;
+        refuse_tls_without_support(
+            "mysql",
+            matches!(
+                options.get_ssl_mode(),
+                MySqlSslMode::Required | MySqlSslMode::VerifyCa | MySqlSslMode::VerifyIdentity
+            ),
+            cfg!(feature = "tls"),
+        )?;
         first_connection::<sqlx::MySqlConnection>(&options, &err, config.connect_timeout).await?;
         let pool = sqlx::mysql::MySqlPoolOptions::new()
             .max_connections(config.pool_size.unwrap_or(10))
@@ -793,5 +888,62 @@ mod tests {
             endpoint_of("sqlite:///var/lib/x.db?mode=rwc"),
             "/var/lib/x.db"
         );
+    }
+
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[test]
+    fn demanding_tls_without_it_is_unsupported() {
+        for backend in ["postgres", "mysql"] {
+            let e = refuse_tls_without_support(backend, true, false).unwrap_err();
+            assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+            assert!(!e.is_retryable());
+            assert!(e.to_string().contains("`tls` cargo feature"), "{e}");
+            assert!(refuse_tls_without_support(backend, true, true).is_ok());
+            assert!(refuse_tls_without_support(backend, false, false).is_ok());
+        }
+    }
+
+    /// Nothing listens on port 1: with TLS built in the URL is tried and
+    /// fails as unreachable; without it, it is refused before connecting.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn a_url_demanding_tls_is_refused_without_it_before_connecting() {
+        let url = "postgres://u:hunter2@127.0.0.1:1/db?sslmode=require";
+        let e = SqlBackend::connect(url).await.unwrap_err();
+        if cfg!(feature = "tls") {
+            assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+        } else {
+            assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+        }
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn tls_setup_failures_are_not_retryable() {
+        let err = DbError {
+            backend: "postgres",
+            endpoint: "db:5432".into(),
+        };
+        let e = err.map(sqlx::Error::Tls("server does not support TLS".into()));
+        assert!(matches!(e, Error::Misconfigured { .. }), "{e:?}");
+        assert!(e.to_string().contains("TLS failed"), "{e}");
+        assert!(e.to_string().contains("sslrootcert"), "{e}");
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn rejected_certificates_are_not_retryable() {
+        let err = DbError {
+            backend: "mysql",
+            endpoint: "db:3306".into(),
+        };
+        let rustls = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls);
+        let e = err.map(sqlx::Error::Io(io));
+        assert!(matches!(e, Error::Misconfigured { .. }), "{e:?}");
+        assert!(e.to_string().contains("certificate was rejected"), "{e}");
+        assert!(e.to_string().contains("ssl-ca"), "{e}");
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(err.map(sqlx::Error::Io(reset)).is_retryable());
     }
 }

@@ -28,8 +28,8 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// |---|---|---|
 /// | `memory://` | in-process table (one process only: demos and tests) | always |
 /// | `sqlite://PATH` | SQLite file | `sqlite` (default) |
-/// | `postgres://`, `postgresql://` | PostgreSQL | `postgres` |
-/// | `mysql://`, `mariadb://` | MySQL / MariaDB | `mysql` |
+/// | `postgres://`, `postgresql://` | PostgreSQL | `postgres` (with `sql-tls` for `sslmode=require` and stricter) |
+/// | `mysql://`, `mariadb://` | MySQL / MariaDB | `mysql` (with `sql-tls` for `ssl-mode=REQUIRED` and stricter) |
 /// | `redis://`, `redis+sentinel://h:p[,h:p]/SERVICE`, `redis+cluster://h:p[,h:p]`, and over TLS `rediss://`, `rediss+sentinel://`, `rediss+cluster://` | Redis | `redis` (`redis-tls` for the `rediss` forms) |
 /// | `redlock://h:p,h:p,h:p` | Redlock | `redlock` |
 /// | `etcd://h:p[,h:p]`, `etcds://h:p[,h:p]` | etcd | `etcd` (`etcd-tls` for `etcds`) |

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use distlock_core::{async_trait, Backend, DynBackend, LockClient, LockName, LockRequest};
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
-use integration_tests::harness::{ServerKind, TestServer};
+use integration_tests::harness::tls::TestCerts;
+use integration_tests::harness::{ServerKind, ServerProcess, TestServer};
 use integration_tests::BackendFactory;
 use libtest_mimic::{Failed, Trial};
 use tokio::sync::OnceCell;
@@ -19,12 +20,32 @@ pub enum Source {
     Server(ServerKind),
     /// A SQLite file in a temp dir.
     SqliteFile,
+    /// A server of the test's own, started on first use.
+    Start(Box<dyn Fn() -> Result<Started, String> + Send + Sync>),
+}
+
+/// A server [`Source::Start`] started, kept running as long as the factory.
+pub struct Started {
+    /// The URL clients connect to.
+    pub url: String,
+    /// Its port.
+    pub port: u16,
+    /// The certificates it presents, if it speaks TLS.
+    pub certs: Option<TestCerts>,
+    /// Held for its Drop, which stops the server.
+    pub process: ServerProcess,
+}
+
+/// What the factory keeps, with the URL.
+enum Db {
+    Server(#[allow(dead_code)] Option<TestServer>),
+    Started(Started),
 }
 
 pub struct SqlFactory {
     pub name: &'static str,
     source: Source,
-    db: OnceLock<Result<(Option<TestServer>, String), String>>,
+    db: OnceLock<Result<(Db, String), String>>,
     admin: OnceCell<SqlBackend>,
 }
 
@@ -40,18 +61,36 @@ impl SqlFactory {
 
     /// The database URL, starting the server on first use.
     pub fn url(&self) -> Result<String, Failed> {
+        self.db().map(|(_, u)| u.clone())
+    }
+
+    fn db(&self) -> Result<&(Db, String), Failed> {
         let db = self.db.get_or_init(|| match &self.source {
             Source::Server(kind) => TestServer::start(*kind)
                 .map(|s| (s.url().to_string(), Some(s)))
-                .map(|(u, s)| (s, u))
+                .map(|(u, s)| (Db::Server(s), u))
                 .map_err(|e| e.to_string()),
             Source::SqliteFile => integration_tests::harness::process::temp_dir("sqlite")
-                .map(|d| (None, format!("sqlite://{}", d.join("locks.db").display())))
+                .map(|d| {
+                    (
+                        Db::Server(None),
+                        format!("sqlite://{}", d.join("locks.db").display()),
+                    )
+                })
                 .map_err(|e| e.to_string()),
+            Source::Start(start) => start()
+                .map(|s| (s.url.clone(), s))
+                .map(|(u, s)| (Db::Started(s), u)),
         });
-        db.as_ref()
-            .map(|(_, u)| u.clone())
-            .map_err(|e| Failed::from(e.as_str()))
+        db.as_ref().map_err(|e| Failed::from(e.as_str()))
+    }
+
+    /// The server a [`Source::Start`] started, starting it on first use.
+    pub fn started(&self) -> Result<&Started, Failed> {
+        match self.db()? {
+            (Db::Started(s), _) => Ok(s),
+            _ => Err("this factory's database was not started by the test".into()),
+        }
     }
 
     /// A URL with extra query parameters.
@@ -164,7 +203,9 @@ fn misconfiguration_is_not_retryable(f: Arc<SqlFactory>, rt: &tokio::runtime::Ru
                 let bad = match f.source {
                     // The lock file's own directory, as the file.
                     Source::SqliteFile => dir.to_string(),
-                    Source::Server(_) => format!("{dir}/no_such_database_here?{query}"),
+                    Source::Server(_) | Source::Start(_) => {
+                        format!("{dir}/no_such_database_here?{query}")
+                    }
                 };
                 let start = std::time::Instant::now();
                 let err = match SqlBackend::connect(&bad).await {
@@ -294,4 +335,52 @@ where
         return Err(format!("one freed permit made {woken} waiters try again").into());
     }
     Ok(())
+}
+
+/// Connecting to `url` fails at once with the typed error of a rejected
+/// certificate: not retryable, saying it is TLS and the certificate, and
+/// without `password`. Returns the message.
+pub async fn certificate_is_rejected(
+    url: &str,
+    password: &str,
+    because: &str,
+) -> Result<String, Failed> {
+    let start = std::time::Instant::now();
+    let err = match SqlBackend::connect(url).await {
+        Ok(_) => return Err(format!("connected although {because}").into()),
+        Err(e) => e,
+    };
+    let took = start.elapsed();
+    let text = err.to_string();
+    let debug = format!("{err:?}");
+    if !matches!(err, distlock_core::Error::Misconfigured { .. }) {
+        return Err(format!("{because}: expected Misconfigured, got {debug}").into());
+    }
+    if err.is_retryable() {
+        return Err(format!("{because}: counted as retryable: {text}").into());
+    }
+    if !text.contains("TLS") || !text.contains("certificate") {
+        return Err(
+            format!("{because}: the message does not say TLS and certificate: {text}").into(),
+        );
+    }
+    if text.contains(password) || debug.contains(password) {
+        return Err(format!("{because}: the error shows the password: {debug}").into());
+    }
+    if took > Duration::from_secs(3) {
+        return Err(format!("{because}: reported only after {took:?}").into());
+    }
+    eprintln!("{because}: {text} ({took:?})");
+    Ok(text)
+}
+
+/// A CA of its own directory that signed nothing the servers present.
+pub async fn unrelated_ca() -> Result<std::path::PathBuf, Failed> {
+    tokio::task::spawn_blocking(|| {
+        let dir = integration_tests::harness::process::temp_dir("other-ca")?;
+        integration_tests::harness::tls::make_unrelated_ca(&dir)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| Failed::from(e.to_string()))
 }
