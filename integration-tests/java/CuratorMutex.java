@@ -1,18 +1,26 @@
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.concurrent.TimeUnit;
 
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.api.ACLProvider;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.retry.RetryOneTime;
+import org.apache.zookeeper.ZooDefs;
+import org.apache.zookeeper.data.ACL;
 
 /**
  * One Apache Curator InterProcessMutex holder, for the interop tests in
  * integration-tests/tests/zookeeper.rs.
  *
- * <p>Usage: {@code CuratorMutex CONNECT_STRING LOCK_PATH}. Waits for the
+ * <p>Usage: {@code CuratorMutex CONNECT_STRING LOCK_PATH [USER:PASSWORD]}.
+ * With credentials, the session authenticates with the {@code digest}
+ * scheme and creates its nodes with the ACL "the creator may do
+ * everything, anyone may read", as distlock does. Waits for the
  * mutex, prints {@code ACQUIRED <epoch millis>}, holds it until a line (or
  * end of input) arrives on stdin, releases it, prints {@code RELEASED} and
  * exits 0. Any failure exits non-zero with the cause on stderr, so the test
@@ -20,12 +28,32 @@ import org.apache.curator.retry.RetryOneTime;
  */
 public final class CuratorMutex {
     public static void main(String[] args) throws Exception {
-        if (args.length != 2) {
-            System.err.println("usage: CuratorMutex CONNECT_STRING LOCK_PATH");
+        if (args.length != 2 && args.length != 3) {
+            System.err.println("usage: CuratorMutex CONNECT_STRING LOCK_PATH [USER:PASSWORD]");
             System.exit(2);
         }
-        try (CuratorFramework client =
-                CuratorFrameworkFactory.newClient(args[0], 10_000, 10_000, new RetryOneTime(500))) {
+        CuratorFrameworkFactory.Builder builder = CuratorFrameworkFactory.builder()
+                .connectString(args[0])
+                .sessionTimeoutMs(10_000)
+                .connectionTimeoutMs(10_000)
+                .retryPolicy(new RetryOneTime(500));
+        if (args.length == 3) {
+            List<ACL> acl = new ArrayList<>(ZooDefs.Ids.CREATOR_ALL_ACL);
+            acl.addAll(ZooDefs.Ids.READ_ACL_UNSAFE);
+            builder.authorization("digest", args[2].getBytes(StandardCharsets.UTF_8))
+                    .aclProvider(new ACLProvider() {
+                        @Override
+                        public List<ACL> getDefaultAcl() {
+                            return acl;
+                        }
+
+                        @Override
+                        public List<ACL> getAclForPath(String path) {
+                            return acl;
+                        }
+                    });
+        }
+        try (CuratorFramework client = builder.build()) {
             client.start();
             if (!client.blockUntilConnected(60, TimeUnit.SECONDS)) {
                 System.err.println("not connected to " + args[0] + " within 60 s");

@@ -83,6 +83,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "zookeeper::with_the_same_credentials_curator_and_distlock_exclude_each_other",
+                same_credentials_as_curator(zk.clone(), curator.clone()),
+            ),
+            trial(
+                rt,
                 "zookeeper::distlock_and_curator_queue_in_one_line",
                 distlock_and_curator_queue_in_one_line(zk.clone(), curator.clone()),
             ),
@@ -435,6 +440,17 @@ struct Curator {
 
 impl Curator {
     fn spawn(classes: &Path, hosts: &str, path: &str) -> Result<Self, Failed> {
+        Self::spawn_as(classes, hosts, path, None)
+    }
+
+    /// [`Curator::spawn`], authenticated with `user:password` (digest) when
+    /// given, creating its nodes with the creator-all, world-read ACL.
+    fn spawn_as(
+        classes: &Path,
+        hosts: &str,
+        path: &str,
+        credentials: Option<&str>,
+    ) -> Result<Self, Failed> {
         let java = integration_tests::harness::process::find_binary("java", &[], CURATOR_INSTALL)
             .map_err(|e| e.to_string())?;
         let stderr = classes.join(format!(
@@ -452,6 +468,7 @@ impl Curator {
             .arg(format!("{}:{}", curator_classpath(), classes.display()))
             .arg("CuratorMutex")
             .args([hosts, path])
+            .args(credentials)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -698,6 +715,43 @@ async fn distlock_and_curator_queue_in_one_line(
     g.release().await?;
     c.acquired().await?;
     c.release().await?;
+    Ok(())
+}
+
+/// Curator and distlock authenticated as the same digest user, both
+/// creating nodes only their creator may change, under a root nobody else
+/// made: each one's holder excludes the other's waiter, and the waiter gets
+/// the lock on release (so each can create and watch nodes beside the
+/// other's).
+async fn same_credentials_as_curator(f: Arc<Zk>, build: CuratorBuild) -> Result<(), Failed> {
+    const CREDENTIALS: &str = "alice:s3cret";
+    let classes = curator_classes(&build).await?;
+    let hosts = f.host_port()?;
+    let root = format!("acl-curator-{}", &integration_tests::namespace()[12..]);
+    let lock = "jobs/shared-acl";
+    let path = format!("/{root}/{lock}");
+    let client = LockClient::new(
+        ZooKeeperBackend::connect(&format!("zk://{CREDENTIALS}@{hosts}?root={root}")).await?,
+    );
+    // Curator first: it creates the path's parents with its ACL.
+    let mut curator = Curator::spawn_as(&classes, &hosts, &path, Some(CREDENTIALS))?;
+    curator.acquired().await?;
+    if let Some(g) = client.lock(lock).try_acquire().await? {
+        return Err(format!(
+            "distlock got token {} while Curator held the mutex",
+            g.token()
+        )
+        .into());
+    }
+    let mut waiter = distlock_waiter(&client, lock);
+    distlock_still_waiting(&mut waiter, "Curator held the mutex").await?;
+    curator.release().await?;
+    let g = distlock_acquired(waiter).await?;
+    let mut curator = Curator::spawn_as(&classes, &hosts, &path, Some(CREDENTIALS))?;
+    curator.still_waiting("distlock held the lock").await?;
+    g.release().await?;
+    curator.acquired().await?;
+    curator.release().await?;
     Ok(())
 }
 
