@@ -822,6 +822,22 @@ pub async fn invalid_names_and_ttls_give_typed_errors(
         matches!(r, Err(Error::InvalidInput { .. })),
         "zero max hold gave {r:?}"
     );
+    // A kind the backend does not declare is refused before it is sent.
+    let caps = a.capabilities().clone();
+    if !caps.shared {
+        let r = a.lock(&lock).shared().try_acquire().await;
+        ensure!(
+            matches!(r, Err(Error::Unsupported { .. })),
+            "a shared hold on a backend without them gave {r:?}"
+        );
+    }
+    if !caps.semaphore {
+        let r = a.semaphore(&lock, 2).try_acquire().await;
+        ensure!(
+            matches!(r, Err(Error::Unsupported { .. })),
+            "a permit on a backend without semaphores gave {r:?}"
+        );
+    }
     ensure!(!refused(&a, &lock).await?, "valid input refused");
     Ok(Completion::Completed)
 }

@@ -2,8 +2,9 @@
 //! async cases generic over a [`BackendFactory`], and the runner that
 //! registers them as libtest-mimic trials named `<backend>::<case>`.
 //!
-//! - [`cases`]: locks; [`semaphore`]: counting semaphores (for backends
-//!   that declare them); [`multi`]: several locks at once.
+//! - [`cases`]: locks; [`semaphore`]: counting semaphores and
+//!   [`rwlock`]: read-write locks (each for backends that declare them);
+//!   [`multi`]: several locks at once.
 //! - [`run_suite`]: the `main` of a backend's test file: every case for one
 //!   factory, plus the file's own trials.
 //! - [`self_check`]: deliberately broken backends the cases must fail on.
@@ -56,6 +57,7 @@ macro_rules! cases {
 
 pub mod cases;
 pub mod multi;
+pub mod rwlock;
 pub mod self_check;
 pub mod semaphore;
 
@@ -115,16 +117,20 @@ fn all_cases() -> impl Iterator<Item = (&'static str, CaseFn, Needs)> {
     let permits = semaphore::ALL
         .iter()
         .map(|(n, f)| (*n, *f, Needs::Semaphore));
-    exclusive.chain(multi).chain(permits)
+    let shared = rwlock::ALL.iter().map(|(n, f)| (*n, *f, Needs::Shared));
+    exclusive.chain(multi).chain(permits).chain(shared)
 }
 
 /// Runs one case in a fresh namespace, ignored when the backend does not
 /// declare what it needs, bounded in time.
 async fn run_case(factory: &dyn BackendFactory, f: CaseFn, needs: Needs) -> CaseResult {
-    if needs == Needs::Semaphore {
-        if let Some(ignored) = semaphore::unsupported(factory).await? {
-            return Ok(ignored);
-        }
+    let unsupported = match needs {
+        Needs::Nothing => None,
+        Needs::Semaphore => semaphore::unsupported(factory).await?,
+        Needs::Shared => rwlock::unsupported(factory).await?,
+    };
+    if let Some(ignored) = unsupported {
+        return Ok(ignored);
     }
     tokio::time::timeout(Duration::from_secs(120), f(factory, namespace()))
         .await
@@ -193,6 +199,7 @@ pub async fn check_deployment(
 enum Needs {
     Nothing,
     Semaphore,
+    Shared,
 }
 
 /// A backend-specific trial: runs `fut` on the suite's runtime, bounded

@@ -29,6 +29,11 @@ enum Flaw {
     GrantsOneMorePermit,
     /// Grants a multi-lock's names at once even when some are held.
     GrantsHeldNamesTogether,
+    /// Serves an exclusive request as a shared one: a writer beside readers.
+    WritersShare,
+    /// Waits by polling one-shot attempts, which never mark a waiting
+    /// writer: readers keep coming in ahead of it.
+    ReaderPreferring,
 }
 
 /// The request as the flawed backend passes it on.
@@ -37,6 +42,11 @@ fn as_served(req: &LockRequest, flaw: Flaw) -> LockRequest {
         (Flaw::GrantsOneMorePermit, HoldKind::Permits { limit }) => {
             let mut served = req.clone();
             served.kind = HoldKind::Permits { limit: limit + 1 };
+            served
+        }
+        (Flaw::WritersShare, HoldKind::Exclusive) => {
+            let mut served = req.clone();
+            served.kind = HoldKind::Shared;
             served
         }
         _ => req.clone(),
@@ -103,6 +113,31 @@ impl Backend for Broken {
             _ => self.inner.release(&as_served(req, self.flaw)).await,
         }
     }
+    async fn acquire(
+        &self,
+        req: &LockRequest,
+        deadline: Option<tokio::time::Instant>,
+    ) -> LockResult<Grant> {
+        match self.flaw {
+            Flaw::ReaderPreferring => {
+                let backoff = distlock_core::wait::Backoff::default();
+                distlock_core::wait::acquire_by_polling(self, req, deadline, backoff).await
+            }
+            Flaw::WritersShare => {
+                self.inner
+                    .acquire(&as_served(req, self.flaw), deadline)
+                    .await
+            }
+            // The other flaws are in one-shot attempts: wait through them.
+            _ => {
+                let backoff = distlock_core::wait::Backoff::default();
+                distlock_core::wait::acquire_by_polling(self, req, deadline, backoff).await
+            }
+        }
+    }
+    async fn inspect(&self, name: &LockName) -> LockResult<LockStatus> {
+        self.inner.inspect(name).await
+    }
     async fn inspect_permits(&self, name: &LockName) -> LockResult<LockStatus> {
         self.inner.inspect_permits(name).await
     }
@@ -141,6 +176,7 @@ fn case(name: &str) -> Option<CaseFn> {
         .iter()
         .chain(crate::semaphore::ALL)
         .chain(crate::multi::ALL)
+        .chain(crate::rwlock::ALL)
         .find(|(n, _)| *n == name)
         .map(|(_, f)| *f)
 }
@@ -183,6 +219,26 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             "a_multi_lock_granted_over_a_held_name",
             Flaw::GrantsHeldNamesTogether,
             "multi_lock_is_all_or_nothing",
+        ),
+        (
+            "a_writer_beside_readers",
+            Flaw::WritersShare,
+            "shared_holds_overlap_and_exclude_the_exclusive_hold",
+        ),
+        (
+            "a_writer_beside_readers_under_contention",
+            Flaw::WritersShare,
+            "readers_overlap_and_writers_exclude_everyone_under_contention",
+        ),
+        (
+            "readers_let_in_ahead_of_a_waiting_writer",
+            Flaw::ReaderPreferring,
+            "a_waiting_writer_holds_back_new_readers",
+        ),
+        (
+            "a_writer_starved_by_readers",
+            Flaw::ReaderPreferring,
+            "a_writer_is_not_starved_by_a_stream_of_readers",
         ),
         (
             "batched_renewal_of_others_locks",

@@ -12,14 +12,20 @@ use crate::error::{LostReason, Result};
 use crate::name::LockName;
 use crate::token::{FencingToken, Owner};
 
-/// What kind of hold a request asks for. A name's holds of different kinds
-/// are separate objects: the semaphore `pools/db` and the lock `pools/db`
-/// never contend.
+/// What kind of hold a request asks for. A lock and a semaphore of the
+/// same name are separate objects: the semaphore `pools/db` and the lock
+/// `pools/db` never contend. Exclusive and shared holds of a name are one
+/// read-write lock, as with `flock -x` and `flock -s`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum HoldKind {
-    /// One holder at a time: a lock.
+    /// One holder at a time: a lock (a read-write lock's writer).
     Exclusive,
+    /// A read-write lock's reader: shared holds of a name overlap each
+    /// other, and exclude its exclusive hold both ways. Writer-preferring:
+    /// once an exclusive request waits for the name, no new shared hold is
+    /// granted ahead of it; holds already granted run to their end.
+    Shared,
     /// At most `limit` holders at a time, each with its own permit: a
     /// counting semaphore. The limit is stored with the semaphore where
     /// the backend can store it.
@@ -30,11 +36,22 @@ pub enum HoldKind {
 }
 
 impl HoldKind {
-    /// How many holders the kind admits at once.
+    /// How many holders the kind admits at once (`u32::MAX` for shared
+    /// holds: no bound but the exclusive holder's).
     pub fn holders(&self) -> u32 {
         match self {
             HoldKind::Exclusive => 1,
+            HoldKind::Shared => u32::MAX,
             HoldKind::Permits { limit } => *limit,
+        }
+    }
+
+    /// The object a hold of this kind is on: the lock for exclusive and
+    /// shared holds, the semaphore for permits.
+    pub fn object(&self) -> HoldKind {
+        match self {
+            HoldKind::Shared => HoldKind::Exclusive,
+            other => *other,
         }
     }
 }
@@ -43,6 +60,7 @@ impl fmt::Display for HoldKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HoldKind::Exclusive => f.write_str("lock"),
+            HoldKind::Shared => f.write_str("shared lock"),
             HoldKind::Permits { limit } => write!(f, "semaphore of {limit} permits"),
         }
     }
@@ -178,6 +196,11 @@ pub struct LockStatus {
     pub holders: Option<usize>,
     /// The limit stored with a semaphore.
     pub limit: Option<u32>,
+    /// How many shared holds the lock has now (read-write locks).
+    pub shared: Option<usize>,
+    /// Whether an exclusive request waits for the lock, so that no new
+    /// shared hold is granted (read-write locks).
+    pub writer_waiting: Option<bool>,
 }
 
 impl LockStatus {
@@ -204,6 +227,14 @@ impl LockStatus {
     /// Sets the queue length.
     pub fn with_queue_len(mut self, queue_len: Option<usize>) -> Self {
         self.queue_len = queue_len;
+        self
+    }
+
+    /// Sets how many shared holds the lock has and whether a writer waits
+    /// (read-write locks).
+    pub fn with_shared(mut self, shared: usize, writer_waiting: bool) -> Self {
+        self.shared = Some(shared);
+        self.writer_waiting = Some(writer_waiting);
         self
     }
 
@@ -301,6 +332,8 @@ pub struct Capabilities {
     pub extend_batch: usize,
     /// Whether the backend grants [`HoldKind::Permits`] (semaphores).
     pub semaphore: bool,
+    /// Whether the backend grants [`HoldKind::Shared`] (read-write locks).
+    pub shared: bool,
 }
 
 impl Capabilities {
@@ -327,6 +360,7 @@ impl Capabilities {
             drift_fixed: Duration::from_millis(2),
             extend_batch: 1,
             semaphore: false,
+            shared: false,
         }
     }
 
@@ -336,8 +370,15 @@ impl Capabilities {
     pub fn supports(&self, kind: &HoldKind) -> bool {
         match kind {
             HoldKind::Exclusive => true,
+            HoldKind::Shared => self.shared,
             HoldKind::Permits { .. } => self.semaphore,
         }
+    }
+
+    /// Declares that the backend grants shared holds (read-write locks).
+    pub fn with_shared(mut self) -> Self {
+        self.shared = true;
+        self
     }
 
     /// Declares that the backend grants semaphore permits.
@@ -430,6 +471,16 @@ pub enum AllAtOnce {
 ///   fewer than the limit hold permits, refuses a limit other than the one
 ///   stored with [`Error::LimitMismatch`](crate::Error::LimitMismatch), and
 ///   gives every grant of the name a token above every earlier grant's.
+/// - A backend that serves shared holds declares [`Capabilities::shared`].
+///   A [`HoldKind::Shared`] request is granted while nobody holds the
+///   name's lock exclusively and no exclusive request waits for it; an
+///   exclusive request while nobody holds it, shared or exclusive. An
+///   exclusive request that waits (`acquire`, not `try_acquire`) and is
+///   refused because of shared holds marks the name as awaited by a writer
+///   until it is granted, gives up (the wait removes its mark), is released
+///   or its TTL passes (every further attempt renews it). Shared and exclusive grants
+///   of a name draw their tokens from one sequence; `release` of a waiting
+///   writer removes its mark; `inspect` reports both kinds.
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// What this backend guarantees.

@@ -18,7 +18,7 @@ use crate::guard::LockGuard;
 use crate::keeper::Keeper;
 use crate::lease::lock;
 use crate::name::LockName;
-use crate::slot::{slot_ref, Acquired, Hold, SlotRef, SlotTable};
+use crate::slot::{local_share, slot_ref, Acquired, Hold, SlotRef, SlotTable};
 
 /// The default lease TTL: long enough to survive a slow renewal round trip,
 /// short enough that a crashed holder frees the lock within half a minute.
@@ -137,6 +137,7 @@ impl LockClient {
             renew: true,
             max_hold: None,
             holder: None,
+            misuse: None,
         }
     }
 }
@@ -146,7 +147,10 @@ fn check_kind(caps: &Capabilities, kind: &HoldKind) -> Result<()> {
     if !caps.supports(kind) {
         return Err(Error::Unsupported {
             backend: caps.backend,
-            operation: "semaphores",
+            operation: match kind {
+                HoldKind::Shared => "shared holds (read-write locks)",
+                _ => "semaphores",
+            },
         });
     }
     if kind.holders() == 0 {
@@ -170,6 +174,8 @@ pub struct LockBuilder {
     renew: bool,
     max_hold: Option<Duration>,
     holder: Option<String>,
+    /// An option that does not fit the kind, reported when acquired.
+    misuse: Option<&'static str>,
 }
 
 impl fmt::Debug for LockBuilder {
@@ -187,6 +193,26 @@ impl fmt::Debug for LockBuilder {
 }
 
 impl LockBuilder {
+    /// Takes the lock shared (a reader of a read-write lock, like
+    /// `flock -s`) instead of exclusively: shared holds of the name overlap,
+    /// and exclude its exclusive hold both ways. Writer-preferring: a
+    /// waiting exclusive request holds back new shared ones. A holder that
+    /// holds the lock exclusively and asks for it shared nests into its
+    /// exclusive hold; the reverse is [`Error::UpgradeRefused`]. On a
+    /// semaphore builder, or on a backend that does not declare
+    /// [`Capabilities::shared`], the acquire is refused before anything is
+    /// sent.
+    pub fn shared(mut self) -> Self {
+        self.kind = match self.kind {
+            HoldKind::Exclusive | HoldKind::Shared => HoldKind::Shared,
+            other => {
+                self.misuse = Some("a semaphore permit cannot be shared; use lock(name).shared()");
+                other
+            }
+        };
+        self
+    }
+
     /// The lease TTL (default [`DEFAULT_TTL`]). The keeper renews at
     /// about a third of it.
     pub fn ttl(mut self, ttl: Duration) -> Self {
@@ -274,6 +300,9 @@ impl LockBuilder {
     /// Checks everything but the name.
     pub(crate) fn validate_options(&self) -> Result<()> {
         let caps = &self.client.keeper.caps;
+        if let Some(misuse) = self.misuse {
+            return Err(Error::invalid(InputKind::Config, misuse));
+        }
         check_kind(caps, &self.kind)?;
         if self.ttl.is_zero() {
             return Err(Error::invalid(
@@ -328,18 +357,27 @@ impl LockBuilder {
         let slot = slot_ref(&self.client.slots, name, self.kind);
         if let Some(holder) = &self.holder {
             if let Some(hold) = slot.slot.held_by(holder) {
+                // An exclusive hold covers a shared request; the reverse
+                // would be an upgrade.
+                if hold.lease.req.kind == HoldKind::Shared && self.kind == HoldKind::Exclusive {
+                    return Err(Error::UpgradeRefused {
+                        name: name.clone(),
+                        holder: holder.clone(),
+                    });
+                }
                 hold.nest()?;
                 return Ok(Some(Local::Nested(LockGuard::new(hold))));
             }
         }
         let gate = slot.slot.gate.clone();
+        let share = local_share(self.kind);
         let permit = match mode {
-            Mode::Once => match gate.try_acquire_owned() {
+            Mode::Once => match gate.try_acquire_many_owned(share) {
                 Ok(p) => p,
                 Err(_) => return Ok(None),
             },
             Mode::Wait(deadline) => {
-                let wait = gate.acquire_owned();
+                let wait = gate.acquire_many_owned(share);
                 let acquired = match deadline {
                     None => Ok(wait.await),
                     Some(d) => tokio::time::timeout_at(d, wait).await,

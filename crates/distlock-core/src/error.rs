@@ -172,6 +172,18 @@ pub enum Error {
         stored: u32,
     },
 
+    /// A holder that holds a read-write lock shared asked for it
+    /// exclusively. Refused: two readers upgrading at once would each wait
+    /// for the other forever. Release the shared hold, then acquire
+    /// exclusively. Nothing was acquired; the shared hold is still held.
+    #[error("holder `{holder}` holds lock `{name}` shared and asked for it exclusively; an upgrade can deadlock, so release the shared hold first")]
+    UpgradeRefused {
+        /// The lock.
+        name: LockName,
+        /// The holder that asked.
+        holder: String,
+    },
+
     /// The backend cannot do this.
     #[error("{backend} does not support {operation}")]
     Unsupported {

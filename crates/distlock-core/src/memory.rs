@@ -33,9 +33,32 @@ pub struct MemoryBackend {
 #[derive(Debug, Default)]
 struct Entry {
     holder: Option<(Owner, Instant)>,
-    /// Never reset, not even on release: tokens keep increasing.
+    /// Shared holds: each owner and expiry.
+    shared: Vec<(Owner, Instant)>,
+    /// Exclusive requests waiting behind shared holds, until when each
+    /// mark lasts: while one lasts, no shared hold is granted.
+    writers: Vec<(Owner, Instant)>,
+    /// Never reset, not even on release: tokens keep increasing. Shared
+    /// and exclusive grants draw from it alike.
     counter: u64,
     released: Signal,
+}
+
+impl Entry {
+    /// Drops expired shared holds and writer marks.
+    fn prune(&mut self, now: Instant) {
+        self.shared.retain(|(_, e)| *e > now);
+        self.writers.retain(|(_, e)| *e > now);
+    }
+
+    fn exclusive_until(&self, now: Instant) -> Option<Instant> {
+        self.holder.map(|(_, e)| e).filter(|e| *e > now)
+    }
+
+    fn grant(&mut self) -> FencingToken {
+        self.counter += 1;
+        FencingToken(self.counter)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -68,16 +91,18 @@ impl MemoryBackend {
         let Some(e) = table.get_mut(name) else {
             return false;
         };
-        let had = e.holder.take().is_some();
+        let had = e.holder.take().is_some() | !e.shared.is_empty();
+        e.shared.clear();
         e.released.wake_all();
         had
     }
 
     /// One attempt: the token if granted, else how long until the earliest
-    /// hold expires.
-    fn attempt(&self, req: &LockRequest) -> Result<Outcome> {
+    /// hold expires. `waiting`: the caller waits, so an exclusive request
+    /// refused for shared holds marks the lock as awaited by a writer.
+    fn attempt(&self, req: &LockRequest, waiting: bool) -> Result<Outcome> {
         let HoldKind::Permits { limit } = req.kind else {
-            return Ok(self.attempt_exclusive(req));
+            return Ok(self.attempt_lock(req, waiting));
         };
         let now = Instant::now();
         let mut sems = lock(&self.semaphores);
@@ -100,18 +125,50 @@ impl MemoryBackend {
         Ok(Outcome::Granted(FencingToken(sem.counter)))
     }
 
-    fn attempt_exclusive(&self, req: &LockRequest) -> Outcome {
+    fn attempt_lock(&self, req: &LockRequest, waiting: bool) -> Outcome {
         let now = Instant::now();
         let mut table = lock(&self.table);
         let e = table.entry(req.name.clone()).or_default();
-        match e.holder {
-            Some((_, expires)) if expires > now => Outcome::Held(Some(expires - now)),
-            _ => {
-                e.counter += 1;
-                e.holder = Some((req.owner, now + req.ttl));
-                Outcome::Granted(FencingToken(e.counter))
-            }
+        e.prune(now);
+        if let Some(until) = e.exclusive_until(now) {
+            return Outcome::Held(Some(until - now));
         }
+        if req.kind == HoldKind::Shared {
+            if let Some(mark) = e.writers.iter().map(|(_, until)| *until).min() {
+                return Outcome::Held(Some(mark - now));
+            }
+            let token = e.grant();
+            e.shared.push((req.owner, now + req.ttl));
+            return Outcome::Granted(token);
+        }
+        if let Some(first_end) = e.shared.iter().map(|(_, until)| *until).min() {
+            if waiting {
+                e.writers.retain(|(o, _)| *o != req.owner);
+                e.writers.push((req.owner, now + req.ttl));
+            }
+            // Back before the mark lapses, or when the first reader's ends.
+            return Outcome::Held(Some((first_end - now).min(req.ttl / 2)));
+        }
+        e.writers.retain(|(o, _)| *o != req.owner);
+        let token = e.grant();
+        e.holder = Some((req.owner, now + req.ttl));
+        Outcome::Granted(token)
+    }
+
+    /// Removes `req`'s writer mark, if it has one, and lets the readers it
+    /// held back try again.
+    fn unmark(&self, req: &LockRequest) -> bool {
+        let mut table = lock(&self.table);
+        let Some(e) = table.get_mut(&req.name) else {
+            return false;
+        };
+        let before = e.writers.len();
+        e.writers.retain(|(o, _)| *o != req.owner);
+        let had = e.writers.len() < before;
+        if had {
+            e.released.wake_all();
+        }
+        had
     }
 }
 
@@ -131,21 +188,29 @@ impl Backend for MemoryBackend {
         )
         .with_extend_batch(1024)
         .with_semaphore()
+        .with_shared()
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let began = Instant::now();
-        Ok(self.attempt(req)?.token().map(|t| Grant::new(t, began)))
+        Ok(self
+            .attempt(req, false)?
+            .token()
+            .map(|t| Grant::new(t, began)))
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         let mut wakeups = Signalled::new(self.release_signal(req));
         // Every end of a hold signals or is an expiry the lease's end says.
         let pace = Pace::notified(Duration::from_millis(100));
-        wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async {
-            self.attempt(req)
+        let granted = wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async {
+            self.attempt(req, true)
         })
-        .await
+        .await;
+        if granted.is_err() {
+            self.unmark(req);
+        }
+        granted
     }
 
     async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
@@ -155,10 +220,10 @@ impl Backend for MemoryBackend {
         let began = Instant::now();
         let mut table = lock(&self.table);
         let held = |r: &LockRequest| {
-            table
-                .get(&r.name)
-                .and_then(|e| e.holder)
-                .is_some_and(|(_, expires)| expires > began)
+            table.get(&r.name).is_some_and(|e| {
+                e.exclusive_until(began).is_some()
+                    || e.shared.iter().any(|(_, until)| *until > began)
+            })
         };
         if reqs.iter().any(held) {
             return Ok(AllAtOnce::Refused);
@@ -167,9 +232,9 @@ impl Backend for MemoryBackend {
             reqs.iter()
                 .map(|r| {
                     let e = table.entry(r.name.clone()).or_default();
-                    e.counter += 1;
+                    let token = e.grant();
                     e.holder = Some((r.owner, began + r.ttl));
-                    Grant::new(FencingToken(e.counter), began)
+                    Grant::new(token, began)
                 })
                 .collect(),
         ))
@@ -220,16 +285,23 @@ impl Backend for MemoryBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         let now = Instant::now();
-        let table = lock(&self.table);
-        Ok(match table.get(name) {
-            Some(Entry {
-                holder: Some((_, expires)),
-                counter,
-                ..
-            }) if *expires > now => LockStatus::new(true)
-                .with_token(Some(FencingToken(*counter)))
-                .with_remaining(Some(*expires - now)),
-            _ => LockStatus::new(false),
+        let mut table = lock(&self.table);
+        let Some(e) = table.get_mut(name) else {
+            return Ok(LockStatus::new(false).with_shared(0, false));
+        };
+        e.prune(now);
+        // Held until the exclusive hold ends, or the last shared one does.
+        let until = e
+            .exclusive_until(now)
+            .or_else(|| e.shared.iter().map(|(_, until)| *until).max());
+        let status =
+            LockStatus::new(until.is_some()).with_shared(e.shared.len(), !e.writers.is_empty());
+        Ok(match until {
+            // While anyone holds it, the newest grant is theirs.
+            Some(until) => status
+                .with_token(Some(FencingToken(e.counter)))
+                .with_remaining(Some(until - now)),
+            None => status,
         })
     }
 
@@ -248,10 +320,21 @@ impl Backend for MemoryBackend {
             }
             return Ok(freed);
         }
+        if self.unmark(req) {
+            return Ok(false);
+        }
         let mut table = lock(&self.table);
         let Some(e) = table.get_mut(&req.name) else {
             return Ok(false);
         };
+        if req.kind == HoldKind::Shared {
+            let Some(i) = e.shared.iter().position(|(o, _)| *o == req.owner) else {
+                return Ok(false);
+            };
+            let (_, expires) = e.shared.swap_remove(i);
+            e.released.wake_all();
+            return Ok(expires > now);
+        }
         match e.holder {
             Some((owner, expires)) if owner == req.owner => {
                 e.holder = None;
@@ -265,7 +348,14 @@ impl Backend for MemoryBackend {
 
 impl MemoryBackend {
     fn extend_in(table: &mut HashMap<LockName, Entry>, req: &LockRequest, now: Instant) -> bool {
-        match table.get_mut(&req.name).and_then(|e| e.holder.as_mut()) {
+        let Some(e) = table.get_mut(&req.name) else {
+            return false;
+        };
+        let hold = match req.kind {
+            HoldKind::Shared => e.shared.iter_mut().find(|(o, _)| *o == req.owner),
+            _ => e.holder.as_mut(),
+        };
+        match hold {
             Some((owner, expires)) if *owner == req.owner && *expires > now => {
                 *expires = now + req.ttl;
                 true

@@ -19,22 +19,37 @@ use crate::lease::{lock, HoldState, Lease, Renewal};
 use crate::name::LockName;
 use crate::token::FencingToken;
 
-/// A name's holds of one kind share a slot; a lock and a semaphore of the
-/// same name are separate objects, and so are their slots.
+/// A name's holds on one object share a slot ([`HoldKind::object`]): a
+/// lock and a semaphore of the same name are separate objects, and so are
+/// their slots; a lock's exclusive and shared holds share its slot.
 pub(crate) type SlotKey = (LockName, HoldKind);
+
+/// A lock slot's local permits: an exclusive hold takes them all, a shared
+/// hold one, so the gate is a local read-write lock. Tokio's semaphore
+/// serves waiters in arrival order, so a waiting exclusive request holds
+/// back later shared ones here too.
+const LOCK_GATE: u32 = 1 << 16;
+
+/// How many of its slot's local permits a hold of `kind` takes.
+pub(crate) fn local_share(kind: HoldKind) -> u32 {
+    match kind {
+        HoldKind::Exclusive => LOCK_GATE,
+        _ => 1,
+    }
+}
 
 /// A client's slots, by name and kind.
 pub(crate) type SlotTable = Mutex<HashMap<SlotKey, Arc<Slot>>>;
 
-/// Local state for one name and kind inside one client.
+/// Local state for one name and object inside one client.
 pub(crate) struct Slot {
-    /// As many local permits as the kind admits holders (one for a lock, N
-    /// for a semaphore of N): whoever has one may talk to the backend about
-    /// this name (and keeps it for the whole hold), so other local tasks
-    /// wait here instead of adding load on the server, and one client never
-    /// puts more waiters on the server than there are permits it could use.
-    /// Tokio's semaphore is FIFO, so local waiters are served in arrival
-    /// order.
+    /// Local permits ([`local_share`] of them per hold: N for a semaphore
+    /// of N, one each; a lock's exclusive hold takes all): whoever has its
+    /// share may talk to the backend about this name (and keeps it for the
+    /// whole hold), so other local tasks wait here instead of adding load
+    /// on the server, and one client never puts more waiters on the server
+    /// than there are holds it could get. Tokio's semaphore is FIFO, so
+    /// local waiters are served in arrival order.
     pub(crate) gate: Arc<Semaphore>,
     /// The holds of this slot, for reentrant acquires; ended ones are
     /// skipped and pruned.
@@ -60,14 +75,19 @@ impl Drop for SlotRef {
     }
 }
 
-/// The slot for `name` and `kind`, made on first use.
+/// The slot for `name` and the object of `kind`, made on first use.
 pub(crate) fn slot_ref(table: &Arc<SlotTable>, name: &LockName, kind: HoldKind) -> SlotRef {
-    let key = (name.clone(), kind);
+    let object = kind.object();
+    let key = (name.clone(), object);
+    let permits = match object {
+        HoldKind::Permits { limit } => limit,
+        _ => LOCK_GATE,
+    };
     let slot = lock(table)
         .entry(key.clone())
         .or_insert_with(|| {
             Arc::new(Slot {
-                gate: Arc::new(Semaphore::new(kind.holders() as usize)),
+                gate: Arc::new(Semaphore::new(permits as usize)),
                 held: Mutex::new(Vec::new()),
             })
         })
