@@ -33,6 +33,11 @@ pub(crate) struct RunArgs {
     /// stored with the semaphore; another limit than the stored one exits 2.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     limit: Option<u32>,
+    /// Take the lock NAME shared (flock's -s): commands run with --shared
+    /// overlap each other, and exclude those run without it (flock's -x).
+    /// A waiting exclusive command holds back new shared ones.
+    #[arg(long, conflicts_with = "limit")]
+    shared: bool,
     /// Grace between SIGTERM and SIGKILL when the lease is lost.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     kill_after: Duration,
@@ -104,6 +109,9 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     }
     if args.limit.is_some() && names.len() > 1 {
         return fail(EXIT_USAGE, "--limit takes one semaphore name");
+    }
+    if args.shared && names.len() > 1 {
+        return fail(EXIT_USAGE, "--shared takes one lock name");
     }
     if let Some(dir) = args
         .backend
@@ -237,6 +245,7 @@ async fn acquire(
     let name = &names[0];
     let mut lock = match args.limit {
         Some(n) => client.semaphore(name, n),
+        None if args.shared => client.lock(name).shared(),
         None => client.lock(name),
     }
     .ttl(args.ttl);

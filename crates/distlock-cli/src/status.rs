@@ -48,6 +48,8 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
             queue_len: s.queue_len,
             holders: s.holders,
             limit: s.limit,
+            shared: s.shared,
+            writer_waiting: s.writer_waiting,
         }
         .to_line();
         match line {
@@ -77,6 +79,19 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
                     .map_or_else(unknown, |r| humantime::format_duration(r).to_string())
             );
         }
+        if let Some(shared) = s.shared {
+            println!("shared:    {shared} holders");
+        }
+        if let Some(waiting) = s.writer_waiting {
+            println!(
+                "writer:    {}",
+                if waiting {
+                    "waiting (new shared holds wait behind it)"
+                } else {
+                    "none waiting"
+                }
+            );
+        }
         println!(
             "queue:     {}",
             s.queue_len.map_or_else(unknown, |q| q.to_string())
@@ -101,6 +116,13 @@ struct StatusJson<'a> {
     /// Only for `--semaphore`.
     #[serde(skip_serializing_if = "Option::is_none")]
     limit: Option<u32>,
+    /// Shared holders, where the backend serves read-write locks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shared: Option<usize>,
+    /// Whether an exclusive request waits, where the backend serves
+    /// read-write locks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    writer_waiting: Option<bool>,
 }
 
 impl StatusJson<'_> {
@@ -155,6 +177,8 @@ mod tests {
             queue_len: None,
             holders: None,
             limit: None,
+            shared: None,
+            writer_waiting: None,
         }
         .to_line()
         .unwrap();

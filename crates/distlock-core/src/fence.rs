@@ -100,9 +100,86 @@ impl FenceGate {
     }
 }
 
+/// The check a resource makes for a read-write lock: writes come from
+/// exclusive holders, reads from shared holders, and every grant of the
+/// name, shared or exclusive, has a token above every earlier grant's.
+///
+/// - A write is admitted if its token is at least every token admitted so
+///   far, reads included: a writer paused past its lease, after which
+///   readers or another writer were granted the lock, is turned away.
+/// - A read is admitted if its token is above every write's: a reader
+///   granted before the last writer (so paused past its lease, since the
+///   writer could only be granted once it was gone) is turned away.
+///
+/// What it does not prove: that a refused holder's lease had really ended
+/// (a write is refused after a newer reader read even if that reader
+/// released early, and the lock was then granted back); it errs on the side
+/// of refusing.
+#[derive(Debug, Default)]
+pub struct ReadWriteGate {
+    /// The highest write token and the highest token of any kind admitted.
+    seen: Mutex<(u64, u64)>,
+}
+
+impl ReadWriteGate {
+    /// A gate that has seen no token.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Admits a write by the exclusive holder with `token`.
+    pub fn admit_write(&self, token: FencingToken) -> Result<(), StaleToken> {
+        let mut seen = lock(&self.seen);
+        let (_, any) = *seen;
+        if token.0 < any {
+            return Err(StaleToken {
+                presented: token,
+                highest: FencingToken(any),
+            });
+        }
+        *seen = (token.0, token.0);
+        Ok(())
+    }
+
+    /// Admits a read by a shared holder with `token`.
+    pub fn admit_read(&self, token: FencingToken) -> Result<(), StaleToken> {
+        let mut seen = lock(&self.seen);
+        let (write, any) = *seen;
+        if write > 0 && token.0 <= write {
+            return Err(StaleToken {
+                presented: token,
+                highest: FencingToken(write),
+            });
+        }
+        *seen = (write, any.max(token.0));
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_write_gate_refuses_writers_older_than_any_grant_and_readers_older_than_a_write() {
+        let g = ReadWriteGate::new();
+        // Two readers, then a writer granted after them.
+        assert!(g.admit_read(FencingToken(3)).is_ok());
+        assert!(g.admit_read(FencingToken(4)).is_ok());
+        assert!(g.admit_write(FencingToken(5)).is_ok());
+        assert!(g.admit_write(FencingToken(5)).is_ok());
+        // Reader 4, paused past the writer's grant, reads late: refused.
+        let e = g.admit_read(FencingToken(4)).unwrap_err();
+        assert_eq!(e.highest, FencingToken(5));
+        // Readers after the writer, then the paused writer 5 writes again.
+        assert!(g.admit_read(FencingToken(6)).is_ok());
+        let e = g.admit_write(FencingToken(5)).unwrap_err();
+        assert_eq!(e.highest, FencingToken(6));
+        // A newer writer takes over; the reader before it is refused.
+        assert!(g.admit_write(FencingToken(7)).is_ok());
+        assert!(g.admit_read(FencingToken(6)).is_err());
+        assert!(g.admit_read(FencingToken(8)).is_ok());
+    }
 
     #[test]
     fn admits_same_or_newer_rejects_older() {

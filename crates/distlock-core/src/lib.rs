@@ -22,7 +22,7 @@ pub use backend::{
 };
 pub use client::{LockBuilder, LockClient, DEFAULT_TTL};
 pub use error::{tls_refusal, BoxError, Error, InputKind, LostReason, Result};
-pub use fence::{FenceGate, StaleToken};
+pub use fence::{FenceGate, ReadWriteGate, StaleToken};
 pub use guard::LockGuard;
 pub use memory::MemoryBackend;
 pub use multi::{MultiGuard, MultiLockBuilder};
