@@ -215,6 +215,59 @@ async fn f1_pause_permits(b: B) -> Result<(), Failed> {
     )
 }
 
+/// F1 on a read-write lock, 2 readers and 2 writers: worker 0 is paused
+/// past its TTL between its first and its second operation. As a reader
+/// (`reader`), a writer is granted once its shared hold expires and
+/// writes; the reader's late read must be refused by the register (below
+/// the writer's token). As a writer, readers are granted after its lease
+/// and read; its late write must be refused (below the readers' tokens).
+async fn f1_pause_rw(b: B, reader: bool) -> Result<(), Failed> {
+    let env = start(b, "").await?;
+    let ttl = ttl_for(b);
+    let mut w = workload(vec![env.url.clone(); 4], ttl)?;
+    w.lock = "faults/rw".into();
+    w.shared = if reader { vec![0, 1] } else { vec![1, 2] };
+    let pause = ttl * 2 + Duration::from_secs(1);
+    let report = distlock_check::run(&w, |f| async move { f.pause_holder(0, pause).await })
+        .await
+        .map_err(failed)?;
+    drop(env);
+    let fault = if reader {
+        "F1 shared holder paused past its TTL"
+    } else {
+        "F1 exclusive holder (beside readers) paused past its TTL"
+    };
+    verify(
+        b.name(),
+        fault,
+        ttl,
+        report,
+        Expect {
+            violations_without_fencing: true,
+            overlap: Some(true),
+            lost_before_regrant: Some(false),
+            double_grant: Some(false),
+        },
+    )
+}
+
+/// Whether `b` declares shared holds (read-write locks), by what its
+/// backend declares without connecting.
+fn serves_shared(b: B) -> bool {
+    let scheme = match b {
+        B::Sqlite => "sqlite://",
+        B::Postgres => "postgres://",
+        B::Mysql => "mysql://",
+        B::Redis => "redis://",
+        B::Redlock => "redlock://?fencing=true",
+        B::Etcd => "etcd://",
+        B::ZooKeeper => "zk://",
+    };
+    distlock::declared_backends()
+        .into_iter()
+        .any(|(s, caps)| s == scheme && caps.shared)
+}
+
 /// Waits for the stalled holder's write to land, then a little more.
 async fn until_stall_ends(started: tokio::time::Instant, stall: Duration) {
     tokio::time::sleep_until(started + stall + Duration::from_millis(500)).await;
@@ -695,6 +748,12 @@ fn main() -> std::process::ExitCode {
     for b in B::EVERY {
         let name = format!("faults::F1_pause_permit::{}", b.short_name());
         trials.push(trial(&rt, name, f1_pause_permits(b)));
+    }
+    for b in B::EVERY.into_iter().filter(|b| serves_shared(*b)) {
+        let name = format!("faults::F1_pause_shared::{}", b.short_name());
+        trials.push(trial(&rt, name, f1_pause_rw(b, true)));
+        let name = format!("faults::F1_pause_writer_beside_readers::{}", b.short_name());
+        trials.push(trial(&rt, name, f1_pause_rw(b, false)));
     }
     for b in [B::Postgres, B::Mysql, B::Redis, B::Etcd] {
         trials.push(trial(

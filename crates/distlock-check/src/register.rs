@@ -10,7 +10,11 @@
 //!   grant, which a strict resource refuses). For a semaphore of N permits
 //!   the cell keeps the N highest (token, grant) pairs it accepted, as
 //!   [`distlock::FenceGate::with_limit`] does, and rejects a token below
-//!   all of them;
+//!   all of them. Shared holders of a read-write lock only read (`SREAD`):
+//!   the fenced cell admits such a read if its token is above every token
+//!   of the writers' operations it accepted, and a writer's operation only
+//!   if its token is also at least every read's, as
+//!   [`distlock::ReadWriteGate`] does;
 //! - the **unfenced** cell accepts everything, as storage that trusts the lock
 //!   alone would.
 //!
@@ -22,8 +26,9 @@
 //! | worker sends | register answers |
 //! |---|---|
 //! | `HELLO worker pid fencing` | `OK` |
-//! | `ACQ t_ns grant token deadline_ns` | `GO`, `STOP`, `STALL ms` or `DONE` |
+//! | `ACQ t_ns grant token deadline_ns S\|X` (shared or exclusive) | `GO`, `STOP`, `STALL ms` or `DONE` |
 //! | `READ grant token` | `f_ok f_value u_value` |
+//! | `SREAD grant token` (a shared holder's read) | `f_ok f_value u_value` |
 //! | `AT_PAUSE grant` | `OK` (about to stop or stall) |
 //! | `WRITE grant token f_value\|- u_value` | `f_ok` |
 //! | `END t_ns grant how...` | `OK` |
@@ -64,6 +69,8 @@ pub struct Op {
     pub token: u64,
     /// A write (else a read).
     pub write: bool,
+    /// A shared holder's read.
+    pub shared: bool,
     /// Whether the fenced cell accepted it (`None`: the worker skipped the
     /// fenced cell because its read there was rejected).
     pub fenced_ok: Option<bool>,
@@ -78,6 +85,8 @@ pub struct Hold {
     pub grant: u64,
     /// The fencing token.
     pub token: u64,
+    /// A shared hold (a reader of a read-write lock).
+    pub shared: bool,
     /// When `acquire` returned, on the shared clock.
     pub start: u64,
     /// When the holder's guard expected its lease to end at the latest
@@ -123,6 +132,8 @@ struct State {
     /// The highest (token, grant) pairs the fenced cell accepted, at most
     /// `log.limit`, ascending.
     f_highest: Vec<(u64, u64)>,
+    /// The highest token of a shared read the fenced cell accepted.
+    f_read_highest: u64,
     armed: HashMap<usize, Instruction>,
     gates: HashMap<usize, Arc<tokio::sync::Notify>>,
     done: bool,
@@ -283,12 +294,14 @@ impl Register {
             }
             "ACQ" => {
                 let (start, grant, token, deadline) = (num(), num(), num(), num());
+                let shared = line.split(' ').nth(5) == Some("S");
                 s.log.holds.insert(
                     grant,
                     Hold {
                         worker: *worker,
                         grant,
                         token,
+                        shared,
                         start,
                         deadline,
                         end: None,
@@ -304,14 +317,20 @@ impl Register {
                     Some(Instruction::Stall(ms)) => format!("STALL {ms}"),
                 }
             }
-            "READ" => {
+            "READ" | "SREAD" => {
                 let (grant, token) = (num(), num());
-                let ok = s.fenced_accepts(grant, token);
+                let shared = cmd == "SREAD";
+                let ok = if shared {
+                    s.fenced_admits_read(token)
+                } else {
+                    s.fenced_accepts(grant, token)
+                };
                 s.log.ops.push(Op {
                     t,
                     grant,
                     token,
                     write: false,
+                    shared,
                     fenced_ok: Some(ok),
                 });
                 format!(
@@ -340,6 +359,7 @@ impl Register {
                     grant,
                     token,
                     write: true,
+                    shared: false,
                     fenced_ok,
                 });
                 if fenced_ok == Some(true) { "1" } else { "0" }.into()
@@ -365,7 +385,20 @@ impl Register {
 }
 
 impl State {
+    /// A shared holder's read: admitted above every writer's token.
+    fn fenced_admits_read(&mut self, token: u64) -> bool {
+        if self.f_highest.last().is_some_and(|(t, _)| token <= *t) {
+            return false;
+        }
+        self.f_read_highest = self.f_read_highest.max(token);
+        true
+    }
+
     fn fenced_accepts(&mut self, grant: u64, token: u64) -> bool {
+        // A writer granted before a reader that has read: superseded.
+        if token < self.f_read_highest {
+            return false;
+        }
         let limit = self.log.limit.max(1) as usize;
         let top = &mut self.f_highest;
         if top.contains(&(token, grant)) {
@@ -409,6 +442,22 @@ mod tests {
             !s.fenced_accepts(5, 6),
             "another grant with an accepted token"
         );
+    }
+
+    #[test]
+    fn the_fenced_cell_fences_shared_reads_below_writers_and_writers_below_reads() {
+        let mut s = State::default();
+        s.log.limit = 1;
+        assert!(s.fenced_admits_read(3));
+        assert!(s.fenced_admits_read(2), "readers overlap in any order");
+        assert!(s.fenced_accepts(4, 5), "a writer after the readers");
+        assert!(!s.fenced_admits_read(3), "a reader from before the writer");
+        assert!(s.fenced_admits_read(6));
+        assert!(
+            !s.fenced_accepts(4, 5),
+            "the writer after a newer reader read"
+        );
+        assert!(s.fenced_accepts(7, 7));
     }
 
     #[test]

@@ -101,8 +101,11 @@ fn cell(log: &Log, fenced: bool) -> CellStats {
     let start_of = |g: u64| log.holds.get(&g).map_or(0, |h| h.start);
     let deadline_of = |g: u64| log.holds.get(&g).map_or(u64::MAX, |h| h.deadline);
     let mut stats = CellStats::default();
-    // A lock: the start of the newest grant the cell accepted.
+    // A lock: the start of the newest grant the cell accepted, and of the
+    // newest writer's (exclusive) grant. A writer is superseded by any newer
+    // grant; a shared holder only by a newer writer.
     let mut newest = 0u64;
+    let mut newest_writer = 0u64;
     // A semaphore: the starts of every grant the cell accepted, ascending.
     // Its grants overlap and return to their clients in any order, so
     // "newer" cannot be read off the starts of two live holds; a grant is
@@ -122,10 +125,14 @@ fn cell(log: &Log, fenced: bool) -> CellStats {
             Some(true) => {
                 let start = start_of(op.grant);
                 if limit == 1 {
-                    if newest > start {
+                    let newer = if op.shared { newest_writer } else { newest };
+                    if newer > start {
                         stats.stale_accepted += 1;
                     }
                     newest = newest.max(start);
+                    if !op.shared {
+                        newest_writer = newest_writer.max(start);
+                    }
                 } else {
                     let deadline = deadline_of(op.grant);
                     let after =
@@ -143,7 +150,7 @@ fn cell(log: &Log, fenced: bool) -> CellStats {
                     if let Some(r) = read_at.remove(&op.grant) {
                         rmws.push((r, op.t));
                     }
-                } else {
+                } else if !op.shared {
                     read_at.insert(op.grant, op.t);
                 }
             }
@@ -215,7 +222,8 @@ pub fn check(log: &Log) -> Report {
             if b.start >= end(a) {
                 break;
             }
-            if a.worker != b.worker {
+            // Shared holds overlap each other by design.
+            if a.worker != b.worker && !(a.shared && b.shared) {
                 overlaps += 1;
                 if Some(a.worker) != faulted && Some(b.worker) != faulted {
                     without += 1;
@@ -225,7 +233,9 @@ pub fn check(log: &Log) -> Report {
     }
     let intervals: Vec<(u64, u64)> = holds.iter().map(|h| (h.start, end(h))).collect();
     let most_holders = most_at_once(&intervals);
-    let token_order_violations = if log.limit > 1 {
+    // Concurrent grants (permits, shared holds) return to their clients in
+    // any order: each must be above every hold that ended before it began.
+    let token_order_violations = if log.limit > 1 || holds.iter().any(|h| h.shared) {
         tokens_below_an_ended_hold(&holds, end)
     } else {
         holds
@@ -242,17 +252,19 @@ pub fn check(log: &Log) -> Report {
     // normal work, not a double grant: those two verdicts are the lock's.
     let single = log.limit <= 1;
     if let Some((t, w)) = fault {
-        let next = holds
-            .iter()
-            .find(|h| h.start >= t && Some(h.worker) != w)
-            .map(|h| h.start);
-        recovery = next.map(|n| Duration::from_nanos(n - t));
         // The faulted worker's hold that was running when the fault began.
-        if let Some(h) = holds
+        let faulted_hold = holds
             .iter()
             .rev()
-            .find(|h| Some(h.worker) == w && h.start <= t && h.end.is_none_or(|e| e >= t))
-        {
+            .find(|h| Some(h.worker) == w && h.start <= t && h.end.is_none_or(|e| e >= t));
+        // Beside a faulted shared hold, only a writer's grant replaces it.
+        let reader = faulted_hold.is_some_and(|h| h.shared);
+        let next = holds
+            .iter()
+            .find(|h| h.start >= t && Some(h.worker) != w && !(reader && h.shared))
+            .map(|h| h.start);
+        recovery = next.map(|n| Duration::from_nanos(n - t));
+        if let Some(h) = faulted_hold {
             faulted_hold_end = Some(h.how.clone());
             if let Some(n) = next.filter(|_| single) {
                 let lease_end = h.deadline;
@@ -366,6 +378,7 @@ mod tests {
             worker,
             grant,
             token,
+            shared: false,
             start,
             deadline: start + 30,
             end: Some(end),
@@ -379,6 +392,7 @@ mod tests {
             grant,
             token,
             write,
+            shared: false,
             fenced_ok,
         }
     }
@@ -492,6 +506,49 @@ mod tests {
         let r = check(&log);
         assert_eq!(r.token_order_violations, 1);
         assert!(r.fencing_failed());
+    }
+
+    #[test]
+    fn a_paused_reader_overlapping_a_writer_shows_a_stale_read_only_unfenced() {
+        let mut log = Log::default();
+        log.workers.insert(0, (1, "Strong".into()));
+        // Readers 1 and 2 overlap (fine); reader 1 is paused, writer 3 is
+        // granted after its lease and writes; reader 1's late read is
+        // stale: accepted by the unfenced cell, refused by the fenced one.
+        let mut a = hold(0, 1, 1, 0, 101);
+        a.shared = true;
+        a.how = "lost: deadline".into();
+        let mut b = hold(1, 2, 2, 5, 20);
+        b.shared = true;
+        log.holds.insert(1, a);
+        log.holds.insert(2, b);
+        log.holds.insert(3, hold(2, 3, 3, 50, 60));
+        log.events.push((10, Some(0), "fault".into()));
+        let read = |t, g, tok, ok| Op {
+            shared: true,
+            ..op(t, g, tok, false, Some(ok))
+        };
+        log.ops.push(read(1, 1, 1, true));
+        log.ops.push(read(6, 2, 2, true));
+        log.ops.push(read(15, 2, 2, true));
+        log.ops.push(op(51, 3, 3, false, Some(true)));
+        log.ops.push(op(52, 3, 3, true, Some(true)));
+        log.ops.push(read(100, 1, 1, false));
+        log.fenced_value = 1;
+        log.unfenced_value = 1;
+        let mut unfenced = log.clone();
+        if let Some(last) = unfenced.ops.last_mut() {
+            last.fenced_ok = Some(true);
+        }
+        let r = check(&log);
+        assert_eq!(r.overlaps, 1, "only the writer beside the paused reader");
+        assert_eq!((r.fenced.stale_accepted, r.fenced.rejected), (0, 1));
+        assert_eq!(r.unfenced.stale_accepted, 1);
+        assert_eq!(r.recovery, Some(Duration::from_nanos(40)), "to the writer");
+        assert_eq!(r.token_order_violations, 0);
+        assert!(!r.fencing_failed());
+        // Had the fenced cell accepted the late read, it would be stale.
+        assert_eq!(check(&unfenced).fenced.stale_accepted, 1);
     }
 
     #[test]

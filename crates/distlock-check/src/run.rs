@@ -12,7 +12,8 @@ use tokio::process::{Child, Command};
 use crate::register::{Instruction, Register};
 use crate::report::{check, Report};
 use crate::worker::{
-    ENV_HOLD_MS, ENV_LIMIT, ENV_LOCK, ENV_REGISTER, ENV_TTL_MS, ENV_URL, ENV_WAIT_MS, ENV_WORKER,
+    ENV_HOLD_MS, ENV_LIMIT, ENV_LOCK, ENV_REGISTER, ENV_SHARED, ENV_TTL_MS, ENV_URL, ENV_WAIT_MS,
+    ENV_WORKER,
 };
 
 /// Why a run could not produce a report.
@@ -53,6 +54,13 @@ pub struct Workload {
     /// instead of the lock: up to `limit` holders at once, and a resource
     /// that keeps the `limit` highest tokens ([`distlock::FenceGate::with_limit`]).
     pub limit: Option<u32>,
+    /// The workers (by index) that take the lock shared, as readers of a
+    /// read-write lock: each hold reads the register twice (before and
+    /// after its work or pause) and writes nothing; the others take it
+    /// exclusively and read-modify-write. The register fences the readers'
+    /// reads and the writers' operations as [`distlock::ReadWriteGate`]
+    /// does. Empty: every worker takes the lock.
+    pub shared: Vec<usize>,
     /// The lock's TTL.
     pub ttl: Duration,
     /// How long a normal hold lasts between its read and its write.
@@ -79,6 +87,7 @@ impl Workload {
             urls: vec![url.to_string(); clients],
             lock: "distlock-check".into(),
             limit: None,
+            shared: Vec::new(),
             ttl: Duration::from_secs(2),
             hold: Duration::from_millis(10),
             wait: Duration::from_secs(10),
@@ -254,6 +263,11 @@ where
     if w.ttl.is_zero() {
         return Err(CheckError::Invalid("the TTL must be positive".into()));
     }
+    if w.limit.is_some() && !w.shared.is_empty() {
+        return Err(CheckError::Invalid(
+            "shared workers take a lock, not a semaphore's permits".into(),
+        ));
+    }
     if w.limit == Some(0) {
         return Err(CheckError::Invalid(
             "a semaphore needs at least one permit".into(),
@@ -279,6 +293,7 @@ where
             .env(ENV_HOLD_MS, w.hold.as_millis().to_string())
             .env(ENV_WAIT_MS, w.wait.as_millis().to_string())
             .env(ENV_LIMIT, w.limit.map_or(String::new(), |n| n.to_string()))
+            .env(ENV_SHARED, if w.shared.contains(&i) { "1" } else { "" })
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)

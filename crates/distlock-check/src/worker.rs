@@ -25,6 +25,8 @@ pub(crate) const ENV_HOLD_MS: &str = "DISTLOCK_CHECK_HOLD_MS";
 pub(crate) const ENV_WAIT_MS: &str = "DISTLOCK_CHECK_WAIT_MS";
 /// Empty for the lock; a number for a semaphore of that many permits.
 pub(crate) const ENV_LIMIT: &str = "DISTLOCK_CHECK_LIMIT";
+/// `1`: this worker takes the lock shared (a reader).
+pub(crate) const ENV_SHARED: &str = "DISTLOCK_CHECK_SHARED";
 
 /// If this process was started as a check worker, runs the worker and
 /// returns its exit code; otherwise returns `None` at once.
@@ -66,6 +68,7 @@ struct Settings {
     hold: Duration,
     wait: Duration,
     limit: Option<u32>,
+    shared: bool,
 }
 
 fn settings(id: &str) -> Result<Settings, String> {
@@ -90,6 +93,7 @@ fn settings(id: &str) -> Result<Settings, String> {
             "" => None,
             n => Some(n.parse().map_err(|e| format!("{ENV_LIMIT}={n:?}: {e}"))?),
         },
+        shared: std::env::var(ENV_SHARED).is_ok_and(|v| v == "1"),
     })
 }
 
@@ -138,6 +142,7 @@ async fn run(s: Settings) -> Result<(), String> {
         }
         let builder = match s.limit {
             Some(n) => client.semaphore(&s.lock, n),
+            None if s.shared => client.lock(&s.lock).shared(),
             None => client.lock(&s.lock),
         };
         let guard = match builder.ttl(s.ttl).wait(s.wait).acquire().await {
@@ -166,8 +171,9 @@ async fn run(s: Settings) -> Result<(), String> {
                 + d.saturating_duration_since(tokio::time::Instant::now())
                     .as_nanos() as u64
         });
+        let kind = if s.shared { "S" } else { "X" };
         let told = conn
-            .call(format!("ACQ {start} {grant} {token} {deadline}"))
+            .call(format!("ACQ {start} {grant} {token} {deadline} {kind}"))
             .await?;
         if told == "DONE" {
             let end = mono_ns();
@@ -175,7 +181,7 @@ async fn run(s: Settings) -> Result<(), String> {
             conn.call(format!("END {end} {grant} released")).await?;
             return Ok(());
         }
-        let (end, how) = hold(&mut conn, &guard, grant, token, &told, s.hold).await?;
+        let (end, how) = hold(&mut conn, &guard, grant, token, &told, s.hold, s.shared).await?;
         let (end, how) = match (end, how) {
             // Lost: the holder still releases, as any client would on its
             // way out. The release arrives late (after expiry, maybe after a
@@ -205,8 +211,9 @@ async fn run(s: Settings) -> Result<(), String> {
     }
 }
 
-/// One read-modify-write under `guard`, as `told`. Returns when and how the
-/// hold ended if `lost()` fired during it (else the caller releases).
+/// One read-modify-write under `guard`, as `told` (for a `shared` hold: a
+/// read, the work, and a second read). Returns when and how the hold ended
+/// if `lost()` fired during it (else the caller releases).
 async fn hold(
     conn: &mut Conn,
     guard: &LockGuard,
@@ -214,12 +221,14 @@ async fn hold(
     token: u64,
     told: &str,
     work: Duration,
+    shared: bool,
 ) -> Result<(Option<u64>, String), String> {
+    let read_cmd = if shared { "SREAD" } else { "READ" };
     let rmw = async {
         if !guard.is_held() {
             return Ok(());
         }
-        let read = conn.call(format!("READ {grant} {token}")).await?;
+        let read = conn.call(format!("{read_cmd} {grant} {token}")).await?;
         let v: Vec<u64> = read.split(' ').filter_map(|x| x.parse().ok()).collect();
         let [f_ok, f_val, u_val] = v[..] else {
             return Err(format!("bad READ reply {read:?}"));
@@ -233,6 +242,11 @@ async fn hold(
             tokio::time::sleep(Duration::from_millis(ms)).await;
         } else {
             tokio::time::sleep(work).await;
+        }
+        if shared {
+            // The second read, as late as the write would be.
+            conn.call(format!("SREAD {grant} {token}")).await?;
+            return Ok(());
         }
         // The write follows the read without another look at the lock: the
         // check-then-act gap that fencing exists for.
