@@ -89,6 +89,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "zookeeper::clients_of_both_layouts_exclude_each_other",
+                clients_of_both_layouts_exclude_each_other(zk.clone()),
+            ),
+            trial(
+                rt,
                 "zookeeper::curator_mutex_excludes_distlock_readers",
                 curator_mutex_excludes_distlock_readers(zk.clone(), curator.clone()),
             ),
@@ -713,6 +718,43 @@ fn refused(got: Option<LockGuard>, what: &str) -> Result<(), Failed> {
         None => Ok(()),
         Some(g) => Err(format!("{what}: distlock got token {}", g.token()).into()),
     }
+}
+
+/// A client of the `mutex` layout and one of the `rwlock` layout on one
+/// lock: each one's exclusive hold refuses the other's shared and exclusive
+/// requests, and a shared hold of either refuses the other's exclusive one
+/// but not its shared one.
+async fn clients_of_both_layouts_exclude_each_other(f: Arc<Zk>) -> Result<(), Failed> {
+    let lock = name();
+    let (m, rw) = (distlock_client(&f).await?, distlock_rw_client(&f).await?);
+    for (holder, other) in [(&m, &rw), (&rw, &m)] {
+        let g = try_exclusive(holder, &lock)
+            .await?
+            .ok_or("the free lock was refused")?;
+        refused(
+            try_exclusive(other, &lock).await?,
+            "an exclusive try_acquire of the other layout beside an exclusive hold",
+        )?;
+        refused(
+            try_shared(other, &lock).await?,
+            "a shared try_acquire of the other layout beside an exclusive hold",
+        )?;
+        g.release().await?;
+        let r = try_shared(holder, &lock)
+            .await?
+            .ok_or("the free lock was refused to a reader")?;
+        refused(
+            try_exclusive(other, &lock).await?,
+            "an exclusive try_acquire of the other layout beside a shared hold",
+        )?;
+        try_shared(other, &lock)
+            .await?
+            .ok_or("a reader of the other layout was refused beside a reader")?
+            .release()
+            .await?;
+        r.release().await?;
+    }
+    Ok(())
 }
 
 /// With the default `mutex` layout: while a Curator `InterProcessMutex`

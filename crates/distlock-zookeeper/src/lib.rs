@@ -21,8 +21,10 @@ mod semaphore;
 type Session = Arc<zk::Client>;
 
 /// Locks on ZooKeeper as ephemeral sequential children, named like Apache
-/// Curator's `InterProcessMutex` (`_c_<uuid>-lock-<seq>`), so Curator clients
-/// and distlock exclude each other.
+/// Curator's `InterProcessMutex` (`_c_<uuid>-lock-<seq>`) or, with
+/// `layout=rwlock`, like its `InterProcessReadWriteLock`
+/// (`_c_<uuid>-__WRIT__<seq>`); shared holds are `_c_<uuid>-__READ__<seq>`.
+/// Curator clients of the matching recipe and distlock exclude each other.
 ///
 /// A hold lives in a session whose timeout is its TTL (one session per
 /// distinct TTL, as etcd keeps one lease per TTL), so a crashed holder's
