@@ -192,8 +192,9 @@ struct Enqueued {
     /// The children in queue order, as listed right after the create; `None`
     /// if that list failed.
     queue: Option<Vec<String>>,
-    /// When the read that may confirm ownership was sent: with the create
-    /// first, then again after each wake-up. A grant's lease counts from here.
+    /// When the read that may confirm ownership was sent, or earlier: before
+    /// the first create attempt, then again after each wake-up. A grant's
+    /// lease counts from here.
     began: Instant,
 }
 
@@ -555,11 +556,15 @@ impl ZooKeeperBackend {
         let prefix = node_prefix(&req.owner, self.marker(req.kind));
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.inner.acls);
         let path = format!("{parent}/{prefix}");
+        // A grant's lease counts from before the first attempt: a retry
+        // after creating the parent or a connection loss only shortens it,
+        // so the local deadline stays within the TTL counted from the
+        // request.
+        let began = Instant::now();
         for _ in 0..5 {
             // Both requests are queued when their futures are made (the
             // client orders requests at creation, not at polling). The list
             // is the read that may confirm ownership.
-            let began = Instant::now();
             let create = client.create(&path, b"", &options);
             let list = client.list_children(&parent);
             let (created, listed) = tokio::join!(create, list);
