@@ -2,6 +2,7 @@ import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 
@@ -9,16 +10,19 @@ import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.api.ACLProvider;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.retry.RetryOneTime;
 import org.apache.zookeeper.ZooDefs;
 import org.apache.zookeeper.data.ACL;
 
 /**
- * One Apache Curator InterProcessMutex holder, for the interop tests in
+ * One Apache Curator lock holder, for the interop tests in
  * integration-tests/tests/zookeeper.rs.
  *
- * <p>Usage: {@code CuratorMutex CONNECT_STRING LOCK_PATH [USER:PASSWORD]}.
- * With credentials, the session authenticates with the {@code digest}
+ * <p>Usage: {@code CuratorMutex [mutex|read|write] CONNECT_STRING LOCK_PATH
+ * [USER:PASSWORD]}. The mode picks the recipe: {@code mutex} (the default)
+ * an InterProcessMutex, {@code read} and {@code write} the read lock and the
+ * write lock of an InterProcessReadWriteLock on the path. With credentials, the session authenticates with the {@code digest}
  * scheme and creates its nodes with the ACL "the creator may do
  * everything, anyone may read", as distlock does. Waits for the
  * mutex, prints {@code ACQUIRED <epoch millis>}, holds it until a line (or
@@ -27,9 +31,16 @@ import org.apache.zookeeper.data.ACL;
  * can tell a crash from a wait.
  */
 public final class CuratorMutex {
-    public static void main(String[] args) throws Exception {
+    public static void main(String[] argv) throws Exception {
+        String mode = "mutex";
+        String[] args = argv;
+        if (argv.length > 0 && List.of("mutex", "read", "write").contains(argv[0])) {
+            mode = argv[0];
+            args = Arrays.copyOfRange(argv, 1, argv.length);
+        }
         if (args.length != 2 && args.length != 3) {
-            System.err.println("usage: CuratorMutex CONNECT_STRING LOCK_PATH [USER:PASSWORD]");
+            System.err.println(
+                    "usage: CuratorMutex [mutex|read|write] CONNECT_STRING LOCK_PATH [USER:PASSWORD]");
             System.exit(2);
         }
         CuratorFrameworkFactory.Builder builder = CuratorFrameworkFactory.builder()
@@ -59,7 +70,17 @@ public final class CuratorMutex {
                 System.err.println("not connected to " + args[0] + " within 60 s");
                 System.exit(3);
             }
-            InterProcessMutex mutex = new InterProcessMutex(client, args[1]);
+            InterProcessMutex mutex;
+            switch (mode) {
+                case "read":
+                    mutex = new InterProcessReadWriteLock(client, args[1]).readLock();
+                    break;
+                case "write":
+                    mutex = new InterProcessReadWriteLock(client, args[1]).writeLock();
+                    break;
+                default:
+                    mutex = new InterProcessMutex(client, args[1]);
+            }
             mutex.acquire();
             System.out.println("ACQUIRED " + System.currentTimeMillis());
             System.out.flush();

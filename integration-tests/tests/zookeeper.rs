@@ -1,7 +1,8 @@
 //! The conformance suite on a standalone ZooKeeper, plus its own edges: the
 //! herd test, a 3-server ensemble losing its leader, a client cut off past
 //! its session timeout, a connection loss during create, and interop with
-//! Apache Curator's `InterProcessMutex` running in separate JVMs.
+//! Apache Curator's `InterProcessMutex` and `InterProcessReadWriteLock`
+//! running in separate JVMs.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -85,6 +86,34 @@ fn main() {
                 rt,
                 "zookeeper::with_the_same_credentials_curator_and_distlock_exclude_each_other",
                 same_credentials_as_curator(zk.clone(), curator.clone()),
+            ),
+            trial(
+                rt,
+                "zookeeper::clients_of_both_layouts_exclude_each_other",
+                clients_of_both_layouts_exclude_each_other(zk.clone()),
+            ),
+            trial(
+                rt,
+                "zookeeper::curator_mutex_excludes_distlock_readers",
+                curator_mutex_excludes_distlock_readers(zk.clone(), curator.clone()),
+            ),
+            trial(
+                rt,
+                "zookeeper::rwlock_layout_curator_write_lock_excludes_distlock_readers_and_writers",
+                curator_write_lock_excludes_distlock_readers_and_writers(
+                    zk.clone(),
+                    curator.clone(),
+                ),
+            ),
+            trial(
+                rt,
+                "zookeeper::rwlock_layout_distlock_writer_excludes_curator_readers_and_writers",
+                distlock_writer_excludes_curator_readers_and_writers(zk.clone(), curator.clone()),
+            ),
+            trial(
+                rt,
+                "zookeeper::rwlock_layout_curator_and_distlock_readers_overlap",
+                curator_and_distlock_readers_overlap(zk.clone(), curator.clone()),
             ),
             trial(
                 rt,
@@ -438,6 +467,27 @@ struct Curator {
     stderr: PathBuf,
 }
 
+/// Which Curator recipe a [`Curator`] process takes.
+#[derive(Clone, Copy)]
+enum Recipe {
+    /// `InterProcessMutex`.
+    Mutex,
+    /// The read lock of an `InterProcessReadWriteLock`.
+    Read,
+    /// The write lock of an `InterProcessReadWriteLock`.
+    Write,
+}
+
+impl Recipe {
+    fn arg(self) -> &'static str {
+        match self {
+            Recipe::Mutex => "mutex",
+            Recipe::Read => "read",
+            Recipe::Write => "write",
+        }
+    }
+}
+
 impl Curator {
     fn spawn(classes: &Path, hosts: &str, path: &str) -> Result<Self, Failed> {
         Self::spawn_as(classes, hosts, path, None)
@@ -449,6 +499,17 @@ impl Curator {
         classes: &Path,
         hosts: &str,
         path: &str,
+        credentials: Option<&str>,
+    ) -> Result<Self, Failed> {
+        Self::spawn_recipe(classes, hosts, path, Recipe::Mutex, credentials)
+    }
+
+    /// A process taking `recipe` on `path`.
+    fn spawn_recipe(
+        classes: &Path,
+        hosts: &str,
+        path: &str,
+        recipe: Recipe,
         credentials: Option<&str>,
     ) -> Result<Self, Failed> {
         let java = integration_tests::harness::process::find_binary("java", &[], CURATOR_INSTALL)
@@ -467,7 +528,7 @@ impl Curator {
             ])
             .arg(format!("{}:{}", curator_classpath(), classes.display()))
             .arg("CuratorMutex")
-            .args([hosts, path])
+            .args([recipe.arg(), hosts, path])
             .args(credentials)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -590,6 +651,16 @@ fn distlock_waiter(client: &LockClient, lock: &str) -> Pending {
     Pending(tokio::spawn(builder.acquire()))
 }
 
+/// Starts a distlock shared acquire in the background.
+fn distlock_reader(client: &LockClient, lock: &str) -> Pending {
+    let builder = client
+        .lock(lock)
+        .shared()
+        .ttl(Duration::from_secs(30))
+        .wait(PATIENCE * 2);
+    Pending(tokio::spawn(builder.acquire()))
+}
+
 /// Fails unless `w` is still waiting after [`HELD`].
 async fn distlock_still_waiting(w: &mut Pending, while_: &str) -> Result<(), Failed> {
     match tokio::time::timeout(HELD, &mut w.0).await {
@@ -613,6 +684,226 @@ async fn distlock_client(f: &Zk) -> Result<LockClient, Failed> {
     Ok(LockClient::new(
         ZooKeeperBackend::connect(&format!("zk://{}", f.host_port()?)).await?,
     ))
+}
+
+/// A distlock client whose exclusive nodes are Curator write-lock nodes.
+async fn distlock_rw_client(f: &Zk) -> Result<LockClient, Failed> {
+    Ok(LockClient::new(
+        ZooKeeperBackend::connect(&format!("zk://{}?layout=rwlock", f.host_port()?)).await?,
+    ))
+}
+
+/// `client`'s shared hold of `lock` at once, or `None`.
+async fn try_shared(client: &LockClient, lock: &str) -> Result<Option<LockGuard>, Failed> {
+    Ok(client
+        .lock(lock)
+        .shared()
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await?)
+}
+
+/// `client`'s exclusive hold of `lock` at once, or `None`.
+async fn try_exclusive(client: &LockClient, lock: &str) -> Result<Option<LockGuard>, Failed> {
+    Ok(client
+        .lock(lock)
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await?)
+}
+
+/// Fails with `what` if `got` is a hold.
+fn refused(got: Option<LockGuard>, what: &str) -> Result<(), Failed> {
+    match got {
+        None => Ok(()),
+        Some(g) => Err(format!("{what}: distlock got token {}", g.token()).into()),
+    }
+}
+
+/// A client of the `mutex` layout and one of the `rwlock` layout on one
+/// lock: each one's exclusive hold refuses the other's shared and exclusive
+/// requests, and a shared hold of either refuses the other's exclusive one
+/// but not its shared one.
+async fn clients_of_both_layouts_exclude_each_other(f: Arc<Zk>) -> Result<(), Failed> {
+    let lock = name();
+    let (m, rw) = (distlock_client(&f).await?, distlock_rw_client(&f).await?);
+    for (holder, other) in [(&m, &rw), (&rw, &m)] {
+        let g = try_exclusive(holder, &lock)
+            .await?
+            .ok_or("the free lock was refused")?;
+        refused(
+            try_exclusive(other, &lock).await?,
+            "an exclusive try_acquire of the other layout beside an exclusive hold",
+        )?;
+        refused(
+            try_shared(other, &lock).await?,
+            "a shared try_acquire of the other layout beside an exclusive hold",
+        )?;
+        g.release().await?;
+        let r = try_shared(holder, &lock)
+            .await?
+            .ok_or("the free lock was refused to a reader")?;
+        refused(
+            try_exclusive(other, &lock).await?,
+            "an exclusive try_acquire of the other layout beside a shared hold",
+        )?;
+        try_shared(other, &lock)
+            .await?
+            .ok_or("a reader of the other layout was refused beside a reader")?
+            .release()
+            .await?;
+        r.release().await?;
+    }
+    Ok(())
+}
+
+/// With the default `mutex` layout: while a Curator `InterProcessMutex`
+/// holds, distlock's shared `try_acquire` is refused and its shared acquire
+/// waits (distlock reads a `-lock-` node as exclusive); the release lets
+/// the reader in.
+async fn curator_mutex_excludes_distlock_readers(
+    f: Arc<Zk>,
+    build: CuratorBuild,
+) -> Result<(), Failed> {
+    let classes = curator_classes(&build).await?;
+    let lock = name();
+    let client = distlock_client(&f).await?;
+    let mut curator = Curator::spawn(&classes, &f.host_port()?, &zk_path(&lock))?;
+    curator.acquired().await?;
+    refused(
+        try_shared(&client, &lock).await?,
+        "a shared try_acquire beside Curator's mutex",
+    )?;
+    let mut reader = distlock_reader(&client, &lock);
+    wait_for_children(&f, &lock, 2).await?;
+    distlock_still_waiting(&mut reader, "Curator held the mutex").await?;
+    curator.release().await?;
+    distlock_acquired(reader).await?.release().await?;
+    Ok(())
+}
+
+/// With the `rwlock` layout: while a Curator write lock holds, distlock's
+/// shared and exclusive `try_acquire` are refused and both kinds wait; its
+/// release lets the distlock reader in, and the distlock writer queued
+/// behind it only after the reader.
+async fn curator_write_lock_excludes_distlock_readers_and_writers(
+    f: Arc<Zk>,
+    build: CuratorBuild,
+) -> Result<(), Failed> {
+    let classes = curator_classes(&build).await?;
+    let lock = name();
+    let (r, w) = (distlock_rw_client(&f).await?, distlock_rw_client(&f).await?);
+    let mut curator = Curator::spawn_recipe(
+        &classes,
+        &f.host_port()?,
+        &zk_path(&lock),
+        Recipe::Write,
+        None,
+    )?;
+    curator.acquired().await?;
+    refused(
+        try_shared(&r, &lock).await?,
+        "a shared try_acquire beside Curator's write lock",
+    )?;
+    refused(
+        try_exclusive(&w, &lock).await?,
+        "an exclusive try_acquire beside Curator's write lock",
+    )?;
+    let mut reader = distlock_reader(&r, &lock);
+    wait_for_children(&f, &lock, 2).await?;
+    let mut writer = distlock_waiter(&w, &lock);
+    wait_for_children(&f, &lock, 3).await?;
+    distlock_still_waiting(&mut reader, "Curator held the write lock").await?;
+    distlock_still_waiting(&mut writer, "Curator held the write lock").await?;
+    curator.release().await?;
+    let g = distlock_acquired(reader).await?;
+    distlock_still_waiting(&mut writer, "a distlock reader held the lock").await?;
+    g.release().await?;
+    distlock_acquired(writer).await?.release().await?;
+    Ok(())
+}
+
+/// With the `rwlock` layout: while distlock holds the lock exclusively, a
+/// Curator read lock and a Curator write lock queued behind it wait; its
+/// release lets the Curator reader in, and the Curator writer only after
+/// that reader.
+async fn distlock_writer_excludes_curator_readers_and_writers(
+    f: Arc<Zk>,
+    build: CuratorBuild,
+) -> Result<(), Failed> {
+    let classes = curator_classes(&build).await?;
+    let hosts = f.host_port()?;
+    let lock = name();
+    let client = distlock_rw_client(&f).await?;
+    let g = client
+        .lock(&lock)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let mut reader = Curator::spawn_recipe(&classes, &hosts, &zk_path(&lock), Recipe::Read, None)?;
+    wait_for_children(&f, &lock, 2).await?;
+    let mut writer = Curator::spawn_recipe(&classes, &hosts, &zk_path(&lock), Recipe::Write, None)?;
+    wait_for_children(&f, &lock, 3).await?;
+    reader.still_waiting("distlock held the lock").await?;
+    writer.still_waiting("distlock held the lock").await?;
+    g.release().await?;
+    reader.acquired().await?;
+    writer
+        .still_waiting("a Curator reader held the read lock")
+        .await?;
+    reader.release().await?;
+    writer.acquired().await?;
+    refused(
+        try_shared(&client, &lock).await?,
+        "a shared try_acquire beside Curator's write lock",
+    )?;
+    writer.release().await?;
+    Ok(())
+}
+
+/// With the `rwlock` layout: a distlock reader and a Curator read lock hold
+/// at the same time whichever came first; together they keep a Curator
+/// writer waiting and refuse distlock's exclusive request; the waiting
+/// Curator writer holds new distlock readers back, and gets the lock once
+/// both readers released.
+async fn curator_and_distlock_readers_overlap(
+    f: Arc<Zk>,
+    build: CuratorBuild,
+) -> Result<(), Failed> {
+    let classes = curator_classes(&build).await?;
+    let hosts = f.host_port()?;
+    let lock = name();
+    let (a, b) = (distlock_rw_client(&f).await?, distlock_rw_client(&f).await?);
+    let first = try_shared(&a, &lock)
+        .await?
+        .ok_or("the first distlock reader was refused")?;
+    let mut reader = Curator::spawn_recipe(&classes, &hosts, &zk_path(&lock), Recipe::Read, None)?;
+    reader.acquired().await?;
+    let second = try_shared(&b, &lock)
+        .await?
+        .ok_or("a distlock reader was refused beside a Curator read lock")?;
+    second.release().await?;
+    refused(
+        try_exclusive(&b, &lock).await?,
+        "an exclusive try_acquire beside Curator's and distlock's readers",
+    )?;
+    let mut writer = Curator::spawn_recipe(&classes, &hosts, &zk_path(&lock), Recipe::Write, None)?;
+    wait_for_children(&f, &lock, 3).await?;
+    writer
+        .still_waiting("a distlock reader and a Curator reader held the lock")
+        .await?;
+    refused(
+        try_shared(&b, &lock).await?,
+        "a shared try_acquire ahead of a waiting Curator writer",
+    )?;
+    reader.release().await?;
+    writer
+        .still_waiting("a distlock reader held the lock")
+        .await?;
+    first.release().await?;
+    writer.acquired().await?;
+    writer.release().await?;
+    Ok(())
 }
 
 /// While a Curator process holds the mutex, distlock's try_acquire fails and

@@ -21,8 +21,10 @@ mod semaphore;
 type Session = Arc<zk::Client>;
 
 /// Locks on ZooKeeper as ephemeral sequential children, named like Apache
-/// Curator's `InterProcessMutex` (`_c_<uuid>-lock-<seq>`), so Curator clients
-/// and distlock exclude each other.
+/// Curator's `InterProcessMutex` (`_c_<uuid>-lock-<seq>`) or, with
+/// `layout=rwlock`, like its `InterProcessReadWriteLock`
+/// (`_c_<uuid>-__WRIT__<seq>`); shared holds are `_c_<uuid>-__READ__<seq>`.
+/// Curator clients of the matching recipe and distlock exclude each other.
 ///
 /// A hold lives in a session whose timeout is its TTL (one session per
 /// distinct TTL, as etcd keeps one lease per TTL), so a crashed holder's
@@ -48,6 +50,8 @@ struct Inner {
     /// The ACL of every node distlock creates.
     acls: zk::Acls<'static>,
     base: String,
+    /// How exclusive nodes are named.
+    layout: Layout,
     session_timeout: Duration,
     hold_while_disconnected: bool,
     detached: bool,
@@ -108,11 +112,75 @@ fn err(hosts: &str, e: zk::Error) -> Error {
     }
 }
 
-/// The sequence number a lock child ends with (Curator sorts by it).
+/// The marker of an exclusive node in the `mutex` layout (Curator's
+/// `InterProcessMutex`).
+const MUTEX_MARKER: &str = "lock-";
+/// The marker of an exclusive node in the `rwlock` layout (Curator's
+/// `InterProcessReadWriteLock` write lock).
+const WRITE_MARKER: &str = "__WRIT__";
+/// The marker of a shared node, in both layouts (Curator's
+/// `InterProcessReadWriteLock` read lock).
+const READ_MARKER: &str = "__READ__";
+
+/// How exclusive nodes are named, chosen with the URL's `layout`: shared
+/// nodes are `__READ__` nodes in both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// `_c_<uuid>-lock-<seq>`: Curator's `InterProcessMutex`.
+    Mutex,
+    /// `_c_<uuid>-__WRIT__<seq>`: Curator's `InterProcessReadWriteLock`.
+    RwLock,
+}
+
+/// What a lock child is, by its marker: a shared (read) node, or an
+/// exclusive one of either layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Read,
+    Write,
+}
+
+/// A lock child's sequence number and role. Every marker counts, whatever
+/// this client's layout: distlock clients of both layouts queue in one line.
+fn parse_child(child: &str) -> Option<(i64, Role)> {
+    [
+        (READ_MARKER, Role::Read),
+        (WRITE_MARKER, Role::Write),
+        (MUTEX_MARKER, Role::Write),
+    ]
+    .into_iter()
+    .find_map(|(marker, role)| {
+        let (_, seq) = child.rsplit_once(marker)?;
+        if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        seq.parse().ok().map(|seq| (seq, role))
+    })
+}
+
+/// The sequence number a lock child ends with: the queue's order.
 fn sequence(child: &str) -> Option<i64> {
-    child
-        .rsplit_once("lock-")
-        .and_then(|(_, seq)| seq.parse().ok())
+    parse_child(child).map(|(seq, _)| seq)
+}
+
+fn is_write(child: &str) -> bool {
+    matches!(parse_child(child), Some((_, Role::Write)))
+}
+
+/// What keeps the node at `i` of `queue` from holding, for a request of
+/// `kind`: the index of the node to watch, and whether it is the last node
+/// in the way (so its deletion grants the lock without another read).
+/// `None`: the node holds. An exclusive node waits for every node ahead
+/// and watches its predecessor; a shared node waits for the exclusive nodes
+/// ahead and watches the nearest of them.
+fn blocker(queue: &[String], i: usize, kind: HoldKind) -> Option<(usize, bool)> {
+    if kind == HoldKind::Shared {
+        let mut writes = (0..i).filter(|&j| is_write(&queue[j]));
+        let first = writes.next()?;
+        let last = writes.next_back();
+        return Some((last.unwrap_or(first), last.is_none()));
+    }
+    i.checked_sub(1).map(|pred| (pred, pred == 0))
 }
 
 /// A node just created for a request, and the queue read with it.
@@ -124,8 +192,9 @@ struct Enqueued {
     /// The children in queue order, as listed right after the create; `None`
     /// if that list failed.
     queue: Option<Vec<String>>,
-    /// When the read that may confirm ownership was sent: with the create
-    /// first, then again after each wake-up. A grant's lease counts from here.
+    /// When the read that may confirm ownership was sent, or earlier: before
+    /// the first create attempt, then again after each wake-up. A grant's
+    /// lease counts from here.
     began: Instant,
 }
 
@@ -146,9 +215,10 @@ fn in_queue_order(children: Vec<String>) -> Vec<String> {
     queue
 }
 
-/// The name prefix of `owner`'s lock child: Curator's `_c_<uuid>-lock-`.
-fn node_prefix(owner: &Owner) -> String {
-    format!("_c_{owner}-lock-")
+/// The name prefix of `owner`'s lock child with `marker`, as Curator
+/// names it: `_c_<uuid>-<marker>`.
+fn node_prefix(owner: &Owner, marker: &str) -> String {
+    format!("_c_{owner}-{marker}")
 }
 
 /// A sequence number as ZooKeeper writes it in a node name, which is how
@@ -175,8 +245,13 @@ impl ZooKeeperBackend {
     /// credentials, Curator's) lets anyone do everything. Parameters:
     /// `session_timeout_ms` (default 10000), `root` (the lock root under the
     /// chroot, default `/distlock`), `hold_while_disconnected` (default
-    /// `false`: a disconnection counts as lost, Curator's Tech Note 14), and
-    /// `detached` (default `false`: dropping the client closes the session).
+    /// `false`: a disconnection counts as lost, Curator's Tech Note 14),
+    /// `detached` (default `false`: dropping the client closes the session),
+    /// and `layout` (default `mutex`: exclusive nodes are named as Curator's
+    /// `InterProcessMutex` names them, `_c_<uuid>-lock-<seq>`; `rwlock`: as
+    /// the write lock of Curator's `InterProcessReadWriteLock` does,
+    /// `_c_<uuid>-__WRIT__<seq>`). Shared nodes are `_c_<uuid>-__READ__<seq>`
+    /// in both.
     pub async fn connect(url: &str) -> Result<Self> {
         let bad = |why: String| Error::invalid(InputKind::Url, format!("zk:// URL: {why}"));
         let rest = url
@@ -207,6 +282,7 @@ impl ZooKeeperBackend {
         }
         let mut session_timeout = Duration::from_secs(10);
         let mut root = "/distlock".to_string();
+        let mut layout = Layout::Mutex;
         let (mut hold_while_disconnected, mut detached) = (false, false);
         let mut acls = if digest.is_some() {
             zk::Acls::new(&CREATOR_ALL_ANYONE_READ)
@@ -228,6 +304,13 @@ impl ZooKeeperBackend {
                     )
                 }
                 "root" => root = v.to_string(),
+                "layout" => {
+                    layout = match v {
+                        "mutex" => Layout::Mutex,
+                        "rwlock" => Layout::RwLock,
+                        _ => return Err(bad(format!("layout={v:?}; use mutex or rwlock"))),
+                    }
+                }
                 "hold_while_disconnected" => hold_while_disconnected = flag(k, v)?,
                 "detached" => detached = flag(k, v)?,
                 "acl" => {
@@ -262,6 +345,7 @@ impl ZooKeeperBackend {
                 digest,
                 acls,
                 base,
+                layout,
                 session_timeout,
                 hold_while_disconnected,
                 detached,
@@ -412,12 +496,21 @@ impl ZooKeeperBackend {
             );
         }
         format!(
-            "{}/{}/_c_{}-lock-{}",
+            "{}/{}/{}{}",
             self.inner.base,
             req.name,
-            req.owner,
+            node_prefix(&req.owner, self.marker(req.kind)),
             SeqSuffix(seq)
         )
+    }
+
+    /// The marker in the name of a lock node of `kind`.
+    fn marker(&self, kind: HoldKind) -> &'static str {
+        match (kind, self.inner.layout) {
+            (HoldKind::Shared, _) => READ_MARKER,
+            (_, Layout::Mutex) => MUTEX_MARKER,
+            (_, Layout::RwLock) => WRITE_MARKER,
+        }
     }
 
     /// `req`'s node, if it has a live one: its path and session.
@@ -460,14 +553,18 @@ impl ZooKeeperBackend {
     async fn enqueue(&self, req: &LockRequest) -> Result<Enqueued> {
         let client = self.hold_session(req.ttl).await?;
         let parent = self.parent(&req.name);
-        let prefix = node_prefix(&req.owner);
+        let prefix = node_prefix(&req.owner, self.marker(req.kind));
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.inner.acls);
         let path = format!("{parent}/{prefix}");
+        // A grant's lease counts from before the first attempt: a retry
+        // after creating the parent or a connection loss only shortens it,
+        // so the local deadline stays within the TTL counted from the
+        // request.
+        let began = Instant::now();
         for _ in 0..5 {
             // Both requests are queued when their futures are made (the
             // client orders requests at creation, not at polling). The list
             // is the read that may confirm ownership.
-            let began = Instant::now();
             let create = client.create(&path, b"", &options);
             let list = client.list_children(&parent);
             let (created, listed) = tokio::join!(create, list);
@@ -580,8 +677,10 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// Waits until my node is first; only the predecessor is watched.
-    async fn wait_first(&self, req: &LockRequest, q: &mut Enqueued) -> Result<()> {
+    /// Waits until my node holds: an exclusive node once it is first, a
+    /// shared node once no exclusive node is ahead of it. Only one node is
+    /// watched (see [`blocker`]).
+    async fn wait_turn(&self, req: &LockRequest, q: &mut Enqueued) -> Result<()> {
         let name = &req.name;
         let (client, parent, node) = (&q.client, &q.parent, &q.node);
         loop {
@@ -600,12 +699,12 @@ impl ZooKeeperBackend {
                     reason: LostReason::SessionLost("my lock node vanished while waiting".into()),
                 });
             };
-            if i == 0 {
+            let Some((watched, last_in_the_way)) = blocker(&queue, i, req.kind) else {
                 return Ok(());
-            }
-            let pred = format!("{parent}/{}", queue[i - 1]);
+            };
+            let watched = format!("{parent}/{}", queue[watched]);
             let (stat, watcher) = client
-                .check_and_watch_stat(&pred)
+                .check_and_watch_stat(&watched)
                 .await
                 .map_err(|e| self.err(e))?;
             if stat.is_none() {
@@ -614,11 +713,13 @@ impl ZooKeeperBackend {
             let event = watcher.changed().await;
             if event.event_type == zk::EventType::NodeDeleted {
                 self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
-                if i == 1 {
-                    // My predecessor was the head: no node older than mine
-                    // is left (a later create gets a higher sequence, and
-                    // the read above saw every older one), so the lock is
-                    // mine without another read. The event came over my
+                if last_in_the_way {
+                    // The watched node was the last one in my way (for an
+                    // exclusive node the head, for a shared one the only
+                    // exclusive node ahead): none is left (a later create
+                    // gets a higher sequence, and the read above saw every
+                    // older one), so the lock is mine without another
+                    // read. The event came over my
                     // session, which was alive when it was sent; the
                     // session watcher reports it if it ends later.
                     q.began = Instant::now();
@@ -642,6 +743,7 @@ impl ZooKeeperBackend {
         .with_ttl_range(Duration::from_secs(1), Duration::from_secs(24 * 3600))
         .with_session()
         .with_semaphore()
+        .with_shared()
     }
 }
 
@@ -662,7 +764,11 @@ impl Backend for ZooKeeperBackend {
             Some(queue) => queue,
             None => self.queue(&q.client, &q.parent).await?,
         };
-        if queue.first() == Some(&q.node) {
+        let holds = queue
+            .iter()
+            .position(|c| c == &q.node)
+            .is_some_and(|i| blocker(&queue, i, req.kind).is_none());
+        if holds {
             return Ok(Some(Grant::new(q.token, q.began)));
         }
         self.delete_node(req).await?;
@@ -676,7 +782,7 @@ impl Backend for ZooKeeperBackend {
         let clock = WaitClock::start(&req.name, deadline);
         let mut q = self.enqueue(req).await?;
         let token = q.token;
-        let waited = self.wait_first(req, &mut q);
+        let waited = self.wait_turn(req, &mut q);
         let outcome = clock.within(waited).await;
         match outcome {
             Ok(()) => Ok(Grant::new(token, q.began)),
@@ -753,7 +859,8 @@ impl Backend for ZooKeeperBackend {
                 answers[i] = match result {
                     zk::MultiReadResult::Data { stat, data } => {
                         stat.ephemeral_owner == client.session_id().0
-                            && (reqs[i].kind == HoldKind::Exclusive || Self::holds(&data))
+                            && (!matches!(reqs[i].kind, HoldKind::Permits { .. })
+                                || Self::holds(&data))
                     }
                     zk::MultiReadResult::Error {
                         err: zk::Error::NoNode | zk::Error::SessionExpired,
@@ -783,7 +890,7 @@ impl Backend for ZooKeeperBackend {
             None => self.client().await?,
         };
         let parent = self.parent(&req.name);
-        let prefix = node_prefix(&req.owner);
+        let prefix = node_prefix(&req.owner, self.marker(req.kind));
         match self.find_mine(&client, &parent, &prefix).await? {
             Some(node) => match client.delete(&format!("{parent}/{node}"), None).await {
                 Ok(()) => Ok(true),
@@ -802,11 +909,22 @@ impl Backend for ZooKeeperBackend {
             Err(Error::Backend { .. }) => Vec::new(),
             Err(e) => return Err(e),
         };
-        let Some(first) = queue.first() else {
-            return Ok(distlock_core::LockStatus::new(false));
+        // The holders: an exclusive head alone, or the shared nodes ahead
+        // of the first exclusive one. Any exclusive node behind the head
+        // waits (and holds new shared requests back).
+        let first_write = queue.iter().position(|c| is_write(c));
+        let (holding, shared) = match first_write {
+            Some(0) => (1, 0),
+            Some(w) => (w, w),
+            None => (queue.len(), queue.len()),
+        };
+        let writer_waiting = queue.iter().skip(1).any(|c| is_write(c));
+        // The newest holder's node carries the newest grant's token.
+        let Some(newest) = holding.checked_sub(1).map(|i| &queue[i]) else {
+            return Ok(distlock_core::LockStatus::new(false).with_shared(0, false));
         };
         let stat = client
-            .check_stat(&format!("{parent}/{first}"))
+            .check_stat(&format!("{parent}/{newest}"))
             .await
             .map_err(|e| self.err(e))?;
         Ok(distlock_core::LockStatus::new(stat.is_some())
@@ -814,7 +932,8 @@ impl Backend for ZooKeeperBackend {
                 stat.and_then(|s| u64::try_from(s.czxid).ok())
                     .map(FencingToken),
             )
-            .with_queue_len(Some(queue.len() - 1)))
+            .with_queue_len(Some(queue.len() - holding))
+            .with_shared(shared, writer_waiting))
     }
 
     async fn inspect_permits(&self, name: &LockName) -> Result<distlock_core::LockStatus> {
@@ -883,6 +1002,59 @@ mod tests {
         assert_eq!(sequence("_c_0a1b-lock-0000000042"), Some(42));
         assert_eq!(sequence("x-lock-0000000001"), Some(1));
         assert_eq!(sequence("lease-x"), None);
+    }
+
+    #[test]
+    fn children_of_every_marker_queue_by_sequence() {
+        assert_eq!(
+            parse_child("_c_0a1b-__READ__0000000007"),
+            Some((7, Role::Read))
+        );
+        assert_eq!(
+            parse_child("_c_0a1b-__WRIT__0000000008"),
+            Some((8, Role::Write))
+        );
+        assert_eq!(
+            parse_child("_c_0a1b-lock-0000000009"),
+            Some((9, Role::Write))
+        );
+        assert_eq!(parse_child("_c_0a1b-__READ__"), None);
+        assert_eq!(parse_child("_c_0a1b-lock-+9"), None);
+        let queue = in_queue_order(vec![
+            "_c_c-lock-0000000003".into(),
+            "_c_b-__READ__0000000002".into(),
+            "_c_a-__WRIT__0000000001".into(),
+            "leader".into(),
+        ]);
+        assert_eq!(
+            queue,
+            [
+                "_c_a-__WRIT__0000000001",
+                "_c_b-__READ__0000000002",
+                "_c_c-lock-0000000003"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_reader_waits_for_the_nearest_writer_ahead_and_a_writer_for_its_predecessor() {
+        let q: Vec<String> = [
+            "__READ__01",
+            "__WRIT__02",
+            "__READ__03",
+            "__WRIT__04",
+            "__READ__05",
+        ]
+        .map(|c| format!("_c_x-{c}"))
+        .to_vec();
+        assert_eq!(blocker(&q, 0, HoldKind::Shared), None);
+        assert_eq!(blocker(&q, 0, HoldKind::Exclusive), None);
+        assert_eq!(blocker(&q, 2, HoldKind::Shared), Some((1, true)));
+        assert_eq!(blocker(&q, 4, HoldKind::Shared), Some((3, false)));
+        assert_eq!(blocker(&q, 1, HoldKind::Exclusive), Some((0, true)));
+        assert_eq!(blocker(&q, 3, HoldKind::Exclusive), Some((2, false)));
+        let readers: Vec<String> = vec!["_c_a-__READ__01".into(), "_c_b-__READ__02".into()];
+        assert_eq!(blocker(&readers, 1, HoldKind::Shared), None);
     }
 
     #[test]
