@@ -64,6 +64,16 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::etcdctl_lock_excludes_a_distlock_reader",
+                etcdctl_holds_against_reader(etcd.clone()),
+            ),
+            trial(
+                rt,
+                "etcd::a_distlock_reader_excludes_etcdctl_lock_and_its_wait_holds_back_readers",
+                reader_holds_against_etcdctl(etcd.clone()),
+            ),
+            trial(
+                rt,
                 "etcd::leader_killed_during_hold_and_wait_keeps_exclusion",
                 leader_killed(),
             ),
@@ -81,6 +91,16 @@ fn main() {
                 rt,
                 "etcd::a_multi_lock_of_free_names_is_one_request",
                 multi_lock_is_one_request(),
+            ),
+            trial(
+                rt,
+                "etcd::uncontended_exclusive_and_shared_holds_take_two_requests_each",
+                uncontended_holds_take_two_requests(),
+            ),
+            trial(
+                rt,
+                "etcd::grants_after_waiting_get_tokens_above_the_holds_they_waited_for",
+                waited_grants_tokens_rise(etcd.clone()),
             ),
         ]);
         extra
@@ -155,6 +175,16 @@ async fn wait_exit(mut child: Child, within: Duration) -> Result<String, Failed>
 }
 
 async fn etcdctl_holds(f: Arc<Etcd>) -> Result<(), Failed> {
+    etcdctl_holds_against(f, false).await
+}
+
+/// `etcdctl lock` (Go's Mutex) holds: a distlock reader is refused, and
+/// waits until etcdctl's command ends.
+async fn etcdctl_holds_against_reader(f: Arc<Etcd>) -> Result<(), Failed> {
+    etcdctl_holds_against(f, true).await
+}
+
+async fn etcdctl_holds_against(f: Arc<Etcd>, shared: bool) -> Result<(), Failed> {
     let url = f.url()?;
     let lock = name();
     let child = spawn_etcdctl_lock(&url, &lock, &["sleep", "3"])?;
@@ -166,21 +196,18 @@ async fn etcdctl_holds(f: Arc<Etcd>) -> Result<(), Failed> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let client = LockClient::new(EtcdBackend::connect(&url).await?);
-    if client
-        .lock(&lock)
-        .ttl(Duration::from_secs(10))
-        .try_acquire()
-        .await?
-        .is_some()
-    {
+    let hold = || {
+        let b = client.lock(&lock).ttl(Duration::from_secs(10));
+        if shared {
+            b.shared()
+        } else {
+            b
+        }
+    };
+    if hold().try_acquire().await?.is_some() {
         return Err("distlock got a lock etcdctl holds".into());
     }
-    let g = client
-        .lock(&lock)
-        .ttl(Duration::from_secs(10))
-        .wait(Duration::from_secs(20))
-        .acquire()
-        .await?;
+    let g = hold().wait(Duration::from_secs(20)).acquire().await?;
     wait_exit(child, Duration::from_secs(5)).await?;
     g.release().await?;
     Ok(())
@@ -205,6 +232,59 @@ async fn distlock_holds(f: Arc<Etcd>) -> Result<(), Failed> {
     if !out.contains("etcdctl-got-it") {
         return Err(format!("etcdctl did not run its command after the release: {out:?}").into());
     }
+    Ok(())
+}
+
+/// A distlock reader holds: `etcdctl lock` waits for it, and its queued
+/// key is a waiting writer, so a second distlock reader is refused until
+/// etcdctl has had its turn.
+async fn reader_holds_against_etcdctl(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let lock = name();
+    let reader = LockClient::new(EtcdBackend::connect(&url).await?);
+    let later = LockClient::new(EtcdBackend::connect(&url).await?);
+    let g = reader
+        .lock(&lock)
+        .shared()
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await?;
+    let mut child = spawn_etcdctl_lock(&url, &lock, &["sh", "-c", "echo etcdctl-got-it; sleep 1"])?;
+    let start = Instant::now();
+    while keys_under(&url, &lock).await? < 2 {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err("etcdctl lock never queued its key".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+        return Err("etcdctl lock ran its command while a distlock reader held the lock".into());
+    }
+    if later
+        .lock(&lock)
+        .shared()
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .await?
+        .is_some()
+    {
+        return Err("a new reader was let in ahead of etcdctl lock's waiting key".into());
+    }
+    g.release().await?;
+    let out = wait_exit(child, Duration::from_secs(10)).await?;
+    if !out.contains("etcdctl-got-it") {
+        return Err(format!("etcdctl did not run its command after the release: {out:?}").into());
+    }
+    later
+        .lock(&lock)
+        .shared()
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .await?
+        .ok_or("a reader was refused after etcdctl lock released")?
+        .release()
+        .await?;
     Ok(())
 }
 
@@ -378,6 +458,96 @@ async fn multi_lock_is_one_request() -> Result<(), Failed> {
     drop(server);
     if took != 1 {
         return Err(format!("taking four free locks took {took} KV requests").into());
+    }
+    Ok(())
+}
+
+/// An uncontended acquire and release is two KV requests (the enqueue
+/// transaction and the delete), exclusive or shared. On a member of its
+/// own, so that only these requests are counted.
+async fn uncontended_holds_take_two_requests() -> Result<(), Failed> {
+    let server = tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Etcd))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let url = server.url().to_string();
+    let port = integration_tests::harness::host_port(&url)
+        .ok_or("no port")?
+        .1;
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    // Grants the session's lease first.
+    client.lock("rt/warm-up").acquire().await?.release().await?;
+    for shared in [false, true] {
+        let before = kv_requests(port)?;
+        let b = client.lock("rt/job");
+        let g = if shared { b.shared() } else { b }.acquire().await?;
+        g.release().await?;
+        let took = kv_requests(port)? - before;
+        if took != 2 {
+            let kind = if shared { "shared" } else { "exclusive" };
+            return Err(format!(
+                "an uncontended {kind} acquire and release took {took} KV requests"
+            )
+            .into());
+        }
+    }
+    drop(server);
+    Ok(())
+}
+
+/// A writer holds while readers queue and a second writer queues behind
+/// them: every reader's token is above the first writer's, and the second
+/// writer's above every reader's (grants after a wait are claimed by a
+/// write, whose revision is the token).
+async fn waited_grants_tokens_rise(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let lock = name();
+    let ttl = Duration::from_secs(10);
+    let wait = Duration::from_secs(20);
+    let first = LockClient::new(EtcdBackend::connect(&url).await?);
+    let w1 = first.lock(&lock).ttl(ttl).acquire().await?;
+    let mut readers = Vec::new();
+    for i in 0..4 {
+        let c = LockClient::new(EtcdBackend::connect(&url).await?);
+        let l = lock.clone();
+        readers.push(tokio::spawn(async move {
+            let g = c.lock(&l).shared().ttl(ttl).wait(wait).acquire().await?;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let token = g.token();
+            g.release().await?;
+            Ok::<_, Error>(token)
+        }));
+        let start = Instant::now();
+        while keys_under(&url, &lock).await? < i + 2 {
+            if start.elapsed() > Duration::from_secs(10) {
+                return Err("a reader never queued".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let second = LockClient::new(EtcdBackend::connect(&url).await?);
+    let l = lock.clone();
+    let w2 = tokio::spawn(async move { second.lock(&l).ttl(ttl).wait(wait).acquire().await });
+    let start = Instant::now();
+    while keys_under(&url, &lock).await? < 6 {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err("the second writer never queued".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let t1 = w1.token();
+    w1.release().await?;
+    let mut shared = Vec::new();
+    for r in readers {
+        shared.push(r.await.map_err(|e| e.to_string())??);
+    }
+    let w2 = w2.await.map_err(|e| e.to_string())??;
+    let t2 = w2.token();
+    w2.release().await?;
+    if shared.iter().any(|t| *t <= t1 || *t >= t2) {
+        return Err(
+            format!("tokens: first writer {t1}, readers {shared:?}, second writer {t2}").into(),
+        );
     }
     Ok(())
 }

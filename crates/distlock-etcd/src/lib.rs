@@ -12,8 +12,8 @@ use distlock_core::{
     Finding, Grant, HoldKind, InputKind, LockRequest, LostReason, Result, TrustedClock, Waiting,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KvClient, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KvClient, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -66,8 +66,25 @@ struct Queued {
     session: Arc<Session>,
     key: String,
     prefix: String,
+    /// My key's create revision: its place in the queue.
     my_rev: i64,
-    head_rev: i64,
+    /// The revision of my key's last write: the token of a grant now.
+    token_rev: i64,
+    /// Whether a key that keeps me out sits ahead of mine: any key for an
+    /// exclusive request, a key that is not shared for a shared one.
+    blocked: bool,
+    /// Whether my key is a shared hold's.
+    shared: bool,
+}
+
+/// What one look at the keys ahead of mine found.
+enum Step {
+    /// Nothing keeps me out; my key was rewritten at this revision.
+    Granted(i64),
+    /// My key is gone or no longer mine.
+    Vanished,
+    /// The key I watched went (or the watch ended): look again.
+    Again,
 }
 
 fn err(endpoints: &str, e: etcd_client::Error) -> Error {
@@ -158,6 +175,37 @@ fn ttl_secs(ttl: Duration) -> i64 {
     i64::try_from(s.max(1)).unwrap_or(i64::MAX)
 }
 
+/// The part of a lock's prefix that holds its shared keys: `@` never
+/// appears in a lock name, so no other lock's keys (and no exclusive key,
+/// `<name>/<lease hex>`) fall under it.
+const SHARED: &str = "@r/";
+
+/// The key of a shared hold: `<name>/@r/<owner>`. The owner is fresh per
+/// acquisition, so several shared holds (and an exclusive one) on one
+/// lease never share a key.
+fn shared_key(name: &distlock_core::LockName, owner: &distlock_core::Owner) -> String {
+    format!("{name}/{SHARED}{owner}")
+}
+
+/// Whether `key`, under lock `prefix`, is a shared hold's.
+fn is_shared(key: &[u8], prefix: &str) -> bool {
+    key.strip_prefix(prefix.as_bytes())
+        .is_some_and(|rest| rest.starts_with(SHARED.as_bytes()))
+}
+
+/// The two key ranges `[start, end)` that together hold every key under
+/// `prefix` except the shared ones: what a reader must not have ahead of
+/// it (distlock's and Go's exclusive keys, and anything else found there).
+fn exclusive_ranges(prefix: &str) -> [(String, String); 2] {
+    // `<prefix>@r/` .. `<prefix>@r0` is exactly the shared keys; a prefix
+    // ends with `/`, so the prefix's own range ends at `<name>0`.
+    let end = format!("{}0", prefix.trim_end_matches('/'));
+    [
+        (prefix.to_string(), format!("{prefix}{SHARED}")),
+        (format!("{prefix}{}0", SHARED.trim_end_matches('/')), end),
+    ]
+}
+
 fn first_created() -> GetOptions {
     GetOptions::new()
         .with_prefix()
@@ -186,6 +234,28 @@ pub mod requests {
                 TxnOp::get(key, None),
                 TxnOp::get(prefix, Some(first_created())),
             ])
+    }
+
+    /// Joins lock `prefix` (`<name>/`) with the shared key `key`
+    /// (`<name>/@r/<owner>`): puts it with the lease if absent and reads, in
+    /// the same transaction, the oldest key of each of the two ranges that
+    /// hold every key under `prefix` but the shared ones; if it exists,
+    /// reads it and those two instead.
+    pub fn enqueue_shared(key: &str, prefix: &str, owner: &str, lease: i64) -> Txn {
+        let heads = || {
+            super::exclusive_ranges(prefix)
+                .map(|(start, end)| TxnOp::get(start, Some(first_created().with_range(end))))
+        };
+        let [a, b] = heads();
+        let [a2, b2] = heads();
+        Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key, owner, Some(PutOptions::new().with_lease(lease))),
+                a,
+                b,
+            ])
+            .or_else([TxnOp::get(key, None), a2, b2])
     }
 
     /// [`enqueue`] for several locks at once: `(key, prefix, owner)` each,
@@ -445,16 +515,27 @@ impl EtcdBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Puts my key if absent and reads the queue head, in one transaction.
+    /// Puts my key if absent and reads the queue head (for a shared
+    /// request: the oldest key that is not shared), in one transaction.
     async fn enqueue(&self, req: &LockRequest) -> Result<Queued> {
         let session = self.session(req.ttl).await?;
         self.queued().insert(req.owner, session.clone());
         let prefix = format!("{}/", req.name);
-        // Go's Mutex layout: <name>/<lease id in lowercase hex>.
-        let key = format!("{prefix}{:x}", session.lease);
+        let shared = req.kind == HoldKind::Shared;
+        // Go's Mutex layout for the exclusive key: <name>/<lease id in
+        // lowercase hex>.
+        let key = if shared {
+            shared_key(&req.name, &req.owner)
+        } else {
+            format!("{prefix}{:x}", session.lease)
+        };
         let owner = req.owner.to_string();
         for _ in 0..3 {
-            let txn = requests::enqueue(&key, &prefix, &owner, session.lease);
+            let txn = if shared {
+                requests::enqueue_shared(&key, &prefix, &owner, session.lease)
+            } else {
+                requests::enqueue(&key, &prefix, &owner, session.lease)
+            };
             let resp = self
                 .kv(|mut c| {
                     let txn = txn.clone();
@@ -463,37 +544,38 @@ impl EtcdBackend {
                 .await?;
             let header_rev = resp.header().map_or(0, |h| h.revision());
             let ops = resp.op_responses();
-            let head_rev = match ops.get(1) {
-                Some(TxnOpResponse::Get(g)) => g.kvs().first().map_or(0, |kv| kv.create_revision()),
-                _ => 0,
+            let oldest = ops
+                .iter()
+                .skip(1)
+                .filter_map(|op| match op {
+                    TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
+                    _ => None,
+                })
+                .min();
+            let queued = |my_rev: i64, token_rev: i64| Queued {
+                session: session.clone(),
+                key: key.clone(),
+                prefix: prefix.clone(),
+                my_rev,
+                token_rev,
+                blocked: oldest.is_some_and(|r| r < my_rev),
+                shared,
             };
             if resp.succeeded() {
-                return Ok(Queued {
-                    session,
-                    key,
-                    prefix,
-                    my_rev: header_rev,
-                    head_rev,
-                });
+                return Ok(queued(header_rev, header_rev));
             }
             let existing = match ops.first() {
                 Some(TxnOpResponse::Get(g)) => g
                     .kvs()
                     .first()
-                    .map(|kv| (kv.create_revision(), kv.value().to_vec())),
+                    .map(|kv| (kv.create_revision(), kv.mod_revision(), kv.value().to_vec())),
                 _ => None,
             };
             match existing {
-                Some((rev, value)) if value == owner.as_bytes() => {
-                    return Ok(Queued {
-                        session,
-                        key,
-                        prefix,
-                        my_rev: rev,
-                        head_rev,
-                    });
+                Some((rev, modified, value)) if value == owner.as_bytes() => {
+                    return Ok(queued(rev, modified));
                 }
-                Some((_, stale)) => {
+                Some((_, _, stale)) => {
                     // Our lease's key from an earlier acquisition that was
                     // never cleaned up. Reusing it would reuse its create
                     // revision, i.e. its fencing token: delete and requeue.
@@ -527,16 +609,20 @@ impl EtcdBackend {
             .succeeded())
     }
 
-    /// Go's waitDeletes: watch only the key created just before mine, and
-    /// when it goes, look again, since more than one key can sit ahead.
-    /// Returns once no key older than mine is left. Transient failures (a
-    /// member dying, a leader election) are retried for up to 30 s in a row.
-    async fn wait_for_predecessors(&self, q: &Queued, req: &LockRequest) -> Result<bool> {
+    /// Go's waitDeletes: watch only the nearest key ahead of mine that
+    /// keeps me out (for an exclusive request the key created just before
+    /// mine, for a shared one the nearest key that is not shared), and when
+    /// it goes, look again, since more than one key can sit ahead. Returns
+    /// the token once nothing ahead keeps me out, `None` if my key
+    /// vanished. Transient failures (a member dying, a leader election) are
+    /// retried for up to 30 s in a row.
+    async fn wait_for_predecessors(&self, q: &Queued, req: &LockRequest) -> Result<Option<i64>> {
         let mut failing_since: Option<Instant> = None;
         loop {
             match self.wait_one_predecessor(q, req).await {
-                Ok(Some(mine)) => return Ok(mine),
-                Ok(None) => failing_since = None,
+                Ok(Step::Granted(rev)) => return Ok(Some(rev)),
+                Ok(Step::Vanished) => return Ok(None),
+                Ok(Step::Again) => failing_since = None,
                 Err(e @ Error::Unavailable { .. }) => {
                     let since = *failing_since.get_or_insert_with(Instant::now);
                     if since.elapsed() > Duration::from_secs(30) {
@@ -550,52 +636,71 @@ impl EtcdBackend {
         }
     }
 
-    /// One step. `Some(mine)` if no older key is left, where `mine` says
-    /// whether my key still holds my owner value (read in the same txn, so
-    /// one round trip answers both: etcd#11456 / Jepsen etcd 3.4.3 ask for
-    /// that check after waking). `None` after the predecessor went away (or
-    /// the watch ended).
-    async fn wait_one_predecessor(&self, q: &Queued, req: &LockRequest) -> Result<Option<bool>> {
-        let opts = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(q.my_rev - 1)
-            .with_limit(1);
-        let txn = Txn::new().and_then([
-            TxnOp::get(q.prefix.as_str(), Some(opts)),
-            TxnOp::get(q.key.as_str(), None),
-        ]);
+    /// One step: one transaction that, if my key still carries my owner
+    /// value (etcd#11456 / Jepsen etcd 3.4.3 ask for that check after
+    /// waking), reads the nearest key ahead that keeps me out and rewrites
+    /// my key. With nothing ahead, that rewrite is the grant, and its
+    /// revision the token: every grant after a wait is a write made after
+    /// the lock was seen free, so tokens rise in grant order across shared
+    /// and exclusive holds. Otherwise it watches that key's deletion.
+    async fn wait_one_predecessor(&self, q: &Queued, req: &LockRequest) -> Result<Step> {
+        let ahead = |start: String, end: Option<String>| {
+            let opts = GetOptions::new()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_max_create_revision(q.my_rev - 1)
+                .with_limit(1);
+            let opts = match end {
+                Some(end) => opts.with_range(end),
+                None => opts.with_prefix(),
+            };
+            TxnOp::get(start, Some(opts))
+        };
+        let mut ops: Vec<TxnOp> = if q.shared {
+            exclusive_ranges(&q.prefix)
+                .into_iter()
+                .map(|(start, end)| ahead(start, Some(end)))
+                .collect()
+        } else {
+            vec![ahead(q.prefix.clone(), None)]
+        };
+        let owner = req.owner.to_string();
+        ops.push(TxnOp::put(
+            q.key.as_str(),
+            owner.as_str(),
+            Some(PutOptions::new().with_lease(q.session.lease)),
+        ));
+        let txn = Txn::new()
+            .when([Compare::value(q.key.as_str(), CompareOp::Equal, owner)])
+            .and_then(ops);
         let resp = self
             .kv(|mut c| {
                 let txn = txn.clone();
                 async move { c.txn(txn).await }
             })
             .await?;
-        let ops = resp.op_responses();
-        let (Some(TxnOpResponse::Get(preds)), Some(TxnOpResponse::Get(me))) =
-            (ops.first(), ops.get(1))
-        else {
-            return Err(Error::unavailable(
-                "etcd",
-                "etcd answered a txn of two reads with something else",
-                None,
-            ));
-        };
-        let Some(pred) = preds.kvs().first() else {
-            let owner = req.owner.to_string();
-            return Ok(Some(
-                me.kvs()
+        if !resp.succeeded() {
+            return Ok(Step::Vanished);
+        }
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let pred = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(g) => g
+                    .kvs()
                     .first()
-                    .is_some_and(|kv| kv.value() == owner.as_bytes()),
-            ));
+                    .map(|kv| (kv.create_revision(), kv.key().to_vec())),
+                _ => None,
+            })
+            .max();
+        let Some((_, pred_key)) = pred else {
+            return Ok(Step::Granted(rev));
         };
-        let pred_key = pred.key().to_vec();
-        let from = resp.header().map_or(0, |h| h.revision()) + 1;
         let mut stream = self
             .client()
             .watch(
                 pred_key,
-                Some(WatchOptions::new().with_start_revision(from)),
+                Some(WatchOptions::new().with_start_revision(rev + 1)),
             )
             .await
             .map_err(|e| self.err(e))?;
@@ -612,7 +717,7 @@ impl EtcdBackend {
                 break;
             }
         }
-        Ok(None)
+        Ok(Step::Again)
     }
 }
 
@@ -629,6 +734,7 @@ impl EtcdBackend {
         .with_ttl_range(Duration::from_secs(1), Duration::from_secs(24 * 3600))
         .with_session()
         .with_semaphore()
+        .with_shared()
     }
 }
 
@@ -644,10 +750,10 @@ impl Backend for EtcdBackend {
             return self.try_acquire_permit(req).await;
         }
         let q = self.enqueue(req).await?;
-        if q.head_rev == q.my_rev {
+        if !q.blocked {
             // The lock lives as long as the session's lease: count the
             // holder's deadline from that lease's last keep-alive.
-            let token = FencingToken(q.my_rev as u64);
+            let token = FencingToken(q.token_rev as u64);
             return Ok(Some(Grant::new(token, q.session.lease_began())));
         }
         // Not first: leave no queue entry behind.
@@ -736,7 +842,8 @@ impl Backend for EtcdBackend {
         // First at once: the enqueue txn itself created or found my key and
         // read the queue head, atomically; nothing more to check.
         let mut mine = true;
-        if q.head_rev != q.my_rev {
+        let mut token_rev = q.token_rev;
+        if q.blocked {
             let waited = async {
                 tokio::select! {
                     r = self.wait_for_predecessors(&q, req) => r,
@@ -745,7 +852,8 @@ impl Backend for EtcdBackend {
             };
             let outcome = clock.within(waited).await;
             match outcome {
-                Ok(m) => mine = m,
+                Ok(Some(rev)) => token_rev = rev,
+                Ok(None) => mine = false,
                 Err(e) => {
                     // A timed-out or failed wait deletes my key (a dropped
                     // one is released by core, which ends up in `release`).
@@ -768,7 +876,7 @@ impl Backend for EtcdBackend {
                 reason: LostReason::SessionLost("my key or lease vanished while waiting".into()),
             });
         }
-        Ok(Grant::new(FencingToken(q.my_rev as u64), began))
+        Ok(Grant::new(FencingToken(token_rev as u64), began))
     }
 
     /// The hold lives as long as its session's lease, which the session
@@ -830,6 +938,11 @@ impl Backend for EtcdBackend {
                         let (key, held) = self.permit_check(r)?;
                         (key, held.as_bytes().to_vec(), s.lease)
                     }
+                    HoldKind::Shared => (
+                        shared_key(&r.name, &r.owner),
+                        r.owner.to_string().into_bytes(),
+                        s.lease,
+                    ),
                     _ => (
                         format!("{}/{:x}", r.name, s.lease),
                         r.owner.to_string().into_bytes(),
@@ -880,6 +993,14 @@ impl Backend for EtcdBackend {
         if let HoldKind::Permits { .. } = req.kind {
             return self.release_permit(req).await;
         }
+        if req.kind == HoldKind::Shared {
+            // Named by its owner: no session to look it up in.
+            let released = self
+                .delete_mine(&shared_key(&req.name, &req.owner), req)
+                .await?;
+            self.queued().remove(&req.owner);
+            return Ok(released);
+        }
         let mut released = false;
         for s in self.sessions_of(req) {
             let key = format!("{}/{:x}", req.name, s.lease);
@@ -889,28 +1010,44 @@ impl Backend for EtcdBackend {
         Ok(released)
     }
 
+    /// One read of every key under `<name>/` in create order: the holders
+    /// are the first key, or the shared keys before the first key that is
+    /// not shared; a writer waits when such a key sits behind shared
+    /// holders. A second request reads the first holder's lease.
     async fn inspect(&self, name: &distlock_core::LockName) -> Result<distlock_core::LockStatus> {
         let opts = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let prefix = format!("{name}/");
         let resp = self
             .kv(|mut c| {
-                let opts = opts.clone();
-                async move { c.get(format!("{name}/"), Some(opts)).await }
+                let (opts, prefix) = (opts.clone(), prefix.clone());
+                async move { c.get(prefix, Some(opts)).await }
             })
             .await?;
-        let Some(first) = resp.kvs().first() else {
-            return Ok(distlock_core::LockStatus::new(false));
+        let kvs = resp.kvs();
+        let Some(first) = kvs.first() else {
+            return Ok(distlock_core::LockStatus::new(false).with_shared(0, false));
         };
+        let readers = kvs
+            .iter()
+            .take_while(|kv| is_shared(kv.key(), &prefix))
+            .count();
+        let holders = readers.max(1);
+        // The key that stopped the count is not shared.
+        let writer_waiting = readers > 0 && readers < kvs.len();
+        // While anyone holds it, the newest grant is theirs.
+        let token = kvs[..holders].iter().map(|kv| kv.mod_revision()).max();
         let lease = first.lease();
         let ttl = self
             .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
             .await?
             .ttl();
         Ok(distlock_core::LockStatus::new(true)
-            .with_token(Some(FencingToken(first.create_revision() as u64)))
+            .with_token(token.map(|t| FencingToken(t as u64)))
             .with_remaining((ttl >= 0).then(|| Duration::from_secs(ttl as u64)))
-            .with_queue_len(Some(resp.kvs().len() - 1)))
+            .with_queue_len(Some(kvs.len() - holders))
+            .with_shared(readers, writer_waiting))
     }
 
     async fn inspect_permits(
