@@ -64,11 +64,12 @@ pub(crate) enum Removal {
 }
 
 impl Removal {
-    fn arg(self) -> &'static str {
+    /// `release.lua`'s ARGV[3]; none for the common case.
+    fn arg(self) -> Option<&'static str> {
         match self {
-            Removal::All => "all",
-            Removal::Hold => "hold",
-            Removal::Mark => "mark",
+            Removal::All => None,
+            Removal::Hold => Some("hold"),
+            Removal::Mark => Some("mark"),
         }
     }
 }
@@ -120,8 +121,10 @@ impl RedisBackend {
             .key(Keys::writers_of(&lock))
             .arg(req.owner.to_string())
             .arg(ttl_ms(req.ttl))
-            .arg(how.arg())
-            .arg(if fenced { "1" } else { "0" });
+            .arg(how.arg());
+        if !fenced {
+            inv.arg("0");
+        }
         let answer: Value = self.run(&inv).await?;
         let (answer, marked) = match answer {
             Value::Int(n) => (n, false),
@@ -193,8 +196,10 @@ impl RedisBackend {
         let mut inv = Scripts::get().release.key(&lock);
         inv.key(Keys::writers_of(&lock))
             .arg(req.owner.to_string())
-            .arg(Keys::channel_of(&lock))
-            .arg(what.arg());
+            .arg(Keys::channel_of(&lock));
+        if let Some(what) = what.arg() {
+            inv.arg(what);
+        }
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }

@@ -1,5 +1,5 @@
 -- KEYS[1] lock key, KEYS[2] writer marks; ARGV[1] owner, ARGV[2] release
--- channel, ARGV[3] what to remove: 'all' (or absent) the hold and the
+-- channel, ARGV[3] what to remove: absent for the hold and the
 -- owner's writer mark, 'hold' the hold only (Redlock rolling back a round
 -- of a wait), 'mark' the mark only (a wait that ended or was granted).
 -- Compare-and-delete: a holder whose lease expired (a GC pause, say) finds
