@@ -173,11 +173,13 @@ const MAX_IDENTIFIER_LEN: usize = 63;
 /// names derived from it (the semaphore tables) likewise.
 pub(crate) fn validate_table(table: &str) -> Result<()> {
     let derived = crate::semaphore::PermitTables::for_lock_table(table);
+    let rw = crate::rwlock::RwTables::for_lock_table(table);
     let ok = table.len() <= MAX_TABLE_LEN
         && is_identifier(table)
         && derived
             .names()
             .iter()
+            .chain(rw.names().iter())
             .all(|t| t.len() <= MAX_IDENTIFIER_LEN && is_identifier(t));
     if ok {
         Ok(())

@@ -7,14 +7,16 @@ use distlock_core::wait::{Outcome, Signals};
 use distlock_core::{FencingToken, Finding, LockRequest, Result};
 use sqlx::postgres::{PgListener, PgPool};
 
+use crate::rwlock::RwTables;
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
 
 mod permits;
+mod shared;
 
 pub(crate) struct Pg {
     pub(crate) pool: PgPool,
-    channel: String,
+    pub(crate) channel: String,
     create: String,
     take: String,
     take_all: String,
@@ -23,11 +25,13 @@ pub(crate) struct Pg {
     extend: String,
     extend_many: String,
     release: String,
-    evict: String,
     inspect: String,
     /// This client's lock waiters, per name: a release wakes them all.
     pub(crate) releases: Arc<Signals>,
     permits: permits::Statements,
+    /// Read-write locks' statements; their releases are announced on the
+    /// locks' channel.
+    shared: shared::Statements,
     /// Where permit releases and limit changes are announced: apart from
     /// the locks', so that lock waiters and semaphore waiters of one name
     /// do not wake each other.
@@ -119,8 +123,6 @@ impl Pg {
                         RETURNING expires_at > now() AS held)
              SELECT held, pg_notify($3, $1)::text FROM r"
         );
-        let evict =
-            format!("UPDATE {table} SET owner = 'evicted' WHERE name = $1 AND owner IS NOT NULL");
         let inspect = format!(
             "SELECT token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint FROM {table}
               WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
@@ -130,6 +132,7 @@ impl Pg {
             pool,
             channel: format!("distlock_{table}"),
             permits: permits::Statements::new(table, &tables),
+            shared: shared::Statements::new(table, &RwTables::for_lock_table(table)),
             // Named after the table whose rows it announces.
             permit_channel: tables.permits.clone(),
             permit_releases: Arc::default(),
@@ -141,7 +144,6 @@ impl Pg {
             extend,
             extend_many,
             release,
-            evict,
             inspect,
             releases: Arc::default(),
             listener: Mutex::new(Weak::new()),
@@ -164,6 +166,7 @@ impl Pg {
         for create in [self.create.as_str()]
             .into_iter()
             .chain(self.permits.creates())
+            .chain(self.shared.creates())
         {
             sqlx::query(create)
                 .execute(&mut *tx)
@@ -265,6 +268,7 @@ impl Pg {
     pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
         match Object::of(req, &self.err)? {
             Object::Lock => self.extend_row(&self.extend, req).await,
+            Object::Shared => self.shared_extend(req).await,
             Object::Semaphore { .. } => self.permit_extend(req).await,
         }
     }
@@ -353,13 +357,14 @@ impl Pg {
             .map_err(|e| self.err.map(e))
     }
 
+    /// Overwrites the lock row's owner and deletes the shared holds.
     pub(crate) async fn evict(&self, name: &str) -> Result<bool> {
-        let r = sqlx::query(&self.evict)
+        let removed: i64 = sqlx::query_scalar(self.shared.evict())
             .bind(name)
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
-        Ok(r.rows_affected() == 1)
+        Ok(removed > 0)
     }
 
     /// The one LISTEN connection this backend's waiters share, started by
