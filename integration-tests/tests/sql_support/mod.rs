@@ -489,6 +489,14 @@ fn rw_trials(f: &Arc<SqlFactory>, rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             ),
             mixed_batch_with_shared_holds(f.clone()),
         ),
+        integration_tests::trial(
+            rt,
+            format!(
+                "{}::renewing_and_releasing_readers_never_let_a_writer_in_beside_them",
+                f.name
+            ),
+            renewing_readers_exclude_writers(f.clone()),
+        ),
     ]
 }
 
@@ -566,6 +574,80 @@ async fn mixed_batch_with_shared_holds(f: Arc<SqlFactory>) -> Result<(), Failed>
         if !b.release(r).await? {
             return Err(format!("{} was not held after the batch", r.name).into());
         }
+    }
+    Ok(())
+}
+
+/// Readers with a short TTL, renewed while they hold, come and go with
+/// holds of different lengths while writers wait for the name, each client
+/// with its own pool: renewals, releases and grants of the name meet all
+/// the time. A writer is never inside with a reader whose hold was still
+/// live when it left, and readers are inside together.
+async fn renewing_readers_exclude_writers(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const READERS: usize = 6;
+    const WRITERS: usize = 2;
+    const ROUNDS: usize = 6;
+    let ttl = Duration::from_millis(300);
+    let lock = LockName::new(format!("{}/rw-renewing", integration_tests::namespace()))?;
+    let readers_in = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let writer_in = Arc::new(AtomicBool::new(false));
+    let violations = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..READERS + WRITERS {
+        let c = LockClient::new(f.connect(SqlConfig::default().with_pool_size(3)).await?);
+        let (lock, readers_in, most, writer_in, violations) = (
+            lock.clone(),
+            readers_in.clone(),
+            most.clone(),
+            writer_in.clone(),
+            violations.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                let b = c.lock(&lock).ttl(ttl).wait(Duration::from_secs(30));
+                if i >= READERS {
+                    let g = b.acquire().await?;
+                    let clash = writer_in.swap(true, Ordering::SeqCst)
+                        || readers_in.load(Ordering::SeqCst) > 0;
+                    tokio::time::sleep(Duration::from_millis(15)).await;
+                    writer_in.store(false, Ordering::SeqCst);
+                    if clash && g.is_held() {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    g.release().await?;
+                } else {
+                    let g = b.shared().acquire().await?;
+                    let n = readers_in.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(n, Ordering::SeqCst);
+                    let mut clash = false;
+                    // Past a renewal or two, by a different length per reader and round.
+                    let hold = 100 + 70 * ((i + round) % 5) as u64;
+                    let end = Instant::now() + Duration::from_millis(hold);
+                    while Instant::now() < end {
+                        clash |= writer_in.load(Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    readers_in.fetch_sub(1, Ordering::SeqCst);
+                    if clash && g.is_held() {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    g.release().await?;
+                }
+            }
+            Ok::<_, distlock_core::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    let bad = violations.load(Ordering::SeqCst);
+    if bad > 0 {
+        return Err(format!("{bad} times a writer was inside beside a live reader").into());
+    }
+    if most.load(Ordering::SeqCst) < 2 {
+        return Err("readers were never inside together".into());
     }
     Ok(())
 }
