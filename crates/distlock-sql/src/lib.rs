@@ -731,14 +731,14 @@ impl SqlBackend {
         let (req, undo) = (req.clone(), req.clone());
         self.to_completion(
             move |b| async move {
-                let outcome = b.lock_attempt_now(&req).await?;
+                let (outcome, readers) = b.lock_attempt_now(&req).await?;
                 match outcome {
                     Outcome::Granted(_) => {
                         if b.inner.marks.contains(&req) {
                             b.unmark(&req).await;
                         }
                     }
-                    Outcome::Held(left) => {
+                    Outcome::Held(left) if readers != Some(false) => {
                         let marked = dispatch!(b, db => db.mark(&req).await)?;
                         if marked {
                             b.inner.marks.insert(&req);
@@ -747,7 +747,7 @@ impl SqlBackend {
                             return Ok(Outcome::Held(Some(back)));
                         }
                     }
-                    Outcome::RetryIn(_) => {}
+                    Outcome::Held(_) | Outcome::RetryIn(_) => {}
                 }
                 Ok(outcome)
             },
@@ -802,15 +802,19 @@ impl SqlBackend {
     }
 
     /// One attempt at a lock; on PostgreSQL it also answers how long the
-    /// holder's lease still runs.
-    async fn lock_attempt_now(&self, req: &LockRequest) -> Result<Outcome> {
+    /// holder's lease still runs, and whether shared holds keep it
+    /// (elsewhere that is unknown: `None`).
+    async fn lock_attempt_now(&self, req: &LockRequest) -> Result<(Outcome, Option<bool>)> {
         let held =
             |token: Option<FencingToken>| token.map_or(Outcome::Held(None), Outcome::Granted);
         match &self.inner.db {
             #[cfg(feature = "postgres")]
-            Db::Postgres(pg) => pg.attempt(req).await,
+            Db::Postgres(pg) => pg.attempt(req).await.map(|(o, r)| (o, Some(r))),
             #[allow(unreachable_patterns)]
-            _ => Ok(held(dispatch!(self, db => db.try_acquire(req).await)?)),
+            _ => Ok((
+                held(dispatch!(self, db => db.try_acquire(req).await)?),
+                None,
+            )),
         }
     }
 

@@ -7,7 +7,7 @@ use distlock_core::wait::{Outcome, Signals};
 use distlock_core::{FencingToken, Finding, LockRequest, Result};
 use sqlx::postgres::{PgListener, PgPool};
 
-use crate::rwlock::RwTables;
+use crate::rwlock::{RwTables, SHARED_OWNER};
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
 
@@ -104,6 +104,8 @@ impl Pg {
                 RETURNING token)
              SELECT (SELECT token FROM granted),
                     (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
+                       FROM {table} WHERE name = $1 AND owner IS NOT NULL),
+                    (SELECT owner = '{SHARED_OWNER}'
                        FROM {table} WHERE name = $1 AND owner IS NOT NULL)"
         );
         let extend = format!(
@@ -176,18 +178,22 @@ impl Pg {
         tx.commit().await.map_err(|e| self.err.map(e))
     }
 
-    pub(crate) async fn attempt(&self, req: &LockRequest) -> Result<Outcome> {
-        let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(&self.attempt)
-            .bind(req.name.as_str())
-            .bind(req.owner.to_string())
-            .bind(ttl_micros(req.ttl))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
-        Ok(match token {
+    /// One attempt of a waiting exclusive request: the outcome, and whether
+    /// shared holds keep the lock.
+    pub(crate) async fn attempt(&self, req: &LockRequest) -> Result<(Outcome, bool)> {
+        let (token, left, readers): (Option<i64>, Option<i64>, Option<bool>) =
+            sqlx::query_as(&self.attempt)
+                .bind(req.name.as_str())
+                .bind(req.owner.to_string())
+                .bind(ttl_micros(req.ttl))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
+        let outcome = match token {
             Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
             None => Outcome::Held(left.map(|us| Duration::from_micros(us.max(0) as u64))),
-        })
+        };
+        Ok((outcome, readers == Some(true)))
     }
 
     /// `synchronous_commit` and `fsync`: a grant is durable only with both.

@@ -19,6 +19,7 @@ pub(crate) struct Statements {
     release_hold: String,
     drop_expired: String,
     settle: String,
+    readers_hold: String,
     mark: String,
     unmark: String,
     status: String,
@@ -87,6 +88,9 @@ impl Statements {
                         expires_at = coalesce((SELECT max(expires_at) FROM {shared} WHERE name = ?1),
                                               expires_at)
                   WHERE name = ?1 AND owner = '{s}'"
+            ),
+            readers_hold: format!(
+                "SELECT 1 FROM {table} WHERE name = ?1 AND owner = '{s}' AND expires_at > {NOW_MS}"
             ),
             mark: format!(
                 "INSERT INTO {writers} (name, owner, expires_at)
@@ -196,7 +200,19 @@ impl Lite {
         Ok(held)
     }
 
+    /// A read first, so that a writer refused by another writer does not
+    /// take the file's write lock on every poll.
     pub(crate) async fn mark(&self, req: &LockRequest) -> Result<bool> {
+        let readers: Option<i64> = self
+            .busy(|| {
+                sqlx::query_scalar(&self.shared.readers_hold)
+                    .bind(req.name.as_str())
+                    .fetch_optional(&self.pool)
+            })
+            .await?;
+        if readers.is_none() {
+            return Ok(false);
+        }
         let owner = req.owner.to_string();
         let r = self
             .busy(|| {
