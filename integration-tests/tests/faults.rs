@@ -227,7 +227,9 @@ async fn f1_pause_rw(b: B, reader: bool) -> Result<(), Failed> {
     let mut w = workload(vec![env.url.clone(); 4], ttl)?;
     w.lock = "faults/rw".into();
     w.shared = if reader { vec![0, 1] } else { vec![1, 2] };
-    let pause = ttl * 2 + Duration::from_secs(1);
+    // Longer than the lock's F1: the replacement must first wait out the
+    // paused hold's TTL and then be granted past the other kind's holders.
+    let pause = ttl * 3 + Duration::from_secs(1);
     let report = distlock_check::run(&w, |f| async move { f.pause_holder(0, pause).await })
         .await
         .map_err(failed)?;

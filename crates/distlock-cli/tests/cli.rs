@@ -969,3 +969,65 @@ fn no_url_form_shows_its_password() {
         }
     }
 }
+
+/// `distlock run --shared` and `distlock run` processes on one name, as
+/// `flock -s` and `flock -x`: the shared commands were inside together at
+/// least once, and no exclusive command was ever inside with anyone.
+#[test]
+fn shared_runs_overlap_and_exclusive_runs_are_alone() {
+    let b = sqlite("rw");
+    let dir = scratch("rw-inside");
+    let d = dir.display();
+    // Each command marks itself inside, looks at who else is, and leaves.
+    let script = |kind: &str, secs: &str| {
+        format!("touch {d}/in.{kind}.$$; sleep {secs}; ls {d} | grep '^in\\.' > {d}/seen.{kind}.$$; rm {d}/in.{kind}.$$")
+    };
+    let (reader, writer) = (script("r", "0.8"), script("w", "0.2"));
+    let wait = ["--wait", "60s"];
+    let mut children: Vec<Child> = (0..4)
+        .map(|_| {
+            spawn_run(
+                &b,
+                &[&wait[..], &["--shared"]].concat(),
+                "rw/job",
+                &["sh", "-c", &reader],
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    children.extend((0..2).map(|_| spawn_run(&b, &wait, "rw/job", &["sh", "-c", &writer])));
+    children.extend((0..2).map(|_| {
+        spawn_run(
+            &b,
+            &[&wait[..], &["--shared"]].concat(),
+            "rw/job",
+            &["sh", "-c", &reader],
+        )
+    }));
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let mut most_readers = 0;
+    let mut seen_files = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let Some(rest) = file.strip_prefix("seen.") else {
+            continue;
+        };
+        seen_files += 1;
+        let inside = std::fs::read_to_string(&path).unwrap();
+        let inside: Vec<&str> = inside.lines().collect();
+        if rest.starts_with("w.") {
+            assert_eq!(inside.len(), 1, "a writer was inside with {inside:?}");
+        } else {
+            assert!(
+                inside.iter().all(|m| m.starts_with("in.r.")),
+                "a reader was inside with a writer: {inside:?}"
+            );
+            most_readers = most_readers.max(inside.len());
+        }
+    }
+    assert_eq!(seen_files, 8, "not every command ran");
+    assert!(most_readers >= 2, "shared commands never overlapped");
+}
