@@ -184,6 +184,12 @@ struct Target {
     /// with the same client crate and connection as `raw`: the semaphore's
     /// baseline.
     raw_permit: Step,
+    /// The minimal hand-written shared acquire + release (a read-write
+    /// lock's reader, in the backend's own layout, so that its writers
+    /// would exclude it), with the same client crate and connection as
+    /// `raw`: the shared hold's baseline. `None` where not written; the
+    /// shared variants then compare with `raw`.
+    raw_shared: Option<Step>,
     requests: Option<Counter>,
     _server: Option<TestServer>,
     _servers: Vec<TestServer>,
@@ -197,8 +203,20 @@ struct Results {
     handoff: Vec<(String, Vec<Option<f64>>)>,
     rtt_p50: Vec<(String, f64)>,
     /// Per backend, distlock / its raw sequence at p50 in the uncontended
-    /// closed loop: the lock's and the semaphore's.
-    ratios: Vec<(String, f64, f64)>,
+    /// closed loop: the lock's, the semaphore's, and the shared hold's
+    /// (where the backend serves shared holds; against the raw lock
+    /// sequence where no raw shared sequence is written, flagged `false`).
+    ratios: Vec<Ratios>,
+}
+
+/// One backend's line of the summary table.
+struct Ratios {
+    name: String,
+    lock: f64,
+    permit: f64,
+    /// The shared hold's ratio, and whether it is against a raw shared
+    /// sequence (else against the raw lock sequence).
+    shared: Option<(f64, bool)>,
 }
 
 /// One uncontended acquire + release with a 30 s TTL.
@@ -265,6 +283,46 @@ fn backend_permit_step(lib: &LockClient, tag: &str) -> Step {
     })
 }
 
+/// One uncontended shared acquire + release (a read-write lock's reader)
+/// through the client.
+fn lib_shared_step(lib: &LockClient, tag: &str) -> Step {
+    let (lib, tag) = (lib.clone(), tag.to_string());
+    Arc::new(move |_, slot| {
+        let lib = lib.clone();
+        let name = format!("bench/{tag}/uncontended-shared/{slot}");
+        Box::pin(async move {
+            let g = lib
+                .lock(&name)
+                .shared()
+                .ttl(Duration::from_secs(30))
+                .try_acquire()
+                .await?
+                .ok_or("shared lock busy")?;
+            g.release().await?;
+            Ok(())
+        })
+    })
+}
+
+/// One uncontended shared acquire + release through the backend alone.
+fn backend_shared_step(lib: &LockClient, tag: &str) -> Step {
+    let (backend, tag) = (lib.backend().clone(), tag.to_string());
+    Arc::new(move |_, slot| {
+        let backend = backend.clone();
+        let name = format!("bench/{tag}/uncontended-shared/{slot}");
+        Box::pin(async move {
+            let mut req = distlock::LockRequest::new(
+                distlock::LockName::new(&name)?,
+                Duration::from_secs(30),
+            );
+            req.kind = distlock::HoldKind::Shared;
+            backend.try_acquire(&req).await?.ok_or("shared lock busy")?;
+            backend.release(&req).await?;
+            Ok(())
+        })
+    })
+}
+
 /// One uncontended acquire + release through the backend alone: the
 /// `Backend` trait's calls, without the client (no guard, no watchdog, no
 /// local state).
@@ -291,7 +349,8 @@ fn backend_step(lib: &LockClient, tag: &str) -> Step {
 /// sent raw (the protocol: fencing counter, release message, queue reads),
 /// and the backend called without the client (the backend crate's
 /// client-side cost; the rest is core's). A semaphore's permit has its own
-/// three: its raw minimal sequence, the backend alone and the client.
+/// three: its raw minimal sequence, the backend alone and the client; so
+/// has a shared hold, on a backend that serves them.
 async fn uncontended(
     t: &Target,
     lib: &LockClient,
@@ -321,6 +380,28 @@ async fn uncontended(
         Series::new("semaphore: distlock acquire+release")?,
         lib_permit_step(lib, t.name),
     ));
+    // The shared hold's: its raw sequence (the raw lock sequence's index
+    // where none is written) and the index of its backend-alone variant.
+    let shared = if lib.backend().capabilities().shared {
+        let raw_shared = match &t.raw_shared {
+            Some(step) => {
+                variants.push((Series::new("raw minimal shared sequence")?, step.clone()));
+                variants.len() - 1
+            }
+            None => 1,
+        };
+        variants.push((
+            Series::new("shared: distlock backend, no client")?,
+            backend_shared_step(lib, t.name),
+        ));
+        variants.push((
+            Series::new("shared: distlock acquire+release")?,
+            lib_shared_step(lib, t.name),
+        ));
+        Some((raw_shared, variants.len() - 2))
+    } else {
+        None
+    };
     variants.push((
         Series::new("distlock backend, no client")?,
         backend_step(lib, t.name),
@@ -419,7 +500,35 @@ async fn uncontended(
         (p50(permits) - sem_raw50) / sem_raw50,
         (p50(permits + 1) - p50(permits)) / sem_raw50
     );
-    r.ratios.push((t.name.to_string(), ratio, sem_ratio));
+    let shared_ratio = shared.map(|(raw_k, backend_k)| {
+        let (sh_raw, sh_ours) = (&variants[raw_k].0, &variants[backend_k + 1].0);
+        let sh_ratio = sh_ours.p(0.5) as f64 / sh_raw.p(0.5) as f64;
+        let sh_raw50 = p50(raw_k);
+        let (against, note) = if t.raw_shared.is_some() {
+            ("raw shared sequence", "")
+        } else {
+            (
+                "raw lock sequence",
+                " (no raw shared sequence is written for this backend)",
+            )
+        };
+        let _ = writeln!(
+            r.md,
+            "\nshared at p50: distlock / {against}{note} **{sh_ratio:.2}** (p99: {:.2}); raw shared / raw lock sequence {:.2}; distlock shared / distlock lock {:.2}; the gap as fractions of the {against}: backend (protocol and client) {:+.2}, core {:+.2}",
+            sh_ours.p(0.99) as f64 / sh_raw.p(0.99) as f64,
+            sh_raw50 / raw50,
+            p50(backend_k + 1) / p50(last),
+            (p50(backend_k) - sh_raw50) / sh_raw50,
+            (p50(backend_k + 1) - p50(backend_k)) / sh_raw50
+        );
+        (sh_ratio, t.raw_shared.is_some())
+    });
+    r.ratios.push(Ratios {
+        name: t.name.to_string(),
+        lock: ratio,
+        permit: sem_ratio,
+        shared: shared_ratio,
+    });
     r.latency.push((
         t.name.to_string(),
         vec![
@@ -803,6 +912,12 @@ async fn target(name: &str) -> Result<Target, BoxError> {
     }
 }
 
+/// An owner value for iteration `i` of a raw sequence, as long as
+/// distlock's (a UUID's 36 characters).
+fn uuid_like(i: u32) -> String {
+    format!("00000000-0000-4000-8000-{i:012x}")
+}
+
 /// The raw acquire: `SET key owner NX PX 30000`.
 fn set_nx_px(key: &str, owner: &str) -> redis::Cmd {
     let mut cmd = redis::cmd("SET");
@@ -997,6 +1112,7 @@ async fn redlock_target() -> Result<Target, BoxError> {
         raw,
         proto: None,
         raw_permit,
+        raw_shared: None,
         requests: None,
         _server: None,
         _servers: servers,
@@ -1108,6 +1224,7 @@ async fn redis_target() -> Result<Target, BoxError> {
         raw,
         proto: Some(proto),
         raw_permit,
+        raw_shared: None,
         requests: Some(requests),
         _server: Some(server),
         _servers: Vec::new(),
@@ -1278,6 +1395,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         raw,
         proto: None,
         raw_permit,
+        raw_shared: None,
         requests: None,
         _server: server,
         _servers: Vec::new(),
@@ -1285,7 +1403,10 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
 }
 
 async fn etcd_target() -> Result<Target, BoxError> {
-    use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+    use etcd_client::{
+        Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+        TxnOpResponse,
+    };
     let server = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Etcd)).await??;
     let endpoint = format!("http://{}:{}", server.host(), server.port());
     let client = etcd_client::Client::connect([endpoint], None).await?;
@@ -1345,6 +1466,64 @@ async fn etcd_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
+    // The raw shared hold, in the backend's layout: one txn puts
+    // `<name>/@r/<owner>` on the session's lease if absent and reads the
+    // oldest key of each of the two ranges that hold every key under the
+    // prefix but the shared ones (`[<name>/, <name>/@r/)` and
+    // `[<name>/@r0, <name>0)`); held if none of them is older than mine.
+    // Then delete the key if it still carries my owner.
+    let c4 = client.clone();
+    let raw_shared: Step = Arc::new(move |i, slot| {
+        let mut c = c4.clone();
+        Box::pin(async move {
+            let name = format!("bench/raw-shared/{slot}");
+            let owner = uuid_like(i);
+            let key = format!("{name}/@r/{owner}");
+            let oldest = |start: String, end: String| {
+                TxnOp::get(
+                    start,
+                    Some(
+                        GetOptions::new()
+                            .with_range(end)
+                            .with_sort(SortTarget::Create, SortOrder::Ascend)
+                            .with_limit(1),
+                    ),
+                )
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(
+                        key.as_str(),
+                        owner.as_str(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                    oldest(format!("{name}/"), format!("{name}/@r/")),
+                    oldest(format!("{name}/@r0"), format!("{name}0")),
+                ]);
+            let resp = c.txn(txn).await?;
+            if !resp.succeeded() {
+                return Err("raw shared: key exists".into());
+            }
+            let mine = resp.header().map_or(0, |h| h.revision());
+            let blocked = resp.op_responses().iter().any(|op| match op {
+                TxnOpResponse::Get(g) => g.kvs().iter().any(|kv| kv.create_revision() < mine),
+                _ => false,
+            });
+            let del = Txn::new()
+                .when([Compare::value(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    owner.as_str(),
+                )])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            c.txn(del).await?;
+            if blocked {
+                return Err("raw shared lock busy".into());
+            }
+            Ok(())
+        })
+    });
     let raw: Step = Arc::new(move |_, slot| {
         let mut c = client.clone();
         Box::pin(async move {
@@ -1370,6 +1549,7 @@ async fn etcd_target() -> Result<Target, BoxError> {
         raw,
         proto: Some(proto),
         raw_permit,
+        raw_shared: Some(raw_shared),
         requests: None,
         _server: Some(server),
         _servers: Vec::new(),
@@ -1440,6 +1620,39 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
             }
         })
     });
+    // The raw shared hold, as Curator's `InterProcessReadWriteLock` read
+    // lock and the backend lay it out: create the ephemeral sequential
+    // child `_c_<uuid>-__READ__` and, in the same flight, list the
+    // children; held if no child that is not a read node is ahead of mine
+    // (by the ten-digit sequence). Then delete it.
+    client.mkdir("/bench/raw-shared", &dir).await?;
+    let c4 = client.clone();
+    let raw_shared: Step = Arc::new(move |i, _| {
+        let c = c4.clone();
+        Box::pin(async move {
+            let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            let prefix = format!("_c_{}-__READ__", uuid_like(i));
+            let path = format!("/bench/raw-shared/{prefix}");
+            let (created, listed) = tokio::join!(
+                c.create(&path, b"", &opts),
+                c.list_children("/bench/raw-shared")
+            );
+            let mine = format!("{prefix}{}", created?.1);
+            let children = listed?;
+            let seq = |n: &str| n.len().checked_sub(10).map(|k| n[k..].to_string());
+            let my_seq = seq(&mine);
+            let blocked = children
+                .iter()
+                .any(|n| !n.contains("__READ__") && seq(n) < my_seq);
+            let listed_mine = children.contains(&mine);
+            c.delete(&format!("/bench/raw-shared/{mine}"), None).await?;
+            match (listed_mine, blocked) {
+                (false, _) => Err("raw shared: own node not listed".into()),
+                (true, true) => Err("raw shared lock busy".into()),
+                (true, false) => Ok(()),
+            }
+        })
+    });
     let raw: Step = Arc::new(move |_, _| {
         let c = client.clone();
         Box::pin(async move {
@@ -1456,6 +1669,7 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
         raw,
         proto: Some(proto),
         raw_permit,
+        raw_shared: Some(raw_shared),
         requests: None,
         _server: Some(server),
         _servers: Vec::new(),
@@ -1582,10 +1796,19 @@ async fn main() -> Result<(), BoxError> {
     if !r.ratios.is_empty() {
         let _ = writeln!(
             r.md,
-            "\n### uncontended, closed loop: distlock / its raw sequence at p50\n\n| backend | lock | semaphore of {UNCONTENDED_LIMIT} |\n|---|---|---|"
+            "\n### uncontended, closed loop: distlock / its raw sequence at p50\n\n| backend | lock | semaphore of {UNCONTENDED_LIMIT} | shared |\n|---|---|---|---|"
         );
-        for (name, lock, permit) in &r.ratios {
-            let _ = writeln!(r.md, "| {name} | {lock:.2} | {permit:.2} |");
+        for x in &r.ratios {
+            let shared = match x.shared {
+                Some((v, true)) => format!("{v:.2}"),
+                Some((v, false)) => format!("{v:.2} (against the raw lock sequence)"),
+                None => "-".into(),
+            };
+            let _ = writeln!(
+                r.md,
+                "| {} | {:.2} | {:.2} | {shared} |",
+                x.name, x.lock, x.permit
+            );
         }
     }
     println!("{}", r.md);
