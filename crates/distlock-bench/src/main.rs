@@ -941,6 +941,114 @@ fn permit_script() -> redis::Script {
     )
 }
 
+/// The raw shared acquire, in the Redis backend's layout and by the
+/// server's clock: refused if the lock key holds an owner (not
+/// `distlock:shared`) or a writer's mark is live; else drop the expired
+/// shared holds, add the owner's with its expiry as score, and set the lock
+/// key to `distlock:shared` and both keys' expiry to the furthest hold's.
+/// `KEYS` the lock key, its readers and its writers; `ARGV` owner, TTL in
+/// ms. No fencing counter, no publish, as in the raw lock.
+fn shared_acquire_script() -> redis::Script {
+    redis::Script::new(
+        "local holder = redis.call('GET', KEYS[1])
+         if holder and holder ~= 'distlock:shared' then return 0 end
+         local t = redis.call('TIME')
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+         if redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf') > 0 then return 0 end
+         redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+         redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+         local last = tonumber(redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2]) - now
+         redis.call('PEXPIRE', KEYS[2], last)
+         redis.call('SET', KEYS[1], 'distlock:shared', 'PX', last)
+         return 1",
+    )
+}
+
+/// The raw shared release: remove the owner's hold; the lock key then
+/// expires with the furthest live hold left, or goes with the last one.
+/// `KEYS` the lock key and its readers; `ARGV` the owner.
+fn shared_release_script() -> redis::Script {
+    redis::Script::new(
+        "if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
+         local t = redis.call('TIME')
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+         redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+         if redis.call('GET', KEYS[1]) == 'distlock:shared' then
+           local furthest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2]
+           if furthest then
+             redis.call('PEXPIRE', KEYS[1], tonumber(furthest) - now)
+             redis.call('PEXPIRE', KEYS[2], tonumber(furthest) - now)
+           else
+             redis.call('DEL', KEYS[1])
+           end
+         end
+         return 1",
+    )
+}
+
+/// The raw shared hold's scripts and the keys of one name's read-write
+/// lock on one Redis.
+#[derive(Clone)]
+struct RawShared {
+    acquire: redis::Script,
+    release: redis::Script,
+}
+
+impl RawShared {
+    fn new() -> Self {
+        Self {
+            acquire: shared_acquire_script(),
+            release: shared_release_script(),
+        }
+    }
+
+    /// The lock key of `slot` and its readers' and writers' keys.
+    fn keys(slot: usize) -> [String; 3] {
+        let lock = format!("bench/raw-shared/{slot}");
+        [
+            format!("{{{lock}}}:readers"),
+            format!("{{{lock}}}:writers"),
+            lock,
+        ]
+    }
+
+    async fn acquire(
+        &self,
+        c: &mut redis::aio::MultiplexedConnection,
+        slot: usize,
+        owner: &str,
+    ) -> Result<bool, redis::RedisError> {
+        let [readers, writers, lock] = Self::keys(slot);
+        let granted: i64 = self
+            .acquire
+            .key(lock)
+            .key(readers)
+            .key(writers)
+            .arg(owner)
+            .arg(30_000)
+            .invoke_async(c)
+            .await?;
+        Ok(granted == 1)
+    }
+
+    async fn release(
+        &self,
+        c: &mut redis::aio::MultiplexedConnection,
+        slot: usize,
+        owner: &str,
+    ) -> Result<bool, redis::RedisError> {
+        let [readers, _, lock] = Self::keys(slot);
+        let released: i64 = self
+            .release
+            .key(lock)
+            .key(readers)
+            .arg(owner)
+            .invoke_async(c)
+            .await?;
+        Ok(released == 1)
+    }
+}
+
 /// One raw permit acquire on one Redis: whether it was granted.
 async fn permit_acquire(
     c: &mut redis::aio::MultiplexedConnection,
@@ -1061,6 +1169,40 @@ async fn redlock_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
+    // The raw shared hold: the raw shared acquire script on the three
+    // nodes at once, then the release script on the three at once, each
+    // half done when two nodes said yes (a majority, as for a lock: any
+    // two majorities share a node, which refuses a writer beside a reader).
+    let (c3, shared) = (conns.clone(), RawShared::new());
+    let raw_shared: Step = Arc::new(move |i, slot| {
+        let (c, shared) = (c3.clone(), shared.clone());
+        Box::pin(async move {
+            let owner = uuid_like(i);
+            let mut adds: FuturesUnordered<_> = c
+                .iter()
+                .cloned()
+                .map(|mut c| {
+                    let (shared, owner) = (shared.clone(), owner.clone());
+                    async move { shared.acquire(&mut c, slot, &owner).await }
+                })
+                .collect();
+            if !majority(&mut adds).await {
+                return Err("raw redlock shared: no majority".into());
+            }
+            drop(adds);
+            let mut rems: FuturesUnordered<_> = c
+                .into_iter()
+                .map(|mut c| {
+                    let (shared, owner) = (shared.clone(), owner.clone());
+                    async move { shared.release(&mut c, slot, &owner).await }
+                })
+                .collect();
+            if !majority(&mut rems).await {
+                return Err("raw redlock shared: release reached no majority".into());
+            }
+            Ok(())
+        })
+    });
     // The raw semaphore: the permit script on the three nodes at once, then
     // `ZREM` on the three at once. A majority is not enough: each node
     // grants `limit` permits, so `limit + 1` holders fit on `q` nodes each
@@ -1112,7 +1254,7 @@ async fn redlock_target() -> Result<Target, BoxError> {
         raw,
         proto: None,
         raw_permit,
-        raw_shared: None,
+        raw_shared: Some(raw_shared),
         requests: None,
         _server: None,
         _servers: servers,
@@ -1141,6 +1283,20 @@ async fn redis_target() -> Result<Target, BoxError> {
             let ok: Option<String> = set_nx_px(&key, &owner).query_async(&mut c).await?;
             ok.ok_or("raw lock busy")?;
             let _: i64 = cad.key(&key).arg(&owner).invoke_async(&mut c).await?;
+            Ok(())
+        })
+    });
+    // The raw shared hold: the raw shared acquire script, then the release
+    // script, in the backend's layout.
+    let (c5, shared) = (conn.clone(), RawShared::new());
+    let raw_shared: Step = Arc::new(move |i, slot| {
+        let (mut c, shared) = (c5.clone(), shared.clone());
+        Box::pin(async move {
+            let owner = uuid_like(i);
+            if !shared.acquire(&mut c, slot, &owner).await? {
+                return Err("raw shared lock busy".into());
+            }
+            shared.release(&mut c, slot, &owner).await?;
             Ok(())
         })
     });
@@ -1224,7 +1380,7 @@ async fn redis_target() -> Result<Target, BoxError> {
         raw,
         proto: Some(proto),
         raw_permit,
-        raw_shared: None,
+        raw_shared: Some(raw_shared),
         requests: Some(requests),
         _server: Some(server),
         _servers: Vec::new(),
