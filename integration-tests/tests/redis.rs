@@ -141,6 +141,23 @@ fn main() {
             move || handle.block_on(subscribes_when_held()),
         ));
         let handle = rt.handle().clone();
+        let s = single.clone();
+        extra.push(Trial::test(
+            "redis::classic_clients_are_refused_while_readers_hold",
+            move || handle.block_on(interop_shared(s)),
+        ));
+        let handle = rt.handle().clone();
+        let s = single.clone();
+        extra.push(Trial::test(
+            "redis::a_crashed_reader_beside_a_renewing_one_stops_counting_after_its_ttl",
+            move || handle.block_on(crashed_beside_renewing(s)),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::uncontended_shared_and_exclusive_holds_are_one_script_call_each_way",
+            move || handle.block_on(one_call_each_way()),
+        ));
+        let handle = rt.handle().clone();
         extra.push(Trial::test(
             "redis::a_multi_lock_of_free_names_is_one_request",
             move || handle.block_on(multi_lock_is_one_request()),
@@ -193,6 +210,168 @@ async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
     if !g.release().await? {
         return Err("distlock release failed".into());
     }
+    Ok(())
+}
+
+/// While distlock readers hold a name, a classic client's `SET NX` on the
+/// lock key is refused and its compare-and-delete removes nothing; once the
+/// last reader releases, the classic client gets the key.
+async fn interop_shared(f: Arc<Redis>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let port = integration_tests::harness::host_port(&url)
+        .ok_or("no port")?
+        .1;
+    let name = format!("{}/interop-shared", integration_tests::namespace());
+    let (a, b) = (
+        LockClient::new(f.backend().await?),
+        LockClient::new(f.backend().await?),
+    );
+    let raw = |args: &[&str]| server::command(port, args).ok_or_else(|| Failed::from("no reply"));
+    let ra = a
+        .lock(&name)
+        .shared()
+        .try_acquire()
+        .await?
+        .ok_or("a reader was refused")?;
+    let rb = b
+        .lock(&name)
+        .shared()
+        .try_acquire()
+        .await?
+        .ok_or("a reader was refused")?;
+    let reply = raw(&["SET", &name, "classic-owner", "NX", "PX", "60000"])?;
+    if !reply.starts_with("$-1") && !reply.starts_with("_") {
+        return Err(format!("classic SET NX got a lock distlock readers hold: {reply:?}").into());
+    }
+    let cad = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+    let reply = raw(&["EVAL", cad, "1", &name, "classic-owner"])?;
+    if !reply.starts_with(":0") {
+        return Err(
+            format!("classic compare-and-delete freed distlock's readers: {reply:?}").into(),
+        );
+    }
+    ra.release().await?;
+    let reply = raw(&["SET", &name, "classic-owner", "NX", "PX", "60000"])?;
+    if !reply.starts_with("$-1") && !reply.starts_with("_") {
+        return Err(
+            format!("classic SET NX got a lock a distlock reader still holds: {reply:?}").into(),
+        );
+    }
+    rb.release().await?;
+    let reply = raw(&["SET", &name, "classic-owner", "NX", "PX", "60000"])?;
+    if !reply.starts_with("+OK") {
+        return Err(
+            format!("classic SET NX was refused after the last reader left: {reply:?}").into(),
+        );
+    }
+    if a.lock(&name).shared().try_acquire().await?.is_some() {
+        return Err("a distlock reader got a lock a classic client holds".into());
+    }
+    raw(&["DEL", &name])?;
+    Ok(())
+}
+
+/// A reader that vanishes stops counting after its own TTL while another
+/// reader keeps renewing: `inspect` then counts one shared hold, and once
+/// the renewing reader releases, a writer is granted at once (the lock
+/// key's expiry followed the live hold, not the vanished one's).
+async fn crashed_beside_renewing(f: Arc<Redis>) -> Result<(), Failed> {
+    use distlock_core::{Backend, HoldKind, LockName, LockRequest};
+    let name = LockName::new(format!("{}/crashed-beside", integration_tests::namespace()))?;
+    let raw = f.backend().await?;
+    let mut crashed = LockRequest::new(name.clone(), Duration::from_millis(600));
+    crashed.kind = HoldKind::Shared;
+    raw.try_acquire(&crashed)
+        .await?
+        .ok_or("the crashed reader was refused")?;
+    let live = LockClient::new(f.backend().await?);
+    let g = live
+        .lock(&name)
+        .shared()
+        .ttl(Duration::from_millis(600))
+        .try_acquire()
+        .await?
+        .ok_or("the renewing reader was refused")?;
+    let s = raw.inspect(&name).await?;
+    if s.shared != Some(2) {
+        return Err(format!("with two readers inspect said {s:?}").into());
+    }
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    if !g.is_held() {
+        return Err("the renewing reader lost its hold".into());
+    }
+    let s = raw.inspect(&name).await?;
+    if s.shared != Some(1) || !s.held {
+        return Err(format!("a TTL after the crash inspect said {s:?}").into());
+    }
+    let writer = LockClient::new(f.backend().await?);
+    if writer.lock(&name).try_acquire().await?.is_some() {
+        return Err("a writer was granted beside the renewing reader".into());
+    }
+    g.release().await?;
+    let w = writer
+        .lock(&name)
+        .try_acquire()
+        .await?
+        .ok_or("the vanished reader still blocked the writer after the live one left")?;
+    w.release().await?;
+    Ok(())
+}
+
+/// An uncontended waiting `acquire` and its release are one script call
+/// each, exclusive or shared; the exclusive ones touch no sorted set (the
+/// same `SET NX PX` + `INCR` and `GET` + `DEL` + `PUBLISH` as without
+/// read-write locks). On a server of its own, so that only these commands
+/// are counted.
+async fn one_call_each_way() -> Result<(), Failed> {
+    let node = tokio::task::spawn_blocking(|| server::spawn(&[]))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let port = node.port;
+    let scripts = move || server::calls(port, &["evalsha", "eval"]);
+    const ZSETS: &[&str] = &[
+        "zadd",
+        "zrem",
+        "zrange",
+        "zrangebyscore",
+        "zremrangebyscore",
+        "zscore",
+        "zcard",
+        "time",
+    ];
+    let zsets = move || server::calls(port, ZSETS);
+    let url = format!("redis://127.0.0.1:{port}");
+    let client = LockClient::new(RedisBackend::connect(&url).await?);
+    let ttl = Duration::from_secs(30);
+    // Loads the scripts (a first EVALSHA answered NOSCRIPT is sent again).
+    client
+        .lock("calls/x")
+        .ttl(ttl)
+        .acquire()
+        .await?
+        .release()
+        .await?;
+    let r = client.lock("calls/s").shared().ttl(ttl).acquire().await?;
+    r.release().await?;
+    let (before, zbefore) = (scripts(), zsets());
+    let g = client.lock("calls/x").ttl(ttl).acquire().await?;
+    g.release().await?;
+    let (took, ztook) = (scripts() - before, zsets() - zbefore);
+    if took != 2 || ztook != 0 {
+        return Err(format!(
+            "an exclusive acquire and release took {took} script calls and {ztook} sorted-set commands"
+        )
+        .into());
+    }
+    let before = scripts();
+    let r = client.lock("calls/s").shared().ttl(ttl).acquire().await?;
+    r.release().await?;
+    let took = scripts() - before;
+    if took != 2 {
+        return Err(format!("a shared acquire and release took {took} script calls").into());
+    }
+    drop(node);
     Ok(())
 }
 

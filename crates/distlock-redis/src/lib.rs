@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,12 +15,16 @@ use tokio::time::Instant;
 
 mod config;
 mod conn;
+mod rwlock;
 pub mod scripts;
 mod semaphore;
 mod subscriber;
 
 pub use config::RedisConfig;
-pub use scripts::{Keys, Scripts, SemaphoreKeys};
+pub use rwlock::{Attempt, Attempted, LockHolders};
+pub use scripts::{Keys, Scripts, SemaphoreKeys, SHARED_HOLDS};
+
+use rwlock::Removal;
 
 use conn::Conn;
 
@@ -111,36 +116,21 @@ impl RedisBackend {
     }
 
     /// One acquire script: the token, or how long the holder has left (for
-    /// a semaphore: until its earliest permit expires).
+    /// a semaphore: until its earliest permit expires). As `try_acquire`
+    /// asks: it never leaves a writer's mark.
     pub async fn attempt(&self, req: &LockRequest) -> Result<Outcome> {
-        if let HoldKind::Permits { .. } = req.kind {
-            return self.attempt_permit(req).await;
+        Ok(self.attempt_in(req, Attempt::Once).await?.outcome)
+    }
+
+    /// One acquire script, asking as `how` says: the token, or how long
+    /// the holder has left, and whether the attempt marked the name as
+    /// awaited by a writer.
+    pub async fn attempt_in(&self, req: &LockRequest, how: Attempt) -> Result<Attempted> {
+        match req.kind {
+            HoldKind::Permits { .. } => Ok(self.attempt_permit(req).await?.into()),
+            HoldKind::Shared => Ok(self.attempt_shared(req, true).await?.into()),
+            _ => self.attempt_exclusive(req, how, true).await,
         }
-        let lock = self.lock_key(&req.name);
-        let mut inv = Scripts::get().acquire.key(&lock);
-        inv.key(Keys::fence_of(&lock))
-            .arg(req.owner.to_string())
-            .arg(ttl_ms(req.ttl));
-        let answer: i64 = self.run(&inv).await?;
-        if answer >= 1 {
-            if self.inner.config.wait_replicas > 0 {
-                // Rare: boxed so that the common path's future stays small.
-                Box::pin(self.await_replicas(req)).await?;
-            }
-            return Ok(Outcome::Granted(FencingToken(answer.unsigned_abs())));
-        }
-        if answer == 0 {
-            return Err(Error::backend(
-                "redis",
-                format!("fencing counter {} holds 0", Keys::fence_of(&lock)),
-            ));
-        }
-        // -(PTTL + 3): PTTL -2 the key just vanished, -1 no expiry (a
-        // foreign client's key), else the holder's remaining lease.
-        let pttl = -answer - 3;
-        Ok(Outcome::Held(
-            (pttl >= 0).then(|| Duration::from_millis(pttl.unsigned_abs())),
-        ))
     }
 
     /// An acquire attempt without a fencing token: a plain `SET NX PX`
@@ -148,11 +138,24 @@ impl RedisBackend {
     /// carries token 0. For Redlock without fencing, where tokens are
     /// declared meaningless: no counter is kept, and the server runs no
     /// script (a script costs the server more than the command).
-    /// A semaphore's permits need their script either way, so a permit
-    /// request runs [`attempt`](Self::attempt).
+    /// A semaphore's permits and shared holds need their script either
+    /// way, so those requests run it (taking no token for a shared hold).
     pub async fn attempt_unfenced(&self, req: &LockRequest) -> Result<Outcome> {
-        if let HoldKind::Permits { .. } = req.kind {
-            return self.attempt_permit(req).await;
+        Ok(self.attempt_unfenced_in(req, Attempt::Once).await?.outcome)
+    }
+
+    /// [`attempt_unfenced`](Self::attempt_unfenced), asking as `how` says.
+    /// A wait's refused first `SET NX PX` is followed by `acquire.lua`
+    /// (instead of `PTTL`), which can mark the name; its later attempts
+    /// run the script alone.
+    pub async fn attempt_unfenced_in(&self, req: &LockRequest, how: Attempt) -> Result<Attempted> {
+        match req.kind {
+            HoldKind::Permits { .. } => return Ok(self.attempt_permit(req).await?.into()),
+            HoldKind::Shared => return Ok(self.attempt_shared(req, false).await?.into()),
+            _ if how == Attempt::LaterOfWait => {
+                return self.attempt_exclusive(req, how, false).await
+            }
+            _ => {}
         }
         let lock = self.lock_key(&req.name);
         let mut set = redis::cmd("SET");
@@ -166,7 +169,10 @@ impl RedisBackend {
             if self.inner.config.wait_replicas > 0 {
                 Box::pin(self.await_replicas(req)).await?;
             }
-            return Ok(Outcome::Granted(FencingToken(0)));
+            return Ok(Outcome::Granted(FencingToken(0)).into());
+        }
+        if how != Attempt::Once {
+            return self.attempt_exclusive(req, how, false).await;
         }
         let pttl: i64 = self
             .inner
@@ -174,9 +180,7 @@ impl RedisBackend {
             .cmd(redis::cmd("PTTL").arg(&lock))
             .await
             .map_err(|e| self.err(e))?;
-        Ok(Outcome::Held(
-            (pttl >= 0).then(|| Duration::from_millis(pttl.unsigned_abs())),
-        ))
+        Ok(Outcome::Held((pttl >= 0).then(|| Duration::from_millis(pttl.unsigned_abs()))).into())
     }
 
     /// With `wait_replicas`, a grant counts only once that many replicas
@@ -257,16 +261,17 @@ impl RedisBackend {
         }
     }
 
-    /// Deletes the lock key whoever holds it, as an operator would. Returns
-    /// whether it existed.
+    /// Deletes the lock key and the shared holds whoever holds them, as
+    /// an operator would. Returns whether either existed.
     pub async fn evict(&self, name: &LockName) -> Result<bool> {
+        let keys = self.keys(name);
         let n: i64 = self
             .inner
             .conn
-            .cmd(redis::cmd("DEL").arg(self.keys(name).lock))
+            .cmd(redis::cmd("DEL").arg(&keys.lock).arg(&keys.readers))
             .await
             .map_err(|e| self.err(e))?;
-        Ok(n == 1)
+        Ok(n >= 1)
     }
 
     /// The server's `run_id` (changes on every restart).
@@ -386,6 +391,7 @@ impl RedisBackend {
             Duration::from_secs(365 * 24 * 3600),
         )
         .with_semaphore()
+        .with_shared()
     }
 }
 
@@ -416,10 +422,28 @@ impl Backend for RedisBackend {
         }
         let mut wakeups = Subscribed::new(self, &req.name, false);
         let pace = Pace::notified(Duration::from_millis(100));
-        wait_for_grant(&req.name, deadline, pace, &mut wakeups, || {
-            self.attempt(req)
+        let (tried, marked) = (&AtomicBool::new(false), &AtomicBool::new(false));
+        let granted = wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async move {
+            let how = if tried.swap(true, Ordering::Relaxed) {
+                Attempt::LaterOfWait
+            } else {
+                Attempt::FirstOfWait
+            };
+            let a = self.attempt_in(req, how).await?;
+            if a.marked {
+                marked.store(true, Ordering::Relaxed);
+            }
+            Ok(a.outcome)
         })
-        .await
+        .await;
+        if granted.is_err() && marked.load(Ordering::Relaxed) {
+            // The wait ends without a grant: its mark goes now, not when
+            // its TTL lapses, and the readers it held back are told.
+            if let Err(e) = self.unmark(req).await {
+                tracing::debug!(error = %e, "the writer mark stays until its TTL");
+            }
+        }
+        granted
     }
 
     /// One script for every lock, on a single server or Sentinel's master;
@@ -533,8 +557,12 @@ impl Backend for RedisBackend {
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
-        if let HoldKind::Permits { .. } = req.kind {
-            return Ok(self.extend_permits(&[req]).await?.first() == Some(&true));
+        match req.kind {
+            HoldKind::Permits { .. } => {
+                return Ok(self.extend_permits(&[req]).await?.first() == Some(&true))
+            }
+            HoldKind::Shared => return Ok(self.extend_shared(&[req]).await?.first() == Some(&true)),
+            _ => {}
         }
         let keys = self.keys(&req.name);
         let mut inv = Scripts::get().extend.key(&keys.lock);
@@ -543,27 +571,36 @@ impl Backend for RedisBackend {
         Ok(n == 1)
     }
 
-    /// Locks and permits go in one script call each, both sent at once on
-    /// the multiplexed connection: one round trip for a mixed batch.
+    /// Locks, shared holds and permits go in one script call each, all
+    /// sent at once on the multiplexed connection: one round trip for a
+    /// mixed batch.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
-        let (permits, locks): (Vec<_>, Vec<_>) = reqs
-            .iter()
-            .partition(|r| matches!(r.kind, HoldKind::Permits { .. }));
-        let (permit_answers, lock_answers) = tokio::try_join!(
+        let (mut permits, mut shared, mut locks) = (Vec::new(), Vec::new(), Vec::new());
+        for r in reqs {
+            match r.kind {
+                HoldKind::Permits { .. } => permits.push(r),
+                HoldKind::Shared => shared.push(r),
+                _ => locks.push(r),
+            }
+        }
+        let (permit_answers, shared_answers, lock_answers) = tokio::try_join!(
             async {
                 if permits.is_empty() {
                     return Ok(Vec::new());
                 }
                 self.extend_permits(&permits).await
             },
+            self.extend_shared(&shared),
             self.extend_locks(&locks),
         )?;
-        let (mut permit_answers, mut lock_answers) =
-            (permit_answers.into_iter(), lock_answers.into_iter());
+        let mut permit_answers = permit_answers.into_iter();
+        let mut shared_answers = shared_answers.into_iter();
+        let mut lock_answers = lock_answers.into_iter();
         Ok(reqs
             .iter()
             .map(|r| match r.kind {
                 HoldKind::Permits { .. } => permit_answers.next(),
+                HoldKind::Shared => shared_answers.next(),
                 _ => lock_answers.next(),
             })
             .map(|a| a.unwrap_or(false))
@@ -578,38 +615,23 @@ impl Backend for RedisBackend {
         self.store_limit(name, limit).await
     }
 
+    /// One script call: the lock key's PTTL, the fence, and the live
+    /// shared holds and writer marks.
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
-        let keys = self.keys(name);
-        let pttl: i64 = self
-            .inner
-            .conn
-            .cmd(redis::cmd("PTTL").arg(&keys.lock))
-            .await
-            .map_err(|e| self.err(e))?;
-        let fence: Option<u64> = self
-            .inner
-            .conn
-            .cmd(redis::cmd("GET").arg(&keys.fence))
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(LockStatus::new(pttl != -2)
-            .with_token(if pttl != -2 {
-                fence.map(FencingToken)
-            } else {
-                None
-            })
-            .with_remaining((pttl >= 0).then(|| Duration::from_millis(pttl as u64))))
+        let h = self.lock_holders(name).await?;
+        let held = h.held();
+        Ok(LockStatus::new(held)
+            .with_token((held && h.fence > 0).then_some(FencingToken(h.fence)))
+            .with_remaining(h.remaining())
+            .with_shared(h.readers.len(), !h.writers.is_empty()))
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
-        if let HoldKind::Permits { .. } = req.kind {
-            return self.release_permit(req).await;
+        match req.kind {
+            HoldKind::Permits { .. } => self.release_permit(req).await,
+            HoldKind::Shared => self.release_shared(req).await,
+            _ => self.release_exclusive(req, Removal::All).await,
         }
-        let lock = self.lock_key(&req.name);
-        let mut inv = Scripts::get().release.key(&lock);
-        inv.arg(req.owner.to_string()).arg(Keys::channel_of(&lock));
-        let n: i64 = self.run(&inv).await?;
-        Ok(n == 1)
     }
 }
 

@@ -8,7 +8,12 @@
 use distlock_core::LockName;
 use redis::Script;
 
-/// The keys and channel of one lock.
+/// The value of a lock key while shared holds hold the name: never an
+/// owner, so no exclusive request (distlock's or a classic client's
+/// `SET NX`) is granted and no compare-and-delete removes it.
+pub const SHARED_HOLDS: &str = "distlock:shared";
+
+/// The keys and channel of one lock (a read-write lock's too).
 ///
 /// The lock key is exactly `prefix + name` (the prefix is empty by default),
 /// so any client speaking the classic `SET name value NX PX` /
@@ -23,6 +28,12 @@ pub struct Keys {
     pub fence: String,
     /// The pub/sub channel a release is announced on.
     pub channel: String,
+    /// The shared holds: a sorted set of owners scored by expiry (ms,
+    /// server clock), expiring itself with its longest hold.
+    pub readers: String,
+    /// The writer marks: exclusive requests waiting behind shared holds, a
+    /// sorted set of owners scored by when each mark lapses.
+    pub writers: String,
 }
 
 impl Keys {
@@ -32,6 +43,8 @@ impl Keys {
         Self {
             fence: Self::fence_of(&lock),
             channel: Self::channel_of(&lock),
+            readers: Self::readers_of(&lock),
+            writers: Self::writers_of(&lock),
             lock,
         }
     }
@@ -52,6 +65,16 @@ impl Keys {
     /// The release channel of a lock key.
     pub fn channel_of(lock: &str) -> String {
         format!("{{{lock}}}:released")
+    }
+
+    /// The shared holds of a lock key.
+    pub fn readers_of(lock: &str) -> String {
+        format!("{{{lock}}}:readers")
+    }
+
+    /// The writer marks of a lock key.
+    pub fn writers_of(lock: &str) -> String {
+        format!("{{{lock}}}:writers")
     }
 }
 
@@ -94,7 +117,8 @@ impl SemaphoreKeys {
 /// for example after a restart or a failover.
 #[derive(Debug)]
 pub struct Scripts {
-    /// `acquire.lua`: SET NX PX, then INCR the fence; or PTTL of the holder.
+    /// `acquire.lua`: SET NX PX, then INCR the fence; or PTTL of the
+    /// holder, and a writer's mark if shared holds refused a waiting caller.
     pub acquire: Script,
     /// `acquire_all.lua`: `acquire.lua` for several locks, all or nothing
     /// (one server only: the keys of different names live in different
@@ -105,8 +129,22 @@ pub struct Scripts {
     /// `extend_many.lua`: `extend.lua` over many keys in one call (not in
     /// Redis Cluster, where the keys may live in different slots).
     pub extend_many: Script,
-    /// `release.lua`: DEL and PUBLISH if the owner matches.
+    /// `release.lua`: DEL and PUBLISH if the owner matches; else ZREM the
+    /// owner's writer mark.
     pub release: Script,
+    /// `shared_acquire.lua`: grant a shared hold (ZADD, the lock key set to
+    /// [`SHARED_HOLDS`], INCR the fence) unless the lock is held
+    /// exclusively or a writer's mark is live.
+    pub shared_acquire: Script,
+    /// `shared_extend.lua`: move each live shared hold's expiry, and the
+    /// lock key's with the furthest.
+    pub shared_extend: Script,
+    /// `shared_release.lua`: ZREM the owner's shared hold; the last one
+    /// deletes the lock key and PUBLISHes.
+    pub shared_release: Script,
+    /// `inspect.lua`: the lock key's PTTL, the fence, and the owners of the
+    /// live shared holds and writer marks.
+    pub inspect: Script,
     /// `raise.lua`: raise the fencing counter to at least a value.
     pub raise: Script,
     /// `permit_acquire.lua`: drop expired permits, check or store the
@@ -134,6 +172,10 @@ impl Scripts {
             extend: Script::new(include_str!("scripts/extend.lua")),
             extend_many: Script::new(include_str!("scripts/extend_many.lua")),
             release: Script::new(include_str!("scripts/release.lua")),
+            shared_acquire: Script::new(include_str!("scripts/shared_acquire.lua")),
+            shared_extend: Script::new(include_str!("scripts/shared_extend.lua")),
+            shared_release: Script::new(include_str!("scripts/shared_release.lua")),
+            inspect: Script::new(include_str!("scripts/inspect.lua")),
             raise: Script::new(include_str!("scripts/raise.lua")),
             permit_acquire: Script::new(include_str!("scripts/permit_acquire.lua")),
             permit_extend: Script::new(include_str!("scripts/permit_extend.lua")),
@@ -154,9 +196,28 @@ mod tests {
         assert_eq!(k.lock, "app:jobs/nightly");
         assert_eq!(k.fence, "{app:jobs/nightly}:fence");
         assert_eq!(k.channel, "{app:jobs/nightly}:released");
+        assert_eq!(k.readers, "{app:jobs/nightly}:readers");
+        assert_eq!(k.writers, "{app:jobs/nightly}:writers");
         // Redis Cluster hashes the lock key whole (names cannot contain
         // braces) and the others by their tag, which is the lock key; the
         // cluster tests would fail with CROSSSLOT otherwise.
+    }
+
+    #[test]
+    fn every_script_that_knows_shared_holds_spells_their_value_alike() {
+        let scripts = [
+            include_str!("scripts/acquire.lua"),
+            include_str!("scripts/release.lua"),
+            include_str!("scripts/shared_acquire.lua"),
+            include_str!("scripts/shared_extend.lua"),
+            include_str!("scripts/shared_release.lua"),
+        ];
+        for s in scripts {
+            let quoted = format!("'{SHARED_HOLDS}'");
+            assert!(s.contains(&quoted), "{s}");
+            // No other quoted value in the 'distlock:' space.
+            assert_eq!(s.matches("'distlock:").count(), s.matches(&quoted).count());
+        }
     }
 
     #[test]
@@ -167,7 +228,10 @@ mod tests {
         let all = [&s.permits, &s.limit, &s.fence, &s.channel];
         for k in all {
             assert!(k.starts_with("{app:pools/db}:semaphore"), "{k}");
-            assert!(![&l.lock, &l.fence, &l.channel].contains(&k), "{k}");
+            assert!(
+                ![&l.lock, &l.fence, &l.channel, &l.readers, &l.writers].contains(&k),
+                "{k}"
+            );
         }
         let distinct: std::collections::HashSet<_> = all.into_iter().collect();
         assert_eq!(distinct.len(), 4);

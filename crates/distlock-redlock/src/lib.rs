@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
     InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
-use distlock_redis::ReleaseWatch;
+use distlock_redis::{Attempt, ReleaseWatch};
 use futures_util::future::{join_all, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, timeout_at, Instant};
@@ -143,12 +144,16 @@ impl RedlockBackend {
         // A batch is one `extend_many.lua` call per node, all nodes at once.
         .with_extend_batch(512)
         .with_semaphore()
+        .with_shared()
     }
 
     /// How many nodes must grant a hold of `kind`: a majority for a lock,
-    /// more for a semaphore of several permits (see [`grant_quorum`]).
+    /// exclusive or shared, more for a semaphore of several permits (see
+    /// [`grant_quorum`]). Shared holds need no more than a majority: each
+    /// node refuses a writer beside a reader, and a shared hold's majority
+    /// and an exclusive one's always share a node.
     fn quorum(&self, kind: &HoldKind) -> usize {
-        grant_quorum(self.inner.nodes.len(), kind.holders())
+        grant_quorum(self.inner.nodes.len(), kind.object().holders())
     }
 
     /// What to tell a caller who got too few nodes.
@@ -190,7 +195,7 @@ impl RedlockBackend {
     }
 
     /// One node's answer to a lock attempt; the caller bounds it in time.
-    async fn vote(&self, node: &Node, req: &LockRequest) -> Vote {
+    async fn vote(&self, node: &Node, req: &LockRequest, how: Attempt) -> Vote {
         let protect = self.inner.config.delayed_restart;
         if protect.is_some() && node.quarantined() {
             return Vote::Down;
@@ -201,11 +206,12 @@ impl RedlockBackend {
             // Without fencing the token is declared meaningless, so no
             // counter is kept: a plain SET NX PX per node.
             let attempt = async {
-                if fencing {
-                    r.attempt(req).await
+                let a = if fencing {
+                    r.attempt_in(req, how).await
                 } else {
-                    r.attempt_unfenced(req).await
-                }
+                    r.attempt_unfenced_in(req, how).await
+                };
+                a.map(|a| a.outcome)
             };
             match protect {
                 // Same multiplexed connection, so both answers come from the
@@ -239,7 +245,7 @@ impl RedlockBackend {
     /// One round of the algorithm: all nodes at once, within one node
     /// timeout; success needs a quorum (a majority for a lock) and some
     /// validity left.
-    async fn round(&self, req: &LockRequest) -> Result<Round> {
+    async fn round(&self, req: &LockRequest, how: Attempt) -> Result<Round> {
         if req.kind.holders() == 0 {
             return Err(Error::invalid(
                 InputKind::Config,
@@ -254,8 +260,12 @@ impl RedlockBackend {
         // bounds each of them like a timer per node would, for one timer.
         let quorum = self.quorum(&req.kind);
         let t = self.inner.config.node_timeout;
-        let mut votes: FuturesUnordered<_> =
-            self.inner.nodes.iter().map(|n| self.vote(n, req)).collect();
+        let mut votes: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .map(|n| self.vote(n, req, how))
+            .collect();
         let mut tokens = Vec::new();
         let mut mismatched = Vec::new();
         let (mut down, mut held, mut left): (usize, usize, Option<Duration>) = (0, 0, None);
@@ -303,7 +313,7 @@ impl RedlockBackend {
             {
                 return Ok(Round::Granted(token));
             }
-            self.release_all(req).await;
+            self.rollback_all(req).await;
             return Err(Error::unavailable(
                 "redlock",
                 "the fencing token could not be written back to enough nodes in time; the hold was released",
@@ -312,7 +322,9 @@ impl RedlockBackend {
         }
         // Step 5: failed, so release everywhere, including nodes that seemed
         // to fail: their grant may have happened and only the reply was lost.
-        self.release_all(req).await;
+        // A waiting writer's marks stay: they hold new readers back until
+        // its next round.
+        self.rollback_all(req).await;
         let total = self.inner.nodes.len();
         if !mismatched.is_empty() && mismatched.len() + down > total - quorum {
             // Too few nodes are up and store this limit for a quorum to
@@ -414,16 +426,26 @@ impl RedlockBackend {
         }
     }
 
-    /// Release on every node, each bounded by the node timeout; returns how
-    /// many nodes still had the lock as ours.
-    async fn release_all(&self, req: &LockRequest) -> usize {
+    /// Releases the hold on every node but keeps a writer's marks, each
+    /// node bounded by the node timeout.
+    async fn rollback_all(&self, req: &LockRequest) {
         let t = self.inner.config.node_timeout;
-        let released = join_all(self.inner.nodes.iter().map(|n| async move {
-            let rel = async { n.redis(false).await?.release(req).await };
-            matches!(timeout(t, rel).await, Ok(Ok(true)))
+        join_all(self.inner.nodes.iter().map(|n| async move {
+            let rel = async { n.redis(false).await?.rollback(req).await };
+            let _ = timeout(t, rel).await;
         }))
         .await;
-        released.into_iter().filter(|ok| *ok).count()
+    }
+
+    /// Removes a writer's marks from every node, each bounded by the node
+    /// timeout; those that fail lapse with the writer's TTL.
+    async fn unmark_all(&self, req: &LockRequest) {
+        let t = self.inner.config.node_timeout;
+        join_all(self.inner.nodes.iter().map(|n| async move {
+            let unmark = async { n.redis(false).await?.unmark(req).await };
+            let _ = timeout(t, unmark).await;
+        }))
+        .await;
     }
 }
 
@@ -472,7 +494,7 @@ impl Backend for RedlockBackend {
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let began = Instant::now();
-        match self.round(req).await? {
+        match self.round(req, Attempt::Once).await? {
             Round::Granted(t) => Ok(Some(Grant::new(t, began))),
             Round::Contended(..) => Ok(None),
         }
@@ -486,8 +508,14 @@ impl Backend for RedlockBackend {
         };
         let retry_jitter = self.inner.config.retry_jitter;
         let pace = Pace::notified(Duration::from_millis(200));
-        wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async {
-            Ok(match self.round(req).await? {
+        let tried = &AtomicBool::new(false);
+        let granted = wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async move {
+            let how = if tried.swap(true, Ordering::Relaxed) {
+                Attempt::LaterOfWait
+            } else {
+                Attempt::FirstOfWait
+            };
+            Ok(match self.round(req, how).await? {
                 Round::Granted(t) => Outcome::Granted(t),
                 // Another contender took some nodes in the same instant: a
                 // random delay, so the two do not split the vote again in
@@ -496,7 +524,15 @@ impl Backend for RedlockBackend {
                 Round::Contended(left, false) => Outcome::Held(left),
             })
         })
-        .await
+        .await;
+        // A wait that ends without a grant takes its marks away now. After a
+        // grant, a mark left on a node the grant did not count holds back
+        // no reader the writer does not hold back anyway; the release
+        // removes it from every node, or it lapses with the writer's TTL.
+        if granted.is_err() && req.kind == HoldKind::Exclusive && tried.load(Ordering::Relaxed) {
+            self.unmark_all(req).await;
+        }
+        granted
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
@@ -597,16 +633,18 @@ impl Backend for RedlockBackend {
         Ok(released >= quorum)
     }
 
-    /// Held when a majority of nodes hold the key.
+    /// Held when a majority of nodes hold the key (exclusively or shared);
+    /// a shared hold counts where a majority of nodes list it, and a
+    /// writer waits where a majority of nodes list its mark.
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         let t = self.connect_timeout();
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
             let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
-            timeout(t, r.inspect(name)).await.ok()?.ok()
+            timeout(t, r.lock_holders(name)).await.ok()?.ok()
         }))
         .await;
         let answered: Vec<_> = answers.into_iter().flatten().collect();
-        let held: Vec<_> = answered.iter().filter(|s| s.held).collect();
+        let held: Vec<_> = answered.iter().filter(|s| s.held()).collect();
         let (quorum, total) = (self.quorum(&HoldKind::Exclusive), self.inner.nodes.len());
         // "Not held" needs so many nodes free that no majority can hold it.
         let free = answered.len() - held.len();
@@ -620,10 +658,21 @@ impl Backend for RedlockBackend {
                 hint: "too few nodes answered to tell whether a quorum holds the lock; check the Redis nodes",
             });
         }
+        let listed_by_quorum = |owners: fn(&distlock_redis::LockHolders) -> &Vec<String>| {
+            let mut listed: std::collections::HashMap<&str, usize> = Default::default();
+            for owner in answered.iter().flat_map(owners) {
+                *listed.entry(owner.as_str()).or_default() += 1;
+            }
+            listed.values().filter(|n| **n >= quorum).count()
+        };
+        let readers = listed_by_quorum(|h| &h.readers);
+        let writers = listed_by_quorum(|h| &h.writers);
         let status = LockStatus::new(held.len() >= quorum)
-            .with_remaining(held.iter().filter_map(|s| s.remaining).min());
+            .with_remaining(held.iter().filter_map(|s| s.remaining()).min())
+            .with_shared(readers, writers > 0);
         Ok(if self.inner.config.fencing {
-            status.with_token(held.iter().filter_map(|s| s.token).max())
+            let token = held.iter().map(|s| s.fence).max().filter(|f| *f > 0);
+            status.with_token(token.map(FencingToken))
         } else {
             status
         })

@@ -1,0 +1,279 @@
+//! Read-write locks ([`HoldKind::Shared`] beside the exclusive hold of one
+//! name): the shared-hold scripts, writer marks, and what `inspect` reads.
+
+use std::time::Duration;
+
+use distlock_core::wait::Outcome;
+use distlock_core::{Error, FencingToken, LockName, LockRequest, Result};
+use redis::Value;
+
+use crate::scripts::{Keys, Scripts};
+use crate::{ttl_ms, RedisBackend};
+
+/// How an attempt asks for a lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// `try_acquire`: never leaves a writer's mark.
+    Once,
+    /// The first attempt of a wait: an exclusive request refused because
+    /// of shared holds marks the name as awaited by a writer.
+    FirstOfWait,
+    /// A later attempt of a wait: as the first, and a grant also removes
+    /// the mark an earlier attempt may have left.
+    LaterOfWait,
+}
+
+impl Attempt {
+    fn arg(self) -> &'static str {
+        match self {
+            Attempt::Once => "0",
+            Attempt::FirstOfWait => "1",
+            Attempt::LaterOfWait => "2",
+        }
+    }
+}
+
+/// What one attempt found, and whether it left a writer's mark (which the
+/// wait then removes if it ends without a grant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attempted {
+    /// The grant, or how long until the holder's lease ends.
+    pub outcome: Outcome,
+    /// Whether the attempt marked the name as awaited by a writer.
+    pub marked: bool,
+}
+
+impl From<Outcome> for Attempted {
+    fn from(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            marked: false,
+        }
+    }
+}
+
+/// What `release.lua` removes of an exclusive request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Removal {
+    /// The hold and the owner's writer mark (`Backend::release`).
+    All,
+    /// The hold only (Redlock rolling back one round of a wait).
+    Hold,
+    /// The writer mark only (a wait that ended).
+    Mark,
+}
+
+impl Removal {
+    /// `release.lua`'s ARGV[3]; none for the common case.
+    fn arg(self) -> Option<&'static str> {
+        match self {
+            Removal::All => None,
+            Removal::Hold => Some("hold"),
+            Removal::Mark => Some("mark"),
+        }
+    }
+}
+
+/// One server's view of a lock, read in one script call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockHolders {
+    /// The lock key's PTTL: -2 when nobody holds the name, -1 for a key
+    /// without expiry (a foreign client's).
+    pub pttl: i64,
+    /// The fencing counter (0 before the first grant).
+    pub fence: u64,
+    /// The owners of the live shared holds.
+    pub readers: Vec<String>,
+    /// The owners of the live writer marks.
+    pub writers: Vec<String>,
+}
+
+impl LockHolders {
+    /// Whether someone holds the name, exclusively or shared.
+    pub fn held(&self) -> bool {
+        self.pttl != -2
+    }
+
+    /// How long the lock key still lives, if it expires.
+    pub fn remaining(&self) -> Option<Duration> {
+        u64::try_from(self.pttl).ok().map(Duration::from_millis)
+    }
+}
+
+/// The wait an answer of -(PTTL + 3) stands for.
+pub(crate) fn held_for(answer: i64) -> Option<Duration> {
+    let pttl = -answer - 3;
+    (pttl >= 0).then(|| Duration::from_millis(pttl.unsigned_abs()))
+}
+
+impl RedisBackend {
+    /// One `acquire.lua` call for an exclusive request: `fenced` takes a
+    /// token from the counter, else the grant carries token 0.
+    pub(crate) async fn attempt_exclusive(
+        &self,
+        req: &LockRequest,
+        how: Attempt,
+        fenced: bool,
+    ) -> Result<Attempted> {
+        let lock = self.lock_key(&req.name);
+        let mut inv = Scripts::get().acquire.key(&lock);
+        inv.key(Keys::fence_of(&lock))
+            .key(Keys::writers_of(&lock))
+            .arg(req.owner.to_string())
+            .arg(ttl_ms(req.ttl))
+            .arg(how.arg());
+        if !fenced {
+            inv.arg("0");
+        }
+        let answer: Value = self.run(&inv).await?;
+        let (answer, marked) = match answer {
+            Value::Int(n) => (n, false),
+            Value::Array(ref a) => match a.as_slice() {
+                [Value::Int(n)] => (*n, true),
+                _ => return Err(unexpected("acquire.lua", &answer)),
+            },
+            other => return Err(unexpected("acquire.lua", &other)),
+        };
+        if answer >= 1 {
+            if self.inner.config.wait_replicas > 0 {
+                // Rare: boxed so that the common path's future stays small.
+                Box::pin(self.await_replicas(req)).await?;
+            }
+            let token = if fenced { answer.unsigned_abs() } else { 0 };
+            return Ok(Outcome::Granted(FencingToken(token)).into());
+        }
+        if answer == 0 {
+            return Err(Error::backend(
+                "redis",
+                format!("fencing counter {} holds 0", Keys::fence_of(&lock)),
+            ));
+        }
+        let left = held_for(answer);
+        if marked {
+            // Back before the mark lapses, or when the last reader's hold ends.
+            let renew = req.ttl / 2;
+            let left = Some(left.map_or(renew, |l| l.min(renew)));
+            return Ok(Attempted {
+                outcome: Outcome::Held(left),
+                marked,
+            });
+        }
+        Ok(Outcome::Held(left).into())
+    }
+
+    /// One `shared_acquire.lua` call: the grant (token 0 unless `fenced`),
+    /// or how long until the exclusive hold or the earliest writer mark
+    /// ends.
+    pub(crate) async fn attempt_shared(&self, req: &LockRequest, fenced: bool) -> Result<Outcome> {
+        let keys = self.keys(&req.name);
+        let mut inv = Scripts::get().shared_acquire.key(&keys.lock);
+        inv.key(&keys.fence)
+            .key(&keys.readers)
+            .key(&keys.writers)
+            .arg(req.owner.to_string())
+            .arg(ttl_ms(req.ttl))
+            .arg(if fenced { "1" } else { "0" });
+        let answer: i64 = self.run(&inv).await?;
+        if answer >= 1 {
+            if self.inner.config.wait_replicas > 0 {
+                Box::pin(self.await_replicas(req)).await?;
+            }
+            let token = if fenced { answer.unsigned_abs() } else { 0 };
+            return Ok(Outcome::Granted(FencingToken(token)));
+        }
+        if answer == 0 {
+            return Err(Error::backend(
+                "redis",
+                format!("fencing counter {} holds 0", keys.fence),
+            ));
+        }
+        Ok(Outcome::Held(held_for(answer)))
+    }
+
+    /// One `release.lua` call for an exclusive request.
+    pub(crate) async fn release_exclusive(&self, req: &LockRequest, what: Removal) -> Result<bool> {
+        let lock = self.lock_key(&req.name);
+        let mut inv = Scripts::get().release.key(&lock);
+        inv.key(Keys::writers_of(&lock))
+            .arg(req.owner.to_string())
+            .arg(Keys::channel_of(&lock));
+        if let Some(what) = what.arg() {
+            inv.arg(what);
+        }
+        let n: i64 = self.run(&inv).await?;
+        Ok(n == 1)
+    }
+
+    /// Releases `req`'s shared hold if it is `req.owner`'s.
+    pub(crate) async fn release_shared(&self, req: &LockRequest) -> Result<bool> {
+        let keys = self.keys(&req.name);
+        let mut inv = Scripts::get().shared_release.key(&keys.lock);
+        inv.key(&keys.readers)
+            .arg(req.owner.to_string())
+            .arg(&keys.channel);
+        let n: i64 = self.run(&inv).await?;
+        Ok(n == 1)
+    }
+
+    /// Extends each request's shared hold, in one script call.
+    pub(crate) async fn extend_shared(&self, reqs: &[&LockRequest]) -> Result<Vec<bool>> {
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = Scripts::get().shared_extend.prepare_invoke();
+        for req in reqs {
+            let lock = self.lock_key(&req.name);
+            inv.key(&lock)
+                .key(Keys::readers_of(&lock))
+                .arg(req.owner.to_string())
+                .arg(ttl_ms(req.ttl));
+        }
+        let answers: Vec<i64> = self.run(&inv).await?;
+        if answers.len() != reqs.len() {
+            return Err(Error::backend(
+                "redis",
+                format!(
+                    "shared_extend.lua answered {} times for {} holds",
+                    answers.len(),
+                    reqs.len()
+                ),
+            ));
+        }
+        Ok(answers.into_iter().map(|n| n == 1).collect())
+    }
+
+    /// Removes `req`'s writer mark, if it left one, and lets the readers it
+    /// held back try again (Redlock's nodes, after a wait).
+    pub async fn unmark(&self, req: &LockRequest) -> Result<()> {
+        self.release_exclusive(req, Removal::Mark).await.map(|_| ())
+    }
+
+    /// Releases `req`'s hold but keeps its writer mark: Redlock rolls back
+    /// a round of a wait with it, and the mark keeps holding back new
+    /// readers until the next round.
+    pub async fn rollback(&self, req: &LockRequest) -> Result<bool> {
+        match req.kind {
+            distlock_core::HoldKind::Exclusive => self.release_exclusive(req, Removal::Hold).await,
+            _ => distlock_core::Backend::release(self, req).await,
+        }
+    }
+
+    /// Who holds `name` on this server, and which writers wait for it.
+    pub async fn lock_holders(&self, name: &LockName) -> Result<LockHolders> {
+        let keys = self.keys(name);
+        let mut inv = Scripts::get().inspect.key(&keys.lock);
+        inv.key(&keys.fence).key(&keys.readers).key(&keys.writers);
+        let (pttl, fence, readers, writers): (i64, i64, Vec<String>, Vec<String>) =
+            self.run(&inv).await?;
+        Ok(LockHolders {
+            pttl,
+            fence: u64::try_from(fence).unwrap_or(0),
+            readers,
+            writers,
+        })
+    }
+}
+
+fn unexpected(script: &str, answer: &Value) -> Error {
+    Error::backend("redis", format!("{script} answered {answer:?}"))
+}

@@ -1,0 +1,12 @@
+-- KEYS[1] lock key, KEYS[2] fencing counter, KEYS[3] shared holds, KEYS[4]
+-- writer marks. Reads only. Answers { PTTL of the lock key, the fencing
+-- counter or 0, { owners of live shared holds }, { owners of live writer
+-- marks } }, live by this server's clock.
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+return {
+  redis.call('PTTL', KEYS[1]),
+  tonumber(redis.call('GET', KEYS[2]) or '0') or 0,
+  redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf'),
+  redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf'),
+}
