@@ -1436,7 +1436,17 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
     // raw semaphore keeps one row per permit, with no semaphore row and no
     // fencing counter: the acquire inserts the owner's row if fewer than the
     // limit are live, the release deletes it.
-    let (rtt, raw, raw_permit): (Step, Step, Step) = if backend == "sqlite" {
+    //
+    // The raw shared hold follows the SQL backend's layout: the lock row's
+    // owner is `shared` while shared holds keep it, its `expires_at` the
+    // latest hold's end; one row per hold in `raw_locks_shared` and one per
+    // waiting writer's mark in `raw_locks_writers`. The grant takes the lock
+    // row unless it is held exclusively or a mark lasts (bumping the token)
+    // and inserts the hold's row; the release deletes it and the name's
+    // expired holds under the lock row's lock and sets the row's end to the
+    // latest live hold's, or frees the row. No wake-up (no NOTIFY), as in
+    // the raw lock.
+    let (rtt, raw, raw_permit, raw_shared): (Step, Step, Step, Step) = if backend == "sqlite" {
         let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)?
             .create_if_missing(true)
             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
@@ -1481,12 +1491,73 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 Ok(())
             })
         });
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        // Each half one transaction whose first statement is a write, so
+        // that it runs under the file's write lock: the upsert and the
+        // hold's insert; the deletion and the lock row's update.
+        let p = pool.clone();
+        let raw_shared: Step = Arc::new(move |i, slot| {
+            let p = p.clone();
+            Box::pin(async move {
+                const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+                let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
+                let mut tx = p.begin().await?;
+                let token: Option<i64> = sqlx::query_scalar(&format!(
+                    "INSERT INTO raw_locks VALUES (?1, 'shared', 1, {NOW} + 30000)
+                     ON CONFLICT(name) DO UPDATE
+                        SET owner = 'shared', token = raw_locks.token + 1,
+                            expires_at = max(raw_locks.expires_at, excluded.expires_at)
+                      WHERE (raw_locks.owner IS NULL OR raw_locks.expires_at <= {NOW}
+                             OR raw_locks.owner = 'shared')
+                        AND NOT EXISTS (SELECT 1 FROM raw_locks_writers
+                                         WHERE name = ?1 AND expires_at > {NOW})
+                     RETURNING token"
+                ))
+                .bind(&name)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if token.is_some() {
+                    sqlx::query(&format!(
+                        "INSERT INTO raw_locks_shared VALUES (?1, ?2, {NOW} + 30000)"
+                    ))
+                    .bind(&name)
+                    .bind(&owner)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                token.ok_or("raw shared lock busy")?;
+                let mut tx = p.begin().await?;
+                sqlx::query(&format!(
+                    "DELETE FROM raw_locks_shared
+                      WHERE name = ?1 AND (owner = ?2 OR expires_at <= {NOW})"
+                ))
+                .bind(&name)
+                .bind(&owner)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE raw_locks
+                        SET owner = CASE WHEN EXISTS (SELECT 1 FROM raw_locks_shared WHERE name = ?1)
+                                         THEN owner ELSE NULL END,
+                            expires_at = coalesce((SELECT max(expires_at) FROM raw_locks_shared
+                                                    WHERE name = ?1), expires_at)
+                      WHERE name = ?1 AND owner = 'shared'",
+                )
+                .bind(&name)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(())
+            })
+        });
         let (rtt, raw) = raw_sql_steps!(
             pool,
             "INSERT INTO raw_locks VALUES (?1, ?2, 1, 0) ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, token = raw_locks.token + 1 WHERE raw_locks.owner IS NULL RETURNING token",
             "UPDATE raw_locks SET owner = NULL WHERE name = ?1 AND owner = ?2"
         );
-        (rtt, raw, raw_permit)
+        (rtt, raw, raw_permit, raw_shared)
     } else {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(10)
@@ -1533,12 +1604,69 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 Ok(())
             })
         });
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        // The grant is one statement: the upsert on the lock row (whose row
+        // lock orders it with every other grant of the name) and the hold's
+        // insert in one CTE. The release must see every grant committed
+        // before it, so it takes the row lock first, in a transaction of
+        // its own, and then deletes and settles in one statement.
+        let p = pool.clone();
+        let raw_shared: Step = Arc::new(move |i, slot| {
+            let p = p.clone();
+            Box::pin(async move {
+                let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
+                let token: Option<i64> = sqlx::query_scalar(
+                    "WITH granted AS (
+                        INSERT INTO raw_locks AS l VALUES ($1, 'shared', 1, now() + interval '30 seconds')
+                        ON CONFLICT (name) DO UPDATE
+                           SET owner = 'shared', token = l.token + 1,
+                               expires_at = greatest(l.expires_at, EXCLUDED.expires_at)
+                         WHERE (l.owner IS NULL OR l.expires_at <= now() OR l.owner = 'shared')
+                           AND NOT EXISTS (SELECT 1 FROM raw_locks_writers
+                                            WHERE name = $1 AND expires_at > now())
+                        RETURNING token),
+                     hold AS (
+                        INSERT INTO raw_locks_shared
+                        SELECT $1, $2, now() + interval '30 seconds' FROM granted)
+                     SELECT token FROM granted",
+                )
+                .bind(&name)
+                .bind(&owner)
+                .fetch_optional(&p)
+                .await?;
+                token.ok_or("raw shared lock busy")?;
+                let mut tx = p.begin().await?;
+                sqlx::query("SELECT 1 FROM raw_locks WHERE name = $1 FOR UPDATE")
+                    .bind(&name)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "WITH gone AS (
+                        DELETE FROM raw_locks_shared
+                         WHERE name = $1 AND (owner = $2 OR expires_at <= now())),
+                     rest AS (
+                        SELECT max(expires_at) AS until FROM raw_locks_shared
+                         WHERE name = $1 AND owner <> $2 AND expires_at > now())
+                     UPDATE raw_locks l
+                        SET owner = CASE WHEN rest.until IS NULL THEN NULL ELSE l.owner END,
+                            expires_at = coalesce(rest.until, l.expires_at)
+                       FROM rest WHERE l.name = $1 AND l.owner = 'shared'",
+                )
+                .bind(&name)
+                .bind(&owner)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(())
+            })
+        });
         let (rtt, raw) = raw_sql_steps!(
             pool,
             "INSERT INTO raw_locks AS l VALUES ($1, $2, 1, now()) ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1 WHERE l.owner IS NULL RETURNING token",
             "UPDATE raw_locks SET owner = NULL WHERE name = $1 AND owner = $2"
         );
-        (rtt, raw, raw_permit)
+        (rtt, raw, raw_permit, raw_shared)
     };
     Ok(Target {
         name: if backend == "sqlite" {
@@ -1551,7 +1679,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         raw,
         proto: None,
         raw_permit,
-        raw_shared: None,
+        raw_shared: Some(raw_shared),
         requests: None,
         _server: server,
         _servers: Vec::new(),
