@@ -88,6 +88,11 @@ fn main() {
                 "postgres::a_freed_permit_wakes_one_waiter_of_a_client",
                 freed_permit_wakes_one(f.clone()),
             ),
+            trial(
+                rt,
+                "postgres::readers_and_writers_are_notified",
+                rw_notified(f.clone()),
+            ),
         ]);
         trials
     })
@@ -313,6 +318,17 @@ async fn notified(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
         "waiter not woken by NOTIFY",
     )
     .await
+}
+
+/// A writer behind readers is woken by NOTIFY when the last reader
+/// releases, and readers behind a writer's mark when the writer gives up.
+async fn rw_notified(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let mut config = SqlConfig::default();
+    config.notify_fallback = Duration::from_secs(60);
+    let waiter = LockClient::new(f.connect(config).await?);
+    let holder = LockClient::new(f.connect(SqlConfig::default()).await?);
+    let giver = LockClient::new(f.connect(SqlConfig::default()).await?);
+    sql_support::rw_waiters_are_woken(holder, giver, waiter, "notified/rw").await
 }
 
 /// A client opens its LISTEN connection only when one of its tasks finds the

@@ -43,6 +43,11 @@ fn main() {
                 "sqlite::a_freed_permit_wakes_one_waiter_of_a_process",
                 freed_permit_wakes_one(f.clone()),
             ),
+            trial(
+                rt,
+                "sqlite::same_process_readers_and_writers_are_woken",
+                rw_woken_in_process(f.clone()),
+            ),
         ]
     })
 }
@@ -149,6 +154,21 @@ async fn woken_in_process(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
         "waiter not woken by the release (it would have polled only after 60 s)",
     )
     .await
+}
+
+/// A writer behind readers is woken when the last reader of this process
+/// releases, and readers behind a writer's mark when the writer gives up;
+/// the waiters' backoff is set to a minute.
+async fn rw_woken_in_process(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let slow = f
+        .connect(SqlConfig::default().with_poll(Backoff::new(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        )))
+        .await?;
+    let holder = LockClient::new(f.connect(SqlConfig::default()).await?);
+    let giver = LockClient::new(f.connect(SqlConfig::default()).await?);
+    sql_support::rw_waiters_are_woken(holder, giver, LockClient::new(slow), "woken/rw").await
 }
 
 /// See [`sql_support::freed_permit_wakes_one`]; the count is a trigger on

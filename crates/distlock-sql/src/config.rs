@@ -11,7 +11,7 @@ use distlock_core::{Error, InputKind, Result};
 ///
 /// | parameter | meaning | default |
 /// |---|---|---|
-/// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, at most 54 characters); semaphores live in `<table>_sems` and `<table>_permits` | `distlock_locks` |
+/// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, at most 54 characters); semaphores live in `<table>_sems` and `<table>_permits`, shared holds in `<table>_shared` and `<table>_writers` | `distlock_locks` |
 /// | `pool_size` | connections in the pool the backend builds | 10 (SQLite: 4) |
 ///
 /// Every other parameter is passed to sqlx unchanged: for example `sslmode`
@@ -160,8 +160,8 @@ fn percent_decode(v: &str) -> String {
 }
 
 /// Longest lock table name: room for the `distlock_` prefix of PostgreSQL's
-/// notification channel and for the semaphore tables' suffixes within the
-/// databases' identifier limit.
+/// notification channel and for the semaphore and read-write lock tables'
+/// suffixes within the databases' identifier limit.
 const MAX_TABLE_LEN: usize = 54;
 
 /// PostgreSQL's identifier limit (NAMEDATALEN - 1; it silently truncates
@@ -170,14 +170,17 @@ const MAX_IDENTIFIER_LEN: usize = 63;
 
 /// Checks a table name, which is interpolated into SQL and so must be a
 /// plain identifier (no quoting, no schema, nothing to inject), and the
-/// names derived from it (the semaphore tables) likewise.
+/// names derived from it (the semaphore and read-write lock tables)
+/// likewise.
 pub(crate) fn validate_table(table: &str) -> Result<()> {
     let derived = crate::semaphore::PermitTables::for_lock_table(table);
+    let rw = crate::rwlock::RwTables::for_lock_table(table);
     let ok = table.len() <= MAX_TABLE_LEN
         && is_identifier(table)
         && derived
             .names()
             .iter()
+            .chain(rw.names().iter())
             .all(|t| t.len() <= MAX_IDENTIFIER_LEN && is_identifier(t));
     if ok {
         Ok(())

@@ -17,6 +17,7 @@ mod config;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod rwlock;
 mod semaphore;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -45,6 +46,8 @@ struct Inner {
     db: Db,
     config: SqlConfig,
     err: DbError,
+    /// Writer marks this backend placed and has not removed yet.
+    marks: rwlock::Marks,
 }
 
 enum Db {
@@ -331,7 +334,12 @@ impl SqlBackend {
 
     async fn build(db: Db, config: SqlConfig, err: DbError) -> Result<Self> {
         let backend = SqlBackend {
-            inner: Arc::new(Inner { db, config, err }),
+            inner: Arc::new(Inner {
+                db,
+                config,
+                err,
+                marks: rwlock::Marks::default(),
+            }),
         };
         dispatch!(backend, db => db.create_table().await)?;
         Ok(backend)
@@ -556,7 +564,8 @@ impl SqlBackend {
             Duration::from_millis(10),
             Duration::from_secs(365 * 24 * 3600),
         )
-        .with_semaphore();
+        .with_semaphore()
+        .with_shared();
         // Renewals in batches, locks and permits together: one statement
         // of UPDATEs over unnest() arrays on PostgreSQL, one transaction on
         // SQLite. MySQL has no UPDATE ... RETURNING to say which rows were
@@ -585,6 +594,7 @@ impl Backend for SqlBackend {
                 })
                 .await?
                 .token(),
+            Object::Shared => self.shared_attempt(req).await?.token(),
             Object::Semaphore { limit } => {
                 self.permit_attempt(req, valid_limit(limit)?).await?.token()
             }
@@ -595,7 +605,16 @@ impl Backend for SqlBackend {
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
         match Object::of(req, &self.inner.err)? {
             Object::Lock => {
-                self.wait(req, deadline, false, || self.lock_attempt(req))
+                let granted = self
+                    .wait(req, deadline, false, || self.writer_attempt(req))
+                    .await;
+                if granted.is_err() && self.inner.marks.contains(req) {
+                    self.unmark(req).await;
+                }
+                granted
+            }
+            Object::Shared => {
+                self.wait(req, deadline, false, || self.shared_attempt(req))
                     .await
             }
             Object::Semaphore { limit } => {
@@ -621,7 +640,10 @@ impl Backend for SqlBackend {
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
-        dispatch!(self, db => db.extend(req).await)
+        match Object::of(req, &self.inner.err)? {
+            Object::Shared => dispatch!(self, db => db.shared_extend(req).await),
+            _ => dispatch!(self, db => db.extend(req).await),
+        }
     }
 
     async fn deployment_findings(&self) -> Result<Vec<Finding>> {
@@ -629,6 +651,9 @@ impl Backend for SqlBackend {
     }
 
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        if reqs.iter().any(|r| r.kind == HoldKind::Shared) {
+            return self.extend_shared_apart(reqs).await;
+        }
         match &self.inner.db {
             #[cfg(feature = "postgres")]
             Db::Postgres(db) => db.extend_many(reqs).await,
@@ -647,7 +672,15 @@ impl Backend for SqlBackend {
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         match Object::of(req, &self.inner.err)? {
-            Object::Lock => dispatch!(self, db => db.release(req).await),
+            Object::Lock => {
+                let held = dispatch!(self, db => db.release(req).await)?;
+                // A waiting writer's cleanup: its mark goes too.
+                if self.inner.marks.contains(req) {
+                    self.unmark(req).await;
+                }
+                Ok(held)
+            }
+            Object::Shared => dispatch!(self, db => db.shared_release(req).await),
             Object::Semaphore { .. } => dispatch!(self, db => db.permit_release(req).await),
         }
     }
@@ -655,12 +688,14 @@ impl Backend for SqlBackend {
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         // (token, remaining lease in microseconds) of a live holder.
         let row = dispatch!(self, db => db.inspect(name.as_str()).await)?;
-        Ok(match row {
+        let (shared, writers) = dispatch!(self, db => db.rw_status(name.as_str()).await)?;
+        let status = match row {
             Some((token, micros)) => LockStatus::new(true)
                 .with_token(token_from_db(&self.inner.err, token).ok())
                 .with_remaining(Some(Duration::from_micros(micros.max(0) as u64))),
             None => LockStatus::new(false),
-        })
+        };
+        Ok(status.with_shared(usize::try_from(shared).unwrap_or(0), writers > 0))
     }
 
     async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {
@@ -679,6 +714,85 @@ impl Backend for SqlBackend {
 }
 
 impl SqlBackend {
+    /// One attempt at a shared hold, run to completion.
+    async fn shared_attempt(&self, req: &LockRequest) -> Result<Outcome> {
+        self.attempt_to_completion(req, |b, req| async move {
+            dispatch!(b, db => db.shared_attempt(&req).await)
+        })
+        .await
+    }
+
+    /// One attempt of a waiting exclusive request, run to completion. If
+    /// shared holds refuse it, it marks the name as awaited by a writer (or
+    /// renews its mark), so that no new shared hold is granted, and comes
+    /// back before the mark would lapse; once granted, its mark goes. An
+    /// attempt whose caller stopped waiting removes the mark it placed.
+    async fn writer_attempt(&self, req: &LockRequest) -> Result<Outcome> {
+        let (req, undo) = (req.clone(), req.clone());
+        self.to_completion(
+            move |b| async move {
+                let (outcome, readers) = b.lock_attempt_now(&req).await?;
+                match outcome {
+                    Outcome::Granted(_) => {
+                        if b.inner.marks.contains(&req) {
+                            b.unmark(&req).await;
+                        }
+                    }
+                    Outcome::Held(left) if readers != Some(false) => {
+                        let marked = dispatch!(b, db => db.mark(&req).await)?;
+                        if marked {
+                            b.inner.marks.insert(&req);
+                            let renew = req.ttl / 2;
+                            let back = left.map_or(renew, |l| l.min(renew));
+                            return Ok(Outcome::Held(Some(back)));
+                        }
+                    }
+                    Outcome::Held(_) | Outcome::RetryIn(_) => {}
+                }
+                Ok(outcome)
+            },
+            move |b, found| async move {
+                match found {
+                    Outcome::Granted(_) => b.hand_back(std::slice::from_ref(&undo)).await,
+                    _ if b.inner.marks.contains(&undo) => b.unmark(&undo).await,
+                    _ => {}
+                }
+            },
+        )
+        .await
+    }
+
+    /// Removes `req`'s writer mark and wakes the readers it held back. A
+    /// mark that stays (the database is unreachable) lapses after the
+    /// request's TTL.
+    async fn unmark(&self, req: &LockRequest) {
+        self.inner.marks.remove(req);
+        if let Err(e) = dispatch!(self, db => db.unmark(req).await) {
+            tracing::warn!(lock = %req.name, error = %e, "removing a waiting writer's mark failed; it lapses after its TTL");
+        }
+    }
+
+    /// A renewal batch with shared holds in it: those one by one (each is
+    /// a transaction of its own, or a statement on PostgreSQL), the others
+    /// as one batch.
+    async fn extend_shared_apart(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        let (shared, others): (Vec<_>, Vec<_>) = reqs
+            .iter()
+            .enumerate()
+            .partition(|(_, r)| r.kind == HoldKind::Shared);
+        let mut answers = vec![false; reqs.len()];
+        if !others.is_empty() {
+            let batch: Vec<LockRequest> = others.iter().map(|(_, r)| (*r).clone()).collect();
+            for ((i, _), held) in others.iter().zip(self.extend_many(&batch).await?) {
+                answers[*i] = held;
+            }
+        }
+        for (i, r) in shared {
+            answers[i] = self.extend(r).await?;
+        }
+        Ok(answers)
+    }
+
     /// One attempt at a permit.
     async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         self.attempt_to_completion(req, move |b, req| async move {
@@ -688,19 +802,20 @@ impl SqlBackend {
     }
 
     /// One attempt at a lock; on PostgreSQL it also answers how long the
-    /// holder's lease still runs.
-    async fn lock_attempt(&self, req: &LockRequest) -> Result<Outcome> {
-        self.attempt_to_completion(req, |b, req| async move {
-            let held =
-                |token: Option<FencingToken>| token.map_or(Outcome::Held(None), Outcome::Granted);
-            match &b.inner.db {
-                #[cfg(feature = "postgres")]
-                Db::Postgres(pg) => pg.attempt(&req).await,
-                #[allow(unreachable_patterns)]
-                _ => Ok(held(dispatch!(b, db => db.try_acquire(&req).await)?)),
-            }
-        })
-        .await
+    /// holder's lease still runs, and whether shared holds keep it
+    /// (elsewhere that is unknown: `None`).
+    async fn lock_attempt_now(&self, req: &LockRequest) -> Result<(Outcome, Option<bool>)> {
+        let held =
+            |token: Option<FencingToken>| token.map_or(Outcome::Held(None), Outcome::Granted);
+        match &self.inner.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(pg) => pg.attempt(req).await.map(|(o, r)| (o, Some(r))),
+            #[allow(unreachable_patterns)]
+            _ => Ok((
+                held(dispatch!(self, db => db.try_acquire(req).await)?),
+                None,
+            )),
+        }
     }
 
     /// Runs one attempt at `req` to completion (see [`Self::to_completion`]):

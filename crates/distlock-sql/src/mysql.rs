@@ -3,10 +3,12 @@
 use distlock_core::{FencingToken, Finding, LockRequest, Result};
 use sqlx::mysql::MySqlPool;
 
+use crate::rwlock::RwTables;
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, DbError};
 
 mod permits;
+mod shared;
 
 pub(crate) struct My {
     pub(crate) pool: MySqlPool,
@@ -19,6 +21,7 @@ pub(crate) struct My {
     evict: String,
     inspect: String,
     permits: permits::Statements,
+    shared: shared::Statements,
     err: DbError,
 }
 
@@ -75,6 +78,7 @@ impl My {
             evict,
             inspect,
             permits: permits::Statements::new(&PermitTables::for_lock_table(table)),
+            shared: shared::Statements::new(table, &RwTables::for_lock_table(table)),
             err,
         }
     }
@@ -83,6 +87,7 @@ impl My {
         for create in [self.create.as_str()]
             .into_iter()
             .chain(self.permits.creates())
+            .chain(self.shared.creates())
         {
             sqlx::query(create)
                 .execute(&self.pool)
@@ -200,8 +205,10 @@ impl My {
     }
 
     pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
-        if let Object::Semaphore { .. } = Object::of(req, &self.err)? {
-            return self.permit_extend(req).await;
+        match Object::of(req, &self.err)? {
+            Object::Semaphore { .. } => return self.permit_extend(req).await,
+            Object::Shared => return self.shared_extend(req).await,
+            Object::Lock => {}
         }
         self.extend_row(&self.extend, req).await
     }
@@ -248,12 +255,14 @@ impl My {
             .map_err(|e| self.err.map(e))
     }
 
+    /// Overwrites the lock row's owner and deletes the shared holds.
     pub(crate) async fn evict(&self, name: &str) -> Result<bool> {
+        let holds = self.evict_holds(name).await?;
         let r = sqlx::query(&self.evict)
             .bind(name)
             .execute(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
-        Ok(r.rows_affected() == 1)
+        Ok(r.rows_affected() == 1 || holds > 0)
     }
 }

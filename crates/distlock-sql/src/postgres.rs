@@ -7,14 +7,16 @@ use distlock_core::wait::{Outcome, Signals};
 use distlock_core::{FencingToken, Finding, LockRequest, Result};
 use sqlx::postgres::{PgListener, PgPool};
 
+use crate::rwlock::{RwTables, SHARED_OWNER};
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
 
 mod permits;
+mod shared;
 
 pub(crate) struct Pg {
     pub(crate) pool: PgPool,
-    channel: String,
+    pub(crate) channel: String,
     create: String,
     take: String,
     take_all: String,
@@ -23,11 +25,13 @@ pub(crate) struct Pg {
     extend: String,
     extend_many: String,
     release: String,
-    evict: String,
     inspect: String,
     /// This client's lock waiters, per name: a release wakes them all.
     pub(crate) releases: Arc<Signals>,
     permits: permits::Statements,
+    /// Read-write locks' statements; their releases are announced on the
+    /// locks' channel.
+    shared: shared::Statements,
     /// Where permit releases and limit changes are announced: apart from
     /// the locks', so that lock waiters and semaphore waiters of one name
     /// do not wake each other.
@@ -100,6 +104,8 @@ impl Pg {
                 RETURNING token)
              SELECT (SELECT token FROM granted),
                     (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
+                       FROM {table} WHERE name = $1 AND owner IS NOT NULL),
+                    (SELECT owner = '{SHARED_OWNER}'
                        FROM {table} WHERE name = $1 AND owner IS NOT NULL)"
         );
         let extend = format!(
@@ -119,8 +125,6 @@ impl Pg {
                         RETURNING expires_at > now() AS held)
              SELECT held, pg_notify($3, $1)::text FROM r"
         );
-        let evict =
-            format!("UPDATE {table} SET owner = 'evicted' WHERE name = $1 AND owner IS NOT NULL");
         let inspect = format!(
             "SELECT token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint FROM {table}
               WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
@@ -130,6 +134,7 @@ impl Pg {
             pool,
             channel: format!("distlock_{table}"),
             permits: permits::Statements::new(table, &tables),
+            shared: shared::Statements::new(table, &RwTables::for_lock_table(table)),
             // Named after the table whose rows it announces.
             permit_channel: tables.permits.clone(),
             permit_releases: Arc::default(),
@@ -141,7 +146,6 @@ impl Pg {
             extend,
             extend_many,
             release,
-            evict,
             inspect,
             releases: Arc::default(),
             listener: Mutex::new(Weak::new()),
@@ -164,6 +168,7 @@ impl Pg {
         for create in [self.create.as_str()]
             .into_iter()
             .chain(self.permits.creates())
+            .chain(self.shared.creates())
         {
             sqlx::query(create)
                 .execute(&mut *tx)
@@ -173,18 +178,22 @@ impl Pg {
         tx.commit().await.map_err(|e| self.err.map(e))
     }
 
-    pub(crate) async fn attempt(&self, req: &LockRequest) -> Result<Outcome> {
-        let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(&self.attempt)
-            .bind(req.name.as_str())
-            .bind(req.owner.to_string())
-            .bind(ttl_micros(req.ttl))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
-        Ok(match token {
+    /// One attempt of a waiting exclusive request: the outcome, and whether
+    /// shared holds keep the lock.
+    pub(crate) async fn attempt(&self, req: &LockRequest) -> Result<(Outcome, bool)> {
+        let (token, left, readers): (Option<i64>, Option<i64>, Option<bool>) =
+            sqlx::query_as(&self.attempt)
+                .bind(req.name.as_str())
+                .bind(req.owner.to_string())
+                .bind(ttl_micros(req.ttl))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
+        let outcome = match token {
             Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
             None => Outcome::Held(left.map(|us| Duration::from_micros(us.max(0) as u64))),
-        })
+        };
+        Ok((outcome, readers == Some(true)))
     }
 
     /// `synchronous_commit` and `fsync`: a grant is durable only with both.
@@ -265,6 +274,7 @@ impl Pg {
     pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
         match Object::of(req, &self.err)? {
             Object::Lock => self.extend_row(&self.extend, req).await,
+            Object::Shared => self.shared_extend(req).await,
             Object::Semaphore { .. } => self.permit_extend(req).await,
         }
     }
@@ -353,13 +363,14 @@ impl Pg {
             .map_err(|e| self.err.map(e))
     }
 
+    /// Overwrites the lock row's owner and deletes the shared holds.
     pub(crate) async fn evict(&self, name: &str) -> Result<bool> {
-        let r = sqlx::query(&self.evict)
+        let removed: i64 = sqlx::query_scalar(self.shared.evict())
             .bind(name)
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
-        Ok(r.rows_affected() == 1)
+        Ok(removed > 0)
     }
 
     /// The one LISTEN connection this backend's waiters share, started by

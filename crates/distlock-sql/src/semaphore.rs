@@ -31,9 +31,10 @@ impl PermitTables {
 }
 
 /// Which object a request acts on: a name's lock and its semaphore are
-/// separate rows in separate tables.
+/// separate rows in separate tables; a shared hold is on the lock.
 pub(crate) enum Object {
     Lock,
+    Shared,
     Semaphore { limit: u32 },
 }
 
@@ -43,6 +44,7 @@ impl Object {
     pub(crate) fn of(req: &LockRequest, err: &DbError) -> Result<Self> {
         match req.kind {
             HoldKind::Exclusive => Ok(Object::Lock),
+            HoldKind::Shared => Ok(Object::Shared),
             HoldKind::Permits { limit } => Ok(Object::Semaphore { limit }),
             _ => Err(Error::Unsupported {
                 backend: err.backend,

@@ -9,10 +9,12 @@ use distlock_core::wait::Signals;
 use distlock_core::{FencingToken, Finding, LockRequest, Result};
 use sqlx::sqlite::SqlitePool;
 
+use crate::rwlock::RwTables;
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, DbError};
 
 mod permits;
+mod shared;
 
 /// SQLite's current time in milliseconds since the Unix epoch, computed by
 /// SQLite itself (the machine's clock, shared by every process on the file).
@@ -24,11 +26,12 @@ pub(crate) struct Lite {
     attempt: String,
     extend: String,
     release: String,
-    evict: String,
     inspect: String,
     /// This process's lock waiters on the file, per name.
     pub(crate) releases: Arc<Signals>,
     permits: permits::Statements,
+    /// Read-write locks' statements.
+    shared: shared::Statements,
     /// This process's permit waiters on the file, per name.
     pub(crate) permit_releases: Arc<Signals>,
     err: DbError,
@@ -80,8 +83,6 @@ impl Lite {
         let release = format!(
             "UPDATE {table} SET owner = NULL WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
         );
-        let evict =
-            format!("UPDATE {table} SET owner = 'evicted' WHERE name = ?1 AND owner IS NOT NULL");
         let inspect = format!(
             "SELECT token, (expires_at - {NOW_MS}) * 1000 FROM {table} WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW_MS}"
         );
@@ -91,16 +92,17 @@ impl Lite {
         // `#` cannot occur in a table name, so this key names no lock table.
         let permit_releases = releases_for(file, &format!("{table}#permits"));
         let permits = permits::Statements::new(&PermitTables::for_lock_table(table));
+        let shared = shared::Statements::new(table, &RwTables::for_lock_table(table));
         Self {
             pool,
             create,
             attempt,
             extend,
             release,
-            evict,
             inspect,
             releases,
             permits,
+            shared,
             permit_releases,
             err,
         }
@@ -135,6 +137,7 @@ impl Lite {
         for create in [self.create.as_str()]
             .into_iter()
             .chain(self.permits.creates())
+            .chain(self.shared.creates())
         {
             self.busy(|| sqlx::query(create).execute(&self.pool))
                 .await?;
@@ -246,6 +249,14 @@ impl Lite {
         Ok(match Object::of(req, &self.err)? {
             Object::Lock => &self.extend,
             Object::Semaphore { .. } => self.permit_extend_statement(),
+            // Two statements (`shared_extend`): the caller renews shared
+            // holds apart.
+            Object::Shared => {
+                return Err(distlock_core::Error::backend(
+                    self.err.backend,
+                    "a shared hold cannot be renewed by one statement",
+                ))
+            }
         })
     }
 
@@ -301,13 +312,6 @@ impl Lite {
                 .fetch_optional(&self.pool)
         })
         .await
-    }
-
-    pub(crate) async fn evict(&self, name: &str) -> Result<bool> {
-        let r = self
-            .busy(|| sqlx::query(&self.evict).bind(name).execute(&self.pool))
-            .await?;
-        Ok(r.rows_affected() == 1)
     }
 }
 

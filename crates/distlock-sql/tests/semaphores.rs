@@ -310,7 +310,8 @@ per_database![
     dropped_attempts_leave_no_transaction_open,
 ];
 
-/// The semaphore tables sit beside the lock table, named after it.
+/// The semaphore and read-write lock tables sit beside the lock table, named
+/// after it.
 #[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_semaphore_tables_are_named_after_the_lock_table() -> TestResult {
@@ -336,6 +337,8 @@ async fn sqlite_semaphore_tables_are_named_after_the_lock_table() -> TestResult 
         table.to_string(),
         format!("{table}_permits"),
         format!("{table}_sems"),
+        format!("{table}_shared"),
+        format!("{table}_writers"),
     ];
     want.sort();
     check(tables == want, format!("tables {tables:?}"))

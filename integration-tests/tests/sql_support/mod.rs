@@ -146,6 +146,7 @@ pub fn run_suite(
             table_created_concurrently(f.clone(), rt),
             misconfiguration_is_not_retryable(f.clone(), rt),
         ];
+        trials.extend(rw_trials(&f, rt));
         trials.extend(extra(&f, rt));
         trials
     })
@@ -383,4 +384,270 @@ pub async fn unrelated_ca() -> Result<std::path::PathBuf, Failed> {
     .await
     .map_err(|e| e.to_string())?
     .map_err(|e| Failed::from(e.to_string()))
+}
+
+/// `holder` holds `lock` shared and a writer of `waiter` waits: the writer
+/// must be granted within 15 s of the reader's release. Then `holder`
+/// holds it shared again, a writer of `giver` waits behind it and gives up
+/// after 1.5 s, while a reader of `waiter`, held back by that writer's
+/// mark, waits: it must be granted within 15 s of the writer giving up.
+/// `waiter`'s fallback poll must be set to a minute, so that only the
+/// backend's wake-ups can do either in time.
+pub async fn rw_waiters_are_woken(
+    holder: LockClient,
+    giver: LockClient,
+    waiter: LockClient,
+    lock: &str,
+) -> Result<(), Failed> {
+    // A run that failed leaves holds behind until their TTL.
+    let lock = LockName::new(format!("{}/{lock}", integration_tests::namespace()))?;
+    let ttl = Duration::from_secs(120);
+    let reader = holder.lock(&lock).shared().ttl(ttl).acquire().await?;
+    let writer = {
+        let (waiter, lock) = (waiter.clone(), lock.clone());
+        tokio::spawn(async move {
+            waiter
+                .lock(&lock)
+                .ttl(ttl)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+        })
+    };
+    writer_waits(&holder, &lock).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    reader.release().await?;
+    let w = tokio::time::timeout(Duration::from_secs(15), writer)
+        .await
+        .map_err(|_| Failed::from("the writer was not woken when the last reader released"))?
+        .map_err(|e| e.to_string())??;
+    w.release().await?;
+
+    let reader = holder.lock(&lock).shared().ttl(ttl).acquire().await?;
+    let gives_up = {
+        let lock = lock.clone();
+        tokio::spawn(async move {
+            giver
+                .lock(&lock)
+                .ttl(ttl)
+                .wait(Duration::from_millis(1500))
+                .acquire()
+                .await
+        })
+    };
+    writer_waits(&holder, &lock).await?;
+    let held_back = tokio::spawn(async move {
+        waiter
+            .lock(&lock)
+            .shared()
+            .ttl(ttl)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    match gives_up.await.map_err(|e| e.to_string())? {
+        Err(distlock_core::Error::WaitTimeout { .. }) => {}
+        other => return Err(format!("the writer behind a reader ended with {other:?}").into()),
+    }
+    let r = tokio::time::timeout(Duration::from_secs(15), held_back)
+        .await
+        .map_err(|_| Failed::from("the reader was not woken when the writer gave up"))?
+        .map_err(|e| e.to_string())??;
+    r.release().await?;
+    reader.release().await?;
+    Ok(())
+}
+
+/// Waits until `inspect` says a writer waits for `lock` (at most 10 s).
+async fn writer_waits(c: &LockClient, name: &LockName) -> Result<(), Failed> {
+    let end = Instant::now() + Duration::from_secs(10);
+    while c.backend().inspect(name).await?.writer_waiting != Some(true) {
+        if Instant::now() > end {
+            return Err("the waiting writer did not show in inspect".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// The read-write lock trials every SQL backend runs.
+fn rw_trials(f: &Arc<SqlFactory>, rt: &tokio::runtime::Runtime) -> Vec<Trial> {
+    vec![
+        integration_tests::trial(
+            rt,
+            format!(
+                "{}::a_crashed_reader_stops_blocking_beside_a_renewed_one",
+                f.name
+            ),
+            crashed_reader_beside_a_renewed_one(f.clone()),
+        ),
+        integration_tests::trial(
+            rt,
+            format!(
+                "{}::a_renewal_batch_with_shared_holds_answers_for_each",
+                f.name
+            ),
+            mixed_batch_with_shared_holds(f.clone()),
+        ),
+        integration_tests::trial(
+            rt,
+            format!(
+                "{}::renewing_and_releasing_readers_never_let_a_writer_in_beside_them",
+                f.name
+            ),
+            renewing_readers_exclude_writers(f.clone()),
+        ),
+    ]
+}
+
+/// A reader that vanishes (its hold taken through the backend, never
+/// renewed or released) beside one that is renewed past several TTLs:
+/// once the renewed one releases, a writer gets the lock at once, since
+/// the vanished reader's TTL ran out long before. The lock row's end
+/// follows the live holds, not the latest any reader ever had.
+async fn crashed_reader_beside_a_renewed_one(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let ttl = f.short_ttl();
+    let lock = LockName::new(format!(
+        "{}/rw-crashed-beside",
+        integration_tests::namespace()
+    ))?;
+    let raw = f.connect(SqlConfig::default()).await?;
+    let mut crashed = LockRequest::new(lock.clone(), ttl);
+    crashed.kind = distlock_core::HoldKind::Shared;
+    raw.try_acquire(&crashed)
+        .await?
+        .ok_or("the vanishing reader was refused")?;
+    let renewed = LockClient::new(f.connect(SqlConfig::default()).await?);
+    let g = renewed.lock(&lock).shared().ttl(ttl).acquire().await?;
+    tokio::time::sleep(ttl * 3).await;
+    if !g.is_held() {
+        return Err("the renewed reader lost its hold".into());
+    }
+    let writer = LockClient::new(f.connect(SqlConfig::default()).await?);
+    if writer
+        .lock(&lock)
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await?
+        .is_some()
+    {
+        return Err("a writer was granted beside the renewed reader".into());
+    }
+    g.release().await?;
+    let start = Instant::now();
+    let w = writer
+        .lock(&lock)
+        .ttl(Duration::from_secs(60))
+        .wait(Duration::from_secs(1))
+        .acquire()
+        .await?;
+    w.release().await?;
+    eprintln!(
+        "writer granted {:?} after the renewed reader released",
+        start.elapsed()
+    );
+    Ok(())
+}
+
+/// One `extend_many` call with an exclusive hold, a shared one, a permit,
+/// and a shared request nobody holds: each answered as `extend` would.
+async fn mixed_batch_with_shared_holds(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let b = f.connect(SqlConfig::default()).await?;
+    let ns = integration_tests::namespace();
+    let ttl = Duration::from_secs(30);
+    let lock = LockRequest::new(LockName::new(format!("{ns}/batch-lock"))?, ttl);
+    let mut shared = LockRequest::new(LockName::new(format!("{ns}/batch-shared"))?, ttl);
+    shared.kind = distlock_core::HoldKind::Shared;
+    let permit = LockRequest::permit(LockName::new(format!("{ns}/batch-permit"))?, ttl, 2);
+    let mut foreign = LockRequest::new(shared.name.clone(), ttl);
+    foreign.kind = distlock_core::HoldKind::Shared;
+    for r in [&lock, &shared, &permit] {
+        b.try_acquire(r).await?.ok_or("a hold was refused")?;
+    }
+    let answers = b
+        .extend_many(&[lock.clone(), shared.clone(), foreign, permit.clone()])
+        .await?;
+    if answers != [true, true, false, true] {
+        return Err(format!("the batch answered {answers:?}").into());
+    }
+    for r in [&lock, &shared, &permit] {
+        if !b.release(r).await? {
+            return Err(format!("{} was not held after the batch", r.name).into());
+        }
+    }
+    Ok(())
+}
+
+/// Readers with a short TTL, renewed while they hold, come and go with
+/// holds of different lengths while writers wait for the name, each client
+/// with its own pool: renewals, releases and grants of the name meet all
+/// the time. A writer is never inside with a reader whose hold was still
+/// live when it left, and readers are inside together.
+async fn renewing_readers_exclude_writers(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const READERS: usize = 6;
+    const WRITERS: usize = 2;
+    const ROUNDS: usize = 6;
+    let ttl = Duration::from_millis(300);
+    let lock = LockName::new(format!("{}/rw-renewing", integration_tests::namespace()))?;
+    let readers_in = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let writer_in = Arc::new(AtomicBool::new(false));
+    let violations = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..READERS + WRITERS {
+        let c = LockClient::new(f.connect(SqlConfig::default().with_pool_size(3)).await?);
+        let (lock, readers_in, most, writer_in, violations) = (
+            lock.clone(),
+            readers_in.clone(),
+            most.clone(),
+            writer_in.clone(),
+            violations.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                let b = c.lock(&lock).ttl(ttl).wait(Duration::from_secs(30));
+                if i >= READERS {
+                    let g = b.acquire().await?;
+                    let clash = writer_in.swap(true, Ordering::SeqCst)
+                        || readers_in.load(Ordering::SeqCst) > 0;
+                    tokio::time::sleep(Duration::from_millis(15)).await;
+                    writer_in.store(false, Ordering::SeqCst);
+                    if clash && g.is_held() {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    g.release().await?;
+                } else {
+                    let g = b.shared().acquire().await?;
+                    let n = readers_in.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(n, Ordering::SeqCst);
+                    let mut clash = false;
+                    // Past a renewal or two, by a different length per reader and round.
+                    let hold = 100 + 70 * ((i + round) % 5) as u64;
+                    let end = Instant::now() + Duration::from_millis(hold);
+                    while Instant::now() < end {
+                        clash |= writer_in.load(Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    readers_in.fetch_sub(1, Ordering::SeqCst);
+                    if clash && g.is_held() {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    g.release().await?;
+                }
+            }
+            Ok::<_, distlock_core::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    let bad = violations.load(Ordering::SeqCst);
+    if bad > 0 {
+        return Err(format!("{bad} times a writer was inside beside a live reader").into());
+    }
+    if most.load(Ordering::SeqCst) < 2 {
+        return Err("readers were never inside together".into());
+    }
+    Ok(())
 }

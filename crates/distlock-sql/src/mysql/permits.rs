@@ -20,7 +20,7 @@ use crate::ttl_micros;
 use distlock_core::wait::Outcome;
 
 /// One round trip: the isolation level applies to the next transaction only.
-const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+pub(crate) const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
 /// How often a transaction is run again after it met another one creating
 /// the same semaphore row, or a deadlock (which InnoDB resolves by rolling

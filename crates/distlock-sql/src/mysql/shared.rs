@@ -1,0 +1,302 @@
+//! MySQL/MariaDB read-write locks: per operation, one READ COMMITTED
+//! transaction (see `permits.rs` for why that level) that takes the lock
+//! row's row lock first, so that every grant, renewal and release of a
+//! name's holds takes turns on it and each reads what the one before it
+//! committed.
+
+use distlock_core::wait::Outcome;
+use distlock_core::{LockRequest, Result};
+
+use super::permits::BEGIN;
+use super::My;
+use crate::rwlock::{RwTables, SHARED_OWNER};
+use crate::{token_from_db, ttl_micros};
+
+pub(crate) struct Statements {
+    create_shared: String,
+    create_writers: String,
+    take: String,
+    insert: String,
+    insert_hold: String,
+    lock_row: String,
+    extend_hold: String,
+    raise: String,
+    release_hold: String,
+    drop_holds: String,
+    settle: String,
+    mark: String,
+    unmark: String,
+    status: String,
+    evict_holds: String,
+}
+
+impl Statements {
+    pub(crate) fn new(table: &str, tables: &RwTables) -> Self {
+        let RwTables { shared, writers } = tables;
+        let s = SHARED_OWNER;
+        let name = "VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL";
+        let owner = "CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL";
+        let until = "NOW(6) + INTERVAL ? MICROSECOND";
+        Self {
+            create_shared: format!(
+                "CREATE TABLE IF NOT EXISTS {shared} (
+                    name {name},
+                    owner {owner},
+                    expires_at DATETIME(6) NOT NULL,
+                    PRIMARY KEY (name, owner)) ENGINE=InnoDB"
+            ),
+            create_writers: format!(
+                "CREATE TABLE IF NOT EXISTS {writers} (
+                    name {name},
+                    owner {owner},
+                    expires_at DATETIME(6) NOT NULL,
+                    PRIMARY KEY (name, owner)) ENGINE=InnoDB"
+            ),
+            // The lock row unless someone holds it exclusively or a
+            // writer's mark lasts: the token bumped (and put in the OK
+            // packet), the row's end raised to the new hold's. MySQL
+            // assigns left to right, so `expires_at` goes first, while
+            // `owner` is still the old one.
+            take: format!(
+                "UPDATE {table}
+                    SET expires_at = CASE WHEN owner = '{s}' AND expires_at > NOW(6)
+                                          THEN GREATEST(expires_at, {until})
+                                          ELSE {until} END,
+                        owner = '{s}', token = LAST_INSERT_ID(token + 1)
+                  WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6) OR owner = '{s}')
+                    AND NOT EXISTS (SELECT 1 FROM {writers} w
+                                     WHERE w.name = ? AND w.expires_at > NOW(6))"
+            ),
+            // A name never locked before.
+            insert: format!(
+                "INSERT IGNORE INTO {table} (name, owner, token, expires_at)
+                 VALUES (?, '{s}', 1, {until})"
+            ),
+            insert_hold: format!(
+                "INSERT INTO {shared} (name, owner, expires_at) VALUES (?, ?, {until})
+                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
+            ),
+            lock_row: format!("SELECT 1 FROM {table} WHERE name = ? FOR UPDATE"),
+            extend_hold: format!(
+                "UPDATE {shared} SET expires_at = {until}
+                  WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+            ),
+            raise: format!(
+                "UPDATE {table} SET expires_at = GREATEST(expires_at, {until})
+                  WHERE name = ? AND owner = '{s}'"
+            ),
+            release_hold: format!(
+                "DELETE FROM {shared} WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+            ),
+            drop_holds: format!(
+                "DELETE FROM {shared} WHERE name = ? AND (owner = ? OR expires_at <= NOW(6))"
+            ),
+            // The lock row's end becomes the latest live hold's, or the
+            // row is freed if none is left.
+            settle: format!(
+                "UPDATE {table}
+                    SET expires_at = COALESCE((SELECT MAX(h.expires_at) FROM {shared} h
+                                                WHERE h.name = ? AND h.expires_at > NOW(6)),
+                                              expires_at),
+                        owner = CASE WHEN EXISTS (SELECT 1 FROM {shared} h
+                                                   WHERE h.name = ? AND h.expires_at > NOW(6))
+                                     THEN owner ELSE NULL END
+                  WHERE name = ? AND owner = '{s}'"
+            ),
+            mark: format!(
+                "INSERT INTO {writers} (name, owner, expires_at)
+                 SELECT ?, ?, {until} FROM {table}
+                  WHERE name = ? AND owner = '{s}' AND expires_at > NOW(6)
+                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
+            ),
+            unmark: format!(
+                "DELETE FROM {writers} WHERE name = ? AND (owner = ? OR expires_at <= NOW(6))"
+            ),
+            status: format!(
+                "SELECT (SELECT COUNT(*) FROM {shared} WHERE name = ? AND expires_at > NOW(6)),
+                        (SELECT COUNT(*) FROM {writers} WHERE name = ? AND expires_at > NOW(6))"
+            ),
+            evict_holds: format!("DELETE FROM {shared} WHERE name = ?"),
+        }
+    }
+
+    pub(crate) fn creates(&self) -> [&str; 2] {
+        [&self.create_shared, &self.create_writers]
+    }
+}
+
+impl My {
+    pub(crate) async fn shared_attempt(&self, req: &LockRequest) -> Result<Outcome> {
+        let owner = req.owner.to_string();
+        let token = self.retrying(|| self.shared_grant(req, &owner)).await?;
+        Ok(match token {
+            Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
+            None => Outcome::Held(None),
+        })
+    }
+
+    /// `take` (or `insert` for a new name) and the hold's row, in one
+    /// transaction: 4 round trips for a grant, 3 for a refusal.
+    async fn shared_grant(
+        &self,
+        req: &LockRequest,
+        owner: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let s = &self.shared;
+        let name = req.name.as_str();
+        let ttl = ttl_micros(req.ttl);
+        let mut tx = self.pool.begin_with(BEGIN).await?;
+        let taken = sqlx::query(&s.take)
+            .bind(ttl)
+            .bind(ttl)
+            .bind(name)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        let token = if taken.rows_affected() == 1 {
+            Some(i64::try_from(taken.last_insert_id()).unwrap_or(-1))
+        } else {
+            let inserted = sqlx::query(&s.insert)
+                .bind(name)
+                .bind(ttl)
+                .execute(&mut *tx)
+                .await?;
+            (inserted.rows_affected() == 1).then_some(1)
+        };
+        if token.is_some() {
+            sqlx::query(&s.insert_hold)
+                .bind(name)
+                .bind(owner)
+                .bind(ttl)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(token)
+    }
+
+    pub(crate) async fn shared_extend(&self, req: &LockRequest) -> Result<bool> {
+        let owner = req.owner.to_string();
+        self.retrying(|| self.shared_extend_transaction(req, &owner))
+            .await
+    }
+
+    /// The row lock, the hold's row, then the lock row's end raised to it
+    /// (never lowered: other holds may end later); held if both moved.
+    async fn shared_extend_transaction(
+        &self,
+        req: &LockRequest,
+        owner: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let s = &self.shared;
+        let name = req.name.as_str();
+        let ttl = ttl_micros(req.ttl);
+        let mut tx = self.pool.begin_with(BEGIN).await?;
+        sqlx::query(&s.lock_row)
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let moved = sqlx::query(&s.extend_hold)
+            .bind(ttl)
+            .bind(name)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+        let raised = moved
+            && sqlx::query(&s.raise)
+                .bind(ttl)
+                .bind(name)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                == 1;
+        tx.commit().await?;
+        Ok(raised)
+    }
+
+    pub(crate) async fn shared_release(&self, req: &LockRequest) -> Result<bool> {
+        let owner = req.owner.to_string();
+        self.retrying(|| self.shared_release_transaction(req, &owner))
+            .await
+    }
+
+    /// The row lock; the hold's row and expired ones deleted; the lock
+    /// row's end set from the holds left, or the row freed.
+    async fn shared_release_transaction(
+        &self,
+        req: &LockRequest,
+        owner: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let s = &self.shared;
+        let name = req.name.as_str();
+        let mut tx = self.pool.begin_with(BEGIN).await?;
+        sqlx::query(&s.lock_row)
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let held = sqlx::query(&s.release_hold)
+            .bind(name)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+        sqlx::query(&s.drop_holds)
+            .bind(name)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(&s.settle)
+            .bind(name)
+            .bind(name)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(held)
+    }
+
+    pub(crate) async fn mark(&self, req: &LockRequest) -> Result<bool> {
+        let r = sqlx::query(&self.shared.mark)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(ttl_micros(req.ttl))
+            .bind(req.name.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    pub(crate) async fn unmark(&self, req: &LockRequest) -> Result<()> {
+        sqlx::query(&self.shared.unmark)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(())
+    }
+
+    /// Live shared holds and writer marks of `name`.
+    pub(crate) async fn rw_status(&self, name: &str) -> Result<(i64, i64)> {
+        sqlx::query_as(&self.shared.status)
+            .bind(name)
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))
+    }
+
+    /// Deletes the shared holds of `name`; how many there were.
+    pub(crate) async fn evict_holds(&self, name: &str) -> Result<u64> {
+        let r = sqlx::query(&self.shared.evict_holds)
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected())
+    }
+}

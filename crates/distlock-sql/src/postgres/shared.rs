@@ -1,0 +1,218 @@
+//! PostgreSQL read-write locks: a shared grant is one statement on the lock
+//! row (its row lock orders it with every other grant of the name) that
+//! also inserts the shared hold's row.
+
+use std::time::Duration;
+
+use distlock_core::wait::Outcome;
+use distlock_core::{LockRequest, Result};
+
+use super::Pg;
+use crate::rwlock::{RwTables, SHARED_OWNER};
+use crate::{token_from_db, ttl_micros};
+
+pub(crate) struct Statements {
+    create_shared: String,
+    create_writers: String,
+    attempt: String,
+    extend: String,
+    lock_row: String,
+    release: String,
+    mark: String,
+    unmark: String,
+    status: String,
+    evict: String,
+}
+
+impl Statements {
+    pub(crate) fn new(table: &str, tables: &RwTables) -> Self {
+        let RwTables { shared, writers } = tables;
+        let s = SHARED_OWNER;
+        let ttl = "make_interval(secs => $3::float8 / 1e6)";
+        Self {
+            create_shared: format!(
+                "CREATE TABLE IF NOT EXISTS {shared} (
+                    name TEXT NOT NULL,
+                    owner TEXT NOT NULL,
+                    expires_at TIMESTAMPTZ NOT NULL,
+                    PRIMARY KEY (name, owner))"
+            ),
+            create_writers: format!(
+                "CREATE TABLE IF NOT EXISTS {writers} (
+                    name TEXT NOT NULL,
+                    owner TEXT NOT NULL,
+                    expires_at TIMESTAMPTZ NOT NULL,
+                    PRIMARY KEY (name, owner))"
+            ),
+            // The upsert takes the lock row unless someone holds it
+            // exclusively or a writer's mark lasts, bumps the token and
+            // raises the row's end to the new hold's; the hold's own row
+            // goes in with it. A concurrent grant of the name waits for
+            // the row lock and is then judged on the row as that grant
+            // left it. Answers the token, or how long an exclusive holder
+            // still has.
+            attempt: format!(
+                "WITH granted AS (
+                    INSERT INTO {table} AS l (name, owner, token, expires_at)
+                    VALUES ($1, '{s}', 1, now() + {ttl})
+                    ON CONFLICT (name) DO UPDATE
+                       SET owner = '{s}', token = l.token + 1,
+                           expires_at = CASE WHEN l.owner = '{s}' AND l.expires_at > now()
+                                             THEN greatest(l.expires_at, EXCLUDED.expires_at)
+                                             ELSE EXCLUDED.expires_at END
+                     WHERE (l.owner IS NULL OR l.expires_at <= now() OR l.owner = '{s}')
+                       AND NOT EXISTS (SELECT 1 FROM {writers} w
+                                        WHERE w.name = $1 AND w.expires_at > now())
+                    RETURNING token),
+                 hold AS (
+                    INSERT INTO {shared} (name, owner, expires_at)
+                    SELECT $1, $2, now() + {ttl} FROM granted
+                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at)
+                 SELECT (SELECT token FROM granted),
+                        (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
+                           FROM {table} WHERE name = $1 AND owner IS NOT NULL
+                            AND owner <> '{s}' AND expires_at > now())"
+            ),
+            // The hold's row, then the lock row's end raised to it (never
+            // lowered: other holds may end later). Answers one row if both
+            // moved: a lock row that was freed or evicted meanwhile is not
+            // the hold's any more.
+            extend: format!(
+                "WITH e AS (
+                    UPDATE {shared} SET expires_at = now() + {ttl}
+                     WHERE name = $1 AND owner = $2 AND expires_at > now()
+                    RETURNING expires_at)
+                 UPDATE {table} l SET expires_at = greatest(l.expires_at, e.expires_at)
+                   FROM e WHERE l.name = $1 AND l.owner = '{s}'"
+            ),
+            lock_row: format!("SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE"),
+            // Run after `lock_row`, in its transaction, so that this
+            // statement's snapshot holds every shared grant committed
+            // before ours took the row lock (later ones wait for it): the
+            // hold's row and expired ones go, and the lock row's end is
+            // set to the latest live hold's, or the row freed (and waiters
+            // notified) if none is left. A renewal in flight raises the
+            // end again after this commits.
+            release: format!(
+                "WITH gone AS (
+                    DELETE FROM {shared}
+                     WHERE name = $1 AND (owner = $2 OR expires_at <= now())
+                    RETURNING owner = $2 AND expires_at > now() AS held),
+                 rest AS (
+                    SELECT max(expires_at) AS until FROM {shared}
+                     WHERE name = $1 AND owner <> $2 AND expires_at > now()),
+                 freed AS (
+                    UPDATE {table} l
+                       SET owner = CASE WHEN rest.until IS NULL THEN NULL ELSE l.owner END,
+                           expires_at = coalesce(rest.until, l.expires_at)
+                      FROM rest WHERE l.name = $1 AND l.owner = '{s}'
+                    RETURNING rest.until IS NULL AS free)
+                 SELECT coalesce((SELECT bool_or(held) FROM gone), false),
+                        (SELECT pg_notify($3, $1) FROM freed WHERE free)::text"
+            ),
+            // Only while readers hold the lock: a writer refused by another
+            // writer leaves no mark.
+            mark: format!(
+                "INSERT INTO {writers} (name, owner, expires_at)
+                 SELECT $1, $2, now() + {ttl} FROM {table}
+                  WHERE name = $1 AND owner = '{s}' AND expires_at > now()
+                 ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at"
+            ),
+            unmark: format!(
+                "WITH gone AS (
+                    DELETE FROM {writers} WHERE name = $1 AND (owner = $2 OR expires_at <= now()))
+                 SELECT pg_notify($3, $1)::text"
+            ),
+            status: format!(
+                "SELECT (SELECT count(*) FROM {shared} WHERE name = $1 AND expires_at > now()),
+                        (SELECT count(*) FROM {writers} WHERE name = $1 AND expires_at > now())"
+            ),
+            evict: format!(
+                "WITH gone AS (DELETE FROM {shared} WHERE name = $1 RETURNING 1),
+                 taken AS (UPDATE {table} SET owner = 'evicted'
+                            WHERE name = $1 AND owner IS NOT NULL RETURNING 1)
+                 SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM taken)"
+            ),
+        }
+    }
+
+    pub(crate) fn evict(&self) -> &str {
+        &self.evict
+    }
+
+    pub(crate) fn creates(&self) -> [&str; 2] {
+        [&self.create_shared, &self.create_writers]
+    }
+}
+
+impl Pg {
+    pub(crate) async fn shared_attempt(&self, req: &LockRequest) -> Result<Outcome> {
+        let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(&self.shared.attempt)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(ttl_micros(req.ttl))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(match token {
+            Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
+            None => Outcome::Held(left.map(|us| Duration::from_micros(us.max(0) as u64))),
+        })
+    }
+
+    pub(crate) async fn shared_extend(&self, req: &LockRequest) -> Result<bool> {
+        self.extend_row(&self.shared.extend, req).await
+    }
+
+    /// Four round trips: `BEGIN`, the row lock, the release, `COMMIT`.
+    pub(crate) async fn shared_release(&self, req: &LockRequest) -> Result<bool> {
+        let map = |e| self.err.map(e);
+        let mut tx = self.pool.begin().await.map_err(map)?;
+        sqlx::query(&self.shared.lock_row)
+            .bind(req.name.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map)?;
+        let (held, _): (bool, Option<String>) = sqlx::query_as(&self.shared.release)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(&self.channel)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map)?;
+        tx.commit().await.map_err(map)?;
+        Ok(held)
+    }
+
+    pub(crate) async fn mark(&self, req: &LockRequest) -> Result<bool> {
+        let r = sqlx::query(&self.shared.mark)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(ttl_micros(req.ttl))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Removes the mark and lets the readers it held back try again.
+    pub(crate) async fn unmark(&self, req: &LockRequest) -> Result<()> {
+        sqlx::query(&self.shared.unmark)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(&self.channel)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(())
+    }
+
+    /// Live shared holds and writer marks of `name`.
+    pub(crate) async fn rw_status(&self, name: &str) -> Result<(i64, i64)> {
+        sqlx::query_as(&self.shared.status)
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))
+    }
+}
