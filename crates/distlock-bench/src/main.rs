@@ -2,12 +2,12 @@
 //! needs, and against peer libraries, in one run.
 //!
 //! Scenarios: 1 round-trip calibration; 2 uncontended acquire+release
-//! against the raw minimal sequence, for a lock and for a semaphore's
-//! permit (closed loop, and open loop at a fixed rate); 3 K tasks on K
-//! names; 4 K clients on one name (fairness); 5 and 6 handoff latency and
-//! the herd with 1, 10 and 100 waiters; 7 the cost of holding M locks;
-//! multi: multi-locks of 1, 4 and 16 free names. `--out DIR` also writes
-//! the tables as Markdown and the plots as SVG.
+//! against the raw minimal sequence, for a lock, for a semaphore's
+//! permit and for a shared hold (closed loop, and open loop at a fixed
+//! rate); 3 K tasks on K names; 4 K clients on one name (fairness); 5 and
+//! 6 handoff latency and the herd with 1, 10 and 100 waiters; 7 the cost
+//! of holding M locks; multi: multi-locks of 1, 4 and 16 free names.
+//! `--out DIR` also writes the tables as Markdown and the plots as SVG.
 
 use std::fmt::Write as _;
 use std::future::Future;
