@@ -2,12 +2,12 @@
 //! needs, and against peer libraries, in one run.
 //!
 //! Scenarios: 1 round-trip calibration; 2 uncontended acquire+release
-//! against the raw minimal sequence, for a lock and for a semaphore's
-//! permit (closed loop, and open loop at a fixed rate); 3 K tasks on K
-//! names; 4 K clients on one name (fairness); 5 and 6 handoff latency and
-//! the herd with 1, 10 and 100 waiters; 7 the cost of holding M locks;
-//! multi: multi-locks of 1, 4 and 16 free names. `--out DIR` also writes
-//! the tables as Markdown and the plots as SVG.
+//! against the raw minimal sequence, for a lock, for a semaphore's
+//! permit and for a shared hold (closed loop, and open loop at a fixed
+//! rate); 3 K tasks on K names; 4 K clients on one name (fairness); 5 and
+//! 6 handoff latency and the herd with 1, 10 and 100 waiters; 7 the cost
+//! of holding M locks; multi: multi-locks of 1, 4 and 16 free names.
+//! `--out DIR` also writes the tables as Markdown and the plots as SVG.
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -184,6 +184,12 @@ struct Target {
     /// with the same client crate and connection as `raw`: the semaphore's
     /// baseline.
     raw_permit: Step,
+    /// The minimal hand-written shared acquire + release (a read-write
+    /// lock's reader, in the backend's own layout, so that its writers
+    /// would exclude it), with the same client crate and connection as
+    /// `raw`: the shared hold's baseline. `None` where not written; the
+    /// shared variants then compare with `raw`.
+    raw_shared: Option<Step>,
     requests: Option<Counter>,
     _server: Option<TestServer>,
     _servers: Vec<TestServer>,
@@ -197,8 +203,20 @@ struct Results {
     handoff: Vec<(String, Vec<Option<f64>>)>,
     rtt_p50: Vec<(String, f64)>,
     /// Per backend, distlock / its raw sequence at p50 in the uncontended
-    /// closed loop: the lock's and the semaphore's.
-    ratios: Vec<(String, f64, f64)>,
+    /// closed loop: the lock's, the semaphore's, and the shared hold's
+    /// (where the backend serves shared holds; against the raw lock
+    /// sequence where no raw shared sequence is written, flagged `false`).
+    ratios: Vec<Ratios>,
+}
+
+/// One backend's line of the summary table.
+struct Ratios {
+    name: String,
+    lock: f64,
+    permit: f64,
+    /// The shared hold's ratio, and whether it is against a raw shared
+    /// sequence (else against the raw lock sequence).
+    shared: Option<(f64, bool)>,
 }
 
 /// One uncontended acquire + release with a 30 s TTL.
@@ -265,6 +283,46 @@ fn backend_permit_step(lib: &LockClient, tag: &str) -> Step {
     })
 }
 
+/// One uncontended shared acquire + release (a read-write lock's reader)
+/// through the client.
+fn lib_shared_step(lib: &LockClient, tag: &str) -> Step {
+    let (lib, tag) = (lib.clone(), tag.to_string());
+    Arc::new(move |_, slot| {
+        let lib = lib.clone();
+        let name = format!("bench/{tag}/uncontended-shared/{slot}");
+        Box::pin(async move {
+            let g = lib
+                .lock(&name)
+                .shared()
+                .ttl(Duration::from_secs(30))
+                .try_acquire()
+                .await?
+                .ok_or("shared lock busy")?;
+            g.release().await?;
+            Ok(())
+        })
+    })
+}
+
+/// One uncontended shared acquire + release through the backend alone.
+fn backend_shared_step(lib: &LockClient, tag: &str) -> Step {
+    let (backend, tag) = (lib.backend().clone(), tag.to_string());
+    Arc::new(move |_, slot| {
+        let backend = backend.clone();
+        let name = format!("bench/{tag}/uncontended-shared/{slot}");
+        Box::pin(async move {
+            let mut req = distlock::LockRequest::new(
+                distlock::LockName::new(&name)?,
+                Duration::from_secs(30),
+            );
+            req.kind = distlock::HoldKind::Shared;
+            backend.try_acquire(&req).await?.ok_or("shared lock busy")?;
+            backend.release(&req).await?;
+            Ok(())
+        })
+    })
+}
+
 /// One uncontended acquire + release through the backend alone: the
 /// `Backend` trait's calls, without the client (no guard, no watchdog, no
 /// local state).
@@ -291,7 +349,8 @@ fn backend_step(lib: &LockClient, tag: &str) -> Step {
 /// sent raw (the protocol: fencing counter, release message, queue reads),
 /// and the backend called without the client (the backend crate's
 /// client-side cost; the rest is core's). A semaphore's permit has its own
-/// three: its raw minimal sequence, the backend alone and the client.
+/// three: its raw minimal sequence, the backend alone and the client; so
+/// has a shared hold, on a backend that serves them.
 async fn uncontended(
     t: &Target,
     lib: &LockClient,
@@ -321,6 +380,28 @@ async fn uncontended(
         Series::new("semaphore: distlock acquire+release")?,
         lib_permit_step(lib, t.name),
     ));
+    // The shared hold's: its raw sequence (the raw lock sequence's index
+    // where none is written) and the index of its backend-alone variant.
+    let shared = if lib.backend().capabilities().shared {
+        let raw_shared = match &t.raw_shared {
+            Some(step) => {
+                variants.push((Series::new("raw minimal shared sequence")?, step.clone()));
+                variants.len() - 1
+            }
+            None => 1,
+        };
+        variants.push((
+            Series::new("shared: distlock backend, no client")?,
+            backend_shared_step(lib, t.name),
+        ));
+        variants.push((
+            Series::new("shared: distlock acquire+release")?,
+            lib_shared_step(lib, t.name),
+        ));
+        Some((raw_shared, variants.len() - 2))
+    } else {
+        None
+    };
     variants.push((
         Series::new("distlock backend, no client")?,
         backend_step(lib, t.name),
@@ -419,7 +500,35 @@ async fn uncontended(
         (p50(permits) - sem_raw50) / sem_raw50,
         (p50(permits + 1) - p50(permits)) / sem_raw50
     );
-    r.ratios.push((t.name.to_string(), ratio, sem_ratio));
+    let shared_ratio = shared.map(|(raw_k, backend_k)| {
+        let (sh_raw, sh_ours) = (&variants[raw_k].0, &variants[backend_k + 1].0);
+        let sh_ratio = sh_ours.p(0.5) as f64 / sh_raw.p(0.5) as f64;
+        let sh_raw50 = p50(raw_k);
+        let (against, note) = if t.raw_shared.is_some() {
+            ("raw shared sequence", "")
+        } else {
+            (
+                "raw lock sequence",
+                " (no raw shared sequence is written for this backend)",
+            )
+        };
+        let _ = writeln!(
+            r.md,
+            "\nshared at p50: distlock / {against}{note} **{sh_ratio:.2}** (p99: {:.2}); raw shared / raw lock sequence {:.2}; distlock shared / distlock lock {:.2}; the gap as fractions of the {against}: backend (protocol and client) {:+.2}, core {:+.2}",
+            sh_ours.p(0.99) as f64 / sh_raw.p(0.99) as f64,
+            sh_raw50 / raw50,
+            p50(backend_k + 1) / p50(last),
+            (p50(backend_k) - sh_raw50) / sh_raw50,
+            (p50(backend_k + 1) - p50(backend_k)) / sh_raw50
+        );
+        (sh_ratio, t.raw_shared.is_some())
+    });
+    r.ratios.push(Ratios {
+        name: t.name.to_string(),
+        lock: ratio,
+        permit: sem_ratio,
+        shared: shared_ratio,
+    });
     r.latency.push((
         t.name.to_string(),
         vec![
@@ -803,6 +912,12 @@ async fn target(name: &str) -> Result<Target, BoxError> {
     }
 }
 
+/// An owner value for iteration `i` of a raw sequence, as long as
+/// distlock's (a UUID's 36 characters).
+fn uuid_like(i: u32) -> String {
+    format!("00000000-0000-4000-8000-{i:012x}")
+}
+
 /// The raw acquire: `SET key owner NX PX 30000`.
 fn set_nx_px(key: &str, owner: &str) -> redis::Cmd {
     let mut cmd = redis::cmd("SET");
@@ -824,6 +939,114 @@ fn permit_script() -> redis::Script {
          end
          return 0",
     )
+}
+
+/// The raw shared acquire, in the Redis backend's layout and by the
+/// server's clock: refused if the lock key holds an owner (not
+/// `distlock:shared`) or a writer's mark is live; else drop the expired
+/// shared holds, add the owner's with its expiry as score, and set the lock
+/// key to `distlock:shared` and both keys' expiry to the furthest hold's.
+/// `KEYS` the lock key, its readers and its writers; `ARGV` owner, TTL in
+/// ms. No fencing counter, no publish, as in the raw lock.
+fn shared_acquire_script() -> redis::Script {
+    redis::Script::new(
+        "local holder = redis.call('GET', KEYS[1])
+         if holder and holder ~= 'distlock:shared' then return 0 end
+         local t = redis.call('TIME')
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+         if redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf') > 0 then return 0 end
+         redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+         redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+         local last = tonumber(redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2]) - now
+         redis.call('PEXPIRE', KEYS[2], last)
+         redis.call('SET', KEYS[1], 'distlock:shared', 'PX', last)
+         return 1",
+    )
+}
+
+/// The raw shared release: remove the owner's hold; the lock key then
+/// expires with the furthest live hold left, or goes with the last one.
+/// `KEYS` the lock key and its readers; `ARGV` the owner.
+fn shared_release_script() -> redis::Script {
+    redis::Script::new(
+        "if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
+         local t = redis.call('TIME')
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+         redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+         if redis.call('GET', KEYS[1]) == 'distlock:shared' then
+           local furthest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2]
+           if furthest then
+             redis.call('PEXPIRE', KEYS[1], tonumber(furthest) - now)
+             redis.call('PEXPIRE', KEYS[2], tonumber(furthest) - now)
+           else
+             redis.call('DEL', KEYS[1])
+           end
+         end
+         return 1",
+    )
+}
+
+/// The raw shared hold's scripts and the keys of one name's read-write
+/// lock on one Redis.
+#[derive(Clone)]
+struct RawShared {
+    acquire: redis::Script,
+    release: redis::Script,
+}
+
+impl RawShared {
+    fn new() -> Self {
+        Self {
+            acquire: shared_acquire_script(),
+            release: shared_release_script(),
+        }
+    }
+
+    /// The lock key of `slot` and its readers' and writers' keys.
+    fn keys(slot: usize) -> [String; 3] {
+        let lock = format!("bench/raw-shared/{slot}");
+        [
+            format!("{{{lock}}}:readers"),
+            format!("{{{lock}}}:writers"),
+            lock,
+        ]
+    }
+
+    async fn acquire(
+        &self,
+        c: &mut redis::aio::MultiplexedConnection,
+        slot: usize,
+        owner: &str,
+    ) -> Result<bool, redis::RedisError> {
+        let [readers, writers, lock] = Self::keys(slot);
+        let granted: i64 = self
+            .acquire
+            .key(lock)
+            .key(readers)
+            .key(writers)
+            .arg(owner)
+            .arg(30_000)
+            .invoke_async(c)
+            .await?;
+        Ok(granted == 1)
+    }
+
+    async fn release(
+        &self,
+        c: &mut redis::aio::MultiplexedConnection,
+        slot: usize,
+        owner: &str,
+    ) -> Result<bool, redis::RedisError> {
+        let [readers, _, lock] = Self::keys(slot);
+        let released: i64 = self
+            .release
+            .key(lock)
+            .key(readers)
+            .arg(owner)
+            .invoke_async(c)
+            .await?;
+        Ok(released == 1)
+    }
 }
 
 /// One raw permit acquire on one Redis: whether it was granted.
@@ -946,6 +1169,40 @@ async fn redlock_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
+    // The raw shared hold: the raw shared acquire script on the three
+    // nodes at once, then the release script on the three at once, each
+    // half done when two nodes said yes (a majority, as for a lock: any
+    // two majorities share a node, which refuses a writer beside a reader).
+    let (c3, shared) = (conns.clone(), RawShared::new());
+    let raw_shared: Step = Arc::new(move |i, slot| {
+        let (c, shared) = (c3.clone(), shared.clone());
+        Box::pin(async move {
+            let owner = uuid_like(i);
+            let mut adds: FuturesUnordered<_> = c
+                .iter()
+                .cloned()
+                .map(|mut c| {
+                    let (shared, owner) = (shared.clone(), owner.clone());
+                    async move { shared.acquire(&mut c, slot, &owner).await }
+                })
+                .collect();
+            if !majority(&mut adds).await {
+                return Err("raw redlock shared: no majority".into());
+            }
+            drop(adds);
+            let mut rems: FuturesUnordered<_> = c
+                .into_iter()
+                .map(|mut c| {
+                    let (shared, owner) = (shared.clone(), owner.clone());
+                    async move { shared.release(&mut c, slot, &owner).await }
+                })
+                .collect();
+            if !majority(&mut rems).await {
+                return Err("raw redlock shared: release reached no majority".into());
+            }
+            Ok(())
+        })
+    });
     // The raw semaphore: the permit script on the three nodes at once, then
     // `ZREM` on the three at once. A majority is not enough: each node
     // grants `limit` permits, so `limit + 1` holders fit on `q` nodes each
@@ -997,6 +1254,7 @@ async fn redlock_target() -> Result<Target, BoxError> {
         raw,
         proto: None,
         raw_permit,
+        raw_shared: Some(raw_shared),
         requests: None,
         _server: None,
         _servers: servers,
@@ -1025,6 +1283,20 @@ async fn redis_target() -> Result<Target, BoxError> {
             let ok: Option<String> = set_nx_px(&key, &owner).query_async(&mut c).await?;
             ok.ok_or("raw lock busy")?;
             let _: i64 = cad.key(&key).arg(&owner).invoke_async(&mut c).await?;
+            Ok(())
+        })
+    });
+    // The raw shared hold: the raw shared acquire script, then the release
+    // script, in the backend's layout.
+    let (c5, shared) = (conn.clone(), RawShared::new());
+    let raw_shared: Step = Arc::new(move |i, slot| {
+        let (mut c, shared) = (c5.clone(), shared.clone());
+        Box::pin(async move {
+            let owner = uuid_like(i);
+            if !shared.acquire(&mut c, slot, &owner).await? {
+                return Err("raw shared lock busy".into());
+            }
+            shared.release(&mut c, slot, &owner).await?;
             Ok(())
         })
     });
@@ -1108,6 +1380,7 @@ async fn redis_target() -> Result<Target, BoxError> {
         raw,
         proto: Some(proto),
         raw_permit,
+        raw_shared: Some(raw_shared),
         requests: Some(requests),
         _server: Some(server),
         _servers: Vec::new(),
@@ -1163,7 +1436,17 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
     // raw semaphore keeps one row per permit, with no semaphore row and no
     // fencing counter: the acquire inserts the owner's row if fewer than the
     // limit are live, the release deletes it.
-    let (rtt, raw, raw_permit): (Step, Step, Step) = if backend == "sqlite" {
+    //
+    // The raw shared hold follows the SQL backend's layout: the lock row's
+    // owner is `shared` while shared holds keep it, its `expires_at` the
+    // latest hold's end; one row per hold in `raw_locks_shared` and one per
+    // waiting writer's mark in `raw_locks_writers`. The grant takes the lock
+    // row unless it is held exclusively or a mark lasts (bumping the token)
+    // and inserts the hold's row; the release deletes it and the name's
+    // expired holds under the lock row's lock and sets the row's end to the
+    // latest live hold's, or frees the row. No wake-up (no NOTIFY), as in
+    // the raw lock.
+    let (rtt, raw, raw_permit, raw_shared): (Step, Step, Step, Step) = if backend == "sqlite" {
         let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)?
             .create_if_missing(true)
             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
@@ -1208,12 +1491,73 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 Ok(())
             })
         });
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        // Each half one transaction whose first statement is a write, so
+        // that it runs under the file's write lock: the upsert and the
+        // hold's insert; the deletion and the lock row's update.
+        let p = pool.clone();
+        let raw_shared: Step = Arc::new(move |i, slot| {
+            let p = p.clone();
+            Box::pin(async move {
+                const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+                let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
+                let mut tx = p.begin().await?;
+                let token: Option<i64> = sqlx::query_scalar(&format!(
+                    "INSERT INTO raw_locks VALUES (?1, 'shared', 1, {NOW} + 30000)
+                     ON CONFLICT(name) DO UPDATE
+                        SET owner = 'shared', token = raw_locks.token + 1,
+                            expires_at = max(raw_locks.expires_at, excluded.expires_at)
+                      WHERE (raw_locks.owner IS NULL OR raw_locks.expires_at <= {NOW}
+                             OR raw_locks.owner = 'shared')
+                        AND NOT EXISTS (SELECT 1 FROM raw_locks_writers
+                                         WHERE name = ?1 AND expires_at > {NOW})
+                     RETURNING token"
+                ))
+                .bind(&name)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if token.is_some() {
+                    sqlx::query(&format!(
+                        "INSERT INTO raw_locks_shared VALUES (?1, ?2, {NOW} + 30000)"
+                    ))
+                    .bind(&name)
+                    .bind(&owner)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                token.ok_or("raw shared lock busy")?;
+                let mut tx = p.begin().await?;
+                sqlx::query(&format!(
+                    "DELETE FROM raw_locks_shared
+                      WHERE name = ?1 AND (owner = ?2 OR expires_at <= {NOW})"
+                ))
+                .bind(&name)
+                .bind(&owner)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE raw_locks
+                        SET owner = CASE WHEN EXISTS (SELECT 1 FROM raw_locks_shared WHERE name = ?1)
+                                         THEN owner ELSE NULL END,
+                            expires_at = coalesce((SELECT max(expires_at) FROM raw_locks_shared
+                                                    WHERE name = ?1), expires_at)
+                      WHERE name = ?1 AND owner = 'shared'",
+                )
+                .bind(&name)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(())
+            })
+        });
         let (rtt, raw) = raw_sql_steps!(
             pool,
             "INSERT INTO raw_locks VALUES (?1, ?2, 1, 0) ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, token = raw_locks.token + 1 WHERE raw_locks.owner IS NULL RETURNING token",
             "UPDATE raw_locks SET owner = NULL WHERE name = ?1 AND owner = ?2"
         );
-        (rtt, raw, raw_permit)
+        (rtt, raw, raw_permit, raw_shared)
     } else {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(10)
@@ -1260,12 +1604,69 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 Ok(())
             })
         });
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        // The grant is one statement: the upsert on the lock row (whose row
+        // lock orders it with every other grant of the name) and the hold's
+        // insert in one CTE. The release must see every grant committed
+        // before it, so it takes the row lock first, in a transaction of
+        // its own, and then deletes and settles in one statement.
+        let p = pool.clone();
+        let raw_shared: Step = Arc::new(move |i, slot| {
+            let p = p.clone();
+            Box::pin(async move {
+                let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
+                let token: Option<i64> = sqlx::query_scalar(
+                    "WITH granted AS (
+                        INSERT INTO raw_locks AS l VALUES ($1, 'shared', 1, now() + interval '30 seconds')
+                        ON CONFLICT (name) DO UPDATE
+                           SET owner = 'shared', token = l.token + 1,
+                               expires_at = greatest(l.expires_at, EXCLUDED.expires_at)
+                         WHERE (l.owner IS NULL OR l.expires_at <= now() OR l.owner = 'shared')
+                           AND NOT EXISTS (SELECT 1 FROM raw_locks_writers
+                                            WHERE name = $1 AND expires_at > now())
+                        RETURNING token),
+                     hold AS (
+                        INSERT INTO raw_locks_shared
+                        SELECT $1, $2, now() + interval '30 seconds' FROM granted)
+                     SELECT token FROM granted",
+                )
+                .bind(&name)
+                .bind(&owner)
+                .fetch_optional(&p)
+                .await?;
+                token.ok_or("raw shared lock busy")?;
+                let mut tx = p.begin().await?;
+                sqlx::query("SELECT 1 FROM raw_locks WHERE name = $1 FOR UPDATE")
+                    .bind(&name)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "WITH gone AS (
+                        DELETE FROM raw_locks_shared
+                         WHERE name = $1 AND (owner = $2 OR expires_at <= now())),
+                     rest AS (
+                        SELECT max(expires_at) AS until FROM raw_locks_shared
+                         WHERE name = $1 AND owner <> $2 AND expires_at > now())
+                     UPDATE raw_locks l
+                        SET owner = CASE WHEN rest.until IS NULL THEN NULL ELSE l.owner END,
+                            expires_at = coalesce(rest.until, l.expires_at)
+                       FROM rest WHERE l.name = $1 AND l.owner = 'shared'",
+                )
+                .bind(&name)
+                .bind(&owner)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(())
+            })
+        });
         let (rtt, raw) = raw_sql_steps!(
             pool,
             "INSERT INTO raw_locks AS l VALUES ($1, $2, 1, now()) ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1 WHERE l.owner IS NULL RETURNING token",
             "UPDATE raw_locks SET owner = NULL WHERE name = $1 AND owner = $2"
         );
-        (rtt, raw, raw_permit)
+        (rtt, raw, raw_permit, raw_shared)
     };
     Ok(Target {
         name: if backend == "sqlite" {
@@ -1278,6 +1679,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         raw,
         proto: None,
         raw_permit,
+        raw_shared: Some(raw_shared),
         requests: None,
         _server: server,
         _servers: Vec::new(),
@@ -1285,7 +1687,10 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
 }
 
 async fn etcd_target() -> Result<Target, BoxError> {
-    use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+    use etcd_client::{
+        Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+        TxnOpResponse,
+    };
     let server = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Etcd)).await??;
     let endpoint = format!("http://{}:{}", server.host(), server.port());
     let client = etcd_client::Client::connect([endpoint], None).await?;
@@ -1345,6 +1750,64 @@ async fn etcd_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
+    // The raw shared hold, in the backend's layout: one txn puts
+    // `<name>/@r/<owner>` on the session's lease if absent and reads the
+    // oldest key of each of the two ranges that hold every key under the
+    // prefix but the shared ones (`[<name>/, <name>/@r/)` and
+    // `[<name>/@r0, <name>0)`); held if none of them is older than mine.
+    // Then delete the key if it still carries my owner.
+    let c4 = client.clone();
+    let raw_shared: Step = Arc::new(move |i, slot| {
+        let mut c = c4.clone();
+        Box::pin(async move {
+            let name = format!("bench/raw-shared/{slot}");
+            let owner = uuid_like(i);
+            let key = format!("{name}/@r/{owner}");
+            let oldest = |start: String, end: String| {
+                TxnOp::get(
+                    start,
+                    Some(
+                        GetOptions::new()
+                            .with_range(end)
+                            .with_sort(SortTarget::Create, SortOrder::Ascend)
+                            .with_limit(1),
+                    ),
+                )
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(
+                        key.as_str(),
+                        owner.as_str(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                    oldest(format!("{name}/"), format!("{name}/@r/")),
+                    oldest(format!("{name}/@r0"), format!("{name}0")),
+                ]);
+            let resp = c.txn(txn).await?;
+            if !resp.succeeded() {
+                return Err("raw shared: key exists".into());
+            }
+            let mine = resp.header().map_or(0, |h| h.revision());
+            let blocked = resp.op_responses().iter().any(|op| match op {
+                TxnOpResponse::Get(g) => g.kvs().iter().any(|kv| kv.create_revision() < mine),
+                _ => false,
+            });
+            let del = Txn::new()
+                .when([Compare::value(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    owner.as_str(),
+                )])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            c.txn(del).await?;
+            if blocked {
+                return Err("raw shared lock busy".into());
+            }
+            Ok(())
+        })
+    });
     let raw: Step = Arc::new(move |_, slot| {
         let mut c = client.clone();
         Box::pin(async move {
@@ -1370,6 +1833,7 @@ async fn etcd_target() -> Result<Target, BoxError> {
         raw,
         proto: Some(proto),
         raw_permit,
+        raw_shared: Some(raw_shared),
         requests: None,
         _server: Some(server),
         _servers: Vec::new(),
@@ -1440,6 +1904,39 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
             }
         })
     });
+    // The raw shared hold, as Curator's `InterProcessReadWriteLock` read
+    // lock and the backend lay it out: create the ephemeral sequential
+    // child `_c_<uuid>-__READ__` and, in the same flight, list the
+    // children; held if no child that is not a read node is ahead of mine
+    // (by the ten-digit sequence). Then delete it.
+    client.mkdir("/bench/raw-shared", &dir).await?;
+    let c4 = client.clone();
+    let raw_shared: Step = Arc::new(move |i, _| {
+        let c = c4.clone();
+        Box::pin(async move {
+            let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            let prefix = format!("_c_{}-__READ__", uuid_like(i));
+            let path = format!("/bench/raw-shared/{prefix}");
+            let (created, listed) = tokio::join!(
+                c.create(&path, b"", &opts),
+                c.list_children("/bench/raw-shared")
+            );
+            let mine = format!("{prefix}{}", created?.1);
+            let children = listed?;
+            let seq = |n: &str| n.len().checked_sub(10).map(|k| n[k..].to_string());
+            let my_seq = seq(&mine);
+            let blocked = children
+                .iter()
+                .any(|n| !n.contains("__READ__") && seq(n) < my_seq);
+            let listed_mine = children.contains(&mine);
+            c.delete(&format!("/bench/raw-shared/{mine}"), None).await?;
+            match (listed_mine, blocked) {
+                (false, _) => Err("raw shared: own node not listed".into()),
+                (true, true) => Err("raw shared lock busy".into()),
+                (true, false) => Ok(()),
+            }
+        })
+    });
     let raw: Step = Arc::new(move |_, _| {
         let c = client.clone();
         Box::pin(async move {
@@ -1456,6 +1953,7 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
         raw,
         proto: Some(proto),
         raw_permit,
+        raw_shared: Some(raw_shared),
         requests: None,
         _server: Some(server),
         _servers: Vec::new(),
@@ -1582,10 +2080,19 @@ async fn main() -> Result<(), BoxError> {
     if !r.ratios.is_empty() {
         let _ = writeln!(
             r.md,
-            "\n### uncontended, closed loop: distlock / its raw sequence at p50\n\n| backend | lock | semaphore of {UNCONTENDED_LIMIT} |\n|---|---|---|"
+            "\n### uncontended, closed loop: distlock / its raw sequence at p50\n\n| backend | lock | semaphore of {UNCONTENDED_LIMIT} | shared |\n|---|---|---|---|"
         );
-        for (name, lock, permit) in &r.ratios {
-            let _ = writeln!(r.md, "| {name} | {lock:.2} | {permit:.2} |");
+        for x in &r.ratios {
+            let shared = match x.shared {
+                Some((v, true)) => format!("{v:.2}"),
+                Some((v, false)) => format!("{v:.2} (against the raw lock sequence)"),
+                None => "-".into(),
+            };
+            let _ = writeln!(
+                r.md,
+                "| {} | {:.2} | {:.2} | {shared} |",
+                x.name, x.lock, x.permit
+            );
         }
     }
     println!("{}", r.md);
