@@ -109,6 +109,7 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
                 s.code(),
                 tonic_code::UNAVAILABLE
                     | tonic_code::DEADLINE_EXCEEDED
+                    | tonic_code::CANCELLED
                     | tonic_code::ABORTED
                     | tonic_code::UNKNOWN
             ) =>
@@ -162,6 +163,9 @@ mod tonic_code {
     pub(crate) use tonic::Code;
     pub(crate) const UNAVAILABLE: Code = Code::Unavailable;
     pub(crate) const DEADLINE_EXCEEDED: Code = Code::DeadlineExceeded;
+    // tonic reports a request that ran out of its timeout (a leader
+    // election in progress) as Cancelled, "Timeout expired".
+    pub(crate) const CANCELLED: Code = Code::Cancelled;
     pub(crate) const ABORTED: Code = Code::Aborted;
     // tonic reports a broken HTTP/2 connection (a killed member) as Unknown.
     pub(crate) const UNKNOWN: Code = Code::Unknown;
@@ -1100,6 +1104,26 @@ impl Backend for EtcdBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_that_ran_out_of_time_during_an_election_is_retryable() {
+        for status in [
+            tonic::Status::cancelled("Timeout expired"),
+            tonic::Status::unavailable("no leader"),
+            tonic::Status::deadline_exceeded("deadline"),
+        ] {
+            let e = err("a:1", etcd_client::Error::GRpcStatus(status));
+            assert!(e.is_retryable(), "{e:?}");
+        }
+        let refused = err(
+            "a:1",
+            etcd_client::Error::GRpcStatus(tonic::Status::permission_denied("no role")),
+        );
+        assert!(
+            matches!(refused, Error::Misconfigured { .. }),
+            "{refused:?}"
+        );
+    }
 
     #[test]
     fn ttls_round_up_to_whole_seconds() {
