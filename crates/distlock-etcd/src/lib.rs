@@ -51,6 +51,11 @@ struct Inner {
     /// When each granted permit ends unless extended (see `semaphore`).
     permit_ends: distlock_core::expiry::PermitEnds,
     wakeups: AtomicU64,
+    /// Held shared by every request that may create a lock's key while it
+    /// is in flight, and taken exclusively by a release before it looks for
+    /// keys: a release never runs ahead of a create whose caller went away
+    /// (the create would land after it and stay on the live lease).
+    creating: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -397,6 +402,7 @@ impl EtcdBackend {
                 queued: Default::default(),
                 permit_ends: Default::default(),
                 wakeups: AtomicU64::new(0),
+                creating: Arc::default(),
             }),
         })
     }
@@ -431,6 +437,30 @@ impl EtcdBackend {
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         self.retrying(|| f(self.inner.kv.clone())).await
+    }
+
+    /// Sends `txn`, which may create lock keys, to completion even if the
+    /// caller stops waiting for it; see [`Inner::creating`].
+    async fn creating_txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
+        let in_flight = self.inner.creating.clone().read_owned().await;
+        let this = self.clone();
+        tokio::spawn(async move {
+            let resp = this
+                .kv(|mut c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await;
+            drop(in_flight);
+            resp
+        })
+        .await
+        .map_err(|e| Error::backend("etcd", e))?
+    }
+
+    /// Waits until no create sent before now is still in flight.
+    async fn creates_settled(&self) {
+        drop(self.inner.creating.write().await);
     }
 
     async fn retrying<T, F, Fut>(&self, f: F) -> Result<T>
@@ -540,12 +570,7 @@ impl EtcdBackend {
             } else {
                 requests::enqueue(&key, &prefix, &owner, session.lease)
             };
-            let resp = self
-                .kv(|mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await?;
+            let resp = self.creating_txn(txn).await?;
             let header_rev = resp.header().map_or(0, |h| h.revision());
             let ops = resp.op_responses();
             let oldest = ops
@@ -803,12 +828,7 @@ impl Backend for EtcdBackend {
             }
         };
         let txn = requests::enqueue_all(&locks, session.lease);
-        let resp = self
-            .kv(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = self.creating_txn(txn).await?;
         if !resp.succeeded() {
             forget(self);
             return Ok(AllAtOnce::NotOffered);
@@ -997,6 +1017,7 @@ impl Backend for EtcdBackend {
         if let HoldKind::Permits { .. } = req.kind {
             return self.release_permit(req).await;
         }
+        self.creates_settled().await;
         if req.kind == HoldKind::Shared {
             // Named by its owner: no session to look it up in.
             let released = self
