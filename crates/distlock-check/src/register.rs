@@ -26,7 +26,7 @@
 //! | worker sends | register answers |
 //! |---|---|
 //! | `HELLO worker pid fencing` | `OK` |
-//! | `ACQ t_ns grant token deadline_ns S\|X` (shared or exclusive) | `GO`, `STOP`, `STALL ms` or `DONE` |
+//! | `ACQ t_ns grant token deadline_ns S\|X asked_ns` (shared or exclusive; when its acquire was called) | `GO`, `STOP`, `STALL ms` or `DONE` |
 //! | `READ grant token` | `f_ok f_value u_value` |
 //! | `SREAD grant token` (a shared holder's read) | `f_ok f_value u_value` |
 //! | `AT_PAUSE grant` | `OK` (about to stop or stall) |
@@ -87,6 +87,8 @@ pub struct Hold {
     pub token: u64,
     /// A shared hold (a reader of a read-write lock).
     pub shared: bool,
+    /// When `acquire` was called, on the shared clock.
+    pub asked: u64,
     /// When `acquire` returned, on the shared clock.
     pub start: u64,
     /// When the holder's guard expected its lease to end at the latest
@@ -295,6 +297,11 @@ impl Register {
             "ACQ" => {
                 let (start, grant, token, deadline) = (num(), num(), num(), num());
                 let shared = line.split(' ').nth(5) == Some("S");
+                let asked = line
+                    .split(' ')
+                    .nth(6)
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(start);
                 s.log.holds.insert(
                     grant,
                     Hold {
@@ -302,6 +309,7 @@ impl Register {
                         grant,
                         token,
                         shared,
+                        asked,
                         start,
                         deadline,
                         end: None,

@@ -169,14 +169,18 @@ fn cell(log: &Log, fenced: bool) -> CellStats {
     stats
 }
 
-/// Holds (sorted by start) whose token is not above the token of every
-/// hold that ended before they began.
+/// Holds whose token is not above the token of every hold that ended
+/// before their acquire was called (a grant's reply can reach its client
+/// after a later grant's holder has already released: only a request sent
+/// after a hold ended must get a higher token).
 fn tokens_below_an_ended_hold(holds: &[&Hold], end: impl Fn(&Hold) -> u64) -> usize {
     let mut ended: Vec<(u64, u64)> = holds.iter().map(|h| (end(h), h.token)).collect();
     ended.sort_unstable();
+    let mut by_ask: Vec<&Hold> = holds.to_vec();
+    by_ask.sort_by_key(|h| h.asked);
     let (mut next, mut highest, mut violations) = (0, None, 0);
-    for h in holds {
-        while next < ended.len() && ended[next].0 < h.start {
+    for h in by_ask {
+        while next < ended.len() && ended[next].0 < h.asked {
             highest = highest.max(Some(ended[next].1));
             next += 1;
         }
@@ -379,6 +383,7 @@ mod tests {
             grant,
             token,
             shared: false,
+            asked: start,
             start,
             deadline: start + 30,
             end: Some(end),

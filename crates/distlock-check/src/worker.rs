@@ -145,6 +145,7 @@ async fn run(s: Settings) -> Result<(), String> {
             None if s.shared => client.lock(&s.lock).shared(),
             None => client.lock(&s.lock),
         };
+        let asked = mono_ns();
         let guard = match builder.ttl(s.ttl).wait(s.wait).acquire().await {
             Ok(g) => g,
             Err(e) => {
@@ -173,7 +174,9 @@ async fn run(s: Settings) -> Result<(), String> {
         });
         let kind = if s.shared { "S" } else { "X" };
         let told = conn
-            .call(format!("ACQ {start} {grant} {token} {deadline} {kind}"))
+            .call(format!(
+                "ACQ {start} {grant} {token} {deadline} {kind} {asked}"
+            ))
             .await?;
         if told == "DONE" {
             let end = mono_ns();

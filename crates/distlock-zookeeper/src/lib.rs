@@ -668,12 +668,20 @@ impl ZooKeeperBackend {
         let Some(Node { seq, session }) = entry else {
             return Ok(false);
         };
-        match session.delete(&self.node_path(req, seq), None).await {
+        let path = self.node_path(req, seq);
+        match session.delete(&path, None).await {
             Ok(()) => Ok(true),
             // An expired session's ephemeral nodes are gone: not ours any
             // more, which is the answer a late release must get.
             Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(false),
-            Err(e) => Err(self.err(e)),
+            // The hold's connection broke (a holder paused past its
+            // session): ask on the backend's own session whether the node
+            // is still there.
+            Err(e) => match self.client().await?.delete(&path, None).await {
+                Ok(()) => Ok(true),
+                Err(zk::Error::NoNode) => Ok(false),
+                Err(_) => Err(self.err(e)),
+            },
         }
     }
 
