@@ -2,6 +2,7 @@
 
 mod backend;
 mod client;
+pub mod completion;
 mod error;
 pub mod expiry;
 mod fence;

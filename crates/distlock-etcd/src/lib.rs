@@ -444,7 +444,7 @@ impl EtcdBackend {
     async fn creating_txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
         let in_flight = self.inner.creating.clone().read_owned().await;
         let this = self.clone();
-        tokio::spawn(async move {
+        let sent = async move {
             let resp = this
                 .kv(|mut c| {
                     let txn = txn.clone();
@@ -453,9 +453,8 @@ impl EtcdBackend {
                 .await;
             drop(in_flight);
             resp
-        })
-        .await
-        .map_err(|e| Error::backend("etcd", e))?
+        };
+        distlock_core::completion::to_completion(sent, |_| async {}).await
     }
 
     /// Waits until no create sent before now is still in flight.

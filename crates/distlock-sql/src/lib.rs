@@ -824,7 +824,7 @@ impl SqlBackend {
     async fn attempt_to_completion<F, Fut>(&self, req: &LockRequest, attempt: F) -> Result<Outcome>
     where
         F: FnOnce(SqlBackend, LockRequest) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Result<Outcome>> + Send,
+        Fut: std::future::Future<Output = Result<Outcome>> + Send + 'static,
     {
         let (req, undo) = (req.clone(), req.clone());
         self.to_completion(
@@ -901,9 +901,10 @@ impl SqlBackend {
     }
 }
 
-/// Requests that run in a task of their own, finishing even when the
-/// caller stops waiting. A grant that lands after its caller stopped
-/// waiting is handed back at once by the task: the caller's cleanup release,
+/// Requests that finish even when the caller stops waiting: run in the
+/// caller's task, and moved to a task of their own if it drops them
+/// ([`distlock_core::completion`]). A grant that lands after its caller
+/// stopped waiting is handed back at once by that task: the caller's cleanup release,
 /// on another pooled connection, could otherwise run before a statement or
 /// commit still in flight lands, and the lock would stay held until its TTL.
 /// And sqlx's MySQL `begin` has no guard against being dropped: a future
@@ -917,24 +918,17 @@ impl SqlBackend {
     where
         T: Send + 'static,
         W: FnOnce(SqlBackend) -> WF + Send + 'static,
-        WF: std::future::Future<Output = Result<T>> + Send,
+        WF: std::future::Future<Output = Result<T>> + Send + 'static,
         U: FnOnce(SqlBackend, T) -> UF + Send + 'static,
-        UF: std::future::Future<Output = ()> + Send,
+        UF: std::future::Future<Output = ()> + Send + 'static,
     {
         let backend = self.clone();
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let found = work(backend.clone()).await;
-            if let Err(Ok(orphan)) = reply.send(found) {
+        distlock_core::completion::to_completion(work(self.clone()), move |found| async move {
+            if let Ok(orphan) = found {
                 undo(backend, orphan).await;
             }
-        });
-        answer.await.map_err(|_| {
-            Error::backend(
-                self.inner.err.backend,
-                "the task running a transaction ended without an answer (is the runtime shutting down?)",
-            )
-        })?
+        })
+        .await
     }
 
     /// Releases locks granted after their acquire was dropped.
