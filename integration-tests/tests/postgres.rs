@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::LockClient;
+use distlock_core::{Backend, LockClient};
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::harness::postgres as pg;
 use integration_tests::harness::tls::TestCerts;
@@ -92,6 +92,11 @@ fn main() {
                 rt,
                 "postgres::readers_and_writers_are_notified",
                 rw_notified(f.clone()),
+            ),
+            trial(
+                rt,
+                "postgres::a_shared_release_racing_a_grant_leaves_the_lock_shared",
+                shared_release_races_a_grant(f.clone()),
             ),
         ]);
         trials
@@ -439,4 +444,91 @@ async fn freed_permit_wakes_one(f: Arc<SqlFactory>) -> Result<(), Failed> {
         || async { sqlx::query_scalar(&count).fetch_one(&admin).await },
     )
     .await
+}
+
+/// A shared release takes its snapshot of the holds, then a second reader's
+/// grant commits, then the release reaches the lock row: it must see that
+/// the row changed and settle it under its row lock, leaving the lock
+/// shared (the second reader holds), not free for a writer. The grant is
+/// the backend's own statements run by hand in a transaction held open
+/// until the release waits for its row lock.
+async fn shared_release_races_a_grant(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let table = format!("race_{}", &integration_tests::namespace()[12..]);
+    let backend = SqlBackend::connect(&f.url_with(&format!("table={table}"))?).await?;
+    let client = LockClient::new(backend.clone());
+    let admin = sqlx::PgPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = "race/shared-release";
+    let first = client
+        .lock(name)
+        .shared()
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let mut grant = admin.begin().await.map_err(|e| e.to_string())?;
+    for (sql, owner) in [
+        (
+            format!(
+                "UPDATE {table} SET token = token + 1,
+                        expires_at = greatest(expires_at, now() + interval '60 seconds')
+                  WHERE name = $1 AND owner = 'shared'"
+            ),
+            None,
+        ),
+        (
+            format!("INSERT INTO {table}_shared VALUES ($1, $2, now() + interval '60 seconds')"),
+            Some("00000000-0000-4000-8000-00000000race"),
+        ),
+    ] {
+        let q = sqlx::query(&sql).bind(name);
+        let q = match owner {
+            Some(o) => q.bind(o),
+            None => q,
+        };
+        let done = q.execute(&mut *grant).await.map_err(|e| e.to_string())?;
+        if done.rows_affected() != 1 {
+            return Err(format!("the hand-run grant changed {} rows", done.rows_affected()).into());
+        }
+    }
+    let release = tokio::spawn(async move { first.release().await });
+    // The release is in: it waits for the row lock the open grant holds.
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                    WHERE wait_event_type = 'Lock' AND query LIKE '%seen AS%'";
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: i64 = sqlx::query_scalar(waiting)
+            .fetch_one(&admin)
+            .await
+            .map_err(|e| e.to_string())?;
+        if n > 0 {
+            break;
+        }
+        if tokio::time::Instant::now() > until || release.is_finished() {
+            return Err("the release never waited for the lock row held by the grant".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    grant.commit().await.map_err(|e| e.to_string())?;
+    let held = tokio::time::timeout(Duration::from_secs(10), release)
+        .await
+        .map_err(|_| "the release did not finish")?
+        .map_err(|e| e.to_string())??;
+    if !held {
+        return Err("the release reported its hold as not held".into());
+    }
+    let status = backend
+        .inspect(&distlock_core::LockName::new(name)?)
+        .await?;
+    if status.shared != Some(1) {
+        return Err(format!(
+            "{:?} shared holds after the race, expected 1",
+            status.shared
+        )
+        .into());
+    }
+    if client.lock(name).try_acquire().await?.is_some() {
+        return Err("a writer took the lock while the racing reader held it".into());
+    }
+    Ok(())
 }

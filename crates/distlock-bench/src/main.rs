@@ -1613,9 +1613,10 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
         // The grant is one statement: the upsert on the lock row (whose row
         // lock orders it with every other grant of the name) and the hold's
-        // insert in one CTE. The release must see every grant committed
-        // before it, so it takes the row lock first, in a transaction of
-        // its own, and then deletes and settles in one statement.
+        // insert in one CTE. So is the release: it deletes the hold and
+        // settles the lock row from the holds its snapshot shows, unless the
+        // row's version (`xmin`) changed meanwhile (a raced release, which a
+        // closed loop on its own names never meets).
         let p = pool.clone();
         let raw_shared: Step = Arc::new(move |i, slot| {
             let p = p.clone();
@@ -1641,28 +1642,31 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 .fetch_optional(&p)
                 .await?;
                 token.ok_or("raw shared lock busy")?;
-                let mut tx = p.begin().await?;
-                sqlx::query("SELECT 1 FROM raw_locks WHERE name = $1 FOR UPDATE")
-                    .bind(&name)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(
+                let raced: bool = sqlx::query_scalar(
                     "WITH gone AS (
                         DELETE FROM raw_locks_shared
                          WHERE name = $1 AND (owner = $2 OR expires_at <= now())),
+                     seen AS (
+                        SELECT xmin AS version FROM raw_locks WHERE name = $1 AND owner = 'shared'),
                      rest AS (
                         SELECT max(expires_at) AS until FROM raw_locks_shared
-                         WHERE name = $1 AND owner <> $2 AND expires_at > now())
-                     UPDATE raw_locks l
-                        SET owner = CASE WHEN rest.until IS NULL THEN NULL ELSE l.owner END,
-                            expires_at = coalesce(rest.until, l.expires_at)
-                       FROM rest WHERE l.name = $1 AND l.owner = 'shared'",
+                         WHERE name = $1 AND owner <> $2 AND expires_at > now()),
+                     settled AS (
+                        UPDATE raw_locks l
+                           SET owner = CASE WHEN rest.until IS NULL THEN NULL ELSE l.owner END,
+                               expires_at = coalesce(rest.until, l.expires_at)
+                          FROM rest, seen
+                         WHERE l.name = $1 AND l.owner = 'shared' AND l.xmin = seen.version
+                        RETURNING 1)
+                     SELECT EXISTS (SELECT 1 FROM seen) AND NOT EXISTS (SELECT 1 FROM settled)",
                 )
                 .bind(&name)
                 .bind(&owner)
-                .execute(&mut *tx)
+                .fetch_one(&p)
                 .await?;
-                tx.commit().await?;
+                if raced {
+                    return Err("raw shared release raced (never in a closed loop)".into());
+                }
                 Ok(())
             })
         });

@@ -1,6 +1,8 @@
 //! PostgreSQL read-write locks: a shared grant is one statement on the lock
 //! row (its row lock orders it with every other grant of the name) that
-//! also inserts the shared hold's row.
+//! also inserts the shared hold's row; a shared release is one statement
+//! too, unless the lock row changes while it runs (then it settles the row
+//! again under its row lock).
 
 use std::time::Duration;
 
@@ -16,6 +18,7 @@ pub(crate) struct Statements {
     create_writers: String,
     attempt: String,
     extend: String,
+    release_unless_raced: String,
     lock_row: String,
     release: String,
     mark: String,
@@ -84,6 +87,35 @@ impl Statements {
                     RETURNING expires_at)
                  UPDATE {table} l SET expires_at = greatest(l.expires_at, e.expires_at)
                    FROM e WHERE l.name = $1 AND l.owner = '{s}'"
+            ),
+            // The release in one statement, if no one changes the lock row
+            // meanwhile: the hold's row and expired ones go, and the lock
+            // row's end is set from the holds this statement's snapshot
+            // shows, or the row freed. A grant, renewal or release that
+            // commits after the snapshot was taken wrote a new version of
+            // the lock row, so the update, re-checked against that version,
+            // finds another `xmin` and changes nothing; the answer then says
+            // `raced` and the lock row is settled under its row lock.
+            release_unless_raced: format!(
+                "WITH gone AS (
+                    DELETE FROM {shared}
+                     WHERE name = $1 AND (owner = $2 OR expires_at <= now())
+                    RETURNING owner = $2 AND expires_at > now() AS held),
+                 seen AS (
+                    SELECT xmin AS version FROM {table} WHERE name = $1 AND owner = '{s}'),
+                 rest AS (
+                    SELECT max(expires_at) AS until FROM {shared}
+                     WHERE name = $1 AND owner <> $2 AND expires_at > now()),
+                 freed AS (
+                    UPDATE {table} l
+                       SET owner = CASE WHEN rest.until IS NULL THEN NULL ELSE l.owner END,
+                           expires_at = coalesce(rest.until, l.expires_at)
+                      FROM rest, seen
+                     WHERE l.name = $1 AND l.owner = '{s}' AND l.xmin = seen.version
+                    RETURNING rest.until IS NULL AS free)
+                 SELECT coalesce((SELECT bool_or(held) FROM gone), false),
+                        (SELECT pg_notify($3, $1) FROM freed WHERE free)::text,
+                        EXISTS (SELECT 1 FROM seen) AND NOT EXISTS (SELECT 1 FROM freed)"
             ),
             lock_row: format!("SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE"),
             // Run after `lock_row`, in its transaction, so that this
@@ -164,16 +196,30 @@ impl Pg {
         self.extend_row(&self.shared.extend, req).await
     }
 
-    /// Four round trips: `BEGIN`, the row lock, the release, `COMMIT`.
+    /// One round trip; four more (`BEGIN`, the row lock, the release,
+    /// `COMMIT`) if another request changed the lock row meanwhile.
     pub(crate) async fn shared_release(&self, req: &LockRequest) -> Result<bool> {
         let map = |e| self.err.map(e);
+        let (held, _, raced): (bool, Option<String>, bool) =
+            sqlx::query_as(&self.shared.release_unless_raced)
+                .bind(req.name.as_str())
+                .bind(req.owner.to_string())
+                .bind(&self.channel)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(map)?;
+        if !raced {
+            return Ok(held);
+        }
+        // The hold's row is gone already; this settles the lock row from
+        // every hold committed before the row lock was taken.
         let mut tx = self.pool.begin().await.map_err(map)?;
         sqlx::query(&self.shared.lock_row)
             .bind(req.name.as_str())
             .fetch_optional(&mut *tx)
             .await
             .map_err(map)?;
-        let (held, _): (bool, Option<String>) = sqlx::query_as(&self.shared.release)
+        sqlx::query(&self.shared.release)
             .bind(req.name.as_str())
             .bind(req.owner.to_string())
             .bind(&self.channel)
