@@ -21,7 +21,7 @@ pub(crate) struct Statements {
     lock_row: String,
     extend_hold: String,
     raise: String,
-    release_hold: String,
+    lock_row_held: String,
     drop_holds: String,
     settle: String,
     mark: String,
@@ -85,8 +85,12 @@ impl Statements {
                 "UPDATE {table} SET expires_at = GREATEST(expires_at, {until})
                   WHERE name = ? AND owner = '{s}'"
             ),
-            release_hold: format!(
-                "DELETE FROM {shared} WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+            // `lock_row`, answering whether the owner's hold is live (read
+            // under a lock too, so as committed now).
+            lock_row_held: format!(
+                "SELECT EXISTS (SELECT 1 FROM {shared} h
+                                 WHERE h.name = ? AND h.owner = ? AND h.expires_at > NOW(6))
+                   FROM {table} WHERE name = ? FOR UPDATE"
             ),
             drop_holds: format!(
                 "DELETE FROM {shared} WHERE name = ? AND (owner = ? OR expires_at <= NOW(6))"
@@ -222,8 +226,9 @@ impl My {
             .await
     }
 
-    /// The row lock; the hold's row and expired ones deleted; the lock
-    /// row's end set from the holds left, or the row freed.
+    /// The row lock (and whether the hold is live); the hold's row and
+    /// expired ones deleted; the lock row's end set from the holds left, or
+    /// the row freed: 5 round trips.
     async fn shared_release_transaction(
         &self,
         req: &LockRequest,
@@ -232,17 +237,12 @@ impl My {
         let s = &self.shared;
         let name = req.name.as_str();
         let mut tx = self.pool.begin_with(BEGIN).await?;
-        sqlx::query(&s.lock_row)
+        let held: Option<bool> = sqlx::query_scalar(&s.lock_row_held)
+            .bind(name)
+            .bind(owner)
             .bind(name)
             .fetch_optional(&mut *tx)
             .await?;
-        let held = sqlx::query(&s.release_hold)
-            .bind(name)
-            .bind(owner)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-            == 1;
         sqlx::query(&s.drop_holds)
             .bind(name)
             .bind(owner)
@@ -255,7 +255,7 @@ impl My {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(held)
+        Ok(held.unwrap_or(false))
     }
 
     pub(crate) async fn mark(&self, req: &LockRequest) -> Result<bool> {
