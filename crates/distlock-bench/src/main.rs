@@ -192,8 +192,25 @@ struct Target {
     /// shared variants then compare with `raw`.
     raw_shared: Option<Step>,
     requests: Option<Counter>,
+    /// distlock on the raw sequences' own pool (PostgreSQL, MySQL), so
+    /// that every variant meets the same connections: sqlx returns a
+    /// connection to its pool in a task of its own, an acquire that comes
+    /// first opens another, and the pool then hands its connections out in
+    /// turn; a pool with more of them is slower per statement. `None`:
+    /// distlock connects by the URL.
+    client: Option<LockClient>,
     _server: Option<TestServer>,
     _servers: Vec<TestServer>,
+}
+
+impl Target {
+    /// The distlock client every scenario measures.
+    async fn lib(&self) -> Result<LockClient, BoxError> {
+        Ok(match &self.client {
+            Some(c) => c.clone(),
+            None => LockClient::from_dyn(distlock::connect(&self.url).await?),
+        })
+    }
 }
 
 /// Everything one run found, for the Markdown report and the plots.
@@ -675,7 +692,7 @@ async fn client(
             let w = b.clone();
             (LockClient::from_dyn(b), Some(Box::new(move || w.wakeups())))
         }
-        _ => (LockClient::from_dyn(distlock::connect(&t.url).await?), None),
+        _ => (t.lib().await?, None),
     })
 }
 
@@ -1261,6 +1278,7 @@ async fn redlock_target() -> Result<Target, BoxError> {
         raw_permit,
         raw_shared: Some(raw_shared),
         requests: None,
+        client: None,
         _server: None,
         _servers: servers,
     })
@@ -1387,6 +1405,7 @@ async fn redis_target() -> Result<Target, BoxError> {
         raw_permit,
         raw_shared: Some(raw_shared),
         requests: Some(requests),
+        client: None,
         _server: Some(server),
         _servers: Vec::new(),
     })
@@ -1451,7 +1470,9 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
     // expired holds under the lock row's lock and sets the row's end to the
     // latest live hold's, or frees the row. No wake-up (no NOTIFY), as in
     // the raw lock.
-    let (rtt, raw, raw_permit, raw_shared): (Step, Step, Step, Step) = if backend == "sqlite" {
+    let (rtt, raw, raw_permit, raw_shared, client): (Step, Step, Step, Step, _) = if backend
+        == "sqlite"
+    {
         let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)?
             .create_if_missing(true)
             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
@@ -1562,7 +1583,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
             "INSERT INTO raw_locks VALUES (?1, ?2, 1, 0) ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, token = raw_locks.token + 1 WHERE raw_locks.owner IS NULL RETURNING token",
             "UPDATE raw_locks SET owner = NULL WHERE name = ?1 AND owner = ?2"
         );
-        (rtt, raw, raw_permit, raw_shared)
+        (rtt, raw, raw_permit, raw_shared, None)
     } else {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(10)
@@ -1670,12 +1691,15 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 Ok(())
             })
         });
+        let client = LockClient::new(
+            distlock::sql::SqlBackend::postgres(pool.clone(), Default::default()).await?,
+        );
         let (rtt, raw) = raw_sql_steps!(
             pool,
             "INSERT INTO raw_locks AS l VALUES ($1, $2, 1, now()) ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1 WHERE l.owner IS NULL RETURNING token",
             "UPDATE raw_locks SET owner = NULL WHERE name = $1 AND owner = $2"
         );
-        (rtt, raw, raw_permit, raw_shared)
+        (rtt, raw, raw_permit, raw_shared, Some(client))
     };
     Ok(Target {
         name: if backend == "sqlite" {
@@ -1690,6 +1714,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         raw_permit,
         raw_shared: Some(raw_shared),
         requests: None,
+        client,
         _server: server,
         _servers: Vec::new(),
     })
@@ -1844,6 +1869,7 @@ async fn etcd_target() -> Result<Target, BoxError> {
         raw_permit,
         raw_shared: Some(raw_shared),
         requests: None,
+        client: None,
         _server: Some(server),
         _servers: Vec::new(),
     })
@@ -1964,6 +1990,7 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
         raw_permit,
         raw_shared: Some(raw_shared),
         requests: None,
+        client: None,
         _server: Some(server),
         _servers: Vec::new(),
     })
@@ -2022,7 +2049,7 @@ async fn run() -> Result<(), BoxError> {
         let t = target(b).await?;
         eprintln!("distlock-bench: {} ...", t.name);
         let _ = writeln!(r.md, "\n### {}\n", t.name);
-        let lib = LockClient::from_dyn(distlock::connect(&t.url).await?);
+        let lib = t.lib().await?;
         let run = |group: &str| a.only.iter().any(|g| g == group);
         let outcomes = [
             (

@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use distlock::sql::SqlBackend;
+use distlock::LockClient;
 use integration_tests::harness::{ServerKind, TestServer};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 
@@ -46,6 +48,7 @@ pub(crate) async fn target() -> Result<Target, BoxError> {
     ] {
         sqlx::query(&create).execute(&pool).await?;
     }
+    let client = LockClient::new(SqlBackend::mysql(pool.clone(), Default::default()).await?);
     Ok(Target {
         name: "mysql",
         url,
@@ -55,6 +58,7 @@ pub(crate) async fn target() -> Result<Target, BoxError> {
         raw_permit: raw_permit(pool.clone()),
         raw_shared: Some(raw_shared(pool)),
         requests: None,
+        client: Some(client),
         _server: Some(server),
         _servers: Vec::new(),
     })
