@@ -594,7 +594,7 @@ impl Backend for SqlBackend {
                 })
                 .await?
                 .token(),
-            Object::Shared => self.shared_attempt(req).await?.token(),
+            Object::Shared => self.shared_attempt(req, false).await?.token(),
             Object::Semaphore { limit } => {
                 self.permit_attempt(req, valid_limit(limit)?).await?.token()
             }
@@ -614,7 +614,7 @@ impl Backend for SqlBackend {
                 granted
             }
             Object::Shared => {
-                self.wait(req, deadline, false, || self.shared_attempt(req))
+                self.wait(req, deadline, false, || self.shared_attempt(req, true))
                     .await
             }
             Object::Semaphore { limit } => {
@@ -714,9 +714,16 @@ impl Backend for SqlBackend {
 }
 
 impl SqlBackend {
-    /// One attempt at a shared hold, run to completion.
-    async fn shared_attempt(&self, req: &LockRequest) -> Result<Outcome> {
-        self.attempt_to_completion(req, |b, req| async move {
+    /// One attempt at a shared hold, run to completion; `waiting` if it
+    /// is one of a wait's (which wants how long an exclusive holder has).
+    async fn shared_attempt(&self, req: &LockRequest, waiting: bool) -> Result<Outcome> {
+        self.attempt_to_completion(req, move |b, req| async move {
+            #[cfg(feature = "postgres")]
+            if let (Db::Postgres(pg), false) = (&b.inner.db, waiting) {
+                return pg.shared_try(&req).await;
+            }
+            #[cfg(not(feature = "postgres"))]
+            let _ = waiting;
             dispatch!(b, db => db.shared_attempt(&req).await)
         })
         .await

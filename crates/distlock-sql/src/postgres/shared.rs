@@ -17,6 +17,7 @@ pub(crate) struct Statements {
     create_shared: String,
     create_writers: String,
     attempt: String,
+    try_take: String,
     extend: String,
     release_unless_raced: String,
     lock_row: String,
@@ -32,6 +33,29 @@ impl Statements {
         let RwTables { shared, writers } = tables;
         let s = SHARED_OWNER;
         let ttl = "make_interval(secs => $3::float8 / 1e6)";
+        // The upsert takes the lock row unless someone holds it
+        // exclusively or a writer's mark lasts, bumps the token and raises
+        // the row's end to the new hold's; the hold's own row goes in with
+        // it. A concurrent grant of the name waits for the row lock and is
+        // then judged on the row as that grant left it.
+        let grant = format!(
+            "WITH granted AS (
+                    INSERT INTO {table} AS l (name, owner, token, expires_at)
+                    VALUES ($1, '{s}', 1, now() + {ttl})
+                    ON CONFLICT (name) DO UPDATE
+                       SET owner = '{s}', token = l.token + 1,
+                           expires_at = CASE WHEN l.owner = '{s}' AND l.expires_at > now()
+                                             THEN greatest(l.expires_at, EXCLUDED.expires_at)
+                                             ELSE EXCLUDED.expires_at END
+                     WHERE (l.owner IS NULL OR l.expires_at <= now() OR l.owner = '{s}')
+                       AND NOT EXISTS (SELECT 1 FROM {writers} w
+                                        WHERE w.name = $1 AND w.expires_at > now())
+                    RETURNING token),
+                 hold AS (
+                    INSERT INTO {shared} (name, owner, expires_at)
+                    SELECT $1, $2, now() + {ttl} FROM granted
+                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at)"
+        );
         Self {
             create_shared: format!(
                 "CREATE TABLE IF NOT EXISTS {shared} (
@@ -47,35 +71,17 @@ impl Statements {
                     expires_at TIMESTAMPTZ NOT NULL,
                     PRIMARY KEY (name, owner))"
             ),
-            // The upsert takes the lock row unless someone holds it
-            // exclusively or a writer's mark lasts, bumps the token and
-            // raises the row's end to the new hold's; the hold's own row
-            // goes in with it. A concurrent grant of the name waits for
-            // the row lock and is then judged on the row as that grant
-            // left it. Answers the token, or how long an exclusive holder
-            // still has.
+            // The grant; answers the token, or how long an exclusive holder still has.
             attempt: format!(
-                "WITH granted AS (
-                    INSERT INTO {table} AS l (name, owner, token, expires_at)
-                    VALUES ($1, '{s}', 1, now() + {ttl})
-                    ON CONFLICT (name) DO UPDATE
-                       SET owner = '{s}', token = l.token + 1,
-                           expires_at = CASE WHEN l.owner = '{s}' AND l.expires_at > now()
-                                             THEN greatest(l.expires_at, EXCLUDED.expires_at)
-                                             ELSE EXCLUDED.expires_at END
-                     WHERE (l.owner IS NULL OR l.expires_at <= now() OR l.owner = '{s}')
-                       AND NOT EXISTS (SELECT 1 FROM {writers} w
-                                        WHERE w.name = $1 AND w.expires_at > now())
-                    RETURNING token),
-                 hold AS (
-                    INSERT INTO {shared} (name, owner, expires_at)
-                    SELECT $1, $2, now() + {ttl} FROM granted
-                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at)
+                "{grant}
                  SELECT (SELECT token FROM granted),
                         (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
                            FROM {table} WHERE name = $1 AND owner IS NOT NULL
                             AND owner <> '{s}' AND expires_at > now())"
             ),
+            // `attempt` without the holder's remaining lease, which only a
+            // waiting request needs.
+            try_take: format!("{grant} SELECT token FROM granted"),
             // The hold's row, then the lock row's end raised to it (never
             // lowered: other holds may end later). Answers one row if both
             // moved: a lock row that was freed or evicted meanwhile is not
@@ -189,6 +195,21 @@ impl Pg {
         Ok(match token {
             Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
             None => Outcome::Held(left.map(|us| Duration::from_micros(us.max(0) as u64))),
+        })
+    }
+
+    /// One attempt that does not wait: granted, or held.
+    pub(crate) async fn shared_try(&self, req: &LockRequest) -> Result<Outcome> {
+        let token: Option<i64> = sqlx::query_scalar(&self.shared.try_take)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(ttl_micros(req.ttl))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(match token {
+            Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
+            None => Outcome::Held(None),
         })
     }
 
