@@ -911,9 +911,10 @@ impl SqlBackend {
 /// Requests that finish even when the caller stops waiting: run in the
 /// caller's task, and moved to a task of their own if it drops them
 /// ([`distlock_core::completion`]). A grant that lands after its caller
-/// stopped waiting is handed back at once by that task: the caller's cleanup release,
-/// on another pooled connection, could otherwise run before a statement or
-/// commit still in flight lands, and the lock would stay held until its TTL.
+/// stopped waiting is handed back at once by that task: the caller's
+/// cleanup release, on another pooled connection, could otherwise run
+/// before a statement or commit still in flight lands, and the lock would
+/// stay held until its TTL.
 /// And sqlx's MySQL `begin` has no guard against being dropped: a future
 /// dropped while `START TRANSACTION` is on the wire leaves the server in a
 /// transaction that sqlx does not know of, on a pooled connection whose next
