@@ -718,13 +718,16 @@ impl SqlBackend {
     /// is one of a wait's (which wants how long an exclusive holder has).
     async fn shared_attempt(&self, req: &LockRequest, waiting: bool) -> Result<Outcome> {
         self.attempt_to_completion(req, move |b, req| async move {
-            #[cfg(feature = "postgres")]
-            if let (Db::Postgres(pg), false) = (&b.inner.db, waiting) {
-                return pg.shared_try(&req).await;
-            }
             #[cfg(not(feature = "postgres"))]
             let _ = waiting;
-            dispatch!(b, db => db.shared_attempt(&req).await)
+            match &b.inner.db {
+                #[cfg(feature = "postgres")]
+                Db::Postgres(pg) => pg.shared_attempt(&req, waiting).await,
+                #[cfg(feature = "mysql")]
+                Db::MySql(my) => my.shared_attempt(&req).await,
+                #[cfg(feature = "sqlite")]
+                Db::Sqlite(lite) => lite.shared_attempt(&req).await,
+            }
         })
         .await
     }

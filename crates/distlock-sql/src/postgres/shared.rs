@@ -81,7 +81,7 @@ impl Statements {
             ),
             // `attempt` without the holder's remaining lease, which only a
             // waiting request needs.
-            try_take: format!("{grant} SELECT token FROM granted"),
+            try_take: format!("{grant} SELECT (SELECT token FROM granted), NULL::bigint"),
             // The hold's row, then the lock row's end raised to it (never
             // lowered: other holds may end later). Answers one row if both
             // moved: a lock row that was freed or evicted meanwhile is not
@@ -184,8 +184,15 @@ impl Statements {
 }
 
 impl Pg {
-    pub(crate) async fn shared_attempt(&self, req: &LockRequest) -> Result<Outcome> {
-        let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(&self.shared.attempt)
+    /// One attempt; `waiting` if it is one of a wait's, which also reads
+    /// how long an exclusive holder has left.
+    pub(crate) async fn shared_attempt(&self, req: &LockRequest, waiting: bool) -> Result<Outcome> {
+        let sql = if waiting {
+            &self.shared.attempt
+        } else {
+            &self.shared.try_take
+        };
+        let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(sql)
             .bind(req.name.as_str())
             .bind(req.owner.to_string())
             .bind(ttl_micros(req.ttl))
@@ -195,21 +202,6 @@ impl Pg {
         Ok(match token {
             Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
             None => Outcome::Held(left.map(|us| Duration::from_micros(us.max(0) as u64))),
-        })
-    }
-
-    /// One attempt that does not wait: granted, or held.
-    pub(crate) async fn shared_try(&self, req: &LockRequest) -> Result<Outcome> {
-        let token: Option<i64> = sqlx::query_scalar(&self.shared.try_take)
-            .bind(req.name.as_str())
-            .bind(req.owner.to_string())
-            .bind(ttl_micros(req.ttl))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
-        Ok(match token {
-            Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
-            None => Outcome::Held(None),
         })
     }
 
