@@ -171,8 +171,10 @@ async fn rw_woken_in_process(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed
     sql_support::rw_waiters_are_woken(holder, giver, LockClient::new(slow), "woken/rw").await
 }
 
-/// See [`sql_support::freed_permit_wakes_one`]; the count is a trigger on
-/// the semaphore row.
+/// See [`sql_support::freed_permit_wakes_one`]; the count is two triggers:
+/// a granting attempt inserts a permit, and a refused one, after its
+/// granting statement changed nothing, touches the semaphore row without
+/// bumping its token.
 async fn freed_permit_wakes_one(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
     let table = format!("wake_{}", &integration_tests::namespace()[12..]);
     let url = f.url_with(&format!("table={table}"))?;
@@ -192,6 +194,10 @@ async fn freed_permit_wakes_one(f: std::sync::Arc<SqlFactory>) -> Result<(), Fai
         format!(
             "CREATE TRIGGER {table}_count AFTER UPDATE ON {table}_sems FOR EACH ROW
              WHEN OLD.token = NEW.token BEGIN UPDATE {table}_attempts SET n = n + 1; END"
+        ),
+        format!(
+            "CREATE TRIGGER {table}_count_grants AFTER INSERT ON {table}_permits FOR EACH ROW
+             BEGIN UPDATE {table}_attempts SET n = n + 1; END"
         ),
     ];
     let count = format!("SELECT n FROM {table}_attempts");

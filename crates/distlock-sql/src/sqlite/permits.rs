@@ -1,5 +1,7 @@
-//! SQLite semaphores: each attempt is one transaction under the file's write
-//! lock, so acquirers of every process on the file take turns.
+//! SQLite semaphores: a grant is one statement, which SQLite runs under the
+//! file's write lock, so acquirers of every process on the file take turns.
+//! A trigger on the permit table keeps the semaphore's token counter at the
+//! newest permit's token and clears the name's expired permits.
 
 use distlock_core::{LockName, LockRequest, LockStatus, Result};
 
@@ -10,13 +12,12 @@ use distlock_core::wait::Outcome;
 pub(crate) struct Statements {
     create_semaphores: String,
     create_permits: String,
+    create_trigger: String,
     lock_semaphore: String,
     create_semaphore: String,
     select_limit: String,
-    delete_expired: String,
+    grant: String,
     count_live: String,
-    bump_token: String,
-    insert_permit: String,
     extend: String,
     release: String,
     inspect: String,
@@ -44,33 +45,44 @@ impl Statements {
                     expires_at INTEGER NOT NULL,
                     PRIMARY KEY (name, owner))"
             ),
+            // Inside the inserting statement, so a grant and the counter's
+            // bump commit together; the counter only rises.
+            create_trigger: format!(
+                "CREATE TRIGGER IF NOT EXISTS {permits}_granted AFTER INSERT ON {permits}
+                 BEGIN
+                    UPDATE {semaphores} SET token = NEW.token
+                     WHERE name = NEW.name AND token < NEW.token;
+                    DELETE FROM {permits} WHERE name = NEW.name AND expires_at <= {NOW_MS};
+                 END"
+            ),
             // A write, so the first statement of the transaction takes the
             // file's write lock (see `permit_attempt`); the no-op update
             // makes an existing row come back too.
             lock_semaphore: format!(
                 "INSERT INTO {semaphores} (name, permits, token) VALUES (?1, ?2, 0)
                  ON CONFLICT (name) DO UPDATE SET permits = permits
-                 RETURNING permits, token"
+                 RETURNING permits"
             ),
             create_semaphore: format!(
                 "INSERT INTO {semaphores} (name, permits, token) VALUES (?1, ?2, 0)
                  ON CONFLICT (name) DO NOTHING"
             ),
             select_limit: format!("SELECT permits FROM {semaphores} WHERE name = ?1"),
-            // The owner's own earlier permit goes too: asking again with
-            // the same owner (a retry after a lost reply) takes one permit,
-            // not two.
-            delete_expired: format!(
-                "DELETE FROM {permits} WHERE name = ?1 AND (expires_at <= {NOW_MS} OR owner = ?2)"
+            // Granted only if the stored limit is the requested one and a
+            // permit is free. The owner's own earlier permit (a retry after
+            // a lost reply) is not counted but replaced: asking again with
+            // the same owner takes one permit, not two.
+            grant: format!(
+                "INSERT OR REPLACE INTO {permits} (name, owner, token, expires_at)
+                 SELECT ?1, ?2, s.token + 1, {NOW_MS} + ?4 FROM {semaphores} s
+                  WHERE s.name = ?1 AND s.permits = ?3
+                    AND (SELECT count(*) FROM {permits}
+                          WHERE name = ?1 AND owner <> ?2 AND expires_at > {NOW_MS}) < s.permits
+                 RETURNING token"
             ),
             count_live: format!(
                 "SELECT count(*), (min(expires_at) - {NOW_MS}) * 1000 FROM {permits}
                   WHERE name = ?1 AND expires_at > {NOW_MS}"
-            ),
-            bump_token: format!("UPDATE {semaphores} SET token = ?2 WHERE name = ?1"),
-            insert_permit: format!(
-                "INSERT INTO {permits} (name, owner, token, expires_at)
-                 VALUES (?1, ?2, ?3, {NOW_MS} + ?4)"
             ),
             extend: format!(
                 "UPDATE {permits} SET expires_at = {NOW_MS} + ?3
@@ -92,69 +104,92 @@ impl Statements {
         }
     }
 
-    pub(crate) fn creates(&self) -> [&str; 2] {
-        [&self.create_semaphores, &self.create_permits]
+    pub(crate) fn creates(&self) -> [&str; 3] {
+        [
+            &self.create_semaphores,
+            &self.create_permits,
+            &self.create_trigger,
+        ]
     }
 }
 
 impl Lite {
+    /// One statement when the semaphore exists with the requested limit and
+    /// a permit is free, as in nearly every uncontended acquire. Otherwise a
+    /// transaction says why not: it creates the semaphore, or finds another
+    /// limit in force, or finds every permit held (and when the first ends).
+    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
+        let (name, owner) = (req.name.as_str(), req.owner.to_string());
+        let granted: Option<i64> = self
+            .busy(|| {
+                self.grant(name, &owner, limit, req)
+                    .fetch_optional(&self.pool)
+            })
+            .await?;
+        let found = match granted {
+            Some(token) => PermitAttempt::Granted(token),
+            None => self.permit_attempt_apart(req, &owner, limit).await?,
+        };
+        found.into_outcome(&self.err, req, limit)
+    }
+
+    fn grant<'q>(
+        &'q self,
+        name: &'q str,
+        owner: &'q str,
+        limit: u32,
+        req: &LockRequest,
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Sqlite, i64, sqlx::sqlite::SqliteArguments<'q>> {
+        sqlx::query_scalar(&self.permits.grant)
+            .bind(name)
+            .bind(owner)
+            .bind(i64::from(limit))
+            .bind(ttl_millis(req))
+    }
+
     /// The first statement, a write, takes the file's write lock, so the
     /// acquirers of every process on the file take turns (a transaction
     /// that read first would fail at its first write, SQLITE_BUSY_SNAPSHOT,
     /// whenever another acquirer committed in between; `BEGIN IMMEDIATE`
     /// would do the same, but sqlx 0.8 leaves a custom `BEGIN` open on the
-    /// pooled connection if the future is dropped right after it). Then:
-    /// the limit check; expired permits out; the live ones counted; and,
-    /// if one is free, the counter bumped and the permit inserted with the
-    /// new token.
-    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
+    /// pooled connection if the future is dropped right after it). Then the
+    /// limit check, the grant, and if that found no free permit, the live
+    /// ones counted for when the earliest ends.
+    async fn permit_attempt_apart(
+        &self,
+        req: &LockRequest,
+        owner: &str,
+        limit: u32,
+    ) -> Result<PermitAttempt> {
         let s = &self.permits;
         let name = req.name.as_str();
-        let owner = req.owner.to_string();
-        let found = self
-            .busy(|| async {
-                let mut tx = self.pool.begin().await?;
-                let (stored, token): (i64, i64) = sqlx::query_as(&s.lock_semaphore)
-                    .bind(name)
-                    .bind(i64::from(limit))
-                    .fetch_one(&mut *tx)
-                    .await?;
-                if stored != i64::from(limit) {
-                    tx.rollback().await?;
-                    return Ok(PermitAttempt::LimitIs(stored));
-                }
-                sqlx::query(&s.delete_expired)
-                    .bind(name)
-                    .bind(&owner)
-                    .execute(&mut *tx)
-                    .await?;
-                let (live, left): (i64, Option<i64>) = sqlx::query_as(&s.count_live)
-                    .bind(name)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                if live >= stored {
-                    // Keeps the expired permits' deletion.
-                    tx.commit().await?;
-                    return Ok(PermitAttempt::Full(remaining_micros(left)));
-                }
-                let token = token + 1;
-                sqlx::query(&s.bump_token)
-                    .bind(name)
-                    .bind(token)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(&s.insert_permit)
-                    .bind(name)
-                    .bind(&owner)
-                    .bind(token)
-                    .bind(ttl_millis(req))
-                    .execute(&mut *tx)
-                    .await?;
+        self.busy(|| async {
+            let mut tx = self.pool.begin().await?;
+            let stored: i64 = sqlx::query_scalar(&s.lock_semaphore)
+                .bind(name)
+                .bind(i64::from(limit))
+                .fetch_one(&mut *tx)
+                .await?;
+            if stored != i64::from(limit) {
+                tx.rollback().await?;
+                return Ok(PermitAttempt::LimitIs(stored));
+            }
+            if let Some(token) = self
+                .grant(name, owner, limit, req)
+                .fetch_optional(&mut *tx)
+                .await?
+            {
                 tx.commit().await?;
-                Ok(PermitAttempt::Granted(token))
-            })
-            .await?;
-        found.into_outcome(&self.err, req, limit)
+                return Ok(PermitAttempt::Granted(token));
+            }
+            let (_live, left): (i64, Option<i64>) = sqlx::query_as(&s.count_live)
+                .bind(name)
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(PermitAttempt::Full(remaining_micros(left)))
+        })
+        .await
     }
 
     pub(crate) fn permit_extend_statement(&self) -> &str {
