@@ -1,6 +1,13 @@
 //! MySQL/MariaDB semaphores: per attempt, one READ COMMITTED transaction
-//! that locks the semaphore row (`SELECT ... FOR UPDATE`), so acquirers of
-//! a name take turns.
+//! that first locks the semaphore row, so acquirers of a name take turns.
+//! A grant is four round trips: the transaction's start, the counter's bump
+//! (which locks the row and checks the limit), the permit's insert if one
+//! is free, the commit. When the insert finds every permit held, the same
+//! transaction deletes the expired ones and reads when the earliest live
+//! one ends; the token it bumped stays unused (tokens rise, with gaps).
+//! When the bump changes nothing, the transaction is rolled back and a
+//! second one says why: it creates the semaphore, or finds another limit in
+//! force.
 //!
 //! READ COMMITTED because each statement then reads what was committed
 //! before it, in particular the permits of the acquirer that held the row
@@ -30,6 +37,8 @@ const RETRIES: usize = 5;
 pub(crate) struct Statements {
     create_semaphores: String,
     create_permits: String,
+    bump: String,
+    grant: String,
     select_semaphore: String,
     insert_semaphore: String,
     delete_expired: String,
@@ -64,6 +73,24 @@ impl Statements {
                     token BIGINT UNSIGNED NOT NULL,
                     expires_at DATETIME(6) NOT NULL,
                     PRIMARY KEY (name, owner)) ENGINE=InnoDB"
+            ),
+            // The new token comes back in the OK packet (`LAST_INSERT_ID`).
+            bump: format!(
+                "UPDATE {semaphores} SET token = LAST_INSERT_ID(token + 1)
+                  WHERE name = ? AND permits = ?"
+            ),
+            // Each statement of a READ COMMITTED transaction reads what was
+            // committed before it began, here after the bump took the row
+            // lock: the permits of every earlier grant. Expired permits are
+            // not counted (the full path deletes them); the owner's own
+            // earlier permit (a retry after a lost reply) is not counted but
+            // overwritten, so asking again takes one permit, not two.
+            grant: format!(
+                "INSERT INTO {permits} (name, owner, token, expires_at)
+                 SELECT ?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND FROM DUAL
+                  WHERE (SELECT COUNT(*) FROM {permits}
+                          WHERE name = ? AND owner <> ? AND expires_at > NOW(6)) < ?
+                 ON DUPLICATE KEY UPDATE token = VALUES(token), expires_at = VALUES(expires_at)"
             ),
             select_semaphore: format!(
                 "SELECT permits, token FROM {semaphores} WHERE name = ? FOR UPDATE"
@@ -145,17 +172,76 @@ impl My {
 }
 
 impl My {
+    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
+        let owner = req.owner.to_string();
+        let found = match self
+            .retrying(|| self.permit_grant(req, &owner, limit))
+            .await?
+        {
+            Some(found) => found,
+            None => {
+                self.retrying(|| self.permit_transaction(req, &owner, limit))
+                    .await?
+            }
+        };
+        found.into_outcome(&self.err, req, limit)
+    }
+
+    /// The attempt when the semaphore exists with the requested limit, as
+    /// in every acquire but a name's first; `None`, with nothing changed,
+    /// otherwise.
+    async fn permit_grant(
+        &self,
+        req: &LockRequest,
+        owner: &str,
+        limit: u32,
+    ) -> Result<Option<PermitAttempt>, sqlx::Error> {
+        let s = &self.permits;
+        let name = req.name.as_str();
+        let mut tx = self.pool.begin_with(BEGIN).await?;
+        let bumped = sqlx::query(&s.bump)
+            .bind(name)
+            .bind(limit)
+            .execute(&mut *tx)
+            .await?;
+        if bumped.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let token = bumped.last_insert_id();
+        let granted = sqlx::query(&s.grant)
+            .bind(name)
+            .bind(owner)
+            .bind(token)
+            .bind(ttl_micros(req.ttl))
+            .bind(name)
+            .bind(owner)
+            .bind(limit)
+            .execute(&mut *tx)
+            .await?;
+        if granted.rows_affected() == 0 {
+            sqlx::query(&s.delete_expired)
+                .bind(name)
+                .bind(owner)
+                .execute(&mut *tx)
+                .await?;
+            let (_, left): (i64, Option<i64>) = sqlx::query_as(&s.count_live)
+                .bind(name)
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            return Ok(Some(PermitAttempt::Full(remaining_micros(left))));
+        }
+        tx.commit().await?;
+        Ok(Some(PermitAttempt::Granted(
+            i64::try_from(token).unwrap_or(-1),
+        )))
+    }
+
     /// The semaphore row locked (or created with the requested limit), the
     /// limit checked, expired permits deleted, the live ones counted, and,
     /// if one is free, the counter bumped and the permit inserted with the
     /// new token.
-    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
-        let owner = req.owner.to_string();
-        let found = self
-            .retrying(|| self.permit_transaction(req, &owner, limit))
-            .await?;
-        found.into_outcome(&self.err, req, limit)
-    }
 
     async fn permit_transaction(
         &self,
