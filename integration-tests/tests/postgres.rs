@@ -409,7 +409,8 @@ async fn listens_only_while_waiting(f: std::sync::Arc<SqlFactory>) -> Result<(),
 }
 
 /// See [`sql_support::freed_permit_wakes_one`]; the count is a trigger on
-/// the semaphore row.
+/// the semaphore row, whose token every attempt on an existing semaphore
+/// bumps, granted or not.
 async fn freed_permit_wakes_one(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let table = format!("wake_{}", &integration_tests::namespace()[12..]);
     let url = f.url_with(&format!("table={table}"))?;
@@ -428,7 +429,7 @@ async fn freed_permit_wakes_one(f: Arc<SqlFactory>) -> Result<(), Failed> {
         ),
         format!(
             "CREATE TRIGGER {table}_count AFTER UPDATE ON {table}_sems FOR EACH ROW
-             WHEN (OLD.token = NEW.token) EXECUTE FUNCTION {table}_count()"
+             WHEN (OLD.token <> NEW.token) EXECUTE FUNCTION {table}_count()"
         ),
     ];
     let count = format!("SELECT n FROM {table}_attempts");

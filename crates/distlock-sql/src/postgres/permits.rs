@@ -1,12 +1,16 @@
 //! PostgreSQL semaphores: per attempt, one transaction of two statements.
 //!
-//! The first locks (or creates) the semaphore row, so acquirers of a name
-//! take turns; the second, a single CTE, does the rest. They cannot be one
-//! statement: under READ COMMITTED a statement reads from the snapshot it
-//! started with, so a count of live permits taken in the statement that
-//! waited for the row lock would miss the permit its predecessor inserted,
-//! and grant one too many. The second statement's snapshot starts after
-//! the lock is held.
+//! The first bumps the semaphore's token counter if the stored limit is the
+//! requested one, which locks the row, so acquirers of a name take turns;
+//! the second, a single CTE, does the rest. They cannot be one statement:
+//! under READ COMMITTED a statement reads from the snapshot it started
+//! with, so a count of live permits taken in the statement that waited for
+//! the row lock would miss the permit its predecessor inserted, and grant
+//! one too many. The second statement's snapshot starts after the lock is
+//! held. A refused attempt commits too (its expired permits' deletion), so
+//! its bumped token goes unused: tokens rise, with gaps. When the bump
+//! finds no row, a second transaction creates the semaphore or finds
+//! another limit in force.
 
 use distlock_core::{LockName, LockRequest, LockStatus, Result};
 
@@ -19,6 +23,8 @@ use distlock_core::wait::Outcome;
 pub(crate) struct Statements {
     create_semaphores: String,
     create_permits: String,
+    bump: String,
+    grant_bumped: String,
     lock_semaphore: String,
     grant: String,
     extend: String,
@@ -54,6 +60,28 @@ impl Statements {
                     token BIGINT NOT NULL,
                     expires_at TIMESTAMPTZ NOT NULL,
                     PRIMARY KEY (name, owner))"
+            ),
+            bump: format!(
+                "UPDATE {semaphores} SET token = token + 1 WHERE name = $1 AND permits = $2
+                 RETURNING token"
+            ),
+            // As `grant`, with the token bumped already.
+            grant_bumped: format!(
+                "WITH expired AS (
+                    DELETE FROM {permits}
+                     WHERE name = $1 AND expires_at <= {now} AND owner <> $2),
+                 live AS (
+                    SELECT count(*) AS n, min(expires_at) AS earliest FROM {permits}
+                     WHERE name = $1 AND expires_at > {now} AND owner <> $2),
+                 granted AS (
+                    INSERT INTO {permits} (name, owner, token, expires_at)
+                    SELECT $1, $2, $4, {now} + make_interval(secs => $3::float8 / 1e6)
+                      FROM live WHERE live.n < $5
+                    ON CONFLICT (name, owner) DO UPDATE
+                       SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+                    RETURNING token)
+                 SELECT (SELECT token FROM granted),
+                        (SELECT (extract(epoch FROM earliest - {now}) * 1e6)::bigint FROM live)"
             ),
             // The no-op update takes the row lock on an existing row; a new
             // row is locked by being inserted.
@@ -144,6 +172,40 @@ impl Statements {
 
 impl Pg {
     pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
+        let s = &self.permits;
+        let map = |e| self.err.map(e);
+        let mut tx = self.pool.begin().await.map_err(map)?;
+        let bumped: Option<i64> = sqlx::query_scalar(&s.bump)
+            .bind(req.name.as_str())
+            .bind(i64::from(limit))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map)?;
+        let Some(token) = bumped else {
+            tx.rollback().await.map_err(map)?;
+            return self.permit_attempt_apart(req, limit).await;
+        };
+        let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(&s.grant_bumped)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(ttl_micros(req.ttl))
+            .bind(token)
+            .bind(i64::from(limit))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map)?;
+        tx.commit().await.map_err(map)?;
+        match token {
+            Some(t) => PermitAttempt::Granted(t),
+            None => PermitAttempt::Full(remaining_micros(left)),
+        }
+        .into_outcome(&self.err, req, limit)
+    }
+
+    /// An attempt on a semaphore that does not exist yet or has another
+    /// limit: its row locked (or created), the limit checked, then the
+    /// grant with its own bump.
+    async fn permit_attempt_apart(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         let s = &self.permits;
         let map = |e| self.err.map(e);
         let mut tx = self.pool.begin().await.map_err(map)?;
