@@ -64,6 +64,11 @@ fn main() {
                 "mysql::tls::the_server_refuses_plaintext",
                 tls_plaintext_refused(tls.clone()),
             ),
+            trial(
+                rt,
+                "mysql::a_renewal_committing_at_expiry_keeps_its_permit",
+                renewal_at_expiry(f.clone()),
+            ),
         ]);
         trials
     })
@@ -199,4 +204,45 @@ async fn tls_plaintext_refused(f: Arc<SqlFactory>) -> Result<(), Failed> {
             Ok(())
         }
     }
+}
+
+/// See [`sql_support::renewal_committing_at_expiry_keeps_its_permit`]; the
+/// renewal is the backend's statement, the wait is seen in InnoDB's list of
+/// transactions.
+async fn renewal_at_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let table = format!("renew_{}", &integration_tests::namespace()[12..]);
+    let url = f.url_with(&format!("table={table}"))?;
+    let admin = sqlx::MySqlPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let renew = format!(
+        "UPDATE {table}_permits SET expires_at = NOW(6) + INTERVAL 60 SECOND
+          WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+    );
+    let pool = admin.clone();
+    sql_support::renewal_committing_at_expiry_keeps_its_permit(
+        &url,
+        move |name, owner, updated, commit| {
+            tokio::spawn(async move {
+                let mut tx = pool.begin().await?;
+                let done = sqlx::query(&renew)
+                    .bind(name)
+                    .bind(owner)
+                    .execute(&mut *tx)
+                    .await?;
+                let _ = updated.send(done.rows_affected());
+                let _ = commit.await;
+                tx.commit().await
+            })
+        },
+        || async {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'",
+            )
+            .fetch_one(&admin)
+            .await?;
+            Ok(n > 0)
+        },
+    )
+    .await
 }

@@ -98,6 +98,11 @@ fn main() {
                 "postgres::a_shared_release_racing_a_grant_leaves_the_lock_shared",
                 shared_release_races_a_grant(f.clone()),
             ),
+            trial(
+                rt,
+                "postgres::a_renewal_committing_at_expiry_keeps_its_permit",
+                renewal_at_expiry(f.clone()),
+            ),
         ]);
         trials
     })
@@ -532,4 +537,46 @@ async fn shared_release_races_a_grant(f: Arc<SqlFactory>) -> Result<(), Failed> 
         return Err("a writer took the lock while the racing reader held it".into());
     }
     Ok(())
+}
+
+/// See [`sql_support::renewal_committing_at_expiry_keeps_its_permit`]; the
+/// renewal is the backend's statement, the wait is seen in
+/// `pg_stat_activity`.
+async fn renewal_at_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let table = format!("renew_{}", &integration_tests::namespace()[12..]);
+    let url = f.url_with(&format!("table={table}"))?;
+    let admin = sqlx::PgPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let renew = format!(
+        "UPDATE {table}_permits SET expires_at = now() + interval '60 seconds'
+          WHERE name = $1 AND owner = $2 AND expires_at > now()"
+    );
+    let pool = admin.clone();
+    sql_support::renewal_committing_at_expiry_keeps_its_permit(
+        &url,
+        move |name, owner, updated, commit| {
+            tokio::spawn(async move {
+                let mut tx = pool.begin().await?;
+                let done = sqlx::query(&renew)
+                    .bind(name)
+                    .bind(owner)
+                    .execute(&mut *tx)
+                    .await?;
+                let _ = updated.send(done.rows_affected());
+                let _ = commit.await;
+                tx.commit().await
+            })
+        },
+        || async {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%others AS%'",
+            )
+            .fetch_one(&admin)
+            .await?;
+            Ok(n > 0)
+        },
+    )
+    .await
 }

@@ -11,57 +11,94 @@ use tokio::time::Instant;
 
 use crate::{BoxError, Step};
 
-/// Operations per second of K tasks, each looping acquire+release on its own
-/// name through one shared client (distlock) or one shared connection (raw).
-pub(crate) async fn throughput_k_names(
+/// What one side of a throughput run did: operations per second, and the
+/// process's CPU time and thread blocks per operation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rate {
+    pub(crate) ops_per_sec: f64,
+    pub(crate) cpu_us_per_op: f64,
+    pub(crate) blocks_per_op: f64,
+}
+
+/// Runs `tasks` tasks for `run_for`, each looping `op(task, i)` where `i`
+/// counts its operations, and measures them together.
+async fn rate<F, Fut>(tasks: usize, run_for: Duration, op: F) -> Result<Rate, BoxError>
+where
+    F: Fn(usize, u32) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), BoxError>> + Send,
+{
+    let op = Arc::new(op);
+    let done = Arc::new(AtomicU64::new(0));
+    let (cpu, blocked) = crate::usage();
+    let start = Instant::now();
+    let end = start + run_for;
+    let mut running = Vec::new();
+    for task in 0..tasks {
+        let (op, done) = (op.clone(), done.clone());
+        running.push(tokio::spawn(async move {
+            let mut i = 0u32;
+            while Instant::now() < end {
+                op(task, i).await?;
+                i = i.wrapping_add(1);
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), BoxError>(())
+        }));
+    }
+    for t in running {
+        t.await??;
+    }
+    let took = start.elapsed();
+    let (cpu_after, blocked_after) = crate::usage();
+    let n = done.load(Ordering::Relaxed).max(1) as f64;
+    Ok(Rate {
+        ops_per_sec: n / took.as_secs_f64(),
+        cpu_us_per_op: cpu_after.saturating_sub(cpu).as_secs_f64() * 1e6 / n,
+        blocks_per_op: (blocked_after - blocked) as f64 / n,
+    })
+}
+
+/// The name slot of a task's `i`-th operation when `tasks` tasks share
+/// `names` names: each task walks through its own names (those congruent
+/// to it modulo `tasks`), so no two tasks ever want the same name and
+/// neither side waits.
+fn slot(task: usize, i: u32, tasks: usize, names: usize) -> usize {
+    let own = names.div_ceil(tasks).max(1);
+    let slot = task + tasks * (i as usize % own);
+    if slot < names {
+        slot
+    } else {
+        task
+    }
+}
+
+/// Acquire+release throughput of `tasks` tasks on `names` names through
+/// one shared client (distlock) and through the raw sequence on its own
+/// connection or pool (raw), one after the other.
+pub(crate) async fn throughput(
     lib: &LockClient,
     raw: &Step,
-    k: usize,
+    tasks: usize,
+    names: usize,
     run_for: Duration,
     tag: &str,
-) -> Result<(f64, f64), BoxError> {
-    let lib_ops = {
-        let done = Arc::new(AtomicU64::new(0));
-        let end = Instant::now() + run_for;
-        let mut tasks = Vec::new();
-        for slot in 0..k {
-            let (lib, done) = (lib.clone(), done.clone());
-            let name = format!("bench/{tag}/k/{slot}");
-            tasks.push(tokio::spawn(async move {
-                while Instant::now() < end {
-                    crate::cycle(&lib, &name).await?;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok::<(), BoxError>(())
-            }));
-        }
-        for t in tasks {
-            t.await??;
-        }
-        done.load(Ordering::Relaxed) as f64 / run_for.as_secs_f64()
-    };
-    let raw_ops = {
-        let done = Arc::new(AtomicU64::new(0));
-        let end = Instant::now() + run_for;
-        let mut tasks = Vec::new();
-        for slot in 0..k {
-            let (raw, done) = (raw.clone(), done.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut i = 0u32;
-                while Instant::now() < end {
-                    raw(i, slot).await?;
-                    i = i.wrapping_add(1);
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok::<(), BoxError>(())
-            }));
-        }
-        for t in tasks {
-            t.await??;
-        }
-        done.load(Ordering::Relaxed) as f64 / run_for.as_secs_f64()
-    };
-    Ok((lib_ops, raw_ops))
+) -> Result<(Rate, Rate), BoxError> {
+    let names = names.max(tasks);
+    let (lib, prefix) = (lib.clone(), format!("bench/{tag}/k{tasks}x{names}"));
+    let ours = rate(tasks, run_for, move |task, i| {
+        let (lib, name) = (
+            lib.clone(),
+            format!("{prefix}/{}", slot(task, i, tasks, names)),
+        );
+        async move { crate::cycle(&lib, &name).await }
+    })
+    .await?;
+    let raw = raw.clone();
+    let theirs = rate(tasks, run_for, move |task, i| {
+        raw(i, slot(task, i, tasks, names))
+    })
+    .await?;
+    Ok((ours, theirs))
 }
 
 /// K clients contending for one name.

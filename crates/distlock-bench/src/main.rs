@@ -4,7 +4,8 @@
 //! Scenarios: 1 round-trip calibration; 2 uncontended acquire+release
 //! against the raw minimal sequence, for a lock, for a semaphore's
 //! permit and for a shared hold (closed loop, and open loop at a fixed
-//! rate); 3 K tasks on K names; 4 K clients on one name (fairness); 5 and
+//! rate); 3 throughput of 8 and 64 tasks on 8 to 1,000 names through one
+//! client, against the raw sequence; 4 K clients on one name (fairness); 5 and
 //! 6 handoff latency and the herd with 1, 10 and 100 waiters; 7 the cost
 //! of holding M locks; multi: multi-locks of 1, 4 and 16 free names.
 //! `--out DIR` also writes the tables as Markdown and the plots as SVG.
@@ -61,7 +62,7 @@ struct Args {
     /// Seconds each throughput scenario runs.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
-    /// Tasks (scenario 3) and clients (scenario 4).
+    /// Clients contending for one name (scenario 4).
     #[arg(long, default_value_t = 8)]
     clients: usize,
     /// Waiter counts for the handoff and herd scenarios.
@@ -110,7 +111,7 @@ struct Series {
 /// `epoll_wait` or a futex, to be woken again). Read around each timed
 /// operation, outside its timing, so that each variant is charged for the
 /// work and the waits its own operations cause.
-fn usage() -> (Duration, i64) {
+pub(crate) fn usage() -> (Duration, i64) {
     use nix::sys::resource::{getrusage, UsageWho};
     use nix::sys::time::TimeValLike;
     getrusage(UsageWho::RUSAGE_SELF).map_or((Duration::ZERO, 0), |u| {
@@ -696,6 +697,9 @@ async fn client(
     })
 }
 
+/// Scenario 3's (tasks, names) pairs: every task on names of its own.
+const THROUGHPUT: &[(usize, usize)] = &[(8, 8), (8, 1000), (64, 64), (64, 1000)];
+
 async fn scenarios_3_to_6(
     t: &Target,
     lib: &LockClient,
@@ -703,19 +707,27 @@ async fn scenarios_3_to_6(
     r: &mut Results,
 ) -> Result<(), BoxError> {
     let secs = Duration::from_secs_f64(a.seconds);
-    let (ours, raw) = contention::throughput_k_names(lib, &t.raw, a.clients, secs, t.name)
-        .await
-        .map_err(|e| {
-            format!(
-                "{}: {} tasks on {} names: {e}",
-                t.name, a.clients, a.clients
-            )
-        })?;
     let _ = writeln!(
         r.md,
-        "\n#### {}: {} tasks on {} names, one client ({} s)\n\n| variant | ops/s |\n|---|---|\n| raw minimal sequence | {raw:.0} |\n| distlock | {ours:.0} |\n\ndistlock / raw throughput: **{:.2}**",
-        t.name, a.clients, a.clients, a.seconds, ours / raw
+        "\n#### {}: tasks on names through one client ({} s each)\n\n| tasks | names | raw ops/s | distlock ops/s | distlock / raw | client CPU µs/op, raw → distlock | thread blocks/op, raw → distlock |\n|---|---|---|---|---|---|---|",
+        t.name, a.seconds
     );
+    for &(tasks, names) in THROUGHPUT {
+        let (ours, raw) = contention::throughput(lib, &t.raw, tasks, names, secs, t.name)
+            .await
+            .map_err(|e| format!("{}: {tasks} tasks on {names} names: {e}", t.name))?;
+        let _ = writeln!(
+            r.md,
+            "| {tasks} | {names} | {:.0} | {:.0} | **{:.2}** | {:.1} → {:.1} | {:.2} → {:.2} |",
+            raw.ops_per_sec,
+            ours.ops_per_sec,
+            ours.ops_per_sec / raw.ops_per_sec,
+            raw.cpu_us_per_op,
+            ours.cpu_us_per_op,
+            raw.blocks_per_op,
+            ours.blocks_per_op
+        );
+    }
 
     let mut clients = Vec::new();
     for _ in 0..a.clients {

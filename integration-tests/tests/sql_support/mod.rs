@@ -274,10 +274,10 @@ pub async fn release_wakes_the_waiter(
 /// Four waiters of one client wait for a permit (the backend called
 /// directly, without the client's coalescing in front). One release must
 /// make one of them try again, not all four. `count_attempts` reads a
-/// counter that `install_counter` makes the database keep: a trigger on the
-/// semaphore row, which every attempt updates first with its token
-/// unchanged (a grant then raises the token). `config` must keep the
-/// waiters from waking by themselves during the test.
+/// counter that `install_counter` makes the database keep, by triggers
+/// that count each attempt once (each database's test says how).
+/// `config` must keep the waiters from waking by themselves during the
+/// test.
 pub async fn freed_permit_wakes_one<I, IF, C, CF>(
     url: &str,
     config: SqlConfig,
@@ -648,6 +648,95 @@ async fn renewing_readers_exclude_writers(f: Arc<SqlFactory>) -> Result<(), Fail
     }
     if most.load(Ordering::SeqCst) < 2 {
         return Err("readers were never inside together".into());
+    }
+    Ok(())
+}
+
+/// A permit's renewal that is still committing when the permit's old end
+/// passes holds the permit's row; an acquirer of the full semaphore must
+/// wait for it and count the permit as live, not read the old end and
+/// grant a second permit of one. The renewal is run by hand:
+/// `hold_renewal(name, owner, updated, commit)` runs the backend's own
+/// renewal of that permit in a transaction, sends how many rows it changed
+/// on `updated`, and commits when `commit` fires. `waiting` says whether an
+/// acquirer waits for a row lock.
+pub async fn renewal_committing_at_expiry_keeps_its_permit<H, W, WF>(
+    url: &str,
+    hold_renewal: H,
+    waiting: W,
+) -> Result<(), Failed>
+where
+    H: FnOnce(
+        String,
+        String,
+        tokio::sync::oneshot::Sender<u64>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) -> tokio::task::JoinHandle<Result<(), sqlx::Error>>,
+    W: Fn() -> WF,
+    WF: std::future::Future<Output = Result<bool, sqlx::Error>>,
+{
+    let ttl = Duration::from_millis(1500);
+    let holder = SqlBackend::connect(url).await?;
+    let other = Arc::new(SqlBackend::connect(url).await?);
+    let name = LockName::new("race/renewal-at-expiry")?;
+    let held = LockRequest::permit(name.clone(), ttl, 1);
+    holder
+        .try_acquire(&held)
+        .await?
+        .ok_or("the first permit was refused")?;
+    let (updated, renewed) = tokio::sync::oneshot::channel();
+    let (commit, committing) = tokio::sync::oneshot::channel();
+    let renewal = hold_renewal(
+        name.as_str().to_string(),
+        held.owner.to_string(),
+        updated,
+        committing,
+    );
+    let changed = tokio::time::timeout(Duration::from_secs(10), renewed)
+        .await
+        .map_err(|_| "the hand-run renewal did not run")?
+        .map_err(|_| "the hand-run renewal failed")?;
+    if changed != 1 {
+        return Err(format!("the hand-run renewal changed {changed} rows").into());
+    }
+    // The permit's committed end passes while its renewal is open.
+    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    let req = LockRequest::permit(name.clone(), Duration::from_secs(30), 1);
+    let b = other.clone();
+    let attempt = tokio::spawn(async move { b.try_acquire(&req).await });
+    let until = Instant::now() + Duration::from_secs(10);
+    while !waiting().await.map_err(|e| e.to_string())? {
+        if attempt.is_finished() {
+            let got = attempt.await.map_err(|e| e.to_string())??;
+            return Err(match got {
+                Some(_) => "a second permit of one was granted beside a renewal being committed",
+                None => "the acquirer refused without waiting for the renewal",
+            }
+            .into());
+        }
+        if Instant::now() > until {
+            return Err("the acquirer never waited for the renewal's row".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = commit.send(());
+    renewal
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let got = tokio::time::timeout(Duration::from_secs(10), attempt)
+        .await
+        .map_err(|_| "the acquirer did not finish")?
+        .map_err(|e| e.to_string())??;
+    if got.is_some() {
+        return Err("a second permit of one was granted once the renewal committed".into());
+    }
+    let status = other.inspect_permits(&name).await?;
+    if status.holders != Some(1) {
+        return Err(format!("after the race: {status:?}, expected one holder").into());
+    }
+    if !holder.release(&held).await? {
+        return Err("the renewed permit was not held".into());
     }
     Ok(())
 }

@@ -81,15 +81,21 @@ impl Statements {
             ),
             // Each statement of a READ COMMITTED transaction reads what was
             // committed before it began, here after the bump took the row
-            // lock: the permits of every earlier grant. Expired permits are
-            // not counted (the full path deletes them); the owner's own
-            // earlier permit (a retry after a lost reply) is not counted but
-            // overwritten, so asking again takes one permit, not two.
+            // lock: the permits of every earlier grant. The count is a
+            // locking read: a renewal of a permit that is committing as the
+            // permit's old end passes holds its row, and a plain read would
+            // see the old end and not count a permit that stays live; the
+            // locking read waits for it and reads the new end. Expired
+            // permits are not counted (the full path deletes them); the
+            // owner's own earlier permit (a retry after a lost reply) is not
+            // counted but overwritten, so asking again takes one permit, not
+            // two.
             grant: format!(
                 "INSERT INTO {permits} (name, owner, token, expires_at)
                  SELECT ?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND FROM DUAL
                   WHERE (SELECT COUNT(*) FROM {permits}
-                          WHERE name = ? AND owner <> ? AND expires_at > NOW(6)) < ?
+                          WHERE name = ? AND owner <> ? AND expires_at > NOW(6)
+                          LOCK IN SHARE MODE) < ?
                  ON DUPLICATE KEY UPDATE token = VALUES(token), expires_at = VALUES(expires_at)"
             ),
             select_semaphore: format!(
@@ -242,7 +248,6 @@ impl My {
     /// limit checked, expired permits deleted, the live ones counted, and,
     /// if one is free, the counter bumped and the permit inserted with the
     /// new token.
-
     async fn permit_transaction(
         &self,
         req: &LockRequest,

@@ -7,10 +7,11 @@
 //! with, so a count of live permits taken in the statement that waited for
 //! the row lock would miss the permit its predecessor inserted, and grant
 //! one too many. The second statement's snapshot starts after the lock is
-//! held. A refused attempt commits too (its expired permits' deletion), so
-//! its bumped token goes unused: tokens rise, with gaps. When the bump
-//! finds no row, a second transaction creates the semaphore or finds
-//! another limit in force.
+//! held, and it reads the other permits with a locking read (see `grant`).
+//! A refused attempt commits too (its expired permits' deletion), so its
+//! bumped token goes unused: tokens rise, with gaps. When the bump finds no
+//! row, a second transaction creates the semaphore or finds another limit
+//! in force.
 
 use distlock_core::{LockName, LockRequest, LockStatus, Result};
 
@@ -24,9 +25,8 @@ pub(crate) struct Statements {
     create_semaphores: String,
     create_permits: String,
     bump: String,
-    grant_bumped: String,
-    lock_semaphore: String,
     grant: String,
+    lock_semaphore: String,
     extend: String,
     pub(super) extend_both: String,
     release: String,
@@ -65,14 +65,25 @@ impl Statements {
                 "UPDATE {semaphores} SET token = token + 1 WHERE name = $1 AND permits = $2
                  RETURNING token"
             ),
-            // As `grant`, with the token bumped already.
-            grant_bumped: format!(
+            // Data-modifying CTEs all read one snapshot and run in no set
+            // order, so none of them reads another's work: the count skips
+            // expired permits itself rather than relying on the delete, and
+            // the owner's own earlier permit (a retry after a lost reply) is
+            // neither deleted nor counted but overwritten by the insert,
+            // which would otherwise meet it on the key. The other permits
+            // are read `FOR SHARE`: a renewal of one that is committing as
+            // its old end passes holds its row, and a plain read would see
+            // the old end and not count a permit that stays live. The
+            // locking read waits for that renewal and reads its new end.
+            grant: format!(
                 "WITH expired AS (
                     DELETE FROM {permits}
                      WHERE name = $1 AND expires_at <= {now} AND owner <> $2),
+                 others AS (
+                    SELECT expires_at FROM {permits} WHERE name = $1 AND owner <> $2 FOR SHARE),
                  live AS (
-                    SELECT count(*) AS n, min(expires_at) AS earliest FROM {permits}
-                     WHERE name = $1 AND expires_at > {now} AND owner <> $2),
+                    SELECT count(*) AS n, min(expires_at) AS earliest FROM others
+                     WHERE expires_at > {now}),
                  granted AS (
                     INSERT INTO {permits} (name, owner, token, expires_at)
                     SELECT $1, $2, $4, {now} + make_interval(secs => $3::float8 / 1e6)
@@ -89,33 +100,6 @@ impl Statements {
                 "INSERT INTO {semaphores} AS s (name, permits, token) VALUES ($1, $2, 0)
                  ON CONFLICT (name) DO UPDATE SET permits = s.permits
                  RETURNING permits"
-            ),
-            // Data-modifying CTEs all read one snapshot and run in no set
-            // order, so none of them reads another's work: the count skips
-            // expired permits itself rather than relying on the delete, and
-            // the owner's own earlier permit (a retry after a lost reply) is
-            // neither deleted nor counted but overwritten by the insert,
-            // which would otherwise meet it on the key.
-            grant: format!(
-                "WITH expired AS (
-                    DELETE FROM {permits}
-                     WHERE name = $1 AND expires_at <= {now} AND owner <> $2),
-                 live AS (
-                    SELECT count(*) AS n, min(expires_at) AS earliest FROM {permits}
-                     WHERE name = $1 AND expires_at > {now} AND owner <> $2),
-                 bumped AS (
-                    UPDATE {semaphores} s SET token = s.token + 1 FROM live
-                     WHERE s.name = $1 AND live.n < s.permits
-                    RETURNING s.token),
-                 granted AS (
-                    INSERT INTO {permits} (name, owner, token, expires_at)
-                    SELECT $1, $2, token, {now} + make_interval(secs => $3::float8 / 1e6)
-                      FROM bumped
-                    ON CONFLICT (name, owner) DO UPDATE
-                       SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
-                    RETURNING token)
-                 SELECT (SELECT token FROM granted),
-                        (SELECT (extract(epoch FROM earliest - {now}) * 1e6)::bigint FROM live)"
             ),
             extend: format!(
                 "UPDATE {permits} SET expires_at = now() + make_interval(secs => $3::float8 / 1e6)
@@ -172,39 +156,22 @@ impl Statements {
 
 impl Pg {
     pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
-        let s = &self.permits;
         let map = |e| self.err.map(e);
         let mut tx = self.pool.begin().await.map_err(map)?;
-        let bumped: Option<i64> = sqlx::query_scalar(&s.bump)
-            .bind(req.name.as_str())
-            .bind(i64::from(limit))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map)?;
-        let Some(token) = bumped else {
-            tx.rollback().await.map_err(map)?;
-            return self.permit_attempt_apart(req, limit).await;
+        let found = match self.bump(&mut tx, req, limit).await.map_err(map)? {
+            Some(token) => self.grant(&mut tx, req, token, limit).await.map_err(map)?,
+            None => {
+                tx.rollback().await.map_err(map)?;
+                return self.permit_attempt_apart(req, limit).await;
+            }
         };
-        let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(&s.grant_bumped)
-            .bind(req.name.as_str())
-            .bind(req.owner.to_string())
-            .bind(ttl_micros(req.ttl))
-            .bind(token)
-            .bind(i64::from(limit))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(map)?;
         tx.commit().await.map_err(map)?;
-        match token {
-            Some(t) => PermitAttempt::Granted(t),
-            None => PermitAttempt::Full(remaining_micros(left)),
-        }
-        .into_outcome(&self.err, req, limit)
+        found.into_outcome(&self.err, req, limit)
     }
 
     /// An attempt on a semaphore that does not exist yet or has another
-    /// limit: its row locked (or created), the limit checked, then the
-    /// grant with its own bump.
+    /// limit: its row locked (or created), the limit checked, then the bump
+    /// and the grant.
     async fn permit_attempt_apart(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         let s = &self.permits;
         let map = |e| self.err.map(e);
@@ -215,24 +182,58 @@ impl Pg {
             .fetch_one(&mut *tx)
             .await
             .map_err(map)?;
-        let found = if stored == i64::from(limit) {
-            let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(&s.grant)
-                .bind(req.name.as_str())
-                .bind(req.owner.to_string())
-                .bind(ttl_micros(req.ttl))
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(map)?;
-            tx.commit().await.map_err(map)?;
-            match token {
-                Some(t) => PermitAttempt::Granted(t),
-                None => PermitAttempt::Full(remaining_micros(left)),
-            }
+        let bumped = if stored == i64::from(limit) {
+            self.bump(&mut tx, req, limit).await.map_err(map)?
         } else {
-            tx.rollback().await.map_err(map)?;
-            PermitAttempt::LimitIs(stored)
+            None
+        };
+        let found = match bumped {
+            Some(token) => {
+                let found = self.grant(&mut tx, req, token, limit).await.map_err(map)?;
+                tx.commit().await.map_err(map)?;
+                found
+            }
+            None => {
+                tx.rollback().await.map_err(map)?;
+                PermitAttempt::LimitIs(stored)
+            }
         };
         found.into_outcome(&self.err, req, limit)
+    }
+
+    /// The counter's next value, if the semaphore exists with this limit.
+    async fn bump(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        req: &LockRequest,
+        limit: u32,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(&self.permits.bump)
+            .bind(req.name.as_str())
+            .bind(i64::from(limit))
+            .fetch_optional(tx)
+            .await
+    }
+
+    async fn grant(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        req: &LockRequest,
+        token: i64,
+        limit: u32,
+    ) -> Result<PermitAttempt, sqlx::Error> {
+        let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(&self.permits.grant)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(ttl_micros(req.ttl))
+            .bind(token)
+            .bind(i64::from(limit))
+            .fetch_one(tx)
+            .await?;
+        Ok(match token {
+            Some(t) => PermitAttempt::Granted(t),
+            None => PermitAttempt::Full(remaining_micros(left)),
+        })
     }
 
     pub(crate) async fn permit_extend(&self, req: &LockRequest) -> Result<bool> {
