@@ -18,6 +18,7 @@ use etcd_client::{
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+mod creating;
 mod semaphore;
 mod session;
 
@@ -51,11 +52,9 @@ struct Inner {
     /// When each granted permit ends unless extended (see `semaphore`).
     permit_ends: distlock_core::expiry::PermitEnds,
     wakeups: AtomicU64,
-    /// Held shared by every request that may create a lock's key while it
-    /// is in flight, and taken exclusively by a release before it looks for
-    /// keys: a release never runs ahead of a create whose caller went away
-    /// (the create would land after it and stay on the live lease).
-    creating: Arc<tokio::sync::RwLock<()>>,
+    /// Creates in flight, per name: a release never runs ahead of a create
+    /// of its name's key whose caller went away (see [`creating`]).
+    creating: Arc<creating::Creating>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -439,10 +438,15 @@ impl EtcdBackend {
         self.retrying(|| f(self.inner.kv.clone())).await
     }
 
-    /// Sends `txn`, which may create lock keys, to completion even if the
-    /// caller stops waiting for it; see [`Inner::creating`].
-    async fn creating_txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
-        let in_flight = self.inner.creating.clone().read_owned().await;
+    /// Sends `txn`, which may create the keys of the locks `names`, to
+    /// completion even if the caller stops waiting for it; see
+    /// [`Inner::creating`].
+    async fn creating_txn<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+        txn: Txn,
+    ) -> Result<etcd_client::TxnResponse> {
+        let in_flight = self.inner.creating.in_flight(names).await;
         let this = self.clone();
         let sent = async move {
             let resp = this
@@ -457,9 +461,9 @@ impl EtcdBackend {
         distlock_core::completion::to_completion(sent, |_| async {}).await
     }
 
-    /// Waits until no create sent before now is still in flight.
-    async fn creates_settled(&self) {
-        drop(self.inner.creating.write().await);
+    /// Waits until no create of `name`'s key sent before now is in flight.
+    async fn creates_settled(&self, name: &distlock_core::LockName) {
+        self.inner.creating.settled(name.as_str()).await;
     }
 
     async fn retrying<T, F, Fut>(&self, f: F) -> Result<T>
@@ -569,7 +573,7 @@ impl EtcdBackend {
             } else {
                 requests::enqueue(&key, &prefix, &owner, session.lease)
             };
-            let resp = self.creating_txn(txn).await?;
+            let resp = self.creating_txn([req.name.as_str()], txn).await?;
             let header_rev = resp.header().map_or(0, |h| h.revision());
             let ops = resp.op_responses();
             let oldest = ops
@@ -827,7 +831,9 @@ impl Backend for EtcdBackend {
             }
         };
         let txn = requests::enqueue_all(&locks, session.lease);
-        let resp = self.creating_txn(txn).await?;
+        let resp = self
+            .creating_txn(reqs.iter().map(|r| r.name.as_str()), txn)
+            .await?;
         if !resp.succeeded() {
             forget(self);
             return Ok(AllAtOnce::NotOffered);
@@ -1016,7 +1022,7 @@ impl Backend for EtcdBackend {
         if let HoldKind::Permits { .. } = req.kind {
             return self.release_permit(req).await;
         }
-        self.creates_settled().await;
+        self.creates_settled(&req.name).await;
         if req.kind == HoldKind::Shared {
             // Named by its owner: no session to look it up in.
             let released = self
