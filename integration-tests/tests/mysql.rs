@@ -31,7 +31,7 @@ fn main() {
             })
         })),
     );
-    sql_support::run_suite("mysql", Source::Server(ServerKind::MariaDb), |f, rt| {
+    sql_support::run_suite("mysql", Source::Server(ServerKind::MariaDb), move |f, rt| {
         let mut trials = integration_tests::trials(tls.clone(), rt);
         trials.extend([
             trial(

@@ -33,7 +33,7 @@ fn main() {
             })
         })),
     );
-    sql_support::run_suite("postgres", Source::Server(ServerKind::Postgres), |f, rt| {
+    sql_support::run_suite("postgres", Source::Server(ServerKind::Postgres), move |f, rt| {
         let mut trials = integration_tests::trials(tls.clone(), rt);
         trials.extend([
             trial(
