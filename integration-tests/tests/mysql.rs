@@ -31,9 +31,12 @@ fn main() {
             })
         })),
     );
-    sql_support::run_suite("mysql", Source::Server(ServerKind::MariaDb), move |f, rt| {
-        let mut trials = integration_tests::trials(tls.clone(), rt);
-        trials.extend([
+    sql_support::run_suite(
+        "mysql",
+        Source::Server(ServerKind::MariaDb),
+        move |f, rt| {
+            let mut trials = integration_tests::trials(tls.clone(), rt);
+            trials.extend([
             trial(
                 rt,
                 "mysql::lock_names_are_case_sensitive",
@@ -70,8 +73,9 @@ fn main() {
                 renewal_at_expiry(f.clone()),
             ),
         ]);
-        trials
-    })
+            trials
+        },
+    )
 }
 
 /// `Jobs` and `jobs` are two locks, as on every other backend.

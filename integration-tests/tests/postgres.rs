@@ -33,9 +33,12 @@ fn main() {
             })
         })),
     );
-    sql_support::run_suite("postgres", Source::Server(ServerKind::Postgres), move |f, rt| {
-        let mut trials = integration_tests::trials(tls.clone(), rt);
-        trials.extend([
+    sql_support::run_suite(
+        "postgres",
+        Source::Server(ServerKind::Postgres),
+        move |f, rt| {
+            let mut trials = integration_tests::trials(tls.clone(), rt);
+            trials.extend([
             trial(
                 rt,
                 "postgres::tls::verify_full_by_the_certificates_name_is_encrypted",
@@ -62,50 +65,51 @@ fn main() {
                 tls_plaintext_refused(tls.clone()),
             ),
         ]);
-        trials.extend(vec![
-            trial(
-                rt,
-                "postgres::tokens_keep_increasing_across_a_restart",
-                restart(),
-            ),
-            trial(
-                rt,
-                "postgres::terminated_connection_does_not_lose_the_lock",
-                terminated(f.clone()),
-            ),
-            trial(
-                rt,
-                "postgres::waiter_is_notified_on_release",
-                notified(f.clone()),
-            ),
-            trial(
-                rt,
-                "postgres::listens_only_while_a_task_waits",
-                listens_only_while_waiting(f.clone()),
-            ),
-            trial(
-                rt,
-                "postgres::a_freed_permit_wakes_one_waiter_of_a_client",
-                freed_permit_wakes_one(f.clone()),
-            ),
-            trial(
-                rt,
-                "postgres::readers_and_writers_are_notified",
-                rw_notified(f.clone()),
-            ),
-            trial(
-                rt,
-                "postgres::a_shared_release_racing_a_grant_leaves_the_lock_shared",
-                shared_release_races_a_grant(f.clone()),
-            ),
-            trial(
-                rt,
-                "postgres::a_renewal_committing_at_expiry_keeps_its_permit",
-                renewal_at_expiry(f.clone()),
-            ),
-        ]);
-        trials
-    })
+            trials.extend(vec![
+                trial(
+                    rt,
+                    "postgres::tokens_keep_increasing_across_a_restart",
+                    restart(),
+                ),
+                trial(
+                    rt,
+                    "postgres::terminated_connection_does_not_lose_the_lock",
+                    terminated(f.clone()),
+                ),
+                trial(
+                    rt,
+                    "postgres::waiter_is_notified_on_release",
+                    notified(f.clone()),
+                ),
+                trial(
+                    rt,
+                    "postgres::listens_only_while_a_task_waits",
+                    listens_only_while_waiting(f.clone()),
+                ),
+                trial(
+                    rt,
+                    "postgres::a_freed_permit_wakes_one_waiter_of_a_client",
+                    freed_permit_wakes_one(f.clone()),
+                ),
+                trial(
+                    rt,
+                    "postgres::readers_and_writers_are_notified",
+                    rw_notified(f.clone()),
+                ),
+                trial(
+                    rt,
+                    "postgres::a_shared_release_racing_a_grant_leaves_the_lock_shared",
+                    shared_release_races_a_grant(f.clone()),
+                ),
+                trial(
+                    rt,
+                    "postgres::a_renewal_committing_at_expiry_keeps_its_permit",
+                    renewal_at_expiry(f.clone()),
+                ),
+            ]);
+            trials
+        },
+    )
 }
 
 /// The URL of a [`pg::spawn_tls`] server at `host`.
@@ -571,7 +575,7 @@ async fn renewal_at_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
         || async {
             let n: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE '%others AS%'",
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%ended AS%'",
             )
             .fetch_one(&admin)
             .await?;

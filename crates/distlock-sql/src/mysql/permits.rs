@@ -1,10 +1,10 @@
 //! MySQL/MariaDB semaphores: per attempt, one READ COMMITTED transaction
 //! that first locks the semaphore row, so acquirers of a name take turns.
-//! A grant is four round trips: the transaction's start, the counter's bump
-//! (which locks the row and checks the limit), the permit's insert if one
-//! is free, the commit. When the insert finds every permit held, the same
-//! transaction deletes the expired ones and reads when the earliest live
-//! one ends; the token it bumped stays unused (tokens rise, with gaps).
+//! A grant is five round trips: the transaction's start, the counter's bump
+//! (which locks the row and checks the limit), the deletion of ended
+//! permits, the permit's insert if one is free, the commit. When the insert
+//! finds every permit held, the same transaction reads when the earliest
+//! live one ends; the token it bumped stays unused (tokens rise, with gaps).
 //! When the bump changes nothing, the transaction is rolled back and a
 //! second one says why: it creates the semaphore, or finds another limit in
 //! force.
@@ -29,6 +29,12 @@ use distlock_core::wait::Outcome;
 /// One round trip: the isolation level applies to the next transaction only.
 pub(crate) const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
+/// [`BEGIN`], and the instant a grant judges every permit's end by, so
+/// that its deletion of ended permits and its count of live ones agree on
+/// which is which.
+const BEGIN_AT: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
+                        SET @distlock_now = NOW(6)";
+
 /// How often a transaction is run again after it met another one creating
 /// the same semaphore row, or a deadlock (which InnoDB resolves by rolling
 /// one back: nothing was changed).
@@ -38,6 +44,7 @@ pub(crate) struct Statements {
     create_semaphores: String,
     create_permits: String,
     bump: String,
+    delete_ended: String,
     grant: String,
     select_semaphore: String,
     insert_semaphore: String,
@@ -79,24 +86,24 @@ impl Statements {
                 "UPDATE {semaphores} SET token = LAST_INSERT_ID(token + 1)
                   WHERE name = ? AND permits = ?"
             ),
+            // Ended at the grant's instant, and the owner's own earlier
+            // permit (a retry after a lost reply: asking again takes one
+            // permit, not two). A locking statement: where a permit's
+            // renewal is committing as its old end passes, it waits for it
+            // and, re-reading the row, leaves it.
+            delete_ended: format!(
+                "DELETE FROM {permits}
+                  WHERE name = ? AND (expires_at <= @distlock_now OR owner = ?)"
+            ),
             // Each statement of a READ COMMITTED transaction reads what was
             // committed before it began, here after the bump took the row
-            // lock: the permits of every earlier grant. The count is a
-            // locking read: a renewal of a permit that is committing as the
-            // permit's old end passes holds its row, and a plain read would
-            // see the old end and not count a permit that stays live; the
-            // locking read waits for it and reads the new end. Expired
-            // permits are not counted (the full path deletes them); the
-            // owner's own earlier permit (a retry after a lost reply) is not
-            // counted but overwritten, so asking again takes one permit, not
-            // two.
+            // lock and the deletion waited for renewals in flight: the
+            // permits of every earlier grant, each with its latest end.
             grant: format!(
                 "INSERT INTO {permits} (name, owner, token, expires_at)
                  SELECT ?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND FROM DUAL
                   WHERE (SELECT COUNT(*) FROM {permits}
-                          WHERE name = ? AND owner <> ? AND expires_at > NOW(6)
-                          LOCK IN SHARE MODE) < ?
-                 ON DUPLICATE KEY UPDATE token = VALUES(token), expires_at = VALUES(expires_at)"
+                          WHERE name = ? AND expires_at > @distlock_now) < ?"
             ),
             select_semaphore: format!(
                 "SELECT permits, token FROM {semaphores} WHERE name = ? FOR UPDATE"
@@ -204,7 +211,7 @@ impl My {
     ) -> Result<Option<PermitAttempt>, sqlx::Error> {
         let s = &self.permits;
         let name = req.name.as_str();
-        let mut tx = self.pool.begin_with(BEGIN).await?;
+        let mut tx = self.pool.begin_with(BEGIN_AT).await?;
         let bumped = sqlx::query(&s.bump)
             .bind(name)
             .bind(limit)
@@ -215,22 +222,21 @@ impl My {
             return Ok(None);
         }
         let token = bumped.last_insert_id();
+        sqlx::query(&s.delete_ended)
+            .bind(name)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
         let granted = sqlx::query(&s.grant)
             .bind(name)
             .bind(owner)
             .bind(token)
             .bind(ttl_micros(req.ttl))
             .bind(name)
-            .bind(owner)
             .bind(limit)
             .execute(&mut *tx)
             .await?;
         if granted.rows_affected() == 0 {
-            sqlx::query(&s.delete_expired)
-                .bind(name)
-                .bind(owner)
-                .execute(&mut *tx)
-                .await?;
             let (_, left): (i64, Option<i64>) = sqlx::query_as(&s.count_live)
                 .bind(name)
                 .fetch_one(&mut *tx)

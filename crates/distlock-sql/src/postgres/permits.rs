@@ -7,7 +7,8 @@
 //! with, so a count of live permits taken in the statement that waited for
 //! the row lock would miss the permit its predecessor inserted, and grant
 //! one too many. The second statement's snapshot starts after the lock is
-//! held, and it reads the other permits with a locking read (see `grant`).
+//! held, and it counts a permit whose renewal commits meanwhile as live
+//! (see `grant`).
 //! A refused attempt commits too (its expired permits' deletion), so its
 //! bumped token goes unused: tokens rise, with gaps. When the bump finds no
 //! row, a second transaction creates the semaphore or finds another limit
@@ -66,28 +67,34 @@ impl Statements {
                  RETURNING token"
             ),
             // Data-modifying CTEs all read one snapshot and run in no set
-            // order, so none of them reads another's work: the count skips
-            // expired permits itself rather than relying on the delete, and
-            // the owner's own earlier permit (a retry after a lost reply) is
-            // neither deleted nor counted but overwritten by the insert,
-            // which would otherwise meet it on the key. The other permits
-            // are read `FOR SHARE`: a renewal of one that is committing as
-            // its old end passes holds its row, and a plain read would see
-            // the old end and not count a permit that stays live. The
-            // locking read waits for that renewal and reads its new end.
+            // order: the owner's own earlier permit (a retry after a lost
+            // reply) is neither deleted nor counted but overwritten by the
+            // insert, which would otherwise meet it on the key. The snapshot
+            // can be stale for one kind of row: a permit whose renewal is
+            // committing as its old end passes shows the old end. The
+            // delete waits for that renewal and, re-reading the row, leaves
+            // it; so the live permits are those the snapshot shows live plus
+            // those it shows ended that the delete did not delete.
+            // `statement_timestamp()` is one instant for the whole
+            // statement, so every row is on one side of it.
             grant: format!(
                 "WITH expired AS (
                     DELETE FROM {permits}
+                     WHERE name = $1 AND expires_at <= {now} AND owner <> $2
+                    RETURNING 1),
+                 ended AS (
+                    SELECT count(*) AS n FROM {permits}
                      WHERE name = $1 AND expires_at <= {now} AND owner <> $2),
-                 others AS (
-                    SELECT expires_at FROM {permits} WHERE name = $1 AND owner <> $2 FOR SHARE),
                  live AS (
-                    SELECT count(*) AS n, min(expires_at) AS earliest FROM others
-                     WHERE expires_at > {now}),
+                    SELECT count(*) AS n, min(expires_at) AS earliest FROM {permits}
+                     WHERE name = $1 AND expires_at > {now} AND owner <> $2),
+                 counted AS (
+                    SELECT live.n + ended.n - (SELECT count(*) FROM expired) AS n
+                      FROM live, ended),
                  granted AS (
                     INSERT INTO {permits} (name, owner, token, expires_at)
                     SELECT $1, $2, $4, {now} + make_interval(secs => $3::float8 / 1e6)
-                      FROM live WHERE live.n < $5
+                      FROM counted WHERE counted.n < $5
                     ON CONFLICT (name, owner) DO UPDATE
                        SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
                     RETURNING token)
