@@ -82,15 +82,13 @@ impl Statements {
                     DELETE FROM {permits}
                      WHERE name = $1 AND expires_at <= {now} AND owner <> $2
                     RETURNING 1),
-                 ended AS (
-                    SELECT count(*) AS n FROM {permits}
-                     WHERE name = $1 AND expires_at <= {now} AND owner <> $2),
-                 live AS (
-                    SELECT count(*) AS n, min(expires_at) AS earliest FROM {permits}
-                     WHERE name = $1 AND expires_at > {now} AND owner <> $2),
+                 seen AS (
+                    SELECT count(*) FILTER (WHERE expires_at > {now}) AS live,
+                           count(*) FILTER (WHERE expires_at <= {now}) AS ended,
+                           min(expires_at) FILTER (WHERE expires_at > {now}) AS earliest
+                      FROM {permits} WHERE name = $1 AND owner <> $2),
                  counted AS (
-                    SELECT live.n + ended.n - (SELECT count(*) FROM expired) AS n
-                      FROM live, ended),
+                    SELECT live + ended - (SELECT count(*) FROM expired) AS n FROM seen),
                  granted AS (
                     INSERT INTO {permits} (name, owner, token, expires_at)
                     SELECT $1, $2, $4, {now} + make_interval(secs => $3::float8 / 1e6)
@@ -99,7 +97,7 @@ impl Statements {
                        SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
                     RETURNING token)
                  SELECT (SELECT token FROM granted),
-                        (SELECT (extract(epoch FROM earliest - {now}) * 1e6)::bigint FROM live)"
+                        (SELECT (extract(epoch FROM earliest - {now}) * 1e6)::bigint FROM seen)"
             ),
             // The no-op update takes the row lock on an existing row; a new
             // row is locked by being inserted.
