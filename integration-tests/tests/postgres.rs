@@ -575,7 +575,7 @@ async fn renewal_at_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
         || async {
             let n: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE '%counted AS%'",
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%\\_grant(%'",
             )
             .fetch_one(&admin)
             .await?;

@@ -175,6 +175,9 @@ impl Pg {
                 .await
                 .map_err(|e| self.err.map(e))?;
         }
+        self.create_grant_function(&mut tx)
+            .await
+            .map_err(|e| self.err.map(e))?;
         tx.commit().await.map_err(|e| self.err.map(e))
     }
 

@@ -1,18 +1,21 @@
-//! PostgreSQL semaphores: per attempt, one transaction of two statements.
+//! PostgreSQL semaphores: per attempt, one call of a PL/pgSQL function the
+//! backend creates with its tables (`<table>_permit`), in autocommit.
 //!
-//! The first bumps the semaphore's token counter if the stored limit is the
-//! requested one, which locks the row, so acquirers of a name take turns;
-//! the second, a single CTE, does the rest. They cannot be one statement:
-//! under READ COMMITTED a statement reads from the snapshot it started
-//! with, so a count of live permits taken in the statement that waited for
-//! the row lock would miss the permit its predecessor inserted, and grant
-//! one too many. The second statement's snapshot starts after the lock is
-//! held, and it counts a permit whose renewal commits meanwhile as live
-//! (see `grant`).
+//! The function runs two statements. The first bumps the semaphore's token
+//! counter if the stored limit is the requested one, which locks the row, so
+//! acquirers of a name take turns; the second, a single CTE, does the rest.
+//! They cannot be one statement: under READ COMMITTED a statement reads
+//! from the snapshot it started with, so a count of live permits taken in
+//! the statement that waited for the row lock would miss the permit its
+//! predecessor inserted, and grant one too many. A volatile function takes
+//! a fresh snapshot for each statement it runs, so the second one's starts
+//! after the lock is held; it counts a permit whose renewal commits
+//! meanwhile as live (see `grant_body`). One call instead of a transaction
+//! of four round trips (`BEGIN`, the two statements, `COMMIT`).
 //! A refused attempt commits too (its expired permits' deletion), so its
 //! bumped token goes unused: tokens rise, with gaps. When the bump finds no
-//! row, a second transaction creates the semaphore or finds another limit
-//! in force.
+//! row, a transaction creates the semaphore or finds another limit in
+//! force, and calls the function in it.
 
 use distlock_core::{LockName, LockRequest, LockStatus, Result};
 
@@ -25,7 +28,10 @@ use distlock_core::wait::Outcome;
 pub(crate) struct Statements {
     create_semaphores: String,
     create_permits: String,
-    bump: String,
+    /// The grant function's body, as `pg_proc` stores it.
+    grant_body: String,
+    grant_source: String,
+    create_grant: String,
     grant: String,
     lock_semaphore: String,
     extend: String,
@@ -43,10 +49,62 @@ impl Statements {
             semaphores,
             permits,
         } = tables;
-        // `now()` is the transaction's start, which can be a lock wait
-        // before the grant; a permit's TTL counts from the statement that
-        // grants it.
-        let now = "statement_timestamp()";
+        // The instant the grant is judged by: taken once the row lock is
+        // held (the function's `now()` is the call's start, which can be a
+        // lock wait before the grant), so a permit's TTL counts from the
+        // grant, and one value for the whole statement, so every row is on
+        // one side of it.
+        //
+        // Data-modifying CTEs all read one snapshot and run in no set order:
+        // the owner's own earlier permit (a retry after a lost reply) is
+        // neither deleted nor counted but overwritten by the insert, which
+        // would otherwise meet it on the key. The snapshot can be stale for
+        // one kind of row: a permit whose renewal is committing as its old
+        // end passes shows the old end. The delete waits for that renewal
+        // and, re-reading the row, leaves it; so the live permits are those
+        // the snapshot shows live plus those it shows ended that the delete
+        // did not delete.
+        let grant_body = format!(
+            "
+DECLARE
+  bumped bigint;
+  judged_at timestamptz;
+BEGIN
+  UPDATE {semaphores} AS s SET token = s.token + 1
+   WHERE s.name = p_name AND s.permits = p_limit
+  RETURNING s.token INTO bumped;
+  IF NOT FOUND THEN
+    exists_with_limit := false;
+    RETURN;
+  END IF;
+  exists_with_limit := true;
+  judged_at := clock_timestamp();
+  WITH expired AS (
+      DELETE FROM {permits} AS p
+       WHERE p.name = p_name AND p.expires_at <= judged_at AND p.owner <> p_owner
+      RETURNING 1),
+   seen AS (
+      SELECT count(*) FILTER (WHERE p.expires_at > judged_at) AS live,
+             count(*) FILTER (WHERE p.expires_at <= judged_at) AS ended,
+             min(p.expires_at) FILTER (WHERE p.expires_at > judged_at) AS earliest
+        FROM {permits} AS p WHERE p.name = p_name AND p.owner <> p_owner),
+   counted AS (
+      SELECT live + ended - (SELECT count(*) FROM expired) AS n FROM seen),
+   granted AS (
+      INSERT INTO {permits} AS p (name, owner, token, expires_at)
+      SELECT p_name, p_owner, bumped, judged_at + make_interval(secs => p_ttl_us::float8 / 1e6)
+        FROM counted WHERE counted.n < p_limit
+      ON CONFLICT (name, owner) DO UPDATE
+         SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+      RETURNING p.token)
+  SELECT (SELECT g.token FROM granted AS g),
+         (SELECT (extract(epoch FROM seen.earliest - judged_at) * 1e6)::bigint FROM seen)
+    INTO granted_token, earliest_left_us;
+END
+"
+        );
+        let grant_fn = format!("{table}_grant");
+        let grant_signature = format!("{grant_fn}(text, text, bigint, bigint)");
         Self {
             create_semaphores: format!(
                 "CREATE TABLE IF NOT EXISTS {semaphores} (
@@ -62,43 +120,18 @@ impl Statements {
                     expires_at TIMESTAMPTZ NOT NULL,
                     PRIMARY KEY (name, owner))"
             ),
-            bump: format!(
-                "UPDATE {semaphores} SET token = token + 1 WHERE name = $1 AND permits = $2
-                 RETURNING token"
+            grant_source: format!(
+                "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure('{grant_signature}')"
             ),
-            // Data-modifying CTEs all read one snapshot and run in no set
-            // order: the owner's own earlier permit (a retry after a lost
-            // reply) is neither deleted nor counted but overwritten by the
-            // insert, which would otherwise meet it on the key. The snapshot
-            // can be stale for one kind of row: a permit whose renewal is
-            // committing as its old end passes shows the old end. The
-            // delete waits for that renewal and, re-reading the row, leaves
-            // it; so the live permits are those the snapshot shows live plus
-            // those it shows ended that the delete did not delete.
-            // `statement_timestamp()` is one instant for the whole
-            // statement, so every row is on one side of it.
-            grant: format!(
-                "WITH expired AS (
-                    DELETE FROM {permits}
-                     WHERE name = $1 AND expires_at <= {now} AND owner <> $2
-                    RETURNING 1),
-                 seen AS (
-                    SELECT count(*) FILTER (WHERE expires_at > {now}) AS live,
-                           count(*) FILTER (WHERE expires_at <= {now}) AS ended,
-                           min(expires_at) FILTER (WHERE expires_at > {now}) AS earliest
-                      FROM {permits} WHERE name = $1 AND owner <> $2),
-                 counted AS (
-                    SELECT live + ended - (SELECT count(*) FROM expired) AS n FROM seen),
-                 granted AS (
-                    INSERT INTO {permits} (name, owner, token, expires_at)
-                    SELECT $1, $2, $4, {now} + make_interval(secs => $3::float8 / 1e6)
-                      FROM counted WHERE counted.n < $5
-                    ON CONFLICT (name, owner) DO UPDATE
-                       SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
-                    RETURNING token)
-                 SELECT (SELECT token FROM granted),
-                        (SELECT (extract(epoch FROM earliest - {now}) * 1e6)::bigint FROM seen)"
+            create_grant: format!(
+                "CREATE OR REPLACE FUNCTION {grant_fn}(
+                    p_name text, p_owner text, p_ttl_us bigint, p_limit bigint,
+                    OUT exists_with_limit boolean, OUT granted_token bigint,
+                    OUT earliest_left_us bigint)
+                 LANGUAGE plpgsql VOLATILE AS $distlock${grant_body}$distlock$"
             ),
+            grant_body,
+            grant: format!("SELECT * FROM {grant_fn}($1, $2, $3, $4)"),
             // The no-op update takes the row lock on an existing row; a new
             // row is locked by being inserted.
             lock_semaphore: format!(
@@ -160,23 +193,37 @@ impl Statements {
 }
 
 impl Pg {
+    /// Creates the grant function, or replaces it if its body is not
+    /// this version's; left alone if it is, so that roles other than its
+    /// owner can share the tables. Runs with the tables' creation.
+    pub(crate) async fn create_grant_function(
+        &self,
+        tx: &mut sqlx::PgConnection,
+    ) -> Result<(), sqlx::Error> {
+        let s = &self.permits;
+        let source: Option<String> = sqlx::query_scalar(&s.grant_source)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if source.as_deref() != Some(s.grant_body.as_str()) {
+            sqlx::query(&s.create_grant).execute(&mut *tx).await?;
+        }
+        Ok(())
+    }
+
     pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
-        let map = |e| self.err.map(e);
-        let mut tx = self.pool.begin().await.map_err(map)?;
-        let found = match self.bump(&mut tx, req, limit).await.map_err(map)? {
-            Some(token) => self.grant(&mut tx, req, token, limit).await.map_err(map)?,
-            None => {
-                tx.rollback().await.map_err(map)?;
-                return self.permit_attempt_apart(req, limit).await;
-            }
-        };
-        tx.commit().await.map_err(map)?;
-        found.into_outcome(&self.err, req, limit)
+        match self
+            .grant(&self.pool, req, limit)
+            .await
+            .map_err(|e| self.err.map(e))?
+        {
+            Some(found) => found.into_outcome(&self.err, req, limit),
+            None => self.permit_attempt_apart(req, limit).await,
+        }
     }
 
     /// An attempt on a semaphore that does not exist yet or has another
-    /// limit: its row locked (or created), the limit checked, then the bump
-    /// and the grant.
+    /// limit: its row locked (or created), the limit checked, then the
+    /// grant.
     async fn permit_attempt_apart(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         let s = &self.permits;
         let map = |e| self.err.map(e);
@@ -187,14 +234,13 @@ impl Pg {
             .fetch_one(&mut *tx)
             .await
             .map_err(map)?;
-        let bumped = if stored == i64::from(limit) {
-            self.bump(&mut tx, req, limit).await.map_err(map)?
+        let found = if stored == i64::from(limit) {
+            self.grant(&mut *tx, req, limit).await.map_err(map)?
         } else {
             None
         };
-        let found = match bumped {
-            Some(token) => {
-                let found = self.grant(&mut tx, req, token, limit).await.map_err(map)?;
+        let found = match found {
+            Some(found) => {
                 tx.commit().await.map_err(map)?;
                 found
             }
@@ -206,39 +252,26 @@ impl Pg {
         found.into_outcome(&self.err, req, limit)
     }
 
-    /// The counter's next value, if the semaphore exists with this limit.
-    async fn bump(
+    /// One call of the grant function; `None` if the semaphore does not
+    /// exist with this limit.
+    async fn grant<'c, E: sqlx::PgExecutor<'c>>(
         &self,
-        tx: &mut sqlx::PgConnection,
+        on: E,
         req: &LockRequest,
         limit: u32,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query_scalar(&self.permits.bump)
-            .bind(req.name.as_str())
-            .bind(i64::from(limit))
-            .fetch_optional(tx)
-            .await
-    }
-
-    async fn grant(
-        &self,
-        tx: &mut sqlx::PgConnection,
-        req: &LockRequest,
-        token: i64,
-        limit: u32,
-    ) -> Result<PermitAttempt, sqlx::Error> {
-        let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(&self.permits.grant)
-            .bind(req.name.as_str())
-            .bind(req.owner.to_string())
-            .bind(ttl_micros(req.ttl))
-            .bind(token)
-            .bind(i64::from(limit))
-            .fetch_one(tx)
-            .await?;
-        Ok(match token {
+    ) -> Result<Option<PermitAttempt>, sqlx::Error> {
+        let (exists, token, left): (bool, Option<i64>, Option<i64>) =
+            sqlx::query_as(&self.permits.grant)
+                .bind(req.name.as_str())
+                .bind(req.owner.to_string())
+                .bind(ttl_micros(req.ttl))
+                .bind(i64::from(limit))
+                .fetch_one(on)
+                .await?;
+        Ok(exists.then(|| match token {
             Some(t) => PermitAttempt::Granted(t),
             None => PermitAttempt::Full(remaining_micros(left)),
-        })
+        }))
     }
 
     pub(crate) async fn permit_extend(&self, req: &LockRequest) -> Result<bool> {
