@@ -72,6 +72,11 @@ fn main() {
                 "mysql::a_renewal_committing_at_expiry_keeps_its_permit",
                 renewal_at_expiry(f.clone()),
             ),
+            trial(
+                rt,
+                "mysql::a_stale_grant_routine_is_replaced",
+                stale_grant_routine(f.clone()),
+            ),
         ]);
             trials
         },
@@ -248,5 +253,26 @@ async fn renewal_at_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
             Ok(n > 0)
         },
     )
+    .await
+}
+
+/// See [`sql_support::a_stale_grant_routine_is_replaced`]: the stale
+/// procedure answers that the semaphore exists and grants nothing.
+async fn stale_grant_routine(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let table = format!("stale_{}", &integration_tests::namespace()[12..]);
+    let url = f.url_with(&format!("table={table}"))?;
+    let admin = sqlx::MySqlPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let stale = format!(
+        "CREATE PROCEDURE {table}_grant(IN p_name VARCHAR(255), IN p_owner CHAR(36),
+            IN p_ttl_us BIGINT, IN p_limit INT UNSIGNED)
+         BEGIN SELECT 1, NULL, NULL; END"
+    );
+    let drop = format!("DROP PROCEDURE {table}_grant");
+    sql_support::a_stale_grant_routine_is_replaced(&url, || async move {
+        sqlx::raw_sql(&drop).execute(&admin).await?;
+        sqlx::raw_sql(&stale).execute(&admin).await.map(|_| ())
+    })
     .await
 }

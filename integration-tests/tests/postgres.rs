@@ -106,6 +106,11 @@ fn main() {
                     "postgres::a_renewal_committing_at_expiry_keeps_its_permit",
                     renewal_at_expiry(f.clone()),
                 ),
+                trial(
+                    rt,
+                    "postgres::a_stale_grant_routine_is_replaced",
+                    stale_grant_routine(f.clone()),
+                ),
             ]);
             trials
         },
@@ -582,5 +587,26 @@ async fn renewal_at_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
             Ok(n > 0)
         },
     )
+    .await
+}
+
+/// See [`sql_support::a_stale_grant_routine_is_replaced`]: the stale
+/// function answers that the semaphore exists and grants nothing.
+async fn stale_grant_routine(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let table = format!("stale_{}", &integration_tests::namespace()[12..]);
+    let url = f.url_with(&format!("table={table}"))?;
+    let admin = sqlx::PgPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let stale = format!(
+        "CREATE OR REPLACE FUNCTION {table}_grant(
+            p_name text, p_owner text, p_ttl_us bigint, p_limit bigint,
+            OUT exists_with_limit boolean, OUT granted_token bigint,
+            OUT earliest_left_us bigint)
+         LANGUAGE plpgsql AS $$ BEGIN exists_with_limit := true; END $$"
+    );
+    sql_support::a_stale_grant_routine_is_replaced(&url, || async move {
+        sqlx::query(&stale).execute(&admin).await.map(|_| ())
+    })
     .await
 }

@@ -77,7 +77,7 @@ impl My {
             release_any,
             evict,
             inspect,
-            permits: permits::Statements::new(&PermitTables::for_lock_table(table)),
+            permits: permits::Statements::new(table, &PermitTables::for_lock_table(table)),
             shared: shared::Statements::new(table, &RwTables::for_lock_table(table)),
             err,
         }
@@ -94,7 +94,9 @@ impl My {
                 .await
                 .map_err(|e| self.err.map(e))?;
         }
-        Ok(())
+        self.create_grant_procedure()
+            .await
+            .map_err(|e| self.err.map(e))
     }
 
     /// `innodb_flush_log_at_trx_commit` (a grant is durable only at 1) and,

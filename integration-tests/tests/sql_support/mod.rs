@@ -742,3 +742,31 @@ where
     }
     Ok(())
 }
+
+/// A grant routine left by another version (`install_stale` puts one in
+/// place that grants nothing) is replaced by the next client that starts:
+/// its first permit is granted. Without the replacement every attempt
+/// would be refused.
+pub async fn a_stale_grant_routine_is_replaced<S, SF>(
+    url: &str,
+    install_stale: S,
+) -> Result<(), Failed>
+where
+    S: FnOnce() -> SF,
+    SF: std::future::Future<Output = Result<(), sqlx::Error>>,
+{
+    let name = LockName::new("routine/stale")?;
+    let req = LockRequest::permit(name, Duration::from_secs(30), 2);
+    SqlBackend::connect(url)
+        .await?
+        .try_acquire(&req)
+        .await?
+        .ok_or("the first permit was refused")?;
+    install_stale().await?;
+    let next = SqlBackend::connect(url).await?;
+    let again = LockRequest::permit(req.name.clone(), Duration::from_secs(30), 2);
+    next.try_acquire(&again)
+        .await?
+        .ok_or("the second permit was refused: the stale routine is still in place")?;
+    Ok(())
+}

@@ -1,13 +1,13 @@
-//! MySQL/MariaDB semaphores: per attempt, one READ COMMITTED transaction
-//! that first locks the semaphore row, so acquirers of a name take turns.
-//! A grant is five round trips: the transaction's start, the counter's bump
+//! MySQL/MariaDB semaphores: per attempt, one call of a stored procedure
+//! the backend creates with its tables (`<table>_grant`), one round trip.
+//! The procedure runs one READ COMMITTED transaction that first locks the
+//! semaphore row, so acquirers of a name take turns: the counter's bump
 //! (which locks the row and checks the limit), the deletion of ended
 //! permits, the permit's insert if one is free, the commit. When the insert
-//! finds every permit held, the same transaction reads when the earliest
-//! live one ends; the token it bumped stays unused (tokens rise, with gaps).
-//! When the bump changes nothing, the transaction is rolled back and a
-//! second one says why: it creates the semaphore, or finds another limit in
-//! force.
+//! finds every permit held, it answers when the earliest live one ends; the
+//! token it bumped stays unused (tokens rise, with gaps). When the bump
+//! changes nothing, the transaction is rolled back and a second one says
+//! why: it creates the semaphore, or finds another limit in force.
 //!
 //! READ COMMITTED because each statement then reads what was committed
 //! before it, in particular the permits of the acquirer that held the row
@@ -29,12 +29,6 @@ use distlock_core::wait::Outcome;
 /// One round trip: the isolation level applies to the next transaction only.
 pub(crate) const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
-/// [`BEGIN`], and the instant a grant judges every permit's end by, so
-/// that its deletion of ended permits and its count of live ones agree on
-/// which is which.
-const BEGIN_AT: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
-                        SET @distlock_now = NOW(6)";
-
 /// How often a transaction is run again after it met another one creating
 /// the same semaphore row, or a deadlock (which InnoDB resolves by rolling
 /// one back: nothing was changed).
@@ -43,8 +37,12 @@ const RETRIES: usize = 5;
 pub(crate) struct Statements {
     create_semaphores: String,
     create_permits: String,
-    bump: String,
-    delete_ended: String,
+    /// The grant procedure's body, as `information_schema.ROUTINES`
+    /// shows it.
+    grant_body: String,
+    grant_definition: String,
+    create_grant: String,
+    drop_grant: String,
     grant: String,
     select_semaphore: String,
     insert_semaphore: String,
@@ -59,14 +57,74 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    pub(crate) fn new(tables: &PermitTables) -> Self {
+    pub(crate) fn new(table: &str, tables: &PermitTables) -> Self {
         let PermitTables {
             semaphores,
             permits,
         } = tables;
         // ascii_bin: names compare byte for byte, as in the lock table.
-        let name = "VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL";
+        let ascii = "CHARACTER SET ascii COLLATE ascii_bin";
+        let name = format!("VARCHAR(255) {ascii} NOT NULL");
+        // The bump answers the new token through `LAST_INSERT_ID(expr)`.
+        // The instant the grant is judged by is taken once the row lock is
+        // held, so that the deletion of ended permits and the count of live
+        // ones agree on which is which. The deletion also takes the owner's
+        // own earlier permit (a retry after a lost reply: asking again takes
+        // one permit, not two). It is a locking statement: where a permit's
+        // renewal is committing as its old end passes, it waits for it and,
+        // re-reading the row, leaves it. Each statement of a READ COMMITTED
+        // transaction reads what was committed before it began, so the count
+        // sees the permits of every earlier grant, each with its latest end.
+        // An error (a deadlock, which InnoDB resolves by rolling one back)
+        // rolls the transaction back and reaches the client.
+        let grant_body = format!(
+            "BEGIN
+  DECLARE judged_at DATETIME(6);
+  DECLARE bumped BIGINT UNSIGNED;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+  START TRANSACTION;
+  UPDATE {semaphores} SET token = LAST_INSERT_ID(token + 1)
+   WHERE name = p_name AND permits = p_limit;
+  IF ROW_COUNT() <> 1 THEN
+    ROLLBACK;
+    SELECT 0, NULL, NULL;
+  ELSE
+    SET bumped = LAST_INSERT_ID();
+    SET judged_at = NOW(6);
+    DELETE FROM {permits}
+     WHERE name = p_name AND (expires_at <= judged_at OR owner = p_owner);
+    INSERT INTO {permits} (name, owner, token, expires_at)
+      SELECT p_name, p_owner, bumped, judged_at + INTERVAL p_ttl_us MICROSECOND FROM DUAL
+       WHERE (SELECT COUNT(*) FROM {permits}
+               WHERE name = p_name AND expires_at > judged_at) < p_limit;
+    IF ROW_COUNT() = 1 THEN
+      COMMIT;
+      SELECT 1, bumped, NULL;
+    ELSE
+      COMMIT;
+      SELECT 1, NULL, TIMESTAMPDIFF(MICROSECOND, judged_at, MIN(expires_at))
+        FROM {permits} WHERE name = p_name AND expires_at > judged_at;
+    END IF;
+  END IF;
+END"
+        );
+        let grant_proc = format!("{table}_grant");
         Self {
+            create_grant: format!(
+                "CREATE PROCEDURE {grant_proc}(IN p_name VARCHAR(255) {ascii},
+                    IN p_owner CHAR(36) {ascii}, IN p_ttl_us BIGINT, IN p_limit INT UNSIGNED)
+                 MODIFIES SQL DATA
+                 {grant_body}"
+            ),
+            grant_definition: format!(
+                "SELECT ROUTINE_DEFINITION FROM information_schema.ROUTINES
+                  WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE'
+                    AND ROUTINE_NAME = '{grant_proc}'"
+            ),
+            drop_grant: format!("DROP PROCEDURE IF EXISTS {grant_proc}"),
+            grant: format!("CALL {grant_proc}(?, ?, ?, ?)"),
+            grant_body,
             create_semaphores: format!(
                 "CREATE TABLE IF NOT EXISTS {semaphores} (
                     name {name} PRIMARY KEY,
@@ -80,30 +138,6 @@ impl Statements {
                     token BIGINT UNSIGNED NOT NULL,
                     expires_at DATETIME(6) NOT NULL,
                     PRIMARY KEY (name, owner)) ENGINE=InnoDB"
-            ),
-            // The new token comes back in the OK packet (`LAST_INSERT_ID`).
-            bump: format!(
-                "UPDATE {semaphores} SET token = LAST_INSERT_ID(token + 1)
-                  WHERE name = ? AND permits = ?"
-            ),
-            // Ended at the grant's instant, and the owner's own earlier
-            // permit (a retry after a lost reply: asking again takes one
-            // permit, not two). A locking statement: where a permit's
-            // renewal is committing as its old end passes, it waits for it
-            // and, re-reading the row, leaves it.
-            delete_ended: format!(
-                "DELETE FROM {permits}
-                  WHERE name = ? AND (expires_at <= @distlock_now OR owner = ?)"
-            ),
-            // Each statement of a READ COMMITTED transaction reads what was
-            // committed before it began, here after the bump took the row
-            // lock and the deletion waited for renewals in flight: the
-            // permits of every earlier grant, each with its latest end.
-            grant: format!(
-                "INSERT INTO {permits} (name, owner, token, expires_at)
-                 SELECT ?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND FROM DUAL
-                  WHERE (SELECT COUNT(*) FROM {permits}
-                          WHERE name = ? AND expires_at > @distlock_now) < ?"
             ),
             select_semaphore: format!(
                 "SELECT permits, token FROM {semaphores} WHERE name = ? FOR UPDATE"
@@ -155,9 +189,13 @@ impl Statements {
 /// a duplicate key on the semaphore row (another client created it first)
 /// or a deadlock victim.
 fn may_retry(e: &sqlx::Error) -> bool {
+    matches!(mysql_error_number(e), Some(1062 | 1213))
+}
+
+fn mysql_error_number(e: &sqlx::Error) -> Option<u16> {
     e.as_database_error()
         .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
-        .is_some_and(|d| matches!(d.number(), 1062 | 1213))
+        .map(MySqlDatabaseError::number)
 }
 
 impl My {
@@ -185,6 +223,30 @@ impl My {
 }
 
 impl My {
+    /// Creates the grant procedure, or drops and creates it again if its
+    /// body is not this version's; left alone if it is, or if this role
+    /// cannot read its body (another role owns it). Runs with the tables'
+    /// creation. Clients starting together may both create it: the one
+    /// that finds it created meanwhile (error 1304) is done too.
+    pub(crate) async fn create_grant_procedure(&self) -> Result<(), sqlx::Error> {
+        let s = &self.permits;
+        let found: Option<Option<String>> = sqlx::query_scalar(&s.grant_definition)
+            .fetch_optional(&self.pool)
+            .await?;
+        match found {
+            Some(None) => return Ok(()),
+            Some(Some(body)) if body == s.grant_body => return Ok(()),
+            Some(Some(_)) => {
+                sqlx::raw_sql(&s.drop_grant).execute(&self.pool).await?;
+            }
+            None => {}
+        }
+        match sqlx::raw_sql(&s.create_grant).execute(&self.pool).await {
+            Err(e) if mysql_error_number(&e) == Some(1304) => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+
     pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         let owner = req.owner.to_string();
         let found = match self
@@ -201,53 +263,26 @@ impl My {
     }
 
     /// The attempt when the semaphore exists with the requested limit, as
-    /// in every acquire but a name's first; `None`, with nothing changed,
-    /// otherwise.
+    /// in every acquire but a name's first: one call of the grant
+    /// procedure; `None`, with nothing changed, otherwise.
     async fn permit_grant(
         &self,
         req: &LockRequest,
         owner: &str,
         limit: u32,
     ) -> Result<Option<PermitAttempt>, sqlx::Error> {
-        let s = &self.permits;
-        let name = req.name.as_str();
-        let mut tx = self.pool.begin_with(BEGIN_AT).await?;
-        let bumped = sqlx::query(&s.bump)
-            .bind(name)
-            .bind(limit)
-            .execute(&mut *tx)
-            .await?;
-        if bumped.rows_affected() != 1 {
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        let token = bumped.last_insert_id();
-        sqlx::query(&s.delete_ended)
-            .bind(name)
-            .bind(owner)
-            .execute(&mut *tx)
-            .await?;
-        let granted = sqlx::query(&s.grant)
-            .bind(name)
-            .bind(owner)
-            .bind(token)
-            .bind(ttl_micros(req.ttl))
-            .bind(name)
-            .bind(limit)
-            .execute(&mut *tx)
-            .await?;
-        if granted.rows_affected() == 0 {
-            let (_, left): (i64, Option<i64>) = sqlx::query_as(&s.count_live)
-                .bind(name)
-                .fetch_one(&mut *tx)
+        let (exists, token, left): (i64, Option<u64>, Option<i64>) =
+            sqlx::query_as(&self.permits.grant)
+                .bind(req.name.as_str())
+                .bind(owner)
+                .bind(ttl_micros(req.ttl))
+                .bind(limit)
+                .fetch_one(&self.pool)
                 .await?;
-            tx.commit().await?;
-            return Ok(Some(PermitAttempt::Full(remaining_micros(left))));
-        }
-        tx.commit().await?;
-        Ok(Some(PermitAttempt::Granted(
-            i64::try_from(token).unwrap_or(-1),
-        )))
+        Ok((exists == 1).then(|| match token {
+            Some(t) => PermitAttempt::Granted(i64::try_from(t).unwrap_or(-1)),
+            None => PermitAttempt::Full(remaining_micros(left)),
+        }))
     }
 
     /// The semaphore row locked (or created with the requested limit), the
