@@ -111,6 +111,11 @@ fn main() {
                     "postgres::a_stale_grant_routine_is_replaced",
                     stale_grant_routine(f.clone()),
                 ),
+                trial(
+                    rt,
+                    "postgres::a_raced_shared_release_does_not_deadlock_with_a_renewal",
+                    raced_release_and_renewal(f.clone()),
+                ),
             ]);
             trials
         },
@@ -609,4 +614,107 @@ async fn stale_grant_routine(f: Arc<SqlFactory>) -> Result<(), Failed> {
         sqlx::query(&stale).execute(&admin).await.map(|_| ())
     })
     .await
+}
+
+/// Waits (up to 10 s) until a session waits for a row lock in a statement
+/// containing `marker`.
+async fn until_waiting(admin: &sqlx::PgPool, marker: &str) -> Result<(), Failed> {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
+        )
+        .bind(marker)
+        .fetch_one(admin)
+        .await
+        .map_err(|e| e.to_string())?;
+        if n > 0 {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > until {
+            return Err(format!("no statement with {marker:?} waited for a lock").into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A shared release that raced a grant settles the lock row under its row
+/// lock. Meanwhile another reader's renewal, committing as that reader's
+/// hold ends, has locked its hold's row and next updates the lock row. The
+/// settling must not wait for the renewal's row (which, waiting for the
+/// lock row in turn, would be a deadlock, and the release's error); it
+/// finishes while the renewal is still open.
+async fn raced_release_and_renewal(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let table = format!("deadlock_{}", &integration_tests::namespace()[12..]);
+    let backend = SqlBackend::connect(&f.url_with(&format!("table={table}"))?).await?;
+    let admin = sqlx::PgPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = distlock_core::LockName::new("race/release-renewal")?;
+    let shared = |ttl| {
+        let mut req = distlock_core::LockRequest::new(name.clone(), ttl);
+        req.kind = distlock_core::HoldKind::Shared;
+        req
+    };
+    let (ending, releasing) = (
+        shared(Duration::from_millis(1500)),
+        shared(Duration::from_secs(30)),
+    );
+    let began = tokio::time::Instant::now();
+    for req in [&ending, &releasing] {
+        backend
+            .try_acquire(req)
+            .await?
+            .ok_or("a shared hold was refused")?;
+    }
+    let sql_err = |e: sqlx::Error| Failed::from(e.to_string());
+    // The renewal of the ending hold, by hand: its hold's row first.
+    let mut renewal = admin.begin().await.map_err(sql_err)?;
+    let renewed = sqlx::query(&format!(
+        "UPDATE {table}_shared SET expires_at = now() + interval '60 seconds'
+          WHERE name = $1 AND owner = $2 AND expires_at > now()"
+    ))
+    .bind(name.as_str())
+    .bind(ending.owner.to_string())
+    .execute(&mut *renewal)
+    .await
+    .map_err(sql_err)?;
+    if renewed.rows_affected() != 1 {
+        return Err("the hand-run renewal found no live hold".into());
+    }
+    // A grant by hand holds the lock row, so that the release races it.
+    let mut grant = admin.begin().await.map_err(sql_err)?;
+    sqlx::query(&format!(
+        "UPDATE {table} SET token = token + 1 WHERE name = $1"
+    ))
+    .bind(name.as_str())
+    .execute(&mut *grant)
+    .await
+    .map_err(sql_err)?;
+    let b = backend.clone();
+    let release = tokio::spawn(async move { b.release(&releasing).await });
+    until_waiting(&admin, "seen AS").await?;
+    // The ending hold's committed end passes; then the grant commits and
+    // the release, raced, settles the lock row.
+    tokio::time::sleep_until(began + Duration::from_millis(1800)).await;
+    grant.commit().await.map_err(sql_err)?;
+    let settled = tokio::time::timeout(Duration::from_secs(3), release).await;
+    // The renewal goes on to the lock row, and commits.
+    sqlx::query(&format!(
+        "UPDATE {table} SET expires_at = greatest(expires_at, now() + interval '60 seconds')
+          WHERE name = $1 AND owner = 'shared'"
+    ))
+    .bind(name.as_str())
+    .execute(&mut *renewal)
+    .await
+    .map_err(sql_err)?;
+    renewal.commit().await.map_err(sql_err)?;
+    let held = settled
+        .map_err(|_| "the raced release waited for the renewal's hold row")?
+        .map_err(|e| e.to_string())??;
+    if !held {
+        return Err("the release reported its hold as not held".into());
+    }
+    Ok(())
 }

@@ -127,16 +127,15 @@ impl Statements {
             // Run after `lock_row`, in its transaction, so that this
             // statement's snapshot holds every shared grant committed
             // before ours took the row lock (later ones wait for it): the
-            // hold's row and expired ones go, and the lock row's end is
-            // set to the latest live hold's, or the row freed (and waiters
-            // notified) if none is left. A renewal in flight raises the
-            // end again after this commits.
+            // lock row's end is set to the latest live hold's, or the row
+            // freed (and waiters notified) if none is left. The hold's own
+            // row is gone already, and expired ones are left for a later
+            // release: deleting them would wait, under the lock row's
+            // lock, for a renewal committing as its hold ends, which waits
+            // for the lock row next. A renewal in flight raises the end
+            // again after this commits, or finds the row freed.
             release: format!(
-                "WITH gone AS (
-                    DELETE FROM {shared}
-                     WHERE name = $1 AND (owner = $2 OR expires_at <= now())
-                    RETURNING owner = $2 AND expires_at > now() AS held),
-                 rest AS (
+                "WITH rest AS (
                     SELECT max(expires_at) AS until FROM {shared}
                      WHERE name = $1 AND owner <> $2 AND expires_at > now()),
                  freed AS (
@@ -145,8 +144,7 @@ impl Statements {
                            expires_at = coalesce(rest.until, l.expires_at)
                       FROM rest WHERE l.name = $1 AND l.owner = '{s}'
                     RETURNING rest.until IS NULL AS free)
-                 SELECT coalesce((SELECT bool_or(held) FROM gone), false),
-                        (SELECT pg_notify($3, $1) FROM freed WHERE free)::text"
+                 SELECT (SELECT pg_notify($3, $1) FROM freed WHERE free)::text"
             ),
             // Only while readers hold the lock: a writer refused by another
             // writer leaves no mark.
