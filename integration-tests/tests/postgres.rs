@@ -116,6 +116,16 @@ fn main() {
                     "postgres::a_raced_shared_release_does_not_deadlock_with_a_renewal",
                     raced_release_and_renewal(f.clone()),
                 ),
+                trial(
+                    rt,
+                    "postgres::a_release_notifies_only_while_someone_waits",
+                    notifies_only_while_awaited(f.clone()),
+                ),
+                trial(
+                    rt,
+                    "postgres::a_lock_table_without_the_awaited_column_gets_it",
+                    old_lock_table(f.clone()),
+                ),
             ]);
             trials
         },
@@ -716,5 +726,129 @@ async fn raced_release_and_renewal(f: Arc<SqlFactory>) -> Result<(), Failed> {
     if !held {
         return Err("the release reported its hold as not held".into());
     }
+    Ok(())
+}
+
+/// Whether a notification arrives on `listener` within `within`.
+async fn notified_within(
+    listener: &mut sqlx::postgres::PgListener,
+    within: Duration,
+) -> Result<bool, Failed> {
+    match tokio::time::timeout(within, listener.recv()).await {
+        Ok(n) => n.map(|_| true).map_err(|e| e.to_string().into()),
+        Err(_) => Ok(false),
+    }
+}
+
+/// A release sends `NOTIFY` only if a waiting attempt marked the lock row
+/// as awaited since its last exclusive grant: an uncontended release sends
+/// none, one with an exclusive or a shared waiter does, and an exclusive
+/// grant clears the mark. (Every `NOTIFY` takes a lock that all notifying
+/// commits of the database take turns on.)
+async fn notifies_only_while_awaited(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let table = format!("awaited_{}", &integration_tests::namespace()[12..]);
+    let backend = SqlBackend::connect(&f.url_with(&format!("table={table}"))?).await?;
+    let admin = sqlx::PgPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut listener = sqlx::postgres::PgListener::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    listener
+        .listen(&format!("distlock_{table}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = distlock_core::LockName::new("notify/awaited")?;
+    let quiet = Duration::from_millis(300);
+    let exclusive = || distlock_core::LockRequest::new(name.clone(), Duration::from_secs(30));
+    let alone = exclusive();
+    backend.try_acquire(&alone).await?.ok_or("refused")?;
+    backend.release(&alone).await?;
+    if notified_within(&mut listener, quiet).await? {
+        return Err("an uncontended release notified".into());
+    }
+    for waiter_kind in [
+        distlock_core::HoldKind::Exclusive,
+        distlock_core::HoldKind::Shared,
+    ] {
+        let holder = exclusive();
+        backend.try_acquire(&holder).await?.ok_or("refused")?;
+        let mut waiter = exclusive();
+        waiter.kind = waiter_kind.clone();
+        let (b, w) = (backend.clone(), waiter.clone());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let waiting = tokio::spawn(async move { b.acquire(&w, Some(deadline)).await });
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let awaited: bool =
+                sqlx::query_scalar(&format!("SELECT awaited FROM {table} WHERE name = $1"))
+                    .bind(name.as_str())
+                    .fetch_one(&admin)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            if awaited {
+                break;
+            }
+            if tokio::time::Instant::now() > until {
+                return Err(format!("a {waiter_kind:?} waiter never marked the row").into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        backend.release(&holder).await?;
+        if !notified_within(&mut listener, Duration::from_secs(5)).await? {
+            return Err(format!("a release with a {waiter_kind:?} waiter did not notify").into());
+        }
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .map_err(|_| "the waiter was not granted")?
+            .map_err(|e| e.to_string())??;
+        backend.release(&waiter).await?;
+        let notified = notified_within(&mut listener, quiet).await?;
+        // An exclusive grant clears the mark; a shared one leaves it (a
+        // writer refused by the readers would still wait), so the reader's
+        // release, freeing the row, notifies.
+        if waiter_kind == distlock_core::HoldKind::Exclusive && notified {
+            return Err("the release after the exclusive waiter's grant notified".into());
+        }
+        let next = exclusive();
+        backend.try_acquire(&next).await?.ok_or("refused")?;
+        backend.release(&next).await?;
+        if notified_within(&mut listener, quiet).await? {
+            return Err(format!(
+                "an uncontended release after the {waiter_kind:?} waiter notified: the grant before it left the mark"
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// A lock table created before the `awaited` column existed gets it when a
+/// client starts, and locks work on it.
+async fn old_lock_table(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let table = format!("old_{}", &integration_tests::namespace()[12..]);
+    let admin = sqlx::PgPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (name TEXT PRIMARY KEY, owner TEXT, token BIGINT NOT NULL,
+                               expires_at TIMESTAMPTZ NOT NULL)"
+    ))
+    .execute(&admin)
+    .await
+    .map_err(|e| e.to_string())?;
+    sqlx::query(&format!(
+        "INSERT INTO {table} VALUES ('old/held-before', NULL, 7, now())"
+    ))
+    .execute(&admin)
+    .await
+    .map_err(|e| e.to_string())?;
+    let client =
+        LockClient::new(SqlBackend::connect(&f.url_with(&format!("table={table}"))?).await?);
+    let guard = client.lock("old/held-before").acquire().await?;
+    if guard.token().get() <= 7 {
+        return Err(format!("token {} does not follow the row's 7", guard.token().get()).into());
+    }
+    guard.release().await?;
     Ok(())
 }

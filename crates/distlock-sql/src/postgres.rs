@@ -18,6 +18,7 @@ pub(crate) struct Pg {
     pub(crate) pool: PgPool,
     pub(crate) channel: String,
     create: String,
+    add_awaited: String,
     take: String,
     take_all: String,
     give_back: String,
@@ -50,12 +51,21 @@ impl Pg {
     pub(crate) fn new(pool: PgPool, table: &str, err: DbError) -> Self {
         // The row is never deleted: its token column is the fencing counter,
         // and it must survive releases, expiries and restarts.
+        // `awaited`: set by a waiting attempt the row refused, cleared by a
+        // grant; a release notifies waiters only while it is set, since
+        // every NOTIFY takes a lock all notifying commits of the database
+        // take turns on.
         let create = format!(
             "CREATE TABLE IF NOT EXISTS {table} (
                 name TEXT PRIMARY KEY,
                 owner TEXT,
                 token BIGINT NOT NULL,
-                expires_at TIMESTAMPTZ NOT NULL)"
+                expires_at TIMESTAMPTZ NOT NULL,
+                awaited BOOLEAN NOT NULL DEFAULT false)"
+        );
+        // A table created without the column gets it.
+        let add_awaited = format!(
+            "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS awaited BOOLEAN NOT NULL DEFAULT false"
         );
         // One statement: take the row if it is new, free or expired (judged
         // by the database's clock only), bump the token, and in the same
@@ -66,7 +76,8 @@ impl Pg {
             "INSERT INTO {table} AS l (name, owner, token, expires_at)
              VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6))
              ON CONFLICT (name) DO UPDATE
-                SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at
+                SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at,
+                    awaited = false
               WHERE l.owner IS NULL OR l.expires_at <= now()
              RETURNING token"
         );
@@ -94,14 +105,23 @@ impl Pg {
               WHERE l.name = r.name AND l.owner = r.owner
              RETURNING pg_notify($3, l.name)::text"
         );
+        // `take`, but a refusal marks the row as awaited, in the same
+        // upsert: it judges the row as the last grant or release committed
+        // it, under its row lock, so a release that comes after sees the
+        // mark. Only a row not marked yet is written. The row's `awaited`
+        // after the upsert tells a grant (cleared) from a refusal (set).
+        let free = "l.owner IS NULL OR l.expires_at <= now()";
         let attempt = format!(
             "WITH granted AS (
                 INSERT INTO {table} AS l (name, owner, token, expires_at)
                 VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6))
                 ON CONFLICT (name) DO UPDATE
-                   SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at
-                 WHERE l.owner IS NULL OR l.expires_at <= now()
-                RETURNING token)
+                   SET owner = CASE WHEN {free} THEN EXCLUDED.owner ELSE l.owner END,
+                       token = CASE WHEN {free} THEN l.token + 1 ELSE l.token END,
+                       expires_at = CASE WHEN {free} THEN EXCLUDED.expires_at ELSE l.expires_at END,
+                       awaited = NOT ({free})
+                 WHERE {free} OR NOT l.awaited
+                RETURNING CASE WHEN NOT l.awaited THEN token END AS token)
              SELECT (SELECT token FROM granted),
                     (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
                        FROM {table} WHERE name = $1 AND owner IS NOT NULL),
@@ -122,8 +142,8 @@ impl Pg {
         );
         let release = format!(
             "WITH r AS (UPDATE {table} SET owner = NULL WHERE name = $1 AND owner = $2
-                        RETURNING expires_at > now() AS held)
-             SELECT held, pg_notify($3, $1)::text FROM r"
+                        RETURNING expires_at > now() AS held, awaited)
+             SELECT held, CASE WHEN awaited THEN pg_notify($3, $1)::text END FROM r"
         );
         let inspect = format!(
             "SELECT token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint FROM {table}
@@ -139,6 +159,7 @@ impl Pg {
             permit_channel: tables.permits.clone(),
             permit_releases: Arc::default(),
             create,
+            add_awaited,
             take,
             take_all,
             give_back,
@@ -165,7 +186,7 @@ impl Pg {
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err.map(e))?;
-        for create in [self.create.as_str()]
+        for create in [self.create.as_str(), self.add_awaited.as_str()]
             .into_iter()
             .chain(self.permits.creates())
             .chain(self.shared.creates())

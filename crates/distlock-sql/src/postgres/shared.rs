@@ -37,9 +37,25 @@ impl Statements {
         // exclusively or a writer's mark lasts, bumps the token and raises
         // the row's end to the new hold's; the hold's own row goes in with
         // it. A concurrent grant of the name waits for the row lock and is
-        // then judged on the row as that grant left it.
-        let grant = format!(
-            "WITH granted AS (
+        // then judged on the row as that grant left it. A waiting attempt
+        // that is refused marks the row as awaited, so that the release
+        // that frees it notifies; the update runs on the row as the last
+        // grant or release committed it (the upsert locked it), and only on
+        // a row not marked yet. A shared grant leaves the mark: a writer
+        // refused by the readers still waits.
+        let grant = |waiting: bool| {
+            let marked = if waiting {
+                format!(
+                    ",
+                 marked AS (
+                    UPDATE {table} SET awaited = true
+                     WHERE name = $1 AND NOT awaited AND NOT EXISTS (SELECT 1 FROM granted))"
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "WITH granted AS (
                     INSERT INTO {table} AS l (name, owner, token, expires_at)
                     VALUES ($1, '{s}', 1, now() + {ttl})
                     ON CONFLICT (name) DO UPDATE
@@ -54,8 +70,9 @@ impl Statements {
                  hold AS (
                     INSERT INTO {shared} (name, owner, expires_at)
                     SELECT $1, $2, now() + {ttl} FROM granted
-                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at)"
-        );
+                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at){marked}"
+            )
+        };
         Self {
             create_shared: format!(
                 "CREATE TABLE IF NOT EXISTS {shared} (
@@ -73,15 +90,19 @@ impl Statements {
             ),
             // The grant; answers the token, or how long an exclusive holder still has.
             attempt: format!(
-                "{grant}
+                "{}
                  SELECT (SELECT token FROM granted),
                         (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
                            FROM {table} WHERE name = $1 AND owner IS NOT NULL
-                            AND owner <> '{s}' AND expires_at > now())"
+                            AND owner <> '{s}' AND expires_at > now())",
+                grant(true)
             ),
             // `attempt` without the holder's remaining lease, which only a
             // waiting request needs.
-            try_take: format!("{grant} SELECT (SELECT token FROM granted), NULL::bigint"),
+            try_take: format!(
+                "{} SELECT (SELECT token FROM granted), NULL::bigint",
+                grant(false)
+            ),
             // The hold's row, then the lock row's end raised to it (never
             // lowered: other holds may end later). Answers one row if both
             // moved: a lock row that was freed or evicted meanwhile is not
@@ -118,9 +139,9 @@ impl Statements {
                            expires_at = coalesce(rest.until, l.expires_at)
                       FROM rest, seen
                      WHERE l.name = $1 AND l.owner = '{s}' AND l.xmin = seen.version
-                    RETURNING rest.until IS NULL AS free)
+                    RETURNING rest.until IS NULL AS free, l.awaited)
                  SELECT coalesce((SELECT bool_or(held) FROM gone), false),
-                        (SELECT pg_notify($3, $1) FROM freed WHERE free)::text,
+                        (SELECT pg_notify($3, $1) FROM freed WHERE free AND awaited)::text,
                         EXISTS (SELECT 1 FROM seen) AND NOT EXISTS (SELECT 1 FROM freed)"
             ),
             lock_row: format!("SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE"),
@@ -128,7 +149,7 @@ impl Statements {
             // statement's snapshot holds every shared grant committed
             // before ours took the row lock (later ones wait for it): the
             // lock row's end is set to the latest live hold's, or the row
-            // freed (and waiters notified) if none is left. The hold's own
+            // freed (and waiters notified, if one marked it) if none is left. The hold's own
             // row is gone already, and expired ones are left for a later
             // release: deleting them would wait, under the lock row's
             // lock, for a renewal committing as its hold ends, which waits
@@ -143,8 +164,8 @@ impl Statements {
                        SET owner = CASE WHEN rest.until IS NULL THEN NULL ELSE l.owner END,
                            expires_at = coalesce(rest.until, l.expires_at)
                       FROM rest WHERE l.name = $1 AND l.owner = '{s}'
-                    RETURNING rest.until IS NULL AS free)
-                 SELECT (SELECT pg_notify($3, $1) FROM freed WHERE free)::text"
+                    RETURNING rest.until IS NULL AS free, l.awaited)
+                 SELECT (SELECT pg_notify($3, $1) FROM freed WHERE free AND awaited)::text"
             ),
             // Only while readers hold the lock: a writer refused by another
             // writer leaves no mark.
