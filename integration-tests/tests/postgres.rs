@@ -774,7 +774,7 @@ async fn notifies_only_while_awaited(f: Arc<SqlFactory>) -> Result<(), Failed> {
         let holder = exclusive();
         backend.try_acquire(&holder).await?.ok_or("refused")?;
         let mut waiter = exclusive();
-        waiter.kind = waiter_kind.clone();
+        waiter.kind = waiter_kind;
         let (b, w) = (backend.clone(), waiter.clone());
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         let waiting = tokio::spawn(async move { b.acquire(&w, Some(deadline)).await });
