@@ -219,11 +219,8 @@ async fn tls_plaintext_refused(f: Arc<SqlFactory>) -> Result<(), Failed> {
 /// renewal is the backend's statement, the wait is seen in InnoDB's list of
 /// transactions.
 async fn renewal_at_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let table = format!("renew_{}", &integration_tests::namespace()[12..]);
-    let url = f.url_with(&format!("table={table}"))?;
-    let admin = sqlx::MySqlPool::connect(&f.url()?)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (table, url) = f.own_table("renew")?;
+    let admin: sqlx::MySqlPool = f.admin_pool().await?;
     let renew = format!(
         "UPDATE {table}_permits SET expires_at = NOW(6) + INTERVAL 60 SECOND
           WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
@@ -259,11 +256,8 @@ async fn renewal_at_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
 /// See [`sql_support::a_stale_grant_routine_is_replaced`]: the stale
 /// procedure answers that the semaphore exists and grants nothing.
 async fn stale_grant_routine(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let table = format!("stale_{}", &integration_tests::namespace()[12..]);
-    let url = f.url_with(&format!("table={table}"))?;
-    let admin = sqlx::MySqlPool::connect(&f.url()?)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (table, url) = f.own_table("stale")?;
+    let admin: sqlx::MySqlPool = f.admin_pool().await?;
     let stale = format!(
         "CREATE PROCEDURE {table}_grant(IN p_name VARCHAR(255), IN p_owner CHAR(36),
             IN p_ttl_us BIGINT, IN p_limit INT UNSIGNED)

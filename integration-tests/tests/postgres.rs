@@ -441,11 +441,8 @@ async fn listens_only_while_waiting(f: std::sync::Arc<SqlFactory>) -> Result<(),
 /// the semaphore row, whose token every attempt on an existing semaphore
 /// bumps, granted or not.
 async fn freed_permit_wakes_one(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let table = format!("wake_{}", &integration_tests::namespace()[12..]);
-    let url = f.url_with(&format!("table={table}"))?;
-    let admin = sqlx::PgPool::connect(&f.url()?)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (table, url) = f.own_table("wake")?;
+    let admin: sqlx::PgPool = f.admin_pool().await?;
     let mut config = SqlConfig::default();
     // Only a NOTIFY wakes a waiter within the test.
     config.notify_fallback = Duration::from_secs(60);
@@ -483,12 +480,10 @@ async fn freed_permit_wakes_one(f: Arc<SqlFactory>) -> Result<(), Failed> {
 /// the backend's own statements run by hand in a transaction held open
 /// until the release waits for its row lock.
 async fn shared_release_races_a_grant(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let table = format!("race_{}", &integration_tests::namespace()[12..]);
-    let backend = SqlBackend::connect(&f.url_with(&format!("table={table}"))?).await?;
+    let (table, url) = f.own_table("race")?;
+    let backend = SqlBackend::connect(&url).await?;
     let client = LockClient::new(backend.clone());
-    let admin = sqlx::PgPool::connect(&f.url()?)
-        .await
-        .map_err(|e| e.to_string())?;
+    let admin: sqlx::PgPool = f.admin_pool().await?;
     let name = "race/shared-release";
     let first = client
         .lock(name)
@@ -567,11 +562,8 @@ async fn shared_release_races_a_grant(f: Arc<SqlFactory>) -> Result<(), Failed> 
 /// renewal is the backend's statement, the wait is seen in
 /// `pg_stat_activity`.
 async fn renewal_at_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let table = format!("renew_{}", &integration_tests::namespace()[12..]);
-    let url = f.url_with(&format!("table={table}"))?;
-    let admin = sqlx::PgPool::connect(&f.url()?)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (table, url) = f.own_table("renew")?;
+    let admin: sqlx::PgPool = f.admin_pool().await?;
     let renew = format!(
         "UPDATE {table}_permits SET expires_at = now() + interval '60 seconds'
           WHERE name = $1 AND owner = $2 AND expires_at > now()"
@@ -608,11 +600,8 @@ async fn renewal_at_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
 /// See [`sql_support::a_stale_grant_routine_is_replaced`]: the stale
 /// function answers that the semaphore exists and grants nothing.
 async fn stale_grant_routine(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let table = format!("stale_{}", &integration_tests::namespace()[12..]);
-    let url = f.url_with(&format!("table={table}"))?;
-    let admin = sqlx::PgPool::connect(&f.url()?)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (table, url) = f.own_table("stale")?;
+    let admin: sqlx::PgPool = f.admin_pool().await?;
     let stale = format!(
         "CREATE OR REPLACE FUNCTION {table}_grant(
             p_name text, p_owner text, p_ttl_us bigint, p_limit bigint,
@@ -656,11 +645,9 @@ async fn until_waiting(admin: &sqlx::PgPool, marker: &str) -> Result<(), Failed>
 /// lock row in turn, would be a deadlock, and the release's error); it
 /// finishes while the renewal is still open.
 async fn raced_release_and_renewal(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let table = format!("deadlock_{}", &integration_tests::namespace()[12..]);
-    let backend = SqlBackend::connect(&f.url_with(&format!("table={table}"))?).await?;
-    let admin = sqlx::PgPool::connect(&f.url()?)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (table, url) = f.own_table("deadlock")?;
+    let backend = SqlBackend::connect(&url).await?;
+    let admin: sqlx::PgPool = f.admin_pool().await?;
     let name = distlock_core::LockName::new("race/release-renewal")?;
     let shared = |ttl| {
         let mut req = distlock_core::LockRequest::new(name.clone(), ttl);
@@ -746,11 +733,9 @@ async fn notified_within(
 /// grant clears the mark. (Every `NOTIFY` takes a lock that all notifying
 /// commits of the database take turns on.)
 async fn notifies_only_while_awaited(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let table = format!("awaited_{}", &integration_tests::namespace()[12..]);
-    let backend = SqlBackend::connect(&f.url_with(&format!("table={table}"))?).await?;
-    let admin = sqlx::PgPool::connect(&f.url()?)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (table, url) = f.own_table("awaited")?;
+    let backend = SqlBackend::connect(&url).await?;
+    let admin: sqlx::PgPool = f.admin_pool().await?;
     let mut listener = sqlx::postgres::PgListener::connect(&f.url()?)
         .await
         .map_err(|e| e.to_string())?;
@@ -826,10 +811,8 @@ async fn notifies_only_while_awaited(f: Arc<SqlFactory>) -> Result<(), Failed> {
 /// A lock table created before the `awaited` column existed gets it when a
 /// client starts, and locks work on it.
 async fn old_lock_table(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let table = format!("old_{}", &integration_tests::namespace()[12..]);
-    let admin = sqlx::PgPool::connect(&f.url()?)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (table, url) = f.own_table("old")?;
+    let admin: sqlx::PgPool = f.admin_pool().await?;
     sqlx::query(&format!(
         "CREATE TABLE {table} (name TEXT PRIMARY KEY, owner TEXT, token BIGINT NOT NULL,
                                expires_at TIMESTAMPTZ NOT NULL)"
@@ -843,8 +826,7 @@ async fn old_lock_table(f: Arc<SqlFactory>) -> Result<(), Failed> {
     .execute(&admin)
     .await
     .map_err(|e| e.to_string())?;
-    let client =
-        LockClient::new(SqlBackend::connect(&f.url_with(&format!("table={table}"))?).await?);
+    let client = LockClient::new(SqlBackend::connect(&url).await?);
     let guard = client.lock("old/held-before").acquire().await?;
     if guard.token().get() <= 7 {
         return Err(format!("token {} does not follow the row's 7", guard.token().get()).into());

@@ -1741,6 +1741,20 @@ async fn etcd_target() -> Result<Target, BoxError> {
     let endpoint = format!("http://{}:{}", server.host(), server.port());
     let client = etcd_client::Client::connect([endpoint], None).await?;
     let lease = client.clone().lease_grant(60, None).await?.id();
+    // The raw sequences' lease lives as long as the server: kept alive
+    // every 20 s until a keep-alive fails (the server stopped).
+    let mut keeper = client.clone();
+    tokio::spawn(async move {
+        let Ok((mut keep, mut answers)) = keeper.lease_keep_alive(lease).await else {
+            return;
+        };
+        loop {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            if keep.keep_alive().await.is_err() || !matches!(answers.message().await, Ok(Some(_))) {
+                return;
+            }
+        }
+    });
     let c1 = client.clone();
     let rtt: Step = Arc::new(move |_, _| {
         let mut c = c1.clone();

@@ -100,6 +100,21 @@ impl SqlFactory {
         Ok(format!("{url}{sep}{params}"))
     }
 
+    /// A lock table of the test's own (`<prefix>_` and the run's namespace)
+    /// and the URL that names it.
+    pub fn own_table(&self, prefix: &str) -> Result<(String, String), Failed> {
+        let table = format!("{prefix}_{}", &integration_tests::namespace()[12..]);
+        let url = self.url_with(&format!("table={table}"))?;
+        Ok((table, url))
+    }
+
+    /// A pool of the server's administrator, for statements run by hand.
+    pub async fn admin_pool<DB: sqlx::Database>(&self) -> Result<sqlx::Pool<DB>, Failed> {
+        sqlx::Pool::<DB>::connect(&self.url()?)
+            .await
+            .map_err(|e| e.to_string().into())
+    }
+
     pub async fn connect(&self, config: SqlConfig) -> Result<SqlBackend, Failed> {
         Ok(SqlBackend::connect_with(&self.url()?, config).await?)
     }
