@@ -568,11 +568,12 @@ impl SqlBackend {
         .with_shared();
         // Renewals in batches, locks and permits together: one statement
         // of UPDATEs over unnest() arrays on PostgreSQL, one transaction on
-        // SQLite. MySQL has no UPDATE ... RETURNING to say which rows were
-        // extended, so it renews one by one.
+        // SQLite and on MySQL (which has no UPDATE ... RETURNING: an update
+        // per table over the batch's rows, then a read of which are live).
         match database {
             "postgres" => caps.with_extend_batch(1000),
             "sqlite" => caps.with_extend_batch(256),
+            "mysql" => caps.with_extend_batch(500),
             _ => caps,
         }
     }
@@ -659,14 +660,8 @@ impl Backend for SqlBackend {
             Db::Postgres(db) => db.extend_many(reqs).await,
             #[cfg(feature = "sqlite")]
             Db::Sqlite(db) => db.extend_many(reqs).await,
-            #[allow(unreachable_patterns)]
-            _ => {
-                let mut answers = Vec::with_capacity(reqs.len());
-                for req in reqs {
-                    answers.push(self.extend(req).await?);
-                }
-                Ok(answers)
-            }
+            #[cfg(feature = "mysql")]
+            Db::MySql(db) => db.extend_many(reqs).await,
         }
     }
 

@@ -8,10 +8,14 @@ use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, DbError};
 
 mod permits;
+mod renew;
 mod shared;
 
 pub(crate) struct My {
     pub(crate) pool: MySqlPool,
+    /// The lock table and the permits table, by name.
+    table: String,
+    permit_table: String,
     create: String,
     take: String,
     insert: String,
@@ -77,6 +81,8 @@ impl My {
             release_any,
             evict,
             inspect,
+            table: table.to_string(),
+            permit_table: PermitTables::for_lock_table(table).permits,
             permits: permits::Statements::new(table, &PermitTables::for_lock_table(table)),
             shared: shared::Statements::new(table, &RwTables::for_lock_table(table)),
             err,
