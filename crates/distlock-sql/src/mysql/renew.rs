@@ -36,7 +36,10 @@ impl My {
             .partition(|r| matches!(r.kind, HoldKind::Permits { .. }));
         let mut tx = self.pool.begin().await.map_err(map)?;
         let mut live = std::collections::HashSet::new();
-        for (batch, table) in [(&locks, &self.table), (&permits, &self.permit_table)] {
+        for (batch, table, is_permit) in [
+            (&locks, &self.table, false),
+            (&permits, &self.permit_table, true),
+        ] {
             if batch.is_empty() {
                 continue;
             }
@@ -67,7 +70,6 @@ impl My {
                     .bind(req.owner.to_string())
                     .bind(ttl_micros(req.ttl));
             }
-            let is_permit = std::ptr::eq(table, &self.permit_table);
             for (name, owner) in q.fetch_all(&mut *tx).await.map_err(map)? {
                 live.insert((is_permit, name, owner));
             }

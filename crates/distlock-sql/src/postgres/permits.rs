@@ -1,5 +1,5 @@
 //! PostgreSQL semaphores: per attempt, one call of a PL/pgSQL function the
-//! backend creates with its tables (`<table>_permit`), in autocommit.
+//! backend creates with its tables (`<table>_grant`), in autocommit.
 //!
 //! The function runs two statements. The first bumps the semaphore's token
 //! counter if the stored limit is the requested one, which locks the row, so
