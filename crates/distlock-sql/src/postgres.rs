@@ -51,10 +51,10 @@ impl Pg {
     pub(crate) fn new(pool: PgPool, table: &str, err: DbError) -> Self {
         // The row is never deleted: its token column is the fencing counter,
         // and it must survive releases, expiries and restarts.
-        // `awaited`: set by a waiting attempt the row refused, cleared by a
-        // grant; a release notifies waiters only while it is set, since
-        // every NOTIFY takes a lock all notifying commits of the database
-        // take turns on.
+        // `awaited`: set by a waiting attempt the row refused, cleared by an
+        // exclusive grant (`take`, `attempt`); a release notifies waiters
+        // only while it is set, since every NOTIFY takes a lock all
+        // notifying commits of the database take turns on.
         let create = format!(
             "CREATE TABLE IF NOT EXISTS {table} (
                 name TEXT PRIMARY KEY,
