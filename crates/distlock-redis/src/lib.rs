@@ -127,7 +127,7 @@ impl RedisBackend {
     /// awaited by a writer.
     pub async fn attempt_in(&self, req: &LockRequest, how: Attempt) -> Result<Attempted> {
         match req.kind {
-            HoldKind::Permits { .. } => Ok(self.attempt_permit(req).await?.into()),
+            HoldKind::Permits { .. } => Ok(self.attempt_permit(req, true).await?.into()),
             HoldKind::Shared => Ok(self.attempt_shared(req, true).await?.into()),
             _ => self.attempt_exclusive(req, how, true).await,
         }
@@ -139,7 +139,7 @@ impl RedisBackend {
     /// declared meaningless: no counter is kept, and the server runs no
     /// script (a script costs the server more than the command).
     /// A semaphore's permits and shared holds need their script either
-    /// way, so those requests run it (taking no token for a shared hold).
+    /// way, so those requests run it, taking no token.
     pub async fn attempt_unfenced(&self, req: &LockRequest) -> Result<Outcome> {
         Ok(self.attempt_unfenced_in(req, Attempt::Once).await?.outcome)
     }
@@ -150,7 +150,7 @@ impl RedisBackend {
     /// run the script alone.
     pub async fn attempt_unfenced_in(&self, req: &LockRequest, how: Attempt) -> Result<Attempted> {
         match req.kind {
-            HoldKind::Permits { .. } => return Ok(self.attempt_permit(req).await?.into()),
+            HoldKind::Permits { .. } => return Ok(self.attempt_permit(req, false).await?.into()),
             HoldKind::Shared => return Ok(self.attempt_shared(req, false).await?.into()),
             _ if how == Attempt::LaterOfWait => {
                 return self.attempt_exclusive(req, how, false).await

@@ -39,9 +39,10 @@ impl RedisBackend {
         SemaphoreKeys::new(&self.inner.config.prefix, name)
     }
 
-    /// One permit acquire script: the token, or how long until the earliest
-    /// permit expires; `LimitMismatch` if another limit is stored.
-    pub(crate) async fn attempt_permit(&self, req: &LockRequest) -> Result<Outcome> {
+    /// One permit acquire script: the token (token 0 and no counter kept
+    /// unless `fenced`), or how long until the earliest permit expires;
+    /// `LimitMismatch` if another limit is stored.
+    pub(crate) async fn attempt_permit(&self, req: &LockRequest, fenced: bool) -> Result<Outcome> {
         let limit = limit_of(req)?;
         let keys = self.semaphore_keys(&req.name);
         let mut inv = Scripts::get().permit_acquire.key(&keys.permits);
@@ -49,10 +50,11 @@ impl RedisBackend {
             .key(&keys.fence)
             .arg(req.owner.to_string())
             .arg(ttl_ms(req.ttl))
-            .arg(limit);
+            .arg(limit)
+            .arg(if fenced { "1" } else { "0" });
         let answer: Value = self.run(&inv).await?;
         match answer {
-            Value::Int(token) if token >= 1 => {
+            Value::Int(token) if token >= 1 || (token == 0 && !fenced) => {
                 if self.inner.config.wait_replicas > 0 {
                     Box::pin(self.await_replicas(req)).await?;
                 }
@@ -163,7 +165,7 @@ impl RedisBackend {
         let mut wakeups = Subscribed::new(self, &req.name, true);
         let pace = Pace::notified(Duration::from_millis(100));
         wait_for_grant(&req.name, deadline, pace, &mut wakeups, || {
-            self.attempt_permit(req)
+            self.attempt_permit(req, true)
         })
         .await
     }

@@ -63,6 +63,27 @@ async fn connected() -> (Server, RedisBackend) {
 }
 
 #[tokio::test]
+async fn a_shorter_permit_does_not_shorten_the_permit_set() {
+    let (server, b) = connected().await;
+    let sem = name("jobs/shorter-after-longer");
+    let keys = b.semaphore_keys(&sem);
+    let long = LockRequest::permit(sem.clone(), Duration::from_secs(60), 2);
+    let short = LockRequest::permit(sem.clone(), Duration::from_millis(300), 2);
+    assert!(b.try_acquire(&long).await.unwrap().is_some());
+    assert!(b.try_acquire(&short).await.unwrap().is_some());
+    let mut raw = server.raw().await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&keys.permits)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        pttl > 50_000,
+        "a 300 ms permit cut the set holding a 60 s permit to {pttl} ms"
+    );
+}
+
+#[tokio::test]
 async fn abandoned_permits_leave_with_their_longest_permit_and_the_counter_stays() {
     let (server, b) = connected().await;
     let sem = name("jobs/abandoned");

@@ -1,10 +1,13 @@
 -- KEYS[1] permits (sorted set: owner -> expiry in ms), KEYS[2] limit,
--- KEYS[3] fencing counter; ARGV[1] owner, ARGV[2] TTL in ms, ARGV[3] limit.
+-- KEYS[3] fencing counter; ARGV[1] owner, ARGV[2] TTL in ms, ARGV[3] limit,
+-- ARGV[4] '1' to take a fencing token, '0' for none (Redlock without
+-- fencing, where tokens are declared meaningless: no counter is kept).
 -- Expiry is judged by this server's clock (TIME), never the client's, so a
 -- client with a fast or slow clock cannot shorten or stretch a permit.
--- Answers: the token (>= 1) when granted; when all permits are held,
--- -(ms until the earliest permit expires), always <= -1; when the stored
--- limit differs from ARGV[3], a table holding the stored limit.
+-- Answers: the token (>= 1; 0 without fencing) when granted; when all
+-- permits are held, -(ms until the earliest permit expires), always <= -1;
+-- when the stored limit differs from ARGV[3], a table holding the stored
+-- limit.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local limit = tonumber(ARGV[3])
@@ -16,15 +19,24 @@ elseif tonumber(stored) ~= limit then
   return { tonumber(stored) or -1 }
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local live = redis.call('ZCARD', KEYS[1])
 -- The same owner asking again (a retry after a lost reply) renews its own
--- permit instead of taking a second one.
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < limit then
-  local token = redis.call('INCR', KEYS[3])
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+-- permit instead of taking a second one; ZADD of an existing member only
+-- moves its score.
+if live < limit or redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  local token = 0
+  if ARGV[4] == '1' then
+    token = redis.call('INCR', KEYS[3])
+  end
+  local ttl = tonumber(ARGV[2])
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
   -- The set lives as long as its longest permit, so a semaphore whose
-  -- holders all vanished leaves no permits behind.
-  local furthest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2]
-  redis.call('PEXPIRE', KEYS[1], tonumber(furthest) - now)
+  -- holders all vanished leaves no permits behind. Its expiry only moves
+  -- later: a set that was empty is new (ZREMRANGEBYSCORE deleted it or it
+  -- never existed), else it already lives as long as its other permits.
+  if live == 0 or redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
   return token
 end
 local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
