@@ -92,6 +92,15 @@ impl Backend for Counting {
     async fn deployment_findings(&self) -> Result<Vec<Finding>> {
         self.inner.deployment_findings().await
     }
+    async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        self.inner.proclaim(req, value).await
+    }
+    async fn leader(&self, name: &LockName) -> Result<Option<distlock::Leader>> {
+        self.inner.leader(name).await
+    }
+    async fn observe_leader(&self, name: &LockName) -> Result<Option<distlock::LeaderStream>> {
+        self.inner.observe_leader(name).await
+    }
 }
 
 /// Resident set size of this process, in bytes.

@@ -56,6 +56,7 @@ macro_rules! cases {
 }
 
 pub mod cases;
+pub mod election;
 pub mod multi;
 pub mod rwlock;
 pub mod self_check;
@@ -118,7 +119,14 @@ fn all_cases() -> impl Iterator<Item = (&'static str, CaseFn, Needs)> {
         .iter()
         .map(|(n, f)| (*n, *f, Needs::Semaphore));
     let shared = rwlock::ALL.iter().map(|(n, f)| (*n, *f, Needs::Shared));
-    exclusive.chain(multi).chain(permits).chain(shared)
+    let elections = election::ALL
+        .iter()
+        .map(|(n, f)| (*n, *f, Needs::Elections));
+    exclusive
+        .chain(multi)
+        .chain(permits)
+        .chain(shared)
+        .chain(elections)
 }
 
 /// Runs one case in a fresh namespace, ignored when the backend does not
@@ -128,6 +136,7 @@ async fn run_case(factory: &dyn BackendFactory, f: CaseFn, needs: Needs) -> Case
         Needs::Nothing => None,
         Needs::Semaphore => semaphore::unsupported(factory).await?,
         Needs::Shared => rwlock::unsupported(factory).await?,
+        Needs::Elections => election::unsupported(factory).await?,
     };
     if let Some(ignored) = unsupported {
         return Ok(ignored);
@@ -200,6 +209,7 @@ enum Needs {
     Nothing,
     Semaphore,
     Shared,
+    Elections,
 }
 
 /// A backend-specific trial: runs `fut` on the suite's runtime, bounded

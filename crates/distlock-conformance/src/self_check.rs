@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use distlock_core::{
     async_trait, AllAtOnce, Backend, Capabilities, DynBackend, FencingToken, Grant, HoldKind,
-    LockName, LockRequest, LockStatus, MemoryBackend, Result as LockResult,
+    Leader, LeaderStream, LockName, LockRequest, LockStatus, MemoryBackend, Result as LockResult,
 };
 use libtest_mimic::{Failed, Trial};
 
@@ -34,6 +34,10 @@ enum Flaw {
     /// Waits by polling one-shot attempts, which never mark a waiting
     /// writer: readers keep coming in ahead of it.
     ReaderPreferring,
+    /// Writes a proclaimed value whoever leads, even after leadership ended.
+    ProclaimsWithoutLeading,
+    /// Keeps reporting the last leader after its leadership ended.
+    ReportsEndedLeaders,
 }
 
 /// The request as the flawed backend passes it on.
@@ -57,6 +61,8 @@ fn as_served(req: &LockRequest, flaw: Flaw) -> LockRequest {
 struct Broken {
     inner: MemoryBackend,
     flaw: Flaw,
+    /// The last leader `leader` saw, or a value proclaimed without leading.
+    last_leader: std::sync::Mutex<Option<Leader>>,
 }
 
 #[async_trait]
@@ -144,6 +150,40 @@ impl Backend for Broken {
     async fn set_limit(&self, name: &LockName, limit: u32) -> LockResult<Option<u32>> {
         self.inner.set_limit(name, limit).await
     }
+    async fn proclaim(&self, req: &LockRequest, value: &str) -> LockResult<bool> {
+        match self.flaw {
+            Flaw::ProclaimsWithoutLeading => {
+                let _ = self.inner.proclaim(req, value).await?;
+                *self
+                    .last_leader
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some(Leader::new(value, FencingToken(0)));
+                Ok(true)
+            }
+            _ => self.inner.proclaim(req, value).await,
+        }
+    }
+    async fn leader(&self, name: &LockName) -> LockResult<Option<Leader>> {
+        let now = self.inner.leader(name).await?;
+        let mut last = self
+            .last_leader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(match self.flaw {
+            Flaw::ReportsEndedLeaders if now.is_none() => last.clone(),
+            Flaw::ProclaimsWithoutLeading if last.is_some() => last.take(),
+            _ => {
+                if now.is_some() {
+                    *last = now.clone();
+                }
+                now
+            }
+        })
+    }
+    async fn observe_leader(&self, name: &LockName) -> LockResult<Option<LeaderStream>> {
+        self.inner.observe_leader(name).await
+    }
 }
 
 struct BrokenFactory {
@@ -160,6 +200,7 @@ impl BackendFactory for BrokenFactory {
         Ok(Arc::new(Broken {
             inner: self.store.clone(),
             flaw: self.flaw,
+            last_leader: std::sync::Mutex::new(None),
         }))
     }
     async fn evict(&self, name: &LockName) -> Result<(), Failed> {
@@ -177,6 +218,7 @@ fn case(name: &str) -> Option<CaseFn> {
         .chain(crate::semaphore::ALL)
         .chain(crate::multi::ALL)
         .chain(crate::rwlock::ALL)
+        .chain(crate::election::ALL)
         .find(|(n, _)| *n == name)
         .map(|(_, f)| *f)
 }
@@ -239,6 +281,21 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             "a_writer_starved_by_readers",
             Flaw::ReaderPreferring,
             "a_writer_is_not_starved_by_a_stream_of_readers",
+        ),
+        (
+            "two_leaders_at_once",
+            Flaw::GrantsEveryone,
+            "one_leader_at_a_time_among_many_campaigners",
+        ),
+        (
+            "a_proclamation_without_leadership",
+            Flaw::ProclaimsWithoutLeading,
+            "an_evicted_leader_sees_lost_and_cannot_proclaim",
+        ),
+        (
+            "an_ended_leader_still_reported",
+            Flaw::ReportsEndedLeaders,
+            "resign_hands_over_and_proclaim_changes_the_value",
         ),
         (
             "batched_renewal_of_others_locks",

@@ -33,6 +33,10 @@ pub enum HoldKind {
         /// How many permits the semaphore has.
         limit: u32,
     },
+    /// The leader of an election: one holder at a time, whose hold carries
+    /// a value (its proposal) that others read with [`Backend::leader`].
+    /// Campaigners are granted in the order they joined.
+    Leader,
 }
 
 impl HoldKind {
@@ -40,14 +44,14 @@ impl HoldKind {
     /// holds: no bound but the exclusive holder's).
     pub fn holders(&self) -> u32 {
         match self {
-            HoldKind::Exclusive => 1,
+            HoldKind::Exclusive | HoldKind::Leader => 1,
             HoldKind::Shared => u32::MAX,
             HoldKind::Permits { limit } => *limit,
         }
     }
 
     /// The object a hold of this kind is on: the lock for exclusive and
-    /// shared holds, the semaphore for permits.
+    /// shared holds, the semaphore for permits, the election for a leader.
     pub fn object(&self) -> HoldKind {
         match self {
             HoldKind::Shared => HoldKind::Exclusive,
@@ -62,6 +66,7 @@ impl fmt::Display for HoldKind {
             HoldKind::Exclusive => f.write_str("lock"),
             HoldKind::Shared => f.write_str("shared lock"),
             HoldKind::Permits { limit } => write!(f, "semaphore of {limit} permits"),
+            HoldKind::Leader => f.write_str("election"),
         }
     }
 }
@@ -80,6 +85,9 @@ pub struct LockRequest {
     pub ttl: Duration,
     /// The kind of hold.
     pub kind: HoldKind,
+    /// The value the hold carries on the server: an election's proposal
+    /// ([`HoldKind::Leader`]); `None` for the other kinds.
+    pub value: Option<Arc<str>>,
 }
 
 /// What a backend answers a granted request with: the fencing token, and
@@ -112,6 +120,17 @@ impl LockRequest {
             owner: Owner::random(),
             ttl,
             kind: HoldKind::Exclusive,
+            value: None,
+        }
+    }
+
+    /// A campaign for the leadership of the election `name`, carrying
+    /// `value`, with a fresh random owner.
+    pub fn leader(name: LockName, ttl: Duration, value: impl Into<Arc<str>>) -> Self {
+        Self {
+            kind: HoldKind::Leader,
+            value: Some(value.into()),
+            ..Self::new(name, ttl)
         }
     }
 
@@ -246,6 +265,45 @@ impl LockStatus {
     }
 }
 
+/// The current leader of an election ([`Backend::leader`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leader {
+    /// The value the leader campaigned with, or last proclaimed.
+    pub value: String,
+    /// The fencing token of its leadership.
+    pub token: FencingToken,
+    /// How long its lease still runs, where the backend can tell.
+    pub remaining: Option<Duration>,
+}
+
+impl Leader {
+    /// A leader with `value` and `token`; `remaining` unknown.
+    pub fn new(value: impl Into<String>, token: FencingToken) -> Self {
+        Self {
+            value: value.into(),
+            token,
+            remaining: None,
+        }
+    }
+
+    /// Sets how long its lease still runs.
+    pub fn with_remaining(mut self, remaining: Option<Duration>) -> Self {
+        self.remaining = remaining;
+        self
+    }
+
+    /// Whether `other` is the same leadership with the same value (the
+    /// remaining lease aside).
+    pub fn same_as(&self, other: &Leader) -> bool {
+        self.token == other.token && self.value == other.value
+    }
+}
+
+/// A stream of an election's leaders ([`Backend::observe_leader`]): the
+/// current one first (`None`: nobody leads), then each change.
+pub type LeaderStream = futures_util::stream::BoxStream<'static, Result<Option<Leader>>>;
+
 /// How strong a backend's fencing tokens are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -334,6 +392,10 @@ pub struct Capabilities {
     pub semaphore: bool,
     /// Whether the backend grants [`HoldKind::Shared`] (read-write locks).
     pub shared: bool,
+    /// Whether the backend runs elections ([`HoldKind::Leader`],
+    /// [`Backend::proclaim`], [`Backend::leader`],
+    /// [`Backend::observe_leader`]).
+    pub elections: bool,
 }
 
 impl Capabilities {
@@ -361,6 +423,7 @@ impl Capabilities {
             extend_batch: 1,
             semaphore: false,
             shared: false,
+            elections: false,
         }
     }
 
@@ -372,7 +435,14 @@ impl Capabilities {
             HoldKind::Exclusive => true,
             HoldKind::Shared => self.shared,
             HoldKind::Permits { .. } => self.semaphore,
+            HoldKind::Leader => self.elections,
         }
+    }
+
+    /// Declares that the backend runs elections.
+    pub fn with_elections(mut self) -> Self {
+        self.elections = true;
+        self
     }
 
     /// Declares that the backend grants shared holds (read-write locks).
@@ -589,7 +659,41 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     async fn deployment_findings(&self) -> Result<Vec<Finding>> {
         Ok(Vec::new())
     }
+
+    /// Replaces the value of the leadership `req` (a granted
+    /// [`HoldKind::Leader`] request) with `value`, only while `req.owner`
+    /// still leads; `Ok(false)` if it does not.
+    async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        let _ = (req, value);
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "elections",
+        })
+    }
+
+    /// The current leader of the election `name`: the live leadership
+    /// granted first, with its value; `None` when nobody leads.
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let _ = name;
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "elections",
+        })
+    }
+
+    /// The leaders of the election `name`, from the current one on, for
+    /// backends that are notified of changes. `None` (the default): core
+    /// reads [`Backend::leader`] every [`LEADER_POLL`] instead, and again
+    /// when the current leader's lease runs out.
+    async fn observe_leader(&self, name: &LockName) -> Result<Option<LeaderStream>> {
+        let _ = name;
+        Ok(None)
+    }
 }
+
+/// How often core reads an election's leader for a backend whose
+/// [`Backend::observe_leader`] offers no stream.
+pub const LEADER_POLL: Duration = Duration::from_millis(200);
 
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
@@ -635,6 +739,15 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
     async fn deployment_findings(&self) -> Result<Vec<Finding>> {
         (**self).deployment_findings().await
+    }
+    async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        (**self).proclaim(req, value).await
+    }
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        (**self).leader(name).await
+    }
+    async fn observe_leader(&self, name: &LockName) -> Result<Option<LeaderStream>> {
+        (**self).observe_leader(name).await
     }
 }
 

@@ -127,28 +127,26 @@ impl LockClient {
         )
     }
 
+    /// The election `name`: campaign for its leadership, read its leader,
+    /// observe its leaders. A backend without elections refuses each with
+    /// [`Error::Unsupported`] before sending anything.
+    pub fn election(&self, name: impl AsRef<str>) -> crate::Election {
+        crate::Election::new(self.inner.clone(), name.as_ref().to_string())
+    }
+
     fn builder(&self, name: impl AsRef<str>, kind: HoldKind) -> LockBuilder {
-        LockBuilder {
-            client: self.inner.clone(),
-            name: LockName::new(name),
-            kind,
-            ttl: DEFAULT_TTL,
-            wait: None,
-            renew: true,
-            max_hold: None,
-            holder: None,
-            misuse: None,
-        }
+        LockBuilder::of(self.inner.clone(), name, kind)
     }
 }
 
 /// Refuses a kind the backend does not declare, before anything is sent.
-fn check_kind(caps: &Capabilities, kind: &HoldKind) -> Result<()> {
+pub(crate) fn check_kind(caps: &Capabilities, kind: &HoldKind) -> Result<()> {
     if !caps.supports(kind) {
         return Err(Error::Unsupported {
             backend: caps.backend,
             operation: match kind {
                 HoldKind::Shared => "shared holds (read-write locks)",
+                HoldKind::Leader => "elections",
                 _ => "semaphores",
             },
         });
@@ -174,6 +172,8 @@ pub struct LockBuilder {
     renew: bool,
     max_hold: Option<Duration>,
     holder: Option<String>,
+    /// The value the hold carries (an election's proposal).
+    value: Option<Arc<str>>,
     /// An option that does not fit the kind, reported when acquired.
     misuse: Option<&'static str>,
 }
@@ -193,6 +193,26 @@ impl fmt::Debug for LockBuilder {
 }
 
 impl LockBuilder {
+    pub(crate) fn of(client: Arc<ClientInner>, name: impl AsRef<str>, kind: HoldKind) -> Self {
+        LockBuilder {
+            client,
+            name: LockName::new(name),
+            kind,
+            ttl: DEFAULT_TTL,
+            wait: None,
+            renew: true,
+            max_hold: None,
+            holder: None,
+            value: None,
+            misuse: None,
+        }
+    }
+
+    pub(crate) fn with_value(mut self, value: impl Into<Arc<str>>) -> Self {
+        self.value = Some(value.into());
+        self
+    }
+
     /// Takes the lock shared (a reader of a read-write lock, like
     /// `flock -s`) instead of exclusively: shared holds of the name overlap,
     /// and exclude its exclusive hold both ways. Writer-preferring: a
@@ -401,6 +421,7 @@ impl LockBuilder {
     pub(crate) fn request(&self, name: LockName) -> LockRequest {
         let mut req = LockRequest::new(name, self.ttl);
         req.kind = self.kind;
+        req.value = self.value.clone();
         req
     }
 

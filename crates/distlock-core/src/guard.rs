@@ -140,6 +140,39 @@ impl LockGuard {
         }
     }
 
+    /// Replaces the value an election's leadership carries, only while it
+    /// still leads; a refusal marks the guard lost.
+    pub(crate) async fn proclaim(&self, value: &str) -> Result<()> {
+        let Hold { keeper, lease, .. } = &**self.hold();
+        if let HoldState::Lost(reason) = &*lease.state.get() {
+            return Err(Error::LeaseLost {
+                name: lease.req.name.clone(),
+                reason: reason.clone(),
+            });
+        }
+        if !self.is_held() {
+            return Err(Error::LeaseLost {
+                name: lease.req.name.clone(),
+                reason: LostReason::DeadlinePassed,
+            });
+        }
+        let span = tracing::debug_span!("distlock.proclaim", election = %lease.req.name);
+        if keeper
+            .backend
+            .proclaim(&lease.req, value)
+            .instrument(span)
+            .await?
+        {
+            Ok(())
+        } else {
+            keeper.lose(lease, LostReason::RenewalRejected);
+            Err(Error::LeaseLost {
+                name: lease.req.name.clone(),
+                reason: LostReason::RenewalRejected,
+            })
+        }
+    }
+
     /// Releases this guard. For a nested guard this only lowers the hold
     /// count. Returns whether the backend still had the lock as ours
     /// (`false`: it had expired or been taken before the release).

@@ -3,6 +3,7 @@
 mod backend;
 mod client;
 pub mod completion;
+mod election;
 mod error;
 pub mod expiry;
 mod fence;
@@ -19,9 +20,10 @@ pub mod wait;
 
 pub use backend::{
     AllAtOnce, Backend, Capabilities, Consistency, DynBackend, Fencing, Finding, Grant, HoldKind,
-    LockRequest, LockStatus, TrustedClock, Waiting,
+    Leader, LeaderStream, LockRequest, LockStatus, TrustedClock, Waiting, LEADER_POLL,
 };
 pub use client::{LockBuilder, LockClient, DEFAULT_TTL};
+pub use election::{Election, Leadership, MAX_VALUE_LEN};
 pub use error::{tls_refusal, BoxError, Error, InputKind, LostReason, Result};
 pub use fence::{FenceGate, ReadWriteGate, StaleToken};
 pub use guard::LockGuard;

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::backend::{
-    AllAtOnce, Backend, Capabilities, Consistency, Fencing, Grant, HoldKind, LockRequest,
+    AllAtOnce, Backend, Capabilities, Consistency, Fencing, Grant, HoldKind, Leader, LockRequest,
     LockStatus, TrustedClock, Waiting,
 };
 use crate::error::{Error, Result};
@@ -28,6 +28,8 @@ use crate::wait::{wait_for_grant, Outcome, Pace, Signal, Signalled};
 pub struct MemoryBackend {
     table: Arc<Mutex<HashMap<LockName, Entry>>>,
     semaphores: Arc<Mutex<HashMap<LockName, Semaphore>>>,
+    /// Elections: an entry per election, whose exclusive holder leads.
+    elections: Arc<Mutex<HashMap<LockName, Entry>>>,
 }
 
 #[derive(Debug, Default)]
@@ -42,6 +44,8 @@ struct Entry {
     /// and exclusive grants draw from it alike.
     counter: u64,
     released: Signal,
+    /// The value the exclusive holder carries (an election's leader).
+    value: Option<std::sync::Arc<str>>,
 }
 
 impl Entry {
@@ -84,16 +88,21 @@ impl MemoryBackend {
         Self::default()
     }
 
-    /// Removes the current holder as an operator would; its next renewal is
-    /// rejected. Returns whether someone held the lock.
+    /// Removes the current holders of the lock and of the election `name`
+    /// as an operator would; their next renewal is rejected. Returns whether
+    /// someone held either.
     pub fn evict(&self, name: &LockName) -> bool {
-        let mut table = lock(&self.table);
-        let Some(e) = table.get_mut(name) else {
-            return false;
-        };
-        let had = e.holder.take().is_some() | !e.shared.is_empty();
-        e.shared.clear();
-        e.released.wake_all();
+        let mut had = false;
+        for table in [&self.table, &self.elections] {
+            let mut table = lock(table);
+            let Some(e) = table.get_mut(name) else {
+                continue;
+            };
+            had |= e.holder.take().is_some() | !e.shared.is_empty();
+            e.shared.clear();
+            e.value = None;
+            e.released.wake_all();
+        }
         had
     }
 
@@ -125,9 +134,17 @@ impl MemoryBackend {
         Ok(Outcome::Granted(FencingToken(sem.counter)))
     }
 
+    /// The table of `kind`'s objects: elections apart from locks.
+    fn table_of(&self, kind: HoldKind) -> &Mutex<HashMap<LockName, Entry>> {
+        match kind {
+            HoldKind::Leader => &self.elections,
+            _ => &self.table,
+        }
+    }
+
     fn attempt_lock(&self, req: &LockRequest, waiting: bool) -> Outcome {
         let now = Instant::now();
-        let mut table = lock(&self.table);
+        let mut table = lock(self.table_of(req.kind));
         let e = table.entry(req.name.clone()).or_default();
         e.prune(now);
         if let Some(until) = e.exclusive_until(now) {
@@ -152,6 +169,7 @@ impl MemoryBackend {
         e.writers.retain(|(o, _)| *o != req.owner);
         let token = e.grant();
         e.holder = Some((req.owner, now + req.ttl));
+        e.value = req.value.clone();
         Outcome::Granted(token)
     }
 
@@ -189,6 +207,7 @@ impl Backend for MemoryBackend {
         .with_extend_batch(1024)
         .with_semaphore()
         .with_shared()
+        .with_elections()
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
@@ -248,6 +267,7 @@ impl Backend for MemoryBackend {
         let now = Instant::now();
         let mut table = lock(&self.table);
         let mut sems = lock(&self.semaphores);
+        let mut elections = lock(&self.elections);
         Ok(reqs
             .iter()
             .map(|req| match req.kind {
@@ -256,6 +276,7 @@ impl Backend for MemoryBackend {
                     .and_then(|s| s.live(now).iter_mut().find(|(o, _)| *o == req.owner))
                     .map(|(_, expires)| *expires = now + req.ttl)
                     .is_some(),
+                HoldKind::Leader => Self::extend_in(&mut elections, req, now),
                 _ => Self::extend_in(&mut table, req, now),
             })
             .collect())
@@ -305,6 +326,36 @@ impl Backend for MemoryBackend {
         })
     }
 
+    async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        let now = Instant::now();
+        let mut elections = lock(&self.elections);
+        let Some(e) = elections.get_mut(&req.name) else {
+            return Ok(false);
+        };
+        match e.holder {
+            Some((owner, expires)) if owner == req.owner && expires > now => {
+                e.value = Some(value.into());
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let now = Instant::now();
+        let elections = lock(&self.elections);
+        Ok(elections.get(name).and_then(|e| {
+            let until = e.exclusive_until(now)?;
+            Some(
+                Leader::new(
+                    e.value.as_deref().unwrap_or_default(),
+                    FencingToken(e.counter),
+                )
+                .with_remaining(Some(until - now)),
+            )
+        }))
+    }
+
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         let now = Instant::now();
         if let HoldKind::Permits { .. } = req.kind {
@@ -320,10 +371,10 @@ impl Backend for MemoryBackend {
             }
             return Ok(freed);
         }
-        if self.unmark(req) {
+        if req.kind != HoldKind::Leader && self.unmark(req) {
             return Ok(false);
         }
-        let mut table = lock(&self.table);
+        let mut table = lock(self.table_of(req.kind));
         let Some(e) = table.get_mut(&req.name) else {
             return Ok(false);
         };
@@ -338,6 +389,7 @@ impl Backend for MemoryBackend {
         match e.holder {
             Some((owner, expires)) if owner == req.owner => {
                 e.holder = None;
+                e.value = None;
                 e.released.wake_all();
                 Ok(expires > now)
             }
@@ -371,7 +423,7 @@ impl MemoryBackend {
                 .or_default()
                 .released
                 .clone(),
-            _ => lock(&self.table)
+            kind => lock(self.table_of(kind))
                 .entry(req.name.clone())
                 .or_default()
                 .released

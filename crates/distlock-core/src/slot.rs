@@ -33,7 +33,7 @@ const LOCK_GATE: u32 = 1 << 16;
 /// How many of its slot's local permits a hold of `kind` takes.
 pub(crate) fn local_share(kind: HoldKind) -> u32 {
     match kind {
-        HoldKind::Exclusive => LOCK_GATE,
+        HoldKind::Exclusive | HoldKind::Leader => LOCK_GATE,
         _ => 1,
     }
 }

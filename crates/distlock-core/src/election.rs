@@ -1,0 +1,267 @@
+//! Elections: a campaign is a hold of [`HoldKind::Leader`] carrying the
+//! campaigner's value, so leadership is renewed, lost, fenced and cancelled
+//! exactly as a lock is; on top of it sit [`Leadership::proclaim`],
+//! [`Election::leader`] and [`Election::observe`].
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::stream::{self, StreamExt};
+
+use crate::backend::{DynBackend, HoldKind, Leader, LeaderStream};
+use crate::client::{ClientInner, LockBuilder};
+use crate::error::{Error, InputKind, LostReason, Result};
+use crate::guard::LockGuard;
+use crate::lease::lock;
+use crate::name::LockName;
+use crate::token::FencingToken;
+
+/// The longest value a campaign or proclamation may carry, in bytes: small
+/// enough for every backend's key or node value, large enough for a host,
+/// a port and a version.
+pub const MAX_VALUE_LEN: usize = 4096;
+
+/// A value a leader may carry, or [`Error::InvalidInput`] saying why not.
+fn checked_value(value: String) -> Result<String> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Error::invalid(
+            InputKind::Config,
+            format!(
+                "an election value is at most {MAX_VALUE_LEN} bytes; this one has {}",
+                value.len()
+            ),
+        ));
+    }
+    Ok(value)
+}
+
+/// One election, named like a lock: campaign for its leadership, read its
+/// leader, or observe its leaders. Made by
+/// [`LockClient::election`](crate::LockClient::election); cheap to clone.
+#[derive(Clone)]
+pub struct Election {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) name: String,
+    ttl: Duration,
+    wait: Option<Duration>,
+}
+
+impl fmt::Debug for Election {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Election")
+            .field("name", &self.name)
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .finish()
+    }
+}
+
+impl Election {
+    pub(crate) fn new(client: Arc<ClientInner>, name: String) -> Self {
+        Self {
+            client,
+            name,
+            ttl: crate::DEFAULT_TTL,
+            wait: None,
+        }
+    }
+
+    /// The leadership lease's TTL (default [`DEFAULT_TTL`](crate::DEFAULT_TTL)),
+    /// renewed at about a third of it.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long [`campaign`](Self::campaign) waits to become leader
+    /// (default: forever); past it, [`Error::WaitTimeout`].
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    fn builder(&self, value: String) -> Result<LockBuilder> {
+        let value = checked_value(value)?;
+        let mut b = LockBuilder::of(self.client.clone(), &self.name, HoldKind::Leader)
+            .ttl(self.ttl)
+            .with_value(value);
+        b.wait = self.wait;
+        Ok(b)
+    }
+
+    /// Waits to become leader, campaigning with `value`, and returns the
+    /// leadership. On queue backends (etcd, ZooKeeper) campaigners are
+    /// served in the order they joined. Dropping the future leaves nothing
+    /// behind on the server.
+    pub async fn campaign(&self, value: impl Into<String>) -> Result<Leadership> {
+        let value = value.into();
+        let guard = self.builder(value.clone())?.acquire().await?;
+        Ok(Leadership::new(guard, value))
+    }
+
+    /// Becomes leader only if nobody leads or campaigns ahead now:
+    /// `Ok(None)` otherwise, with nothing left behind.
+    pub async fn try_campaign(&self, value: impl Into<String>) -> Result<Option<Leadership>> {
+        let value = value.into();
+        Ok(self
+            .builder(value.clone())?
+            .try_acquire()
+            .await?
+            .map(|guard| Leadership::new(guard, value)))
+    }
+
+    fn checked(&self) -> Result<(LockName, &DynBackend)> {
+        let name = LockName::new(&self.name)
+            .map_err(|e| Error::invalid(InputKind::LockName, e.to_string()))?;
+        crate::client::check_kind(&self.client.keeper.caps, &HoldKind::Leader)?;
+        Ok((name, &self.client.keeper.backend))
+    }
+
+    /// The current leader, or `None` when nobody leads.
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        let (name, backend) = self.checked()?;
+        backend.leader(&name).await
+    }
+
+    /// The election's leaders: the current one first (`None`: nobody
+    /// leads), then one item per change of leader or of its value. It never
+    /// repeats an item, always ends up on the latest leader, and never
+    /// reports a leadership that had already ended when it was read.
+    /// Notified where the backend is, otherwise read every
+    /// [`LEADER_POLL`](crate::LEADER_POLL).
+    pub async fn observe(&self) -> Result<LeaderStream> {
+        let (name, backend) = self.checked()?;
+        let leaders = match backend.observe_leader(&name).await? {
+            Some(s) => s,
+            None => polled_leaders(backend.clone(), name, crate::LEADER_POLL),
+        };
+        Ok(distinct(leaders))
+    }
+}
+
+/// Leaders read every `poll`, and right after the current leader's lease
+/// runs out.
+pub(crate) fn polled_leaders(backend: DynBackend, name: LockName, poll: Duration) -> LeaderStream {
+    stream::unfold(None::<Duration>, move |pause| {
+        let (backend, name) = (backend.clone(), name.clone());
+        async move {
+            if let Some(p) = pause {
+                tokio::time::sleep(p).await;
+            }
+            let read = backend.leader(&name).await;
+            let next = match &read {
+                Ok(Some(l)) => l
+                    .remaining
+                    .map_or(poll, |r| poll.min(r + Duration::from_millis(2))),
+                _ => poll,
+            };
+            Some((read, Some(next)))
+        }
+    })
+    .boxed()
+}
+
+/// Drops each item equal to the one before it.
+fn distinct(leaders: LeaderStream) -> LeaderStream {
+    let mut last: Option<Option<Leader>> = None;
+    leaders
+        .filter(move |item| {
+            let new = match (item, &last) {
+                (Err(_), _) => true,
+                (Ok(now), Some(before)) => match (now, before) {
+                    (Some(a), Some(b)) => !a.same_as(b),
+                    (None, None) => false,
+                    _ => true,
+                },
+                (Ok(_), None) => true,
+            };
+            if let Ok(now) = item {
+                last = Some(now.clone());
+            }
+            std::future::ready(new)
+        })
+        .boxed()
+}
+
+/// Proof of leading an election: a [`LockGuard`] on the election plus the
+/// value it carries. Resign with [`resign`](Self::resign); dropped, it
+/// resigns in the background.
+pub struct Leadership {
+    guard: LockGuard,
+    value: Mutex<String>,
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leadership")
+            .field("guard", &self.guard)
+            .field("value", &*lock(&self.value))
+            .finish()
+    }
+}
+
+impl Leadership {
+    fn new(guard: LockGuard, value: String) -> Self {
+        Self {
+            guard,
+            value: Mutex::new(value),
+        }
+    }
+
+    /// The election's name.
+    pub fn name(&self) -> &LockName {
+        self.guard.name()
+    }
+
+    /// The fencing token of this leadership.
+    pub fn token(&self) -> FencingToken {
+        self.guard.token()
+    }
+
+    /// The value this leader carries now.
+    pub fn value(&self) -> String {
+        lock(&self.value).clone()
+    }
+
+    /// The conservative local deadline, or `None` once lost.
+    pub fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.guard.deadline()
+    }
+
+    /// Whether this process still leads as far as it can tell.
+    pub fn is_held(&self) -> bool {
+        self.guard.is_held()
+    }
+
+    /// Resolves when the leadership may have been lost.
+    pub async fn lost(&self) -> LostReason {
+        self.guard.lost().await
+    }
+
+    /// Runs `fut` while leading; if leadership may be lost first, drops
+    /// `fut` and returns [`Error::LeaseLost`].
+    pub async fn run_until_lost<F: std::future::Future>(&self, fut: F) -> Result<F::Output> {
+        self.guard.run_until_lost(fut).await
+    }
+
+    /// The guard underneath, as for a lock.
+    pub fn guard(&self) -> &LockGuard {
+        &self.guard
+    }
+
+    /// Replaces the value this leader carries, only while it still leads.
+    /// Once leadership is lost, [`Error::LeaseLost`] and nothing changes.
+    pub async fn proclaim(&self, value: impl Into<String>) -> Result<()> {
+        let value = checked_value(value.into())?;
+        self.guard.proclaim(&value).await?;
+        *lock(&self.value) = value;
+        Ok(())
+    }
+
+    /// Gives up leadership; the next campaigner takes over. Returns whether
+    /// this process still led until then.
+    pub async fn resign(self) -> Result<bool> {
+        self.guard.release().await
+    }
+}
