@@ -19,6 +19,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 mod creating;
+mod election;
 mod semaphore;
 mod session;
 
@@ -55,6 +56,10 @@ struct Inner {
     /// Creates in flight, per name: a release never runs ahead of a create
     /// of its name's key whose caller went away (see [`creating`]).
     creating: Arc<creating::Creating>,
+    /// Each campaign's key's create revision, by owner: a campaign's key
+    /// carries its value, not its owner, so this is how it is known as ours
+    /// (as Go's `Election` knows its `leaderRev`).
+    campaigns: std::sync::Mutex<HashMap<distlock_core::Owner, i64>>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -79,6 +84,14 @@ struct Queued {
     blocked: bool,
     /// Whether my key is a shared hold's.
     shared: bool,
+}
+
+/// What a renewal expects of a hold's key besides its lease.
+enum Expect {
+    /// This value (a lock's owner, a permit's marker).
+    Value(Vec<u8>),
+    /// This create revision (a campaign, whose value `proclaim` changes).
+    Created(i64),
 }
 
 /// What one look at the keys ahead of mine found.
@@ -402,6 +415,7 @@ impl EtcdBackend {
                 permit_ends: Default::default(),
                 wakeups: AtomicU64::new(0),
                 creating: Arc::default(),
+                campaigns: Default::default(),
             }),
         })
     }
@@ -545,6 +559,45 @@ impl EtcdBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn campaigns(&self) -> std::sync::MutexGuard<'_, HashMap<distlock_core::Owner, i64>> {
+        self.inner
+            .campaigns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a key of this client's lease created at `rev` with `value`
+    /// belongs to a live hold: a campaign (by its revision) or a lock (by
+    /// its owner value). Anything else found there is a stale leftover.
+    fn key_in_use(&self, rev: i64, value: &[u8]) -> bool {
+        self.campaigns().values().any(|r| *r == rev)
+            || self
+                .queued()
+                .keys()
+                .any(|o| o.to_string().as_bytes() == value)
+    }
+
+    /// The condition that `key` is still `req`'s: a campaign's key still
+    /// has the create revision it was granted with (its value changes with
+    /// `proclaim`), a lock's key still carries its owner.
+    fn still_mine(&self, key: &str, req: &LockRequest) -> Compare {
+        match req.kind {
+            HoldKind::Leader => {
+                let rev = self.campaigns().get(&req.owner).copied().unwrap_or(-1);
+                Compare::create_revision(key, CompareOp::Equal, rev)
+            }
+            _ => Compare::value(key, CompareOp::Equal, req.owner.to_string()),
+        }
+    }
+
+    /// Forgets `req`'s session and campaign, once its key is gone.
+    fn forget(&self, req: &LockRequest) {
+        self.queued().remove(&req.owner);
+        if req.kind == HoldKind::Leader {
+            self.campaigns().remove(&req.owner);
+        }
+    }
+
     fn queued(&self) -> std::sync::MutexGuard<'_, HashMap<distlock_core::Owner, Arc<Session>>> {
         self.inner
             .queued
@@ -567,11 +620,17 @@ impl EtcdBackend {
             format!("{prefix}{:x}", session.lease)
         };
         let owner = req.owner.to_string();
+        let campaign = req.kind == HoldKind::Leader;
+        // A campaign's key carries its value (Go's Election), a lock's its owner.
+        let value = match &req.value {
+            Some(v) if campaign => v.to_string(),
+            _ => owner.clone(),
+        };
         for _ in 0..3 {
             let txn = if shared {
                 requests::enqueue_shared(&key, &prefix, &owner, session.lease)
             } else {
-                requests::enqueue(&key, &prefix, &owner, session.lease)
+                requests::enqueue(&key, &prefix, &value, session.lease)
             };
             let resp = self.creating_txn([req.name.as_str()], txn).await?;
             let header_rev = resp.header().map_or(0, |h| h.revision());
@@ -594,6 +653,9 @@ impl EtcdBackend {
                 shared,
             };
             if resp.succeeded() {
+                if campaign {
+                    self.campaigns().insert(req.owner, header_rev);
+                }
                 return Ok(queued(header_rev, header_rev));
             }
             let existing = match ops.first() {
@@ -604,8 +666,22 @@ impl EtcdBackend {
                 _ => None,
             };
             match existing {
-                Some((rev, modified, value)) if value == owner.as_bytes() => {
+                Some((rev, _, _)) if campaign && self.campaigns().get(&req.owner) == Some(&rev) => {
+                    return Ok(queued(rev, rev));
+                }
+                Some((rev, modified, value)) if !campaign && value == owner.as_bytes() => {
                     return Ok(queued(rev, modified));
+                }
+                Some((rev, _, value)) if self.key_in_use(rev, &value) => {
+                    // Go's layout gives a lock and an election of one name
+                    // the same key on one lease.
+                    self.forget(req);
+                    return Err(Error::invalid(
+                        InputKind::Config,
+                        format!(
+                            "{key} is held by another lock or campaign of this client on the same etcd lease (a lock and an election of one name share their keys); use distinct names, or another client"
+                        ),
+                    ));
                 }
                 Some((_, _, stale)) => {
                     // Our lease's key from an earlier acquisition that was
@@ -629,9 +705,14 @@ impl EtcdBackend {
         ))
     }
 
-    /// Deletes my key if it still carries my owner value.
+    /// Deletes my key if it is still mine ([`Self::still_mine`]).
     async fn delete_mine(&self, key: &str, req: &LockRequest) -> Result<bool> {
-        let txn = requests::delete_mine(key, &req.owner.to_string());
+        let txn = match req.kind {
+            HoldKind::Leader => Txn::new()
+                .when([self.still_mine(key, req)])
+                .and_then([TxnOp::delete(key, None)]),
+            _ => requests::delete_mine(key, &req.owner.to_string()),
+        };
         Ok(self
             .kv(|mut c| {
                 let txn = txn.clone();
@@ -695,14 +776,16 @@ impl EtcdBackend {
         } else {
             vec![ahead(q.prefix.clone(), None)]
         };
-        let owner = req.owner.to_string();
-        ops.push(TxnOp::put(
-            q.key.as_str(),
-            owner.as_str(),
-            Some(PutOptions::new().with_lease(q.session.lease)),
-        ));
+        let campaign = req.kind == HoldKind::Leader;
+        if !campaign {
+            ops.push(TxnOp::put(
+                q.key.as_str(),
+                req.owner.to_string(),
+                Some(PutOptions::new().with_lease(q.session.lease)),
+            ));
+        }
         let txn = Txn::new()
-            .when([Compare::value(q.key.as_str(), CompareOp::Equal, owner)])
+            .when([self.still_mine(&q.key, req)])
             .and_then(ops);
         let resp = self
             .kv(|mut c| {
@@ -713,7 +796,10 @@ impl EtcdBackend {
         if !resp.succeeded() {
             return Ok(Step::Vanished);
         }
+        // A campaign's token is its key's create revision, as Go's
+        // `leaderRev`: leaders take over in create order, so it rises.
         let rev = resp.header().map_or(0, |h| h.revision());
+        let token = if campaign { q.my_rev } else { rev };
         let pred = resp
             .op_responses()
             .into_iter()
@@ -726,7 +812,7 @@ impl EtcdBackend {
             })
             .max();
         let Some((_, pred_key)) = pred else {
-            return Ok(Step::Granted(rev));
+            return Ok(Step::Granted(token));
         };
         let mut stream = self
             .client()
@@ -767,6 +853,7 @@ impl EtcdBackend {
         .with_session()
         .with_semaphore()
         .with_shared()
+        .with_elections()
     }
 }
 
@@ -790,7 +877,7 @@ impl Backend for EtcdBackend {
         }
         // Not first: leave no queue entry behind.
         self.delete_mine(&q.key, req).await?;
-        self.queued().remove(&req.owner);
+        self.forget(req);
         Ok(None)
     }
 
@@ -887,7 +974,7 @@ impl Backend for EtcdBackend {
                     // A timed-out or failed wait deletes my key (a dropped
                     // one is released by core, which ends up in `release`).
                     let _ = self.delete_mine(&q.key, req).await;
-                    self.queued().remove(&req.owner);
+                    self.forget(req);
                     return Err(e);
                 }
             }
@@ -899,7 +986,7 @@ impl Backend for EtcdBackend {
         let began = q.session.lease_began();
         if q.session.is_lost() || !mine {
             let _ = self.delete_mine(&q.key, req).await;
-            self.queued().remove(&req.owner);
+            self.forget(req);
             return Err(Error::LeaseLost {
                 name: req.name.clone(),
                 reason: LostReason::SessionLost("my key or lease vanished while waiting".into()),
@@ -957,7 +1044,7 @@ impl Backend for EtcdBackend {
             })?;
             alive.insert(s.lease, lives);
         }
-        let keys: Vec<Option<(String, Vec<u8>, i64)>> = reqs
+        let keys: Vec<Option<(String, Expect, i64)>> = reqs
             .iter()
             .zip(&sessions)
             .map(|(r, s)| {
@@ -965,16 +1052,21 @@ impl Backend for EtcdBackend {
                 Some(match r.kind {
                     HoldKind::Permits { .. } => {
                         let (key, held) = self.permit_check(r)?;
-                        (key, held.as_bytes().to_vec(), s.lease)
+                        (key, Expect::Value(held.as_bytes().to_vec()), s.lease)
                     }
                     HoldKind::Shared => (
                         shared_key(&r.name, &r.owner),
-                        r.owner.to_string().into_bytes(),
+                        Expect::Value(r.owner.to_string().into_bytes()),
+                        s.lease,
+                    ),
+                    HoldKind::Leader => (
+                        format!("{}/{:x}", r.name, s.lease),
+                        Expect::Created(*self.campaigns().get(&r.owner)?),
                         s.lease,
                     ),
                     _ => (
                         format!("{}/{:x}", r.name, s.lease),
-                        r.owner.to_string().into_bytes(),
+                        Expect::Value(r.owner.to_string().into_bytes()),
                         s.lease,
                     ),
                 })
@@ -997,9 +1089,10 @@ impl Backend for EtcdBackend {
             resp.op_responses()
                 .into_iter()
                 .map(|op| match op {
-                    TxnOpResponse::Get(g) => {
-                        g.kvs().first().map(|kv| (kv.value().to_vec(), kv.lease()))
-                    }
+                    TxnOpResponse::Get(g) => g
+                        .kvs()
+                        .first()
+                        .map(|kv| (kv.value().to_vec(), kv.lease(), kv.create_revision())),
                     _ => None,
                 })
                 .collect::<Vec<_>>()
@@ -1009,10 +1102,13 @@ impl Backend for EtcdBackend {
             .into_iter()
             .map(|key| {
                 key.is_some_and(|(_, expected, lease)| {
-                    values
-                        .next()
-                        .flatten()
-                        .is_some_and(|(v, l)| v == expected && l == lease)
+                    values.next().flatten().is_some_and(|(v, l, created)| {
+                        l == lease
+                            && match &expected {
+                                Expect::Value(e) => v == *e,
+                                Expect::Created(rev) => created == *rev,
+                            }
+                    })
                 })
             })
             .collect())
@@ -1028,16 +1124,39 @@ impl Backend for EtcdBackend {
             let released = self
                 .delete_mine(&shared_key(&req.name, &req.owner), req)
                 .await?;
-            self.queued().remove(&req.owner);
+            self.forget(req);
             return Ok(released);
         }
         let mut released = false;
+        let known = req.kind != HoldKind::Leader || self.campaigns().contains_key(&req.owner);
         for s in self.sessions_of(req) {
             let key = format!("{}/{:x}", req.name, s.lease);
-            released |= self.delete_mine(&key, req).await?;
+            released |= if known {
+                self.delete_mine(&key, req).await?
+            } else {
+                self.delete_stray_campaign(&key, req).await?
+            };
         }
-        self.queued().remove(&req.owner);
+        self.forget(req);
         Ok(released)
+    }
+
+    async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        self.proclaim_value(req, value).await
+    }
+
+    async fn leader(
+        &self,
+        name: &distlock_core::LockName,
+    ) -> Result<Option<distlock_core::Leader>> {
+        self.current_leader(name).await
+    }
+
+    async fn observe_leader(
+        &self,
+        name: &distlock_core::LockName,
+    ) -> Result<Option<distlock_core::LeaderStream>> {
+        Ok(Some(self.leaders(name)))
     }
 
     /// One read of every key under `<name>/` in create order: the holders

@@ -1,0 +1,243 @@
+//! Elections in Go's `concurrency.Election` layout: a campaign is the key
+//! `<name>/<lease id in hex>` on the campaigner's lease, carrying its value;
+//! the leader is the key created first under `<name>/`, and its token that
+//! key's create revision (Go's `leaderRev`). `etcdctl elect` campaigns and
+//! observes the same keys.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use distlock_core::{Error, FencingToken, Leader, LeaderStream, LockName, LockRequest, Result};
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    WatchOptions,
+};
+use futures_util::StreamExt;
+
+use crate::EtcdBackend;
+
+/// The keys under an election's prefix, by create revision: value and key.
+type Campaigns = BTreeMap<i64, (Vec<u8>, Vec<u8>)>;
+
+/// The leader among `keys`: the one created first.
+fn first(keys: &Campaigns) -> Option<Leader> {
+    keys.iter().next().map(|(rev, (value, _))| {
+        Leader::new(
+            String::from_utf8_lossy(value).into_owned(),
+            FencingToken(*rev as u64),
+        )
+    })
+}
+
+impl EtcdBackend {
+    /// Puts `value` on my campaign's key if it still has the create
+    /// revision it was granted with (Go's `Proclaim`).
+    pub(crate) async fn proclaim_value(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        let Some(rev) = self.campaigns().get(&req.owner).copied() else {
+            return Ok(false);
+        };
+        let Some(session) = self.queued().get(&req.owner).cloned() else {
+            return Ok(false);
+        };
+        let key = format!("{}/{:x}", req.name, session.lease);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                rev,
+            )])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                value,
+                Some(PutOptions::new().with_lease(session.lease)),
+            )]);
+        Ok(self
+            .kv(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?
+            .succeeded())
+    }
+
+    /// The key created first under `<name>/` (Go's `Election.Leader`), and
+    /// how long its lease still runs.
+    pub(crate) async fn current_leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let prefix = format!("{name}/");
+        let opts = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let resp = self
+            .kv(|mut c| {
+                let (prefix, opts) = (prefix.clone(), opts.clone());
+                async move { c.get(prefix, Some(opts)).await }
+            })
+            .await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        let lease = kv.lease();
+        let remaining = if lease == 0 {
+            None
+        } else {
+            let ttl = self
+                .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
+                .await?
+                .ttl();
+            // -1: the lease is gone, and the key with it.
+            if ttl < 0 {
+                return Ok(None);
+            }
+            Some(Duration::from_secs(ttl as u64))
+        };
+        Ok(Some(
+            Leader::new(
+                String::from_utf8_lossy(kv.value()).into_owned(),
+                FencingToken(kv.create_revision() as u64),
+            )
+            .with_remaining(remaining),
+        ))
+    }
+
+    /// Every key under `<name>/` and the revision they were read at.
+    async fn campaign_keys(&self, prefix: &str) -> Result<(Campaigns, i64)> {
+        let resp = self
+            .kv(|mut c| {
+                let prefix = prefix.to_string();
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let keys = resp
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    kv.create_revision(),
+                    (kv.value().to_vec(), kv.key().to_vec()),
+                )
+            })
+            .collect();
+        Ok((keys, rev))
+    }
+
+    /// The leaders of `name`: one read of every key under `<name>/`, then a
+    /// watch of the prefix from the next revision, applying each event in
+    /// revision order, so every leader and value in between is seen. A
+    /// broken watch is reported once and the stream reads everything again.
+    pub(crate) fn leaders(&self, name: &LockName) -> LeaderStream {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Option<Leader>>>(16);
+        let backend = self.clone();
+        let prefix = format!("{name}/");
+        tokio::spawn(async move {
+            loop {
+                let failed = match backend.follow(&prefix, &tx).await {
+                    // The receiver is gone: nobody observes any more.
+                    Ok(()) => return,
+                    Err(e) => e,
+                };
+                if tx.send(Err(failed)).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        })
+        .boxed()
+    }
+
+    /// Sends the leader after the read and after each watched revision
+    /// until the receiver goes (`Ok`) or the watch fails.
+    async fn follow(
+        &self,
+        prefix: &str,
+        tx: &tokio::sync::mpsc::Sender<Result<Option<Leader>>>,
+    ) -> Result<()> {
+        let (mut keys, rev) = self.campaign_keys(prefix).await?;
+        if tx.send(Ok(first(&keys))).await.is_err() {
+            return Ok(());
+        }
+        let mut stream = self
+            .client()
+            .watch(
+                prefix,
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(rev + 1),
+                ),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        while let Some(msg) = stream.message().await.map_err(|e| self.err(e))? {
+            if msg.canceled() {
+                break;
+            }
+            let mut at: Option<i64> = None;
+            for event in msg.events() {
+                let Some(kv) = event.kv() else { continue };
+                // One item per revision, after all its events.
+                if at.is_some_and(|r| r != kv.mod_revision())
+                    && tx.send(Ok(first(&keys))).await.is_err()
+                {
+                    return Ok(());
+                }
+                at = Some(kv.mod_revision());
+                match event.event_type() {
+                    EventType::Put => {
+                        keys.insert(
+                            kv.create_revision(),
+                            (kv.value().to_vec(), kv.key().to_vec()),
+                        );
+                    }
+                    EventType::Delete => keys.retain(|_, (_, key)| key.as_slice() != kv.key()),
+                }
+            }
+            if at.is_some() && tx.send(Ok(first(&keys))).await.is_err() {
+                return Ok(());
+            }
+        }
+        Err(Error::unavailable(
+            "etcd",
+            format!(
+                "etcd at {}: the watch of {prefix} ended",
+                self.inner.endpoints
+            ),
+            None,
+        ))
+    }
+
+    /// Deletes a campaign's key whose grant this client never saw (the
+    /// campaign was cancelled or its reply lost): the key of `req`'s lease
+    /// under `<name>/`, if it carries `req`'s value and no live hold of this
+    /// client owns it.
+    pub(crate) async fn delete_stray_campaign(&self, key: &str, req: &LockRequest) -> Result<bool> {
+        let resp = self
+            .kv(|mut c| {
+                let key = key.to_string();
+                async move { c.get(key, None).await }
+            })
+            .await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(false);
+        };
+        let (rev, value) = (kv.create_revision(), kv.value().to_vec());
+        let ours = req.value.as_deref().is_some_and(|v| v.as_bytes() == value);
+        if !ours || self.key_in_use(rev, &value) {
+            return Ok(false);
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, rev)])
+            .and_then([TxnOp::delete(key, None)]);
+        Ok(self
+            .kv(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?
+            .succeeded())
+    }
+}
