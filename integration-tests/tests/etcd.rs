@@ -1,6 +1,6 @@
 //! The conformance suite on a single etcd member, plus etcd's own edges:
-//! the herd test, interop with `etcdctl lock`, a 3-member cluster losing its
-//! leader, and a server paused past the lease.
+//! the herd test, interop with `etcdctl lock` and `etcdctl elect`, a
+//! 3-member cluster losing its leader, and a server paused past the lease.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -71,6 +71,16 @@ fn main() {
                 rt,
                 "etcd::a_distlock_reader_excludes_etcdctl_lock_and_its_wait_holds_back_readers",
                 reader_holds_against_etcdctl(etcd.clone()),
+            ),
+            trial(
+                rt,
+                "etcd::etcdctl_elect_observes_a_distlock_leader_and_waits_for_it",
+                etcdctl_follows_distlock_leader(etcd.clone()),
+            ),
+            trial(
+                rt,
+                "etcd::distlock_observes_an_etcdctl_elect_leader_and_takes_over_after_it",
+                distlock_follows_etcdctl_leader(etcd.clone()),
             ),
             trial(
                 rt,
@@ -655,5 +665,150 @@ async fn refused_credentials(f: Arc<Etcd>) -> Result<(), Failed> {
         Err(Error::Misconfigured { .. }) => {}
         other => return Err(format!("a name outside the role's prefix gave {other:?}").into()),
     }
+    Ok(())
+}
+
+/// `etcdctl elect` (Go's `concurrency.Election`) with `args`, its standard
+/// output's lines arriving on the receiver as it prints them.
+fn spawn_etcdctl_elect(
+    url: &str,
+    args: &[&str],
+) -> Result<(Child, tokio::sync::mpsc::UnboundedReceiver<String>), Failed> {
+    let ep = integration_tests::harness::host_port(url).ok_or("no endpoint")?;
+    let mut c = etcd_client_cmd(&format!("{}:{}", ep.0, ep.1))?;
+    c.arg("elect")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().map_err(|e| Failed::from(e.to_string()))?;
+    let out = child.stdout.take().ok_or("etcdctl has no stdout")?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok((child, rx))
+}
+
+/// Waits until etcdctl prints the line `want`; the lines before it.
+async fn printed(
+    lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    want: &str,
+    within: Duration,
+) -> Result<Vec<String>, Failed> {
+    let deadline = Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, lines.recv()).await {
+            Ok(Some(line)) if line.trim() == want => return Ok(seen),
+            Ok(Some(line)) => seen.push(line),
+            Ok(None) => {
+                return Err(format!("etcdctl ended before printing {want:?}: {seen:?}").into())
+            }
+            Err(_) => {
+                return Err(format!(
+                    "etcdctl did not print {want:?} within {within:?}; it printed {seen:?}"
+                )
+                .into())
+            }
+        }
+    }
+}
+
+/// Stops etcdctl the way a user does (SIGINT), so it resigns and closes
+/// its session.
+fn interrupt(child: &mut Child) -> Result<(), Failed> {
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !sent.success() {
+        return Err(format!("kill -INT {} failed: {sent}", child.id()).into());
+    }
+    Ok(())
+}
+
+/// A distlock leader: `etcdctl elect -l` prints its value and then its
+/// proclaimed one, and an `etcdctl elect` campaign waits until distlock
+/// resigns and then leads.
+async fn etcdctl_follows_distlock_leader(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let election = name();
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    let leader = client
+        .election(&election)
+        .ttl(Duration::from_secs(10))
+        .campaign("distlock-first")
+        .await?;
+    let (mut observer, mut seen) = spawn_etcdctl_elect(&url, &["-l", &election])?;
+    printed(&mut seen, "distlock-first", Duration::from_secs(10)).await?;
+    leader.proclaim("distlock-second").await?;
+    printed(&mut seen, "distlock-second", Duration::from_secs(10)).await?;
+    let (mut campaigner, mut won) = spawn_etcdctl_elect(&url, &[&election, "go-proposal"])?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if won.try_recv().is_ok() {
+        return Err("etcdctl elect printed a leader while distlock led".into());
+    }
+    leader.resign().await?;
+    printed(&mut won, "go-proposal", Duration::from_secs(10)).await?;
+    printed(&mut seen, "go-proposal", Duration::from_secs(10)).await?;
+    interrupt(&mut campaigner)?;
+    let _ = observer.kill();
+    let _ = observer.wait();
+    wait_exit(campaigner, Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// An `etcdctl elect` leader: distlock's `leader` and `observe` report its
+/// proposal, a distlock campaign waits, and takes over once etcdctl is
+/// interrupted (its session ends); then observe reports distlock's value.
+async fn distlock_follows_etcdctl_leader(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let election = name();
+    let (mut campaigner, mut won) = spawn_etcdctl_elect(&url, &[&election, "go-proposal"])?;
+    printed(&mut won, "go-proposal", Duration::from_secs(10)).await?;
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    let e = client.election(&election).ttl(Duration::from_secs(10));
+    let now = e.leader().await?.ok_or("distlock sees no leader")?;
+    if now.value != "go-proposal" {
+        return Err(format!("distlock sees leader {now:?}, not go-proposal").into());
+    }
+    let mut observed = e.observe().await?;
+    let first = futures_util::StreamExt::next(&mut observed)
+        .await
+        .ok_or("observe ended")??;
+    if first.map(|l| l.value).as_deref() != Some("go-proposal") {
+        return Err("observe did not begin with etcdctl's proposal".into());
+    }
+    if e.try_campaign("distlock").await?.is_some() {
+        return Err("distlock was elected while etcdctl led".into());
+    }
+    let waiting = tokio::spawn({
+        let e = e.clone().wait(Duration::from_secs(20));
+        async move { e.campaign("distlock").await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    interrupt(&mut campaigner)?;
+    let l = waiting.await.map_err(|e| e.to_string())??;
+    loop {
+        let next = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures_util::StreamExt::next(&mut observed),
+        )
+        .await
+        .map_err(|_| "observe did not report distlock taking over")?
+        .ok_or("observe ended")??;
+        match next.map(|l| l.value) {
+            Some(v) if v == "distlock" => break,
+            None => continue,
+            other => return Err(format!("observe reported {other:?} after etcdctl").into()),
+        }
+    }
+    l.resign().await?;
+    wait_exit(campaigner, Duration::from_secs(10)).await?;
     Ok(())
 }
