@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod check;
 mod conformance;
+mod elect;
 mod run;
 mod status;
 
@@ -56,6 +57,19 @@ enum Command {
     /// (also a --limit other than the semaphore's stored one, or a backend
     /// without semaphores).
     Run(run::RunArgs),
+    /// Run COMMAND while leading the election NAME, campaigning with
+    /// --value.
+    ///
+    /// The command gets DISTLOCK_NAME, DISTLOCK_TOKEN (the leadership's
+    /// fencing token), DISTLOCK_VALUE and DISTLOCK_BACKEND. Exit codes as
+    /// for `run`: 76 if leadership was lost while the command ran (it gets
+    /// SIGTERM, then SIGKILL after --kill-after); 75 if not elected within
+    /// --wait; 2 for a backend without elections or a value over 4096 bytes.
+    Elect(elect::ElectArgs),
+    /// Print the leader of the election NAME, one line per change (its
+    /// value; with --json an object, `null` while nobody leads), until
+    /// interrupted; with --once the current leader only (exit 75 if none).
+    Observe(elect::ObserveArgs),
     /// Show whether NAME is held (and the token, remaining TTL and queue
     /// length where the backend can tell).
     Status(status::StatusArgs),
@@ -114,6 +128,8 @@ fn apply_password(cli: &mut Cli) -> Result<(), String> {
     };
     let url = match &mut cli.command {
         Command::Run(a) => a.backend_mut(),
+        Command::Elect(a) => a.backend_mut(),
+        Command::Observe(a) => a.backend_mut(),
         Command::Status(a) => a.backend_mut(),
         Command::Check(a) => a.backend_mut(),
         Command::Conformance(a) => a.backend_mut(),
@@ -195,6 +211,8 @@ fn main() -> ExitCode {
     rt.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Elect(args) => elect::elect(args).await,
+            Command::Observe(args) => elect::observe(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Backends => status::backends(),
             Command::Check(args) => check::check(args).await,

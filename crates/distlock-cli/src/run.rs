@@ -4,7 +4,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use distlock::{LockClient, LockGuard, LockName, LostReason, MultiGuard};
+use distlock::{Leadership, LockClient, LockGuard, LockName, LostReason, MultiGuard};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
@@ -66,10 +66,12 @@ fn exit_of(status: std::process::ExitStatus) -> ExitCode {
     }
 }
 
-/// What the command runs under: one lock or permit, or several locks.
-enum Held {
+/// What the command runs under: one lock or permit, several locks, or an
+/// election's leadership.
+pub(crate) enum Held {
     One(LockGuard),
     All(MultiGuard),
+    Leader(Leadership),
 }
 
 impl Held {
@@ -78,6 +80,7 @@ impl Held {
         match self {
             Held::One(g) => vec![(g.name().clone(), g.token())],
             Held::All(m) => m.tokens(),
+            Held::Leader(l) => vec![(l.name().clone(), l.token())],
         }
     }
 
@@ -85,6 +88,7 @@ impl Held {
         match self {
             Held::One(g) => (g.name().clone(), g.lost().await),
             Held::All(m) => m.lost().await,
+            Held::Leader(l) => (l.name().clone(), l.lost().await),
         }
     }
 
@@ -92,6 +96,7 @@ impl Held {
         match self {
             Held::One(g) => g.release().await,
             Held::All(m) => m.release().await,
+            Held::Leader(l) => l.resign().await,
         }
     }
 }
@@ -130,6 +135,19 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         Ok(h) => h,
         Err(code) => return code,
     };
+    run_command(held, &args.backend, &args.command, args.kill_after, &[]).await
+}
+
+/// Runs `command` while `held` lasts, with its names and tokens (and
+/// `env`) in the environment: stops it when the hold may be lost, forwards
+/// SIGINT and SIGTERM, and releases when it exits.
+pub(crate) async fn run_command(
+    held: Held,
+    backend: &str,
+    command: &[String],
+    kill_after: Duration,
+    env: &[(&str, &str)],
+) -> ExitCode {
     let tokens = held.tokens();
     let (name, token) = tokens[0].clone();
     let all_tokens = tokens
@@ -140,12 +158,13 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     tracing::info!(locks = %all_tokens, "acquired");
     let guard = held;
 
-    let mut child = match tokio::process::Command::new(&args.command[0])
-        .args(&args.command[1..])
+    let mut child = match tokio::process::Command::new(&command[0])
+        .args(&command[1..])
         .env("DISTLOCK_NAME", name.as_str())
         .env("DISTLOCK_TOKEN", token.to_string())
         .env("DISTLOCK_TOKENS", &all_tokens)
-        .env("DISTLOCK_BACKEND", distlock::redact(&args.backend))
+        .env("DISTLOCK_BACKEND", distlock::redact(backend))
+        .envs(env.iter().copied())
         .process_group(0)
         .spawn()
     {
@@ -157,7 +176,7 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
             } else {
                 126
             };
-            return fail(code, format!("cannot run {:?}: {e}", args.command[0]));
+            return fail(code, format!("cannot run {:?}: {e}", command[0]));
         }
     };
     let pid = child.id();
@@ -177,12 +196,12 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
                 tracing::error!(lock = %which, %reason, "lease lost; stopping the command");
                 lost = true;
                 send(pid, Signal::SIGTERM);
-                let grace = tokio::time::sleep(args.kill_after);
+                let grace = tokio::time::sleep(kill_after);
                 tokio::pin!(grace);
                 tokio::select! {
                     status = child.wait() => break status,
                     () = &mut grace => {
-                        tracing::error!("the command ignored SIGTERM for {:?}; killing it", args.kill_after);
+                        tracing::error!("the command ignored SIGTERM for {kill_after:?}; killing it");
                         send(pid, Signal::SIGKILL);
                     }
                 }

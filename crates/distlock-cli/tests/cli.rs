@@ -1031,3 +1031,220 @@ fn shared_runs_overlap_and_exclusive_runs_are_alone() {
     assert_eq!(seen_files, 8, "not every command ran");
     assert!(most_readers >= 2, "shared commands never overlapped");
 }
+
+/// An etcd member for one test, stopped when dropped.
+#[cfg(feature = "etcd")]
+struct Etcd {
+    url: String,
+    _server: integration_tests::harness::ServerProcess,
+}
+
+#[cfg(feature = "etcd")]
+fn etcd() -> Etcd {
+    let server = integration_tests::harness::etcd::spawn()
+        .expect("etcd must start; run scripts/test.sh to install it");
+    Etcd {
+        url: format!("etcd://127.0.0.1:{}", server.port),
+        _server: server,
+    }
+}
+
+/// `distlock observe --once` of `name` on `backend`: exit code and stdout.
+fn observe_once(backend: &str, name: &str, extra: &[&str]) -> (i32, String) {
+    let out = bin()
+        .args(["observe", "--once", "--backend", backend, name])
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        code(&out),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+    )
+}
+
+/// `distlock elect` runs its command while leading, with the value and the
+/// token in the environment; a second `elect` waits (75 with `--wait 0`);
+/// `observe --once` prints the leader's value (75 without one), `--json`
+/// its token too.
+#[cfg(feature = "etcd")]
+#[test]
+fn elect_runs_the_command_while_leading_and_observe_prints_the_leader() {
+    let etcd = etcd();
+    let dir = scratch("elect");
+    let env_file = dir.join("env");
+    let (rc, _) = observe_once(&etcd.url, "svc/leader", &[]);
+    assert_eq!(rc, 75, "observe --once without a leader");
+    let mut leader = bin()
+        .args([
+            "elect",
+            "--backend",
+            &etcd.url,
+            "--value",
+            "host-a:8080",
+            "svc/leader",
+            "--",
+        ])
+        .args([
+            "sh",
+            "-c",
+            &format!(
+                "echo \"$DISTLOCK_NAME $DISTLOCK_VALUE $DISTLOCK_TOKEN\" > {}; sleep 30",
+                env_file.display()
+            ),
+        ])
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !env_file.exists() || std::fs::read_to_string(&env_file).unwrap().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "elect never ran its command"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let env = std::fs::read_to_string(&env_file).unwrap();
+    let parts: Vec<&str> = env.split_whitespace().collect();
+    assert_eq!(&parts[..2], ["svc/leader", "host-a:8080"], "{env}");
+    let token: u64 = parts[2].parse().unwrap();
+    assert_eq!(
+        observe_once(&etcd.url, "svc/leader", &[]),
+        (0, "host-a:8080".into())
+    );
+    let (rc, json) = observe_once(&etcd.url, "svc/leader", &["--json"]);
+    assert_eq!(rc, 0);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["value"], "host-a:8080", "{json}");
+    assert_eq!(v["token"].as_u64(), Some(token), "{json}");
+    let second = bin()
+        .args([
+            "elect",
+            "--backend",
+            &etcd.url,
+            "--value",
+            "host-b",
+            "--wait",
+            "0",
+            "svc/leader",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        code(&second),
+        75,
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    leader.kill().unwrap();
+    leader.wait().unwrap();
+}
+
+/// `distlock observe` prints each leader's value as it changes, and a
+/// leadership lost on the server stops `elect`'s command with 76.
+#[cfg(feature = "etcd")]
+#[test]
+fn observe_prints_each_leader_and_a_lost_leadership_exits_76() {
+    let etcd = etcd();
+    let mut observer = bin()
+        .args(["observe", "--backend", &etcd.url, "jobs/leader"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = observer.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(lines)).map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    for value in ["first", "second"] {
+        let out = bin()
+            .args([
+                "elect",
+                "--backend",
+                &etcd.url,
+                "--value",
+                value,
+                "jobs/leader",
+                "--",
+                "sleep",
+                "1",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let seen: Vec<String> = (0..2)
+        .map(|_| rx.recv_timeout(Duration::from_secs(20)).unwrap())
+        .collect();
+    assert_eq!(seen, ["first", "second"]);
+    observer.kill().unwrap();
+    observer.wait().unwrap();
+    // Leadership taken away on the server (its key deleted, as an
+    // operator would): the renewal finds it gone, the command gets SIGTERM
+    // and elect exits 76.
+    let mut lost = bin()
+        .args([
+            "elect",
+            "--backend",
+            &etcd.url,
+            "--value",
+            "x",
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "1s",
+            "jobs/lost",
+            "--",
+            "sleep",
+            "30",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while observe_once(&etcd.url, "jobs/lost", &[]).0 != 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "elect never led");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let endpoint = etcd.url.trim_start_matches("etcd://").to_string();
+    let deleted = integration_tests::harness::etcd::etcdctl(&endpoint)
+        .unwrap()
+        .args(["del", "--prefix", "jobs/lost/"])
+        .output()
+        .unwrap();
+    assert!(deleted.status.success());
+    let status = loop {
+        if let Some(status) = lost.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "elect kept running after losing leadership"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(76));
+}
+
+/// The embedded default has no elections: a typed refusal, exit 2.
+#[test]
+fn elect_on_a_backend_without_elections_exits_2() {
+    let b = sqlite("noelect");
+    let out = bin()
+        .args([
+            "elect",
+            "--backend",
+            &b,
+            "--value",
+            "v",
+            "svc/leader",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("elections"));
+}

@@ -1,0 +1,189 @@
+//! `distlock elect` and `distlock observe`: a command run while leading an
+//! election, and the election's leaders as they change.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use distlock::{LockClient, LockName};
+use futures_util::StreamExt;
+
+use crate::run::{run_command, Held};
+use crate::{code_for, default_backend, fail, parse_duration, EXIT_NOT_ACQUIRED, EXIT_USAGE};
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ElectArgs {
+    /// Backend URL (as for `run`).
+    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    backend: String,
+    /// The value to campaign with: what `observe` and `etcdctl elect -l`
+    /// print while this command leads (at most 4096 bytes).
+    #[arg(long)]
+    value: String,
+    /// Leadership lease TTL, renewed at a third of it.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// How long to wait to become leader; 0 tries once. Default: forever.
+    #[arg(long, value_parser = parse_duration)]
+    wait: Option<Duration>,
+    /// Grace between SIGTERM and SIGKILL when leadership is lost.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    kill_after: Duration,
+    /// The election's name.
+    name: String,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ObserveArgs {
+    /// Backend URL (as for `run`).
+    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    backend: String,
+    /// One JSON object per line (value, token, remaining_ms), `null` while
+    /// nobody leads.
+    #[arg(long)]
+    json: bool,
+    /// Print the current leader and exit (75 if nobody leads).
+    #[arg(long)]
+    once: bool,
+    /// The election's name.
+    name: String,
+}
+
+async fn client(backend: &str) -> Result<LockClient, ExitCode> {
+    distlock::connect(backend)
+        .await
+        .map(LockClient::from_dyn)
+        .map_err(|e| fail(code_for(&e), e))
+}
+
+fn checked_name(name: &str) -> Result<LockName, ExitCode> {
+    LockName::new(name).map_err(|e| fail(EXIT_USAGE, e))
+}
+
+pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
+    let name = match checked_name(&args.name) {
+        Ok(n) => n,
+        Err(code) => return code,
+    };
+    if args.ttl.is_zero() {
+        return fail(EXIT_USAGE, "--ttl must be greater than zero");
+    }
+    let client = match client(&args.backend).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let election = client.election(&name).ttl(args.ttl);
+    let leading = match args.wait {
+        Some(w) if w.is_zero() => match election.try_campaign(args.value.as_str()).await {
+            Ok(Some(l)) => Ok(l),
+            Ok(None) => {
+                return fail(
+                    EXIT_NOT_ACQUIRED,
+                    format!("election `{name}` has another leader or campaigner ahead"),
+                )
+            }
+            Err(e) => Err(e),
+        },
+        Some(w) => election.wait(w).campaign(args.value.as_str()).await,
+        None => election.campaign(args.value.as_str()).await,
+    };
+    let leadership = match leading {
+        Ok(l) => l,
+        Err(e) => return fail(code_for(&e), e),
+    };
+    run_command(
+        Held::Leader(leadership),
+        &args.backend,
+        &args.command,
+        args.kill_after,
+        &[("DISTLOCK_VALUE", args.value.as_str())],
+    )
+    .await
+}
+
+/// One line for `leader`: its value, or with `json` an object (`null`
+/// when nobody leads); `None` for no line.
+fn line(leader: Option<&distlock::Leader>, json: bool) -> Option<String> {
+    match (leader, json) {
+        (Some(l), true) => Some(
+            serde_json::json!({
+                "value": l.value,
+                "token": l.token.get(),
+                "remaining_ms": l.remaining.map(|r| r.as_millis() as u64),
+            })
+            .to_string(),
+        ),
+        (None, true) => Some("null".into()),
+        (Some(l), false) => Some(l.value.clone()),
+        (None, false) => None,
+    }
+}
+
+pub(crate) async fn observe(args: ObserveArgs) -> ExitCode {
+    let name = match checked_name(&args.name) {
+        Ok(n) => n,
+        Err(code) => return code,
+    };
+    let client = match client(&args.backend).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let election = client.election(&name);
+    if args.once {
+        return match election.leader().await {
+            Ok(Some(l)) => {
+                println!("{}", line(Some(&l), args.json).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            Ok(None) => fail(
+                EXIT_NOT_ACQUIRED,
+                format!("election `{name}` has no leader"),
+            ),
+            Err(e) => fail(code_for(&e), e),
+        };
+    }
+    let mut leaders = match election.observe().await {
+        Ok(s) => s,
+        Err(e) => return fail(code_for(&e), e),
+    };
+    let mut sigint = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+    {
+        Ok(s) => s,
+        Err(_) => return fail(1, "cannot install signal handlers"),
+    };
+    loop {
+        tokio::select! {
+            next = leaders.next() => match next {
+                Some(Ok(leader)) => {
+                    if let Some(l) = line(leader.as_ref(), args.json) {
+                        let mut out = std::io::stdout().lock();
+                        // A closed pipe ends the observation.
+                        if writeln!(out, "{l}").and_then(|()| out.flush()).is_err() {
+                            return ExitCode::SUCCESS;
+                        }
+                    }
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "observing the election failed; retrying"),
+                None => return ExitCode::SUCCESS,
+            },
+            _ = sigint.recv() => return ExitCode::SUCCESS,
+        }
+    }
+}
+
+impl ElectArgs {
+    /// The backend URL, for the password options to fill in.
+    pub(crate) fn backend_mut(&mut self) -> &mut String {
+        &mut self.backend
+    }
+}
+
+impl ObserveArgs {
+    /// The backend URL, for the password options to fill in.
+    pub(crate) fn backend_mut(&mut self) -> &mut String {
+        &mut self.backend
+    }
+}
