@@ -215,6 +215,34 @@ async fn f1_pause_permits(b: B) -> Result<(), Failed> {
     )
 }
 
+/// F1 on an election: the leader is paused past its TTL between its read
+/// and its write, another campaigner leads and writes, and the resumed
+/// leader's write must be refused by the fenced register.
+async fn f1_pause_leader(b: B) -> Result<(), Failed> {
+    let env = start(b, "").await?;
+    let ttl = ttl_for(b);
+    let mut w = workload(vec![env.url.clone(); CLIENTS], ttl)?;
+    w.elect = true;
+    w.lock = "faults/leader".into();
+    let pause = ttl * 2 + Duration::from_secs(1);
+    let report = distlock_check::run(&w, |f| async move { f.pause_holder(0, pause).await })
+        .await
+        .map_err(failed)?;
+    drop(env);
+    verify(
+        b.name(),
+        "F1 leader paused past its TTL",
+        ttl,
+        report,
+        Expect {
+            violations_without_fencing: true,
+            overlap: Some(true),
+            lost_before_regrant: Some(false),
+            double_grant: Some(false),
+        },
+    )
+}
+
 /// F1 on a read-write lock, 2 readers and 2 writers: worker 0 is paused
 /// past its TTL between its first and its second operation. As a reader
 /// (`reader`), a writer is granted once its shared hold expires and
@@ -253,10 +281,16 @@ async fn f1_pause_rw(b: B, reader: bool) -> Result<(), Failed> {
     )
 }
 
-/// Whether `b` declares shared holds (read-write locks), by what its
-/// backend declares without connecting.
-fn serves_shared(b: B) -> bool {
-    let scheme = match b {
+/// Whether `b` declares elections, by what its backend declares without
+/// connecting.
+fn serves_elections(b: B) -> bool {
+    distlock::declared_backends()
+        .into_iter()
+        .any(|(s, caps)| s == scheme_of(b) && caps.elections)
+}
+
+fn scheme_of(b: B) -> &'static str {
+    match b {
         B::Sqlite => "sqlite://",
         B::Postgres => "postgres://",
         B::Mysql => "mysql://",
@@ -264,10 +298,15 @@ fn serves_shared(b: B) -> bool {
         B::Redlock => "redlock://?fencing=true",
         B::Etcd => "etcd://",
         B::ZooKeeper => "zk://",
-    };
+    }
+}
+
+/// Whether `b` declares shared holds (read-write locks), by what its
+/// backend declares without connecting.
+fn serves_shared(b: B) -> bool {
     distlock::declared_backends()
         .into_iter()
-        .any(|(s, caps)| s == scheme && caps.shared)
+        .any(|(s, caps)| s == scheme_of(b) && caps.shared)
 }
 
 /// Waits for the stalled holder's write to land, then a little more.
@@ -750,6 +789,10 @@ fn main() -> std::process::ExitCode {
     for b in B::EVERY {
         let name = format!("faults::F1_pause_permit::{}", b.short_name());
         trials.push(trial(&rt, name, f1_pause_permits(b)));
+    }
+    for b in B::EVERY.into_iter().filter(|b| serves_elections(*b)) {
+        let name = format!("faults::F1_pause_leader::{}", b.short_name());
+        trials.push(trial(&rt, name, f1_pause_leader(b)));
     }
     for b in B::EVERY.into_iter().filter(|b| serves_shared(*b)) {
         let name = format!("faults::F1_pause_shared::{}", b.short_name());

@@ -12,8 +12,8 @@ use tokio::process::{Child, Command};
 use crate::register::{Instruction, Register};
 use crate::report::{check, Report};
 use crate::worker::{
-    ENV_HOLD_MS, ENV_LIMIT, ENV_LOCK, ENV_REGISTER, ENV_SHARED, ENV_TTL_MS, ENV_URL, ENV_WAIT_MS,
-    ENV_WORKER,
+    ENV_ELECT, ENV_HOLD_MS, ENV_LIMIT, ENV_LOCK, ENV_REGISTER, ENV_SHARED, ENV_TTL_MS, ENV_URL,
+    ENV_WAIT_MS, ENV_WORKER,
 };
 
 /// Why a run could not produce a report.
@@ -61,6 +61,10 @@ pub struct Workload {
     /// reads and the writers' operations as [`distlock::ReadWriteGate`]
     /// does. Empty: every worker takes the lock.
     pub shared: Vec<usize>,
+    /// Campaign for the leadership of the election `lock` instead of
+    /// taking the lock (each worker with its own value); the leader
+    /// read-modify-writes the register as a lock holder does.
+    pub elect: bool,
     /// The lock's TTL.
     pub ttl: Duration,
     /// How long a normal hold lasts between its read and its write.
@@ -88,6 +92,7 @@ impl Workload {
             lock: "distlock-check".into(),
             limit: None,
             shared: Vec::new(),
+            elect: false,
             ttl: Duration::from_secs(2),
             hold: Duration::from_millis(10),
             wait: Duration::from_secs(10),
@@ -268,6 +273,11 @@ where
             "shared workers take a lock, not a semaphore's permits".into(),
         ));
     }
+    if w.elect && (w.limit.is_some() || !w.shared.is_empty()) {
+        return Err(CheckError::Invalid(
+            "campaigners take an election, not permits or shared holds".into(),
+        ));
+    }
     if w.limit == Some(0) {
         return Err(CheckError::Invalid(
             "a semaphore needs at least one permit".into(),
@@ -294,6 +304,7 @@ where
             .env(ENV_WAIT_MS, w.wait.as_millis().to_string())
             .env(ENV_LIMIT, w.limit.map_or(String::new(), |n| n.to_string()))
             .env(ENV_SHARED, if w.shared.contains(&i) { "1" } else { "" })
+            .env(ENV_ELECT, if w.elect { "1" } else { "" })
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)

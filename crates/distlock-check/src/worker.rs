@@ -27,6 +27,8 @@ pub(crate) const ENV_WAIT_MS: &str = "DISTLOCK_CHECK_WAIT_MS";
 pub(crate) const ENV_LIMIT: &str = "DISTLOCK_CHECK_LIMIT";
 /// `1`: this worker takes the lock shared (a reader).
 pub(crate) const ENV_SHARED: &str = "DISTLOCK_CHECK_SHARED";
+/// `1`: this worker campaigns for the election named like the lock.
+pub(crate) const ENV_ELECT: &str = "DISTLOCK_CHECK_ELECT";
 
 /// If this process was started as a check worker, runs the worker and
 /// returns its exit code; otherwise returns `None` at once.
@@ -69,6 +71,7 @@ struct Settings {
     wait: Duration,
     limit: Option<u32>,
     shared: bool,
+    elect: bool,
 }
 
 fn settings(id: &str) -> Result<Settings, String> {
@@ -94,6 +97,7 @@ fn settings(id: &str) -> Result<Settings, String> {
             n => Some(n.parse().map_err(|e| format!("{ENV_LIMIT}={n:?}: {e}"))?),
         },
         shared: std::env::var(ENV_SHARED).is_ok_and(|v| v == "1"),
+        elect: std::env::var(ENV_ELECT).is_ok_and(|v| v == "1"),
     })
 }
 
@@ -140,13 +144,24 @@ async fn run(s: Settings) -> Result<(), String> {
         if conn.call("WANT".into()).await? == "DONE" {
             return Ok(());
         }
-        let builder = match s.limit {
-            Some(n) => client.semaphore(&s.lock, n),
-            None if s.shared => client.lock(&s.lock).shared(),
-            None => client.lock(&s.lock),
-        };
         let asked = mono_ns();
-        let guard = match builder.ttl(s.ttl).wait(s.wait).acquire().await {
+        let taken = if s.elect {
+            client
+                .election(&s.lock)
+                .ttl(s.ttl)
+                .wait(s.wait)
+                .campaign(format!("worker-{}", s.id))
+                .await
+                .map(distlock::Leadership::into_guard)
+        } else {
+            let builder = match s.limit {
+                Some(n) => client.semaphore(&s.lock, n),
+                None if s.shared => client.lock(&s.lock).shared(),
+                None => client.lock(&s.lock),
+            };
+            builder.ttl(s.ttl).wait(s.wait).acquire().await
+        };
+        let guard = match taken {
             Ok(g) => g,
             Err(e) => {
                 let line = match e {

@@ -250,6 +250,12 @@ impl Leadership {
         &self.guard
     }
 
+    /// The guard underneath, to hold the leadership as a lock is held:
+    /// releasing it resigns.
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
+    }
+
     /// Replaces the value this leader carries, only while it still leads.
     /// Once leadership is lost, [`Error::LeaseLost`] and nothing changes.
     pub async fn proclaim(&self, value: impl Into<String>) -> Result<()> {
