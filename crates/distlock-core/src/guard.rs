@@ -115,12 +115,7 @@ impl LockGuard {
     /// lost and [`Error::LeaseLost`] is returned.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let Hold { keeper, lease, .. } = &**self.hold();
-        if let HoldState::Lost(reason) = &*lease.state.get() {
-            return Err(Error::LeaseLost {
-                name: lease.req.name.clone(),
-                reason: reason.clone(),
-            });
-        }
+        self.not_lost()?;
         let sent = Instant::now();
         let span = tracing::debug_span!("distlock.extend", lock = %lease.req.name, ?ttl);
         let renewal = lease.req.with_ttl(ttl);
@@ -132,11 +127,30 @@ impl LockGuard {
             }
             Ok(())
         } else {
-            keeper.lose(lease, LostReason::RenewalRejected);
-            Err(Error::LeaseLost {
+            Err(self.rejected())
+        }
+    }
+
+    /// [`Error::LeaseLost`] if the guard has been reported lost.
+    fn not_lost(&self) -> Result<()> {
+        let lease = &self.hold().lease;
+        if let HoldState::Lost(reason) = &*lease.state.get() {
+            return Err(Error::LeaseLost {
                 name: lease.req.name.clone(),
-                reason: LostReason::RenewalRejected,
-            })
+                reason: reason.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Marks the guard lost because the backend refused it, and the error
+    /// that says so.
+    fn rejected(&self) -> Error {
+        let Hold { keeper, lease, .. } = &**self.hold();
+        keeper.lose(lease, LostReason::RenewalRejected);
+        Error::LeaseLost {
+            name: lease.req.name.clone(),
+            reason: LostReason::RenewalRejected,
         }
     }
 
@@ -144,12 +158,7 @@ impl LockGuard {
     /// still leads; a refusal marks the guard lost.
     pub(crate) async fn proclaim(&self, value: &str) -> Result<()> {
         let Hold { keeper, lease, .. } = &**self.hold();
-        if let HoldState::Lost(reason) = &*lease.state.get() {
-            return Err(Error::LeaseLost {
-                name: lease.req.name.clone(),
-                reason: reason.clone(),
-            });
-        }
+        self.not_lost()?;
         if !self.is_held() {
             return Err(Error::LeaseLost {
                 name: lease.req.name.clone(),
@@ -165,11 +174,7 @@ impl LockGuard {
         {
             Ok(())
         } else {
-            keeper.lose(lease, LostReason::RenewalRejected);
-            Err(Error::LeaseLost {
-                name: lease.req.name.clone(),
-                reason: LostReason::RenewalRejected,
-            })
+            Err(self.rejected())
         }
     }
 

@@ -51,13 +51,7 @@ impl EtcdBackend {
                 value,
                 Some(PutOptions::new().with_lease(session.lease)),
             )]);
-        Ok(self
-            .kv(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?
-            .succeeded())
+        Ok(self.txn(txn).await?.succeeded())
     }
 
     /// The key created first under `<name>/` (Go's `Election.Leader`), and
@@ -232,12 +226,6 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, rev)])
             .and_then([TxnOp::delete(key, None)]);
-        Ok(self
-            .kv(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?
-            .succeeded())
+        Ok(self.txn(txn).await?.succeeded())
     }
 }

@@ -452,6 +452,15 @@ impl EtcdBackend {
         self.retrying(|| f(self.inner.kv.clone())).await
     }
 
+    /// Sends one transaction, retried as [`Self::kv`] retries.
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
+        self.kv(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
     /// Sends `txn`, which may create the keys of the locks `names`, to
     /// completion even if the caller stops waiting for it; see
     /// [`Inner::creating`].
@@ -463,12 +472,7 @@ impl EtcdBackend {
         let in_flight = self.inner.creating.in_flight(names).await;
         let this = self.clone();
         let sent = async move {
-            let resp = this
-                .kv(|mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await;
+            let resp = this.txn(txn).await;
             drop(in_flight);
             resp
         };
@@ -713,13 +717,7 @@ impl EtcdBackend {
                 .and_then([TxnOp::delete(key, None)]),
             _ => requests::delete_mine(key, &req.owner.to_string()),
         };
-        Ok(self
-            .kv(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?
-            .succeeded())
+        Ok(self.txn(txn).await?.succeeded())
     }
 
     /// Go's waitDeletes: watch only the nearest key ahead of mine that
@@ -787,12 +785,7 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when([self.still_mine(&q.key, req)])
             .and_then(ops);
-        let resp = self
-            .kv(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = self.txn(txn).await?;
         if !resp.succeeded() {
             return Ok(Step::Vanished);
         }
@@ -940,11 +933,7 @@ impl Backend for EtcdBackend {
         }
         let mine: Vec<String> = locks.into_iter().map(|(key, ..)| key).collect();
         let txn = requests::delete_all(&mine);
-        self.kv(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await?;
+        self.txn(txn).await?;
         forget(self);
         Ok(AllAtOnce::Refused)
     }

@@ -267,14 +267,6 @@ impl EtcdBackend {
         })
     }
 
-    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
-        self.kv(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await
-    }
-
     /// The acquire: one transaction. Sets `c.my_rev`.
     async fn join(&self, c: &mut Contender<'_>) -> Result<Joined> {
         let resp = self.txn(c.join_txn()).await?;
