@@ -1,8 +1,8 @@
 //! The conformance suite on a standalone ZooKeeper, plus its own edges: the
 //! herd test, a 3-server ensemble losing its leader, a client cut off past
 //! its session timeout, a connection loss during create, and interop with
-//! Apache Curator's `InterProcessMutex` and `InterProcessReadWriteLock`
-//! running in separate JVMs.
+//! Apache Curator's `InterProcessMutex`, `InterProcessReadWriteLock` and
+//! `LeaderLatch` running in separate JVMs.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -22,7 +22,8 @@ use tokio::time::Instant;
 
 type Zk = ServerFactory<ZooKeeperBackend>;
 
-/// The compiled `CuratorMutex`, built by the first Curator test that needs it.
+/// The compiled `CuratorMutex` and `CuratorLatch`, built by the first
+/// Curator test that needs them.
 type CuratorBuild = Arc<OnceLock<Result<CuratorClasses, String>>>;
 
 fn main() {
@@ -119,6 +120,16 @@ fn main() {
                 rt,
                 "zookeeper::distlock_and_curator_queue_in_one_line",
                 distlock_and_curator_queue_in_one_line(zk.clone(), curator.clone()),
+            ),
+            trial(
+                rt,
+                "zookeeper::curator_leader_latch_leads_and_distlock_campaigns_wait",
+                curator_latch_leads_and_distlock_waits(zk.clone(), curator.clone()),
+            ),
+            trial(
+                rt,
+                "zookeeper::distlock_leader_keeps_a_curator_leader_latch_waiting",
+                distlock_leader_keeps_curator_latch_waiting(zk.clone(), curator.clone()),
             ),
         ]
     })
@@ -382,7 +393,11 @@ const CURATOR_JARS: &[&str] = &[
 
 const CURATOR_INSTALL: &str = "run scripts/install-servers.sh as root, or apt-get install default-jdk-headless libcurator-recipes-java libcurator-framework-java libcurator-client-java";
 
-const CURATOR_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/java/CuratorMutex.java");
+/// The Java programs the Curator interop tests run.
+const CURATOR_SOURCES: &[&str] = &[
+    concat!(env!("CARGO_MANIFEST_DIR"), "/java/CuratorMutex.java"),
+    concat!(env!("CARGO_MANIFEST_DIR"), "/java/CuratorLatch.java"),
+];
 
 /// How long a contender must stay waiting while the lock is held elsewhere.
 /// Passing proves nothing about longer holds, but a broken exclusion shows
@@ -401,7 +416,7 @@ fn curator_classpath() -> String {
         .join(":")
 }
 
-/// The compiled `CuratorMutex`, removed once the last test holding it is done.
+/// The compiled Curator programs, removed once the last test holding them is done.
 struct CuratorClasses(PathBuf);
 
 impl Drop for CuratorClasses {
@@ -410,7 +425,7 @@ impl Drop for CuratorClasses {
     }
 }
 
-/// Compiles `CuratorMutex.java` once per test run. A missing JDK or jar is
+/// Compiles [`CURATOR_SOURCES`] once per test run. A missing JDK or jar is
 /// an error, not a skip: the claim that Curator and distlock share one queue
 /// must not pass untested.
 async fn curator_classes(build: &CuratorBuild) -> Result<PathBuf, Failed> {
@@ -446,9 +461,9 @@ fn compile_curator() -> Result<CuratorClasses, String> {
         .arg(curator_classpath())
         .arg("-d")
         .arg(&out.0)
-        .arg(CURATOR_SOURCE);
+        .args(CURATOR_SOURCES);
     integration_tests::harness::process::run_client(cmd)
-        .map_err(|e| format!("compiling {CURATOR_SOURCE}: {e}"))?;
+        .map_err(|e| format!("compiling {}: {e}", CURATOR_SOURCES.join(" ")))?;
     Ok(out)
 }
 
@@ -458,8 +473,9 @@ fn zk_path(lock: &str) -> String {
     format!("/distlock/{lock}")
 }
 
-/// A `CuratorMutex` JVM contending for one path. It is killed when dropped,
-/// so a failing test leaves neither a process nor a held node behind.
+/// A Curator JVM (`CuratorMutex` contending for one path, or the
+/// `CuratorLatch` inside a [`Latch`]). It is killed when dropped, so a
+/// failing test leaves neither a process nor a held node behind.
 struct Curator {
     child: Child,
     stdin: Option<ChildStdin>,
@@ -512,6 +528,13 @@ impl Curator {
         recipe: Recipe,
         credentials: Option<&str>,
     ) -> Result<Self, Failed> {
+        let mut args = vec![recipe.arg(), hosts, path];
+        args.extend(credentials);
+        Self::spawn_class(classes, "CuratorMutex", &args)
+    }
+
+    /// A JVM running `class` (one of [`CURATOR_SOURCES`]) with `args`.
+    fn spawn_class(classes: &Path, class: &str, args: &[&str]) -> Result<Self, Failed> {
         let java = integration_tests::harness::process::find_binary("java", &[], CURATOR_INSTALL)
             .map_err(|e| e.to_string())?;
         let stderr = classes.join(format!(
@@ -527,9 +550,8 @@ impl Curator {
                 "-cp",
             ])
             .arg(format!("{}:{}", curator_classpath(), classes.display()))
-            .arg("CuratorMutex")
-            .args([recipe.arg(), hosts, path])
-            .args(credentials)
+            .arg(class)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -1126,4 +1148,218 @@ async fn acls_protect_the_holder(f: Arc<Zk>) -> Result<(), Failed> {
         return Err("the holder's release reported the lock not held".into());
     }
     Ok(())
+}
+
+/// A `CuratorLatch` JVM: one Curator `LeaderLatch` participant on a path.
+struct Latch(Curator);
+
+impl Latch {
+    /// Starts a participant with `id` on `path` and waits until its latch
+    /// node exists.
+    async fn join(classes: &Path, hosts: &str, path: &str, id: &str) -> Result<Self, Failed> {
+        let mut latch = Self(Curator::spawn_class(
+            classes,
+            "CuratorLatch",
+            &[hosts, path, id],
+        )?);
+        match latch.0.next_line(PATIENCE).await? {
+            Some(l) if l.starts_with("JOINED _c_") && l.contains("-latch-") => Ok(latch),
+            Some(l) => Err(format!("CuratorLatch printed {l:?}, expected JOINED").into()),
+            None => Err(format!(
+                "CuratorLatch created no node within {PATIENCE:?}; stderr: {}",
+                latch.0.stderr_tail()
+            )
+            .into()),
+        }
+    }
+
+    /// Waits until it reports leadership.
+    async fn leads(&mut self) -> Result<(), Failed> {
+        match self.0.next_line(PATIENCE).await? {
+            Some(l) if l.starts_with("LEADER ") => Ok(()),
+            Some(l) => Err(format!("CuratorLatch printed {l:?}, expected LEADER").into()),
+            None => Err(format!(
+                "the Curator latch did not lead within {PATIENCE:?}; stderr: {}",
+                self.0.stderr_tail()
+            )
+            .into()),
+        }
+    }
+
+    /// Fails if it reports leadership (or anything) within [`HELD`].
+    async fn does_not_lead(&mut self, while_: &str) -> Result<(), Failed> {
+        match self.0.next_line(HELD).await? {
+            None => Ok(()),
+            Some(l) => Err(format!("CuratorLatch printed {l:?} while {while_}").into()),
+        }
+    }
+
+    /// Sends `command` and returns its answer, the next line.
+    async fn ask(&mut self, command: &str) -> Result<String, Failed> {
+        let stdin = self.0.stdin.as_mut().ok_or("CuratorLatch already closed")?;
+        stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("sending {command:?} to CuratorLatch: {e}"))?;
+        self.0
+            .next_line(PATIENCE)
+            .await?
+            .ok_or_else(|| format!("CuratorLatch did not answer {command:?}").into())
+    }
+
+    /// Fails unless `hasLeadership()` is `leads`.
+    async fn has_leadership(&mut self, leads: bool) -> Result<(), Failed> {
+        let answer = self.ask("has").await?;
+        if answer == format!("HAS {leads}") {
+            Ok(())
+        } else {
+            Err(format!("CuratorLatch answered {answer:?} to has, expected HAS {leads}").into())
+        }
+    }
+
+    /// Fails unless Curator's `getLeader().getId()` is `id`.
+    async fn sees_leader(&mut self, id: &str) -> Result<(), Failed> {
+        let answer = self.ask("leader").await?;
+        if answer == format!("LEADER_ID {id}") {
+            Ok(())
+        } else {
+            Err(format!("Curator's getLeader() answered {answer:?}, expected {id:?}").into())
+        }
+    }
+
+    /// Closes the latch (deleting its node) and lets the JVM exit.
+    async fn close(mut self) -> Result<(), Failed> {
+        let answer = self.ask("close").await?;
+        // A leader's latch closes silently; a NOT_LEADER line is harmless.
+        let answer = match answer.as_str() {
+            "NOT_LEADER" => self.0.next_line(PATIENCE).await?.unwrap_or_default(),
+            _ => answer,
+        };
+        if answer == "CLOSED" {
+            Ok(())
+        } else {
+            Err(format!("CuratorLatch answered {answer:?} to close, expected CLOSED").into())
+        }
+    }
+}
+
+/// The name of an election, at the path a Curator `LeaderLatch` joining
+/// it uses (see [`zk_path`]).
+fn election_name() -> String {
+    format!("{}/election", integration_tests::namespace())
+}
+
+/// The current leader's value as distlock reads it.
+async fn leader_value(client: &LockClient, election: &str) -> Result<Option<String>, Failed> {
+    Ok(client.election(election).leader().await?.map(|l| l.value))
+}
+
+/// A Curator `LeaderLatch` with participant id `curator-leader` leads:
+/// distlock reads it as the leader, refuses `try_campaign`, and a waiting
+/// distlock campaign becomes leader only once the latch is closed.
+async fn curator_latch_leads_and_distlock_waits(
+    f: Arc<Zk>,
+    build: CuratorBuild,
+) -> Result<(), Failed> {
+    let classes = curator_classes(&build).await?;
+    let election = election_name();
+    let client = distlock_client(&f).await?;
+    let mut latch = Latch::join(
+        &classes,
+        &f.host_port()?,
+        &zk_path(&election),
+        "curator-leader",
+    )
+    .await?;
+    latch.leads().await?;
+    let seen = leader_value(&client, &election).await?;
+    if seen.as_deref() != Some("curator-leader") {
+        return Err(format!("distlock reads the leader as {seen:?}, not curator-leader").into());
+    }
+    let e = client.election(&election).ttl(Duration::from_secs(30));
+    if let Some(l) = e.try_campaign("distlock-eager").await? {
+        return Err(format!(
+            "distlock's try_campaign led (token {}) beside Curator's leader",
+            l.token()
+        )
+        .into());
+    }
+    wait_for_children(&f, &election, 1).await?;
+    let waiting = e.clone().wait(PATIENCE * 2);
+    let mut waiting = Campaign(tokio::spawn(async move {
+        waiting.campaign("distlock-heir").await
+    }));
+    wait_for_children(&f, &election, 2).await?;
+    if let Ok(r) = tokio::time::timeout(HELD, &mut waiting.0).await {
+        return Err(format!(
+            "a distlock campaign finished while Curator led: {:?}",
+            r.map(|r| r.map(|l| l.token()))
+        )
+        .into());
+    }
+    latch.has_leadership(true).await?;
+    latch.sees_leader("curator-leader").await?;
+    latch.close().await?;
+    let l = tokio::time::timeout(PATIENCE, &mut waiting.0)
+        .await
+        .map_err(|_| format!("distlock did not lead within {PATIENCE:?} of Curator closing"))?
+        .map_err(|e| e.to_string())??;
+    let seen = leader_value(&client, &election).await?;
+    if seen.as_deref() != Some("distlock-heir") {
+        return Err(format!("after Curator closed, the leader reads as {seen:?}").into());
+    }
+    l.resign().await?;
+    Ok(())
+}
+
+/// A distlock leader leads first: a Curator `LeaderLatch` started after it
+/// does not lead and reads distlock's value as the leader's id; once
+/// distlock resigns, the latch leads and distlock reads its id. (No
+/// proclamation while the latch waits: Curator's latch drops its watch of
+/// its predecessor on a data change; see the crate README.)
+async fn distlock_leader_keeps_curator_latch_waiting(
+    f: Arc<Zk>,
+    build: CuratorBuild,
+) -> Result<(), Failed> {
+    let classes = curator_classes(&build).await?;
+    let election = election_name();
+    let client = distlock_client(&f).await?;
+    let e = client.election(&election).ttl(Duration::from_secs(30));
+    let l = e.campaign("distlock-leader").await?;
+    let mut latch = Latch::join(
+        &classes,
+        &f.host_port()?,
+        &zk_path(&election),
+        "curator-follower",
+    )
+    .await?;
+    latch.does_not_lead("distlock led").await?;
+    latch.has_leadership(false).await?;
+    latch.sees_leader("distlock-leader").await?;
+    l.resign().await?;
+    latch.leads().await?;
+    latch.sees_leader("curator-follower").await?;
+    let seen = leader_value(&client, &election).await?;
+    if seen.as_deref() != Some("curator-follower") {
+        return Err(format!("distlock reads the leader as {seen:?}, not curator-follower").into());
+    }
+    if let Some(l) = e.try_campaign("distlock-again").await? {
+        return Err(format!(
+            "distlock's try_campaign led (token {}) beside Curator's leader",
+            l.token()
+        )
+        .into());
+    }
+    latch.close().await?;
+    Ok(())
+}
+
+/// A distlock campaign waiting in the background, cancelled (and so
+/// withdrawn) when dropped, so a failing test leaves no campaign behind.
+struct Campaign(tokio::task::JoinHandle<distlock_core::Result<distlock_core::Leadership>>);
+
+impl Drop for Campaign {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

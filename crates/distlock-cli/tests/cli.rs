@@ -1228,17 +1228,19 @@ fn observe_prints_each_leader_and_a_lost_leadership_exits_76() {
     assert_eq!(status.code(), Some(76));
 }
 
-/// The embedded default has no elections: a typed refusal, exit 2.
+/// A value over 4096 bytes is refused before anything is sent: exit 2,
+/// and the message says the bound.
 #[test]
-fn elect_on_a_backend_without_elections_exits_2() {
-    let b = sqlite("noelect");
+fn elect_with_an_oversized_value_exits_2() {
+    let b = sqlite("bigvalue");
+    let big = "v".repeat(4097);
     let out = bin()
         .args([
             "elect",
             "--backend",
             &b,
             "--value",
-            "v",
+            &big,
             "svc/leader",
             "--",
             "true",
@@ -1246,5 +1248,5 @@ fn elect_on_a_backend_without_elections_exits_2() {
         .output()
         .unwrap();
     assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("elections"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("4096"));
 }

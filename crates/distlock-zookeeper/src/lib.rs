@@ -14,6 +14,7 @@ use distlock_core::{
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+mod election;
 mod semaphore;
 
 /// One ZooKeeper session, shared (not cloned) by every node it holds: a
@@ -25,6 +26,8 @@ type Session = Arc<zk::Client>;
 /// `layout=rwlock`, like its `InterProcessReadWriteLock`
 /// (`_c_<uuid>-__WRIT__<seq>`); shared holds are `_c_<uuid>-__READ__<seq>`.
 /// Curator clients of the matching recipe and distlock exclude each other.
+/// Election campaigns are `_c_<uuid>-latch-<seq>` carrying the campaign's
+/// value, Curator's `LeaderLatch` layout.
 ///
 /// A hold lives in a session whose timeout is its TTL (one session per
 /// distinct TTL, as etcd keeps one lease per TTL), so a crashed holder's
@@ -121,6 +124,9 @@ const WRITE_MARKER: &str = "__WRIT__";
 /// The marker of a shared node, in both layouts (Curator's
 /// `InterProcessReadWriteLock` read lock).
 const READ_MARKER: &str = "__READ__";
+/// The marker of a campaign's node (Curator's `LeaderLatch`, whose
+/// `LOCK_NAME` it is).
+const LATCH_MARKER: &str = "latch-";
 
 /// How exclusive nodes are named, chosen with the URL's `layout`: shared
 /// nodes are `__READ__` nodes in both.
@@ -161,6 +167,27 @@ fn parse_child(child: &str) -> Option<(i64, Role)> {
 /// The sequence number a lock child ends with: the queue's order.
 fn sequence(child: &str) -> Option<i64> {
     parse_child(child).map(|(seq, _)| seq)
+}
+
+/// The sequence number a campaign's node ends with, after its last
+/// `latch-` (where Curator's `LeaderLatch` sorts it): `None` for any other
+/// child, lock nodes included.
+fn latch_sequence(child: &str) -> Option<i64> {
+    let (_, seq) = child.rsplit_once(LATCH_MARKER)?;
+    if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    seq.parse().ok()
+}
+
+/// The sequence number of a child in the queue of `kind`: a campaign's
+/// queue holds only `latch-` nodes, a lock's only lock nodes, so a lock and
+/// an election of one name share the node but not the queue.
+fn sequence_of(child: &str, kind: HoldKind) -> Option<i64> {
+    match kind {
+        HoldKind::Leader => latch_sequence(child),
+        _ => sequence(child),
+    }
 }
 
 fn is_write(child: &str) -> bool {
@@ -205,13 +232,15 @@ fn czxid_token(czxid: i64) -> Result<FencingToken> {
         .map_err(|_| Error::backend("zookeeper", format!("negative czxid {czxid}")))
 }
 
-/// Lock children (other names are ignored) sorted by their sequence.
-fn in_queue_order(children: Vec<String>) -> Vec<String> {
+/// The children in the queue of `kind` (lock nodes for the lock kinds,
+/// `latch-` nodes for a campaign; other names are ignored) sorted by their
+/// sequence.
+fn in_queue_order(children: Vec<String>, kind: HoldKind) -> Vec<String> {
     let mut queue: Vec<String> = children
         .into_iter()
-        .filter(|c| sequence(c).is_some())
+        .filter(|c| sequence_of(c, kind).is_some())
         .collect();
-    queue.sort_by_key(|c| sequence(c));
+    queue.sort_by_key(|c| sequence_of(c, kind));
     queue
 }
 
@@ -507,6 +536,7 @@ impl ZooKeeperBackend {
     /// The marker in the name of a lock node of `kind`.
     fn marker(&self, kind: HoldKind) -> &'static str {
         match (kind, self.inner.layout) {
+            (HoldKind::Leader, _) => LATCH_MARKER,
             (HoldKind::Shared, _) => READ_MARKER,
             (_, Layout::Mutex) => MUTEX_MARKER,
             (_, Layout::RwLock) => WRITE_MARKER,
@@ -522,8 +552,10 @@ impl ZooKeeperBackend {
         Some((self.node_path(req, seq), session))
     }
 
-    /// Deletes every child of lock `name`, as an operator would; the
-    /// holder's next renewal is rejected. Returns whether any existed.
+    /// Deletes every child of lock `name`, as an operator would: its lock
+    /// nodes of every kind and the campaigns of the election of the same
+    /// name, which live beside them. The holder's (or leader's) next
+    /// renewal is rejected. Returns whether any existed.
     pub async fn evict(&self, name: &LockName) -> Result<bool> {
         let client = self.client().await?;
         let parent = self.parent(name);
@@ -556,6 +588,12 @@ impl ZooKeeperBackend {
         let prefix = node_prefix(&req.owner, self.marker(req.kind));
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.inner.acls);
         let path = format!("{parent}/{prefix}");
+        // A campaign's node carries its value (Curator's participant id);
+        // a lock node carries nothing.
+        let data = match req.kind {
+            HoldKind::Leader => req.value.as_deref().unwrap_or_default().as_bytes(),
+            _ => b"",
+        };
         // A grant's lease counts from before the first attempt: a retry
         // after creating the parent or a connection loss only shortens it,
         // so the local deadline stays within the TTL counted from the
@@ -565,7 +603,7 @@ impl ZooKeeperBackend {
             // Both requests are queued when their futures are made (the
             // client orders requests at creation, not at polling). The list
             // is the read that may confirm ownership.
-            let create = client.create(&path, b"", &options);
+            let create = client.create(&path, data, &options);
             let list = client.list_children(&parent);
             let (created, listed) = tokio::join!(create, list);
             match created {
@@ -576,7 +614,7 @@ impl ZooKeeperBackend {
                     let seq = seq.into_i64();
                     let queue = listed
                         .ok()
-                        .map(in_queue_order)
+                        .map(|c| in_queue_order(c, req.kind))
                         .filter(|q| q.contains(&node));
                     let token = czxid_token(stat.czxid)?;
                     let q = Enqueued {
@@ -597,7 +635,9 @@ impl ZooKeeperBackend {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     let found = self.find_mine(&client, &parent, &prefix).await?;
                     // Found by its prefix, so the rest of its name is its sequence.
-                    if let Some((found, seq)) = found.and_then(|f| sequence(&f).map(|s| (f, s))) {
+                    if let Some((found, seq)) =
+                        found.and_then(|f| sequence_of(&f, req.kind).map(|s| (f, s)))
+                    {
                         let stat = client
                             .check_stat(&format!("{parent}/{found}"))
                             .await
@@ -653,13 +693,19 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// The lock children in queue order.
-    async fn queue(&self, client: &zk::Client, parent: &str) -> Result<Vec<String>> {
+    /// The children in the queue of `kind`, in queue order.
+    async fn queue(
+        &self,
+        client: &zk::Client,
+        parent: &str,
+        kind: HoldKind,
+    ) -> Result<Vec<String>> {
         Ok(in_queue_order(
             client
                 .list_children(parent)
                 .await
                 .map_err(|e| self.err(e))?,
+            kind,
         ))
     }
 
@@ -698,7 +744,7 @@ impl ZooKeeperBackend {
                 Some(queue) => queue,
                 None => {
                     q.began = Instant::now();
-                    self.queue(client, parent).await?
+                    self.queue(client, parent, req.kind).await?
                 }
             };
             let Some(i) = queue.iter().position(|c| c == node) else {
@@ -752,6 +798,7 @@ impl ZooKeeperBackend {
         .with_session()
         .with_semaphore()
         .with_shared()
+        .with_elections()
     }
 }
 
@@ -770,7 +817,7 @@ impl Backend for ZooKeeperBackend {
         let q = self.enqueue(req).await?;
         let queue = match q.queue {
             Some(queue) => queue,
-            None => self.queue(&q.client, &q.parent).await?,
+            None => self.queue(&q.client, &q.parent, req.kind).await?,
         };
         let holds = queue
             .iter()
@@ -912,7 +959,7 @@ impl Backend for ZooKeeperBackend {
     async fn inspect(&self, name: &LockName) -> Result<distlock_core::LockStatus> {
         let client = self.client().await?;
         let parent = self.parent(name);
-        let queue = match self.queue(&client, &parent).await {
+        let queue = match self.queue(&client, &parent, HoldKind::Exclusive).await {
             Ok(q) => q,
             Err(Error::Backend { .. }) => Vec::new(),
             Err(e) => return Err(e),
@@ -950,6 +997,23 @@ impl Backend for ZooKeeperBackend {
 
     async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
         self.store_limit(name, limit).await
+    }
+
+    /// Sets my campaign node's data, if the node is still there.
+    async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        self.proclaim_value(req, value).await
+    }
+
+    /// The value on the lowest `latch-` node, as Curator's
+    /// `LeaderLatch.getLeader` reads it.
+    async fn leader(&self, name: &LockName) -> Result<Option<distlock_core::Leader>> {
+        self.current_leader(name).await
+    }
+
+    /// Notified: each read sets a watch on what it read (the leader's
+    /// node, or the children when nobody leads).
+    async fn observe_leader(&self, name: &LockName) -> Result<Option<distlock_core::LeaderStream>> {
+        Ok(Some(self.leaders(name)))
     }
 
     /// Session expiry ends every lock of the session. By default a mere
@@ -1028,12 +1092,16 @@ mod tests {
         );
         assert_eq!(parse_child("_c_0a1b-__READ__"), None);
         assert_eq!(parse_child("_c_0a1b-lock-+9"), None);
-        let queue = in_queue_order(vec![
-            "_c_c-lock-0000000003".into(),
-            "_c_b-__READ__0000000002".into(),
-            "_c_a-__WRIT__0000000001".into(),
-            "leader".into(),
-        ]);
+        let queue = in_queue_order(
+            vec![
+                "_c_c-lock-0000000003".into(),
+                "_c_b-__READ__0000000002".into(),
+                "_c_a-__WRIT__0000000001".into(),
+                "_c_d-latch-0000000000".into(),
+                "leader".into(),
+            ],
+            HoldKind::Exclusive,
+        );
         assert_eq!(
             queue,
             [
@@ -1041,6 +1109,29 @@ mod tests {
                 "_c_b-__READ__0000000002",
                 "_c_c-lock-0000000003"
             ]
+        );
+    }
+
+    #[test]
+    fn campaigns_queue_by_the_sequence_after_latch_and_ignore_lock_nodes() {
+        assert_eq!(latch_sequence("_c_0a1b-latch-0000000042"), Some(42));
+        assert_eq!(latch_sequence("latch-0000000007"), Some(7));
+        assert_eq!(latch_sequence("_c_0a1b-lock-0000000042"), None);
+        assert_eq!(latch_sequence("_c_0a1b-latch-"), None);
+        assert_eq!(sequence("_c_0a1b-latch-0000000042"), None);
+        let children: Vec<String> = vec![
+            "_c_a-lock-0000000001".into(),
+            "_c_b-latch-0000000004".into(),
+            "_c_c-__READ__0000000002".into(),
+            "_c_d-latch-0000000003".into(),
+        ];
+        assert_eq!(
+            in_queue_order(children.clone(), HoldKind::Leader),
+            ["_c_d-latch-0000000003", "_c_b-latch-0000000004"]
+        );
+        assert_eq!(
+            in_queue_order(children, HoldKind::Exclusive),
+            ["_c_a-lock-0000000001", "_c_c-__READ__0000000002"]
         );
     }
 
