@@ -8,13 +8,15 @@ use std::time::Duration;
 use distlock_core::wait::{wait_for_grant, Outcome, Pace, Signalled, Wakeup, Wakeups};
 use distlock_core::{
     async_trait, AllAtOnce, Backend, Capabilities, Consistency, Error, Fencing, FencingToken,
-    Finding, Grant, HoldKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
+    Finding, Grant, HoldKind, Leader, LockName, LockRequest, LockStatus, Result, TrustedClock,
+    Waiting,
 };
 use redis::RedisError;
 use tokio::time::Instant;
 
 mod config;
 mod conn;
+mod election;
 mod rwlock;
 pub mod scripts;
 mod semaphore;
@@ -22,7 +24,7 @@ mod subscriber;
 
 pub use config::RedisConfig;
 pub use rwlock::{Attempt, Attempted, LockHolders};
-pub use scripts::{Keys, Scripts, SemaphoreKeys, SHARED_HOLDS};
+pub use scripts::{ElectionKeys, Keys, Scripts, SemaphoreKeys, SHARED_HOLDS};
 
 use rwlock::Removal;
 
@@ -129,6 +131,7 @@ impl RedisBackend {
         match req.kind {
             HoldKind::Permits { .. } => Ok(self.attempt_permit(req, true).await?.into()),
             HoldKind::Shared => Ok(self.attempt_shared(req, true).await?.into()),
+            HoldKind::Leader => Ok(self.attempt_leader(req).await?.into()),
             _ => self.attempt_exclusive(req, how, true).await,
         }
     }
@@ -139,7 +142,8 @@ impl RedisBackend {
     /// declared meaningless: no counter is kept, and the server runs no
     /// script (a script costs the server more than the command).
     /// A semaphore's permits and shared holds need their script either
-    /// way, so those requests run it, taking no token.
+    /// way, so those requests run it, taking no token; an election's
+    /// campaign runs its own script and takes its token.
     pub async fn attempt_unfenced(&self, req: &LockRequest) -> Result<Outcome> {
         Ok(self.attempt_unfenced_in(req, Attempt::Once).await?.outcome)
     }
@@ -152,6 +156,7 @@ impl RedisBackend {
         match req.kind {
             HoldKind::Permits { .. } => return Ok(self.attempt_permit(req, false).await?.into()),
             HoldKind::Shared => return Ok(self.attempt_shared(req, false).await?.into()),
+            HoldKind::Leader => return Ok(self.attempt_leader(req).await?.into()),
             _ if how == Attempt::LaterOfWait => {
                 return self.attempt_exclusive(req, how, false).await
             }
@@ -261,8 +266,10 @@ impl RedisBackend {
         }
     }
 
-    /// Deletes the lock key and the shared holds whoever holds them, as
-    /// an operator would. Returns whether either existed.
+    /// Deletes the lock key, the shared holds and the election's leader
+    /// whoever holds them, as an operator would (the fencing counters
+    /// stay), and tells the election's campaigners and observers. Returns
+    /// whether any existed.
     pub async fn evict(&self, name: &LockName) -> Result<bool> {
         let keys = self.keys(name);
         let n: i64 = self
@@ -271,7 +278,8 @@ impl RedisBackend {
             .cmd(redis::cmd("DEL").arg(&keys.lock).arg(&keys.readers))
             .await
             .map_err(|e| self.err(e))?;
-        Ok(n >= 1)
+        let led = self.evict_leader(name).await?;
+        Ok(n >= 1 || led)
     }
 
     /// The server's `run_id` (changes on every restart).
@@ -392,6 +400,7 @@ impl RedisBackend {
         )
         .with_semaphore()
         .with_shared()
+        .with_elections()
     }
 }
 
@@ -417,10 +426,12 @@ impl Backend for RedisBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
-        if let HoldKind::Permits { .. } = req.kind {
-            return self.acquire_permit(req, deadline).await;
+        match req.kind {
+            HoldKind::Permits { .. } => return self.acquire_permit(req, deadline).await,
+            HoldKind::Leader => return self.acquire_leader(req, deadline).await,
+            _ => {}
         }
-        let mut wakeups = Subscribed::new(self, &req.name, false);
+        let mut wakeups = Subscribed::new(self, &req.name, Channel::Lock);
         let pace = Pace::notified(Duration::from_millis(100));
         let (tried, marked) = (&AtomicBool::new(false), &AtomicBool::new(false));
         let granted = wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async move {
@@ -562,6 +573,9 @@ impl Backend for RedisBackend {
                 return Ok(self.extend_permits(&[req]).await?.first() == Some(&true))
             }
             HoldKind::Shared => return Ok(self.extend_shared(&[req]).await?.first() == Some(&true)),
+            HoldKind::Leader => {
+                return Ok(self.extend_leaders(&[req]).await?.first() == Some(&true))
+            }
             _ => {}
         }
         let keys = self.keys(&req.name);
@@ -571,19 +585,21 @@ impl Backend for RedisBackend {
         Ok(n == 1)
     }
 
-    /// Locks, shared holds and permits go in one script call each, all
-    /// sent at once on the multiplexed connection: one round trip for a
-    /// mixed batch.
+    /// Locks, shared holds, permits and leaderships go in one script call
+    /// each, all sent at once on the multiplexed connection: one round trip
+    /// for a mixed batch.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
-        let (mut permits, mut shared, mut locks) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut permits, mut shared, mut leaders, mut locks) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for r in reqs {
             match r.kind {
                 HoldKind::Permits { .. } => permits.push(r),
                 HoldKind::Shared => shared.push(r),
+                HoldKind::Leader => leaders.push(r),
                 _ => locks.push(r),
             }
         }
-        let (permit_answers, shared_answers, lock_answers) = tokio::try_join!(
+        let (permit_answers, shared_answers, leader_answers, lock_answers) = tokio::try_join!(
             async {
                 if permits.is_empty() {
                     return Ok(Vec::new());
@@ -591,16 +607,19 @@ impl Backend for RedisBackend {
                 self.extend_permits(&permits).await
             },
             self.extend_shared(&shared),
+            self.extend_leaders(&leaders),
             self.extend_locks(&locks),
         )?;
         let mut permit_answers = permit_answers.into_iter();
         let mut shared_answers = shared_answers.into_iter();
+        let mut leader_answers = leader_answers.into_iter();
         let mut lock_answers = lock_answers.into_iter();
         Ok(reqs
             .iter()
             .map(|r| match r.kind {
                 HoldKind::Permits { .. } => permit_answers.next(),
                 HoldKind::Shared => shared_answers.next(),
+                HoldKind::Leader => leader_answers.next(),
                 _ => lock_answers.next(),
             })
             .map(|a| a.unwrap_or(false))
@@ -630,8 +649,19 @@ impl Backend for RedisBackend {
         match req.kind {
             HoldKind::Permits { .. } => self.release_permit(req).await,
             HoldKind::Shared => self.release_shared(req).await,
+            HoldKind::Leader => self.release_leader(req).await,
             _ => self.release_exclusive(req, Removal::All).await,
         }
+    }
+
+    async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        self.proclaim_value(req, value).await
+    }
+
+    /// One script call; the key lives as long as the leadership by the
+    /// server's clock, so an expired leader is never reported.
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        self.current_leader(name).await
     }
 }
 
@@ -663,24 +693,36 @@ impl ReleaseWatch {
     }
 }
 
-/// Wake-ups from a lock's or a semaphore's pub/sub channel. Subscribed only
-/// once an attempt is refused, so an uncontended acquire costs one script
-/// call; subscribed again when the pub/sub connection dies. A freed permit
-/// wakes one waiter of this client; a release, all of them.
+/// Which object's channel a wait listens on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Channel {
+    /// The lock's (exclusive and shared holds).
+    Lock,
+    /// The semaphore's.
+    Permits,
+    /// The election's.
+    Election,
+}
+
+/// Wake-ups from a lock's, a semaphore's or an election's pub/sub channel.
+/// Subscribed only once an attempt is refused, so an uncontended acquire
+/// costs one script call; subscribed again when the pub/sub connection
+/// dies. A freed permit wakes one waiter of this client; a release, all of
+/// them.
 struct Subscribed<'a> {
     backend: &'a RedisBackend,
     name: &'a LockName,
-    permits: bool,
+    channel: Channel,
     watch: Option<ReleaseWatch>,
     signalled: Signalled,
 }
 
 impl<'a> Subscribed<'a> {
-    fn new(backend: &'a RedisBackend, name: &'a LockName, permits: bool) -> Self {
+    fn new(backend: &'a RedisBackend, name: &'a LockName, channel: Channel) -> Self {
         Self {
             backend,
             name,
-            permits,
+            channel,
             watch: None,
             signalled: Signalled::from(None),
         }
@@ -698,11 +740,16 @@ impl Wakeups for Subscribed<'_> {
             return Ok(());
         }
         let b = self.backend;
-        let subscribed = if self.permits {
-            let channel = b.semaphore_keys(self.name).channel;
-            b.watch_channel(channel, Wake::OnePerPermit).await
-        } else {
-            b.watch_releases(self.name).await
+        let subscribed = match self.channel {
+            Channel::Permits => {
+                let channel = b.semaphore_keys(self.name).channel;
+                b.watch_channel(channel, Wake::OnePerPermit).await
+            }
+            Channel::Election => {
+                let channel = b.election_keys(self.name).channel;
+                b.watch_channel(channel, Wake::All).await
+            }
+            Channel::Lock => b.watch_releases(self.name).await,
         };
         self.watch = subscribed
             .inspect_err(|e| tracing::debug!(error = %e, "no pub/sub; waiting on lease ends only"))

@@ -1,4 +1,4 @@
-//! The Lua scripts and the key layout of locks and semaphores. Public so
+//! The Lua scripts and the key layout of locks, semaphores and elections. Public so
 //! that the Redlock backend runs the same protocol on each of its nodes
 //! (locks with fencing; locks without it use a plain `SET NX PX` on the
 //! same key, see
@@ -112,6 +112,39 @@ impl SemaphoreKeys {
     }
 }
 
+/// The keys and channel of one election (the leadership of
+/// [`HoldKind::Leader`](distlock_core::HoldKind::Leader)).
+///
+/// Every name carries the lock key of the same name as its hash tag, as
+/// [`SemaphoreKeys`] do, so in Redis Cluster a script sees all of one
+/// election's keys in one slot, and a user allowed the keys and channels
+/// of a prefix (`~{app:*`, `&{app:*`) may run its elections. No name equals
+/// a lock's or a semaphore's, so an election, a lock and a semaphore of one
+/// name never contend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElectionKeys {
+    /// The leader: a hash with the fields `owner`, `value` and `token`,
+    /// expiring as a whole with the leadership's lease (server clock).
+    pub leader: String,
+    /// The fencing counter, never deleted.
+    pub fence: String,
+    /// The pub/sub channel a resignation, an eviction or a proclaimed value
+    /// is announced on.
+    pub channel: String,
+}
+
+impl ElectionKeys {
+    /// The keys for the election `name` under `prefix`.
+    pub fn new(prefix: &str, name: &LockName) -> Self {
+        let tag = Keys::lock_of(prefix, name);
+        Self {
+            leader: format!("{{{tag}}}:election"),
+            fence: format!("{{{tag}}}:election:fence"),
+            channel: format!("{{{tag}}}:election:released"),
+        }
+    }
+}
+
 /// The scripts, loaded once per process. `invoke_async` sends EVALSHA and
 /// falls back to EVAL (loading the script) when the server answers NOSCRIPT,
 /// for example after a restart or a failover.
@@ -160,6 +193,21 @@ pub struct Scripts {
     pub permit_limit: Script,
     /// `permit_inspect.lua`: the stored limit and the live permits' owners.
     pub permit_inspect: Script,
+    /// `election_acquire.lua`: if nobody leads, INCR the fence and HSET
+    /// owner, value and token with the lease as the hash's expiry; the same
+    /// owner renews and gets its token again; else the leader's PTTL.
+    pub election_acquire: Script,
+    /// `election_extend.lua`: PEXPIRE each leader hash whose owner matches.
+    pub election_extend: Script,
+    /// `election_release.lua`: DEL and PUBLISH if the owner matches.
+    pub election_release: Script,
+    /// `election_proclaim.lua`: HSET the value and PUBLISH if the owner
+    /// matches.
+    pub election_proclaim: Script,
+    /// `election_leader.lua`: the leader hash's PTTL, value and token.
+    pub election_leader: Script,
+    /// `election_evict.lua`: DEL the leader hash whoever leads, and PUBLISH.
+    pub election_evict: Script,
 }
 
 impl Scripts {
@@ -182,6 +230,12 @@ impl Scripts {
             permit_release: Script::new(include_str!("scripts/permit_release.lua")),
             permit_limit: Script::new(include_str!("scripts/permit_limit.lua")),
             permit_inspect: Script::new(include_str!("scripts/permit_inspect.lua")),
+            election_acquire: Script::new(include_str!("scripts/election_acquire.lua")),
+            election_extend: Script::new(include_str!("scripts/election_extend.lua")),
+            election_release: Script::new(include_str!("scripts/election_release.lua")),
+            election_proclaim: Script::new(include_str!("scripts/election_proclaim.lua")),
+            election_leader: Script::new(include_str!("scripts/election_leader.lua")),
+            election_evict: Script::new(include_str!("scripts/election_evict.lua")),
         })
     }
 }
@@ -235,5 +289,24 @@ mod tests {
         }
         let distinct: std::collections::HashSet<_> = all.into_iter().collect();
         assert_eq!(distinct.len(), 4);
+    }
+
+    #[test]
+    fn election_keys_share_one_slot_and_differ_from_the_locks_and_semaphores() {
+        let name = LockName::new("services/api").unwrap();
+        let e = ElectionKeys::new("app:", &name);
+        let l = Keys::new("app:", &name);
+        let s = SemaphoreKeys::new("app:", &name);
+        let others = [
+            &l.lock, &l.fence, &l.channel, &l.readers, &l.writers, &s.permits, &s.limit, &s.fence,
+            &s.channel,
+        ];
+        let all = [&e.leader, &e.fence, &e.channel];
+        for k in all {
+            assert!(k.starts_with("{app:services/api}:election"), "{k}");
+            assert!(!others.contains(&k), "{k}");
+        }
+        let distinct: std::collections::HashSet<_> = all.into_iter().collect();
+        assert_eq!(distinct.len(), 3);
     }
 }

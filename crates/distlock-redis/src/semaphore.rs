@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::scripts::{Scripts, SemaphoreKeys};
 use crate::subscriber::Wake;
-use crate::{ttl_ms, RedisBackend, ReleaseWatch, Subscribed};
+use crate::{ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
 
 /// The limit a permit request asks for; a typed error for zero, which no
 /// semaphore can grant.
@@ -162,7 +162,7 @@ impl RedisBackend {
         req: &LockRequest,
         deadline: Option<Instant>,
     ) -> Result<Grant> {
-        let mut wakeups = Subscribed::new(self, &req.name, true);
+        let mut wakeups = Subscribed::new(self, &req.name, Channel::Permits);
         let pace = Pace::notified(Duration::from_millis(100));
         wait_for_grant(&req.name, deadline, pace, &mut wakeups, || {
             self.attempt_permit(req, true)

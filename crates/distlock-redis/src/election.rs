@@ -1,0 +1,174 @@
+//! Elections ([`HoldKind::Leader`](distlock_core::HoldKind::Leader)): one
+//! leader hash per election, holding the leader's owner, value and token
+//! and expiring with its lease by the server's clock; the scripts that
+//! campaign, renew, resign, proclaim and read it, and the wait for it.
+
+use std::time::Duration;
+
+use distlock_core::wait::{wait_for_grant, Outcome, Pace};
+use distlock_core::{Error, FencingToken, Grant, Leader, LockName, LockRequest, Result};
+use redis::Value;
+use tokio::time::Instant;
+
+use crate::rwlock::held_for;
+use crate::scripts::{ElectionKeys, Scripts};
+use crate::{ttl_ms, Channel, RedisBackend, Subscribed};
+
+impl RedisBackend {
+    /// The keys used for the election `name`.
+    pub fn election_keys(&self, name: &LockName) -> ElectionKeys {
+        ElectionKeys::new(&self.inner.config.prefix, name)
+    }
+
+    /// One `election_acquire.lua` call: the token, with the campaign's
+    /// value stored by the same call, or how long the leader has left.
+    pub(crate) async fn attempt_leader(&self, req: &LockRequest) -> Result<Outcome> {
+        let keys = self.election_keys(&req.name);
+        let mut inv = Scripts::get().election_acquire.key(&keys.leader);
+        inv.key(&keys.fence)
+            .arg(req.owner.to_string())
+            .arg(ttl_ms(req.ttl))
+            .arg(req.value.as_deref().unwrap_or_default());
+        let answer: i64 = self.run(&inv).await?;
+        if answer >= 1 {
+            if self.inner.config.wait_replicas > 0 {
+                Box::pin(self.await_replicas(req)).await?;
+            }
+            return Ok(Outcome::Granted(FencingToken(answer.unsigned_abs())));
+        }
+        if answer == 0 {
+            return Err(Error::backend(
+                "redis",
+                format!(
+                    "the leader hash {} holds no token; delete it (an operator's eviction)",
+                    keys.leader
+                ),
+            ));
+        }
+        Ok(Outcome::Held(held_for(answer)))
+    }
+
+    /// Renews each request's leadership, in one script call per batch.
+    pub(crate) async fn extend_leaders(&self, reqs: &[&LockRequest]) -> Result<Vec<bool>> {
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = Scripts::get().election_extend.prepare_invoke();
+        for req in reqs {
+            inv.key(self.election_keys(&req.name).leader)
+                .arg(req.owner.to_string())
+                .arg(ttl_ms(req.ttl));
+        }
+        let answers: Vec<i64> = self.run(&inv).await?;
+        if answers.len() != reqs.len() {
+            return Err(Error::backend(
+                "redis",
+                format!(
+                    "election_extend.lua answered {} times for {} leaderships",
+                    answers.len(),
+                    reqs.len()
+                ),
+            ));
+        }
+        Ok(answers.into_iter().map(|n| n == 1).collect())
+    }
+
+    /// Resigns `req`'s leadership if it is still `req.owner`'s.
+    pub(crate) async fn release_leader(&self, req: &LockRequest) -> Result<bool> {
+        let keys = self.election_keys(&req.name);
+        let mut inv = Scripts::get().election_release.key(&keys.leader);
+        inv.arg(req.owner.to_string()).arg(&keys.channel);
+        let n: i64 = self.run(&inv).await?;
+        Ok(n == 1)
+    }
+
+    /// Replaces the value of `req`'s leadership while `req.owner` leads.
+    pub(crate) async fn proclaim_value(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        let keys = self.election_keys(&req.name);
+        let mut inv = Scripts::get().election_proclaim.key(&keys.leader);
+        inv.arg(req.owner.to_string()).arg(value).arg(&keys.channel);
+        let n: i64 = self.run(&inv).await?;
+        Ok(n == 1)
+    }
+
+    /// The live leader of `name` by the server's clock, with its value,
+    /// token and remaining lease, in one script call.
+    pub(crate) async fn current_leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let keys = self.election_keys(name);
+        let inv = Scripts::get().election_leader.key(&keys.leader);
+        let answer: Value = self.run(&inv).await?;
+        let malformed = || {
+            Error::backend(
+                "redis",
+                format!(
+                    "the leader hash {} lacks a value or a token; delete it (an operator's eviction)",
+                    keys.leader
+                ),
+            )
+        };
+        let items = match answer {
+            Value::Array(items) => items,
+            other => {
+                return Err(Error::backend(
+                    "redis",
+                    format!("election_leader.lua answered {other:?}"),
+                ))
+            }
+        };
+        match items.as_slice() {
+            [Value::Int(-2)] => Ok(None),
+            [Value::Int(pttl), value, token] => {
+                let value = match value {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    Value::SimpleString(s) => s.clone(),
+                    _ => return Err(malformed()),
+                };
+                let token = match token {
+                    Value::BulkString(b) => std::str::from_utf8(b)
+                        .ok()
+                        .and_then(|t| t.parse::<u64>().ok()),
+                    Value::Int(t) => u64::try_from(*t).ok(),
+                    _ => None,
+                }
+                .filter(|t| *t >= 1)
+                .ok_or_else(malformed)?;
+                // -1: a hash without expiry (written by hand): no end known.
+                let remaining = u64::try_from(*pttl).ok().map(Duration::from_millis);
+                Ok(Some(
+                    Leader::new(value, FencingToken(token)).with_remaining(remaining),
+                ))
+            }
+            _ => Err(Error::backend(
+                "redis",
+                format!("election_leader.lua answered {items:?}"),
+            )),
+        }
+    }
+
+    /// Deletes the election's leader hash whoever leads, as an operator
+    /// would, and tells its campaigners; the fencing counter stays.
+    /// Returns whether someone led.
+    pub(crate) async fn evict_leader(&self, name: &LockName) -> Result<bool> {
+        let keys = self.election_keys(name);
+        let mut inv = Scripts::get().election_evict.key(&keys.leader);
+        inv.arg(&keys.channel);
+        let n: i64 = self.run(&inv).await?;
+        Ok(n == 1)
+    }
+
+    /// Campaigns until elected: woken by a resignation or an eviction on
+    /// the election's channel, and otherwise tries again when the leader's
+    /// lease runs out (an expiry is not announced).
+    pub(crate) async fn acquire_leader(
+        &self,
+        req: &LockRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Grant> {
+        let mut wakeups = Subscribed::new(self, &req.name, Channel::Election);
+        let pace = Pace::notified(Duration::from_millis(100));
+        wait_for_grant(&req.name, deadline, pace, &mut wakeups, || {
+            self.attempt_leader(req)
+        })
+        .await
+    }
+}
