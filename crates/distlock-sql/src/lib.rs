@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use distlock_core::{
     async_trait, AllAtOnce, Backend, Capabilities, Consistency, Error, Fencing, FencingToken,
-    Finding, Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock,
-    Waiting,
+    Finding, Grant, HoldKind, InputKind, Leader, LockName, LockRequest, LockStatus, Result,
+    TrustedClock, Waiting,
 };
 use tokio::time::Instant;
 
 mod config;
+mod election;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -277,6 +278,23 @@ pub(crate) fn token_from_db(err: &DbError, t: i64) -> Result<FencingToken> {
         })
 }
 
+/// A leader's value the tables hold: at most [`distlock_core::MAX_VALUE_LEN`]
+/// bytes, as core also checks, so that a request made without core is
+/// refused before it is sent rather than cut short by the database.
+fn checked_value(value: Option<&str>) -> Result<()> {
+    match value {
+        Some(v) if v.len() > distlock_core::MAX_VALUE_LEN => Err(Error::invalid(
+            InputKind::Config,
+            format!(
+                "an election value is at most {} bytes; this one has {}",
+                distlock_core::MAX_VALUE_LEN,
+                v.len()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn endpoint_of(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.split('?').next().unwrap_or(rest);
@@ -529,11 +547,17 @@ impl SqlBackend {
 }
 
 impl SqlBackend {
-    /// Takes the lock away from its holder, as an operator would (the row's
-    /// owner is overwritten, so the holder's next renewal is rejected; the
-    /// lock stays taken until its expiry). Returns whether it was held.
+    /// Takes the lock `name` away from its holder, and the election `name`
+    /// from its leader, as an operator would. The lock row's owner is
+    /// overwritten, so the holder's next renewal is rejected, and the lock
+    /// stays taken until its expiry; the election's row is freed at once,
+    /// so the leader's next renewal or proclamation is rejected and the
+    /// next campaigner leads. Returns whether either was held.
     pub async fn evict(&self, name: &LockName) -> Result<bool> {
-        dispatch!(self, db => db.evict(name.as_str()).await)
+        let lock = dispatch!(self, db => db.evict(name.as_str()).await)?;
+        let row = election::election_row(name);
+        let leader = dispatch!(self, db => db.evict_leader(&row).await)?;
+        Ok(lock || leader)
     }
 
     /// The lock table's name.
@@ -565,7 +589,8 @@ impl SqlBackend {
             Duration::from_secs(365 * 24 * 3600),
         )
         .with_semaphore()
-        .with_shared();
+        .with_shared()
+        .with_elections();
         // Renewals in batches, locks and permits together: one statement
         // of UPDATEs over unnest() arrays on PostgreSQL, one transaction on
         // SQLite and on MySQL (which has no UPDATE ... RETURNING: an update
@@ -588,8 +613,9 @@ impl Backend for SqlBackend {
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let began = Instant::now();
         let token = match Object::of(req, &self.inner.err)? {
-            Object::Lock => self
+            Object::Lock | Object::Leader => self
                 .attempt_to_completion(req, |b, req| async move {
+                    checked_value(election::value(&req))?;
                     let token = dispatch!(b, db => db.try_acquire(&req).await)?;
                     Ok(token.map_or(Outcome::Held(None), Outcome::Granted))
                 })
@@ -616,6 +642,11 @@ impl Backend for SqlBackend {
             }
             Object::Shared => {
                 self.wait(req, deadline, false, || self.shared_attempt(req, true))
+                    .await
+            }
+            Object::Leader => {
+                checked_value(election::value(req))?;
+                self.wait(req, deadline, false, || self.leader_attempt(req))
                     .await
             }
             Object::Semaphore { limit } => {
@@ -675,9 +706,33 @@ impl Backend for SqlBackend {
                 }
                 Ok(held)
             }
+            Object::Leader => dispatch!(self, db => db.release(req).await),
             Object::Shared => dispatch!(self, db => db.shared_release(req).await),
             Object::Semaphore { .. } => dispatch!(self, db => db.permit_release(req).await),
         }
+    }
+
+    /// One UPDATE of the election row's value, only while `req.owner`'s
+    /// lease is live by the database's clock.
+    async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        if !matches!(Object::of(req, &self.inner.err)?, Object::Leader) {
+            return Err(Error::invalid(
+                InputKind::Config,
+                format!(
+                    "only a leadership can proclaim; this request is a {}",
+                    req.kind
+                ),
+            ));
+        }
+        checked_value(Some(value))?;
+        dispatch!(self, db => db.proclaim(req, value).await)
+    }
+
+    /// One SELECT of the election row while its lease is live by the
+    /// database's clock.
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let row = election::election_row(name);
+        dispatch!(self, db => db.leader(&row).await)
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
@@ -798,6 +853,16 @@ impl SqlBackend {
         Ok(answers)
     }
 
+    /// One attempt of a waiting campaign: a lock's attempt on the
+    /// election's row (on PostgreSQL it marks the row awaited, so that the
+    /// leader's release notifies), never a writer's mark.
+    async fn leader_attempt(&self, req: &LockRequest) -> Result<Outcome> {
+        self.attempt_to_completion(req, |b, req| async move {
+            Ok(b.lock_attempt_now(&req).await?.0)
+        })
+        .await
+    }
+
     /// One attempt at a permit.
     async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         self.attempt_to_completion(req, move |b, req| async move {
@@ -862,6 +927,9 @@ impl SqlBackend {
     {
         let config = &self.inner.config;
         let name = &req.name;
+        // Waiters are woken per row: an election's are apart from its
+        // namesake lock's.
+        let key = election::row(req);
         match &self.inner.db {
             #[cfg(feature = "postgres")]
             Db::Postgres(pg) => {
@@ -870,7 +938,7 @@ impl SqlBackend {
                 } else {
                     &pg.releases
                 };
-                let mut wakeups = wait::Listened::new(pg, signals.get(name.as_str()));
+                let mut wakeups = wait::Listened::new(pg, signals.get(&key));
                 let pace = Pace::Notified {
                     unknown: config.notify_fallback,
                     cap: config.notify_fallback,
@@ -898,7 +966,7 @@ impl SqlBackend {
                 } else {
                     &lite.releases
                 };
-                let mut wakeups = distlock_core::wait::Signalled::new(signals.get(name.as_str()));
+                let mut wakeups = distlock_core::wait::Signalled::new(signals.get(&key));
                 let pace = Pace::Backoff(config.poll);
                 wait_for_grant(name, deadline, pace, &mut wakeups, attempt).await
             }

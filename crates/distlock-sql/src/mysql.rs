@@ -3,6 +3,7 @@
 use distlock_core::{FencingToken, Finding, LockRequest, Result};
 use sqlx::mysql::MySqlPool;
 
+use crate::election::{leader_from_db, row, value};
 use crate::rwlock::RwTables;
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, DbError};
@@ -17,6 +18,8 @@ pub(crate) struct My {
     table: String,
     permit_table: String,
     create: String,
+    has_value: String,
+    add_value: String,
     take: String,
     insert: String,
     extend: String,
@@ -24,6 +27,9 @@ pub(crate) struct My {
     release_any: String,
     evict: String,
     inspect: String,
+    proclaim: String,
+    leader: String,
+    evict_leader: String,
     permits: permits::Statements,
     shared: shared::Statements,
     err: DbError,
@@ -38,24 +44,38 @@ impl My {
                 name VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
                 owner CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NULL,
                 token BIGINT UNSIGNED NOT NULL,
-                expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+                expires_at DATETIME(6) NOT NULL,
+                value TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL) ENGINE=InnoDB"
+        );
+        // A table created without the `value` column gets it. MySQL has no
+        // `ADD COLUMN IF NOT EXISTS` (MariaDB has): the table's columns are
+        // read first. The table name is a validated identifier.
+        let has_value = format!(
+            "SELECT COUNT(*) FROM information_schema.columns
+              WHERE table_schema = DATABASE() AND table_name = '{table}' AND column_name = 'value'"
+        );
+        let add_value = format!(
+            "ALTER TABLE {table} ADD COLUMN value TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL"
         );
         // One atomic statement takes a free or expired row. MySQL has no
         // UPDATE ... RETURNING; LAST_INSERT_ID(expr) puts the new token in
         // the statement's own OK packet, so no second round trip reads it.
+        // The grant writes the row's value with it: an election's leader's,
+        // NULL for a lock.
         let take = format!(
             "UPDATE {table} SET owner = ?, token = LAST_INSERT_ID(token + 1),
-                    expires_at = NOW(6) + INTERVAL ? MICROSECOND
+                    expires_at = NOW(6) + INTERVAL ? MICROSECOND, value = ?
               WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6))"
         );
         // Only for a name never locked before: the row does not exist yet.
         // IGNORE, not ON DUPLICATE KEY UPDATE: sqlx connects with
         // CLIENT_FOUND_ROWS, under which a no-op duplicate update still
         // reports one affected row and would look like a grant. Every value
-        // here is validated, so IGNORE hides no truncation.
+        // here is validated (a value is at most MAX_VALUE_LEN bytes, far
+        // below TEXT's limit), so IGNORE hides no truncation.
         let insert = format!(
-            "INSERT IGNORE INTO {table} (name, owner, token, expires_at)
-             VALUES (?, ?, 1, NOW(6) + INTERVAL ? MICROSECOND)"
+            "INSERT IGNORE INTO {table} (name, owner, token, expires_at, value)
+             VALUES (?, ?, 1, NOW(6) + INTERVAL ? MICROSECOND, ?)"
         );
         let extend = format!(
             "UPDATE {table} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
@@ -71,9 +91,24 @@ impl My {
             "SELECT CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) FROM {table}
               WHERE name = ? AND owner IS NOT NULL AND expires_at > NOW(6)"
         );
+        // An election's: a new value only while the owner's lease is live
+        // (sqlx's CLIENT_FOUND_ROWS counts a row matched with its value
+        // unchanged); its leader, only while one's is; eviction frees the
+        // row at once.
+        let proclaim = format!(
+            "UPDATE {table} SET value = ? WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+        );
+        let leader = format!(
+            "SELECT value, CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at)
+               FROM {table} WHERE name = ? AND owner IS NOT NULL AND expires_at > NOW(6)"
+        );
+        let evict_leader =
+            format!("UPDATE {table} SET owner = NULL WHERE name = ? AND owner IS NOT NULL");
         Self {
             pool,
             create,
+            has_value,
+            add_value,
             take,
             insert,
             extend,
@@ -81,6 +116,9 @@ impl My {
             release_any,
             evict,
             inspect,
+            proclaim,
+            leader,
+            evict_leader,
             table: table.to_string(),
             permit_table: PermitTables::for_lock_table(table).permits,
             permits: permits::Statements::new(table, &PermitTables::for_lock_table(table)),
@@ -100,9 +138,29 @@ impl My {
                 .await
                 .map_err(|e| self.err.map(e))?;
         }
+        self.add_value_column().await?;
         self.create_grant_procedure()
             .await
             .map_err(|e| self.err.map(e))
+    }
+
+    /// Adds the `value` column to a table created without it. Another
+    /// client may add it meanwhile: its ALTER then fails, and the column
+    /// is there.
+    async fn add_value_column(&self) -> Result<()> {
+        let has = || async {
+            sqlx::query_scalar::<_, i64>(&self.has_value)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))
+        };
+        if has().await? > 0 {
+            return Ok(());
+        }
+        match sqlx::query(&self.add_value).execute(&self.pool).await {
+            Err(_) if has().await? > 0 => Ok(()),
+            other => other.map(|_| ()).map_err(|e| self.err.map(e)),
+        }
     }
 
     /// `innodb_flush_log_at_trx_commit` (a grant is durable only at 1) and,
@@ -162,11 +220,12 @@ impl My {
         let mut tx = self.pool.begin().await?;
         let mut tokens = Vec::with_capacity(reqs.len());
         for req in reqs {
-            let owner = req.owner.to_string();
+            let (row, owner) = (row(req), req.owner.to_string());
             let taken = sqlx::query(&self.take)
                 .bind(&owner)
                 .bind(ttl_micros(req.ttl))
-                .bind(req.name.as_str())
+                .bind(value(req))
+                .bind(row.as_ref())
                 .execute(&mut *tx)
                 .await?;
             if taken.rows_affected() == 1 {
@@ -174,9 +233,10 @@ impl My {
                 continue;
             }
             let inserted = sqlx::query(&self.insert)
-                .bind(req.name.as_str())
+                .bind(row.as_ref())
                 .bind(&owner)
                 .bind(ttl_micros(req.ttl))
+                .bind(value(req))
                 .execute(&mut *tx)
                 .await?;
             if inserted.rows_affected() != 1 {
@@ -190,11 +250,12 @@ impl My {
     }
 
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
-        let owner = req.owner.to_string();
+        let (row, owner) = (row(req), req.owner.to_string());
         let r = sqlx::query(&self.take)
             .bind(&owner)
             .bind(ttl_micros(req.ttl))
-            .bind(req.name.as_str())
+            .bind(value(req))
+            .bind(row.as_ref())
             .execute(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
@@ -203,9 +264,10 @@ impl My {
             return token_from_db(&self.err, t).map(Some);
         }
         let r = sqlx::query(&self.insert)
-            .bind(req.name.as_str())
+            .bind(row.as_ref())
             .bind(&owner)
             .bind(ttl_micros(req.ttl))
+            .bind(value(req))
             .execute(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
@@ -216,7 +278,7 @@ impl My {
         match Object::of(req, &self.err)? {
             Object::Semaphore { .. } => return self.permit_extend(req).await,
             Object::Shared => return self.shared_extend(req).await,
-            Object::Lock => {}
+            Object::Lock | Object::Leader => {}
         }
         self.extend_row(&self.extend, req).await
     }
@@ -226,7 +288,7 @@ impl My {
     async fn extend_row(&self, sql: &str, req: &LockRequest) -> Result<bool> {
         let r = sqlx::query(sql)
             .bind(ttl_micros(req.ttl))
-            .bind(req.name.as_str())
+            .bind(row(req))
             .bind(req.owner.to_string())
             .execute(&self.pool)
             .await
@@ -235,9 +297,9 @@ impl My {
     }
 
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
-        let owner = req.owner.to_string();
+        let (row, owner) = (row(req), req.owner.to_string());
         let r = sqlx::query(&self.release_live)
-            .bind(req.name.as_str())
+            .bind(row.as_ref())
             .bind(&owner)
             .execute(&self.pool)
             .await
@@ -247,7 +309,7 @@ impl My {
         }
         // Expired but not yet taken: free it anyway, and report it was not held.
         sqlx::query(&self.release_any)
-            .bind(req.name.as_str())
+            .bind(row.as_ref())
             .bind(&owner)
             .execute(&self.pool)
             .await
@@ -261,6 +323,48 @@ impl My {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.err.map(e))
+    }
+
+    /// Replaces the value of `req`'s election row while its lease is live.
+    pub(crate) async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        let r = sqlx::query(&self.proclaim)
+            .bind(value)
+            .bind(row(req))
+            .bind(req.owner.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// The live leader of the election row `row`. The value comes back as
+    /// bytes (a `_bin` collation).
+    pub(crate) async fn leader(&self, row: &str) -> Result<Option<distlock_core::Leader>> {
+        let found: Option<(Option<Vec<u8>>, i64, i64)> = sqlx::query_as(&self.leader)
+            .bind(row)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        let Some((value, token, micros)) = found else {
+            return Ok(None);
+        };
+        let value = value.map(String::from_utf8).transpose().map_err(|e| {
+            distlock_core::Error::backend(
+                self.err.backend,
+                format!("lock table returned a value that is not UTF-8 ({e})"),
+            )
+        })?;
+        leader_from_db(&self.err, (value, token, micros)).map(Some)
+    }
+
+    /// Frees the election row `row` at once; whether someone led.
+    pub(crate) async fn evict_leader(&self, row: &str) -> Result<bool> {
+        let r = sqlx::query(&self.evict_leader)
+            .bind(row)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
     }
 
     /// Overwrites the lock row's owner and deletes the shared holds.

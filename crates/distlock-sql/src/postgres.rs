@@ -7,6 +7,7 @@ use distlock_core::wait::{Outcome, Signals};
 use distlock_core::{FencingToken, Finding, LockRequest, Result};
 use sqlx::postgres::{PgListener, PgPool};
 
+use crate::election::{checked_for_postgres, leader_from_db, row, value};
 use crate::rwlock::{RwTables, SHARED_OWNER};
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
@@ -19,6 +20,7 @@ pub(crate) struct Pg {
     pub(crate) channel: String,
     create: String,
     add_awaited: String,
+    add_value: String,
     take: String,
     take_all: String,
     give_back: String,
@@ -27,6 +29,9 @@ pub(crate) struct Pg {
     extend_many: String,
     release: String,
     inspect: String,
+    proclaim: String,
+    leader: String,
+    evict_leader: String,
     /// This client's lock waiters, per name: a release wakes them all.
     pub(crate) releases: Arc<Signals>,
     permits: permits::Statements,
@@ -61,23 +66,26 @@ impl Pg {
                 owner TEXT,
                 token BIGINT NOT NULL,
                 expires_at TIMESTAMPTZ NOT NULL,
-                awaited BOOLEAN NOT NULL DEFAULT false)"
+                awaited BOOLEAN NOT NULL DEFAULT false,
+                value TEXT)"
         );
         // A table created without the column gets it.
         let add_awaited = format!(
             "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS awaited BOOLEAN NOT NULL DEFAULT false"
         );
+        let add_value = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS value TEXT");
         // One statement: take the row if it is new, free or expired (judged
         // by the database's clock only), bump the token, and in the same
         // round trip report how long the current holder has left.
         // try_acquire needs only the upsert; waiting also wants the holder's
-        // remaining lease, so it uses `attempt`.
+        // remaining lease, so it uses `attempt`. Both write the row's value
+        // with the grant: an election's leader's (`$4`), NULL for a lock.
         let take = format!(
-            "INSERT INTO {table} AS l (name, owner, token, expires_at)
-             VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6))
+            "INSERT INTO {table} AS l (name, owner, token, expires_at, value)
+             VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4)
              ON CONFLICT (name) DO UPDATE
                 SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at,
-                    awaited = false
+                    awaited = false, value = EXCLUDED.value
               WHERE l.owner IS NULL OR l.expires_at <= now()
              RETURNING token"
         );
@@ -113,10 +121,11 @@ impl Pg {
         let free = "l.owner IS NULL OR l.expires_at <= now()";
         let attempt = format!(
             "WITH granted AS (
-                INSERT INTO {table} AS l (name, owner, token, expires_at)
-                VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6))
+                INSERT INTO {table} AS l (name, owner, token, expires_at, value)
+                VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4)
                 ON CONFLICT (name) DO UPDATE
                    SET owner = CASE WHEN {free} THEN EXCLUDED.owner ELSE l.owner END,
+                       value = CASE WHEN {free} THEN EXCLUDED.value ELSE l.value END,
                        token = CASE WHEN {free} THEN l.token + 1 ELSE l.token END,
                        expires_at = CASE WHEN {free} THEN EXCLUDED.expires_at ELSE l.expires_at END,
                        awaited = NOT ({free})
@@ -149,6 +158,20 @@ impl Pg {
             "SELECT token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint FROM {table}
               WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
         );
+        // An election's: a new value only while the owner's lease is live;
+        // its leader, only while one's is; eviction frees the row at once
+        // and wakes its waiters.
+        let proclaim = format!(
+            "UPDATE {table} SET value = $3 WHERE name = $1 AND owner = $2 AND expires_at > now()"
+        );
+        let leader = format!(
+            "SELECT value, token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint FROM {table}
+              WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
+        );
+        let evict_leader = format!(
+            "UPDATE {table} SET owner = NULL WHERE name = $1 AND owner IS NOT NULL
+             RETURNING CASE WHEN awaited THEN pg_notify($2, name)::text END"
+        );
         let tables = PermitTables::for_lock_table(table);
         Self {
             pool,
@@ -160,6 +183,7 @@ impl Pg {
             permit_releases: Arc::default(),
             create,
             add_awaited,
+            add_value,
             take,
             take_all,
             give_back,
@@ -168,6 +192,9 @@ impl Pg {
             extend_many,
             release,
             inspect,
+            proclaim,
+            leader,
+            evict_leader,
             releases: Arc::default(),
             listener: Mutex::new(Weak::new()),
             starting: tokio::sync::Mutex::new(()),
@@ -186,10 +213,14 @@ impl Pg {
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err.map(e))?;
-        for create in [self.create.as_str(), self.add_awaited.as_str()]
-            .into_iter()
-            .chain(self.permits.creates())
-            .chain(self.shared.creates())
+        for create in [
+            self.create.as_str(),
+            self.add_awaited.as_str(),
+            self.add_value.as_str(),
+        ]
+        .into_iter()
+        .chain(self.permits.creates())
+        .chain(self.shared.creates())
         {
             sqlx::query(create)
                 .execute(&mut *tx)
@@ -205,11 +236,13 @@ impl Pg {
     /// One attempt of a waiting exclusive request: the outcome, and whether
     /// shared holds keep the lock.
     pub(crate) async fn attempt(&self, req: &LockRequest) -> Result<(Outcome, bool)> {
+        checked_for_postgres(value(req))?;
         let (token, left, readers): (Option<i64>, Option<i64>, Option<bool>) =
             sqlx::query_as(&self.attempt)
-                .bind(req.name.as_str())
+                .bind(row(req))
                 .bind(req.owner.to_string())
                 .bind(ttl_micros(req.ttl))
+                .bind(value(req))
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| self.err.map(e))?;
@@ -243,7 +276,8 @@ impl Pg {
         &self,
         reqs: &[LockRequest],
     ) -> Result<Option<Vec<FencingToken>>> {
-        let (names, owners, ttls) = columns(reqs);
+        let rows = row_names(reqs);
+        let (names, owners, ttls) = columns(&rows, reqs);
         let rows: Vec<(String, i64)> = sqlx::query_as(&self.take_all)
             .bind(&names)
             .bind(&owners)
@@ -272,10 +306,12 @@ impl Pg {
     }
 
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
+        checked_for_postgres(value(req))?;
         let token: Option<i64> = sqlx::query_scalar(&self.take)
-            .bind(req.name.as_str())
+            .bind(row(req))
             .bind(req.owner.to_string())
             .bind(ttl_micros(req.ttl))
+            .bind(value(req))
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
@@ -286,7 +322,7 @@ impl Pg {
     /// its TTL from now; whether it was still held.
     async fn extend_row(&self, sql: &str, req: &LockRequest) -> Result<bool> {
         let r = sqlx::query(sql)
-            .bind(req.name.as_str())
+            .bind(row(req))
             .bind(req.owner.to_string())
             .bind(ttl_micros(req.ttl))
             .execute(&self.pool)
@@ -297,7 +333,7 @@ impl Pg {
 
     pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
         match Object::of(req, &self.err)? {
-            Object::Lock => self.extend_row(&self.extend, req).await,
+            Object::Lock | Object::Leader => self.extend_row(&self.extend, req).await,
             Object::Shared => self.shared_extend(req).await,
             Object::Semaphore { .. } => self.permit_extend(req).await,
         }
@@ -314,7 +350,8 @@ impl Pg {
         if is_permit.contains(&true) {
             return self.extend_locks_and_permits(reqs, &is_permit).await;
         }
-        let (names, owners, ttls) = columns(reqs);
+        let rows = row_names(reqs);
+        let (names, owners, ttls) = columns(&rows, reqs);
         let extended: Vec<(String, String)> = sqlx::query_as(&self.extend_many)
             .bind(&names)
             .bind(&owners)
@@ -323,10 +360,10 @@ impl Pg {
             .await
             .map_err(|e| self.err.map(e))?;
         let extended: std::collections::HashSet<(String, String)> = extended.into_iter().collect();
-        Ok(reqs
+        Ok(names
             .iter()
             .zip(owners)
-            .map(|(r, owner)| extended.contains(&(r.name.as_str().to_owned(), owner)))
+            .map(|(name, owner)| extended.contains(&((*name).to_owned(), owner)))
             .collect())
     }
 
@@ -338,11 +375,12 @@ impl Pg {
         is_permit: &[bool],
     ) -> Result<Vec<bool>> {
         let owners: Vec<String> = reqs.iter().map(|r| r.owner.to_string()).collect();
+        let rows = row_names(reqs);
         // Columns of (name, owner, TTL): [0] for locks, [1] for permits.
         let mut columns: [(Vec<&str>, Vec<&str>, Vec<f64>); 2] = Default::default();
-        for ((r, owner), p) in reqs.iter().zip(&owners).zip(is_permit) {
+        for (((r, row), owner), p) in reqs.iter().zip(&rows).zip(&owners).zip(is_permit) {
             let (names, owners, ttls) = &mut columns[usize::from(*p)];
-            names.push(r.name.as_str());
+            names.push(row);
             owners.push(owner);
             ttls.push(ttl_micros(r.ttl) as f64);
         }
@@ -360,17 +398,17 @@ impl Pg {
             .map_err(|e| self.err.map(e))?;
         let extended: std::collections::HashSet<(bool, String, String)> =
             extended.into_iter().collect();
-        Ok(reqs
+        Ok(rows
             .iter()
             .zip(owners)
             .zip(is_permit)
-            .map(|((r, owner), p)| extended.contains(&(*p, r.name.as_str().to_owned(), owner)))
+            .map(|((row, owner), p)| extended.contains(&(*p, row.to_string(), owner)))
             .collect())
     }
 
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
         let held: Option<(bool, Option<String>)> = sqlx::query_as(&self.release)
-            .bind(req.name.as_str())
+            .bind(row(req))
             .bind(req.owner.to_string())
             .bind(&self.channel)
             .fetch_optional(&self.pool)
@@ -385,6 +423,41 @@ impl Pg {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.err.map(e))
+    }
+
+    /// Replaces the value of `req`'s election row while its lease is live.
+    pub(crate) async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        checked_for_postgres(Some(value))?;
+        let r = sqlx::query(&self.proclaim)
+            .bind(row(req))
+            .bind(req.owner.to_string())
+            .bind(value)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// The live leader of the election row `row`.
+    pub(crate) async fn leader(&self, row: &str) -> Result<Option<distlock_core::Leader>> {
+        let found: Option<(Option<String>, i64, i64)> = sqlx::query_as(&self.leader)
+            .bind(row)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        found.map(|r| leader_from_db(&self.err, r)).transpose()
+    }
+
+    /// Frees the election row `row` at once, notifying its waiters;
+    /// whether someone led.
+    pub(crate) async fn evict_leader(&self, row: &str) -> Result<bool> {
+        let freed: Vec<Option<String>> = sqlx::query_scalar(&self.evict_leader)
+            .bind(row)
+            .bind(&self.channel)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(!freed.is_empty())
     }
 
     /// Overwrites the lock row's owner and deletes the shared holds.
@@ -468,11 +541,19 @@ pub(crate) struct Listening(#[allow(dead_code)] AbortOnDrop);
 /// semaphore named after it (a character no name contains).
 pub(crate) const LIMIT_CHANGED: &str = "*";
 
-/// The requests' names, owners and TTLs in microseconds, as the arrays the
+/// The rows the requests act on ([`row`]).
+fn row_names(reqs: &[LockRequest]) -> Vec<std::borrow::Cow<'_, str>> {
+    reqs.iter().map(row).collect()
+}
+
+/// The requests' rows, owners and TTLs in microseconds, as the arrays the
 /// batch statements `unnest`.
-fn columns(reqs: &[LockRequest]) -> (Vec<&str>, Vec<String>, Vec<f64>) {
+fn columns<'a>(
+    rows: &'a [std::borrow::Cow<'_, str>],
+    reqs: &[LockRequest],
+) -> (Vec<&'a str>, Vec<String>, Vec<f64>) {
     (
-        reqs.iter().map(|r| r.name.as_str()).collect(),
+        rows.iter().map(|r| r.as_ref()).collect(),
         reqs.iter().map(|r| r.owner.to_string()).collect(),
         reqs.iter().map(|r| ttl_micros(r.ttl) as f64).collect(),
     )

@@ -31,9 +31,12 @@ impl PermitTables {
 }
 
 /// Which object a request acts on: a name's lock and its semaphore are
-/// separate rows in separate tables; a shared hold is on the lock.
+/// separate rows in separate tables; a shared hold is on the lock; an
+/// election is an exclusive hold on a row of the lock table of its own
+/// ([`crate::election::row`]).
 pub(crate) enum Object {
     Lock,
+    Leader,
     Shared,
     Semaphore { limit: u32 },
 }
@@ -46,6 +49,7 @@ impl Object {
             HoldKind::Exclusive => Ok(Object::Lock),
             HoldKind::Shared => Ok(Object::Shared),
             HoldKind::Permits { limit } => Ok(Object::Semaphore { limit }),
+            HoldKind::Leader => Ok(Object::Leader),
             _ => Err(Error::Unsupported {
                 backend: err.backend,
                 operation: "this kind of hold",

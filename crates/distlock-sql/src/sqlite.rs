@@ -9,6 +9,7 @@ use distlock_core::wait::Signals;
 use distlock_core::{FencingToken, Finding, LockRequest, Result};
 use sqlx::sqlite::SqlitePool;
 
+use crate::election::{leader_from_db, row, value};
 use crate::rwlock::RwTables;
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, DbError};
@@ -23,10 +24,15 @@ const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGE
 pub(crate) struct Lite {
     pub(crate) pool: SqlitePool,
     create: String,
+    has_value: String,
+    add_value: String,
     attempt: String,
     extend: String,
     release: String,
     inspect: String,
+    proclaim: String,
+    leader: String,
+    evict_leader: String,
     /// This process's lock waiters on the file, per name.
     pub(crate) releases: Arc<Signals>,
     permits: permits::Statements,
@@ -62,12 +68,22 @@ impl Lite {
                 name TEXT PRIMARY KEY NOT NULL,
                 owner TEXT,
                 token INTEGER NOT NULL,
-                expires_at INTEGER NOT NULL)"
+                expires_at INTEGER NOT NULL,
+                value TEXT)"
         );
+        // A table created without the `value` column gets it. SQLite has
+        // no `ADD COLUMN IF NOT EXISTS`: the table's columns are read first.
+        let has_value =
+            format!("SELECT count(*) FROM pragma_table_info('{table}') WHERE name = 'value'");
+        let add_value = format!("ALTER TABLE {table} ADD COLUMN value TEXT");
+        // The grant writes the row's value in the same statement: an
+        // election's leader's (`?4`), NULL for a lock.
         let attempt = format!(
-            "INSERT INTO {table} (name, owner, token, expires_at) VALUES (?1, ?2, 1, {NOW_MS} + ?3)
+            "INSERT INTO {table} (name, owner, token, expires_at, value)
+             VALUES (?1, ?2, 1, {NOW_MS} + ?3, ?4)
              ON CONFLICT(name) DO UPDATE
-                SET owner = excluded.owner, token = {table}.token + 1, expires_at = excluded.expires_at
+                SET owner = excluded.owner, token = {table}.token + 1, expires_at = excluded.expires_at,
+                    value = excluded.value
               WHERE {table}.owner IS NULL OR {table}.expires_at <= {NOW_MS}
              RETURNING token"
         );
@@ -86,6 +102,17 @@ impl Lite {
         let inspect = format!(
             "SELECT token, (expires_at - {NOW_MS}) * 1000 FROM {table} WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW_MS}"
         );
+        // An election's: a new value only while the owner's lease is live;
+        // its leader, only while one's is; eviction frees the row at once.
+        let proclaim = format!(
+            "UPDATE {table} SET value = ?3 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+        );
+        let leader = format!(
+            "SELECT value, token, (expires_at - {NOW_MS}) * 1000 FROM {table}
+              WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW_MS}"
+        );
+        let evict_leader =
+            format!("UPDATE {table} SET owner = NULL WHERE name = ?1 AND owner IS NOT NULL");
         let options = pool.connect_options();
         let file = options.get_filename();
         let releases = releases_for(file, table);
@@ -96,10 +123,15 @@ impl Lite {
         Self {
             pool,
             create,
+            has_value,
+            add_value,
             attempt,
             extend,
             release,
             inspect,
+            proclaim,
+            leader,
+            evict_leader,
             releases,
             permits,
             shared,
@@ -142,7 +174,27 @@ impl Lite {
             self.busy(|| sqlx::query(create).execute(&self.pool))
                 .await?;
         }
-        Ok(())
+        self.add_value_column().await
+    }
+
+    /// Adds the `value` column to a table created without it. Another
+    /// client may add it meanwhile: its ALTER then fails, and the column
+    /// is there.
+    async fn add_value_column(&self) -> Result<()> {
+        let has = || async {
+            self.busy(|| sqlx::query_scalar::<_, i64>(&self.has_value).fetch_one(&self.pool))
+                .await
+        };
+        if has().await? > 0 {
+            return Ok(());
+        }
+        match self
+            .busy(|| sqlx::query(&self.add_value).execute(&self.pool))
+            .await
+        {
+            Err(_) if has().await? > 0 => Ok(()),
+            other => other.map(|_| ()),
+        }
     }
 
     /// `journal_mode` (processes share the file through WAL) and
@@ -189,9 +241,10 @@ impl Lite {
                 let mut tokens = Vec::with_capacity(reqs.len());
                 for (req, owner) in reqs.iter().zip(&owners) {
                     let token: Option<i64> = sqlx::query_scalar(&self.attempt)
-                        .bind(req.name.as_str())
+                        .bind(row(req))
                         .bind(owner)
                         .bind(ttl_millis(req))
+                        .bind(value(req))
                         .fetch_optional(&mut *tx)
                         .await?;
                     match token {
@@ -216,13 +269,14 @@ impl Lite {
     }
 
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
-        let owner = req.owner.to_string();
+        let (row, owner) = (row(req), req.owner.to_string());
         let token: Option<i64> = self
             .busy(|| {
                 sqlx::query_scalar(&self.attempt)
-                    .bind(req.name.as_str())
+                    .bind(row.as_ref())
                     .bind(&owner)
                     .bind(ttl_millis(req))
+                    .bind(value(req))
                     .fetch_optional(&self.pool)
             })
             .await?;
@@ -230,12 +284,12 @@ impl Lite {
     }
 
     pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
-        let owner = req.owner.to_string();
+        let (row, owner) = (row(req), req.owner.to_string());
         let statement = self.extend_statement(req)?;
         let r = self
             .busy(|| {
                 sqlx::query(statement)
-                    .bind(req.name.as_str())
+                    .bind(row.as_ref())
                     .bind(&owner)
                     .bind(ttl_millis(req))
                     .execute(&self.pool)
@@ -247,7 +301,7 @@ impl Lite {
     /// The renewal of a lock's row or of a permit's.
     fn extend_statement(&self, req: &LockRequest) -> Result<&str> {
         Ok(match Object::of(req, &self.err)? {
-            Object::Lock => &self.extend,
+            Object::Lock | Object::Leader => &self.extend,
             Object::Semaphore { .. } => self.permit_extend_statement(),
             // Two statements (`shared_extend`): the caller renews shared
             // holds apart.
@@ -273,7 +327,7 @@ impl Lite {
             let mut answers = Vec::with_capacity(reqs.len());
             for ((req, owner), statement) in reqs.iter().zip(&owners).zip(&statements) {
                 let r = sqlx::query(statement)
-                    .bind(req.name.as_str())
+                    .bind(row(req))
                     .bind(owner)
                     .bind(ttl_millis(req))
                     .execute(&mut *tx)
@@ -287,22 +341,64 @@ impl Lite {
     }
 
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
-        let owner = req.owner.to_string();
+        let (row, owner) = (row(req), req.owner.to_string());
         let r = self
             .busy(|| {
                 sqlx::query(&self.release)
-                    .bind(req.name.as_str())
+                    .bind(row.as_ref())
                     .bind(&owner)
                     .execute(&self.pool)
             })
             .await?;
         let held = r.rows_affected() == 1;
         if held {
-            if let Some(s) = self.releases.find(req.name.as_str()) {
+            if let Some(s) = self.releases.find(&row) {
                 s.wake_all();
             }
         }
         Ok(held)
+    }
+
+    /// Replaces the value of `req`'s election row while its lease is live.
+    pub(crate) async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        let (row, owner) = (row(req), req.owner.to_string());
+        let r = self
+            .busy(|| {
+                sqlx::query(&self.proclaim)
+                    .bind(row.as_ref())
+                    .bind(&owner)
+                    .bind(value)
+                    .execute(&self.pool)
+            })
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// The live leader of the election row `row`.
+    pub(crate) async fn leader(&self, row: &str) -> Result<Option<distlock_core::Leader>> {
+        let found: Option<(Option<String>, i64, i64)> = self
+            .busy(|| {
+                sqlx::query_as(&self.leader)
+                    .bind(row)
+                    .fetch_optional(&self.pool)
+            })
+            .await?;
+        found.map(|r| leader_from_db(&self.err, r)).transpose()
+    }
+
+    /// Frees the election row `row` at once; whether someone led.
+    pub(crate) async fn evict_leader(&self, row: &str) -> Result<bool> {
+        let r = self
+            .busy(|| {
+                sqlx::query(&self.evict_leader)
+                    .bind(row)
+                    .execute(&self.pool)
+            })
+            .await?;
+        if let Some(s) = self.releases.find(row) {
+            s.wake_all();
+        }
+        Ok(r.rows_affected() == 1)
     }
 
     pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64)>> {

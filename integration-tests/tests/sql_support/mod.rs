@@ -14,6 +14,8 @@ use libtest_mimic::{Failed, Trial};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+mod election;
+
 /// Where a SQL backend's database comes from.
 pub enum Source {
     /// A server kind the harness starts (or names by environment variable).
@@ -162,6 +164,7 @@ pub fn run_suite(
             misconfiguration_is_not_retryable(f.clone(), rt),
         ];
         trials.extend(rw_trials(&f, rt));
+        trials.extend(election::trials(&f, rt));
         trials.extend(extra(&f, rt));
         trials
     })

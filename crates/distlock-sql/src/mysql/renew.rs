@@ -7,6 +7,7 @@
 use distlock_core::{HoldKind, LockRequest, Result};
 
 use super::My;
+use crate::election::row;
 use crate::ttl_micros;
 
 /// The batch as a derived table `r(name, owner, ttl)`, `n` rows of
@@ -57,7 +58,7 @@ impl My {
             let mut q = sqlx::query(&update);
             for req in batch {
                 q = q
-                    .bind(req.name.as_str())
+                    .bind(row(req))
                     .bind(req.owner.to_string())
                     .bind(ttl_micros(req.ttl));
             }
@@ -66,7 +67,7 @@ impl My {
             let mut q = sqlx::query_as::<_, (Vec<u8>, Vec<u8>)>(&read);
             for req in batch {
                 q = q
-                    .bind(req.name.as_str())
+                    .bind(row(req))
                     .bind(req.owner.to_string())
                     .bind(ttl_micros(req.ttl));
             }
@@ -81,7 +82,7 @@ impl My {
                 let is_permit = matches!(r.kind, HoldKind::Permits { .. });
                 live.contains(&(
                     is_permit,
-                    r.name.as_str().as_bytes().to_vec(),
+                    row(r).as_bytes().to_vec(),
                     r.owner.to_string().into_bytes(),
                 ))
             })
