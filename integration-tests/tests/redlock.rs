@@ -60,6 +60,16 @@ fn main() {
             ),
             trial(
                 rt,
+                "redlock::fenced::an_election_runs_with_one_node_down",
+                election_one_down(),
+            ),
+            trial(
+                rt,
+                "redlock::a_leader_on_a_minority_of_nodes_is_not_the_leader",
+                minority_leader(),
+            ),
+            trial(
+                rt,
                 "redlock::node_restart_grants_twice_without_protection",
                 restart(false),
             ),
@@ -99,6 +109,130 @@ async fn two_down() -> Result<(), Failed> {
     }
     if !g.release().await? {
         return Err("release with two nodes down reported not held".into());
+    }
+    Ok(())
+}
+
+/// With one of five nodes down, a campaign is elected, `leader` reports
+/// it with the leadership's token, a proclamation reaches a majority and
+/// shows, and after the resignation nobody leads. One node's counter runs
+/// ahead, so the grant's token (the highest) differs from what the other
+/// nodes counted: `leader` must report the token written back.
+async fn election_one_down() -> Result<(), Failed> {
+    let nodes = blocking(five_nodes).await?;
+    let ahead = nodes[2].port;
+    blocking(move || {
+        server::command(ahead, &["SET", "{one-down/leader}:election:fence", "41"])
+            .ok_or_else(|| Failed::from("no reply"))
+    })
+    .await?;
+    let url = url(&nodes, "&fencing=true");
+    let (a, o) = (
+        LockClient::new(RedlockBackend::connect(&url).await?),
+        LockClient::new(RedlockBackend::connect(&url).await?),
+    );
+    nodes[1].signal("KILL").map_err(|e| e.to_string())?;
+    let election = "one-down/leader";
+    let l = a
+        .election(election)
+        .ttl(Duration::from_secs(30))
+        .campaign("a1")
+        .await?;
+    if l.token().get() != 42 {
+        return Err(format!("the leadership's token is {}, not 42", l.token()).into());
+    }
+    let seen = o.election(election).leader().await?;
+    match &seen {
+        Some(s) if s.value == "a1" && s.token == l.token() => {}
+        _ => {
+            return Err(format!(
+                "with a node down leader() reports {seen:?}, not a1 with token {}",
+                l.token()
+            )
+            .into())
+        }
+    }
+    l.proclaim("a2").await?;
+    let seen = o.election(election).leader().await?;
+    match &seen {
+        Some(s) if s.value == "a2" && s.token == l.token() => {}
+        _ => return Err(format!("after proclaim leader() reports {seen:?}").into()),
+    }
+    if o.election(election).try_campaign("o").await?.is_some() {
+        return Err("elected a second leader with a node down".into());
+    }
+    if !l.resign().await? {
+        return Err("resign with a node down reported not leading".into());
+    }
+    let seen = o.election(election).leader().await?;
+    if seen.is_some() {
+        return Err(format!("after the resignation leader() reports {seen:?}").into());
+    }
+    Ok(())
+}
+
+/// A leader hash written directly on two of five nodes is no leader: a
+/// campaign wins the other three and is the one reported. The same hash on
+/// three nodes is the leader (token 0 without fencing), and a campaign is
+/// refused. With fencing, the token reported is the one the write-back
+/// settled, and a leader no node has settled is not yet one.
+async fn minority_leader() -> Result<(), Failed> {
+    let nodes = blocking(five_nodes).await?;
+    let o = LockClient::new(RedlockBackend::connect(&url(&nodes, "")).await?);
+    let fenced = LockClient::new(RedlockBackend::connect(&url(&nodes, "&fencing=true")).await?);
+    let write = |name: &'static str, on: Vec<u16>, fields: &'static [&'static str]| {
+        blocking(move || {
+            let key = format!("{{{name}}}:election");
+            for port in on {
+                let mut args = vec!["HSET", key.as_str()];
+                args.extend(fields);
+                server::command(port, &args).ok_or("no reply")?;
+                server::command(port, &["PEXPIRE", &key, "60000"]).ok_or("no reply")?;
+            }
+            Ok(())
+        })
+    };
+    const GHOST: &[&str] = &["owner", "ghost", "value", "ghost", "token", "7"];
+    let plant = |name: &'static str, on: Vec<u16>| write(name, on, GHOST);
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    plant("minority", vec![ports[0], ports[3]]).await?;
+    let seen = o.election("minority").leader().await?;
+    if seen.is_some() {
+        return Err(format!("a leader on two of five nodes is reported: {seen:?}").into());
+    }
+    let l = o
+        .election("minority")
+        .ttl(Duration::from_secs(30))
+        .try_campaign("real")
+        .await?
+        .ok_or("a campaign was refused though only two of five nodes had a leader")?;
+    let seen = o.election("minority").leader().await?;
+    if seen.as_ref().map(|s| s.value.as_str()) != Some("real") {
+        return Err(format!("leader() reports {seen:?}, not the elected campaign").into());
+    }
+    l.resign().await?;
+    plant("majority", vec![ports[0], ports[2], ports[4]]).await?;
+    let seen = o.election("majority").leader().await?;
+    if seen.as_ref().map(|s| (s.value.as_str(), s.token.get())) != Some(("ghost", 0)) {
+        return Err(format!(
+            "a leader on three of five nodes is not reported with token 0: {seen:?}"
+        )
+        .into());
+    }
+    let seen = fenced.election("majority").leader().await?;
+    if seen.is_some() {
+        return Err(format!("a leader no node settled is reported with fencing: {seen:?}").into());
+    }
+    plant("settled", vec![ports[0], ports[1], ports[2]]).await?;
+    write("settled", vec![ports[1]], &["token", "9", "settled", "1"]).await?;
+    let seen = fenced.election("settled").leader().await?;
+    if seen.as_ref().map(|s| (s.value.as_str(), s.token.get())) != Some(("ghost", 9)) {
+        return Err(
+            format!("leader() reports {seen:?}, not ghost with the settled token 9").into(),
+        );
+    }
+    if o.election("majority").try_campaign("real").await?.is_some() {
+        return Err("a campaign was elected beside a leader on three of five nodes".into());
     }
     Ok(())
 }

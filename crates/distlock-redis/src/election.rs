@@ -12,7 +12,21 @@ use tokio::time::Instant;
 
 use crate::rwlock::held_for;
 use crate::scripts::{ElectionKeys, Scripts};
-use crate::{ttl_ms, Channel, RedisBackend, Subscribed};
+use crate::subscriber::Wake;
+use crate::{ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
+
+/// One server's entry for an election
+/// ([`RedisBackend::election_entry`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElectionEntry {
+    /// The owner that leads on this server.
+    pub owner: String,
+    /// Its value, the token this server stores and the lease left here.
+    pub leader: Leader,
+    /// Whether Redlock's fencing write-back stored the grant's token here
+    /// ([`RedisBackend::settle_election`]).
+    pub settled: bool,
+}
 
 impl RedisBackend {
     /// The keys used for the election `name`.
@@ -94,6 +108,36 @@ impl RedisBackend {
     /// The live leader of `name` by the server's clock, with its value,
     /// token and remaining lease, in one script call.
     pub(crate) async fn current_leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        Ok(self.read_leader(name).await?.map(|(_, leader, _)| leader))
+    }
+
+    /// This server's entry for the election `name`, in one script call:
+    /// who leads here by this server's clock, with the value, token and
+    /// remaining lease it stores. Redlock reads every node with it and
+    /// counts the owners.
+    pub async fn election_entry(&self, name: &LockName) -> Result<Option<ElectionEntry>> {
+        let Some((owner, leader, settled)) = self.read_leader(name).await? else {
+            return Ok(None);
+        };
+        let owner = owner.ok_or_else(|| {
+            Error::backend(
+                "redis",
+                format!(
+                    "the leader hash {} lacks an owner; delete it (an operator's eviction)",
+                    self.election_keys(name).leader
+                ),
+            )
+        })?;
+        Ok(Some(ElectionEntry {
+            owner,
+            leader,
+            settled,
+        }))
+    }
+
+    /// `election_leader.lua`: the owner (if stored), the leader and whether
+    /// its token was settled by Redlock's write-back.
+    async fn read_leader(&self, name: &LockName) -> Result<Option<(Option<String>, Leader, bool)>> {
         let keys = self.election_keys(name);
         let inv = Scripts::get().election_leader.key(&keys.leader);
         let answer: Value = self.run(&inv).await?;
@@ -115,14 +159,15 @@ impl RedisBackend {
                 ))
             }
         };
+        let text = |v: &Value| match v {
+            Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        };
         match items.as_slice() {
             [Value::Int(-2)] => Ok(None),
-            [Value::Int(pttl), value, token] => {
-                let value = match value {
-                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                    Value::SimpleString(s) => s.clone(),
-                    _ => return Err(malformed()),
-                };
+            [Value::Int(pttl), value, token, rest @ ..] => {
+                let value = text(value).ok_or_else(malformed)?;
                 let token = match token {
                     Value::BulkString(b) => std::str::from_utf8(b)
                         .ok()
@@ -132,17 +177,41 @@ impl RedisBackend {
                 }
                 .filter(|t| *t >= 1)
                 .ok_or_else(malformed)?;
+                let owner = rest.first().and_then(text);
+                let settled = rest.get(1).and_then(text).is_some_and(|s| s == "1");
                 // -1: a hash without expiry (written by hand): no end known.
                 let remaining = u64::try_from(*pttl).ok().map(Duration::from_millis);
-                Ok(Some(
-                    Leader::new(value, FencingToken(token)).with_remaining(remaining),
-                ))
+                let leader = Leader::new(value, FencingToken(token)).with_remaining(remaining);
+                Ok(Some((owner, leader, settled)))
             }
             _ => Err(Error::backend(
                 "redis",
                 format!("election_leader.lua answered {items:?}"),
             )),
         }
+    }
+
+    /// Redlock's fencing write-back for an election: raises the election's
+    /// fencing counter to `token` (never lowers it) and, while `req.owner`
+    /// leads here, stores `token` as its leadership's token, marked
+    /// settled. Returns whether `req.owner` leads here (and so stored it).
+    pub async fn settle_election(&self, req: &LockRequest, token: FencingToken) -> Result<bool> {
+        let keys = self.election_keys(&req.name);
+        let mut inv = Scripts::get().election_settle.key(&keys.leader);
+        inv.key(&keys.fence)
+            .arg(req.owner.to_string())
+            .arg(token.get());
+        let n: i64 = self.run(&inv).await?;
+        Ok(n == 1)
+    }
+
+    /// Subscribes to the election `name`'s messages (a resignation, an
+    /// eviction, a proclaimed value), each delivered to every watch of this
+    /// client. The subscription is confirmed by the server when this
+    /// returns.
+    pub async fn watch_election_releases(&self, name: &LockName) -> Result<ReleaseWatch> {
+        let channel = self.election_keys(name).channel;
+        self.watch_channel(channel, Wake::All).await
     }
 
     /// Deletes the election's leader hash whoever leads, as an operator

@@ -23,6 +23,7 @@ mod semaphore;
 mod subscriber;
 
 pub use config::RedisConfig;
+pub use election::ElectionEntry;
 pub use rwlock::{Attempt, Attempted, LockHolders};
 pub use scripts::{ElectionKeys, Keys, Scripts, SemaphoreKeys, SHARED_HOLDS};
 

@@ -204,8 +204,13 @@ pub struct Scripts {
     /// `election_proclaim.lua`: HSET the value and PUBLISH if the owner
     /// matches.
     pub election_proclaim: Script,
-    /// `election_leader.lua`: the leader hash's PTTL, value and token.
+    /// `election_leader.lua`: the leader hash's PTTL, value, token, owner
+    /// and whether Redlock's write-back settled its token.
     pub election_leader: Script,
+    /// `election_settle.lua`: raise the election's fencing counter to a
+    /// token and, if the owner leads, store that token in the leader hash
+    /// (Redlock's fencing write-back).
+    pub election_settle: Script,
     /// `election_evict.lua`: DEL the leader hash whoever leads, and PUBLISH.
     pub election_evict: Script,
 }
@@ -236,6 +241,7 @@ impl Scripts {
             election_proclaim: Script::new(include_str!("scripts/election_proclaim.lua")),
             election_leader: Script::new(include_str!("scripts/election_leader.lua")),
             election_evict: Script::new(include_str!("scripts/election_evict.lua")),
+            election_settle: Script::new(include_str!("scripts/election_settle.lua")),
         })
     }
 }

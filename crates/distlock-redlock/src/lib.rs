@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -8,9 +9,9 @@ use std::time::Duration;
 use distlock_core::wait::{jitter, wait_for_grant, Outcome, Pace, Wakeup, Wakeups};
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
-    InputKind, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
+    InputKind, Leader, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
 };
-use distlock_redis::{Attempt, ReleaseWatch};
+use distlock_redis::{Attempt, ElectionEntry, ReleaseWatch};
 use futures_util::future::{join_all, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, timeout_at, Instant};
@@ -145,6 +146,9 @@ impl RedlockBackend {
         .with_extend_batch(512)
         .with_semaphore()
         .with_shared()
+        // Campaigns, proclamations and reads of the leader go by quorum;
+        // observing polls `leader` (the default `observe_leader`).
+        .with_elections()
     }
 
     /// How many nodes must grant a hold of `kind`: a majority for a lock,
@@ -370,14 +374,13 @@ impl RedlockBackend {
     /// pub/sub fails only costs its notifications.
     async fn watch_releases(&self, req: &LockRequest) -> Vec<distlock_redis::ReleaseWatch> {
         let t = self.connect_timeout();
-        let permits = matches!(req.kind, HoldKind::Permits { .. });
         join_all(self.inner.nodes.iter().map(|n| async move {
             let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
             let watch = async {
-                if permits {
-                    r.watch_permit_releases(&req.name).await
-                } else {
-                    r.watch_releases(&req.name).await
+                match req.kind {
+                    HoldKind::Permits { .. } => r.watch_permit_releases(&req.name).await,
+                    HoldKind::Leader => r.watch_election_releases(&req.name).await,
+                    _ => r.watch_releases(&req.name).await,
                 }
             };
             timeout(t, watch).await.ok()?.ok()
@@ -392,9 +395,14 @@ impl RedlockBackend {
     /// overlaps the nodes raised in at least one node, whose INCR then
     /// returns more than this token, so the next token is higher. Returns
     /// how many nodes confirmed, as soon as `needed` have.
+    ///
+    /// An election's write-back also stores the token in the leader hash
+    /// of each node where the campaigner leads, and a node confirms only
+    /// if it did: once a majority stores the grant's token, any majority
+    /// of nodes listing the leader includes one of them, which is how
+    /// [`leader`](Backend::leader) reports the grant's token.
     async fn write_back(&self, req: &LockRequest, token: FencingToken, needed: usize) -> usize {
         let deadline = Instant::now() + self.inner.config.node_timeout;
-        let permits = matches!(req.kind, HoldKind::Permits { .. });
         let mut answers: FuturesUnordered<_> = self
             .inner
             .nodes
@@ -402,13 +410,15 @@ impl RedlockBackend {
             .map(|n| async move {
                 let raise = async {
                     let r = n.redis(false).await?;
-                    if permits {
-                        r.raise_permit_fence(&req.name, token).await
-                    } else {
-                        r.raise_fence(&req.name, token).await
+                    match req.kind {
+                        HoldKind::Permits { .. } => {
+                            r.raise_permit_fence(&req.name, token).await.map(|()| true)
+                        }
+                        HoldKind::Leader => r.settle_election(req, token).await,
+                        _ => r.raise_fence(&req.name, token).await.map(|()| true),
                     }
                 };
-                matches!(raise.await, Ok(()))
+                matches!(raise.await, Ok(true))
             })
             .collect();
         // The rest are dropped unanswered (see `count_until`).
@@ -709,6 +719,106 @@ impl Backend for RedlockBackend {
         }
         let holders = listed.values().filter(|n| **n >= quorum).count();
         Ok(LockStatus::new(holders > 0).with_holders(holders, limit))
+    }
+
+    /// Sent to every node at once, each bounded by the node timeout; a node
+    /// where another owner (or nobody) leads refuses. Accepted when a
+    /// majority accepted; refused when so many refused that no majority
+    /// can have; otherwise too few nodes answered to tell. A minority that
+    /// missed the proclamation keeps the old value: `leader` reports the
+    /// value most of the nodes listing the leader hold, so a reader that
+    /// reaches few of the nodes that accepted may see the old value until
+    /// the next proclamation reaches them.
+    async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
+        let t = self.inner.config.node_timeout;
+        let answers = join_all(self.inner.nodes.iter().map(|n| async move {
+            let said = async { n.redis(false).await?.proclaim(req, value).await };
+            timeout(t, said).await.ok().and_then(Result::ok)
+        }))
+        .await;
+        let yes = answers.iter().filter(|a| **a == Some(true)).count();
+        let no = answers.iter().filter(|a| **a == Some(false)).count();
+        let (quorum, total) = (self.quorum(&HoldKind::Leader), self.inner.nodes.len());
+        if yes >= quorum {
+            return Ok(true);
+        }
+        if no > total - quorum {
+            return Ok(false);
+        }
+        Err(Error::QuorumNotReached {
+            backend: "redlock",
+            granted: yes,
+            unreachable: total - yes - no,
+            needed: quorum,
+            total,
+            hint: "the proclamation could not reach a majority; check the Redis nodes and proclaim again",
+        })
+    }
+
+    /// Every node is read at once, each bounded by the connect timeout.
+    /// The leader is the owner that a majority of all nodes list as live;
+    /// its value is the one most of those nodes hold, its remaining lease
+    /// the least among them. With fencing, its token is the grant's, which
+    /// the write-back stored on a majority: at least one node of any
+    /// majority listing the leader holds it (marked settled); a leader no
+    /// listing node has settled is a campaign still writing its token back,
+    /// not yet granted, and reported as none. Without fencing the token is
+    /// 0. None when no owner can have a majority; `QuorumNotReached` when
+    /// too few nodes answered to tell.
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let t = self.connect_timeout();
+        let answers = join_all(self.inner.nodes.iter().map(|n| async move {
+            let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
+            timeout(t, r.election_entry(name)).await.ok()?.ok()
+        }))
+        .await;
+        let (quorum, total) = (self.quorum(&HoldKind::Leader), self.inner.nodes.len());
+        let answered = answers.iter().filter(|a| a.is_some()).count();
+        let entries: Vec<ElectionEntry> = answers.into_iter().flatten().flatten().collect();
+        let mut listed: HashMap<&str, usize> = HashMap::new();
+        for e in &entries {
+            *listed.entry(e.owner.as_str()).or_default() += 1;
+        }
+        let top = listed
+            .iter()
+            .max_by_key(|(_, n)| **n)
+            .map(|(o, n)| (*o, *n));
+        let owner = match top {
+            Some((owner, n)) if n >= quorum => owner,
+            // No owner is listed by a majority; "nobody leads" needs so many
+            // answers that none could be, counting the silent nodes for it.
+            _ => {
+                let most = top.map_or(0, |(_, n)| n);
+                if most + (total - answered) >= quorum {
+                    return Err(Error::QuorumNotReached {
+                        backend: "redlock",
+                        granted: answered,
+                        unreachable: total - answered,
+                        needed: quorum,
+                        total,
+                        hint: "too few nodes answered to tell whether a majority lists a leader; check the Redis nodes",
+                    });
+                }
+                return Ok(None);
+            }
+        };
+        let theirs: Vec<&ElectionEntry> = entries.iter().filter(|e| e.owner == owner).collect();
+        let token = if self.inner.config.fencing {
+            match theirs
+                .iter()
+                .filter(|e| e.settled)
+                .map(|e| e.leader.token)
+                .max()
+            {
+                Some(token) => token,
+                None => return Ok(None),
+            }
+        } else {
+            FencingToken(0)
+        };
+        let value = most_common(theirs.iter().map(|e| e.leader.value.as_str())).unwrap_or_default();
+        let remaining = theirs.iter().filter_map(|e| e.leader.remaining).min();
+        Ok(Some(Leader::new(value, token).with_remaining(remaining)))
     }
 
     /// Stores the limit on every node. A node that misses it keeps the old
