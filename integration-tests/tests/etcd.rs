@@ -84,6 +84,16 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::a_lock_or_campaign_retried_right_after_a_cancelled_one_waits_again",
+                retried_after_cancel(etcd.clone()),
+            ),
+            trial(
+                rt,
+                "etcd::an_election_reads_only_its_own_keys_not_a_longer_names",
+                election_ignores_longer_names(etcd.clone()),
+            ),
+            trial(
+                rt,
                 "etcd::leader_killed_during_hold_and_wait_keeps_exclusion",
                 leader_killed(),
             ),
@@ -810,5 +820,104 @@ async fn distlock_follows_etcdctl_leader(f: Arc<Etcd>) -> Result<(), Failed> {
     }
     l.resign().await?;
     wait_exit(campaigner, Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// A client whose wait for a held lock (or a held election) is cancelled
+/// and who asks again at once finds its cancelled request's key still
+/// there, not yet released: the new request takes it for a leftover and
+/// waits, never calling it another hold's key.
+async fn retried_after_cancel(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
+    let asker = LockClient::new(EtcdBackend::connect(&url).await?);
+    let lock = name();
+    let election = format!("{}/election", integration_tests::namespace());
+    let held = holder
+        .lock(&lock)
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await?;
+    let leads = holder
+        .election(&election)
+        .ttl(Duration::from_secs(10))
+        .campaign("holder")
+        .await?;
+    for round in 0..5 {
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(100),
+            asker.lock(&lock).ttl(Duration::from_secs(10)).acquire(),
+        )
+        .await;
+        if cancelled.is_ok() {
+            return Err("a held lock was granted".into());
+        }
+        match asker
+            .lock(&lock)
+            .ttl(Duration::from_secs(10))
+            .wait(Duration::from_millis(300))
+            .acquire()
+            .await
+        {
+            Err(Error::WaitTimeout { .. }) => {}
+            other => {
+                return Err(format!("round {round}: the lock's retry answered {other:?}").into())
+            }
+        }
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(100),
+            asker
+                .election(&election)
+                .ttl(Duration::from_secs(10))
+                .campaign("asker"),
+        )
+        .await;
+        if cancelled.is_ok() {
+            return Err("a campaign was elected beside the leader".into());
+        }
+        match asker
+            .election(&election)
+            .ttl(Duration::from_secs(10))
+            .wait(Duration::from_millis(300))
+            .campaign("asker")
+            .await
+        {
+            Err(Error::WaitTimeout { .. }) => {}
+            other => {
+                return Err(
+                    format!("round {round}: the campaign's retry answered {other:?}").into(),
+                )
+            }
+        }
+    }
+    held.release().await?;
+    leads.resign().await?;
+    Ok(())
+}
+
+/// Keys of a longer name under an election's prefix (the lock `<name>/db`
+/// keeps `<name>/db/<lease>`) are not the election's: `leader` and
+/// `observe` report nobody while only such a key exists.
+async fn election_ignores_longer_names(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    let election = format!("{}/svc", integration_tests::namespace());
+    let sub = client
+        .lock(format!("{election}/db"))
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await?;
+    let e = client.election(&election);
+    if let Some(l) = e.leader().await? {
+        return Err(format!("leader reports {l:?}, a lock of a longer name").into());
+    }
+    let mut seen = e.observe().await?;
+    let first = futures_util::StreamExt::next(&mut seen)
+        .await
+        .ok_or("observe ended")??;
+    if first.is_some() {
+        return Err(format!("observe began with {first:?}, a lock of a longer name").into());
+    }
+    sub.release().await?;
     Ok(())
 }

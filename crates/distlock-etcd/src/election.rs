@@ -9,31 +9,53 @@ use std::time::Duration;
 
 use distlock_core::{Error, FencingToken, Leader, LeaderStream, LockName, LockRequest, Result};
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };
 use futures_util::StreamExt;
 
 use crate::EtcdBackend;
 
-/// The keys under an election's prefix, by create revision: value and key.
-type Campaigns = BTreeMap<i64, (Vec<u8>, Vec<u8>)>;
+/// One campaign key under an election's prefix.
+struct Campaign {
+    value: Vec<u8>,
+    key: Vec<u8>,
+    lease: i64,
+}
+
+/// The campaign keys under an election's prefix, by create revision.
+type Campaigns = BTreeMap<i64, Campaign>;
+
+/// Whether `key` is a campaign of the election whose prefix is `prefix`
+/// (`<name>/`): a direct child, not a key of a longer name such as
+/// `<name>/db/<lease>`.
+fn direct_child(key: &[u8], prefix: &str) -> bool {
+    key.strip_prefix(prefix.as_bytes())
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
+}
 
 /// The leader among `keys`: the one created first.
 fn first(keys: &Campaigns) -> Option<Leader> {
-    keys.iter().next().map(|(rev, (value, _))| {
+    keys.iter().next().map(|(rev, c)| {
         Leader::new(
-            String::from_utf8_lossy(value).into_owned(),
+            String::from_utf8_lossy(&c.value).into_owned(),
             FencingToken(*rev as u64),
         )
     })
+}
+
+fn campaign(kv: &etcd_client::KeyValue) -> Campaign {
+    Campaign {
+        value: kv.value().to_vec(),
+        key: kv.key().to_vec(),
+        lease: kv.lease(),
+    }
 }
 
 impl EtcdBackend {
     /// Puts `value` on my campaign's key if it still has the create
     /// revision it was granted with (Go's `Proclaim`).
     pub(crate) async fn proclaim_value(&self, req: &LockRequest, value: &str) -> Result<bool> {
-        let Some(rev) = self.campaigns().get(&req.owner).copied() else {
+        let Some(rev) = self.campaign_rev(&req.owner) else {
             return Ok(false);
         };
         let Some(session) = self.queued().get(&req.owner).cloned() else {
@@ -54,24 +76,14 @@ impl EtcdBackend {
         Ok(self.txn(txn).await?.succeeded())
     }
 
-    /// The key created first under `<name>/` (Go's `Election.Leader`), and
-    /// how long its lease still runs.
+    /// The campaign key created first under `<name>/` (Go's
+    /// `Election.Leader`), and how long its lease still runs.
     pub(crate) async fn current_leader(&self, name: &LockName) -> Result<Option<Leader>> {
-        let prefix = format!("{name}/");
-        let opts = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        let resp = self
-            .kv(|mut c| {
-                let (prefix, opts) = (prefix.clone(), opts.clone());
-                async move { c.get(prefix, Some(opts)).await }
-            })
-            .await?;
-        let Some(kv) = resp.kvs().first() else {
+        let (keys, _) = self.campaign_keys(&format!("{name}/")).await?;
+        let Some((rev, first)) = keys.into_iter().next() else {
             return Ok(None);
         };
-        let lease = kv.lease();
+        let lease = first.lease;
         let remaining = if lease == 0 {
             None
         } else {
@@ -87,14 +99,15 @@ impl EtcdBackend {
         };
         Ok(Some(
             Leader::new(
-                String::from_utf8_lossy(kv.value()).into_owned(),
-                FencingToken(kv.create_revision() as u64),
+                String::from_utf8_lossy(&first.value).into_owned(),
+                FencingToken(rev as u64),
             )
             .with_remaining(remaining),
         ))
     }
 
-    /// Every key under `<name>/` and the revision they were read at.
+    /// Every campaign key under `<name>/` and the revision they were read
+    /// at.
     async fn campaign_keys(&self, prefix: &str) -> Result<(Campaigns, i64)> {
         let resp = self
             .kv(|mut c| {
@@ -106,12 +119,8 @@ impl EtcdBackend {
         let keys = resp
             .kvs()
             .iter()
-            .map(|kv| {
-                (
-                    kv.create_revision(),
-                    (kv.value().to_vec(), kv.key().to_vec()),
-                )
-            })
+            .filter(|kv| direct_child(kv.key(), prefix))
+            .map(|kv| (kv.create_revision(), campaign(kv)))
             .collect();
         Ok((keys, rev))
     }
@@ -134,7 +143,10 @@ impl EtcdBackend {
                 if tx.send(Err(failed)).await.is_err() {
                     return;
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    () = tx.closed() => return,
+                }
             }
         });
         futures_util::stream::unfold(rx, |mut rx| async move {
@@ -166,7 +178,14 @@ impl EtcdBackend {
             )
             .await
             .map_err(|e| self.err(e))?;
-        while let Some(msg) = stream.message().await.map_err(|e| self.err(e))? {
+        loop {
+            // An observer that went away ends the watch at once, even while
+            // the election is idle.
+            let msg = tokio::select! {
+                msg = stream.message() => msg.map_err(|e| self.err(e))?,
+                () = tx.closed() => return Ok(()),
+            };
+            let Some(msg) = msg else { break };
             if msg.canceled() {
                 break;
             }
@@ -181,13 +200,11 @@ impl EtcdBackend {
                 }
                 at = Some(kv.mod_revision());
                 match event.event_type() {
+                    _ if !direct_child(kv.key(), prefix) => {}
                     EventType::Put => {
-                        keys.insert(
-                            kv.create_revision(),
-                            (kv.value().to_vec(), kv.key().to_vec()),
-                        );
+                        keys.insert(kv.create_revision(), campaign(kv));
                     }
-                    EventType::Delete => keys.retain(|_, (_, key)| key.as_slice() != kv.key()),
+                    EventType::Delete => keys.retain(|_, c| c.key.as_slice() != kv.key()),
                 }
             }
             if at.is_some() && tx.send(Ok(first(&keys))).await.is_err() {
@@ -220,7 +237,10 @@ impl EtcdBackend {
         };
         let (rev, value) = (kv.create_revision(), kv.value().to_vec());
         let ours = req.value.as_deref().is_some_and(|v| v.as_bytes() == value);
-        if !ours || self.key_in_use(rev, &value) {
+        // This campaign's own entry, left while its create was in flight,
+        // does not count as a live hold.
+        self.campaigns().remove(&req.owner);
+        if !ours || self.key_in_use(rev, &value, true, true) {
             return Ok(false);
         }
         let txn = Txn::new()

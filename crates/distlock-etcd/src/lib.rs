@@ -56,10 +56,11 @@ struct Inner {
     /// Creates in flight, per name: a release never runs ahead of a create
     /// of its name's key whose caller went away (see [`creating`]).
     creating: Arc<creating::Creating>,
-    /// Each campaign's key's create revision, by owner: a campaign's key
-    /// carries its value, not its owner, so this is how it is known as ours
-    /// (as Go's `Election` knows its `leaderRev`).
-    campaigns: std::sync::Mutex<HashMap<distlock_core::Owner, i64>>,
+    /// Each campaign's key's create revision (0 while its create is in
+    /// flight) and value, by owner: a campaign's key carries its value, not
+    /// its owner, so this is how it is known as ours (as Go's `Election`
+    /// knows its `leaderRev`).
+    campaigns: std::sync::Mutex<HashMap<distlock_core::Owner, (i64, Arc<str>)>>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -563,22 +564,40 @@ impl EtcdBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn campaigns(&self) -> std::sync::MutexGuard<'_, HashMap<distlock_core::Owner, i64>> {
+    fn campaigns(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<distlock_core::Owner, (i64, Arc<str>)>> {
         self.inner
             .campaigns
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The create revision of `owner`'s campaign key, once granted.
+    fn campaign_rev(&self, owner: &distlock_core::Owner) -> Option<i64> {
+        self.campaigns()
+            .get(owner)
+            .map(|(rev, _)| *rev)
+            .filter(|rev| *rev > 0)
+    }
+
     /// Whether a key of this client's lease created at `rev` with `value`
-    /// belongs to a live hold: a campaign (by its revision) or a lock (by
-    /// its owner value). Anything else found there is a stale leftover.
-    fn key_in_use(&self, rev: i64, value: &[u8]) -> bool {
-        self.campaigns().values().any(|r| *r == rev)
-            || self
-                .queued()
+    /// belongs to a live hold of the kinds asked for: a campaign (by its
+    /// revision, or by its value while its create is in flight) or a lock
+    /// (by its owner value). Anything else found there is a leftover, such
+    /// as a cancelled acquire's key whose release has not run yet.
+    fn key_in_use(&self, rev: i64, value: &[u8], campaigns: bool, locks: bool) -> bool {
+        let campaign = || {
+            self.campaigns()
+                .values()
+                .any(|(r, v)| *r == rev || (*r == 0 && v.as_bytes() == value))
+        };
+        let lock = || {
+            self.queued()
                 .keys()
                 .any(|o| o.to_string().as_bytes() == value)
+        };
+        (campaigns && campaign()) || (locks && lock())
     }
 
     /// The condition that `key` is still `req`'s: a campaign's key still
@@ -587,7 +606,7 @@ impl EtcdBackend {
     fn still_mine(&self, key: &str, req: &LockRequest) -> Compare {
         match req.kind {
             HoldKind::Leader => {
-                let rev = self.campaigns().get(&req.owner).copied().unwrap_or(-1);
+                let rev = self.campaign_rev(&req.owner).unwrap_or(-1);
                 Compare::create_revision(key, CompareOp::Equal, rev)
             }
             _ => Compare::value(key, CompareOp::Equal, req.owner.to_string()),
@@ -630,6 +649,12 @@ impl EtcdBackend {
             Some(v) if campaign => v.to_string(),
             _ => owner.clone(),
         };
+        if campaign {
+            // Known as in flight before its create is sent, so that no
+            // other request of this client takes its key for a leftover.
+            self.campaigns()
+                .insert(req.owner, (0, value.as_str().into()));
+        }
         for _ in 0..3 {
             let txn = if shared {
                 requests::enqueue_shared(&key, &prefix, &owner, session.lease)
@@ -658,7 +683,8 @@ impl EtcdBackend {
             };
             if resp.succeeded() {
                 if campaign {
-                    self.campaigns().insert(req.owner, header_rev);
+                    self.campaigns()
+                        .insert(req.owner, (header_rev, value.as_str().into()));
                 }
                 return Ok(queued(header_rev, header_rev));
             }
@@ -670,15 +696,17 @@ impl EtcdBackend {
                 _ => None,
             };
             match existing {
-                Some((rev, _, _)) if campaign && self.campaigns().get(&req.owner) == Some(&rev) => {
+                Some((rev, _, _)) if campaign && self.campaign_rev(&req.owner) == Some(rev) => {
                     return Ok(queued(rev, rev));
                 }
                 Some((rev, modified, value)) if !campaign && value == owner.as_bytes() => {
                     return Ok(queued(rev, modified));
                 }
-                Some((rev, _, value)) if self.key_in_use(rev, &value) => {
-                    // Go's layout gives a lock and an election of one name
-                    // the same key on one lease.
+                // A key of the other kind that is in use: Go's layout gives
+                // a lock and an election of one name the same key on one
+                // lease. A key of the same kind is a leftover (one client
+                // has one live hold of a kind per name).
+                Some((rev, _, value)) if self.key_in_use(rev, &value, !campaign, campaign) => {
                     self.forget(req);
                     return Err(Error::invalid(
                         InputKind::Config,
@@ -1050,7 +1078,7 @@ impl Backend for EtcdBackend {
                     ),
                     HoldKind::Leader => (
                         format!("{}/{:x}", r.name, s.lease),
-                        Expect::Created(*self.campaigns().get(&r.owner)?),
+                        Expect::Created(self.campaign_rev(&r.owner)?),
                         s.lease,
                     ),
                     _ => (
@@ -1117,7 +1145,7 @@ impl Backend for EtcdBackend {
             return Ok(released);
         }
         let mut released = false;
-        let known = req.kind != HoldKind::Leader || self.campaigns().contains_key(&req.owner);
+        let known = req.kind != HoldKind::Leader || self.campaign_rev(&req.owner).is_some();
         for s in self.sessions_of(req) {
             let key = format!("{}/{:x}", req.name, s.lease);
             released |= if known {
