@@ -73,18 +73,7 @@ impl RedisBackend {
                 .arg(req.owner.to_string())
                 .arg(ttl_ms(req.ttl));
         }
-        let answers: Vec<i64> = self.run(&inv).await?;
-        if answers.len() != reqs.len() {
-            return Err(Error::backend(
-                "redis",
-                format!(
-                    "election_extend.lua answered {} times for {} leaderships",
-                    answers.len(),
-                    reqs.len()
-                ),
-            ));
-        }
-        Ok(answers.into_iter().map(|n| n == 1).collect())
+        self.renewed(&inv, "election_extend.lua", reqs.len()).await
     }
 
     /// Resigns `req`'s leadership if it is still `req.owner`'s.

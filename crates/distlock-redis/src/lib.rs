@@ -309,7 +309,28 @@ impl RedisBackend {
                 .arg(req.owner.to_string())
                 .arg(ttl_ms(req.ttl));
         }
-        let answers: Vec<i64> = self.run(&inv).await?;
+        self.renewed(&inv, "extend_many.lua", reqs.len()).await
+    }
+
+    /// Runs a batched renewal script whose invocation carries `asked`
+    /// holds, and answers for each, in order, whether it was renewed; an
+    /// answer of another length is a backend error naming `script`.
+    async fn renewed(
+        &self,
+        inv: &redis::ScriptInvocation<'_>,
+        script: &str,
+        asked: usize,
+    ) -> Result<Vec<bool>> {
+        let answers: Vec<i64> = self.run(inv).await?;
+        if answers.len() != asked {
+            return Err(Error::backend(
+                "redis",
+                format!(
+                    "{script} answered {} times for {asked} holds",
+                    answers.len()
+                ),
+            ));
+        }
         Ok(answers.into_iter().map(|n| n == 1).collect())
     }
 }

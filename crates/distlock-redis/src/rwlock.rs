@@ -228,18 +228,7 @@ impl RedisBackend {
                 .arg(req.owner.to_string())
                 .arg(ttl_ms(req.ttl));
         }
-        let answers: Vec<i64> = self.run(&inv).await?;
-        if answers.len() != reqs.len() {
-            return Err(Error::backend(
-                "redis",
-                format!(
-                    "shared_extend.lua answered {} times for {} holds",
-                    answers.len(),
-                    reqs.len()
-                ),
-            ));
-        }
-        Ok(answers.into_iter().map(|n| n == 1).collect())
+        self.renewed(&inv, "shared_extend.lua", reqs.len()).await
     }
 
     /// Removes `req`'s writer mark, if it left one, and lets the readers it

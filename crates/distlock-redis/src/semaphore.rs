@@ -92,18 +92,7 @@ impl RedisBackend {
                 .arg(req.owner.to_string())
                 .arg(ttl_ms(req.ttl));
         }
-        let answers: Vec<i64> = self.run(&inv).await?;
-        if answers.len() != reqs.len() {
-            return Err(Error::backend(
-                "redis",
-                format!(
-                    "permit_extend.lua answered {} times for {} permits",
-                    answers.len(),
-                    reqs.len()
-                ),
-            ));
-        }
-        Ok(answers.into_iter().map(|n| n == 1).collect())
+        self.renewed(&inv, "permit_extend.lua", reqs.len()).await
     }
 
     pub(crate) async fn release_permit(&self, req: &LockRequest) -> Result<bool> {
