@@ -678,12 +678,38 @@ async fn refused_credentials(f: Arc<Etcd>) -> Result<(), Failed> {
     Ok(())
 }
 
+/// A child process that is killed and reaped when dropped, so a test that
+/// fails half-way leaves no `etcdctl` running.
+struct Reaped(Option<Child>);
+
+impl Reaped {
+    fn id(&self) -> u32 {
+        self.0.as_ref().map_or(0, Child::id)
+    }
+
+    /// The child, no longer killed on drop.
+    fn take(mut self) -> Result<Child, Failed> {
+        self.0
+            .take()
+            .ok_or_else(|| "the child was taken already".into())
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// `etcdctl elect` (Go's `concurrency.Election`) with `args`, its standard
 /// output's lines arriving on the receiver as it prints them.
 fn spawn_etcdctl_elect(
     url: &str,
     args: &[&str],
-) -> Result<(Child, tokio::sync::mpsc::UnboundedReceiver<String>), Failed> {
+) -> Result<(Reaped, tokio::sync::mpsc::UnboundedReceiver<String>), Failed> {
     let ep = integration_tests::harness::host_port(url).ok_or("no endpoint")?;
     let mut c = etcd_client_cmd(&format!("{}:{}", ep.0, ep.1))?;
     c.arg("elect")
@@ -701,7 +727,7 @@ fn spawn_etcdctl_elect(
             }
         }
     });
-    Ok((child, rx))
+    Ok((Reaped(Some(child)), rx))
 }
 
 /// Waits until etcdctl prints the line `want`; the lines before it.
@@ -731,7 +757,7 @@ async fn printed(
 
 /// Stops etcdctl the way a user does (SIGINT), so it resigns and closes
 /// its session.
-fn interrupt(child: &mut Child) -> Result<(), Failed> {
+fn interrupt(child: &Reaped) -> Result<(), Failed> {
     let sent = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
@@ -754,11 +780,11 @@ async fn etcdctl_follows_distlock_leader(f: Arc<Etcd>) -> Result<(), Failed> {
         .ttl(Duration::from_secs(10))
         .campaign("distlock-first")
         .await?;
-    let (mut observer, mut seen) = spawn_etcdctl_elect(&url, &["-l", &election])?;
+    let (observer, mut seen) = spawn_etcdctl_elect(&url, &["-l", &election])?;
     printed(&mut seen, "distlock-first", Duration::from_secs(10)).await?;
     leader.proclaim("distlock-second").await?;
     printed(&mut seen, "distlock-second", Duration::from_secs(10)).await?;
-    let (mut campaigner, mut won) = spawn_etcdctl_elect(&url, &[&election, "go-proposal"])?;
+    let (campaigner, mut won) = spawn_etcdctl_elect(&url, &[&election, "go-proposal"])?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     if won.try_recv().is_ok() {
         return Err("etcdctl elect printed a leader while distlock led".into());
@@ -766,10 +792,9 @@ async fn etcdctl_follows_distlock_leader(f: Arc<Etcd>) -> Result<(), Failed> {
     leader.resign().await?;
     printed(&mut won, "go-proposal", Duration::from_secs(10)).await?;
     printed(&mut seen, "go-proposal", Duration::from_secs(10)).await?;
-    interrupt(&mut campaigner)?;
-    let _ = observer.kill();
-    let _ = observer.wait();
-    wait_exit(campaigner, Duration::from_secs(10)).await?;
+    interrupt(&campaigner)?;
+    drop(observer);
+    wait_exit(campaigner.take()?, Duration::from_secs(10)).await?;
     Ok(())
 }
 
@@ -779,7 +804,7 @@ async fn etcdctl_follows_distlock_leader(f: Arc<Etcd>) -> Result<(), Failed> {
 async fn distlock_follows_etcdctl_leader(f: Arc<Etcd>) -> Result<(), Failed> {
     let url = f.url()?;
     let election = name();
-    let (mut campaigner, mut won) = spawn_etcdctl_elect(&url, &[&election, "go-proposal"])?;
+    let (campaigner, mut won) = spawn_etcdctl_elect(&url, &[&election, "go-proposal"])?;
     printed(&mut won, "go-proposal", Duration::from_secs(10)).await?;
     let client = LockClient::new(EtcdBackend::connect(&url).await?);
     let e = client.election(&election).ttl(Duration::from_secs(10));
@@ -802,7 +827,7 @@ async fn distlock_follows_etcdctl_leader(f: Arc<Etcd>) -> Result<(), Failed> {
         async move { e.campaign("distlock").await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    interrupt(&mut campaigner)?;
+    interrupt(&campaigner)?;
     let l = waiting.await.map_err(|e| e.to_string())??;
     loop {
         let next = tokio::time::timeout(
@@ -819,7 +844,7 @@ async fn distlock_follows_etcdctl_leader(f: Arc<Etcd>) -> Result<(), Failed> {
         }
     }
     l.resign().await?;
-    wait_exit(campaigner, Duration::from_secs(10)).await?;
+    wait_exit(campaigner.take()?, Duration::from_secs(10)).await?;
     Ok(())
 }
 
