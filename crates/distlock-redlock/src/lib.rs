@@ -366,6 +366,37 @@ impl RedlockBackend {
         Ok(Round::Contended(left, split))
     }
 
+    /// The answer of a request every node was asked (`Some(yes)`, or
+    /// `None` for a node that did not answer): `true` when a quorum said
+    /// yes (and `valid`), `false` when too many said no for a quorum to
+    /// hold it, else `QuorumNotReached` with `hint`.
+    fn verdict(
+        &self,
+        answers: &[Option<bool>],
+        kind: &HoldKind,
+        valid: bool,
+        hint: &'static str,
+    ) -> Result<bool> {
+        let yes = answers.iter().filter(|a| **a == Some(true)).count();
+        let no = answers.iter().filter(|a| **a == Some(false)).count();
+        let (quorum, total) = (self.quorum(kind), self.inner.nodes.len());
+        if yes >= quorum && valid {
+            return Ok(true);
+        }
+        if no > total - quorum {
+            // Too many said "not yours" for a quorum to hold it: it is gone.
+            return Ok(false);
+        }
+        Err(Error::QuorumNotReached {
+            backend: "redlock",
+            granted: yes,
+            unreachable: total - yes - no,
+            needed: quorum,
+            total,
+            hint,
+        })
+    }
+
     fn valid_after(&self, ttl: Duration, start: Instant) -> bool {
         start.elapsed() < self.inner.caps.safe_validity(ttl)
     }
@@ -553,24 +584,12 @@ impl Backend for RedlockBackend {
             timeout(t, ext).await.ok().and_then(Result::ok)
         }))
         .await;
-        let yes = answers.iter().filter(|a| **a == Some(true)).count();
-        let no = answers.iter().filter(|a| **a == Some(false)).count();
-        let (quorum, total) = (self.quorum(&req.kind), self.inner.nodes.len());
-        if yes >= quorum && self.valid_after(req.ttl, start) {
-            return Ok(true);
-        }
-        if no > total - quorum {
-            // Too many said "not yours" for a quorum to hold it: it is gone.
-            return Ok(false);
-        }
-        Err(Error::QuorumNotReached {
-            backend: "redlock",
-            granted: yes,
-            unreachable: total - yes - no,
-            needed: quorum,
-            total,
-            hint: Self::quorum_hint(&req.kind, "extend could not reach a majority; the guard reports lost() if this lasts until its deadline"),
-        })
+        self.verdict(
+            &answers,
+            &req.kind,
+            self.valid_after(req.ttl, start),
+            Self::quorum_hint(&req.kind, "extend could not reach a majority; the guard reports lost() if this lasts until its deadline"),
+        )
     }
 
     /// The batch goes to every node at once (one script call each, two
@@ -736,23 +755,12 @@ impl Backend for RedlockBackend {
             timeout(t, said).await.ok().and_then(Result::ok)
         }))
         .await;
-        let yes = answers.iter().filter(|a| **a == Some(true)).count();
-        let no = answers.iter().filter(|a| **a == Some(false)).count();
-        let (quorum, total) = (self.quorum(&HoldKind::Leader), self.inner.nodes.len());
-        if yes >= quorum {
-            return Ok(true);
-        }
-        if no > total - quorum {
-            return Ok(false);
-        }
-        Err(Error::QuorumNotReached {
-            backend: "redlock",
-            granted: yes,
-            unreachable: total - yes - no,
-            needed: quorum,
-            total,
-            hint: "the proclamation could not reach a majority; check the Redis nodes and proclaim again",
-        })
+        self.verdict(
+            &answers,
+            &HoldKind::Leader,
+            true,
+            "the proclamation could not reach a majority; check the Redis nodes and proclaim again",
+        )
     }
 
     /// Every node is read at once, each bounded by the connect timeout.
