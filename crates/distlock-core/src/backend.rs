@@ -88,6 +88,12 @@ pub struct LockRequest {
     /// The value the hold carries on the server: an election's proposal
     /// ([`HoldKind::Leader`]); `None` for the other kinds.
     pub value: Option<Arc<str>>,
+    /// Who holds it, in a few words (host, process, command), stored with
+    /// the hold by the request that grants it and reported by
+    /// [`Backend::inspect`] and [`Backend::list`]. Checked by core with
+    /// [`validate_holder_info`](crate::validate_holder_info) before any
+    /// request is sent; `None` stores nothing.
+    pub holder_info: Option<Arc<str>>,
 }
 
 /// What a backend answers a granted request with: the fencing token, and
@@ -121,6 +127,7 @@ impl LockRequest {
             ttl,
             kind: HoldKind::Exclusive,
             value: None,
+            holder_info: None,
         }
     }
 
@@ -140,6 +147,12 @@ impl LockRequest {
             kind: HoldKind::Permits { limit },
             ..Self::new(name, ttl)
         }
+    }
+
+    /// The same request carrying `info` as its holder info.
+    pub fn with_holder_info(mut self, info: Option<Arc<str>>) -> Self {
+        self.holder_info = info;
+        self
     }
 
     /// The same acquisition with another TTL.
@@ -220,6 +233,8 @@ pub struct LockStatus {
     /// Whether an exclusive request waits for the lock, so that no new
     /// shared hold is granted (read-write locks).
     pub writer_waiting: Option<bool>,
+    /// The holder info stored with the exclusive hold (locks).
+    pub holder_info: Option<String>,
 }
 
 impl LockStatus {
@@ -257,6 +272,12 @@ impl LockStatus {
         self
     }
 
+    /// Sets the holder info.
+    pub fn with_holder_info(mut self, info: Option<String>) -> Self {
+        self.holder_info = info;
+        self
+    }
+
     /// Sets how many hold it and the stored limit (semaphores).
     pub fn with_holders(mut self, holders: usize, limit: Option<u32>) -> Self {
         self.holders = Some(holders);
@@ -275,6 +296,9 @@ pub struct Leader {
     pub token: FencingToken,
     /// How long its lease still runs, where the backend can tell.
     pub remaining: Option<Duration>,
+    /// The holder info stored with its leadership, where the backend's
+    /// layout has room for it.
+    pub holder_info: Option<String>,
 }
 
 impl Leader {
@@ -284,7 +308,14 @@ impl Leader {
             value: value.into(),
             token,
             remaining: None,
+            holder_info: None,
         }
+    }
+
+    /// Sets the holder info.
+    pub fn with_holder_info(mut self, info: Option<String>) -> Self {
+        self.holder_info = info;
+        self
     }
 
     /// Sets how long its lease still runs.
@@ -653,6 +684,21 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Every live hold whose name starts with `prefix` (all of them for
+    /// `""`): locks, shared holds, permits and leaderships, with what the
+    /// backend keeps of each, at most `limit` records, sorted with
+    /// [`sort_records`](crate::sort_records). Core checks the prefix with
+    /// [`validate_prefix`](crate::validate_prefix) first. Released and
+    /// expired holds are not listed. Each backend documents what a listing
+    /// costs its server.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<crate::HoldRecord>> {
+        let _ = (prefix, limit);
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "listing holds",
+        })
+    }
+
     /// Read-only probes of the server settings this backend's guarantees
     /// depend on (eviction, persistence, durable commits, session bounds,
     /// cluster size), for `distlock conformance`. The default has none.
@@ -736,6 +782,9 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
     async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
         (**self).set_limit(name, limit).await
+    }
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<crate::HoldRecord>> {
+        (**self).list(prefix, limit).await
     }
     async fn deployment_findings(&self) -> Result<Vec<Finding>> {
         (**self).deployment_findings().await

@@ -44,6 +44,8 @@ pub struct LockClient {
 pub(crate) struct ClientInner {
     pub(crate) keeper: Arc<Keeper>,
     slots: Arc<SlotTable>,
+    /// The holder info of this client's holds unless a builder sets one.
+    holder_info: Arc<str>,
 }
 
 impl fmt::Debug for LockClient {
@@ -67,8 +69,47 @@ impl LockClient {
             inner: Arc::new(ClientInner {
                 keeper: Keeper::new(backend),
                 slots: Arc::default(),
+                holder_info: crate::holder::default_holder_info(),
             }),
         }
+    }
+
+    /// The same client (sharing its backend, renewals and local state)
+    /// storing `info` with each hold instead of the default
+    /// `<host name> pid <process id>`; a builder's
+    /// [`holder_info`](LockBuilder::holder_info) overrides it per hold.
+    /// Empty, oversized (above
+    /// [`MAX_HOLDER_INFO_LEN`](crate::MAX_HOLDER_INFO_LEN)) or multi-line
+    /// info is [`Error::InvalidInput`].
+    pub fn with_holder_info(&self, info: impl AsRef<str>) -> Result<Self> {
+        let info = info.as_ref();
+        crate::holder::validate_holder_info(info)?;
+        Ok(Self {
+            inner: Arc::new(ClientInner {
+                keeper: self.inner.keeper.clone(),
+                slots: self.inner.slots.clone(),
+                holder_info: Arc::from(info),
+            }),
+        })
+    }
+
+    /// The holder info this client stores with its holds.
+    pub fn holder_info(&self) -> &str {
+        &self.inner.holder_info
+    }
+
+    /// Who holds what: every live hold whose name starts with `prefix`
+    /// (`""`: all), at most `limit` records, sorted by name. See
+    /// [`Backend::list`] and the backend's documented cost.
+    pub async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<crate::HoldRecord>> {
+        crate::holder::validate_prefix(prefix)?;
+        if limit == 0 {
+            return Err(Error::invalid(
+                InputKind::Config,
+                "a listing needs a limit of at least one record",
+            ));
+        }
+        self.inner.keeper.backend.list(prefix, limit).await
     }
 
     /// The backend's declared capabilities.
@@ -172,6 +213,9 @@ pub struct LockBuilder {
     renew: bool,
     max_hold: Option<Duration>,
     holder: Option<String>,
+    /// The holder info stored with the hold on the server (checked when
+    /// acquired).
+    holder_info: Arc<str>,
     /// The value the hold carries (an election's proposal).
     value: Option<Arc<str>>,
     /// An option that does not fit the kind, reported when acquired.
@@ -195,7 +239,6 @@ impl fmt::Debug for LockBuilder {
 impl LockBuilder {
     pub(crate) fn of(client: Arc<ClientInner>, name: impl AsRef<str>, kind: HoldKind) -> Self {
         LockBuilder {
-            client,
             name: LockName::new(name),
             kind,
             ttl: DEFAULT_TTL,
@@ -203,8 +246,10 @@ impl LockBuilder {
             renew: true,
             max_hold: None,
             holder: None,
+            holder_info: client.holder_info.clone(),
             value: None,
             misuse: None,
+            client,
         }
     }
 
@@ -276,6 +321,16 @@ impl LockBuilder {
         self
     }
 
+    /// The holder info stored with this hold on the server, in place of
+    /// the client's ([`LockClient::with_holder_info`]): who holds it, as
+    /// `distlock status` and `distlock list` show. Empty, oversized or
+    /// multi-line info is [`Error::InvalidInput`] when acquired, before
+    /// anything is sent.
+    pub fn holder_info(mut self, info: impl AsRef<str>) -> Self {
+        self.holder_info = Arc::from(info.as_ref());
+        self
+    }
+
     /// Waits for the lock (see [`wait`](Self::wait)). Dropping the returned
     /// future leaves nothing held or queued.
     pub async fn acquire(self) -> Result<LockGuard> {
@@ -324,6 +379,7 @@ impl LockBuilder {
             return Err(Error::invalid(InputKind::Config, misuse));
         }
         check_kind(caps, &self.kind)?;
+        crate::holder::validate_holder_info(&self.holder_info)?;
         if self.ttl.is_zero() {
             return Err(Error::invalid(
                 InputKind::Duration,
@@ -422,6 +478,7 @@ impl LockBuilder {
         let mut req = LockRequest::new(name, self.ttl);
         req.kind = self.kind;
         req.value = self.value.clone();
+        req.holder_info = Some(self.holder_info.clone());
         req
     }
 

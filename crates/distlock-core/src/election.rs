@@ -45,6 +45,7 @@ pub struct Election {
     pub(crate) name: String,
     ttl: Duration,
     wait: Option<Duration>,
+    holder_info: Option<String>,
 }
 
 impl fmt::Debug for Election {
@@ -64,7 +65,15 @@ impl Election {
             name,
             ttl: crate::DEFAULT_TTL,
             wait: None,
+            holder_info: None,
         }
+    }
+
+    /// The holder info stored with a leadership this election grants, in
+    /// place of the client's (see [`LockBuilder::holder_info`]).
+    pub fn holder_info(mut self, info: impl Into<String>) -> Self {
+        self.holder_info = Some(info.into());
+        self
     }
 
     /// The leadership lease's TTL (default [`DEFAULT_TTL`](crate::DEFAULT_TTL)),
@@ -86,6 +95,9 @@ impl Election {
         let mut b = LockBuilder::of(self.client.clone(), &self.name, HoldKind::Leader)
             .ttl(self.ttl)
             .with_value(value);
+        if let Some(info) = &self.holder_info {
+            b = b.holder_info(info);
+        }
         b.wait = self.wait;
         Ok(b)
     }

@@ -8,6 +8,7 @@ mod error;
 pub mod expiry;
 mod fence;
 mod guard;
+mod holder;
 mod keeper;
 mod lease;
 mod memory;
@@ -27,6 +28,10 @@ pub use election::{Election, Leadership, MAX_VALUE_LEN};
 pub use error::{tls_refusal, BoxError, Error, InputKind, LostReason, Result};
 pub use fence::{FenceGate, ReadWriteGate, StaleToken};
 pub use guard::LockGuard;
+pub use holder::{
+    default_holder_info, fit_holder_info, sort_records, split_stored_owner, stored_owner,
+    validate_holder_info, validate_prefix, HoldRecord, MAX_HOLDER_INFO_LEN,
+};
 pub use memory::MemoryBackend;
 pub use multi::{MultiGuard, MultiLockBuilder};
 pub use name::{LockName, MAX_NAME_LEN};

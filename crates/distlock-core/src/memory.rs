@@ -32,11 +32,38 @@ pub struct MemoryBackend {
     elections: Arc<Mutex<HashMap<LockName, Entry>>>,
 }
 
+/// One live hold: its owner, its lease's end, its token and holder info.
+#[derive(Debug, Clone)]
+struct Held {
+    owner: Owner,
+    until: Instant,
+    token: FencingToken,
+    info: Option<Arc<str>>,
+}
+
+impl Held {
+    fn of(req: &LockRequest, until: Instant, token: FencingToken) -> Self {
+        Self {
+            owner: req.owner,
+            until,
+            token,
+            info: req.holder_info.clone(),
+        }
+    }
+
+    fn record(&self, name: &LockName, kind: HoldKind, now: Instant) -> crate::HoldRecord {
+        crate::HoldRecord::new(name.as_str(), kind)
+            .with_token(Some(self.token))
+            .with_remaining(Some(self.until - now))
+            .with_holder_info(self.info.as_deref().map(str::to_string))
+    }
+}
+
 #[derive(Debug, Default)]
 struct Entry {
-    holder: Option<(Owner, Instant)>,
-    /// Shared holds: each owner and expiry.
-    shared: Vec<(Owner, Instant)>,
+    holder: Option<Held>,
+    /// Shared holds.
+    shared: Vec<Held>,
     /// Exclusive requests waiting behind shared holds, until when each
     /// mark lasts: while one lasts, no shared hold is granted.
     writers: Vec<(Owner, Instant)>,
@@ -51,12 +78,12 @@ struct Entry {
 impl Entry {
     /// Drops expired shared holds and writer marks.
     fn prune(&mut self, now: Instant) {
-        self.shared.retain(|(_, e)| *e > now);
+        self.shared.retain(|h| h.until > now);
         self.writers.retain(|(_, e)| *e > now);
     }
 
     fn exclusive_until(&self, now: Instant) -> Option<Instant> {
-        self.holder.map(|(_, e)| e).filter(|e| *e > now)
+        self.holder.as_ref().map(|h| h.until).filter(|e| *e > now)
     }
 
     fn grant(&mut self) -> FencingToken {
@@ -69,15 +96,15 @@ impl Entry {
 struct Semaphore {
     /// Stored by the first acquire (or `set_limit`), kept after that.
     limit: Option<u32>,
-    /// Each permit's owner and expiry.
-    permits: Vec<(Owner, Instant)>,
+    /// Each permit.
+    permits: Vec<Held>,
     counter: u64,
     released: Signal,
 }
 
 impl Semaphore {
-    fn live(&mut self, now: Instant) -> &mut Vec<(Owner, Instant)> {
-        self.permits.retain(|(_, expires)| *expires > now);
+    fn live(&mut self, now: Instant) -> &mut Vec<Held> {
+        self.permits.retain(|h| h.until > now);
         &mut self.permits
     }
 }
@@ -126,12 +153,13 @@ impl MemoryBackend {
         }
         let live = sem.live(now);
         if live.len() >= stored as usize {
-            let earliest = live.iter().map(|(_, e)| *e - now).min();
+            let earliest = live.iter().map(|h| h.until - now).min();
             return Ok(Outcome::Held(earliest));
         }
-        live.push((req.owner, now + req.ttl));
         sem.counter += 1;
-        Ok(Outcome::Granted(FencingToken(sem.counter)))
+        let token = FencingToken(sem.counter);
+        sem.permits.push(Held::of(req, now + req.ttl, token));
+        Ok(Outcome::Granted(token))
     }
 
     /// The table of `kind`'s objects: elections apart from locks.
@@ -155,10 +183,10 @@ impl MemoryBackend {
                 return Outcome::Held(Some(mark - now));
             }
             let token = e.grant();
-            e.shared.push((req.owner, now + req.ttl));
+            e.shared.push(Held::of(req, now + req.ttl, token));
             return Outcome::Granted(token);
         }
-        if let Some(first_end) = e.shared.iter().map(|(_, until)| *until).min() {
+        if let Some(first_end) = e.shared.iter().map(|h| h.until).min() {
             if waiting {
                 e.writers.retain(|(o, _)| *o != req.owner);
                 e.writers.push((req.owner, now + req.ttl));
@@ -168,7 +196,7 @@ impl MemoryBackend {
         }
         e.writers.retain(|(o, _)| *o != req.owner);
         let token = e.grant();
-        e.holder = Some((req.owner, now + req.ttl));
+        e.holder = Some(Held::of(req, now + req.ttl, token));
         e.value = req.value.clone();
         Outcome::Granted(token)
     }
@@ -240,8 +268,7 @@ impl Backend for MemoryBackend {
         let mut table = lock(&self.table);
         let held = |r: &LockRequest| {
             table.get(&r.name).is_some_and(|e| {
-                e.exclusive_until(began).is_some()
-                    || e.shared.iter().any(|(_, until)| *until > began)
+                e.exclusive_until(began).is_some() || e.shared.iter().any(|h| h.until > began)
             })
         };
         if reqs.iter().any(held) {
@@ -252,7 +279,7 @@ impl Backend for MemoryBackend {
                 .map(|r| {
                     let e = table.entry(r.name.clone()).or_default();
                     let token = e.grant();
-                    e.holder = Some((r.owner, began + r.ttl));
+                    e.holder = Some(Held::of(r, began + r.ttl, token));
                     Grant::new(token, began)
                 })
                 .collect(),
@@ -273,8 +300,8 @@ impl Backend for MemoryBackend {
             .map(|req| match req.kind {
                 HoldKind::Permits { .. } => sems
                     .get_mut(&req.name)
-                    .and_then(|s| s.live(now).iter_mut().find(|(o, _)| *o == req.owner))
-                    .map(|(_, expires)| *expires = now + req.ttl)
+                    .and_then(|s| s.live(now).iter_mut().find(|h| h.owner == req.owner))
+                    .map(|h| h.until = now + req.ttl)
                     .is_some(),
                 HoldKind::Leader => Self::extend_in(&mut elections, req, now),
                 _ => Self::extend_in(&mut table, req, now),
@@ -314,9 +341,15 @@ impl Backend for MemoryBackend {
         // Held until the exclusive hold ends, or the last shared one does.
         let until = e
             .exclusive_until(now)
-            .or_else(|| e.shared.iter().map(|(_, until)| *until).max());
-        let status =
-            LockStatus::new(until.is_some()).with_shared(e.shared.len(), !e.writers.is_empty());
+            .or_else(|| e.shared.iter().map(|h| h.until).max());
+        let status = LockStatus::new(until.is_some())
+            .with_shared(e.shared.len(), !e.writers.is_empty())
+            .with_holder_info(
+                e.holder
+                    .as_ref()
+                    .filter(|h| h.until > now)
+                    .and_then(|h| h.info.as_deref().map(str::to_string)),
+            );
         Ok(match until {
             // While anyone holds it, the newest grant is theirs.
             Some(until) => status
@@ -326,14 +359,42 @@ impl Backend for MemoryBackend {
         })
     }
 
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<crate::HoldRecord>> {
+        let now = Instant::now();
+        let mut records = Vec::new();
+        let matches = |name: &LockName| name.as_str().starts_with(prefix);
+        for (name, e) in lock(&self.table).iter().filter(|(n, _)| matches(n)) {
+            let live = e.holder.iter().filter(|h| h.until > now);
+            records.extend(live.map(|h| h.record(name, HoldKind::Exclusive, now)));
+            let shared = e.shared.iter().filter(|h| h.until > now);
+            records.extend(shared.map(|h| h.record(name, HoldKind::Shared, now)));
+        }
+        for (name, sem) in lock(&self.semaphores).iter().filter(|(n, _)| matches(n)) {
+            let kind = HoldKind::Permits {
+                limit: sem.limit.unwrap_or(0),
+            };
+            let live = sem.permits.iter().filter(|h| h.until > now);
+            records.extend(live.map(|h| h.record(name, kind, now)));
+        }
+        for (name, e) in lock(&self.elections).iter().filter(|(n, _)| matches(n)) {
+            let live = e.holder.iter().filter(|h| h.until > now);
+            records.extend(live.map(|h| {
+                h.record(name, HoldKind::Leader, now)
+                    .with_value(e.value.as_deref().map(str::to_string))
+            }));
+        }
+        crate::sort_records(&mut records, limit);
+        Ok(records)
+    }
+
     async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
         let now = Instant::now();
         let mut elections = lock(&self.elections);
         let Some(e) = elections.get_mut(&req.name) else {
             return Ok(false);
         };
-        match e.holder {
-            Some((owner, expires)) if owner == req.owner && expires > now => {
+        match &e.holder {
+            Some(h) if h.owner == req.owner && h.until > now => {
                 e.value = Some(value.into());
                 Ok(true)
             }
@@ -351,7 +412,12 @@ impl Backend for MemoryBackend {
                     e.value.as_deref().unwrap_or_default(),
                     FencingToken(e.counter),
                 )
-                .with_remaining(Some(until - now)),
+                .with_remaining(Some(until - now))
+                .with_holder_info(
+                    e.holder
+                        .as_ref()
+                        .and_then(|h| h.info.as_deref().map(str::to_string)),
+                ),
             )
         }))
     }
@@ -364,7 +430,7 @@ impl Backend for MemoryBackend {
                 return Ok(false);
             };
             let before = sem.live(now).len();
-            sem.permits.retain(|(o, _)| *o != req.owner);
+            sem.permits.retain(|h| h.owner != req.owner);
             let freed = sem.permits.len() < before;
             if freed {
                 sem.released.wake_one();
@@ -379,19 +445,20 @@ impl Backend for MemoryBackend {
             return Ok(false);
         };
         if req.kind == HoldKind::Shared {
-            let Some(i) = e.shared.iter().position(|(o, _)| *o == req.owner) else {
+            let Some(i) = e.shared.iter().position(|h| h.owner == req.owner) else {
                 return Ok(false);
             };
-            let (_, expires) = e.shared.swap_remove(i);
+            let held = e.shared.swap_remove(i);
             e.released.wake_all();
-            return Ok(expires > now);
+            return Ok(held.until > now);
         }
-        match e.holder {
-            Some((owner, expires)) if owner == req.owner => {
+        match &e.holder {
+            Some(h) if h.owner == req.owner => {
+                let live = h.until > now;
                 e.holder = None;
                 e.value = None;
                 e.released.wake_all();
-                Ok(expires > now)
+                Ok(live)
             }
             _ => Ok(false),
         }
@@ -404,12 +471,12 @@ impl MemoryBackend {
             return false;
         };
         let hold = match req.kind {
-            HoldKind::Shared => e.shared.iter_mut().find(|(o, _)| *o == req.owner),
+            HoldKind::Shared => e.shared.iter_mut().find(|h| h.owner == req.owner),
             _ => e.holder.as_mut(),
         };
         match hold {
-            Some((owner, expires)) if *owner == req.owner && *expires > now => {
-                *expires = now + req.ttl;
+            Some(h) if h.owner == req.owner && h.until > now => {
+                h.until = now + req.ttl;
                 true
             }
             _ => false,
