@@ -52,15 +52,17 @@ pub(crate) fn checked_for_postgres(value: Option<&str>) -> distlock_core::Result
 }
 
 /// A leader read from its row: (value, token, remaining lease in
-/// microseconds by the database's clock).
+/// microseconds by the database's clock, holder info).
 pub(crate) fn leader_from_db(
     err: &DbError,
-    (value, token, micros): (Option<String>, i64, i64),
+    (value, token, micros, holder): (Option<String>, i64, i64, Option<String>),
 ) -> distlock_core::Result<Leader> {
     Ok(
-        Leader::new(value.unwrap_or_default(), token_from_db(err, token)?).with_remaining(Some(
-            Duration::from_micros(u64::try_from(micros).unwrap_or(0)),
-        )),
+        Leader::new(value.unwrap_or_default(), token_from_db(err, token)?)
+            .with_remaining(Some(Duration::from_micros(
+                u64::try_from(micros).unwrap_or(0),
+            )))
+            .with_holder_info(holder),
     )
 }
 

@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use distlock_core::{
     async_trait, AllAtOnce, Backend, Capabilities, Consistency, Error, Fencing, FencingToken,
-    Finding, Grant, HoldKind, InputKind, Leader, LockName, LockRequest, LockStatus, Result,
-    TrustedClock, Waiting,
+    Finding, Grant, HoldKind, HoldRecord, InputKind, Leader, LockName, LockRequest, LockStatus,
+    Result, TrustedClock, Waiting,
 };
 use tokio::time::Instant;
 
 mod config;
 mod election;
+mod list;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -736,16 +737,33 @@ impl Backend for SqlBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
-        // (token, remaining lease in microseconds) of a live holder.
+        // (token, remaining lease in microseconds, exclusive holder's
+        // info) of a live holder.
         let row = dispatch!(self, db => db.inspect(name.as_str()).await)?;
         let (shared, writers) = dispatch!(self, db => db.rw_status(name.as_str()).await)?;
         let status = match row {
-            Some((token, micros)) => LockStatus::new(true)
+            Some((token, micros, holder)) => LockStatus::new(true)
                 .with_token(token_from_db(&self.inner.err, token).ok())
-                .with_remaining(Some(Duration::from_micros(micros.max(0) as u64))),
+                .with_remaining(Some(Duration::from_micros(micros.max(0) as u64)))
+                .with_holder_info(holder),
             None => LockStatus::new(false),
         };
         Ok(status.with_shared(usize::try_from(shared).unwrap_or(0), writers > 0))
+    }
+
+    /// One SELECT per table (locks and leaders, shared holds, permits) of
+    /// its live rows whose names fall in the prefix's range, each cut at
+    /// `limit` by the database; see the crate docs for what that reads on
+    /// each database.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<HoldRecord>> {
+        distlock_core::validate_prefix(prefix)?;
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let range = list::NameRange::of(prefix);
+        let mut records = dispatch!(self, db => db.list(&range, limit).await)?;
+        distlock_core::sort_records(&mut records, limit);
+        Ok(records)
     }
 
     async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {

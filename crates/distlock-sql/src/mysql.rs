@@ -1,9 +1,12 @@
 //! MySQL and MariaDB: a conditional UPDATE (or a first INSERT) per attempt.
 
-use distlock_core::{FencingToken, Finding, LockRequest, Result};
+use distlock_core::{FencingToken, Finding, HoldRecord, LockRequest, Result};
 use sqlx::mysql::MySqlPool;
 
-use crate::election::{leader_from_db, row, value};
+use crate::election::{leader_from_db, row, value, ELECTION_SUFFIX};
+use crate::list::{
+    exclusive_owner, holder, lock_record, sql_limit, suffix_len, NameRange, EVICTED_OWNER,
+};
 use crate::rwlock::RwTables;
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, DbError};
@@ -12,14 +15,18 @@ mod permits;
 mod renew;
 mod shared;
 
+/// The type of the text columns a hold carries (an election's value, the
+/// holder info): compared byte for byte, any Unicode.
+pub(crate) const TEXT: &str = "TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL";
+
 pub(crate) struct My {
     pub(crate) pool: MySqlPool,
     /// The lock table and the permits table, by name.
     table: String,
     permit_table: String,
     create: String,
-    has_value: String,
-    add_value: String,
+    /// Columns a table created without them gets: (table, column, type).
+    added_columns: Vec<(String, &'static str, &'static str)>,
     take: String,
     insert: String,
     extend: String,
@@ -30,6 +37,7 @@ pub(crate) struct My {
     proclaim: String,
     leader: String,
     evict_leader: String,
+    list: String,
     permits: permits::Statements,
     shared: shared::Statements,
     err: DbError,
@@ -45,26 +53,29 @@ impl My {
                 owner CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NULL,
                 token BIGINT UNSIGNED NOT NULL,
                 expires_at DATETIME(6) NOT NULL,
-                value TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL) ENGINE=InnoDB"
+                value {TEXT},
+                holder {TEXT}) ENGINE=InnoDB"
         );
-        // A table created without the `value` column gets it. MySQL has no
-        // `ADD COLUMN IF NOT EXISTS` (MariaDB has): the table's columns are
-        // read first. The table name is a validated identifier.
-        let has_value = format!(
-            "SELECT COUNT(*) FROM information_schema.columns
-              WHERE table_schema = DATABASE() AND table_name = '{table}' AND column_name = 'value'"
-        );
-        let add_value = format!(
-            "ALTER TABLE {table} ADD COLUMN value TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL"
-        );
+        let permit_tables = PermitTables::for_lock_table(table);
+        let rw_tables = RwTables::for_lock_table(table);
+        // MySQL has no `ADD COLUMN IF NOT EXISTS` (MariaDB has):
+        // `add_column` reads the table's columns first.
+        let added_columns = vec![
+            (table.to_owned(), "value", TEXT),
+            (table.to_owned(), "holder", TEXT),
+            (permit_tables.permits.clone(), "holder", TEXT),
+            (rw_tables.shared.clone(), "token", "BIGINT UNSIGNED NULL"),
+            (rw_tables.shared.clone(), "holder", TEXT),
+        ];
         // One atomic statement takes a free or expired row. MySQL has no
         // UPDATE ... RETURNING; LAST_INSERT_ID(expr) puts the new token in
         // the statement's own OK packet, so no second round trip reads it.
         // The grant writes the row's value with it: an election's leader's,
-        // NULL for a lock.
+        // NULL for a lock; and the request's holder info. A release leaves
+        // the holder info: every reader of it reads held rows only.
         let take = format!(
             "UPDATE {table} SET owner = ?, token = LAST_INSERT_ID(token + 1),
-                    expires_at = NOW(6) + INTERVAL ? MICROSECOND, value = ?
+                    expires_at = NOW(6) + INTERVAL ? MICROSECOND, value = ?, holder = ?
               WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6))"
         );
         // Only for a name never locked before: the row does not exist yet.
@@ -74,8 +85,8 @@ impl My {
         // here is validated (a value is at most MAX_VALUE_LEN bytes, far
         // below TEXT's limit), so IGNORE hides no truncation.
         let insert = format!(
-            "INSERT IGNORE INTO {table} (name, owner, token, expires_at, value)
-             VALUES (?, ?, 1, NOW(6) + INTERVAL ? MICROSECOND, ?)"
+            "INSERT IGNORE INTO {table} (name, owner, token, expires_at, value, holder)
+             VALUES (?, ?, 1, NOW(6) + INTERVAL ? MICROSECOND, ?, ?)"
         );
         let extend = format!(
             "UPDATE {table} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
@@ -85,11 +96,16 @@ impl My {
             "UPDATE {table} SET owner = NULL WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
         );
         let release_any = format!("UPDATE {table} SET owner = NULL WHERE name = ? AND owner = ?");
-        let evict =
-            format!("UPDATE {table} SET owner = 'evicted' WHERE name = ? AND owner IS NOT NULL");
+        let evict = format!(
+            "UPDATE {table} SET owner = '{EVICTED_OWNER}' WHERE name = ? AND owner IS NOT NULL"
+        );
+        // The holder info is an exclusive holder's only: not that of
+        // shared holds keeping the row, nor an evicted holder's.
         let inspect = format!(
-            "SELECT CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) FROM {table}
-              WHERE name = ? AND owner IS NOT NULL AND expires_at > NOW(6)"
+            "SELECT CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at),
+                    CASE WHEN {} THEN holder END
+               FROM {table} WHERE name = ? AND owner IS NOT NULL AND expires_at > NOW(6)",
+            exclusive_owner("owner")
         );
         // An election's: a new value only while the owner's lease is live
         // (sqlx's CLIENT_FOUND_ROWS counts a row matched with its value
@@ -99,16 +115,31 @@ impl My {
             "UPDATE {table} SET value = ? WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
         );
         let leader = format!(
-            "SELECT value, CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at)
+            "SELECT value, CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at),
+                    holder
                FROM {table} WHERE name = ? AND owner IS NOT NULL AND expires_at > NOW(6)"
+        );
+        // Exclusive holds and leaders (see `crate::list`): the election rows
+        // ordered by the election's name, after its namesake lock.
+        let n = suffix_len();
+        let is_election = format!("RIGHT(name, {n}) = '{ELECTION_SUFFIX}'");
+        let list = format!(
+            "SELECT name, CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at),
+                    holder, value
+               FROM {table}
+              WHERE name >= ? AND name < ? AND owner IS NOT NULL AND {}
+                AND expires_at > NOW(6)
+              ORDER BY CASE WHEN {is_election} THEN LEFT(name, CHAR_LENGTH(name) - {n})
+                            ELSE name END, {is_election}
+              LIMIT ?",
+            exclusive_owner("owner")
         );
         let evict_leader =
             format!("UPDATE {table} SET owner = NULL WHERE name = ? AND owner IS NOT NULL");
         Self {
             pool,
             create,
-            has_value,
-            add_value,
+            added_columns,
             take,
             insert,
             extend,
@@ -119,10 +150,11 @@ impl My {
             proclaim,
             leader,
             evict_leader,
+            list,
             table: table.to_string(),
-            permit_table: PermitTables::for_lock_table(table).permits,
-            permits: permits::Statements::new(table, &PermitTables::for_lock_table(table)),
-            shared: shared::Statements::new(table, &RwTables::for_lock_table(table)),
+            permits: permits::Statements::new(table, &permit_tables),
+            shared: shared::Statements::new(table, &rw_tables),
+            permit_table: permit_tables.permits,
             err,
         }
     }
@@ -138,18 +170,25 @@ impl My {
                 .await
                 .map_err(|e| self.err.map(e))?;
         }
-        self.add_value_column().await?;
+        for (table, column, decl) in &self.added_columns {
+            self.add_column(table, column, decl).await?;
+        }
         self.create_grant_procedure()
             .await
             .map_err(|e| self.err.map(e))
     }
 
-    /// Adds the `value` column to a table created without it. Another
-    /// client may add it meanwhile: its ALTER then fails, and the column
-    /// is there.
-    async fn add_value_column(&self) -> Result<()> {
+    /// Adds `column` to `table` if the table was created without it.
+    /// Another client may add it meanwhile: its ALTER then fails, and the
+    /// column is there. Table and column names are validated identifiers.
+    async fn add_column(&self, table: &str, column: &str, decl: &str) -> Result<()> {
+        let has_sql = format!(
+            "SELECT COUNT(*) FROM information_schema.columns
+              WHERE table_schema = DATABASE() AND table_name = '{table}' AND column_name = '{column}'"
+        );
+        let add_sql = format!("ALTER TABLE {table} ADD COLUMN {column} {decl}");
         let has = || async {
-            sqlx::query_scalar::<_, i64>(&self.has_value)
+            sqlx::query_scalar::<_, i64>(&has_sql)
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| self.err.map(e))
@@ -157,7 +196,7 @@ impl My {
         if has().await? > 0 {
             return Ok(());
         }
-        match sqlx::query(&self.add_value).execute(&self.pool).await {
+        match sqlx::query(&add_sql).execute(&self.pool).await {
             Err(_) if has().await? > 0 => Ok(()),
             other => other.map(|_| ()).map_err(|e| self.err.map(e)),
         }
@@ -225,6 +264,7 @@ impl My {
                 .bind(&owner)
                 .bind(ttl_micros(req.ttl))
                 .bind(value(req))
+                .bind(holder(req))
                 .bind(row.as_ref())
                 .execute(&mut *tx)
                 .await?;
@@ -237,6 +277,7 @@ impl My {
                 .bind(&owner)
                 .bind(ttl_micros(req.ttl))
                 .bind(value(req))
+                .bind(holder(req))
                 .execute(&mut *tx)
                 .await?;
             if inserted.rows_affected() != 1 {
@@ -255,6 +296,7 @@ impl My {
             .bind(&owner)
             .bind(ttl_micros(req.ttl))
             .bind(value(req))
+            .bind(holder(req))
             .bind(row.as_ref())
             .execute(&self.pool)
             .await
@@ -268,6 +310,7 @@ impl My {
             .bind(&owner)
             .bind(ttl_micros(req.ttl))
             .bind(value(req))
+            .bind(holder(req))
             .execute(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
@@ -317,12 +360,58 @@ impl My {
         Ok(false)
     }
 
-    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64)>> {
-        sqlx::query_as(&self.inspect)
+    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64, Option<String>)>> {
+        let found: Option<(i64, i64, Option<Vec<u8>>)> = sqlx::query_as(&self.inspect)
             .bind(name)
             .fetch_optional(&self.pool)
             .await
-            .map_err(|e| self.err.map(e))
+            .map_err(|e| self.err.map(e))?;
+        found
+            .map(|(token, micros, holder)| Ok((token, micros, self.text(holder)?)))
+            .transpose()
+    }
+
+    /// A text column of a `_bin` collation, which comes back as bytes.
+    pub(crate) fn text(&self, bytes: Option<Vec<u8>>) -> Result<Option<String>> {
+        bytes.map(String::from_utf8).transpose().map_err(|e| {
+            distlock_core::Error::backend(
+                self.err.backend,
+                format!("a table returned text that is not UTF-8 ({e})"),
+            )
+        })
+    }
+
+    /// A name column (ASCII, `ascii_bin`), which comes back as bytes.
+    pub(crate) fn name(&self, bytes: Vec<u8>) -> Result<String> {
+        Ok(self.text(Some(bytes))?.unwrap_or_default())
+    }
+
+    /// The live holds of every kind whose names fall in `range`: at most
+    /// `limit` of each table, one SELECT each.
+    pub(crate) async fn list(&self, range: &NameRange, limit: usize) -> Result<Vec<HoldRecord>> {
+        let limit = sql_limit(limit);
+        type Row = (Vec<u8>, i64, i64, Option<Vec<u8>>, Option<Vec<u8>>);
+        let locks: Vec<Row> = sqlx::query_as(&self.list)
+            .bind(&range.from)
+            .bind(&range.to)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        let mut records = Vec::with_capacity(locks.len());
+        for (name, token, micros, holder, value) in locks {
+            let row = (
+                self.name(name)?,
+                token,
+                micros,
+                self.text(holder)?,
+                self.text(value)?,
+            );
+            records.push(lock_record(&self.err, row)?);
+        }
+        records.extend(self.list_shared(range, limit).await?);
+        records.extend(self.list_permits(range, limit).await?);
+        Ok(records)
     }
 
     /// Replaces the value of `req`'s election row while its lease is live.
@@ -337,24 +426,19 @@ impl My {
         Ok(r.rows_affected() == 1)
     }
 
-    /// The live leader of the election row `row`. The value comes back as
-    /// bytes (a `_bin` collation).
+    /// The live leader of the election row `row`.
     pub(crate) async fn leader(&self, row: &str) -> Result<Option<distlock_core::Leader>> {
-        let found: Option<(Option<Vec<u8>>, i64, i64)> = sqlx::query_as(&self.leader)
-            .bind(row)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
-        let Some((value, token, micros)) = found else {
+        let found: Option<(Option<Vec<u8>>, i64, i64, Option<Vec<u8>>)> =
+            sqlx::query_as(&self.leader)
+                .bind(row)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
+        let Some((value, token, micros, holder)) = found else {
             return Ok(None);
         };
-        let value = value.map(String::from_utf8).transpose().map_err(|e| {
-            distlock_core::Error::backend(
-                self.err.backend,
-                format!("lock table returned a value that is not UTF-8 ({e})"),
-            )
-        })?;
-        leader_from_db(&self.err, (value, token, micros)).map(Some)
+        let row = (self.text(value)?, token, micros, self.text(holder)?);
+        leader_from_db(&self.err, row).map(Some)
     }
 
     /// Frees the election row `row` at once; whether someone led.

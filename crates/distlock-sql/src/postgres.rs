@@ -4,10 +4,11 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use distlock_core::wait::{Outcome, Signals};
-use distlock_core::{FencingToken, Finding, LockRequest, Result};
+use distlock_core::{FencingToken, Finding, HoldRecord, LockRequest, Result};
 use sqlx::postgres::{PgListener, PgPool};
 
-use crate::election::{checked_for_postgres, leader_from_db, row, value};
+use crate::election::{checked_for_postgres, leader_from_db, row, value, ELECTION_SUFFIX};
+use crate::list::{exclusive_owner, holder, lock_record, sql_limit, suffix_len, NameRange};
 use crate::rwlock::{RwTables, SHARED_OWNER};
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
@@ -19,8 +20,9 @@ pub(crate) struct Pg {
     pub(crate) pool: PgPool,
     pub(crate) channel: String,
     create: String,
-    add_awaited: String,
-    add_value: String,
+    /// `ALTER TABLE .. ADD COLUMN IF NOT EXISTS` of each column a table
+    /// created without it gets.
+    add_columns: Vec<String>,
     take: String,
     take_all: String,
     give_back: String,
@@ -32,6 +34,7 @@ pub(crate) struct Pg {
     proclaim: String,
     leader: String,
     evict_leader: String,
+    list: String,
     /// This client's lock waiters, per name: a release wakes them all.
     pub(crate) releases: Arc<Signals>,
     permits: permits::Statements,
@@ -67,25 +70,36 @@ impl Pg {
                 token BIGINT NOT NULL,
                 expires_at TIMESTAMPTZ NOT NULL,
                 awaited BOOLEAN NOT NULL DEFAULT false,
-                value TEXT)"
+                value TEXT,
+                holder TEXT)"
         );
-        // A table created without the column gets it.
-        let add_awaited = format!(
-            "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS awaited BOOLEAN NOT NULL DEFAULT false"
-        );
-        let add_value = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS value TEXT");
+        let permit_tables = PermitTables::for_lock_table(table);
+        let rw_tables = RwTables::for_lock_table(table);
+        let add_columns = [
+            (table, "awaited", "BOOLEAN NOT NULL DEFAULT false"),
+            (table, "value", "TEXT"),
+            (table, "holder", "TEXT"),
+            (&permit_tables.permits, "holder", "TEXT"),
+            (&rw_tables.shared, "token", "BIGINT"),
+            (&rw_tables.shared, "holder", "TEXT"),
+        ]
+        .into_iter()
+        .map(|(t, column, decl)| add_column(t, column, decl))
+        .collect();
         // One statement: take the row if it is new, free or expired (judged
         // by the database's clock only), bump the token, and in the same
         // round trip report how long the current holder has left.
         // try_acquire needs only the upsert; waiting also wants the holder's
         // remaining lease, so it uses `attempt`. Both write the row's value
-        // with the grant: an election's leader's (`$4`), NULL for a lock.
+        // with the grant: an election's leader's (`$4`), NULL for a lock;
+        // and the request's holder info (`$5`). A release leaves the
+        // holder info: every reader of it reads held rows only.
         let take = format!(
-            "INSERT INTO {table} AS l (name, owner, token, expires_at, value)
-             VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4)
+            "INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
+             VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4, $5)
              ON CONFLICT (name) DO UPDATE
                 SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at,
-                    awaited = false, value = EXCLUDED.value
+                    awaited = false, value = EXCLUDED.value, holder = EXCLUDED.holder
               WHERE l.owner IS NULL OR l.expires_at <= now()
              RETURNING token"
         );
@@ -95,15 +109,16 @@ impl Pg {
         // that takes one of them meanwhile makes it answer fewer rows; those
         // go back by `give_back`.
         let take_all = format!(
-            "INSERT INTO {table} AS l (name, owner, token, expires_at)
-             SELECT r.name, r.owner, 1, now() + make_interval(secs => r.ttl / 1e6)
-               FROM unnest($1::text[], $2::text[], $3::float8[]) WITH ORDINALITY
-                    AS r(name, owner, ttl, ord)
+            "INSERT INTO {table} AS l (name, owner, token, expires_at, holder)
+             SELECT r.name, r.owner, 1, now() + make_interval(secs => r.ttl / 1e6), r.holder
+               FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[]) WITH ORDINALITY
+                    AS r(name, owner, ttl, holder, ord)
               WHERE NOT EXISTS (SELECT 1 FROM {table} h WHERE h.name = ANY($1)
                                    AND h.owner IS NOT NULL AND h.expires_at > now())
               ORDER BY r.ord
              ON CONFLICT (name) DO UPDATE
-                SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at
+                SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at,
+                    holder = EXCLUDED.holder
               WHERE l.owner IS NULL OR l.expires_at <= now()
              RETURNING name, token"
         );
@@ -121,11 +136,12 @@ impl Pg {
         let free = "l.owner IS NULL OR l.expires_at <= now()";
         let attempt = format!(
             "WITH granted AS (
-                INSERT INTO {table} AS l (name, owner, token, expires_at, value)
-                VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4)
+                INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
+                VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4, $5)
                 ON CONFLICT (name) DO UPDATE
                    SET owner = CASE WHEN {free} THEN EXCLUDED.owner ELSE l.owner END,
                        value = CASE WHEN {free} THEN EXCLUDED.value ELSE l.value END,
+                       holder = CASE WHEN {free} THEN EXCLUDED.holder ELSE l.holder END,
                        token = CASE WHEN {free} THEN l.token + 1 ELSE l.token END,
                        expires_at = CASE WHEN {free} THEN EXCLUDED.expires_at ELSE l.expires_at END,
                        awaited = NOT ({free})
@@ -154,9 +170,13 @@ impl Pg {
                         RETURNING expires_at > now() AS held, awaited)
              SELECT held, CASE WHEN awaited THEN pg_notify($3, $1)::text END FROM r"
         );
+        // The holder info is an exclusive holder's only: not that of
+        // shared holds keeping the row, nor an evicted holder's.
         let inspect = format!(
-            "SELECT token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint FROM {table}
-              WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
+            "SELECT token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint,
+                    CASE WHEN {} THEN holder END
+               FROM {table} WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()",
+            exclusive_owner("owner")
         );
         // An election's: a new value only while the owner's lease is live;
         // its leader, only while one's is; eviction frees the row at once
@@ -165,25 +185,40 @@ impl Pg {
             "UPDATE {table} SET value = $3 WHERE name = $1 AND owner = $2 AND expires_at > now()"
         );
         let leader = format!(
-            "SELECT value, token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint FROM {table}
-              WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
+            "SELECT value, token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint, holder
+               FROM {table} WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
+        );
+        // Exclusive holds and leaders (see `crate::list`): the election rows
+        // ordered by the election's name, after its namesake lock. Names are
+        // compared byte for byte (`COLLATE "C"`), whatever the database's
+        // collation.
+        let n = suffix_len();
+        let is_election = format!("right(name, {n}) = '{ELECTION_SUFFIX}'");
+        let list = format!(
+            "SELECT name, token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint,
+                    holder, value
+               FROM {table}
+              WHERE name COLLATE \"C\" >= $1 AND name COLLATE \"C\" < $2
+                AND owner IS NOT NULL AND {} AND expires_at > now()
+              ORDER BY (CASE WHEN {is_election} THEN left(name, -{n}) ELSE name END) COLLATE \"C\",
+                       {is_election}
+              LIMIT $3",
+            exclusive_owner("owner")
         );
         let evict_leader = format!(
             "UPDATE {table} SET owner = NULL WHERE name = $1 AND owner IS NOT NULL
              RETURNING CASE WHEN awaited THEN pg_notify($2, name)::text END"
         );
-        let tables = PermitTables::for_lock_table(table);
         Self {
             pool,
             channel: format!("distlock_{table}"),
-            permits: permits::Statements::new(table, &tables),
-            shared: shared::Statements::new(table, &RwTables::for_lock_table(table)),
+            permits: permits::Statements::new(table, &permit_tables),
+            shared: shared::Statements::new(table, &rw_tables),
             // Named after the table whose rows it announces.
-            permit_channel: tables.permits.clone(),
+            permit_channel: permit_tables.permits.clone(),
             permit_releases: Arc::default(),
             create,
-            add_awaited,
-            add_value,
+            add_columns,
             take,
             take_all,
             give_back,
@@ -195,6 +230,7 @@ impl Pg {
             proclaim,
             leader,
             evict_leader,
+            list,
             releases: Arc::default(),
             listener: Mutex::new(Weak::new()),
             starting: tokio::sync::Mutex::new(()),
@@ -213,14 +249,11 @@ impl Pg {
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err.map(e))?;
-        for create in [
-            self.create.as_str(),
-            self.add_awaited.as_str(),
-            self.add_value.as_str(),
-        ]
-        .into_iter()
-        .chain(self.permits.creates())
-        .chain(self.shared.creates())
+        for create in [self.create.as_str()]
+            .into_iter()
+            .chain(self.permits.creates())
+            .chain(self.shared.creates())
+            .chain(self.add_columns.iter().map(String::as_str))
         {
             sqlx::query(create)
                 .execute(&mut *tx)
@@ -243,6 +276,7 @@ impl Pg {
                 .bind(req.owner.to_string())
                 .bind(ttl_micros(req.ttl))
                 .bind(value(req))
+                .bind(holder(req))
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| self.err.map(e))?;
@@ -278,10 +312,12 @@ impl Pg {
     ) -> Result<Option<Vec<FencingToken>>> {
         let rows = row_names(reqs);
         let (names, owners, ttls) = columns(&rows, reqs);
+        let holders: Vec<Option<&str>> = reqs.iter().map(holder).collect();
         let rows: Vec<(String, i64)> = sqlx::query_as(&self.take_all)
             .bind(&names)
             .bind(&owners)
             .bind(&ttls)
+            .bind(&holders)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
@@ -312,6 +348,7 @@ impl Pg {
             .bind(req.owner.to_string())
             .bind(ttl_micros(req.ttl))
             .bind(value(req))
+            .bind(holder(req))
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
@@ -417,12 +454,33 @@ impl Pg {
         Ok(held.is_some_and(|(h, _)| h))
     }
 
-    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64)>> {
+    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64, Option<String>)>> {
         sqlx::query_as(&self.inspect)
             .bind(name)
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.err.map(e))
+    }
+
+    /// The live holds of every kind whose names fall in `range`: at most
+    /// `limit` of each table, one SELECT each.
+    pub(crate) async fn list(&self, range: &NameRange, limit: usize) -> Result<Vec<HoldRecord>> {
+        let limit = sql_limit(limit);
+        let locks: Vec<(String, i64, i64, Option<String>, Option<String>)> =
+            sqlx::query_as(&self.list)
+                .bind(&range.from)
+                .bind(&range.to)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
+        let mut records = locks
+            .into_iter()
+            .map(|r| lock_record(&self.err, r))
+            .collect::<Result<Vec<_>>>()?;
+        records.extend(self.list_shared(range, limit).await?);
+        records.extend(self.list_permits(range, limit).await?);
+        Ok(records)
     }
 
     /// Replaces the value of `req`'s election row while its lease is live.
@@ -440,11 +498,12 @@ impl Pg {
 
     /// The live leader of the election row `row`.
     pub(crate) async fn leader(&self, row: &str) -> Result<Option<distlock_core::Leader>> {
-        let found: Option<(Option<String>, i64, i64)> = sqlx::query_as(&self.leader)
-            .bind(row)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
+        let found: Option<(Option<String>, i64, i64, Option<String>)> =
+            sqlx::query_as(&self.leader)
+                .bind(row)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
         found.map(|r| leader_from_db(&self.err, r)).transpose()
     }
 
@@ -540,6 +599,12 @@ pub(crate) struct Listening(#[allow(dead_code)] AbortOnDrop);
 /// Marks a NOTIFY payload on the permits' channel as a changed limit of the
 /// semaphore named after it (a character no name contains).
 pub(crate) const LIMIT_CHANGED: &str = "*";
+
+/// Adds `column` to `table` if the table was created without it. Table and
+/// column names are validated identifiers.
+fn add_column(table: &str, column: &str, decl: &str) -> String {
+    format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {decl}")
+}
 
 /// The rows the requests act on ([`row`]).
 fn row_names(reqs: &[LockRequest]) -> Vec<std::borrow::Cow<'_, str>> {

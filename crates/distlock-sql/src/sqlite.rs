@@ -6,10 +6,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use distlock_core::wait::Signals;
-use distlock_core::{FencingToken, Finding, LockRequest, Result};
+use distlock_core::{FencingToken, Finding, HoldRecord, LockRequest, Result};
 use sqlx::sqlite::SqlitePool;
 
-use crate::election::{leader_from_db, row, value};
+use crate::election::{leader_from_db, row, value, ELECTION_SUFFIX};
+use crate::list::{exclusive_owner, holder, lock_record, sql_limit, suffix_len, NameRange};
 use crate::rwlock::RwTables;
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, DbError};
@@ -24,8 +25,8 @@ const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGE
 pub(crate) struct Lite {
     pub(crate) pool: SqlitePool,
     create: String,
-    has_value: String,
-    add_value: String,
+    /// Columns a table created without them gets: (table, column, type).
+    added_columns: Vec<(String, &'static str, &'static str)>,
     attempt: String,
     extend: String,
     release: String,
@@ -33,6 +34,7 @@ pub(crate) struct Lite {
     proclaim: String,
     leader: String,
     evict_leader: String,
+    list: String,
     /// This process's lock waiters on the file, per name.
     pub(crate) releases: Arc<Signals>,
     permits: permits::Statements,
@@ -69,21 +71,19 @@ impl Lite {
                 owner TEXT,
                 token INTEGER NOT NULL,
                 expires_at INTEGER NOT NULL,
-                value TEXT)"
+                value TEXT,
+                holder TEXT)"
         );
-        // A table created without the `value` column gets it. SQLite has
-        // no `ADD COLUMN IF NOT EXISTS`: the table's columns are read first.
-        let has_value =
-            format!("SELECT count(*) FROM pragma_table_info('{table}') WHERE name = 'value'");
-        let add_value = format!("ALTER TABLE {table} ADD COLUMN value TEXT");
-        // The grant writes the row's value in the same statement: an
-        // election's leader's (`?4`), NULL for a lock.
+        // The grant writes the row's value and holder info in the same
+        // statement: an election's leader's value (`?4`), NULL for a lock;
+        // the request's holder info (`?5`). A release leaves the holder
+        // info: every reader of it reads held rows only.
         let attempt = format!(
-            "INSERT INTO {table} (name, owner, token, expires_at, value)
-             VALUES (?1, ?2, 1, {NOW_MS} + ?3, ?4)
+            "INSERT INTO {table} (name, owner, token, expires_at, value, holder)
+             VALUES (?1, ?2, 1, {NOW_MS} + ?3, ?4, ?5)
              ON CONFLICT(name) DO UPDATE
                 SET owner = excluded.owner, token = {table}.token + 1, expires_at = excluded.expires_at,
-                    value = excluded.value
+                    value = excluded.value, holder = excluded.holder
               WHERE {table}.owner IS NULL OR {table}.expires_at <= {NOW_MS}
              RETURNING token"
         );
@@ -99,8 +99,13 @@ impl Lite {
         let release = format!(
             "UPDATE {table} SET owner = NULL WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
         );
+        // The holder info is an exclusive holder's only: not that of
+        // shared holds keeping the row, nor an evicted holder's.
         let inspect = format!(
-            "SELECT token, (expires_at - {NOW_MS}) * 1000 FROM {table} WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW_MS}"
+            "SELECT token, (expires_at - {NOW_MS}) * 1000,
+                    CASE WHEN {} THEN holder END
+               FROM {table} WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW_MS}",
+            exclusive_owner("owner")
         );
         // An election's: a new value only while the owner's lease is live;
         // its leader, only while one's is; eviction frees the row at once.
@@ -108,8 +113,21 @@ impl Lite {
             "UPDATE {table} SET value = ?3 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
         );
         let leader = format!(
-            "SELECT value, token, (expires_at - {NOW_MS}) * 1000 FROM {table}
+            "SELECT value, token, (expires_at - {NOW_MS}) * 1000, holder FROM {table}
               WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW_MS}"
+        );
+        // Exclusive holds and leaders (see `crate::list`): the election rows
+        // ordered by the election's name, after its namesake lock.
+        let n = suffix_len();
+        let is_election = format!("substr(name, -{n}) = '{ELECTION_SUFFIX}'");
+        let list = format!(
+            "SELECT name, token, (expires_at - {NOW_MS}) * 1000, holder, value FROM {table}
+              WHERE name >= ?1 AND name < ?2 AND owner IS NOT NULL AND {}
+                AND expires_at > {NOW_MS}
+              ORDER BY CASE WHEN {is_election} THEN substr(name, 1, length(name) - {n})
+                            ELSE name END, {is_election}
+              LIMIT ?3",
+            exclusive_owner("owner")
         );
         let evict_leader =
             format!("UPDATE {table} SET owner = NULL WHERE name = ?1 AND owner IS NOT NULL");
@@ -118,13 +136,23 @@ impl Lite {
         let releases = releases_for(file, table);
         // `#` cannot occur in a table name, so this key names no lock table.
         let permit_releases = releases_for(file, &format!("{table}#permits"));
-        let permits = permits::Statements::new(&PermitTables::for_lock_table(table));
-        let shared = shared::Statements::new(table, &RwTables::for_lock_table(table));
+        let permit_tables = PermitTables::for_lock_table(table);
+        let rw_tables = RwTables::for_lock_table(table);
+        // SQLite has no `ADD COLUMN IF NOT EXISTS`: `add_column` reads the
+        // table's columns first.
+        let added_columns = vec![
+            (table.to_owned(), "value", "TEXT"),
+            (table.to_owned(), "holder", "TEXT"),
+            (permit_tables.permits.clone(), "holder", "TEXT"),
+            (rw_tables.shared.clone(), "token", "INTEGER"),
+            (rw_tables.shared.clone(), "holder", "TEXT"),
+        ];
+        let permits = permits::Statements::new(&permit_tables);
+        let shared = shared::Statements::new(table, &rw_tables);
         Self {
             pool,
             create,
-            has_value,
-            add_value,
+            added_columns,
             attempt,
             extend,
             release,
@@ -132,6 +160,7 @@ impl Lite {
             proclaim,
             leader,
             evict_leader,
+            list,
             releases,
             permits,
             shared,
@@ -174,22 +203,28 @@ impl Lite {
             self.busy(|| sqlx::query(create).execute(&self.pool))
                 .await?;
         }
-        self.add_value_column().await
+        for (table, column, decl) in &self.added_columns {
+            self.add_column(table, column, decl).await?;
+        }
+        Ok(())
     }
 
-    /// Adds the `value` column to a table created without it. Another
-    /// client may add it meanwhile: its ALTER then fails, and the column
-    /// is there.
-    async fn add_value_column(&self) -> Result<()> {
+    /// Adds `column` to `table` if the table was created without it.
+    /// Another client may add it meanwhile: its ALTER then fails, and the
+    /// column is there. Table and column names are validated identifiers.
+    async fn add_column(&self, table: &str, column: &str, decl: &str) -> Result<()> {
+        let has_sql =
+            format!("SELECT count(*) FROM pragma_table_info('{table}') WHERE name = '{column}'");
+        let add_sql = format!("ALTER TABLE {table} ADD COLUMN {column} {decl}");
         let has = || async {
-            self.busy(|| sqlx::query_scalar::<_, i64>(&self.has_value).fetch_one(&self.pool))
+            self.busy(|| sqlx::query_scalar::<_, i64>(&has_sql).fetch_one(&self.pool))
                 .await
         };
         if has().await? > 0 {
             return Ok(());
         }
         match self
-            .busy(|| sqlx::query(&self.add_value).execute(&self.pool))
+            .busy(|| sqlx::query(&add_sql).execute(&self.pool))
             .await
         {
             Err(_) if has().await? > 0 => Ok(()),
@@ -245,6 +280,7 @@ impl Lite {
                         .bind(owner)
                         .bind(ttl_millis(req))
                         .bind(value(req))
+                        .bind(holder(req))
                         .fetch_optional(&mut *tx)
                         .await?;
                     match token {
@@ -277,6 +313,7 @@ impl Lite {
                     .bind(&owner)
                     .bind(ttl_millis(req))
                     .bind(value(req))
+                    .bind(holder(req))
                     .fetch_optional(&self.pool)
             })
             .await?;
@@ -376,7 +413,7 @@ impl Lite {
 
     /// The live leader of the election row `row`.
     pub(crate) async fn leader(&self, row: &str) -> Result<Option<distlock_core::Leader>> {
-        let found: Option<(Option<String>, i64, i64)> = self
+        let found: Option<(Option<String>, i64, i64, Option<String>)> = self
             .busy(|| {
                 sqlx::query_as(&self.leader)
                     .bind(row)
@@ -401,13 +438,35 @@ impl Lite {
         Ok(r.rows_affected() == 1)
     }
 
-    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64)>> {
+    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64, Option<String>)>> {
         self.busy(|| {
             sqlx::query_as(&self.inspect)
                 .bind(name)
                 .fetch_optional(&self.pool)
         })
         .await
+    }
+
+    /// The live holds of every kind whose names fall in `range`: at most
+    /// `limit` of each table, one SELECT each.
+    pub(crate) async fn list(&self, range: &NameRange, limit: usize) -> Result<Vec<HoldRecord>> {
+        let limit = sql_limit(limit);
+        let locks: Vec<(String, i64, i64, Option<String>, Option<String>)> = self
+            .busy(|| {
+                sqlx::query_as(&self.list)
+                    .bind(&range.from)
+                    .bind(&range.to)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+            })
+            .await?;
+        let mut records = locks
+            .into_iter()
+            .map(|r| lock_record(&self.err, r))
+            .collect::<Result<Vec<_>>>()?;
+        records.extend(self.list_shared(range, limit).await?);
+        records.extend(self.list_permits(range, limit).await?);
+        Ok(records)
     }
 }
 

@@ -24,14 +24,14 @@ pub(super) fn trials(f: &Arc<SqlFactory>, rt: &tokio::runtime::Runtime) -> Vec<T
 }
 
 /// A raw connection to the factory's database, for statements by hand.
-enum Raw {
+pub(super) enum Raw {
     Pg(sqlx::PgPool),
     My(sqlx::MySqlPool),
     Lite(sqlx::SqlitePool),
 }
 
 impl Raw {
-    async fn connect(url: &str) -> Result<Self, Failed> {
+    pub(super) async fn connect(url: &str) -> Result<Self, Failed> {
         let base = url.split('?').next().unwrap_or(url);
         let e = |e: sqlx::Error| Failed::from(e.to_string());
         Ok(if base.starts_with("postgres") {
@@ -48,7 +48,7 @@ impl Raw {
     }
 
     /// Picks this database's variant of a statement.
-    fn pick<'a>(&self, pg: &'a str, my: &'a str, lite: &'a str) -> &'a str {
+    pub(super) fn pick<'a>(&self, pg: &'a str, my: &'a str, lite: &'a str) -> &'a str {
         match self {
             Raw::Pg(_) => pg,
             Raw::My(_) => my,
@@ -56,7 +56,7 @@ impl Raw {
         }
     }
 
-    async fn exec(&self, sql: &str) -> Result<(), Failed> {
+    pub(super) async fn exec(&self, sql: &str) -> Result<(), Failed> {
         let r = match self {
             Raw::Pg(p) => sqlx::raw_sql(sql).execute(p).await.map(drop),
             Raw::My(p) => sqlx::raw_sql(sql).execute(p).await.map(drop),
@@ -66,7 +66,7 @@ impl Raw {
     }
 
     /// The first column of each row `sql` answers, as text.
-    async fn texts(&self, sql: &str) -> Result<Vec<Option<String>>, Failed> {
+    pub(super) async fn texts(&self, sql: &str) -> Result<Vec<Option<String>>, Failed> {
         let r = match self {
             Raw::Pg(p) => sqlx::query_scalar(sql).fetch_all(p).await,
             Raw::Lite(p) => sqlx::query_scalar(sql).fetch_all(p).await,
@@ -84,7 +84,7 @@ impl Raw {
     }
 }
 
-fn check(ok: bool, what: impl Into<String>) -> Result<(), Failed> {
+pub(super) fn check(ok: bool, what: impl Into<String>) -> Result<(), Failed> {
     if ok {
         Ok(())
     } else {

@@ -15,6 +15,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 mod election;
+mod holders;
 
 /// Where a SQL backend's database comes from.
 pub enum Source {
@@ -165,6 +166,7 @@ pub fn run_suite(
         ];
         trials.extend(rw_trials(&f, rt));
         trials.extend(election::trials(&f, rt));
+        trials.extend(holders::trials(&f, rt));
         trials.extend(extra(&f, rt));
         trials
     })

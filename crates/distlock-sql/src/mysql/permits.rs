@@ -18,10 +18,11 @@
 use std::future::Future;
 use std::time::Duration;
 
-use distlock_core::{LockName, LockRequest, LockStatus, Result};
+use distlock_core::{HoldRecord, LockName, LockRequest, LockStatus, Result};
 use sqlx::mysql::MySqlDatabaseError;
 
-use super::My;
+use super::{My, TEXT};
+use crate::list::{holder, permit_record, NameRange};
 use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
 use crate::ttl_micros;
 use distlock_core::wait::Outcome;
@@ -54,6 +55,7 @@ pub(crate) struct Statements {
     release: String,
     inspect: String,
     update_limit: String,
+    list: String,
 }
 
 impl Statements {
@@ -94,8 +96,9 @@ impl Statements {
     SET judged_at = NOW(6);
     DELETE FROM {permits}
      WHERE name = p_name AND (expires_at <= judged_at OR owner = p_owner);
-    INSERT INTO {permits} (name, owner, token, expires_at)
-      SELECT p_name, p_owner, bumped, judged_at + INTERVAL p_ttl_us MICROSECOND FROM DUAL
+    INSERT INTO {permits} (name, owner, token, expires_at, holder)
+      SELECT p_name, p_owner, bumped, judged_at + INTERVAL p_ttl_us MICROSECOND, p_holder
+        FROM DUAL
        WHERE (SELECT COUNT(*) FROM {permits}
                WHERE name = p_name AND expires_at > judged_at) < p_limit;
     IF ROW_COUNT() = 1 THEN
@@ -113,7 +116,8 @@ END"
         Self {
             create_grant: format!(
                 "CREATE PROCEDURE {grant_proc}(IN p_name VARCHAR(255) {ascii},
-                    IN p_owner CHAR(36) {ascii}, IN p_ttl_us BIGINT, IN p_limit INT UNSIGNED)
+                    IN p_owner CHAR(36) {ascii}, IN p_ttl_us BIGINT, IN p_limit INT UNSIGNED,
+                    IN p_holder TEXT CHARACTER SET utf8mb4)
                  MODIFIES SQL DATA
                  {grant_body}"
             ),
@@ -123,7 +127,7 @@ END"
                     AND ROUTINE_NAME = '{grant_proc}'"
             ),
             drop_grant: format!("DROP PROCEDURE IF EXISTS {grant_proc}"),
-            grant: format!("CALL {grant_proc}(?, ?, ?, ?)"),
+            grant: format!("CALL {grant_proc}(?, ?, ?, ?, ?)"),
             grant_body,
             create_semaphores: format!(
                 "CREATE TABLE IF NOT EXISTS {semaphores} (
@@ -137,6 +141,7 @@ END"
                     owner CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
                     token BIGINT UNSIGNED NOT NULL,
                     expires_at DATETIME(6) NOT NULL,
+                    holder {TEXT},
                     PRIMARY KEY (name, owner)) ENGINE=InnoDB"
             ),
             select_semaphore: format!(
@@ -157,8 +162,8 @@ END"
             ),
             bump_token: format!("UPDATE {semaphores} SET token = ? WHERE name = ?"),
             insert_permit: format!(
-                "INSERT INTO {permits} (name, owner, token, expires_at)
-                 VALUES (?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND)"
+                "INSERT INTO {permits} (name, owner, token, expires_at, holder)
+                 VALUES (?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND, ?)"
             ),
             extend: format!(
                 "UPDATE {permits} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
@@ -177,6 +182,15 @@ END"
                    FROM {semaphores} s WHERE s.name = ?"
             ),
             update_limit: format!("UPDATE {semaphores} SET permits = ? WHERE name = ?"),
+            list: format!(
+                "SELECT p.name, CAST(p.token AS SIGNED),
+                        TIMESTAMPDIFF(MICROSECOND, NOW(6), p.expires_at), p.holder,
+                        CAST(s.permits AS SIGNED)
+                   FROM {permits} p LEFT JOIN {semaphores} s ON s.name = p.name
+                  WHERE p.name >= ? AND p.name < ? AND p.expires_at > NOW(6)
+                  ORDER BY p.name, p.token
+                  LIMIT ?"
+            ),
         }
     }
 
@@ -277,6 +291,7 @@ impl My {
                 .bind(owner)
                 .bind(ttl_micros(req.ttl))
                 .bind(limit)
+                .bind(holder(req))
                 .fetch_one(&self.pool)
                 .await?;
         Ok((exists == 1).then(|| match token {
@@ -342,10 +357,33 @@ impl My {
             .bind(owner)
             .bind(token)
             .bind(ttl_micros(req.ttl))
+            .bind(holder(req))
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
         Ok(PermitAttempt::Granted(i64::try_from(token).unwrap_or(-1)))
+    }
+
+    /// The live permits whose names fall in `range`, at most `limit`.
+    pub(crate) async fn list_permits(
+        &self,
+        range: &NameRange,
+        limit: i64,
+    ) -> Result<Vec<HoldRecord>> {
+        type Row = (Vec<u8>, i64, i64, Option<Vec<u8>>, Option<i64>);
+        let rows: Vec<Row> = sqlx::query_as(&self.permits.list)
+            .bind(&range.from)
+            .bind(&range.to)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        let mut records = Vec::with_capacity(rows.len());
+        for (name, token, micros, holder, limit) in rows {
+            let row = (self.name(name)?, token, micros, self.text(holder)?, limit);
+            records.push(permit_record(&self.err, row)?);
+        }
+        Ok(records)
     }
 
     pub(crate) async fn permit_extend(&self, req: &LockRequest) -> Result<bool> {

@@ -5,10 +5,11 @@
 //! committed.
 
 use distlock_core::wait::Outcome;
-use distlock_core::{LockRequest, Result};
+use distlock_core::{HoldRecord, LockRequest, Result};
 
 use super::permits::BEGIN;
-use super::My;
+use super::{My, TEXT};
+use crate::list::{holder, shared_record, NameRange};
 use crate::rwlock::{RwTables, SHARED_OWNER};
 use crate::{token_from_db, ttl_micros};
 
@@ -28,6 +29,7 @@ pub(crate) struct Statements {
     unmark: String,
     status: String,
     evict_holds: String,
+    list: String,
 }
 
 impl Statements {
@@ -43,6 +45,8 @@ impl Statements {
                     name {name},
                     owner {owner},
                     expires_at DATETIME(6) NOT NULL,
+                    token BIGINT UNSIGNED NULL,
+                    holder {TEXT},
                     PRIMARY KEY (name, owner)) ENGINE=InnoDB"
             ),
             create_writers: format!(
@@ -72,9 +76,13 @@ impl Statements {
                 "INSERT IGNORE INTO {table} (name, owner, token, expires_at)
                  VALUES (?, '{s}', 1, {until})"
             ),
+            // The hold's row, with the token its grant answered and the
+            // request's holder info.
             insert_hold: format!(
-                "INSERT INTO {shared} (name, owner, expires_at) VALUES (?, ?, {until})
-                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
+                "INSERT INTO {shared} (name, owner, expires_at, token, holder)
+                 VALUES (?, ?, {until}, ?, ?)
+                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at), token = VALUES(token),
+                                         holder = VALUES(holder)"
             ),
             lock_row: format!("SELECT 1 FROM {table} WHERE name = ? FOR UPDATE"),
             extend_hold: format!(
@@ -121,6 +129,14 @@ impl Statements {
                         (SELECT COUNT(*) FROM {writers} WHERE name = ? AND expires_at > NOW(6))"
             ),
             evict_holds: format!("DELETE FROM {shared} WHERE name = ?"),
+            list: format!(
+                "SELECT name, CAST(token AS SIGNED),
+                        TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), holder
+                   FROM {shared}
+                  WHERE name >= ? AND name < ? AND expires_at > NOW(6)
+                  ORDER BY name, token
+                  LIMIT ?"
+            ),
         }
     }
 
@@ -172,6 +188,8 @@ impl My {
                 .bind(name)
                 .bind(owner)
                 .bind(ttl)
+                .bind(token)
+                .bind(holder(req))
                 .execute(&mut *tx)
                 .await?;
         }
@@ -278,6 +296,28 @@ impl My {
             .await
             .map_err(|e| self.err.map(e))?;
         Ok(())
+    }
+
+    /// The live shared holds whose names fall in `range`, at most `limit`.
+    pub(crate) async fn list_shared(
+        &self,
+        range: &NameRange,
+        limit: i64,
+    ) -> Result<Vec<HoldRecord>> {
+        type Row = (Vec<u8>, Option<i64>, i64, Option<Vec<u8>>);
+        let rows: Vec<Row> = sqlx::query_as(&self.shared.list)
+            .bind(&range.from)
+            .bind(&range.to)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        let mut records = Vec::with_capacity(rows.len());
+        for (name, token, micros, holder) in rows {
+            let row = (self.name(name)?, token, micros, self.text(holder)?);
+            records.push(shared_record(&self.err, row)?);
+        }
+        Ok(records)
     }
 
     /// Live shared holds and writer marks of `name`.

@@ -17,9 +17,10 @@
 //! row, a transaction creates the semaphore or finds another limit in
 //! force, and calls the function in it.
 
-use distlock_core::{LockName, LockRequest, LockStatus, Result};
+use distlock_core::{HoldRecord, LockName, LockRequest, LockStatus, Result};
 
 use super::Pg;
+use crate::list::{holder, permit_record, NameRange};
 use crate::postgres::LIMIT_CHANGED;
 use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
 use crate::ttl_micros;
@@ -41,6 +42,7 @@ pub(crate) struct Statements {
     create_semaphore: String,
     select_limit: String,
     update_limit: String,
+    list: String,
 }
 
 impl Statements {
@@ -91,11 +93,12 @@ BEGIN
    counted AS (
       SELECT live + ended - (SELECT count(*) FROM expired) AS n FROM seen),
    granted AS (
-      INSERT INTO {permits} AS p (name, owner, token, expires_at)
-      SELECT p_name, p_owner, bumped, judged_at + make_interval(secs => p_ttl_us::float8 / 1e6)
+      INSERT INTO {permits} AS p (name, owner, token, expires_at, holder)
+      SELECT p_name, p_owner, bumped, judged_at + make_interval(secs => p_ttl_us::float8 / 1e6),
+             p_holder
         FROM counted WHERE counted.n < p_limit
       ON CONFLICT (name, owner) DO UPDATE
-         SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+         SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at, holder = EXCLUDED.holder
       RETURNING p.token)
   SELECT (SELECT g.token FROM granted AS g),
          (SELECT (extract(epoch FROM seen.earliest - judged_at) * 1e6)::bigint FROM seen)
@@ -104,7 +107,9 @@ END
 "
         );
         let grant_fn = format!("{table}_grant");
-        let grant_signature = format!("{grant_fn}(text, text, bigint, bigint)");
+        // The holder info is the last argument: a client without it calls
+        // the function of four arguments, an overload of its own.
+        let grant_signature = format!("{grant_fn}(text, text, bigint, bigint, text)");
         Self {
             create_semaphores: format!(
                 "CREATE TABLE IF NOT EXISTS {semaphores} (
@@ -118,6 +123,7 @@ END
                     owner TEXT NOT NULL,
                     token BIGINT NOT NULL,
                     expires_at TIMESTAMPTZ NOT NULL,
+                    holder TEXT,
                     PRIMARY KEY (name, owner))"
             ),
             grant_source: format!(
@@ -125,13 +131,13 @@ END
             ),
             create_grant: format!(
                 "CREATE OR REPLACE FUNCTION {grant_fn}(
-                    p_name text, p_owner text, p_ttl_us bigint, p_limit bigint,
+                    p_name text, p_owner text, p_ttl_us bigint, p_limit bigint, p_holder text,
                     OUT exists_with_limit boolean, OUT granted_token bigint,
                     OUT earliest_left_us bigint)
                  LANGUAGE plpgsql VOLATILE AS $distlock${grant_body}$distlock$"
             ),
             grant_body,
-            grant: format!("SELECT * FROM {grant_fn}($1, $2, $3, $4)"),
+            grant: format!("SELECT * FROM {grant_fn}($1, $2, $3, $4, $5)"),
             // The no-op update takes the row lock on an existing row; a new
             // row is locked by being inserted.
             lock_semaphore: format!(
@@ -183,6 +189,15 @@ END
             update_limit: format!(
                 "WITH u AS (UPDATE {semaphores} SET permits = $2 WHERE name = $1)
                  SELECT pg_notify($3, '{LIMIT_CHANGED}' || $1)::text"
+            ),
+            list: format!(
+                "SELECT p.name, p.token, (extract(epoch FROM p.expires_at - now()) * 1e6)::bigint,
+                        p.holder, s.permits
+                   FROM {permits} p LEFT JOIN {semaphores} s ON s.name = p.name
+                  WHERE p.name COLLATE \"C\" >= $1 AND p.name COLLATE \"C\" < $2
+                    AND p.expires_at > now()
+                  ORDER BY p.name COLLATE \"C\", p.token
+                  LIMIT $3"
             ),
         }
     }
@@ -266,12 +281,32 @@ impl Pg {
                 .bind(req.owner.to_string())
                 .bind(ttl_micros(req.ttl))
                 .bind(i64::from(limit))
+                .bind(holder(req))
                 .fetch_one(on)
                 .await?;
         Ok(exists.then(|| match token {
             Some(t) => PermitAttempt::Granted(t),
             None => PermitAttempt::Full(remaining_micros(left)),
         }))
+    }
+
+    /// The live permits whose names fall in `range`, at most `limit`.
+    pub(crate) async fn list_permits(
+        &self,
+        range: &NameRange,
+        limit: i64,
+    ) -> Result<Vec<HoldRecord>> {
+        let rows: Vec<(String, i64, i64, Option<String>, Option<i64>)> =
+            sqlx::query_as(&self.permits.list)
+                .bind(&range.from)
+                .bind(&range.to)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
+        rows.into_iter()
+            .map(|r| permit_record(&self.err, r))
+            .collect()
     }
 
     pub(crate) async fn permit_extend(&self, req: &LockRequest) -> Result<bool> {

@@ -7,9 +7,10 @@
 use std::time::Duration;
 
 use distlock_core::wait::Outcome;
-use distlock_core::{LockRequest, Result};
+use distlock_core::{HoldRecord, LockRequest, Result};
 
 use super::Pg;
+use crate::list::{holder, shared_record, NameRange, EVICTED_OWNER};
 use crate::rwlock::{RwTables, SHARED_OWNER};
 use crate::{token_from_db, ttl_micros};
 
@@ -26,6 +27,7 @@ pub(crate) struct Statements {
     unmark: String,
     status: String,
     evict: String,
+    list: String,
 }
 
 impl Statements {
@@ -42,7 +44,8 @@ impl Statements {
         // that frees it notifies; the update runs on the row as the last
         // grant or release committed it (the upsert locked it), and only on
         // a row not marked yet. A shared grant leaves the mark: a writer
-        // refused by the readers still waits.
+        // refused by the readers still waits. The hold's row carries the
+        // token granted and the request's holder info (`$4`).
         let grant = |waiting: bool| {
             let marked = if waiting {
                 format!(
@@ -68,9 +71,11 @@ impl Statements {
                                         WHERE w.name = $1 AND w.expires_at > now())
                     RETURNING token),
                  hold AS (
-                    INSERT INTO {shared} (name, owner, expires_at)
-                    SELECT $1, $2, now() + {ttl} FROM granted
-                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at){marked}"
+                    INSERT INTO {shared} (name, owner, expires_at, token, holder)
+                    SELECT $1, $2, now() + {ttl}, granted.token, $4 FROM granted
+                    ON CONFLICT (name, owner) DO UPDATE
+                       SET expires_at = EXCLUDED.expires_at, token = EXCLUDED.token,
+                           holder = EXCLUDED.holder){marked}"
             )
         };
         Self {
@@ -79,6 +84,8 @@ impl Statements {
                     name TEXT NOT NULL,
                     owner TEXT NOT NULL,
                     expires_at TIMESTAMPTZ NOT NULL,
+                    token BIGINT,
+                    holder TEXT,
                     PRIMARY KEY (name, owner))"
             ),
             create_writers: format!(
@@ -186,9 +193,17 @@ impl Statements {
             ),
             evict: format!(
                 "WITH gone AS (DELETE FROM {shared} WHERE name = $1 RETURNING 1),
-                 taken AS (UPDATE {table} SET owner = 'evicted'
+                 taken AS (UPDATE {table} SET owner = '{EVICTED_OWNER}'
                             WHERE name = $1 AND owner IS NOT NULL RETURNING 1)
                  SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM taken)"
+            ),
+            list: format!(
+                "SELECT name, token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint, holder
+                   FROM {shared}
+                  WHERE name COLLATE \"C\" >= $1 AND name COLLATE \"C\" < $2
+                    AND expires_at > now()
+                  ORDER BY name COLLATE \"C\", token NULLS FIRST
+                  LIMIT $3"
             ),
         }
     }
@@ -215,6 +230,7 @@ impl Pg {
             .bind(req.name.as_str())
             .bind(req.owner.to_string())
             .bind(ttl_micros(req.ttl))
+            .bind(holder(req))
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
@@ -283,6 +299,25 @@ impl Pg {
             .await
             .map_err(|e| self.err.map(e))?;
         Ok(())
+    }
+
+    /// The live shared holds whose names fall in `range`, at most `limit`.
+    pub(crate) async fn list_shared(
+        &self,
+        range: &NameRange,
+        limit: i64,
+    ) -> Result<Vec<HoldRecord>> {
+        let rows: Vec<(String, Option<i64>, i64, Option<String>)> =
+            sqlx::query_as(&self.shared.list)
+                .bind(&range.from)
+                .bind(&range.to)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
+        rows.into_iter()
+            .map(|r| shared_record(&self.err, r))
+            .collect()
     }
 
     /// Live shared holds and writer marks of `name`.

@@ -3,9 +3,10 @@
 //! A trigger on the permit table keeps the semaphore's token counter at the
 //! newest permit's token and clears the name's expired permits.
 
-use distlock_core::{LockName, LockRequest, LockStatus, Result};
+use distlock_core::{HoldRecord, LockName, LockRequest, LockStatus, Result};
 
 use super::{ttl_millis, Lite, NOW_MS};
+use crate::list::{holder, permit_record, NameRange};
 use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
 use distlock_core::wait::Outcome;
 
@@ -22,6 +23,7 @@ pub(crate) struct Statements {
     release: String,
     inspect: String,
     update_limit: String,
+    list: String,
 }
 
 impl Statements {
@@ -43,6 +45,7 @@ impl Statements {
                     owner TEXT NOT NULL,
                     token INTEGER NOT NULL,
                     expires_at INTEGER NOT NULL,
+                    holder TEXT,
                     PRIMARY KEY (name, owner))"
             ),
             // Inside the inserting statement, so a grant and the counter's
@@ -71,10 +74,11 @@ impl Statements {
             // Granted only if the stored limit is the requested one and a
             // permit is free. The owner's own earlier permit (a retry after
             // a lost reply) is not counted but replaced: asking again with
-            // the same owner takes one permit, not two.
+            // the same owner takes one permit, not two. The permit's row
+            // carries the request's holder info (`?5`).
             grant: format!(
-                "INSERT OR REPLACE INTO {permits} (name, owner, token, expires_at)
-                 SELECT ?1, ?2, s.token + 1, {NOW_MS} + ?4 FROM {semaphores} s
+                "INSERT OR REPLACE INTO {permits} (name, owner, token, expires_at, holder)
+                 SELECT ?1, ?2, s.token + 1, {NOW_MS} + ?4, ?5 FROM {semaphores} s
                   WHERE s.name = ?1 AND s.permits = ?3
                     AND (SELECT count(*) FROM {permits}
                           WHERE name = ?1 AND owner <> ?2 AND expires_at > {NOW_MS}) < s.permits
@@ -101,6 +105,13 @@ impl Statements {
                    FROM {semaphores} s WHERE s.name = ?1"
             ),
             update_limit: format!("UPDATE {semaphores} SET permits = ?2 WHERE name = ?1"),
+            list: format!(
+                "SELECT p.name, p.token, (p.expires_at - {NOW_MS}) * 1000, p.holder, s.permits
+                   FROM {permits} p LEFT JOIN {semaphores} s ON s.name = p.name
+                  WHERE p.name >= ?1 AND p.name < ?2 AND p.expires_at > {NOW_MS}
+                  ORDER BY p.name, p.token
+                  LIMIT ?3"
+            ),
         }
     }
 
@@ -138,13 +149,14 @@ impl Lite {
         name: &'q str,
         owner: &'q str,
         limit: u32,
-        req: &LockRequest,
+        req: &'q LockRequest,
     ) -> sqlx::query::QueryScalar<'q, sqlx::Sqlite, i64, sqlx::sqlite::SqliteArguments<'q>> {
         sqlx::query_scalar(&self.permits.grant)
             .bind(name)
             .bind(owner)
             .bind(i64::from(limit))
             .bind(ttl_millis(req))
+            .bind(holder(req))
     }
 
     /// The first statement, a write, takes the file's write lock, so the
@@ -268,5 +280,25 @@ impl Lite {
             s.wake_all();
         }
         old.map(|l| limit_from_db(&self.err, l)).transpose()
+    }
+
+    /// The live permits whose names fall in `range`, at most `limit`.
+    pub(crate) async fn list_permits(
+        &self,
+        range: &NameRange,
+        limit: i64,
+    ) -> Result<Vec<HoldRecord>> {
+        let rows: Vec<(String, i64, i64, Option<String>, Option<i64>)> = self
+            .busy(|| {
+                sqlx::query_as(&self.permits.list)
+                    .bind(&range.from)
+                    .bind(&range.to)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+            })
+            .await?;
+        rows.into_iter()
+            .map(|r| permit_record(&self.err, r))
+            .collect()
     }
 }

@@ -3,9 +3,10 @@
 //! holders of every process on the file take turns.
 
 use distlock_core::wait::Outcome;
-use distlock_core::{LockRequest, Result};
+use distlock_core::{HoldRecord, LockRequest, Result};
 
 use super::{ttl_millis, Lite, NOW_MS};
+use crate::list::{holder, shared_record, NameRange, EVICTED_OWNER};
 use crate::rwlock::{RwTables, SHARED_OWNER};
 use crate::token_from_db;
 
@@ -25,6 +26,7 @@ pub(crate) struct Statements {
     status: String,
     evict_holds: String,
     evict_row: String,
+    list: String,
 }
 
 impl Statements {
@@ -37,6 +39,8 @@ impl Statements {
                     name TEXT NOT NULL,
                     owner TEXT NOT NULL,
                     expires_at INTEGER NOT NULL,
+                    token INTEGER,
+                    holder TEXT,
                     PRIMARY KEY (name, owner))"
             ),
             create_writers: format!(
@@ -61,9 +65,14 @@ impl Statements {
                                      WHERE w.name = ?1 AND w.expires_at > {NOW_MS})
                  RETURNING token"
             ),
+            // The hold's row, with the token its grant answers (`?4`) and
+            // the request's holder info (`?5`).
             insert_hold: format!(
-                "INSERT INTO {shared} (name, owner, expires_at) VALUES (?1, ?2, {NOW_MS} + ?3)
-                 ON CONFLICT(name, owner) DO UPDATE SET expires_at = excluded.expires_at"
+                "INSERT INTO {shared} (name, owner, expires_at, token, holder)
+                 VALUES (?1, ?2, {NOW_MS} + ?3, ?4, ?5)
+                 ON CONFLICT(name, owner) DO UPDATE
+                    SET expires_at = excluded.expires_at, token = excluded.token,
+                        holder = excluded.holder"
             ),
             extend_hold: format!(
                 "UPDATE {shared} SET expires_at = {NOW_MS} + ?3
@@ -107,7 +116,13 @@ impl Statements {
             ),
             evict_holds: format!("DELETE FROM {shared} WHERE name = ?1"),
             evict_row: format!(
-                "UPDATE {table} SET owner = 'evicted' WHERE name = ?1 AND owner IS NOT NULL"
+                "UPDATE {table} SET owner = '{EVICTED_OWNER}' WHERE name = ?1 AND owner IS NOT NULL"
+            ),
+            list: format!(
+                "SELECT name, token, (expires_at - {NOW_MS}) * 1000, holder FROM {shared}
+                  WHERE name >= ?1 AND name < ?2 AND expires_at > {NOW_MS}
+                  ORDER BY name, token
+                  LIMIT ?3"
             ),
         }
     }
@@ -134,6 +149,8 @@ impl Lite {
                         .bind(name)
                         .bind(&owner)
                         .bind(ttl_millis(req))
+                        .bind(token)
+                        .bind(holder(req))
                         .execute(&mut *tx)
                         .await?;
                 }
@@ -269,6 +286,26 @@ impl Lite {
             Ok(holds + row > 0)
         })
         .await
+    }
+
+    /// The live shared holds whose names fall in `range`, at most `limit`.
+    pub(crate) async fn list_shared(
+        &self,
+        range: &NameRange,
+        limit: i64,
+    ) -> Result<Vec<HoldRecord>> {
+        let rows: Vec<(String, Option<i64>, i64, Option<String>)> = self
+            .busy(|| {
+                sqlx::query_as(&self.shared.list)
+                    .bind(&range.from)
+                    .bind(&range.to)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+            })
+            .await?;
+        rows.into_iter()
+            .map(|r| shared_record(&self.err, r))
+            .collect()
     }
 
     /// Wakes this process's waiters for `name`.
