@@ -222,8 +222,7 @@ async fn f1_pause_leader(b: B) -> Result<(), Failed> {
     let env = start(b, "").await?;
     let ttl = ttl_for(b);
     let mut w = workload(vec![env.url.clone(); CLIENTS], ttl)?;
-    w.elect = true;
-    w.lock = "faults/leader".into();
+    as_election(&mut w);
     let pause = ttl * 2 + Duration::from_secs(1);
     let report = distlock_check::run(&w, |f| async move { f.pause_holder(0, pause).await })
         .await
@@ -384,17 +383,28 @@ const HARMLESS: Expect = Expect {
     double_grant: None,
 };
 
-/// F5 (F7 on ZooKeeper): the holder is cut off from the server by a proxy
-/// that blackholes its connection while it is between its read and its
-/// write. Its guard must report the loss before anyone else gets the lock;
-/// its stalled write lands after the new holder's.
-async fn f5_cut_off(b: B, fault: &str) -> Result<(), Failed> {
+/// The workload campaigns for the election `faults/leader` instead of
+/// taking a lock.
+fn as_election(w: &mut Workload) {
+    w.elect = true;
+    w.lock = "faults/leader".into();
+}
+
+/// F5 (F7 on ZooKeeper): the holder (the leader, with `elect`) is cut off
+/// from the server by a proxy that blackholes its connection while it is
+/// between its read and its write. Its guard must report the loss before
+/// anyone else gets the lock; its stalled write lands after the new
+/// holder's.
+async fn f5_cut_off(b: B, fault: &str, elect: bool) -> Result<(), Failed> {
     let env = start(b, "").await?;
     let ttl = ttl_for(b);
     let proxy = Proxy::start(env.port()).map_err(failed)?;
     let mut urls = vec![env.url.clone(); CLIENTS];
     urls[0] = env.url_via(proxy.port);
-    let w = workload(urls, ttl)?;
+    let mut w = workload(urls, ttl)?;
+    if elect {
+        as_election(&mut w);
+    }
     let stall = ttl * 3;
     let report = distlock_check::run(&w, |f: Faults| async move {
         let cut = async {
@@ -413,8 +423,9 @@ async fn f5_cut_off(b: B, fault: &str) -> Result<(), Failed> {
 }
 
 /// F6: the etcd server is paused (SIGSTOP) past the lease while the holder
-/// is between its read and its write; keep-alives stop.
-async fn f6_etcd_pause() -> Result<(), Failed> {
+/// (the leader, with `elect`) is between its read and its write;
+/// keep-alives stop.
+async fn f6_etcd_pause(fault: &str, elect: bool) -> Result<(), Failed> {
     let env = start(B::Etcd, "").await?;
     let ttl = ttl_for(B::Etcd);
     let pid = env
@@ -423,7 +434,10 @@ async fn f6_etcd_pause() -> Result<(), Failed> {
         .and_then(|s| s.process())
         .map(|p| p.pid())
         .ok_or("no etcd process")?;
-    let w = workload(vec![env.url.clone(); CLIENTS], ttl)?;
+    let mut w = workload(vec![env.url.clone(); CLIENTS], ttl)?;
+    if elect {
+        as_election(&mut w);
+    }
     let stall = ttl * 4;
     let report = distlock_check::run(&w, |f: Faults| async move {
         let pause = async {
@@ -438,13 +452,7 @@ async fn f6_etcd_pause() -> Result<(), Failed> {
     .await
     .map_err(failed)?;
     drop(env);
-    verify(
-        B::Etcd.name(),
-        "F6 etcd server paused past the lease (keep-alives lost)",
-        ttl,
-        report,
-        LOST_BEFORE_REGRANT,
-    )
+    verify(B::Etcd.name(), fault, ttl, report, LOST_BEFORE_REGRANT)
 }
 
 fn signal(pid: u32, sig: &str) -> Result<(), CheckError> {
@@ -804,13 +812,18 @@ fn main() -> std::process::ExitCode {
         trials.push(trial(
             &rt,
             format!("faults::F5_cut_off::{}", b.name()),
-            f5_cut_off(b, "F5 holder cut off from the server"),
+            f5_cut_off(b, "F5 holder cut off from the server", false),
         ));
     }
     trials.push(trial(
         &rt,
         "faults::F7_session_expiry::zookeeper",
-        f5_cut_off(B::ZooKeeper, "F7 holder's session expires (cut off)"),
+        f5_cut_off(B::ZooKeeper, "F7 holder's session expires (cut off)", false),
+    ));
+    trials.push(trial(
+        &rt,
+        "faults::F7_session_expiry_leader::zookeeper",
+        f5_cut_off(B::ZooKeeper, "F7 leader's session expires (cut off)", true),
     ));
     trials.push(trial(&rt, "faults::F2_failover::redis", f2_failover()));
     trials.push(trial(
@@ -824,7 +837,19 @@ fn main() -> std::process::ExitCode {
         f3_redlock_restart(true),
     ));
     trials.push(trial(&rt, "faults::F4_clock_jump::redis", f4_clock_jump()));
-    trials.push(trial(&rt, "faults::F6_server_pause::etcd", f6_etcd_pause()));
+    trials.push(trial(
+        &rt,
+        "faults::F6_server_pause::etcd",
+        f6_etcd_pause(
+            "F6 etcd server paused past the lease (keep-alives lost)",
+            false,
+        ),
+    ));
+    trials.push(trial(
+        &rt,
+        "faults::F6_server_pause_leader::etcd",
+        f6_etcd_pause("F6 etcd server paused past the leader's lease", true),
+    ));
     for b in [B::Postgres, B::Mysql, B::Redis, B::Etcd, B::ZooKeeper] {
         trials.push(trial(
             &rt,

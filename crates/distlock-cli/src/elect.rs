@@ -31,6 +31,11 @@ pub(crate) struct ElectArgs {
     kill_after: Duration,
     /// The election's name.
     name: String,
+    /// Who leads, as `distlock observe --json` and `distlock list` show (at
+    /// most 256 bytes, one line). Default: host name, process id and the
+    /// command line.
+    #[arg(long, value_name = "TEXT")]
+    holder_info: Option<String>,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
@@ -41,7 +46,7 @@ pub(crate) struct ObserveArgs {
     /// Backend URL (as for `run`).
     #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
     backend: String,
-    /// One JSON object per line (value, token, remaining_ms), `null` while
+    /// One JSON object per line (value, token, remaining_ms, holder_info), `null` while
     /// nobody leads.
     #[arg(long)]
     json: bool,
@@ -71,7 +76,13 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
     if args.ttl.is_zero() {
         return fail(EXIT_USAGE, "--ttl must be greater than zero");
     }
-    let client = match client(&args.backend).await {
+    let client = match client(&args.backend).await.and_then(|c| {
+        crate::client_for_command(
+            c.backend().clone(),
+            args.holder_info.as_deref(),
+            &args.command,
+        )
+    }) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -113,6 +124,7 @@ fn line(leader: Option<&distlock::Leader>, json: bool) -> Option<String> {
                 "value": l.value,
                 "token": l.token.get(),
                 "remaining_ms": l.remaining.map(|r| r.as_millis() as u64),
+                "holder_info": l.holder_info,
             })
             .to_string(),
         ),

@@ -70,9 +70,14 @@ enum Command {
     /// value; with --json an object, `null` while nobody leads), until
     /// interrupted; with --once the current leader only (exit 75 if none).
     Observe(elect::ObserveArgs),
-    /// Show whether NAME is held (and the token, remaining TTL and queue
-    /// length where the backend can tell).
+    /// Show whether NAME is held (and the token, remaining TTL, holder info
+    /// and queue length where the backend can tell).
     Status(status::StatusArgs),
+    /// List every live hold (locks, shared holds, semaphore permits,
+    /// leaderships) whose name starts with PREFIX: kind, token, remaining
+    /// lease and holder info, one per line (with --json one object per
+    /// line), at most --limit of them in name order.
+    List(status::ListArgs),
     /// List the compiled-in backends and what each guarantees.
     Backends,
     /// Run K client processes that contend for one lock and update a shared
@@ -131,6 +136,7 @@ fn apply_password(cli: &mut Cli) -> Result<(), String> {
         Command::Elect(a) => a.backend_mut(),
         Command::Observe(a) => a.backend_mut(),
         Command::Status(a) => a.backend_mut(),
+        Command::List(a) => a.backend_mut(),
         Command::Check(a) => a.backend_mut(),
         Command::Conformance(a) => a.backend_mut(),
         Command::Backends => return Ok(()),
@@ -160,6 +166,26 @@ pub(crate) fn with_password(url: &str, password: &str) -> Result<String, String>
 }
 
 /// The exit code for a library error.
+/// A client over `backend` whose holds carry `given` as their holder info,
+/// or else the default (host name and process id) followed by the command
+/// line, cut to the bound. An invalid `given` is a usage error.
+pub(crate) fn client_for_command(
+    backend: distlock::DynBackend,
+    given: Option<&str>,
+    command: &[String],
+) -> Result<distlock::LockClient, ExitCode> {
+    let client = distlock::LockClient::from_dyn(backend);
+    let info = match given {
+        Some(info) => info.to_string(),
+        None => {
+            distlock::fit_holder_info(&format!("{}: {}", client.holder_info(), command.join(" ")))
+        }
+    };
+    client
+        .with_holder_info(&info)
+        .map_err(|e| fail(EXIT_USAGE, e))
+}
+
 pub(crate) fn code_for(e: &distlock::Error) -> u8 {
     match e {
         distlock::Error::InvalidInput { .. }
@@ -214,6 +240,7 @@ fn main() -> ExitCode {
             Command::Elect(args) => elect::elect(args).await,
             Command::Observe(args) => elect::observe(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::List(args) => status::list(args).await,
             Command::Backends => status::backends(),
             Command::Check(args) => check::check(args).await,
             Command::Conformance(args) => conformance::conformance(args).await,

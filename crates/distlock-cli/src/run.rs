@@ -45,6 +45,11 @@ pub(crate) struct RunArgs {
     /// (taken in sorted order, all or none).
     #[arg(required = true, num_args = 1..)]
     names: Vec<String>,
+    /// Who holds it, as `distlock status` and `distlock list` show (at most
+    /// 256 bytes, one line). Default: host name, process id and the
+    /// command line.
+    #[arg(long, value_name = "TEXT")]
+    holder_info: Option<String>,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
@@ -130,7 +135,11 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         Ok(b) => b,
         Err(e) => return fail(code_for(&e), e),
     };
-    let client = LockClient::from_dyn(backend);
+    let client =
+        match crate::client_for_command(backend, args.holder_info.as_deref(), &args.command) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
     let held = match acquire(&client, &names, &args).await {
         Ok(h) => h,
         Err(code) => return code,

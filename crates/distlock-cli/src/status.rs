@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use distlock::{Consistency, Fencing, LockName, Waiting};
+use distlock::{Consistency, Fencing, HoldKind, LockName, Waiting};
 
 use crate::{code_for, default_backend, fail, EXIT_USAGE};
 
@@ -50,6 +50,7 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
             limit: s.limit,
             shared: s.shared,
             writer_waiting: s.writer_waiting,
+            holder_info: s.holder_info.as_deref(),
         }
         .to_line();
         match line {
@@ -64,6 +65,7 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
             s.limit
                 .map_or_else(|| "(none stored yet)".to_string(), |l| l.to_string())
         );
+        println!("holders:   distlock list {name} --limit N shows each permit's");
     } else {
         println!("lock:      {name}");
         println!("held:      {}", if s.held { "yes" } else { "no" });
@@ -78,6 +80,9 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
                 s.remaining
                     .map_or_else(unknown, |r| humantime::format_duration(r).to_string())
             );
+            if let Some(info) = &s.holder_info {
+                println!("holder:    {info}");
+            }
         }
         if let Some(shared) = s.shared {
             println!("shared:    {shared} holders");
@@ -123,11 +128,130 @@ struct StatusJson<'a> {
     /// read-write locks.
     #[serde(skip_serializing_if = "Option::is_none")]
     writer_waiting: Option<bool>,
+    /// Who holds it exclusively, where the backend stores it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holder_info: Option<&'a str>,
 }
 
 impl StatusJson<'_> {
     fn to_line(&self) -> serde_json::Result<String> {
         serde_json::to_string(self)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ListArgs {
+    /// Only holds whose name starts with this (default: all).
+    #[arg(default_value = "")]
+    prefix: String,
+    /// Backend URL.
+    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    backend: String,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+    /// At most this many holds (the first in name order). What a listing
+    /// costs the server depends on the backend: see its README.
+    #[arg(long, default_value_t = 1000)]
+    limit: usize,
+}
+
+pub(crate) async fn list(args: ListArgs) -> ExitCode {
+    if let Err(e) = distlock::validate_prefix(&args.prefix) {
+        return fail(EXIT_USAGE, e);
+    }
+    let backend = match distlock::connect(&args.backend).await {
+        Ok(b) => b,
+        Err(e) => return fail(code_for(&e), e),
+    };
+    let client = distlock::LockClient::from_dyn(backend);
+    let records = match client.list(&args.prefix, args.limit).await {
+        Ok(r) => r,
+        Err(e) => return fail(code_for(&e), e),
+    };
+    if !args.json && !records.is_empty() {
+        println!(
+            "{:<32} {:<10} {:>20} {:>12}  HOLDER",
+            "NAME", "KIND", "TOKEN", "REMAINING"
+        );
+    }
+    for r in &records {
+        let line = if args.json {
+            match serde_json::to_string(&RecordJson::of(r)) {
+                Ok(line) => line,
+                Err(e) => return fail(1, format!("cannot write a hold as JSON: {e}")),
+            }
+        } else {
+            let dash = || "-".to_string();
+            let mut holder = r.holder_info.clone().unwrap_or_else(dash);
+            if let Some(value) = &r.value {
+                holder = format!("{holder} (value {value:?})");
+            }
+            format!(
+                "{:<32} {:<10} {:>20} {:>12}  {holder}",
+                r.name,
+                kind_word(&r.kind),
+                r.token.map_or_else(dash, |t| t.to_string()),
+                r.remaining.map_or_else(dash, |d| {
+                    humantime::format_duration(std::time::Duration::from_millis(
+                        d.as_millis() as u64
+                    ))
+                    .to_string()
+                }),
+            )
+        };
+        println!("{line}");
+    }
+    ExitCode::SUCCESS
+}
+
+fn kind_word(kind: &HoldKind) -> &'static str {
+    match kind {
+        HoldKind::Exclusive => "lock",
+        HoldKind::Shared => "shared",
+        HoldKind::Permits { .. } => "permit",
+        HoldKind::Leader => "leader",
+        _ => "other",
+    }
+}
+
+/// One `list --json` line.
+#[derive(serde::Serialize, Debug)]
+struct RecordJson<'a> {
+    name: &'a str,
+    kind: &'static str,
+    /// A permit's semaphore's stored limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u32>,
+    token: Option<u64>,
+    remaining_ms: Option<u128>,
+    holder_info: Option<&'a str>,
+    /// A leadership's value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<&'a str>,
+}
+
+impl<'a> RecordJson<'a> {
+    fn of(r: &'a distlock::HoldRecord) -> Self {
+        Self {
+            name: &r.name,
+            kind: kind_word(&r.kind),
+            limit: match r.kind {
+                HoldKind::Permits { limit } if limit > 0 => Some(limit),
+                _ => None,
+            },
+            token: r.token.map(|t| t.get()),
+            remaining_ms: r.remaining.map(|d| d.as_millis()),
+            holder_info: r.holder_info.as_deref(),
+            value: r.value.as_deref(),
+        }
+    }
+}
+
+impl ListArgs {
+    /// The backend URL, for the password options to fill in.
+    pub(crate) fn backend_mut(&mut self) -> &mut String {
+        &mut self.backend
     }
 }
 
@@ -179,6 +303,7 @@ mod tests {
             limit: None,
             shared: None,
             writer_waiting: None,
+            holder_info: None,
         }
         .to_line()
         .unwrap();

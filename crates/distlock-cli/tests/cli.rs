@@ -1250,3 +1250,110 @@ fn elect_with_an_oversized_value_exits_2() {
     assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("4096"));
 }
+
+/// `status` and `list` show who holds what: the holder info a run sets, or
+/// the default (host, process id and command line).
+fn holders_are_shown(backend: &str) {
+    let mut named = spawn_run(
+        backend,
+        &["--holder-info", "nightly backup"],
+        "jobs/a",
+        &["sleep", "10"],
+    );
+    let mut plain = spawn_holder(backend, "jobs/b", 10);
+    wait_held(backend, "jobs/a");
+    wait_held(backend, "jobs/b");
+    let status = bin()
+        .args(["status", "jobs/a", "--backend", backend])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("holder:    nightly backup"), "{text}");
+    assert!(
+        status_json(backend, "jobs/a", &[]).contains(r#""holder_info":"nightly backup""#),
+        "status --json lacks the holder info"
+    );
+
+    let out = bin()
+        .args(["list", "jobs/", "--json", "--backend", backend])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["name"], "jobs/a");
+    assert_eq!(lines[0]["kind"], "lock");
+    assert_eq!(lines[0]["holder_info"], "nightly backup");
+    assert!(lines[0]["token"].as_u64().is_some(), "{lines:?}");
+    let default = lines[1]["holder_info"].as_str().unwrap_or_default();
+    assert!(
+        default.contains(" pid ") && default.ends_with(": sleep 10"),
+        "the default holder info is {default:?}"
+    );
+    let out = bin()
+        .args(["list", "jobs/", "--limit", "1", "--backend", backend])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 2, "a header and one hold:\n{text}");
+    assert!(
+        text.contains("jobs/a") && !text.contains("jobs/b"),
+        "{text}"
+    );
+    for c in [&mut named, &mut plain] {
+        Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()
+            .unwrap();
+        c.wait().unwrap();
+    }
+    let out = bin()
+        .args(["list", "jobs/", "--backend", backend])
+        .output()
+        .unwrap();
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn status_and_list_show_holder_info() {
+    holders_are_shown(&sqlite("holders"));
+    #[cfg(feature = "redis")]
+    holders_are_shown(&redis().url);
+}
+
+#[test]
+fn bad_list_and_holder_input_exits_2() {
+    let b = sqlite("bad-list");
+    for args in [
+        vec!["list", "/jobs"],
+        vec!["list", "a//b"],
+        vec!["list", "jobs", "--limit", "0"],
+    ] {
+        let out = bin().args(&args).args(["--backend", &b]).output().unwrap();
+        assert_eq!(
+            code(&out),
+            2,
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let long = "x".repeat(257);
+    for info in ["", "two\nlines", long.as_str()] {
+        let out = run(&b, &["--holder-info", info], "jobs/x", &["true"]);
+        assert_eq!(
+            code(&out),
+            2,
+            "{info:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("holder info"), "{err}");
+    }
+}

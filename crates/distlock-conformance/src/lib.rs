@@ -4,7 +4,8 @@
 //!
 //! - [`cases`]: locks; [`semaphore`]: counting semaphores and
 //!   [`rwlock`]: read-write locks (each for backends that declare them);
-//!   [`multi`]: several locks at once.
+//!   [`multi`]: several locks at once; [`holder`]: holder info and
+//!   `list`; [`election`]: elections.
 //! - [`run_suite`]: the `main` of a backend's test file: every case for one
 //!   factory, plus the file's own trials.
 //! - [`self_check`]: deliberately broken backends the cases must fail on.
@@ -57,6 +58,7 @@ macro_rules! cases {
 
 pub mod cases;
 pub mod election;
+pub mod holder;
 pub mod multi;
 pub mod rwlock;
 pub mod self_check;
@@ -115,6 +117,7 @@ pub type CaseFn = for<'a> fn(
 fn all_cases() -> impl Iterator<Item = (&'static str, CaseFn, Needs)> {
     let exclusive = cases::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
     let multi = multi::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
+    let holders = holder::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
     let permits = semaphore::ALL
         .iter()
         .map(|(n, f)| (*n, *f, Needs::Semaphore));
@@ -124,6 +127,7 @@ fn all_cases() -> impl Iterator<Item = (&'static str, CaseFn, Needs)> {
         .map(|(n, f)| (*n, *f, Needs::Elections));
     exclusive
         .chain(multi)
+        .chain(holders)
         .chain(permits)
         .chain(shared)
         .chain(elections)

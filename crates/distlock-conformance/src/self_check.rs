@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use distlock_core::{
     async_trait, AllAtOnce, Backend, Capabilities, DynBackend, FencingToken, Grant, HoldKind,
-    Leader, LeaderStream, LockName, LockRequest, LockStatus, MemoryBackend, Result as LockResult,
+    HoldRecord, Leader, LeaderStream, LockName, LockRequest, LockStatus, MemoryBackend,
+    Result as LockResult,
 };
 use libtest_mimic::{Failed, Trial};
 
@@ -38,6 +39,10 @@ enum Flaw {
     ProclaimsWithoutLeading,
     /// Keeps reporting the last leader after its leadership ended.
     ReportsEndedLeaders,
+    /// Stores no holder info with a hold.
+    ForgetsHolderInfo,
+    /// Keeps listing every hold it has listed once, released or not.
+    ListsEndedHolds,
 }
 
 /// The request as the flawed backend passes it on.
@@ -53,6 +58,7 @@ fn as_served(req: &LockRequest, flaw: Flaw) -> LockRequest {
             served.kind = HoldKind::Shared;
             served
         }
+        (Flaw::ForgetsHolderInfo, _) => req.clone().with_holder_info(None),
         _ => req.clone(),
     }
 }
@@ -63,6 +69,8 @@ struct Broken {
     flaw: Flaw,
     /// The last leader `leader` saw, or a value proclaimed without leading.
     last_leader: std::sync::Mutex<Option<Leader>>,
+    /// Every hold `list` has reported.
+    listed: std::sync::Mutex<Vec<HoldRecord>>,
 }
 
 #[async_trait]
@@ -184,6 +192,31 @@ impl Backend for Broken {
     async fn observe_leader(&self, name: &LockName) -> LockResult<Option<LeaderStream>> {
         self.inner.observe_leader(name).await
     }
+    async fn list(&self, prefix: &str, limit: usize) -> LockResult<Vec<HoldRecord>> {
+        let now = self.inner.list(prefix, limit).await?;
+        if !matches!(self.flaw, Flaw::ListsEndedHolds) {
+            return Ok(now);
+        }
+        let mut seen = self
+            .listed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for r in now {
+            if !seen
+                .iter()
+                .any(|s| s.name == r.name && s.kind == r.kind && s.token == r.token)
+            {
+                seen.push(r);
+            }
+        }
+        let mut all: Vec<HoldRecord> = seen
+            .iter()
+            .filter(|r| r.name.starts_with(prefix))
+            .cloned()
+            .collect();
+        distlock_core::sort_records(&mut all, limit);
+        Ok(all)
+    }
 }
 
 struct BrokenFactory {
@@ -201,6 +234,7 @@ impl BackendFactory for BrokenFactory {
             inner: self.store.clone(),
             flaw: self.flaw,
             last_leader: std::sync::Mutex::new(None),
+            listed: std::sync::Mutex::new(Vec::new()),
         }))
     }
     async fn evict(&self, name: &LockName) -> Result<(), Failed> {
@@ -219,6 +253,7 @@ fn case(name: &str) -> Option<CaseFn> {
         .chain(crate::multi::ALL)
         .chain(crate::rwlock::ALL)
         .chain(crate::election::ALL)
+        .chain(crate::holder::ALL)
         .find(|(n, _)| *n == name)
         .map(|(_, f)| *f)
 }
@@ -296,6 +331,16 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             "an_ended_leader_still_reported",
             Flaw::ReportsEndedLeaders,
             "resign_hands_over_and_proclaim_changes_the_value",
+        ),
+        (
+            "a_hold_without_its_holder_info",
+            Flaw::ForgetsHolderInfo,
+            "holder_info_round_trips",
+        ),
+        (
+            "released_holds_still_listed",
+            Flaw::ListsEndedHolds,
+            "list_shows_what_is_held_and_nothing_released",
         ),
         (
             "batched_renewal_of_others_locks",
