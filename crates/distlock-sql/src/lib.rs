@@ -752,9 +752,13 @@ impl Backend for SqlBackend {
     }
 
     /// One SELECT per table (locks and leaders, shared holds, permits) of
-    /// its live rows whose names fall in the prefix's range, each cut at
-    /// `limit` by the database; see the crate docs for what that reads on
-    /// each database.
+    /// its live rows whose names fall in the prefix's range, each ordered
+    /// as core orders records and cut at `limit` by the database: three
+    /// round trips. Each reads every row of its table in the range (an
+    /// index range scan of the primary key on SQLite, MySQL and the
+    /// PostgreSQL tables this crate creates; a sequential scan on a
+    /// PostgreSQL table created before its `name` was `COLLATE "C"`); see
+    /// the crate docs ("Holder info and listing").
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<HoldRecord>> {
         distlock_core::validate_prefix(prefix)?;
         if limit == 0 {

@@ -77,6 +77,15 @@ pub(crate) fn suffix_len() -> usize {
     ELECTION_SUFFIX.len()
 }
 
+/// A lock-table row as listed: (name, token, remaining lease in
+/// microseconds, holder info, value).
+pub(crate) type LockRow = (String, i64, i64, Option<String>, Option<String>);
+/// A shared hold's row: (name, token, remaining microseconds, holder info).
+pub(crate) type SharedRow = (String, Option<i64>, i64, Option<String>);
+/// A permit's row: (name, token, remaining microseconds, holder info, the
+/// semaphore's stored limit).
+pub(crate) type PermitRow = (String, i64, i64, Option<String>, Option<i64>);
+
 fn remaining(micros: i64) -> Option<Duration> {
     Some(Duration::from_micros(u64::try_from(micros).unwrap_or(0)))
 }
@@ -85,7 +94,7 @@ fn remaining(micros: i64) -> Option<Duration> {
 /// election's leadership (named without the suffix, with its value).
 pub(crate) fn lock_record(
     err: &DbError,
-    (name, token, micros, holder, value): (String, i64, i64, Option<String>, Option<String>),
+    (name, token, micros, holder, value): LockRow,
 ) -> Result<HoldRecord> {
     let token = Some(token_from_db(err, token)?);
     let record = match name.strip_suffix(ELECTION_SUFFIX) {
@@ -102,7 +111,7 @@ pub(crate) fn lock_record(
 /// a row a client without the column wrote.
 pub(crate) fn shared_record(
     err: &DbError,
-    (name, token, micros, holder): (String, Option<i64>, i64, Option<String>),
+    (name, token, micros, holder): SharedRow,
 ) -> Result<HoldRecord> {
     Ok(HoldRecord::new(name, HoldKind::Shared)
         .with_token(token.map(|t| token_from_db(err, t)).transpose()?)
@@ -114,7 +123,7 @@ pub(crate) fn shared_record(
 /// row is missing).
 pub(crate) fn permit_record(
     err: &DbError,
-    (name, token, micros, holder, limit): (String, i64, i64, Option<String>, Option<i64>),
+    (name, token, micros, holder, limit): PermitRow,
 ) -> Result<HoldRecord> {
     let limit = limit.and_then(|l| u32::try_from(l).ok()).unwrap_or(0);
     Ok(HoldRecord::new(name, HoldKind::Permits { limit })

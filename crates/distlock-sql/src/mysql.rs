@@ -428,12 +428,13 @@ impl My {
 
     /// The live leader of the election row `row`.
     pub(crate) async fn leader(&self, row: &str) -> Result<Option<distlock_core::Leader>> {
-        let found: Option<(Option<Vec<u8>>, i64, i64, Option<Vec<u8>>)> =
-            sqlx::query_as(&self.leader)
-                .bind(row)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.err.map(e))?;
+        // Text of `_bin` collations comes back as bytes.
+        type Row = (Option<Vec<u8>>, i64, i64, Option<Vec<u8>>);
+        let found: Option<Row> = sqlx::query_as(&self.leader)
+            .bind(row)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
         let Some((value, token, micros, holder)) = found else {
             return Ok(None);
         };

@@ -8,7 +8,9 @@ use distlock_core::{FencingToken, Finding, HoldRecord, LockRequest, Result};
 use sqlx::postgres::{PgListener, PgPool};
 
 use crate::election::{checked_for_postgres, leader_from_db, row, value, ELECTION_SUFFIX};
-use crate::list::{exclusive_owner, holder, lock_record, sql_limit, suffix_len, NameRange};
+use crate::list::{
+    exclusive_owner, holder, lock_record, sql_limit, suffix_len, LockRow, NameRange,
+};
 use crate::rwlock::{RwTables, SHARED_OWNER};
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
@@ -20,9 +22,8 @@ pub(crate) struct Pg {
     pub(crate) pool: PgPool,
     pub(crate) channel: String,
     create: String,
-    /// `ALTER TABLE .. ADD COLUMN IF NOT EXISTS` of each column a table
-    /// created without it gets.
-    add_columns: Vec<String>,
+    /// Columns a table created without them gets: (table, column, type).
+    added_columns: Vec<(String, &'static str, &'static str)>,
     take: String,
     take_all: String,
     give_back: String,
@@ -63,9 +64,13 @@ impl Pg {
         // exclusive grant (`take`, `attempt`); a release notifies waiters
         // only while it is set, since every NOTIFY takes a lock all
         // notifying commits of the database take turns on.
+        // `COLLATE "C"`: the key's index is in byte order whatever the
+        // database's collation, so `list`'s prefix range is an index range
+        // scan (equality, which every other statement uses, is the same in
+        // every collation).
         let create = format!(
             "CREATE TABLE IF NOT EXISTS {table} (
-                name TEXT PRIMARY KEY,
+                name TEXT COLLATE \"C\" PRIMARY KEY,
                 owner TEXT,
                 token BIGINT NOT NULL,
                 expires_at TIMESTAMPTZ NOT NULL,
@@ -75,17 +80,18 @@ impl Pg {
         );
         let permit_tables = PermitTables::for_lock_table(table);
         let rw_tables = RwTables::for_lock_table(table);
-        let add_columns = [
-            (table, "awaited", "BOOLEAN NOT NULL DEFAULT false"),
-            (table, "value", "TEXT"),
-            (table, "holder", "TEXT"),
-            (&permit_tables.permits, "holder", "TEXT"),
-            (&rw_tables.shared, "token", "BIGINT"),
-            (&rw_tables.shared, "holder", "TEXT"),
-        ]
-        .into_iter()
-        .map(|(t, column, decl)| add_column(t, column, decl))
-        .collect();
+        let added_columns = vec![
+            (
+                table.to_owned(),
+                "awaited",
+                "BOOLEAN NOT NULL DEFAULT false",
+            ),
+            (table.to_owned(), "value", "TEXT"),
+            (table.to_owned(), "holder", "TEXT"),
+            (permit_tables.permits.clone(), "holder", "TEXT"),
+            (rw_tables.shared.clone(), "token", "BIGINT"),
+            (rw_tables.shared.clone(), "holder", "TEXT"),
+        ];
         // One statement: take the row if it is new, free or expired (judged
         // by the database's clock only), bump the token, and in the same
         // round trip report how long the current holder has left.
@@ -218,7 +224,7 @@ impl Pg {
             permit_channel: permit_tables.permits.clone(),
             permit_releases: Arc::default(),
             create,
-            add_columns,
+            added_columns,
             take,
             take_all,
             give_back,
@@ -253,10 +259,14 @@ impl Pg {
             .into_iter()
             .chain(self.permits.creates())
             .chain(self.shared.creates())
-            .chain(self.add_columns.iter().map(String::as_str))
         {
             sqlx::query(create)
                 .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err.map(e))?;
+        }
+        for (table, column, decl) in &self.added_columns {
+            add_column(&mut tx, table, column, decl)
                 .await
                 .map_err(|e| self.err.map(e))?;
         }
@@ -466,14 +476,13 @@ impl Pg {
     /// `limit` of each table, one SELECT each.
     pub(crate) async fn list(&self, range: &NameRange, limit: usize) -> Result<Vec<HoldRecord>> {
         let limit = sql_limit(limit);
-        let locks: Vec<(String, i64, i64, Option<String>, Option<String>)> =
-            sqlx::query_as(&self.list)
-                .bind(&range.from)
-                .bind(&range.to)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err.map(e))?;
+        let locks: Vec<LockRow> = sqlx::query_as(&self.list)
+            .bind(&range.from)
+            .bind(&range.to)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
         let mut records = locks
             .into_iter()
             .map(|r| lock_record(&self.err, r))
@@ -602,8 +611,32 @@ pub(crate) const LIMIT_CHANGED: &str = "*";
 
 /// Adds `column` to `table` if the table was created without it. Table and
 /// column names are validated identifiers.
-fn add_column(table: &str, column: &str, decl: &str) -> String {
-    format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {decl}")
+/// The ALTER runs only when the column is missing: it takes the table's
+/// exclusive lock even when there is nothing to add, and one such lock per
+/// table, taken at every start while other clients' statements hold the
+/// tables in another order, would deadlock with them.
+async fn add_column(
+    tx: &mut sqlx::PgConnection,
+    table: &str,
+    column: &str,
+    decl: &str,
+) -> std::result::Result<(), sqlx::Error> {
+    let has: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute
+                         WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+    )
+    .bind(table)
+    .bind(column)
+    .fetch_one(&mut *tx)
+    .await?;
+    if !has {
+        sqlx::query(&format!(
+            "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {decl}"
+        ))
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
 }
 
 /// The rows the requests act on ([`row`]).

@@ -10,7 +10,9 @@ use distlock_core::{FencingToken, Finding, HoldRecord, LockRequest, Result};
 use sqlx::sqlite::SqlitePool;
 
 use crate::election::{leader_from_db, row, value, ELECTION_SUFFIX};
-use crate::list::{exclusive_owner, holder, lock_record, sql_limit, suffix_len, NameRange};
+use crate::list::{
+    exclusive_owner, holder, lock_record, sql_limit, suffix_len, LockRow, NameRange,
+};
 use crate::rwlock::RwTables;
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, DbError};
@@ -451,7 +453,7 @@ impl Lite {
     /// `limit` of each table, one SELECT each.
     pub(crate) async fn list(&self, range: &NameRange, limit: usize) -> Result<Vec<HoldRecord>> {
         let limit = sql_limit(limit);
-        let locks: Vec<(String, i64, i64, Option<String>, Option<String>)> = self
+        let locks: Vec<LockRow> = self
             .busy(|| {
                 sqlx::query_as(&self.list)
                     .bind(&range.from)

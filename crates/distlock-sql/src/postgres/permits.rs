@@ -20,7 +20,7 @@
 use distlock_core::{HoldRecord, LockName, LockRequest, LockStatus, Result};
 
 use super::Pg;
-use crate::list::{holder, permit_record, NameRange};
+use crate::list::{holder, permit_record, NameRange, PermitRow};
 use crate::postgres::LIMIT_CHANGED;
 use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
 use crate::ttl_micros;
@@ -119,7 +119,7 @@ END
             ),
             create_permits: format!(
                 "CREATE TABLE IF NOT EXISTS {permits} (
-                    name TEXT NOT NULL,
+                    name TEXT COLLATE \"C\" NOT NULL,
                     owner TEXT NOT NULL,
                     token BIGINT NOT NULL,
                     expires_at TIMESTAMPTZ NOT NULL,
@@ -296,14 +296,13 @@ impl Pg {
         range: &NameRange,
         limit: i64,
     ) -> Result<Vec<HoldRecord>> {
-        let rows: Vec<(String, i64, i64, Option<String>, Option<i64>)> =
-            sqlx::query_as(&self.permits.list)
-                .bind(&range.from)
-                .bind(&range.to)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err.map(e))?;
+        let rows: Vec<PermitRow> = sqlx::query_as(&self.permits.list)
+            .bind(&range.from)
+            .bind(&range.to)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
         rows.into_iter()
             .map(|r| permit_record(&self.err, r))
             .collect()

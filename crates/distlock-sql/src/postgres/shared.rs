@@ -10,7 +10,7 @@ use distlock_core::wait::Outcome;
 use distlock_core::{HoldRecord, LockRequest, Result};
 
 use super::Pg;
-use crate::list::{holder, shared_record, NameRange, EVICTED_OWNER};
+use crate::list::{holder, shared_record, NameRange, SharedRow, EVICTED_OWNER};
 use crate::rwlock::{RwTables, SHARED_OWNER};
 use crate::{token_from_db, ttl_micros};
 
@@ -81,7 +81,7 @@ impl Statements {
         Self {
             create_shared: format!(
                 "CREATE TABLE IF NOT EXISTS {shared} (
-                    name TEXT NOT NULL,
+                    name TEXT COLLATE \"C\" NOT NULL,
                     owner TEXT NOT NULL,
                     expires_at TIMESTAMPTZ NOT NULL,
                     token BIGINT,
@@ -307,14 +307,13 @@ impl Pg {
         range: &NameRange,
         limit: i64,
     ) -> Result<Vec<HoldRecord>> {
-        let rows: Vec<(String, Option<i64>, i64, Option<String>)> =
-            sqlx::query_as(&self.shared.list)
-                .bind(&range.from)
-                .bind(&range.to)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err.map(e))?;
+        let rows: Vec<SharedRow> = sqlx::query_as(&self.shared.list)
+            .bind(&range.from)
+            .bind(&range.to)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
         rows.into_iter()
             .map(|r| shared_record(&self.err, r))
             .collect()

@@ -6,7 +6,7 @@
 use distlock_core::{HoldRecord, LockName, LockRequest, LockStatus, Result};
 
 use super::{ttl_millis, Lite, NOW_MS};
-use crate::list::{holder, permit_record, NameRange};
+use crate::list::{holder, permit_record, NameRange, PermitRow};
 use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
 use distlock_core::wait::Outcome;
 
@@ -288,7 +288,7 @@ impl Lite {
         range: &NameRange,
         limit: i64,
     ) -> Result<Vec<HoldRecord>> {
-        let rows: Vec<(String, i64, i64, Option<String>, Option<i64>)> = self
+        let rows: Vec<PermitRow> = self
             .busy(|| {
                 sqlx::query_as(&self.permits.list)
                     .bind(&range.from)

@@ -6,7 +6,7 @@ use distlock_core::wait::Outcome;
 use distlock_core::{HoldRecord, LockRequest, Result};
 
 use super::{ttl_millis, Lite, NOW_MS};
-use crate::list::{holder, shared_record, NameRange, EVICTED_OWNER};
+use crate::list::{holder, shared_record, NameRange, SharedRow, EVICTED_OWNER};
 use crate::rwlock::{RwTables, SHARED_OWNER};
 use crate::token_from_db;
 
@@ -294,7 +294,7 @@ impl Lite {
         range: &NameRange,
         limit: i64,
     ) -> Result<Vec<HoldRecord>> {
-        let rows: Vec<(String, Option<i64>, i64, Option<String>)> = self
+        let rows: Vec<SharedRow> = self
             .busy(|| {
                 sqlx::query_as(&self.shared.list)
                     .bind(&range.from)
