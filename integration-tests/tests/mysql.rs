@@ -259,11 +259,11 @@ async fn stale_grant_routine(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let (table, url) = f.own_table("stale")?;
     let admin: sqlx::MySqlPool = f.admin_pool().await?;
     let stale = format!(
-        "CREATE PROCEDURE {table}_grant(IN p_name VARCHAR(255), IN p_owner CHAR(36),
-            IN p_ttl_us BIGINT, IN p_limit INT UNSIGNED)
+        "CREATE PROCEDURE {table}_permit(IN p_name VARCHAR(255), IN p_owner CHAR(36),
+            IN p_ttl_us BIGINT, IN p_limit INT UNSIGNED, IN p_holder TEXT)
          BEGIN SELECT 1, NULL, NULL; END"
     );
-    let drop = format!("DROP PROCEDURE {table}_grant");
+    let drop = format!("DROP PROCEDURE {table}_permit");
     sql_support::a_stale_grant_routine_is_replaced(&url, || async move {
         sqlx::raw_sql(&drop).execute(&admin).await?;
         sqlx::raw_sql(&stale).execute(&admin).await.map(|_| ())

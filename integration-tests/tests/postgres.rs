@@ -604,7 +604,7 @@ async fn stale_grant_routine(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let admin: sqlx::PgPool = f.admin_pool().await?;
     let stale = format!(
         "CREATE OR REPLACE FUNCTION {table}_grant(
-            p_name text, p_owner text, p_ttl_us bigint, p_limit bigint,
+            p_name text, p_owner text, p_ttl_us bigint, p_limit bigint, p_holder text,
             OUT exists_with_limit boolean, OUT granted_token bigint,
             OUT earliest_left_us bigint)
          LANGUAGE plpgsql AS $$ BEGIN exists_with_limit := true; END $$"

@@ -1,5 +1,5 @@
 //! MySQL/MariaDB semaphores: per attempt, one call of a stored procedure
-//! the backend creates with its tables (`<table>_grant`), one round trip.
+//! the backend creates with its tables (`<table>_permit`), one round trip.
 //! The procedure runs one READ COMMITTED transaction that first locks the
 //! semaphore row, so acquirers of a name take turns: the counter's bump
 //! (which locks the row and checks the limit), the deletion of ended
@@ -112,7 +112,10 @@ impl Statements {
   END IF;
 END"
         );
-        let grant_proc = format!("{table}_grant");
+        // Not `<table>_grant`, the procedure of clients that store no
+        // holder info: MySQL has no overloading, so both kinds of client
+        // keep a procedure of their own while they share the tables.
+        let grant_proc = format!("{table}_permit");
         Self {
             create_grant: format!(
                 "CREATE PROCEDURE {grant_proc}(IN p_name VARCHAR(255) {ascii},
