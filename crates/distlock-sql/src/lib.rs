@@ -757,8 +757,8 @@ impl Backend for SqlBackend {
     /// round trips. Each reads every row of its table in the range (an
     /// index range scan of the primary key on SQLite, MySQL and the
     /// PostgreSQL tables this crate creates; a sequential scan on a
-    /// PostgreSQL table created before its `name` was `COLLATE "C"`); see
-    /// the crate docs ("Holder info and listing").
+    /// PostgreSQL table whose `name` is not `COLLATE "C"`); see the crate
+    /// docs ("Holder info and listing").
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<HoldRecord>> {
         distlock_core::validate_prefix(prefix)?;
         if limit == 0 {
