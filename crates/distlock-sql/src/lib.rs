@@ -296,6 +296,18 @@ fn checked_value(value: Option<&str>) -> Result<()> {
     }
 }
 
+/// A request's holder info as the tables hold it: at most
+/// [`distlock_core::MAX_HOLDER_INFO_LEN`] bytes of printable text, as core
+/// also checks, so that a request made without core is refused before it
+/// is sent rather than cut short (MySQL's `INSERT IGNORE`) or refused by
+/// the database.
+fn checked_holder(req: &LockRequest) -> Result<()> {
+    match &req.holder_info {
+        Some(info) => distlock_core::validate_holder_info(info),
+        None => Ok(()),
+    }
+}
+
 fn endpoint_of(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.split('?').next().unwrap_or(rest);
@@ -612,6 +624,7 @@ impl Backend for SqlBackend {
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
+        checked_holder(req)?;
         let began = Instant::now();
         let token = match Object::of(req, &self.inner.err)? {
             Object::Lock | Object::Leader => self
@@ -631,6 +644,7 @@ impl Backend for SqlBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
+        checked_holder(req)?;
         match Object::of(req, &self.inner.err)? {
             Object::Lock => {
                 let granted = self
@@ -663,6 +677,9 @@ impl Backend for SqlBackend {
     async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
         if reqs.iter().any(|r| r.kind != HoldKind::Exclusive) {
             return Ok(AllAtOnce::NotOffered);
+        }
+        for r in reqs {
+            checked_holder(r)?;
         }
         let began = Instant::now();
         let tokens = self.try_acquire_all_to_completion(reqs).await?;
@@ -1078,6 +1095,22 @@ impl SqlBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn holder_info_the_tables_cannot_hold_is_refused_before_sending() {
+        let name = LockName::new("a").unwrap();
+        let req = |info: Option<&str>| {
+            LockRequest::new(name.clone(), Duration::from_secs(1))
+                .with_holder_info(info.map(Arc::from))
+        };
+        assert!(checked_holder(&req(None)).is_ok());
+        assert!(checked_holder(&req(Some("web-1 pid 7"))).is_ok());
+        let long = "x".repeat(distlock_core::MAX_HOLDER_INFO_LEN + 1);
+        for bad in [long.as_str(), "a\nb", ""] {
+            let e = checked_holder(&req(Some(bad))).unwrap_err();
+            assert!(matches!(e, Error::InvalidInput { .. }), "{e:?}");
+        }
+    }
 
     #[test]
     fn endpoints_never_carry_credentials() {

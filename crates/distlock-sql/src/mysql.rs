@@ -82,8 +82,9 @@ impl My {
         // IGNORE, not ON DUPLICATE KEY UPDATE: sqlx connects with
         // CLIENT_FOUND_ROWS, under which a no-op duplicate update still
         // reports one affected row and would look like a grant. Every value
-        // here is validated (a value is at most MAX_VALUE_LEN bytes, far
-        // below TEXT's limit), so IGNORE hides no truncation.
+        // here is validated (a value is at most MAX_VALUE_LEN bytes, holder
+        // info MAX_HOLDER_INFO_LEN, far below TEXT's limit), so IGNORE
+        // hides no truncation.
         let insert = format!(
             "INSERT IGNORE INTO {table} (name, owner, token, expires_at, value, holder)
              VALUES (?, ?, 1, NOW(6) + INTERVAL ? MICROSECOND, ?, ?)"
