@@ -1367,6 +1367,30 @@ mod tests {
     }
 
     #[test]
+    fn a_leaders_holder_info_key_is_under_no_names_range() {
+        let key = leader_info_key("jobs/a/694d7c1a2b3c4d5e");
+        // Every range a lock, election or shared hold reads starts with a
+        // name, and names never start with `/`.
+        assert!(key.starts_with('/'));
+        assert!(!key.starts_with(semaphore::ROOT));
+        assert!(distlock_core::LockName::new(key.trim_end_matches(|c| c != '/')).is_err());
+    }
+
+    #[test]
+    fn lock_values_carry_the_holder_info_after_the_owner() {
+        let name = distlock_core::LockName::new("a").unwrap_or_else(|e| panic!("{e}"));
+        let req = LockRequest::new(name, Duration::from_secs(1))
+            .with_holder_info(Some("web-1 pid 7".into()));
+        let value = distlock_core::stored_owner(&req);
+        assert_eq!(
+            lock_holder_info(value.as_bytes()).as_deref(),
+            Some("web-1 pid 7")
+        );
+        // `etcdctl lock` stores an empty value.
+        assert_eq!(lock_holder_info(b""), None);
+    }
+
+    #[test]
     fn ttls_round_up_to_whole_seconds() {
         assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
         assert_eq!(ttl_secs(Duration::from_millis(1500)), 2);

@@ -787,3 +787,23 @@ impl EtcdBackend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permit_values_carry_state_and_holder_info() {
+        let name = LockName::new("sem").unwrap_or_else(|e| panic!("{e}"));
+        let req = LockRequest::permit(name, Duration::from_secs(1), 2);
+        assert_eq!(permit_value(HELD, &req), HELD);
+        let req = req.with_holder_info(Some("web-1 pid 7: serve --port 80".into()));
+        let value = permit_value(WAITING, &req);
+        assert_eq!(permit_state(value.as_bytes()), WAITING.as_bytes());
+        assert_eq!(
+            permit_holder_info(value.as_bytes()).as_deref(),
+            Some("web-1 pid 7: serve --port 80")
+        );
+        assert_eq!(permit_holder_info(HELD.as_bytes()), None);
+    }
+}
