@@ -37,6 +37,7 @@ const LEAST_PRIVILEGE: &[&str] = &[
     "+pexpire",
     "+pttl",
     "+publish",
+    "+scan",
     "+set",
     "+time",
     "+wait",
