@@ -143,3 +143,85 @@ impl RedlockBackend {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock_core::FencingToken;
+
+    const OWNER: &str = "0123abcd-0000-4000-8000-00000000cafe";
+
+    fn held(name: &str, kind: HoldKind, owner: &str, token: u64, left_ms: u64) -> ListedHold {
+        ListedHold {
+            owner: owner.to_string(),
+            settled: false,
+            record: HoldRecord::new(name, kind)
+                .with_token(Some(FencingToken(token)))
+                .with_remaining(Some(std::time::Duration::from_millis(left_ms))),
+        }
+    }
+
+    /// Three nodes nobody listens on: `agreed` asks no node.
+    async fn three_nodes(query: &str) -> RedlockBackend {
+        RedlockBackend::connect(&format!(
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3{query}"
+        ))
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_hold_is_listed_where_enough_nodes_list_the_same_owner() {
+        let b = three_nodes("?fencing=true").await;
+        let mine = format!("{OWNER} web-1 pid 7");
+        let other = format!("{} web-2 pid 9", OWNER.replace('0', "1"));
+        let permits = HoldKind::Permits { limit: 2 };
+        let holds = [
+            // A lock on two of three nodes: a majority.
+            held("a", HoldKind::Exclusive, &mine, 4, 900),
+            held("a", HoldKind::Exclusive, &mine, 5, 800),
+            // A minority's leftover of a failed round.
+            held("b", HoldKind::Exclusive, &other, 6, 900),
+            // Two permits need all three nodes.
+            held("p", permits, &mine, 0, 900),
+            held("p", permits, &mine, 0, 900),
+            held("p", permits, &other, 0, 900),
+            held("p", permits, &other, 0, 900),
+            held("p", permits, &other, 0, 700),
+        ];
+        let records = b.agreed(holds.iter());
+        assert_eq!(records.len(), 2, "{records:#?}");
+        let lock = &records[0];
+        assert_eq!((lock.name.as_str(), lock.kind), ("a", HoldKind::Exclusive));
+        assert_eq!(lock.token, Some(FencingToken(5)));
+        assert_eq!(lock.remaining, Some(std::time::Duration::from_millis(800)));
+        assert_eq!(lock.holder_info.as_deref(), Some("web-1 pid 7"));
+        let permit = &records[1];
+        assert_eq!((permit.name.as_str(), permit.kind), ("p", permits));
+        assert_eq!(permit.holder_info.as_deref(), Some("web-2 pid 9"));
+        assert_eq!(permit.token, None);
+    }
+
+    #[tokio::test]
+    async fn a_leader_is_listed_with_its_settled_token_and_without_fencing_none() {
+        let leader = |token, settled| {
+            let mut h = held("e", HoldKind::Leader, OWNER, token, 900);
+            h.settled = settled;
+            h.record = h.record.with_value(Some("10.0.0.1".into()));
+            h
+        };
+        let fenced = three_nodes("?fencing=true").await;
+        let unsettled = [leader(3, false), leader(2, false)];
+        assert_eq!(fenced.agreed(unsettled.iter()), []);
+        let settled = [leader(7, true), leader(7, false)];
+        let records = fenced.agreed(settled.iter());
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].token, Some(FencingToken(7)));
+        assert_eq!(records[0].value.as_deref(), Some("10.0.0.1"));
+        assert_eq!(records[0].holder_info, None);
+        let plain = three_nodes("").await;
+        let records = plain.agreed(unsettled.iter());
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].token, None);
+    }
+}
