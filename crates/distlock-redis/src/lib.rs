@@ -25,7 +25,7 @@ mod subscriber;
 
 pub use config::RedisConfig;
 pub use election::ElectionEntry;
-pub use list::ListedHold;
+pub use list::{ListedHold, LIST_BATCH};
 pub use rwlock::{Attempt, Attempted, LockHolders};
 pub use scripts::{ElectionKeys, Keys, Scripts, SemaphoreKeys, SHARED_HOLDS};
 

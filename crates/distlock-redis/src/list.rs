@@ -18,10 +18,10 @@ use crate::RedisBackend;
 /// few round trips, small enough that one call blocks the server briefly.
 const SCAN_COUNT: usize = 1000;
 
-/// Names read per batch of `list.lua` calls, sent at once on the
+/// Names `list` reads per batch of `list.lua` calls, sent at once on the
 /// multiplexed connection: the listing stops after the batch in which the
-/// limit is reached.
-const READ_BATCH: usize = 64;
+/// limit is reached. Redlock reads its nodes in batches of the same size.
+pub const LIST_BATCH: usize = 64;
 
 /// The suffixes of the auxiliary keys that carry holds (the shared holds,
 /// the permits, the leader), after the `{<prefix><name>}` hash tag.
@@ -66,7 +66,7 @@ impl RedisBackend {
     pub(crate) async fn list_holds(&self, prefix: &str, limit: usize) -> Result<Vec<HoldRecord>> {
         let names = self.hold_names(prefix).await?;
         let mut records = Vec::new();
-        for batch in names.chunks(READ_BATCH) {
+        for batch in names.chunks(LIST_BATCH) {
             records.extend(self.holds_of(batch).await?.into_iter().map(|h| h.record));
             if records.len() >= limit {
                 break;

@@ -847,10 +847,11 @@ impl Backend for RedlockBackend {
         ))
     }
 
-    /// See [`list_holds`](RedlockBackend::list_holds): on every node, one
-    /// `SCAN` of the whole keyspace (O(keys)) and one read-only script
-    /// call per name found, read in name order until `limit` records are
-    /// in; a hold is listed where enough nodes list it for a grant.
+    /// On every node, one `SCAN` of the whole keyspace (O(keys)) and one
+    /// read-only script call per name found, read in name order until
+    /// `limit` records are in; a hold is listed where as many nodes list it
+    /// as a grant of its kind needs (see the README's "Holder info and
+    /// `list`").
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<HoldRecord>> {
         self.list_holds(prefix, limit).await
     }

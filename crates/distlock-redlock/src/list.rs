@@ -7,16 +7,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use distlock_core::{
     sort_records, split_stored_owner, Error, HoldKind, HoldRecord, LockName, Result,
 };
-use distlock_redis::ListedHold;
+use distlock_redis::{ListedHold, LIST_BATCH};
 use futures_util::future::join_all;
 use tokio::time::timeout;
 
 use crate::quorum::most_common;
 use crate::RedlockBackend;
-
-/// Names read per batch on every node: the listing stops after the batch
-/// in which the limit is reached.
-const READ_BATCH: usize = 64;
 
 /// The kinds' order in a group's key; a permit's limit is left out, as
 /// nodes may store different ones.
@@ -55,7 +51,7 @@ impl RedlockBackend {
         let names: BTreeSet<LockName> = found.into_iter().flatten().flatten().collect();
         let names: Vec<LockName> = names.into_iter().collect();
         let mut records = Vec::new();
-        for batch in names.chunks(READ_BATCH) {
+        for batch in names.chunks(LIST_BATCH) {
             let read = join_all(self.inner.nodes.iter().map(|n| async move {
                 let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
                 r.holds_of(batch).await.ok()
