@@ -6,20 +6,23 @@
 use std::time::Duration;
 
 use distlock_core::wait::{wait_for_grant, Outcome, Pace};
-use distlock_core::{Error, FencingToken, Grant, Leader, LockName, LockRequest, Result};
+use distlock_core::{
+    split_stored_owner, Error, FencingToken, Grant, Leader, LockName, LockRequest, Result,
+};
 use redis::Value;
 use tokio::time::Instant;
 
 use crate::rwlock::held_for;
 use crate::scripts::{ElectionKeys, Scripts};
 use crate::subscriber::Wake;
-use crate::{ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
+use crate::{owner_arg, ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
 
 /// One server's entry for an election
 /// ([`RedisBackend::election_entry`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ElectionEntry {
-    /// The owner that leads on this server.
+    /// The stored owner that leads on this server: the owner and its
+    /// holder info ([`distlock_core::stored_owner`]).
     pub owner: String,
     /// Its value, the token this server stores and the lease left here.
     pub leader: Leader,
@@ -40,7 +43,7 @@ impl RedisBackend {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_acquire.key(&keys.leader);
         inv.key(&keys.fence)
-            .arg(req.owner.to_string())
+            .arg(owner_arg(req))
             .arg(ttl_ms(req.ttl))
             .arg(req.value.as_deref().unwrap_or_default());
         let answer: i64 = self.run(&inv).await?;
@@ -70,7 +73,7 @@ impl RedisBackend {
         let mut inv = Scripts::get().election_extend.prepare_invoke();
         for req in reqs {
             inv.key(self.election_keys(&req.name).leader)
-                .arg(req.owner.to_string())
+                .arg(owner_arg(req))
                 .arg(ttl_ms(req.ttl));
         }
         self.renewed(&inv, "election_extend.lua", reqs.len()).await
@@ -80,7 +83,7 @@ impl RedisBackend {
     pub(crate) async fn release_leader(&self, req: &LockRequest) -> Result<bool> {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_release.key(&keys.leader);
-        inv.arg(req.owner.to_string()).arg(&keys.channel);
+        inv.arg(owner_arg(req)).arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
@@ -89,13 +92,13 @@ impl RedisBackend {
     pub(crate) async fn proclaim_value(&self, req: &LockRequest, value: &str) -> Result<bool> {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_proclaim.key(&keys.leader);
-        inv.arg(req.owner.to_string()).arg(value).arg(&keys.channel);
+        inv.arg(owner_arg(req)).arg(value).arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
 
     /// The live leader of `name` by the server's clock, with its value,
-    /// token and remaining lease, in one script call.
+    /// token, remaining lease and holder info, in one script call.
     pub(crate) async fn current_leader(&self, name: &LockName) -> Result<Option<Leader>> {
         Ok(self.read_leader(name).await?.map(|(_, leader, _)| leader))
     }
@@ -170,7 +173,10 @@ impl RedisBackend {
                 let settled = rest.get(1).and_then(text).is_some_and(|s| s == "1");
                 // -1: a hash without expiry (written by hand): no end known.
                 let remaining = u64::try_from(*pttl).ok().map(Duration::from_millis);
-                let leader = Leader::new(value, FencingToken(token)).with_remaining(remaining);
+                let info = owner.as_deref().and_then(|o| split_stored_owner(o).1);
+                let leader = Leader::new(value, FencingToken(token))
+                    .with_remaining(remaining)
+                    .with_holder_info(info.map(str::to_string));
                 Ok(Some((owner, leader, settled)))
             }
             _ => Err(Error::backend(
@@ -187,9 +193,7 @@ impl RedisBackend {
     pub async fn settle_election(&self, req: &LockRequest, token: FencingToken) -> Result<bool> {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_settle.key(&keys.leader);
-        inv.key(&keys.fence)
-            .arg(req.owner.to_string())
-            .arg(token.get());
+        inv.key(&keys.fence).arg(owner_arg(req)).arg(token.get());
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }

@@ -175,9 +175,13 @@ pub struct Scripts {
     /// `shared_release.lua`: ZREM the owner's shared hold; the last one
     /// deletes the lock key and PUBLISHes.
     pub shared_release: Script,
-    /// `inspect.lua`: the lock key's PTTL, the fence, and the owners of the
-    /// live shared holds and writer marks.
+    /// `inspect.lua`: the lock key's PTTL and value, the fence, and the
+    /// owners of the live shared holds and writer marks.
     pub inspect: Script,
+    /// `list.lua`: every hold of one name (the lock key's value, the live
+    /// shared holds and permits with their lease left, the leader hash),
+    /// for `list`.
+    pub list: Script,
     /// `raise.lua`: raise the fencing counter to at least a value.
     pub raise: Script,
     /// `permit_acquire.lua`: drop expired permits, check or store the
@@ -229,6 +233,7 @@ impl Scripts {
             shared_extend: Script::new(include_str!("scripts/shared_extend.lua")),
             shared_release: Script::new(include_str!("scripts/shared_release.lua")),
             inspect: Script::new(include_str!("scripts/inspect.lua")),
+            list: Script::new(include_str!("scripts/list.lua")),
             raise: Script::new(include_str!("scripts/raise.lua")),
             permit_acquire: Script::new(include_str!("scripts/permit_acquire.lua")),
             permit_extend: Script::new(include_str!("scripts/permit_extend.lua")),
