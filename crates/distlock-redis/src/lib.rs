@@ -705,6 +705,14 @@ impl Backend for RedisBackend {
     async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
         self.current_leader(name).await
     }
+
+    /// Notified by the election's channel: subscribed first, then one read
+    /// of the leader, and one more on every message (a grant, a
+    /// resignation, an eviction, a proclaimed value), at the leader's lease
+    /// end, and at least every [`RedisConfig::observe_recheck`].
+    async fn observe_leader(&self, name: &LockName) -> Result<Option<distlock_core::LeaderStream>> {
+        Ok(Some(self.observe_leaders(name).await))
+    }
 }
 
 /// A subscription to one lock's release messages.

@@ -197,9 +197,10 @@ pub struct Scripts {
     pub permit_limit: Script,
     /// `permit_inspect.lua`: the stored limit and the live permits' owners.
     pub permit_inspect: Script,
-    /// `election_acquire.lua`: if nobody leads, INCR the fence and HSET
-    /// owner, value and token with the lease as the hash's expiry; the same
-    /// owner renews and gets its token again; else the leader's PTTL.
+    /// `election_acquire.lua`: if nobody leads, INCR the fence, HSET
+    /// owner, value and token with the lease as the hash's expiry and
+    /// PUBLISH the grant to the election's observers; the same owner renews
+    /// and gets its token again; else the leader's PTTL.
     pub election_acquire: Script,
     /// `election_extend.lua`: PEXPIRE each leader hash whose owner matches.
     pub election_extend: Script,
