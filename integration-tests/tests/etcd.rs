@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{Error, LockClient};
+use distlock_core::{Error, HoldKind, LockClient};
 use distlock_etcd::EtcdBackend;
 use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::harness::{etcd as server, ServerKind, TestServer};
@@ -226,6 +226,12 @@ async fn etcdctl_holds_against(f: Arc<Etcd>, shared: bool) -> Result<(), Failed>
     };
     if hold().try_acquire().await?.is_some() {
         return Err("distlock got a lock etcdctl holds".into());
+    }
+    // Go's Mutex key is listed as the lock's holder, without holder info.
+    let listed = client.list(&lock, 10).await?;
+    match listed.as_slice() {
+        [r] if r.kind == HoldKind::Exclusive && r.holder_info.is_none() && r.token.is_some() => {}
+        other => return Err(format!("list shows {other:?} for etcdctl's lock").into()),
     }
     let g = hold().wait(Duration::from_secs(20)).acquire().await?;
     wait_exit(child, Duration::from_secs(5)).await?;
@@ -600,10 +606,11 @@ async fn refused_certificate(f: Arc<Etcd>) -> Result<(), Failed> {
 
 /// Turns on authentication on the TLS member at `endpoint` (whose CA is
 /// `ca`): a root user, a user `app` (password `app-pw`) whose role may read
-/// and write only the conformance suite's lock names and semaphores, and a
+/// and write only the conformance suite's lock names, semaphores and
+/// leaders' holder info, and a
 /// user `nobody` (password `nobody-pw`) with no role.
 fn enable_auth(endpoint: &str, ca: &std::path::Path) -> Result<(), String> {
-    let steps: [&[&str]; 9] = [
+    let steps: [&[&str]; 10] = [
         &["user", "add", "root", "--new-user-password=root-pw"],
         &["user", "grant-role", "root", "root"],
         &["user", "add", "app", "--new-user-password=app-pw"],
@@ -623,6 +630,14 @@ fn enable_auth(endpoint: &str, ca: &std::path::Path) -> Result<(), String> {
             "--prefix=true",
             "readwrite",
             "/distlock/semaphores/conformance-",
+        ],
+        &[
+            "role",
+            "grant-permission",
+            "app",
+            "--prefix=true",
+            "readwrite",
+            "/distlock/leaders/conformance-",
         ],
         &["user", "grant-role", "app", "app"],
         &["user", "add", "nobody", "--new-user-password=nobody-pw"],
@@ -809,8 +824,16 @@ async fn distlock_follows_etcdctl_leader(f: Arc<Etcd>) -> Result<(), Failed> {
     let client = LockClient::new(EtcdBackend::connect(&url).await?);
     let e = client.election(&election).ttl(Duration::from_secs(10));
     let now = e.leader().await?.ok_or("distlock sees no leader")?;
-    if now.value != "go-proposal" {
+    if now.value != "go-proposal" || now.holder_info.is_some() {
         return Err(format!("distlock sees leader {now:?}, not go-proposal").into());
+    }
+    // Go's Election key is listed as a leadership with its proposal.
+    let listed = client.list(&election, 10).await?;
+    match listed.as_slice() {
+        [r] if r.kind == HoldKind::Leader
+            && r.value.as_deref() == Some("go-proposal")
+            && r.holder_info.is_none() => {}
+        other => return Err(format!("list shows {other:?} for etcdctl's leader").into()),
     }
     let mut observed = e.observe().await?;
     let first = futures_util::StreamExt::next(&mut observed)

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{Error, LockClient, LostReason};
+use distlock_core::{Error, HoldKind, LockClient, LostReason};
 use distlock_redis::{RedisBackend, RedisConfig};
 use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::harness::proxy::Proxy;
@@ -37,6 +37,7 @@ const LEAST_PRIVILEGE: &[&str] = &[
     "+pexpire",
     "+pttl",
     "+publish",
+    "+scan",
     "+set",
     "+time",
     "+wait",
@@ -175,7 +176,7 @@ fn main() {
 }
 
 /// Classic clients (`SET name value NX PX`, compare-and-delete) and distlock
-/// exclude each other on the same key.
+/// exclude each other on the same key, and `list` shows a classic lock.
 async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
     let url = f.url()?;
     let port = integration_tests::harness::host_port(&url)
@@ -191,6 +192,17 @@ async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
     }
     if client.lock(&name).try_acquire().await?.is_some() {
         return Err("distlock took a lock a classic client holds".into());
+    }
+    // Listed as the lock it is, with none of distlock's holder info or
+    // token: the classic value is all owner.
+    let listed = client.list(&name, 10).await?;
+    match listed.as_slice() {
+        [r] if r.name == name
+            && r.kind == HoldKind::Exclusive
+            && r.holder_info.is_none()
+            && r.token.is_none()
+            && r.remaining.is_some() => {}
+        _ => return Err(format!("list shows the classic lock as {listed:#?}").into()),
     }
     let cad = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
     let reply = raw(&["EVAL", cad, "1", &name, "classic-owner"])?;

@@ -10,7 +10,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use distlock_core::{Backend, Error, LockClient, LockGuard, LockName, LockRequest};
+use distlock_core::{Backend, Error, HoldKind, LockClient, LockGuard, LockName, LockRequest};
 use distlock_zookeeper::ZooKeeperBackend;
 use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::harness::proxy::Proxy;
@@ -946,6 +946,12 @@ async fn curator_holder_excludes_distlock(f: Arc<Zk>, build: CuratorBuild) -> Re
     let mut waiter = distlock_waiter(&client, &lock);
     wait_for_children(&f, &lock, 2).await?;
     distlock_still_waiting(&mut waiter, "Curator held the mutex").await?;
+    // Curator's node is listed as the holder; distlock's queued one is not.
+    let listed = client.list(&lock, 10).await?;
+    match listed.as_slice() {
+        [r] if r.kind == HoldKind::Exclusive && r.token.is_some() => {}
+        other => return Err(format!("list shows {other:?} while Curator holds").into()),
+    }
     curator.release().await?;
     let g = distlock_acquired(waiter).await?;
     g.release().await?;
@@ -1290,6 +1296,15 @@ async fn curator_latch_leads_and_distlock_waits(
         waiting.campaign("distlock-heir").await
     }));
     wait_for_children(&f, &election, 2).await?;
+    // Curator's latch is listed as the leadership, with its participant id
+    // and no holder info; distlock's queued campaign is not.
+    let listed = client.list(&election, 10).await?;
+    match listed.as_slice() {
+        [r] if r.kind == HoldKind::Leader
+            && r.value.as_deref() == Some("curator-leader")
+            && r.holder_info.is_none() => {}
+        other => return Err(format!("list shows {other:?} while Curator leads").into()),
+    }
     if let Ok(r) = tokio::time::timeout(HELD, &mut waiting.0).await {
         return Err(format!(
             "a distlock campaign finished while Curator led: {:?}",

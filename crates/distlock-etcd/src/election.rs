@@ -2,24 +2,31 @@
 //! `<name>/<lease id in hex>` on the campaigner's lease, carrying its value;
 //! the leader is the key created first under `<name>/`, and its token that
 //! key's create revision (Go's `leaderRev`). `etcdctl elect` campaigns and
-//! observes the same keys.
+//! observes the same keys. A campaign's holder info is in a second key on
+//! the same lease, written by the same transaction
+//! ([`leader_info_key`](crate::leader_info_key)), since Go's layout gives
+//! the campaign key's value to the proposal.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use distlock_core::{Error, FencingToken, Leader, LeaderStream, LockName, LockRequest, Result};
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use futures_util::StreamExt;
 
-use crate::EtcdBackend;
+use crate::{leader_info_key, EtcdBackend, LEADER_INFO_ROOT};
 
 /// One campaign key under an election's prefix.
 struct Campaign {
     value: Vec<u8>,
     key: Vec<u8>,
     lease: i64,
+    /// Its holder info: `None` until read, then what its holder info key
+    /// holds (`None` for a campaign of another client, such as `etcdctl
+    /// elect`, which writes none).
+    info: Option<Option<String>>,
 }
 
 /// The campaign keys under an election's prefix, by create revision.
@@ -40,6 +47,7 @@ fn first(keys: &Campaigns) -> Option<Leader> {
             String::from_utf8_lossy(&c.value).into_owned(),
             FencingToken(*rev as u64),
         )
+        .with_holder_info(c.info.clone().flatten())
     })
 }
 
@@ -48,7 +56,13 @@ fn campaign(kv: &etcd_client::KeyValue) -> Campaign {
         value: kv.value().to_vec(),
         key: kv.key().to_vec(),
         lease: kv.lease(),
+        info: None,
     }
+}
+
+/// The holder info a holder info key's value carries (empty: none).
+pub(crate) fn leader_info(value: &[u8]) -> Option<String> {
+    Some(String::from_utf8_lossy(value).into_owned()).filter(|v| !v.is_empty())
 }
 
 impl EtcdBackend {
@@ -102,27 +116,67 @@ impl EtcdBackend {
                 String::from_utf8_lossy(&first.value).into_owned(),
                 FencingToken(rev as u64),
             )
-            .with_remaining(remaining),
+            .with_remaining(remaining)
+            .with_holder_info(first.info.flatten()),
         ))
     }
 
-    /// Every campaign key under `<name>/` and the revision they were read
-    /// at.
+    /// Every campaign key under `<name>/` with its holder info, and the
+    /// revision they were read at: one transaction reading both ranges.
     async fn campaign_keys(&self, prefix: &str) -> Result<(Campaigns, i64)> {
-        let resp = self
-            .kv(|mut c| {
-                let prefix = prefix.to_string();
-                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
-            })
-            .await?;
+        let info_prefix = format!("{LEADER_INFO_ROOT}{prefix}");
+        let txn = Txn::new().and_then([
+            TxnOp::get(prefix, Some(GetOptions::new().with_prefix())),
+            TxnOp::get(info_prefix.as_str(), Some(GetOptions::new().with_prefix())),
+        ]);
+        let resp = self.txn(txn).await?;
         let rev = resp.header().map_or(0, |h| h.revision());
-        let keys = resp
+        let ops = resp.op_responses();
+        let (Some(TxnOpResponse::Get(campaigns)), Some(TxnOpResponse::Get(infos))) =
+            (ops.first(), ops.get(1))
+        else {
+            return Err(Error::unavailable(
+                "etcd",
+                "etcd answered an election read with something else",
+                None,
+            ));
+        };
+        let infos: HashMap<&[u8], &[u8]> = infos
+            .kvs()
+            .iter()
+            .filter(|kv| direct_child(kv.key(), &info_prefix))
+            .map(|kv| (kv.key(), kv.value()))
+            .collect();
+        let keys = campaigns
             .kvs()
             .iter()
             .filter(|kv| direct_child(kv.key(), prefix))
-            .map(|kv| (kv.create_revision(), campaign(kv)))
+            .map(|kv| {
+                let mut c = campaign(kv);
+                let info_key = leader_info_key(&String::from_utf8_lossy(kv.key()));
+                c.info = Some(infos.get(info_key.as_bytes()).and_then(|v| leader_info(v)));
+                (kv.create_revision(), c)
+            })
             .collect();
         Ok((keys, rev))
+    }
+
+    /// Reads the holder info of the first of `keys` if it is not known yet:
+    /// a campaign seen first in a watch event (its holder info key is
+    /// written in the same transaction, outside the watched prefix).
+    async fn fill_first_info(&self, keys: &mut Campaigns) -> Result<()> {
+        let Some((_, c)) = keys.iter_mut().next().filter(|(_, c)| c.info.is_none()) else {
+            return Ok(());
+        };
+        let info_key = leader_info_key(&String::from_utf8_lossy(&c.key));
+        let resp = self
+            .kv(|mut kv| {
+                let info_key = info_key.clone();
+                async move { kv.get(info_key, None).await }
+            })
+            .await?;
+        c.info = Some(resp.kvs().first().and_then(|kv| leader_info(kv.value())));
+        Ok(())
     }
 
     /// The leaders of `name`: one read of every key under `<name>/`, then a
@@ -193,22 +247,30 @@ impl EtcdBackend {
             for event in msg.events() {
                 let Some(kv) = event.kv() else { continue };
                 // One item per revision, after all its events.
-                if at.is_some_and(|r| r != kv.mod_revision())
-                    && tx.send(Ok(first(&keys))).await.is_err()
-                {
-                    return Ok(());
+                if at.is_some_and(|r| r != kv.mod_revision()) {
+                    self.fill_first_info(&mut keys).await?;
+                    if tx.send(Ok(first(&keys))).await.is_err() {
+                        return Ok(());
+                    }
                 }
                 at = Some(kv.mod_revision());
                 match event.event_type() {
                     _ if !direct_child(kv.key(), prefix) => {}
                     EventType::Put => {
-                        keys.insert(kv.create_revision(), campaign(kv));
+                        // A proclamation keeps the campaign's holder info.
+                        let mut c = campaign(kv);
+                        let known = keys.get(&kv.create_revision());
+                        c.info = known.and_then(|k| k.info.clone());
+                        keys.insert(kv.create_revision(), c);
                     }
                     EventType::Delete => keys.retain(|_, c| c.key.as_slice() != kv.key()),
                 }
             }
-            if at.is_some() && tx.send(Ok(first(&keys))).await.is_err() {
-                return Ok(());
+            if at.is_some() {
+                self.fill_first_info(&mut keys).await?;
+                if tx.send(Ok(first(&keys))).await.is_err() {
+                    return Ok(());
+                }
             }
         }
         Err(Error::unavailable(
@@ -245,7 +307,10 @@ impl EtcdBackend {
         }
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, rev)])
-            .and_then([TxnOp::delete(key, None)]);
+            .and_then([
+                TxnOp::delete(key, None),
+                TxnOp::delete(leader_info_key(key), None),
+            ]);
         Ok(self.txn(txn).await?.succeeded())
     }
 }

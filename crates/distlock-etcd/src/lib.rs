@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 mod creating;
 mod election;
+mod list;
 mod semaphore;
 mod session;
 
@@ -228,6 +229,30 @@ fn exclusive_ranges(prefix: &str) -> [(String, String); 2] {
     ]
 }
 
+/// The root of the keys that carry the holder info of leaderships. A
+/// campaign's key carries its value (Go's layout, which `etcdctl elect`
+/// reads), so its holder info lives in a second key on the same lease:
+/// `/distlock/leaders/<name>/<lease id in hex>`. Lock names never start
+/// with `/`, so no lock's or election's range `<name>/` covers these keys,
+/// and semaphores live under their own root.
+const LEADER_INFO_ROOT: &str = "/distlock/leaders/";
+
+/// The key carrying the holder info of the campaign whose key is
+/// `campaign_key` (`<name>/<lease id in hex>`).
+fn leader_info_key(campaign_key: &str) -> String {
+    format!("{LEADER_INFO_ROOT}{campaign_key}")
+}
+
+/// The holder info in a lock's or shared hold's value
+/// ([`distlock_core::stored_owner`]); `None` for a value without any, such
+/// as the empty one of `etcdctl lock`.
+fn lock_holder_info(value: &[u8]) -> Option<String> {
+    let value = std::str::from_utf8(value).ok()?;
+    distlock_core::split_stored_owner(value)
+        .1
+        .map(str::to_string)
+}
+
 fn first_created() -> GetOptions {
     GetOptions::new()
         .with_prefix()
@@ -301,6 +326,30 @@ pub mod requests {
         Txn::new()
             .when(absent)
             .and_then(puts.chain(heads).collect::<Vec<_>>())
+    }
+
+    /// [`enqueue`] for a campaign (Go's `Election.Campaign`): `key` carries
+    /// the campaign's `value`, and `info_key` (see [`super::leader_info_key`])
+    /// the holder info, both put on the lease by the one transaction.
+    pub fn enqueue_campaign(
+        key: &str,
+        prefix: &str,
+        value: &str,
+        (info_key, info): (&str, &str),
+        lease: i64,
+    ) -> Txn {
+        let on_lease = || Some(PutOptions::new().with_lease(lease));
+        Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key, value, on_lease()),
+                TxnOp::get(prefix, Some(first_created())),
+                TxnOp::put(info_key, info, on_lease()),
+            ])
+            .or_else([
+                TxnOp::get(key, None),
+                TxnOp::get(prefix, Some(first_created())),
+            ])
     }
 
     /// Deletes `keys` (keys of this client's lease that it just put).
@@ -504,19 +553,23 @@ impl EtcdBackend {
         }
     }
 
-    /// Deletes every key of lock `name` (holder and queue), as an operator
-    /// would; the holder's next renewal is rejected. Returns whether any existed.
+    /// Deletes every key of lock or election `name` (holder and queue, and
+    /// campaigns' holder info), as an operator would; the holder's next
+    /// renewal is rejected. Returns whether any existed.
     pub async fn evict(&self, name: &distlock_core::LockName) -> Result<bool> {
+        let under = |root: &str| {
+            TxnOp::delete(
+                format!("{root}{name}/"),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+        };
         let resp = self
-            .kv(|mut c| async move {
-                c.delete(
-                    format!("{name}/"),
-                    Some(etcd_client::DeleteOptions::new().with_prefix()),
-                )
-                .await
-            })
+            .txn(Txn::new().and_then([under(""), under(LEADER_INFO_ROOT)]))
             .await?;
-        Ok(resp.deleted() > 0)
+        Ok(matches!(
+            resp.op_responses().first(),
+            Some(TxnOpResponse::Delete(d)) if d.deleted() > 0
+        ))
     }
 
     /// How many times a waiter of this client was woken by its predecessor's
@@ -593,23 +646,22 @@ impl EtcdBackend {
                 .any(|(r, v)| *r == rev || (*r == 0 && v.as_bytes() == value))
         };
         let lock = || {
-            self.queued()
-                .keys()
-                .any(|o| o.to_string().as_bytes() == value)
+            let owner = std::str::from_utf8(value).map(|v| distlock_core::split_stored_owner(v).0);
+            owner.is_ok_and(|owner| self.queued().keys().any(|o| o.to_string() == owner))
         };
         (campaigns && campaign()) || (locks && lock())
     }
 
     /// The condition that `key` is still `req`'s: a campaign's key still
     /// has the create revision it was granted with (its value changes with
-    /// `proclaim`), a lock's key still carries its owner.
+    /// `proclaim`), a lock's key still carries its owner (and holder info).
     fn still_mine(&self, key: &str, req: &LockRequest) -> Compare {
         match req.kind {
             HoldKind::Leader => {
                 let rev = self.campaign_rev(&req.owner).unwrap_or(-1);
                 Compare::create_revision(key, CompareOp::Equal, rev)
             }
-            _ => Compare::value(key, CompareOp::Equal, req.owner.to_string()),
+            _ => Compare::value(key, CompareOp::Equal, distlock_core::stored_owner(req)),
         }
     }
 
@@ -642,8 +694,12 @@ impl EtcdBackend {
         } else {
             format!("{prefix}{:x}", session.lease)
         };
-        let owner = req.owner.to_string();
+        // A lock's key carries its owner and holder info; compares of the
+        // value use the same text.
+        let owner = distlock_core::stored_owner(req);
         let campaign = req.kind == HoldKind::Leader;
+        let info_key = leader_info_key(&key);
+        let info = req.holder_info.as_deref().unwrap_or_default();
         // A campaign's key carries its value (Go's Election), a lock's its owner.
         let value = match &req.value {
             Some(v) if campaign => v.to_string(),
@@ -658,6 +714,8 @@ impl EtcdBackend {
         for _ in 0..3 {
             let txn = if shared {
                 requests::enqueue_shared(&key, &prefix, &owner, session.lease)
+            } else if campaign {
+                requests::enqueue_campaign(&key, &prefix, &value, (&info_key, info), session.lease)
             } else {
                 requests::enqueue(&key, &prefix, &value, session.lease)
             };
@@ -737,13 +795,15 @@ impl EtcdBackend {
         ))
     }
 
-    /// Deletes my key if it is still mine ([`Self::still_mine`]).
+    /// Deletes my key if it is still mine ([`Self::still_mine`]), and a
+    /// campaign's holder info with it.
     async fn delete_mine(&self, key: &str, req: &LockRequest) -> Result<bool> {
         let txn = match req.kind {
-            HoldKind::Leader => Txn::new()
-                .when([self.still_mine(key, req)])
-                .and_then([TxnOp::delete(key, None)]),
-            _ => requests::delete_mine(key, &req.owner.to_string()),
+            HoldKind::Leader => Txn::new().when([self.still_mine(key, req)]).and_then([
+                TxnOp::delete(key, None),
+                TxnOp::delete(leader_info_key(key), None),
+            ]),
+            _ => requests::delete_mine(key, &distlock_core::stored_owner(req)),
         };
         Ok(self.txn(txn).await?.succeeded())
     }
@@ -806,7 +866,7 @@ impl EtcdBackend {
         if !campaign {
             ops.push(TxnOp::put(
                 q.key.as_str(),
-                req.owner.to_string(),
+                distlock_core::stored_owner(req),
                 Some(PutOptions::new().with_lease(q.session.lease)),
             ));
         }
@@ -922,7 +982,7 @@ impl Backend for EtcdBackend {
                 (
                     format!("{prefix}{:x}", session.lease),
                     prefix,
-                    r.owner.to_string(),
+                    distlock_core::stored_owner(r),
                 )
             })
             .collect();
@@ -1069,11 +1129,11 @@ impl Backend for EtcdBackend {
                 Some(match r.kind {
                     HoldKind::Permits { .. } => {
                         let (key, held) = self.permit_check(r)?;
-                        (key, Expect::Value(held.as_bytes().to_vec()), s.lease)
+                        (key, Expect::Value(held.into_bytes()), s.lease)
                     }
                     HoldKind::Shared => (
                         shared_key(&r.name, &r.owner),
-                        Expect::Value(r.owner.to_string().into_bytes()),
+                        Expect::Value(distlock_core::stored_owner(r).into_bytes()),
                         s.lease,
                     ),
                     HoldKind::Leader => (
@@ -1083,7 +1143,7 @@ impl Backend for EtcdBackend {
                     ),
                     _ => (
                         format!("{}/{:x}", r.name, s.lease),
-                        Expect::Value(r.owner.to_string().into_bytes()),
+                        Expect::Value(distlock_core::stored_owner(r).into_bytes()),
                         s.lease,
                     ),
                 })
@@ -1209,11 +1269,30 @@ impl Backend for EtcdBackend {
             .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
             .await?
             .ttl();
+        // An exclusive holder's value is its owner and holder info
+        // (`etcdctl lock` stores an empty one, which carries none).
+        let holder_info = (readers == 0)
+            .then(|| lock_holder_info(first.value()))
+            .flatten();
         Ok(distlock_core::LockStatus::new(true)
             .with_token(token.map(|t| FencingToken(t as u64)))
             .with_remaining((ttl >= 0).then(|| Duration::from_secs(ttl as u64)))
             .with_queue_len(Some(kvs.len() - holders))
-            .with_shared(readers, writer_waiting))
+            .with_shared(readers, writer_waiting)
+            .with_holder_info(holder_info))
+    }
+
+    /// Reads, at one revision and in pages of 1000 keys, every key of the
+    /// lock names starting with `prefix` (all keys not under `/` for
+    /// `""`), every key under `/distlock/semaphores/<prefix>` and under
+    /// `/distlock/leaders/<prefix>`: O(keys under the prefix), however
+    /// small `limit` is, since whether a key holds depends on every key of
+    /// its name. Then one `LeaseTimeToLive` per distinct lease among the
+    /// records returned (at most `limit`, 8 at a time) for `remaining`.
+    /// Keys that are not distlock's, Go's `Mutex`'s or `Election`'s are
+    /// skipped.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<distlock_core::HoldRecord>> {
+        self.list_holds(prefix, limit).await
     }
 
     async fn inspect_permits(
@@ -1285,6 +1364,30 @@ mod tests {
             matches!(refused, Error::Misconfigured { .. }),
             "{refused:?}"
         );
+    }
+
+    #[test]
+    fn a_leaders_holder_info_key_is_under_no_names_range() {
+        let key = leader_info_key("jobs/a/694d7c1a2b3c4d5e");
+        // Every range a lock, election or shared hold reads starts with a
+        // name, and names never start with `/`.
+        assert!(key.starts_with('/'));
+        assert!(!key.starts_with(semaphore::ROOT));
+        assert!(distlock_core::LockName::new(key.trim_end_matches(|c| c != '/')).is_err());
+    }
+
+    #[test]
+    fn lock_values_carry_the_holder_info_after_the_owner() {
+        let name = distlock_core::LockName::new("a").unwrap_or_else(|e| panic!("{e}"));
+        let req = LockRequest::new(name, Duration::from_secs(1))
+            .with_holder_info(Some("web-1 pid 7".into()));
+        let value = distlock_core::stored_owner(&req);
+        assert_eq!(
+            lock_holder_info(value.as_bytes()).as_deref(),
+            Some("web-1 pid 7")
+        );
+        // `etcdctl lock` stores an empty value.
+        assert_eq!(lock_holder_info(b""), None);
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //!   a lease. Written by the first acquire, in the transaction that puts its
 //!   key, and by `set_limit`.
 //! - `/distlock/semaphores/<name>/@permits/<owner>`: one key per contender,
-//!   on its session's lease (so a permit ends with the lease), valued
-//!   `held` or `waiting`.
+//!   on its session's lease (so a permit ends with the lease), valued with
+//!   its state, `held` or `waiting`, then a space and its holder info when
+//!   the request carries one (see [`permit_value`]).
 //!
 //! Grants. A contender may hold a permit once fewer than `limit` of the
 //! keys were created before its own (create revision order: FIFO). Its
@@ -44,14 +45,15 @@
 //! re-reads when its predecessor marks itself, and from then on watches only
 //! that predecessor.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::wait::WaitClock;
 use distlock_core::{
-    Error, FencingToken, Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, LostReason,
-    Owner, Result,
+    Error, FencingToken, Grant, HoldKind, HoldRecord, InputKind, LockName, LockRequest, LockStatus,
+    LostReason, Owner, Result,
 };
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, EventType, GetOptions, GetResponse, PutOptions, SortOrder,
@@ -63,12 +65,86 @@ use crate::session::Session;
 use crate::EtcdBackend;
 
 /// The root of every semaphore's keys.
-const ROOT: &str = "/distlock/semaphores/";
+pub(crate) const ROOT: &str = "/distlock/semaphores/";
 /// A key that holds a permit (or, for one round trip after its creation,
 /// a contender that has not yet learned it waits).
 const HELD: &str = "held";
 /// A key that waits for a permit.
 const WAITING: &str = "waiting";
+
+/// A permit key's value: `state`, then a space and `req`'s holder info if
+/// it has one. Holder info has no control characters and the states no
+/// space, so [`permit_state`] and [`permit_holder_info`] read it back.
+fn permit_value(state: &str, req: &LockRequest) -> String {
+    match &req.holder_info {
+        Some(info) => format!("{state} {info}"),
+        None => state.to_string(),
+    }
+}
+
+/// The state (`held` or `waiting`) in a permit key's value.
+fn permit_state(value: &[u8]) -> &[u8] {
+    value.split(|b| *b == b' ').next().unwrap_or_default()
+}
+
+/// The holder info in a permit key's value, if it carries one.
+fn permit_holder_info(value: &[u8]) -> Option<String> {
+    let value = std::str::from_utf8(value).ok()?;
+    value
+        .split_once(' ')
+        .map(|(_, info)| info.to_string())
+        .filter(|info| !info.is_empty())
+}
+
+/// The permits held under [`ROOT`] among `kvs` (keys of that root sorted
+/// by key, read at one revision), each with its key's lease: a key in state
+/// `held` among the first `limit` of its semaphore by create revision (the
+/// grant rule), its token the revision of the write that granted it (its
+/// last write: keys are not rewritten once held).
+pub(crate) fn held_permits(kvs: &[etcd_client::KeyValue], prefix: &str) -> Vec<(HoldRecord, i64)> {
+    // name -> (stored limit, permit keys)
+    let mut sems: BTreeMap<&str, (Option<u32>, Vec<&etcd_client::KeyValue>)> = BTreeMap::new();
+    for kv in kvs {
+        let Some(rest) = kv
+            .key()
+            .strip_prefix(ROOT.as_bytes())
+            .and_then(|k| std::str::from_utf8(k).ok())
+        else {
+            continue;
+        };
+        if let Some(name) = rest.strip_suffix("/@limit") {
+            let limit = std::str::from_utf8(kv.value())
+                .ok()
+                .and_then(|v| v.parse().ok());
+            sems.entry(name).or_default().0 = limit;
+        } else if let Some((name, _owner)) = rest.split_once("/@permits/") {
+            sems.entry(name).or_default().1.push(kv);
+        }
+    }
+    let mut held = Vec::new();
+    for (name, (limit, mut permits)) in sems {
+        if !name.starts_with(prefix) || LockName::new(name).is_err() {
+            continue;
+        }
+        permits.sort_by_key(|kv| kv.create_revision());
+        // Without a stored limit (deleted; the next waiter restores it),
+        // every key in state `held` still holds.
+        let granted = permits
+            .iter()
+            .take(limit.map_or(usize::MAX, |l| l as usize))
+            .filter(|kv| permit_state(kv.value()) == HELD.as_bytes());
+        held.extend(granted.map(|kv| {
+            let kind = HoldKind::Permits {
+                limit: limit.unwrap_or(0),
+            };
+            let record = HoldRecord::new(name, kind)
+                .with_token(Some(FencingToken(kv.mod_revision() as u64)))
+                .with_holder_info(permit_holder_info(kv.value()));
+            (record, kv.lease())
+        }));
+    }
+    held
+}
 
 /// The keys of one semaphore.
 struct SemKeys {
@@ -195,10 +271,11 @@ enum Wake {
 }
 
 impl Contender<'_> {
-    fn put_mine(&self, value: &str) -> TxnOp {
+    /// Puts my key in `state` (with my holder info).
+    fn put_mine(&self, state: &str) -> TxnOp {
         TxnOp::put(
             self.mine.as_str(),
-            value,
+            permit_value(state, self.req),
             Some(PutOptions::new().with_lease(self.session.lease)),
         )
     }
@@ -424,7 +501,7 @@ impl EtcdBackend {
         Ok(resp
             .prev_kvs()
             .first()
-            .is_some_and(|kv| kv.value() == HELD.as_bytes()))
+            .is_some_and(|kv| permit_state(kv.value()) == HELD.as_bytes()))
     }
 
     /// Waits for my predecessor's key to change (claimed or gone).
@@ -490,7 +567,9 @@ impl EtcdBackend {
                         kv.value() != limit.as_bytes()
                     }
                     // My predecessor turned out to wait: watch only it.
-                    EventType::Put => pred == Some(key) && kv.value() == WAITING.as_bytes(),
+                    EventType::Put => {
+                        pred == Some(key) && permit_state(kv.value()) == WAITING.as_bytes()
+                    }
                 };
                 if recheck {
                     self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
@@ -519,7 +598,7 @@ impl EtcdBackend {
                 pred,
                 revision,
             } => match pred {
-                Some((key, value)) if value == WAITING.as_bytes() => {
+                Some((key, value)) if permit_state(&value) == WAITING.as_bytes() => {
                     self.watch_predecessor(key, revision + 1).await?;
                     Ok(None)
                 }
@@ -643,11 +722,11 @@ impl EtcdBackend {
     /// its TTL from now, and returns the key and value that show the permit
     /// is still held; `None` if it already ended here (see
     /// [`PermitEnds::extend`](distlock_core::expiry::PermitEnds::extend)).
-    pub(crate) fn permit_check(&self, req: &LockRequest) -> Option<(String, &'static str)> {
+    pub(crate) fn permit_check(&self, req: &LockRequest) -> Option<(String, String)> {
         self.inner
             .permit_ends
             .extend(&req.owner, req.ttl)
-            .then(|| (permit_key(&req.name, &req.owner), HELD))
+            .then(|| (permit_key(&req.name, &req.owner), permit_value(HELD, req)))
     }
 
     /// Starts the TTL of a permit just granted: unless extended, it ends
@@ -687,7 +766,7 @@ impl EtcdBackend {
         let holders = permits
             .kvs()
             .iter()
-            .filter(|kv| kv.value() == HELD.as_bytes())
+            .filter(|kv| permit_state(kv.value()) == HELD.as_bytes())
             .count();
         Ok(LockStatus::new(holders > 0).with_holders(holders, stored_limit(limit)?))
     }
@@ -706,5 +785,25 @@ impl EtcdBackend {
             Some(TxnOpResponse::Get(old)) => stored_limit(old),
             _ => Err(unexpected("limit change")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permit_values_carry_state_and_holder_info() {
+        let name = LockName::new("sem").unwrap_or_else(|e| panic!("{e}"));
+        let req = LockRequest::permit(name, Duration::from_secs(1), 2);
+        assert_eq!(permit_value(HELD, &req), HELD);
+        let req = req.with_holder_info(Some("web-1 pid 7: serve --port 80".into()));
+        let value = permit_value(WAITING, &req);
+        assert_eq!(permit_state(value.as_bytes()), WAITING.as_bytes());
+        assert_eq!(
+            permit_holder_info(value.as_bytes()).as_deref(),
+            Some("web-1 pid 7: serve --port 80")
+        );
+        assert_eq!(permit_holder_info(HELD.as_bytes()), None);
     }
 }

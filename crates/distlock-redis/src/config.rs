@@ -13,6 +13,7 @@ use distlock_core::{Error, InputKind, Result};
 /// | `wait_replicas` | after a grant, `WAIT` for this many replicas; release and fail if fewer acknowledge | 0 (off) |
 /// | `wait_timeout_ms` | the `WAIT` timeout | 100 |
 /// | `timeout_ms` | connect and response timeout | 2000 |
+/// | `observe_recheck_ms` | an election's observer reads the leader at least this often, besides each message on the election's channel and each lease end | 1000 |
 /// | `ca_file` | `rediss://`, `rediss+sentinel://`, `rediss+cluster://`: PEM file of the CA to trust instead of the system roots | system roots |
 ///
 /// Other parameters of a `redis://` URL (such as `protocol`) are passed to
@@ -28,6 +29,10 @@ pub struct RedisConfig {
     pub wait_timeout: Duration,
     /// Connect and per-command response timeout.
     pub timeout: Duration,
+    /// How often an election's observer reads the leader when its channel
+    /// is silent and no lease ends: the bound on the lag after a message
+    /// lost without the pub/sub connection failing.
+    pub observe_recheck: Duration,
     /// TLS URLs (`rediss://`, `rediss+sentinel://`, `rediss+cluster://`):
     /// trust this CA (PEM file) instead of the system roots.
     pub ca_file: Option<std::path::PathBuf>,
@@ -40,6 +45,7 @@ impl Default for RedisConfig {
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(100),
             timeout: Duration::from_secs(2),
+            observe_recheck: Duration::from_secs(1),
             ca_file: None,
         }
     }
@@ -59,6 +65,13 @@ impl RedisConfig {
         self
     }
 
+    /// Sets how often an election's observer reads the leader when its
+    /// channel is silent and no lease ends.
+    pub fn with_observe_recheck(mut self, every: Duration) -> Self {
+        self.observe_recheck = every;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         if self.prefix.contains(['{', '}']) {
             return Err(Error::invalid(
@@ -73,6 +86,12 @@ impl RedisConfig {
             return Err(Error::invalid(
                 InputKind::Config,
                 "timeout must be greater than zero",
+            ));
+        }
+        if self.observe_recheck.is_zero() {
+            return Err(Error::invalid(
+                InputKind::Config,
+                "observe_recheck must be greater than zero",
             ));
         }
         Ok(())
@@ -134,6 +153,7 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
             }
             "wait_timeout_ms" => config.wait_timeout = Duration::from_millis(number(v)?),
             "timeout_ms" => config.timeout = Duration::from_millis(number(v)?),
+            "observe_recheck_ms" => config.observe_recheck = Duration::from_millis(number(v)?),
             "ca_file" => config.ca_file = Some(v.into()),
             _ => passthrough.push(pair),
         }
@@ -267,12 +287,13 @@ mod tests {
     #[test]
     fn parses_the_url_forms() {
         let (t, c) =
-            p("redis://:pw@127.0.0.1:6379/2?prefix=app:&wait_replicas=1&protocol=resp3").unwrap();
+            p("redis://:pw@127.0.0.1:6379/2?prefix=app:&wait_replicas=1&observe_recheck_ms=60000&protocol=resp3").unwrap();
         assert_eq!(
             t,
             Topology::Single("redis://:pw@127.0.0.1:6379/2?protocol=resp3".into())
         );
         assert_eq!((c.prefix.as_str(), c.wait_replicas), ("app:", 1));
+        assert_eq!(c.observe_recheck, Duration::from_secs(60));
         let (t, _) = p("redis+sentinel://a:26379,b:26380/mymaster/3").unwrap();
         assert_eq!(
             t,

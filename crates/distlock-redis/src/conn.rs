@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Client, Cmd, FromRedisValue, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation,
@@ -257,6 +258,40 @@ impl Conn {
         }
     }
 
+    /// Every key matching `pattern`: `SCAN` with `MATCH` and `COUNT`, to
+    /// the end of the keyspace, on the server, or on every master of a
+    /// cluster (each holds its own slots' keys). A key may come twice, as
+    /// `SCAN` promises only that every key present throughout is returned.
+    pub(crate) async fn scan(&self, pattern: &str, count: usize) -> RedisResult<Vec<String>> {
+        let Conn::Cluster { conn, .. } = self else {
+            return scan_node(pattern, count, |c| {
+                let c = c.clone();
+                async move { self.cmd(&c).await }
+            })
+            .await;
+        };
+        let masters = cluster_masters(&mut conn.clone()).await?;
+        let mut keys = Vec::new();
+        for slot in masters {
+            // A slot the master owns routes each call of its SCAN to it.
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                slot,
+                SlotAddr::Master,
+            )));
+            let found = scan_node(pattern, count, |c| {
+                let (mut conn, c, route) = (conn.clone(), c.clone(), route.clone());
+                async move {
+                    Ok(redis::from_redis_value(
+                        conn.route_command(c, route).await?,
+                    )?)
+                }
+            })
+            .await?;
+            keys.extend(found);
+        }
+        Ok(keys)
+    }
+
     /// A client for a dedicated pub/sub connection. Classic pub/sub messages
     /// reach every node of a cluster, so any node will do.
     pub(crate) async fn pubsub_client(&self) -> RedisResult<Client> {
@@ -266,4 +301,61 @@ impl Conn {
             Conn::Sentinel(s) => Ok(s.current().await?.0),
         }
     }
+}
+
+/// One server's keys matching `pattern`, `SCAN` call after call (each sent
+/// with `send`) until the cursor comes back to 0.
+async fn scan_node<F, Fut>(pattern: &str, count: usize, send: F) -> RedisResult<Vec<String>>
+where
+    F: Fn(&Cmd) -> Fut,
+    Fut: std::future::Future<Output = RedisResult<(String, Vec<String>)>>,
+{
+    let mut keys = Vec::new();
+    let mut cursor = "0".to_string();
+    loop {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(&cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        let (next, found) = send(&scan).await?;
+        keys.extend(found);
+        if next == "0" {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
+/// One slot of each master of a cluster, from `CLUSTER SLOTS`: each entry
+/// is `[first slot, last slot, [master host, port, id], replicas...]`.
+async fn cluster_masters(conn: &mut ClusterConnection) -> RedisResult<Vec<u16>> {
+    let answer = conn
+        .route_command(
+            redis::cmd("CLUSTER").arg("SLOTS").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await?;
+    let ranges: Vec<Vec<redis::Value>> = redis::from_redis_value(answer)?;
+    let mut seen = std::collections::HashSet::new();
+    let mut slots = Vec::new();
+    for range in ranges {
+        let (Some(first), Some(master)) = (range.first(), range.get(2)) else {
+            continue;
+        };
+        let first: u16 = redis::from_redis_value(first.clone())?;
+        let master: Vec<redis::Value> = redis::from_redis_value(master.clone())?;
+        let at: (String, i64) = match master.as_slice() {
+            [host, port, ..] => (
+                redis::from_redis_value(host.clone())?,
+                redis::from_redis_value(port.clone())?,
+            ),
+            _ => continue,
+        };
+        if seen.insert(at) {
+            slots.push(first);
+        }
+    }
+    Ok(slots)
 }

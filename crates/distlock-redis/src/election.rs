@@ -1,25 +1,33 @@
 //! Elections ([`HoldKind::Leader`](distlock_core::HoldKind::Leader)): one
 //! leader hash per election, holding the leader's owner, value and token
 //! and expiring with its lease by the server's clock; the scripts that
-//! campaign, renew, resign, proclaim and read it, and the wait for it.
+//! campaign, renew, resign, proclaim and read it, the wait for it, and
+//! the observers notified on the election's channel.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use distlock_core::wait::{wait_for_grant, Outcome, Pace};
-use distlock_core::{Error, FencingToken, Grant, Leader, LockName, LockRequest, Result};
+use distlock_core::{
+    split_stored_owner, Error, FencingToken, Grant, Leader, LeaderStream, LockName, LockRequest,
+    Result, LEADER_POLL,
+};
+use futures_util::stream::{self, StreamExt};
 use redis::Value;
 use tokio::time::Instant;
 
 use crate::rwlock::held_for;
 use crate::scripts::{ElectionKeys, Scripts};
 use crate::subscriber::Wake;
-use crate::{ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
+use crate::{owner_arg, ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
 
 /// One server's entry for an election
 /// ([`RedisBackend::election_entry`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ElectionEntry {
-    /// The owner that leads on this server.
+    /// The stored owner that leads on this server: the owner and its
+    /// holder info ([`distlock_core::stored_owner`]).
     pub owner: String,
     /// Its value, the token this server stores and the lease left here.
     pub leader: Leader,
@@ -40,9 +48,10 @@ impl RedisBackend {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_acquire.key(&keys.leader);
         inv.key(&keys.fence)
-            .arg(req.owner.to_string())
+            .arg(owner_arg(req))
             .arg(ttl_ms(req.ttl))
-            .arg(req.value.as_deref().unwrap_or_default());
+            .arg(req.value.as_deref().unwrap_or_default())
+            .arg(&keys.channel);
         let answer: i64 = self.run(&inv).await?;
         if answer >= 1 {
             if self.inner.config.wait_replicas > 0 {
@@ -70,7 +79,7 @@ impl RedisBackend {
         let mut inv = Scripts::get().election_extend.prepare_invoke();
         for req in reqs {
             inv.key(self.election_keys(&req.name).leader)
-                .arg(req.owner.to_string())
+                .arg(owner_arg(req))
                 .arg(ttl_ms(req.ttl));
         }
         self.renewed(&inv, "election_extend.lua", reqs.len()).await
@@ -80,7 +89,7 @@ impl RedisBackend {
     pub(crate) async fn release_leader(&self, req: &LockRequest) -> Result<bool> {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_release.key(&keys.leader);
-        inv.arg(req.owner.to_string()).arg(&keys.channel);
+        inv.arg(owner_arg(req)).arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
@@ -89,13 +98,13 @@ impl RedisBackend {
     pub(crate) async fn proclaim_value(&self, req: &LockRequest, value: &str) -> Result<bool> {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_proclaim.key(&keys.leader);
-        inv.arg(req.owner.to_string()).arg(value).arg(&keys.channel);
+        inv.arg(owner_arg(req)).arg(value).arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
 
     /// The live leader of `name` by the server's clock, with its value,
-    /// token and remaining lease, in one script call.
+    /// token, remaining lease and holder info, in one script call.
     pub(crate) async fn current_leader(&self, name: &LockName) -> Result<Option<Leader>> {
         Ok(self.read_leader(name).await?.map(|(_, leader, _)| leader))
     }
@@ -170,7 +179,10 @@ impl RedisBackend {
                 let settled = rest.get(1).and_then(text).is_some_and(|s| s == "1");
                 // -1: a hash without expiry (written by hand): no end known.
                 let remaining = u64::try_from(*pttl).ok().map(Duration::from_millis);
-                let leader = Leader::new(value, FencingToken(token)).with_remaining(remaining);
+                let info = owner.as_deref().and_then(|o| split_stored_owner(o).1);
+                let leader = Leader::new(value, FencingToken(token))
+                    .with_remaining(remaining)
+                    .with_holder_info(info.map(str::to_string));
                 Ok(Some((owner, leader, settled)))
             }
             _ => Err(Error::backend(
@@ -187,9 +199,7 @@ impl RedisBackend {
     pub async fn settle_election(&self, req: &LockRequest, token: FencingToken) -> Result<bool> {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_settle.key(&keys.leader);
-        inv.key(&keys.fence)
-            .arg(req.owner.to_string())
-            .arg(token.get());
+        inv.key(&keys.fence).arg(owner_arg(req)).arg(token.get());
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
@@ -228,5 +238,107 @@ impl RedisBackend {
             self.attempt_leader(req)
         })
         .await
+    }
+
+    /// The leaders of `name`, notified: subscribes to the election's
+    /// channel first, then reads the leader; after that reads it again on
+    /// every message on the channel (a grant, a resignation, an eviction, a
+    /// proclaimed value), when the leader's lease runs out (an expiry is
+    /// not announced), and at least every
+    /// [`observe_recheck`](crate::RedisConfig::observe_recheck). Without a
+    /// subscription (refused, or its connection lost and not yet back) it
+    /// reads every [`LEADER_POLL`] and subscribes again at most every
+    /// `observe_recheck`. Dropping the stream unsubscribes.
+    pub(crate) async fn observe_leaders(&self, name: &LockName) -> LeaderStream {
+        let mut observer = Observer {
+            backend: self.clone(),
+            name: name.clone(),
+            channel: self.election_keys(name).channel,
+            watch: None,
+            subscribed_at: None,
+            woken: None,
+            pause: None,
+        };
+        observer.subscribe().await;
+        stream::unfold(observer, |mut o| async move {
+            let item = o.next().await;
+            Some((item, o))
+        })
+        .boxed()
+    }
+}
+
+/// One observer of an election: its subscription to the election's
+/// channel, and the wake-up armed before each read.
+struct Observer {
+    backend: RedisBackend,
+    name: LockName,
+    channel: String,
+    watch: Option<ReleaseWatch>,
+    /// When it last tried to subscribe.
+    subscribed_at: Option<Instant>,
+    /// The next message on the channel (or the loss of its connection),
+    /// registered before the last read, so none published after it is
+    /// missed.
+    woken: Option<Pin<Box<dyn Future<Output = bool> + Send>>>,
+    /// How long to wait for a message before reading anyway; `None` before
+    /// the first read.
+    pause: Option<Duration>,
+}
+
+impl Observer {
+    /// Subscribes to the election's channel (with [`Wake::Every`], so a
+    /// grant wakes it too); without a subscription it polls.
+    async fn subscribe(&mut self) {
+        self.watch = None;
+        self.subscribed_at = Some(Instant::now());
+        self.watch = self
+            .backend
+            .watch_channel(self.channel.clone(), Wake::Every)
+            .await
+            .inspect_err(|e| tracing::debug!(error = %e, "no pub/sub; observing by polling"))
+            .ok();
+    }
+
+    /// Waits for a message, the lease's end or the pause, then reads the
+    /// leader, with the next wake-up armed first.
+    async fn next(&mut self) -> Result<Option<Leader>> {
+        let recheck = self.backend.inner.config.observe_recheck;
+        if let Some(pause) = self.pause.take() {
+            match self.woken.take() {
+                Some(woken) => {
+                    tokio::select! {
+                        _ = woken => {}
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+                None => tokio::time::sleep(pause).await,
+            }
+        }
+        let lost = !self.watch.as_ref().is_some_and(ReleaseWatch::alive);
+        let due = self.subscribed_at.is_none_or(|at| at.elapsed() >= recheck);
+        if lost && (self.watch.is_some() || due) {
+            // A dead connection is replaced at once; a refused subscription
+            // is asked again once per recheck.
+            self.subscribe().await;
+        }
+        self.woken = self
+            .watch
+            .as_ref()
+            .map(|w| -> Pin<Box<dyn Future<Output = bool> + Send>> { Box::pin(w.next()) });
+        let read = self.backend.current_leader(&self.name).await;
+        let every = if self.woken.is_some() && read.is_ok() {
+            recheck
+        } else {
+            LEADER_POLL
+        };
+        let pause = match &read {
+            Ok(Some(l)) => l
+                .remaining
+                .map_or(every, |r| every.min(r + Duration::from_millis(2))),
+            _ => every,
+        };
+        self.pause = Some(pause);
+        read
     }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use distlock_core::wait::{wait_for_grant, Outcome, Pace, Signalled, Wakeup, Wakeups};
 use distlock_core::{
     async_trait, AllAtOnce, Backend, Capabilities, Consistency, Error, Fencing, FencingToken,
-    Finding, Grant, HoldKind, Leader, LockName, LockRequest, LockStatus, Result, TrustedClock,
-    Waiting,
+    Finding, Grant, HoldKind, HoldRecord, Leader, LockName, LockRequest, LockStatus, Result,
+    TrustedClock, Waiting,
 };
 use redis::RedisError;
 use tokio::time::Instant;
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 mod config;
 mod conn;
 mod election;
+mod list;
 mod rwlock;
 pub mod scripts;
 mod semaphore;
@@ -24,6 +25,7 @@ mod subscriber;
 
 pub use config::RedisConfig;
 pub use election::ElectionEntry;
+pub use list::{ListedHold, LIST_BATCH};
 pub use rwlock::{Attempt, Attempted, LockHolders};
 pub use scripts::{ElectionKeys, Keys, Scripts, SemaphoreKeys, SHARED_HOLDS};
 
@@ -166,7 +168,7 @@ impl RedisBackend {
         let lock = self.lock_key(&req.name);
         let mut set = redis::cmd("SET");
         set.arg(&lock)
-            .arg(req.owner.to_string())
+            .arg(owner_arg(req))
             .arg("NX")
             .arg("PX")
             .arg(ttl_ms(req.ttl));
@@ -306,7 +308,7 @@ impl RedisBackend {
         let mut inv = Scripts::get().extend_many.prepare_invoke();
         for req in reqs {
             inv.key(self.lock_key(&req.name))
-                .arg(req.owner.to_string())
+                .arg(owner_arg(req))
                 .arg(ttl_ms(req.ttl));
         }
         self.renewed(&inv, "extend_many.lua", reqs.len()).await
@@ -333,6 +335,14 @@ impl RedisBackend {
         }
         Ok(answers.into_iter().map(|n| n == 1).collect())
     }
+}
+
+/// The owner string a request's hold is stored under and compared by: the
+/// owner followed by the holder info ([`distlock_core::stored_owner`]).
+/// Every script argument that names an owner is built here, so a grant, its
+/// renewals, its release and a writer's mark always send the same string.
+pub(crate) fn owner_arg(req: &LockRequest) -> String {
+    distlock_core::stored_owner(req)
 }
 
 fn ttl_ms(ttl: Duration) -> u64 {
@@ -491,7 +501,7 @@ impl Backend for RedisBackend {
             let lock = self.lock_key(&req.name);
             inv.key(&lock)
                 .key(Keys::fence_of(&lock))
-                .arg(req.owner.to_string())
+                .arg(owner_arg(req))
                 .arg(ttl_ms(req.ttl));
         }
         let answer: redis::Value = self.run(&inv).await?;
@@ -602,7 +612,7 @@ impl Backend for RedisBackend {
         }
         let keys = self.keys(&req.name);
         let mut inv = Scripts::get().extend.key(&keys.lock);
-        inv.arg(req.owner.to_string()).arg(ttl_ms(req.ttl));
+        inv.arg(owner_arg(req)).arg(ttl_ms(req.ttl));
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
@@ -656,15 +666,25 @@ impl Backend for RedisBackend {
         self.store_limit(name, limit).await
     }
 
-    /// One script call: the lock key's PTTL, the fence, and the live
-    /// shared holds and writer marks.
+    /// One script call: the lock key's PTTL and value (the exclusive
+    /// holder's owner and holder info), the fence, and the live shared
+    /// holds and writer marks.
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         let h = self.lock_holders(name).await?;
         let held = h.held();
         Ok(LockStatus::new(held)
             .with_token((held && h.fence > 0).then_some(FencingToken(h.fence)))
             .with_remaining(h.remaining())
-            .with_shared(h.readers.len(), !h.writers.is_empty()))
+            .with_shared(h.readers.len(), !h.writers.is_empty())
+            .with_holder_info(h.holder_info().map(str::to_string)))
+    }
+
+    /// One `SCAN` of the whole keyspace (on every master of a Cluster:
+    /// O(keys) on the server, in calls of `COUNT 1000`), then one read-only
+    /// `list.lua` call per name found, in name order, stopping once `limit`
+    /// records are in. Holder info is read from the stored owners.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<HoldRecord>> {
+        self.list_holds(prefix, limit).await
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
@@ -684,6 +704,14 @@ impl Backend for RedisBackend {
     /// server's clock, so an expired leader is never reported.
     async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
         self.current_leader(name).await
+    }
+
+    /// Notified by the election's channel: subscribed first, then one read
+    /// of the leader, and one more on every message (a grant, a
+    /// resignation, an eviction, a proclaimed value), at the leader's lease
+    /// end, and at least every [`RedisConfig::observe_recheck`].
+    async fn observe_leader(&self, name: &LockName) -> Result<Option<distlock_core::LeaderStream>> {
+        Ok(Some(self.observe_leaders(name).await))
     }
 }
 

@@ -7,8 +7,8 @@ use distlock_core::wait::Outcome;
 use distlock_core::{Error, FencingToken, LockName, LockRequest, Result};
 use redis::Value;
 
-use crate::scripts::{Keys, Scripts};
-use crate::{ttl_ms, RedisBackend};
+use crate::scripts::{Keys, Scripts, SHARED_HOLDS};
+use crate::{owner_arg, ttl_ms, RedisBackend};
 
 /// How an attempt asks for a lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +86,10 @@ pub struct LockHolders {
     pub readers: Vec<String>,
     /// The owners of the live writer marks.
     pub writers: Vec<String>,
+    /// The exclusive holder's stored owner (the owner and its holder info,
+    /// see [`distlock_core::stored_owner`]); `None` when nobody holds the
+    /// name exclusively.
+    pub holder: Option<String>,
 }
 
 impl LockHolders {
@@ -97,6 +101,13 @@ impl LockHolders {
     /// How long the lock key still lives, if it expires.
     pub fn remaining(&self) -> Option<Duration> {
         u64::try_from(self.pttl).ok().map(Duration::from_millis)
+    }
+
+    /// The holder info stored with the exclusive hold, if any.
+    pub fn holder_info(&self) -> Option<&str> {
+        self.holder
+            .as_deref()
+            .and_then(|h| distlock_core::split_stored_owner(h).1)
     }
 }
 
@@ -119,7 +130,7 @@ impl RedisBackend {
         let mut inv = Scripts::get().acquire.key(&lock);
         inv.key(Keys::fence_of(&lock))
             .key(Keys::writers_of(&lock))
-            .arg(req.owner.to_string())
+            .arg(owner_arg(req))
             .arg(ttl_ms(req.ttl))
             .arg(how.arg());
         if !fenced {
@@ -170,7 +181,7 @@ impl RedisBackend {
         inv.key(&keys.fence)
             .key(&keys.readers)
             .key(&keys.writers)
-            .arg(req.owner.to_string())
+            .arg(owner_arg(req))
             .arg(ttl_ms(req.ttl))
             .arg(if fenced { "1" } else { "0" });
         let answer: i64 = self.run(&inv).await?;
@@ -195,7 +206,7 @@ impl RedisBackend {
         let lock = self.lock_key(&req.name);
         let mut inv = Scripts::get().release.key(&lock);
         inv.key(Keys::writers_of(&lock))
-            .arg(req.owner.to_string())
+            .arg(owner_arg(req))
             .arg(Keys::channel_of(&lock));
         if let Some(what) = what.arg() {
             inv.arg(what);
@@ -209,7 +220,7 @@ impl RedisBackend {
         let keys = self.keys(&req.name);
         let mut inv = Scripts::get().shared_release.key(&keys.lock);
         inv.key(&keys.readers)
-            .arg(req.owner.to_string())
+            .arg(owner_arg(req))
             .arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
@@ -225,7 +236,7 @@ impl RedisBackend {
             let lock = self.lock_key(&req.name);
             inv.key(&lock)
                 .key(Keys::readers_of(&lock))
-                .arg(req.owner.to_string())
+                .arg(owner_arg(req))
                 .arg(ttl_ms(req.ttl));
         }
         self.renewed(&inv, "shared_extend.lua", reqs.len()).await
@@ -252,16 +263,19 @@ impl RedisBackend {
         let keys = self.keys(name);
         let mut inv = Scripts::get().inspect.key(&keys.lock);
         inv.key(&keys.fence).key(&keys.readers).key(&keys.writers);
-        let (pttl, fence, readers, writers): (i64, i64, Vec<String>, Vec<String>) =
-            self.run(&inv).await?;
+        let (pttl, fence, readers, writers, value): LockHoldersAnswer = self.run(&inv).await?;
         Ok(LockHolders {
             pttl,
             fence: u64::try_from(fence).unwrap_or(0),
             readers,
             writers,
+            holder: value.filter(|v| v != SHARED_HOLDS),
         })
     }
 }
+
+/// `inspect.lua`'s answer: PTTL, fence, shared holds, writer marks, value.
+type LockHoldersAnswer = (i64, i64, Vec<String>, Vec<String>, Option<String>);
 
 fn unexpected(script: &str, answer: &Value) -> Error {
     Error::backend("redis", format!("{script} answered {answer:?}"))

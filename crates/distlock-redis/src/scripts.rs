@@ -175,9 +175,13 @@ pub struct Scripts {
     /// `shared_release.lua`: ZREM the owner's shared hold; the last one
     /// deletes the lock key and PUBLISHes.
     pub shared_release: Script,
-    /// `inspect.lua`: the lock key's PTTL, the fence, and the owners of the
-    /// live shared holds and writer marks.
+    /// `inspect.lua`: the lock key's PTTL and value, the fence, and the
+    /// owners of the live shared holds and writer marks.
     pub inspect: Script,
+    /// `list.lua`: every hold of one name (the lock key's value, the live
+    /// shared holds and permits with their lease left, the leader hash),
+    /// for `list`.
+    pub list: Script,
     /// `raise.lua`: raise the fencing counter to at least a value.
     pub raise: Script,
     /// `permit_acquire.lua`: drop expired permits, check or store the
@@ -193,9 +197,10 @@ pub struct Scripts {
     pub permit_limit: Script,
     /// `permit_inspect.lua`: the stored limit and the live permits' owners.
     pub permit_inspect: Script,
-    /// `election_acquire.lua`: if nobody leads, INCR the fence and HSET
-    /// owner, value and token with the lease as the hash's expiry; the same
-    /// owner renews and gets its token again; else the leader's PTTL.
+    /// `election_acquire.lua`: if nobody leads, INCR the fence, HSET
+    /// owner, value and token with the lease as the hash's expiry and
+    /// PUBLISH the grant to the election's observers; the same owner renews
+    /// and gets its token again; else the leader's PTTL.
     pub election_acquire: Script,
     /// `election_extend.lua`: PEXPIRE each leader hash whose owner matches.
     pub election_extend: Script,
@@ -229,6 +234,7 @@ impl Scripts {
             shared_extend: Script::new(include_str!("scripts/shared_extend.lua")),
             shared_release: Script::new(include_str!("scripts/shared_release.lua")),
             inspect: Script::new(include_str!("scripts/inspect.lua")),
+            list: Script::new(include_str!("scripts/list.lua")),
             raise: Script::new(include_str!("scripts/raise.lua")),
             permit_acquire: Script::new(include_str!("scripts/permit_acquire.lua")),
             permit_extend: Script::new(include_str!("scripts/permit_extend.lua")),

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::scripts::{Scripts, SemaphoreKeys};
 use crate::subscriber::Wake;
-use crate::{ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
+use crate::{owner_arg, ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
 
 /// The limit a permit request asks for; a typed error for zero, which no
 /// semaphore can grant.
@@ -48,7 +48,7 @@ impl RedisBackend {
         let mut inv = Scripts::get().permit_acquire.key(&keys.permits);
         inv.key(&keys.limit)
             .key(&keys.fence)
-            .arg(req.owner.to_string())
+            .arg(owner_arg(req))
             .arg(ttl_ms(req.ttl))
             .arg(limit)
             .arg(if fenced { "1" } else { "0" });
@@ -89,7 +89,7 @@ impl RedisBackend {
         let mut inv = Scripts::get().permit_extend.prepare_invoke();
         for req in reqs {
             inv.key(self.semaphore_keys(&req.name).permits)
-                .arg(req.owner.to_string())
+                .arg(owner_arg(req))
                 .arg(ttl_ms(req.ttl));
         }
         self.renewed(&inv, "permit_extend.lua", reqs.len()).await
@@ -98,7 +98,7 @@ impl RedisBackend {
     pub(crate) async fn release_permit(&self, req: &LockRequest) -> Result<bool> {
         let keys = self.semaphore_keys(&req.name);
         let mut inv = Scripts::get().permit_release.key(&keys.permits);
-        inv.arg(req.owner.to_string()).arg(&keys.channel);
+        inv.arg(owner_arg(req)).arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }

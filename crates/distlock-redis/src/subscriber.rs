@@ -22,6 +22,13 @@ const PERMIT_FREED: &str = "permit";
 /// The suffix of a semaphore's channel (see `SemaphoreKeys`).
 const SEMAPHORE_CHANNEL: &str = "}:semaphore:released";
 
+/// The payload `election_acquire.lua` publishes: a new leader, which
+/// wakes the election's observers only (a campaigner has nothing to try).
+pub(crate) const LEADER_GRANTED: &str = "granted";
+
+/// The suffix of an election's channel (see `ElectionKeys`).
+const ELECTION_CHANNEL: &str = "}:election:released";
+
 /// Subscriptions counted per channel; each message wakes the channel's
 /// waiters in this client.
 pub(crate) struct Subscriber {
@@ -83,8 +90,12 @@ impl Watch {
 pub(crate) enum Wake {
     /// A freed permit wakes one waiter; anything else, all.
     OnePerPermit,
-    /// Every message wakes every waiter (Redlock counts them per node).
+    /// Every message wakes every waiter (Redlock counts them per node),
+    /// except an election's grant.
     All,
+    /// Every message, an election's grant too, wakes every waiter: an
+    /// election's observers.
+    Every,
 }
 
 /// One counted subscription to a channel, given back on drop.
@@ -126,6 +137,7 @@ impl Subscriber {
         let signal = match wake {
             Wake::OnePerPermit => self.signals.get(channel),
             Wake::All => self.signals.get(&format!("*{channel}")),
+            Wake::Every => self.signals.get(&format!("!{channel}")),
         };
         let alive = l.alive.clone();
         Ok(Watch {
@@ -161,8 +173,9 @@ impl Subscriber {
         let task = tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
                 let channel = msg.get_channel_name();
-                let freed = channel.ends_with(SEMAPHORE_CHANNEL)
-                    && msg.get_payload::<String>().is_ok_and(|p| p == PERMIT_FREED);
+                let payload = |want: &str| msg.get_payload::<String>().is_ok_and(|p| p == want);
+                let freed = channel.ends_with(SEMAPHORE_CHANNEL) && payload(PERMIT_FREED);
+                let granted = channel.ends_with(ELECTION_CHANNEL) && payload(LEADER_GRANTED);
                 if let Some(s) = signals.find(channel) {
                     if freed {
                         s.wake_one();
@@ -170,7 +183,12 @@ impl Subscriber {
                         s.wake_all();
                     }
                 }
-                if let Some(s) = signals.find(&format!("*{channel}")) {
+                if !granted {
+                    if let Some(s) = signals.find(&format!("*{channel}")) {
+                        s.wake_all();
+                    }
+                }
+                if let Some(s) = signals.find(&format!("!{channel}")) {
                     s.wake_all();
                 }
             }

@@ -1,6 +1,7 @@
 //! What is special to elections on Redis, against a private redis-server:
 //! the leader hash's layout and expiry, a retried campaign, the fencing
-//! counter, and how a waiting campaign is woken. (The election semantics
+//! counter, how a waiting campaign is woken, and how an observer is
+//! notified. (The election semantics
 //! themselves are the conformance suite's, run by
 //! `integration-tests/tests/redis.rs`.)
 
@@ -10,8 +11,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use distlock_core::{Backend, LockName, LockRequest, Owner};
-use distlock_redis::RedisBackend;
+use distlock_core::{Backend, Leader, LeaderStream, LockName, LockRequest, Owner};
+use distlock_redis::{RedisBackend, RedisConfig};
+use futures_util::StreamExt;
 use tokio::time::{sleep, Instant};
 
 #[path = "support/redis_server.rs"]
@@ -255,4 +257,124 @@ async fn a_waiting_campaign_is_woken_by_a_resignation_not_the_leaders_expiry() {
         Some("b".to_string())
     );
     assert!(campaigner.release(&next).await.unwrap());
+}
+
+/// The next item of `leaders` that differs from `last` (a value, or
+/// nobody), within `within`.
+async fn next_change(
+    leaders: &mut LeaderStream,
+    last: &Option<String>,
+    within: Duration,
+) -> Option<String> {
+    let change = async {
+        loop {
+            let item = leaders.next().await.expect("the observer ended");
+            let now = item.expect("the observer failed").map(|l: Leader| l.value);
+            if &now != last {
+                return now;
+            }
+        }
+    };
+    tokio::time::timeout(within, change)
+        .await
+        .unwrap_or_else(|_| panic!("no change from {last:?} within {within:?}"))
+}
+
+#[tokio::test]
+async fn an_observer_is_notified_of_each_grant_resignation_value_and_eviction() {
+    let server = Server::start();
+    // A recheck and leases far longer than the bound below: only the
+    // election's channel can tell the observer in time.
+    let quiet = RedisConfig::default().with_observe_recheck(Duration::from_secs(60));
+    let observer = RedisBackend::connect_with(&server.url(), quiet)
+        .await
+        .unwrap();
+    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    let election = name("services/observed");
+    let bound = Duration::from_secs(5);
+    let mut leaders = observer
+        .observe_leader(&election)
+        .await
+        .unwrap()
+        .expect("Redis observes by notification");
+    let first = leaders.next().await.unwrap().unwrap();
+    assert!(first.is_none(), "a leader before any campaign: {first:?}");
+
+    // A grant after the observer read nobody.
+    let ttl = Duration::from_secs(30);
+    let a = LockRequest::leader(election.clone(), ttl, "a1");
+    let granted = b.try_acquire(&a).await.unwrap().expect("nobody led");
+    let seen = next_change(&mut leaders, &None, bound).await;
+    assert_eq!(seen.as_deref(), Some("a1"));
+    let mut raw = server.raw().await;
+    let token: Option<String> = redis::cmd("HGET")
+        .arg(b.election_keys(&election).leader)
+        .arg("token")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(token, Some(granted.token.get().to_string()));
+
+    assert!(b.proclaim(&a, "a2").await.unwrap());
+    let seen = next_change(&mut leaders, &seen, bound).await;
+    assert_eq!(seen.as_deref(), Some("a2"));
+
+    assert!(b.release(&a).await.unwrap());
+    let seen = next_change(&mut leaders, &seen, bound).await;
+    assert_eq!(seen, None, "the resignation was not seen");
+
+    let next = LockRequest::leader(election.clone(), ttl, "b1");
+    b.try_acquire(&next).await.unwrap().expect("nobody led");
+    let seen = next_change(&mut leaders, &seen, bound).await;
+    assert_eq!(seen.as_deref(), Some("b1"));
+
+    assert!(b.evict(&election).await.unwrap());
+    let seen = next_change(&mut leaders, &seen, bound).await;
+    assert_eq!(seen, None, "the eviction was not seen");
+}
+
+#[tokio::test]
+async fn an_observer_sees_the_end_of_an_expired_lease_without_a_message() {
+    let (server, b) = connected().await;
+    // Only the lease's end (300 ms) can wake the observer within the bound.
+    let quiet = RedisConfig::default().with_observe_recheck(Duration::from_secs(60));
+    let observer = RedisBackend::connect_with(&server.url(), quiet)
+        .await
+        .unwrap();
+    let election = name("services/expiring");
+    let req = LockRequest::leader(election.clone(), Duration::from_millis(300), "short");
+    b.try_acquire(&req).await.unwrap().expect("nobody led");
+    let mut leaders = observer.observe_leader(&election).await.unwrap().unwrap();
+    let first = leaders.next().await.unwrap().unwrap().map(|l| l.value);
+    assert_eq!(first.as_deref(), Some("short"));
+    let seen = next_change(&mut leaders, &first, Duration::from_secs(10)).await;
+    assert_eq!(seen, None, "the expired leader was still reported");
+}
+
+#[tokio::test]
+async fn dropping_an_observer_unsubscribes() {
+    let (server, b) = connected().await;
+    let election = name("services/dropped");
+    let channel = b.election_keys(&election).channel;
+    let mut raw = server.raw().await;
+    let subscribers = |raw: &mut redis::aio::MultiplexedConnection| {
+        let cmd = redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel).clone();
+        let mut raw = raw.clone();
+        async move {
+            let (_, n): (String, i64) = cmd.query_async(&mut raw).await.unwrap();
+            n
+        }
+    };
+    let mut leaders = b.observe_leader(&election).await.unwrap().unwrap();
+    assert!(leaders.next().await.unwrap().unwrap().is_none());
+    assert_eq!(subscribers(&mut raw).await, 1, "subscribed before the read");
+    drop(leaders);
+    let start = Instant::now();
+    while subscribers(&mut raw).await != 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "still subscribed after the observer was dropped"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
 }

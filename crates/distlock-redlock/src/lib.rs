@@ -9,7 +9,8 @@ use std::time::Duration;
 use distlock_core::wait::{jitter, wait_for_grant, Outcome, Pace, Wakeup, Wakeups};
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
-    InputKind, Leader, LockName, LockRequest, LockStatus, Result, TrustedClock, Waiting,
+    HoldRecord, InputKind, Leader, LockName, LockRequest, LockStatus, Result, TrustedClock,
+    Waiting,
 };
 use distlock_redis::{Attempt, ElectionEntry, ReleaseWatch};
 use futures_util::future::{join_all, FutureExt};
@@ -17,6 +18,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, timeout_at, Instant};
 
 mod config;
+mod list;
 mod node;
 mod quorum;
 
@@ -664,7 +666,8 @@ impl Backend for RedlockBackend {
 
     /// Held when a majority of nodes hold the key (exclusively or shared);
     /// a shared hold counts where a majority of nodes list it, and a
-    /// writer waits where a majority of nodes list its mark.
+    /// writer waits where a majority of nodes list its mark. The holder
+    /// info is the one stored with the owner a majority of nodes hold.
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         let t = self.connect_timeout();
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
@@ -696,9 +699,18 @@ impl Backend for RedlockBackend {
         };
         let readers = listed_by_quorum(|h| &h.readers);
         let writers = listed_by_quorum(|h| &h.writers);
+        // The exclusive holder is the stored owner a majority of nodes hold.
+        let holder = most_common(held.iter().filter_map(|s| s.holder.as_deref())).filter(|h| {
+            held.iter()
+                .filter(|s| s.holder.as_deref() == Some(h))
+                .count()
+                >= quorum
+        });
+        let info = holder.and_then(|h| distlock_core::split_stored_owner(h).1);
         let status = LockStatus::new(held.len() >= quorum)
             .with_remaining(held.iter().filter_map(|s| s.remaining()).min())
-            .with_shared(readers, writers > 0);
+            .with_shared(readers, writers > 0)
+            .with_holder_info(info.map(str::to_string));
         Ok(if self.inner.config.fencing {
             let token = held.iter().map(|s| s.fence).max().filter(|f| *f > 0);
             status.with_token(token.map(FencingToken))
@@ -771,8 +783,9 @@ impl Backend for RedlockBackend {
     /// majority listing the leader holds it (marked settled); a leader no
     /// listing node has settled is a campaign still writing its token back,
     /// not yet granted, and reported as none. Without fencing the token is
-    /// 0. None when no owner can have a majority; `QuorumNotReached` when
-    /// too few nodes answered to tell.
+    /// 0. Its holder info is the one stored with its owner. None when no
+    /// owner can have a majority; `QuorumNotReached` when too few nodes
+    /// answered to tell.
     async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
         let t = self.connect_timeout();
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
@@ -826,7 +839,21 @@ impl Backend for RedlockBackend {
         };
         let value = most_common(theirs.iter().map(|e| e.leader.value.as_str())).unwrap_or_default();
         let remaining = theirs.iter().filter_map(|e| e.leader.remaining).min();
-        Ok(Some(Leader::new(value, token).with_remaining(remaining)))
+        let info = distlock_core::split_stored_owner(owner).1;
+        Ok(Some(
+            Leader::new(value, token)
+                .with_remaining(remaining)
+                .with_holder_info(info.map(str::to_string)),
+        ))
+    }
+
+    /// On every node, one `SCAN` of the whole keyspace (O(keys)) and one
+    /// read-only script call per name found, read in name order until
+    /// `limit` records are in; a hold is listed where as many nodes list it
+    /// as a grant of its kind needs (see the README's "Holder info and
+    /// `list`").
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<HoldRecord>> {
+        self.list_holds(prefix, limit).await
     }
 
     /// Stores the limit on every node. A node that misses it keeps the old

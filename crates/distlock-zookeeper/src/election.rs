@@ -8,6 +8,11 @@
 //! lowest sequence; each other campaigner watches its predecessor, so the
 //! grant and wait logic is the exclusive lock's, on the queue of `latch-`
 //! children only. The token is the leader node's `czxid`.
+//!
+//! A campaign's holder info is in the ephemeral node
+//! `<base>/@leaders/<name>/<owner>`, created in the campaign's flight
+//! (see [`ZooKeeperBackend::leader_info_path`]) and read in the flight of
+//! each read of the leader's node; Curator's campaigns have none.
 
 use std::time::Duration;
 
@@ -17,17 +22,19 @@ use distlock_core::{
 use futures_util::StreamExt;
 use zookeeper_client as zk;
 
-use crate::{czxid_token, in_queue_order, ZooKeeperBackend};
+use crate::{czxid_token, holder_info_of, in_queue_order, owner_in, ZooKeeperBackend};
 
 /// How long an observer waits before reading again after a failed read.
 const RETRY: Duration = Duration::from_millis(200);
 
-/// A campaign node's data and `czxid` as a leader.
-fn leader_of(data: &[u8], czxid: i64) -> Result<Leader> {
+/// A campaign node's data and `czxid`, and its holder info node's data,
+/// as a leader.
+fn leader_of(data: &[u8], czxid: i64, info: Option<Vec<u8>>) -> Result<Leader> {
     Ok(Leader::new(
         String::from_utf8_lossy(data).into_owned(),
         czxid_token(czxid)?,
-    ))
+    )
+    .with_holder_info(info.and_then(|i| holder_info_of(&i))))
 }
 
 /// What an observer waits for before its next read.
@@ -41,6 +48,24 @@ enum Next {
 }
 
 impl ZooKeeperBackend {
+    /// The path of the holder info node of the campaign `child` of the
+    /// election node `parent`, if the child's name carries an owner.
+    pub(crate) fn leader_info_of(&self, parent: &str, child: &str) -> Option<String> {
+        let name = parent.strip_prefix(&format!("{}/", self.inner.base))?;
+        Some(self.leader_info_path(name, owner_in(child)?))
+    }
+
+    /// Reads the holder info node at `path` (none: `None`); the read is
+    /// queued when this is called, so it goes in the flight of the
+    /// requests made beside it.
+    pub(crate) fn read_leader_info<'a>(
+        client: &'a zk::Client,
+        path: Option<&'a str>,
+    ) -> impl std::future::Future<Output = Option<Vec<u8>>> + 'a {
+        let read = path.map(|p| client.get_data(p));
+        async move { read?.await.ok().map(|(data, _)| data) }
+    }
+
     /// Writes `value` on `req`'s campaign node if the node is still there.
     /// Its name carries `req`'s owner, so no other campaign can have it;
     /// and while it exists nothing can get ahead of it (later nodes get
@@ -89,8 +114,13 @@ impl ZooKeeperBackend {
             Err(e) => return Err(self.err(e)),
         };
         for child in in_queue_order(children, HoldKind::Leader) {
-            match client.get_data(&format!("{parent}/{child}")).await {
-                Ok((data, stat)) => return Ok(Some(leader_of(&data, stat.czxid)?)),
+            let info_path = self.leader_info_of(&parent, &child);
+            let (read, info) = tokio::join!(
+                client.get_data(&format!("{parent}/{child}")),
+                Self::read_leader_info(&client, info_path.as_deref())
+            );
+            match read {
+                Ok((data, stat)) => return Ok(Some(leader_of(&data, stat.czxid, info)?)),
                 Err(zk::Error::NoNode) => continue,
                 Err(e) => return Err(self.err(e)),
             }
@@ -122,12 +152,14 @@ impl ZooKeeperBackend {
                 Err(e) => return Err(self.err(e)),
             };
             for child in in_queue_order(children, HoldKind::Leader) {
-                match client
-                    .get_and_watch_data(&format!("{parent}/{child}"))
-                    .await
-                {
+                let info_path = self.leader_info_of(parent, &child);
+                let (read, info) = tokio::join!(
+                    client.get_and_watch_data(&format!("{parent}/{child}")),
+                    Self::read_leader_info(&client, info_path.as_deref())
+                );
+                match read {
                     Ok((data, stat, changed)) => {
-                        return Ok((Some(leader_of(&data, stat.czxid)?), changed))
+                        return Ok((Some(leader_of(&data, stat.czxid, info)?), changed))
                     }
                     Err(zk::Error::NoNode) => continue,
                     Err(e) => return Err(self.err(e)),

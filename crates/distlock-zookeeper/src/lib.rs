@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 mod election;
+mod list;
 mod semaphore;
 
 /// One ZooKeeper session, shared (not cloned) by every node it holds: a
@@ -242,6 +243,24 @@ fn in_queue_order(children: Vec<String>, kind: HoldKind) -> Vec<String> {
         .collect();
     queue.sort_by_key(|c| sequence_of(c, kind));
     queue
+}
+
+/// The holder info in a node's data: printable text of at most
+/// [`MAX_HOLDER_INFO_LEN`](distlock_core::MAX_HOLDER_INFO_LEN) bytes, as
+/// distlock writes it (Curator's `InterProcessMutex` writes the client's
+/// address, which reads as its holder info); `None` for anything else.
+fn holder_info_of(data: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(data).ok()?;
+    distlock_core::validate_holder_info(text)
+        .is_ok()
+        .then(|| text.to_string())
+}
+
+/// The owner in a child's name `_c_<owner>-...`, as distlock (and
+/// Curator's protected mode) names children.
+fn owner_in(child: &str) -> Option<&str> {
+    let rest = child.strip_prefix("_c_")?;
+    rest.get(36..)?.starts_with('-').then(|| &rest[..36])
 }
 
 /// The name prefix of `owner`'s lock child with `marker`, as Curator
@@ -514,6 +533,51 @@ impl ZooKeeperBackend {
         format!("{}/{name}", self.inner.base)
     }
 
+    /// The node carrying the holder info of campaign `owner` of election
+    /// `name`: `<base>/@leaders/<name>/<owner>`, ephemeral in the
+    /// campaign's session. A campaign node's data is its value (Curator's
+    /// participant id), and any other child of the election's node would
+    /// join Curator's `LeaderLatch` queue, so the holder info lives apart,
+    /// under a node no lock name can have (names never contain `@`).
+    fn leader_info_path(&self, name: &str, owner: &str) -> String {
+        format!("{}/@leaders/{name}/{owner}", self.inner.base)
+    }
+
+    /// Stores `req`'s holder info for its campaign, given the answer to the
+    /// create sent in the campaign's flight: on the first campaign of a
+    /// name, its parent is made and the create sent again. The holder info
+    /// only describes the leadership, so a failure is logged, not returned.
+    async fn store_leader_info(
+        &self,
+        client: &zk::Client,
+        req: &LockRequest,
+        sent: std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>,
+    ) {
+        let path = self.leader_info_path(req.name.as_str(), &req.owner.to_string());
+        let info = req.holder_info.as_deref().unwrap_or_default();
+        let created = match sent {
+            Err(zk::Error::NoNode) => {
+                let dir = zk::CreateMode::Persistent.with_acls(self.inner.acls);
+                let parent = self.leader_info_path(req.name.as_str(), "");
+                match client.mkdir(parent.trim_end_matches('/'), &dir).await {
+                    Ok(()) => {
+                        let node = zk::CreateMode::Ephemeral.with_acls(self.inner.acls);
+                        client.create(&path, info.as_bytes(), &node).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        };
+        match created {
+            // Exists: sent again after a connection loss.
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(e) => {
+                tracing::warn!(node = %path, error = %e, "could not store a campaign's holder info")
+            }
+        }
+    }
+
     /// The full path of `req`'s node with sequence number `seq`.
     fn node_path(&self, req: &LockRequest, seq: i64) -> String {
         if let HoldKind::Permits { .. } = req.kind {
@@ -588,24 +652,41 @@ impl ZooKeeperBackend {
         let prefix = node_prefix(&req.owner, self.marker(req.kind));
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.inner.acls);
         let path = format!("{parent}/{prefix}");
-        // A campaign's node carries its value (Curator's participant id);
-        // a lock node carries nothing.
+        // A campaign's node carries its value (Curator's participant id),
+        // and its holder info a node of its own (see `leader_info_path`);
+        // a lock node carries its holder info.
+        let campaign = req.kind == HoldKind::Leader;
         let data = match req.kind {
             HoldKind::Leader => req.value.as_deref().unwrap_or_default().as_bytes(),
-            _ => b"",
+            _ => req.holder_info.as_deref().unwrap_or_default().as_bytes(),
         };
+        let info_path = self.leader_info_path(req.name.as_str(), &req.owner.to_string());
+        let info = req.holder_info.as_deref().unwrap_or_default().as_bytes();
+        let info_options = zk::CreateMode::Ephemeral.with_acls(self.inner.acls);
         // A grant's lease counts from before the first attempt: a retry
         // after creating the parent or a connection loss only shortens it,
         // so the local deadline stays within the TTL counted from the
         // request.
         let began = Instant::now();
         for _ in 0..5 {
-            // Both requests are queued when their futures are made (the
-            // client orders requests at creation, not at polling). The list
-            // is the read that may confirm ownership.
+            // The requests are queued when their futures are made (the
+            // client orders requests at creation, not at polling): one
+            // flight. A campaign's holder info goes first, so whoever sees
+            // its node finds the holder info there. The list is the read
+            // that may confirm ownership.
+            let info_sent = campaign.then(|| client.create(&info_path, info, &info_options));
             let create = client.create(&path, data, &options);
             let list = client.list_children(&parent);
-            let (created, listed) = tokio::join!(create, list);
+            let info_sent = async {
+                match info_sent {
+                    Some(sent) => Some(sent.await),
+                    None => None,
+                }
+            };
+            let (created, info_sent, listed) = tokio::join!(create, info_sent, list);
+            if let Some(sent) = info_sent {
+                self.store_leader_info(&client, req, sent).await;
+            }
             match created {
                 Ok((stat, seq)) => {
                     // A plain create2 reply carries a valid Stat on 3.8.0 too
@@ -715,7 +796,11 @@ impl ZooKeeperBackend {
             return Ok(false);
         };
         let path = self.node_path(req, seq);
-        match session.delete(&path, None).await {
+        let (deleted, _) = tokio::join!(
+            session.delete(&path, None),
+            self.delete_leader_info(&session, req)
+        );
+        match deleted {
             Ok(()) => Ok(true),
             // An expired session's ephemeral nodes are gone: not ours any
             // more, which is the answer a late release must get.
@@ -728,6 +813,22 @@ impl ZooKeeperBackend {
                 Err(zk::Error::NoNode) => Ok(false),
                 Err(_) => Err(self.err(e)),
             },
+        }
+    }
+
+    /// Deletes a campaign's holder info node (sent in the flight of the
+    /// campaign node's delete); nothing for the other kinds. Whatever is
+    /// left goes with the session.
+    async fn delete_leader_info(&self, client: &zk::Client, req: &LockRequest) {
+        if req.kind != HoldKind::Leader {
+            return;
+        }
+        let path = self.leader_info_path(req.name.as_str(), &req.owner.to_string());
+        match client.delete(&path, None).await {
+            Ok(()) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => {}
+            Err(e) => {
+                tracing::debug!(node = %path, error = %e, "could not delete a campaign's holder info")
+            }
         }
     }
 
@@ -947,12 +1048,22 @@ impl Backend for ZooKeeperBackend {
         let parent = self.parent(&req.name);
         let prefix = node_prefix(&req.owner, self.marker(req.kind));
         match self.find_mine(&client, &parent, &prefix).await? {
-            Some(node) => match client.delete(&format!("{parent}/{node}"), None).await {
+            Some(node) => match tokio::join!(
+                client.delete(&format!("{parent}/{node}"), None),
+                self.delete_leader_info(&client, req)
+            )
+            .0
+            {
                 Ok(()) => Ok(true),
                 Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(false),
                 Err(e) => Err(self.err(e)),
             },
-            None => Ok(false),
+            None => {
+                // A campaign's holder info is created ahead of its node,
+                // which may have failed or gone with an expired session.
+                self.delete_leader_info(&client, req).await;
+                Ok(false)
+            }
         }
     }
 
@@ -978,17 +1089,36 @@ impl Backend for ZooKeeperBackend {
         let Some(newest) = holding.checked_sub(1).map(|i| &queue[i]) else {
             return Ok(distlock_core::LockStatus::new(false).with_shared(0, false));
         };
-        let stat = client
-            .check_stat(&format!("{parent}/{newest}"))
-            .await
-            .map_err(|e| self.err(e))?;
+        let read = match client.get_data(&format!("{parent}/{newest}")).await {
+            Ok(read) => Some(read),
+            Err(zk::Error::NoNode) => None,
+            Err(e) => return Err(self.err(e)),
+        };
+        // An exclusive holder's node carries its holder info.
+        let holder_info = read
+            .as_ref()
+            .filter(|_| shared == 0)
+            .and_then(|(data, _)| holder_info_of(data));
+        let stat = read.map(|(_, stat)| stat);
         Ok(distlock_core::LockStatus::new(stat.is_some())
+            .with_holder_info(holder_info)
             .with_token(
                 stat.and_then(|s| u64::try_from(s.czxid).ok())
                     .map(FencingToken),
             )
             .with_queue_len(Some(queue.len() - holding))
             .with_shared(shared, writer_waiting))
+    }
+
+    /// Walks the znodes under the lock root (and `@semaphores`) below the
+    /// prefix's last complete segment: one multi-read listing the children
+    /// of every node of a level (at most 500 nodes per multi-read), then
+    /// one reading the data of every holding node, so O(znodes under the
+    /// prefix), however small `limit` is. A hold's token is its node's
+    /// `czxid` (a permit's: the zxid of the write that granted it); no
+    /// remaining time, since holds last as long as their session.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<distlock_core::HoldRecord>> {
+        self.list_holds(prefix, limit).await
     }
 
     async fn inspect_permits(&self, name: &LockName) -> Result<distlock_core::LockStatus> {

@@ -7,8 +7,10 @@
 //!   parent of another semaphore's node).
 //! - `<base>/@semaphores/<name>/@permits/_c_<owner>-permit-<seq>`: one
 //!   ephemeral sequential child per contender, in the session of its TTL;
-//!   its data is `held` or `waiting`. The owner in the name lets a client
-//!   find its node again after a connection loss hid the create's reply.
+//!   its data is its state, `held` or `waiting`, then a space and its
+//!   holder info when the request carries one ([`permit_data`]). The owner
+//!   in the name lets a client find its node again after a connection loss
+//!   hid the create's reply.
 //!
 //! Grants. A contender may hold a permit once fewer than `limit` of the
 //! children have a lower sequence than its own (FIFO). The acquire is one
@@ -53,13 +55,36 @@ const HELD: &[u8] = b"held";
 /// A child that waits for a permit.
 const WAITING: &[u8] = b"waiting";
 
+/// A permit child's data: `state`, then a space and `req`'s holder info
+/// if it has one. Holder info has no control characters and the states no
+/// space, so [`permit_state`] and [`permit_holder_info`] read it back.
+fn permit_data(state: &[u8], req: &LockRequest) -> Vec<u8> {
+    let mut data = state.to_vec();
+    if let Some(info) = &req.holder_info {
+        data.push(b' ');
+        data.extend_from_slice(info.as_bytes());
+    }
+    data
+}
+
+/// The state (`held` or `waiting`) in a permit child's data.
+fn permit_state(data: &[u8]) -> &[u8] {
+    data.split(|b| *b == b' ').next().unwrap_or_default()
+}
+
+/// The holder info in a permit child's data, if it carries one.
+pub(crate) fn permit_holder_info(data: &[u8]) -> Option<String> {
+    let (_, info) = std::str::from_utf8(data).ok()?.split_once(' ')?;
+    Some(info.to_string()).filter(|info| !info.is_empty())
+}
+
 /// The name prefix of `owner`'s permit child.
 pub(crate) fn permit_prefix(owner: &Owner) -> String {
     format!("_c_{owner}-permit-")
 }
 
 /// The sequence number a permit child ends with.
-fn permit_sequence(child: &str) -> Option<i64> {
+pub(crate) fn permit_sequence(child: &str) -> Option<i64> {
     child
         .rsplit_once("-permit-")
         .and_then(|(_, seq)| seq.parse().ok())
@@ -280,7 +305,8 @@ impl ZooKeeperBackend {
             // futures are made), handled in this order by the server.
             c.mark_attempt();
             let before = c.client.get_data(&c.node);
-            let create = c.client.create(&path, HELD, &options);
+            let data = permit_data(HELD, c.req);
+            let create = c.client.create(&path, &data, &options);
             let list = c.client.get_children(&c.permits);
             let after = c.client.get_data(&c.node);
             let (before, created, listed, after) = tokio::join!(before, create, list, after);
@@ -351,7 +377,8 @@ impl ZooKeeperBackend {
     /// `waiting`), in one flight.
     async fn standing(&self, c: &Contender<'_>, mark: bool) -> Result<Standing> {
         let my_path = c.my_path();
-        let marked = mark.then(|| c.client.set_data(&my_path, WAITING, None));
+        let waiting = permit_data(WAITING, c.req);
+        let marked = mark.then(|| c.client.set_data(&my_path, &waiting, None));
         let limit = c.client.get_data(&c.node);
         let list = c.client.get_children(&c.permits);
         let marked = async {
@@ -414,7 +441,7 @@ impl ZooKeeperBackend {
             .add_check_version(&c.node, version)
             .map_err(|e| self.err(e))?;
         writer
-            .add_set_data(&c.my_path(), HELD, None)
+            .add_set_data(&c.my_path(), &permit_data(HELD, c.req), None)
             .map_err(|e| self.err(e))?;
         match writer.commit().await {
             Ok(results) => match results.into_iter().nth(1) {
@@ -448,7 +475,7 @@ impl ZooKeeperBackend {
             Err(zk::Error::NoNode) => return Ok(None),
             Err(e) => return Err(self.err(e)),
         };
-        if data == WAITING {
+        if permit_state(&data) == WAITING {
             // Leaving or claiming, my predecessor changes its node.
             pred_watch.changed().await;
             self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
@@ -597,7 +624,7 @@ impl ZooKeeperBackend {
 
     /// Whether a permit child's data says it holds.
     pub(crate) fn holds(data: &[u8]) -> bool {
-        data == HELD
+        permit_state(data) == HELD
     }
 
     /// Starts the TTL of a permit just granted: unless extended, it ends
@@ -693,5 +720,25 @@ impl ZooKeeperBackend {
             format!("could not change the limit at {node}: it kept changing"),
             None,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permit_data_carries_state_and_holder_info() {
+        let name = LockName::new("sem").unwrap_or_else(|e| panic!("{e}"));
+        let req = LockRequest::permit(name, Duration::from_secs(1), 2);
+        assert_eq!(permit_data(HELD, &req), HELD);
+        let req = req.with_holder_info(Some("web-1 pid 7: serve --port 80".into()));
+        let data = permit_data(WAITING, &req);
+        assert_eq!(permit_state(&data), WAITING);
+        assert_eq!(
+            permit_holder_info(&data).as_deref(),
+            Some("web-1 pid 7: serve --port 80")
+        );
+        assert_eq!(permit_holder_info(HELD), None);
     }
 }
