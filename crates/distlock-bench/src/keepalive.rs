@@ -92,6 +92,9 @@ impl Backend for Counting {
     async fn deployment_findings(&self) -> Result<Vec<Finding>> {
         self.inner.deployment_findings().await
     }
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<distlock::HoldRecord>> {
+        self.inner.list(prefix, limit).await
+    }
     async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
         self.inner.proclaim(req, value).await
     }
