@@ -1,6 +1,7 @@
 //! The conformance suite on PostgreSQL, plus its own edges: concurrent table
-//! creation, a server restart, a killed connection, notified waiters, and
-//! a LISTEN connection that lives only while someone waits.
+//! creation, a server restart, a killed connection, notified waiters,
+//! notified election observers, and a LISTEN connection that lives only
+//! while someone waits or observes.
 
 mod sql_support;
 
@@ -125,6 +126,21 @@ fn main() {
                     rt,
                     "postgres::a_lock_table_without_the_awaited_column_gets_it",
                     old_lock_table(f.clone()),
+                ),
+                trial(
+                    rt,
+                    "postgres::an_observer_is_notified_of_each_grant_proclamation_resignation_and_eviction",
+                    observer_notified(f.clone()),
+                ),
+                trial(
+                    rt,
+                    "postgres::an_observer_sees_the_end_of_an_expired_lease_without_a_notification",
+                    observer_sees_expiry(f.clone()),
+                ),
+                trial(
+                    rt,
+                    "postgres::an_observer_listens_until_it_is_dropped",
+                    observer_stops_listening(f.clone()),
                 ),
             ]);
             trials
@@ -832,5 +848,199 @@ async fn old_lock_table(f: Arc<SqlFactory>) -> Result<(), Failed> {
         return Err(format!("token {} does not follow the row's 7", guard.token().get()).into());
     }
     guard.release().await?;
+    Ok(())
+}
+
+/// The observer's next leader value unlike `last`, within `within`.
+async fn next_change(
+    leaders: &mut distlock_core::LeaderStream,
+    last: &Option<String>,
+    within: Duration,
+) -> Result<Option<String>, Failed> {
+    use futures_util::StreamExt;
+    let change = async {
+        loop {
+            let item = leaders.next().await.ok_or("the observer ended")?;
+            let now = item?.map(|l| l.value);
+            if &now != last {
+                return Ok::<_, Failed>(now);
+            }
+        }
+    };
+    tokio::time::timeout(within, change)
+        .await
+        .map_err(|_| Failed::from(format!("no change from {last:?} within {within:?}")))?
+}
+
+/// A URL whose observers read the leader only once a minute unless
+/// notified (or a lease ends).
+fn quiet_observer_url(f: &SqlFactory) -> Result<String, Failed> {
+    f.url_with("observe_recheck_ms=60000")
+}
+
+/// An observer whose safety net is a minute, with leases of 30 s, sees a
+/// grant after it read nobody (`take`), a proclamation, a resignation, a
+/// grant by a waiting campaign's attempt, and an eviction, each within
+/// 5 s: only the statements' notifications can tell it in time.
+async fn observer_notified(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let observer = SqlBackend::connect(&quiet_observer_url(&f)?).await?;
+    let b = f.connect(SqlConfig::default()).await?;
+    let election = distlock_core::LockName::new(format!(
+        "observed/{}",
+        &integration_tests::namespace()[12..]
+    ))?;
+    let bound = Duration::from_secs(5);
+    let ttl = Duration::from_secs(30);
+    let mut leaders = observer
+        .observe_leader(&election)
+        .await?
+        .ok_or("PostgreSQL observes by notification")?;
+    let first = next_change(&mut leaders, &Some("?".into()), bound).await?;
+    if first.is_some() {
+        return Err(format!("a leader before any campaign: {first:?}").into());
+    }
+
+    let a = distlock_core::LockRequest::leader(election.clone(), ttl, "a1");
+    b.try_acquire(&a)
+        .await?
+        .ok_or("nobody led, yet a1 was refused")?;
+    let seen = next_change(&mut leaders, &first, bound).await?;
+    if seen.as_deref() != Some("a1") {
+        return Err(format!("after the grant of a1 the observer saw {seen:?}").into());
+    }
+
+    if !b.proclaim(&a, "a2").await? {
+        return Err("a1 could not proclaim".into());
+    }
+    let seen = next_change(&mut leaders, &seen, bound).await?;
+    if seen.as_deref() != Some("a2") {
+        return Err(format!("after the proclamation the observer saw {seen:?}").into());
+    }
+
+    if !b.release(&a).await? {
+        return Err("a2 no longer led when it resigned".into());
+    }
+    let seen = next_change(&mut leaders, &seen, bound).await?;
+    if seen.is_some() {
+        return Err(format!("after the resignation the observer saw {seen:?}").into());
+    }
+
+    // A campaign's waiting attempt grants by another statement.
+    let next = distlock_core::LockRequest::leader(election.clone(), ttl, "b1");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    b.acquire(&next, Some(deadline)).await?;
+    let seen = next_change(&mut leaders, &seen, bound).await?;
+    if seen.as_deref() != Some("b1") {
+        return Err(format!("after the waiting campaign's grant the observer saw {seen:?}").into());
+    }
+
+    if !b.evict(&election).await? {
+        return Err("nothing to evict".into());
+    }
+    let seen = next_change(&mut leaders, &seen, bound).await?;
+    if seen.is_some() {
+        return Err(format!("after the eviction the observer saw {seen:?}").into());
+    }
+    Ok(())
+}
+
+/// A 300 ms leadership ends with no notification on the locks' channel
+/// (its grant sends the only one), and an observer whose safety net is a
+/// minute still sees nobody lead, woken by the lease's end.
+async fn observer_sees_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (table, url) = f.own_table("expiring")?;
+    let observer = SqlBackend::connect(&format!("{url}&observe_recheck_ms=60000")).await?;
+    let b = SqlBackend::connect(&url).await?;
+    let election = distlock_core::LockName::new("observed/expiring")?;
+    let mut raw = sqlx::postgres::PgListener::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    raw.listen(&format!("distlock_{table}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut leaders = observer
+        .observe_leader(&election)
+        .await?
+        .ok_or("PostgreSQL observes by notification")?;
+    let bound = Duration::from_secs(5);
+    let first = next_change(&mut leaders, &Some("?".into()), bound).await?;
+    if first.is_some() {
+        return Err(format!("a leader before any campaign: {first:?}").into());
+    }
+    let short =
+        distlock_core::LockRequest::leader(election.clone(), Duration::from_millis(300), "short");
+    b.try_acquire(&short).await?.ok_or("nobody led")?;
+    let seen = next_change(&mut leaders, &first, bound).await?;
+    if seen.as_deref() != Some("short") {
+        return Err(format!("after the short grant the observer saw {seen:?}").into());
+    }
+    let seen = next_change(&mut leaders, &seen, bound).await?;
+    if seen.is_some() {
+        return Err(format!("after the lease ended the observer saw {seen:?}").into());
+    }
+    let granted = format!("={election}@election");
+    loop {
+        match tokio::time::timeout(Duration::from_millis(300), raw.recv()).await {
+            Err(_) => break,
+            Ok(n) => {
+                let n = n.map_err(|e| e.to_string())?;
+                if n.payload() != granted {
+                    return Err(format!("an unexpected notification: {:?}", n.payload()).into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An observer holds the client's LISTEN connection (opened before its
+/// first read) and closes it when dropped. `observe_recheck_ms` must be a
+/// positive number.
+async fn observer_stops_listening(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let app = format!("observer_{}", &integration_tests::namespace()[12..]);
+    let observer = SqlBackend::connect(&f.url_with(&format!("application_name={app}"))?).await?;
+    let admin: sqlx::PgPool = f.admin_pool().await?;
+    let listening = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'",
+        )
+        .bind(&app)
+        .fetch_one(&admin)
+        .await
+        .map_err(|e| Failed::from(e.to_string()))
+    };
+    let election = distlock_core::LockName::new("observed/dropped")?;
+    let mut leaders = observer
+        .observe_leader(&election)
+        .await?
+        .ok_or("PostgreSQL observes by notification")?;
+    next_change(&mut leaders, &Some("?".into()), Duration::from_secs(5)).await?;
+    let n = listening().await?;
+    if n != 1 {
+        return Err(format!("an observer had {n} LISTEN connections, not 1").into());
+    }
+    drop(leaders);
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = listening().await?;
+        if n == 0 {
+            break;
+        }
+        if tokio::time::Instant::now() > end {
+            return Err(format!(
+                "{n} LISTEN connections stayed open after the observer was dropped"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for bad in ["0", "soon"] {
+        match SqlBackend::connect(&f.url_with(&format!("observe_recheck_ms={bad}"))?).await {
+            Err(distlock_core::Error::InvalidInput { .. }) => {}
+            other => {
+                return Err(format!("observe_recheck_ms={bad}: {:?}", other.map(|_| ())).into())
+            }
+        }
+    }
     Ok(())
 }

@@ -13,6 +13,7 @@ use distlock_core::{Error, InputKind, Result};
 /// |---|---|---|
 /// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, at most 54 characters); semaphores live in `<table>_sems` and `<table>_permits`, shared holds in `<table>_shared` and `<table>_writers` | `distlock_locks` |
 /// | `pool_size` | connections in the pool the backend builds | 10 (SQLite: 4) |
+/// | `observe_recheck_ms` | PostgreSQL: an election's observer reads the leader at least this often, besides each notification and each lease end | 1000 |
 ///
 /// Every other parameter is passed to sqlx unchanged: for example `sslmode`
 /// and `sslrootcert` on PostgreSQL, `ssl-mode` and `ssl-ca` on MySQL (TLS
@@ -34,6 +35,11 @@ pub struct SqlConfig {
     /// PostgreSQL waiters: the longest sleep between attempts when no
     /// notification arrives (a lost NOTIFY, a reconnecting listener).
     pub notify_fallback: Duration,
+    /// PostgreSQL: the longest an election's observer goes without reading
+    /// the leader when no notification arrives and no lease ends (a
+    /// notification lost while the LISTEN connection reconnects). Greater
+    /// than zero.
+    pub observe_recheck: Duration,
 }
 
 impl Default for SqlConfig {
@@ -45,6 +51,7 @@ impl Default for SqlConfig {
             busy_timeout: Duration::from_secs(5),
             poll: Backoff::new(Duration::from_millis(5), Duration::from_millis(250)),
             notify_fallback: Duration::from_secs(1),
+            observe_recheck: Duration::from_secs(1),
         }
     }
 }
@@ -68,6 +75,24 @@ impl SqlConfig {
         self
     }
 
+    /// Sets how often an election's observer reads the leader when no
+    /// notification arrives and no lease ends (PostgreSQL).
+    pub fn with_observe_recheck(mut self, every: Duration) -> Self {
+        self.observe_recheck = every;
+        self
+    }
+
+    /// Refuses settings no backend can work with.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.observe_recheck.is_zero() {
+            return Err(Error::invalid(
+                InputKind::Config,
+                "observe_recheck must be greater than zero",
+            ));
+        }
+        Ok(())
+    }
+
     /// Takes distlock's own parameters out of `url`, returning the URL that
     /// sqlx should see.
     pub(crate) fn take_url_options(&mut self, url: &str) -> Result<String> {
@@ -87,6 +112,15 @@ impl SqlConfig {
                         )
                     })?;
                     self.pool_size = Some(n);
+                }
+                "observe_recheck_ms" => {
+                    let ms = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        Error::invalid(
+                            InputKind::Url,
+                            format!("observe_recheck_ms={v:?} is not a positive integer"),
+                        )
+                    })?;
+                    self.observe_recheck = Duration::from_millis(ms);
                 }
                 _ => rest.push(pair),
             }
@@ -214,6 +248,47 @@ mod tests {
         assert_eq!(c.table, "jobs_locks");
         assert_eq!(c.pool_size, Some(3));
         assert!(c.take_url_options("sqlite://x?pool_size=zero").is_err());
+    }
+
+    #[test]
+    fn the_observers_recheck_is_a_positive_number_of_milliseconds() {
+        let mut c = SqlConfig::default();
+        assert_eq!(c.observe_recheck, Duration::from_secs(1));
+        let url = c
+            .take_url_options("postgres://h/db?observe_recheck_ms=60000&sslmode=disable")
+            .unwrap();
+        assert_eq!(url, "postgres://h/db?sslmode=disable");
+        assert_eq!(c.observe_recheck, Duration::from_secs(60));
+        assert!(c.validate().is_ok());
+        for bad in ["0", "-1", "soon", ""] {
+            let e = SqlConfig::default()
+                .take_url_options(&format!("postgres://h/db?observe_recheck_ms={bad}"))
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidInput {
+                        kind: InputKind::Url,
+                        ..
+                    }
+                ),
+                "{bad}: {e:?}"
+            );
+        }
+        let e = SqlConfig::default()
+            .with_observe_recheck(Duration::ZERO)
+            .validate()
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidInput {
+                    kind: InputKind::Config,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     }
 
     #[test]

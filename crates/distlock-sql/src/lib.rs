@@ -347,6 +347,7 @@ impl SqlBackend {
     pub async fn connect_with(url: &str, mut config: SqlConfig) -> Result<Self> {
         let url = config.take_url_options(url)?;
         config::validate_table(&config.table)?;
+        config.validate()?;
         let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or_default();
         let endpoint = endpoint_of(&url);
         if scheme != "sqlite" {
@@ -418,6 +419,7 @@ impl SqlBackend {
     /// Uses a PostgreSQL pool you already have.
     pub async fn postgres(pool: sqlx::PgPool, config: SqlConfig) -> Result<Self> {
         config::validate_table(&config.table)?;
+        config.validate()?;
         let o = pool.connect_options();
         let err = DbError {
             backend: "postgres",
@@ -477,6 +479,7 @@ impl SqlBackend {
 
     async fn mysql_with(pool: sqlx::MySqlPool, config: SqlConfig, err: DbError) -> Result<Self> {
         config::validate_table(&config.table)?;
+        config.validate()?;
         let db = Db::MySql(mysql::My::new(pool, &config.table, err.clone()));
         Self::build(db, config, err).await
     }
@@ -547,6 +550,7 @@ impl SqlBackend {
 
     async fn sqlite_with(pool: sqlx::SqlitePool, config: SqlConfig, err: DbError) -> Result<Self> {
         config::validate_table(&config.table)?;
+        config.validate()?;
         let db = Db::Sqlite(sqlite::Lite::new(pool, &config.table, err.clone()));
         Self::build(db, config, err).await
     }
@@ -751,6 +755,39 @@ impl Backend for SqlBackend {
     async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
         let row = election::election_row(name);
         dispatch!(self, db => db.leader(&row).await)
+    }
+
+    /// PostgreSQL: notified. It listens first, through the LISTEN
+    /// connection this backend's waiters and observers share, then reads
+    /// the leader; again on each notification about the election's row, at
+    /// the leader's lease end, and at least every
+    /// [`SqlConfig::observe_recheck`]. SQLite and MySQL offer no stream:
+    /// core reads `leader` every [`distlock_core::LEADER_POLL`].
+    async fn observe_leader(&self, name: &LockName) -> Result<Option<distlock_core::LeaderStream>> {
+        match &self.inner.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(pg) => {
+                let row = election::election_row(name);
+                let listening = pg.listen().await?;
+                let signal = pg.leader_changes.get(&row);
+                let (backend, name) = (self.clone(), name.clone());
+                let read = move || {
+                    let (b, name) = (backend.clone(), name.clone());
+                    async move { b.leader(&name).await }
+                };
+                Ok(Some(postgres::observe::leaders(
+                    listening,
+                    signal,
+                    self.inner.config.observe_recheck,
+                    read,
+                )))
+            }
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = name;
+                Ok(None)
+            }
+        }
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use distlock_core::wait::{Outcome, Signals};
-use distlock_core::{FencingToken, Finding, HoldRecord, LockRequest, Result};
+use distlock_core::{FencingToken, Finding, HoldKind, HoldRecord, LockRequest, Result};
 use sqlx::postgres::{PgListener, PgPool};
 
 use crate::election::{checked_for_postgres, leader_from_db, row, value, ELECTION_SUFFIX};
@@ -15,6 +15,7 @@ use crate::rwlock::{RwTables, SHARED_OWNER};
 use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
 
+pub(crate) mod observe;
 mod permits;
 mod shared;
 
@@ -25,12 +26,19 @@ pub(crate) struct Pg {
     /// Columns a table created without them gets: (table, column, type).
     added_columns: Vec<(String, &'static str, &'static str)>,
     take: String,
+    /// `take` for an election's row: the grant also notifies its observers.
+    take_leader: String,
     take_all: String,
     give_back: String,
     attempt: String,
+    /// `attempt` for an election's row: a grant also notifies its observers.
+    attempt_leader: String,
     extend: String,
     extend_many: String,
     release: String,
+    /// An election's release: notifies whether or not a campaign waits,
+    /// for its observers.
+    release_leader: String,
     inspect: String,
     proclaim: String,
     leader: String,
@@ -38,6 +46,9 @@ pub(crate) struct Pg {
     list: String,
     /// This client's lock waiters, per name: a release wakes them all.
     pub(crate) releases: Arc<Signals>,
+    /// This client's election observers, per election row: every grant,
+    /// proclamation, resignation and eviction wakes them all.
+    pub(crate) leader_changes: Arc<Signals>,
     permits: permits::Statements,
     /// Read-write locks' statements; their releases are announced on the
     /// locks' channel.
@@ -100,15 +111,24 @@ impl Pg {
         // with the grant: an election's leader's (`$4`), NULL for a lock;
         // and the request's holder info (`$5`). A release leaves the
         // holder info: every reader of it reads held rows only.
-        let take = format!(
-            "INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
+        // An election's grant also notifies (`$6`: the locks' channel)
+        // with the row's name after [`LEADER_CHANGED`], evaluated only for
+        // the row it grants; a lock's grant notifies nothing.
+        let take_with = |returning: &str| {
+            format!(
+                "INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
              VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4, $5)
              ON CONFLICT (name) DO UPDATE
                 SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at,
                     awaited = false, value = EXCLUDED.value, holder = EXCLUDED.holder
               WHERE l.owner IS NULL OR l.expires_at <= now()
-             RETURNING token"
-        );
+             RETURNING {returning}"
+            )
+        };
+        let take = take_with("token");
+        let take_leader = take_with(&format!(
+            "token, pg_notify($6, '{LEADER_CHANGED}' || $1)::text"
+        ));
         // `take` for many rows in one statement, in the order given (the
         // canonical one, so two such statements lock rows in one order), and
         // only if none of them is held as the statement starts. A holder
@@ -140,8 +160,9 @@ impl Pg {
         // mark. Only a row not marked yet is written. The row's `awaited`
         // after the upsert tells a grant (cleared) from a refusal (set).
         let free = "l.owner IS NULL OR l.expires_at <= now()";
-        let attempt = format!(
-            "WITH granted AS (
+        let attempt_with = |notify: &str| {
+            format!(
+                "WITH granted AS (
                 INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
                 VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4, $5)
                 ON CONFLICT (name) DO UPDATE
@@ -152,13 +173,23 @@ impl Pg {
                        expires_at = CASE WHEN {free} THEN EXCLUDED.expires_at ELSE l.expires_at END,
                        awaited = NOT ({free})
                  WHERE {free} OR NOT l.awaited
-                RETURNING CASE WHEN NOT l.awaited THEN token END AS token)
+                RETURNING CASE WHEN NOT l.awaited THEN token END AS token{notify})
              SELECT (SELECT token FROM granted),
                     (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
                        FROM {table} WHERE name = $1 AND owner IS NOT NULL),
                     (SELECT owner = '{SHARED_OWNER}'
                        FROM {table} WHERE name = $1 AND owner IS NOT NULL)"
-        );
+            )
+        };
+        let attempt = attempt_with("");
+        // A data-modifying WITH runs to completion whatever the query reads
+        // of it, and `pg_notify` is volatile: the notification is sent for
+        // a grant (the row's `awaited` cleared) and only then.
+        let attempt_leader = attempt_with(&format!(
+            ",
+                          CASE WHEN NOT l.awaited
+                               THEN pg_notify($6, '{LEADER_CHANGED}' || $1)::text END"
+        ));
         let extend = format!(
             "UPDATE {table} SET expires_at = now() + make_interval(secs => $3::float8 / 1e6)
               WHERE name = $1 AND owner = $2 AND expires_at > now()"
@@ -176,6 +207,11 @@ impl Pg {
                         RETURNING expires_at > now() AS held, awaited)
              SELECT held, CASE WHEN awaited THEN pg_notify($3, $1)::text END FROM r"
         );
+        let release_leader = format!(
+            "WITH r AS (UPDATE {table} SET owner = NULL WHERE name = $1 AND owner = $2
+                        RETURNING expires_at > now() AS held)
+             SELECT held, pg_notify($3, $1)::text FROM r"
+        );
         // The holder info is an exclusive holder's only: not that of
         // shared holds keeping the row, nor an evicted holder's.
         let inspect = format!(
@@ -184,11 +220,13 @@ impl Pg {
                FROM {table} WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()",
             exclusive_owner("owner")
         );
-        // An election's: a new value only while the owner's lease is live;
-        // its leader, only while one's is; eviction frees the row at once
-        // and wakes its waiters.
+        // An election's: a new value only while the owner's lease is live,
+        // notifying its observers in the same statement; its leader, only
+        // while one's is; eviction frees the row at once and wakes its
+        // waiters and observers.
         let proclaim = format!(
-            "UPDATE {table} SET value = $3 WHERE name = $1 AND owner = $2 AND expires_at > now()"
+            "UPDATE {table} SET value = $3 WHERE name = $1 AND owner = $2 AND expires_at > now()
+             RETURNING pg_notify($4, '{LEADER_CHANGED}' || $1)::text"
         );
         let leader = format!(
             "SELECT value, token, (extract(epoch FROM expires_at - now()) * 1e6)::bigint, holder
@@ -213,7 +251,7 @@ impl Pg {
         );
         let evict_leader = format!(
             "UPDATE {table} SET owner = NULL WHERE name = $1 AND owner IS NOT NULL
-             RETURNING CASE WHEN awaited THEN pg_notify($2, name)::text END"
+             RETURNING pg_notify($2, name)::text"
         );
         Self {
             pool,
@@ -226,18 +264,22 @@ impl Pg {
             create,
             added_columns,
             take,
+            take_leader,
             take_all,
             give_back,
             attempt,
+            attempt_leader,
             extend,
             extend_many,
             release,
+            release_leader,
             inspect,
             proclaim,
             leader,
             evict_leader,
             list,
             releases: Arc::default(),
+            leader_changes: Arc::default(),
             listener: Mutex::new(Weak::new()),
             starting: tokio::sync::Mutex::new(()),
             err,
@@ -278,18 +320,30 @@ impl Pg {
 
     /// One attempt of a waiting exclusive request: the outcome, and whether
     /// shared holds keep the lock.
+    /// An election's grant also notifies its observers.
     pub(crate) async fn attempt(&self, req: &LockRequest) -> Result<(Outcome, bool)> {
         checked_for_postgres(value(req))?;
-        let (token, left, readers): (Option<i64>, Option<i64>, Option<bool>) =
-            sqlx::query_as(&self.attempt)
-                .bind(row(req))
-                .bind(req.owner.to_string())
-                .bind(ttl_micros(req.ttl))
-                .bind(value(req))
-                .bind(holder(req))
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| self.err.map(e))?;
+        let leader = req.kind == HoldKind::Leader;
+        let sql = if leader {
+            &self.attempt_leader
+        } else {
+            &self.attempt
+        };
+        let query = sqlx::query_as(sql)
+            .bind(row(req))
+            .bind(req.owner.to_string())
+            .bind(ttl_micros(req.ttl))
+            .bind(value(req))
+            .bind(holder(req));
+        let query = if leader {
+            query.bind(&self.channel)
+        } else {
+            query
+        };
+        let (token, left, readers): (Option<i64>, Option<i64>, Option<bool>) = query
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
         let outcome = match token {
             Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
             None => Outcome::Held(left.map(|us| Duration::from_micros(us.max(0) as u64))),
@@ -351,8 +405,24 @@ impl Pg {
         Ok(None)
     }
 
+    /// An election's grant also notifies its observers.
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
         checked_for_postgres(value(req))?;
+        if req.kind == HoldKind::Leader {
+            let granted: Option<(i64, Option<String>)> = sqlx::query_as(&self.take_leader)
+                .bind(row(req))
+                .bind(req.owner.to_string())
+                .bind(ttl_micros(req.ttl))
+                .bind(value(req))
+                .bind(holder(req))
+                .bind(&self.channel)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
+            return granted
+                .map(|(t, _)| token_from_db(&self.err, t))
+                .transpose();
+        }
         let token: Option<i64> = sqlx::query_scalar(&self.take)
             .bind(row(req))
             .bind(req.owner.to_string())
@@ -453,8 +523,15 @@ impl Pg {
             .collect())
     }
 
+    /// An election's release notifies its observers, and its waiting
+    /// campaigners; a lock's, its waiters only if one marked the row.
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
-        let held: Option<(bool, Option<String>)> = sqlx::query_as(&self.release)
+        let sql = if req.kind == HoldKind::Leader {
+            &self.release_leader
+        } else {
+            &self.release
+        };
+        let held: Option<(bool, Option<String>)> = sqlx::query_as(sql)
             .bind(row(req))
             .bind(req.owner.to_string())
             .bind(&self.channel)
@@ -492,17 +569,19 @@ impl Pg {
         Ok(records)
     }
 
-    /// Replaces the value of `req`'s election row while its lease is live.
+    /// Replaces the value of `req`'s election row while its lease is
+    /// live, notifying its observers.
     pub(crate) async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
         checked_for_postgres(Some(value))?;
-        let r = sqlx::query(&self.proclaim)
+        let changed: Option<Option<String>> = sqlx::query_scalar(&self.proclaim)
             .bind(row(req))
             .bind(req.owner.to_string())
             .bind(value)
-            .execute(&self.pool)
+            .bind(&self.channel)
+            .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
-        Ok(r.rows_affected() == 1)
+        Ok(changed.is_some())
     }
 
     /// The live leader of the election row `row`.
@@ -516,8 +595,8 @@ impl Pg {
         found.map(|r| leader_from_db(&self.err, r)).transpose()
     }
 
-    /// Frees the election row `row` at once, notifying its waiters;
-    /// whether someone led.
+    /// Frees the election row `row` at once, notifying its waiters and
+    /// observers; whether someone led.
     pub(crate) async fn evict_leader(&self, row: &str) -> Result<bool> {
         let freed: Vec<Option<String>> = sqlx::query_scalar(&self.evict_leader)
             .bind(row)
@@ -538,15 +617,18 @@ impl Pg {
         Ok(removed > 0)
     }
 
-    /// The one LISTEN connection this backend's waiters share, started by
-    /// the first of them, on the locks' channel and the permits'; each
-    /// notification carries the released lock's or semaphore's name (a
-    /// changed limit: [`LIMIT_CHANGED`] before it). It
-    /// lives while someone holds the returned handle: when the last waiter
-    /// stops waiting it is closed (`UNLISTEN *`, and the connection goes
-    /// back to the pool), so a release's NOTIFY signals only the database
-    /// sessions of clients that wait (each one it signals costs the
-    /// releaser's commit time; docs/benchmarks.md).
+    /// The one LISTEN connection this backend's waiters and election
+    /// observers share, started by the first of them, on the locks' channel
+    /// and the permits'; each notification carries the released lock's or
+    /// semaphore's name (a changed limit: [`LIMIT_CHANGED`] before it), an
+    /// election's row name (released or evicted: its waiters and observers
+    /// wake), or [`LEADER_CHANGED`] and an election's row name (granted or
+    /// proclaimed: only its observers wake). It lives while someone holds
+    /// the returned handle: when the last waiter stops waiting and the last
+    /// observer is dropped it is closed (`UNLISTEN *`, and the connection
+    /// goes back to the pool), so a release's NOTIFY signals only the
+    /// database sessions of clients that wait or observe (each one it
+    /// signals costs the releaser's commit time; docs/benchmarks.md).
     pub(crate) async fn listen(&self) -> Result<Arc<Listening>> {
         if let Some(l) = self.listening() {
             return Ok(l);
@@ -562,6 +644,7 @@ impl Pg {
             .await
             .map_err(|e| self.err.map(e))?;
         let (locks, permits) = (self.releases.clone(), self.permit_releases.clone());
+        let leaders = self.leader_changes.clone();
         let permit_channel = self.permit_channel.clone();
         let task = tokio::spawn(async move {
             loop {
@@ -572,17 +655,31 @@ impl Pg {
                             None => permits.find(n.payload()).map(|s| s.wake_one()),
                         };
                     }
-                    Ok(n) => {
-                        if let Some(s) = locks.find(n.payload()) {
-                            s.wake_all();
+                    Ok(n) => match n.payload().strip_prefix(LEADER_CHANGED) {
+                        Some(row) => {
+                            if let Some(s) = leaders.find(row) {
+                                s.wake_all();
+                            }
                         }
-                    }
+                        None => {
+                            if let Some(s) = locks.find(n.payload()) {
+                                s.wake_all();
+                            }
+                            if n.payload().ends_with(ELECTION_SUFFIX) {
+                                if let Some(s) = leaders.find(n.payload()) {
+                                    s.wake_all();
+                                }
+                            }
+                        }
+                    },
                     Err(e) => {
                         // PgListener reconnects on the next recv; what it
-                        // missed meanwhile, every waiter checks again.
+                        // missed meanwhile, every waiter and observer checks
+                        // again.
                         tracing::debug!(error = %e, "LISTEN connection failed; reconnecting");
                         locks.wake_everyone();
                         permits.wake_everyone();
+                        leaders.wake_everyone();
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 }
@@ -608,6 +705,12 @@ pub(crate) struct Listening(#[allow(dead_code)] AbortOnDrop);
 /// Marks a NOTIFY payload on the permits' channel as a changed limit of the
 /// semaphore named after it (a character no name contains).
 pub(crate) const LIMIT_CHANGED: &str = "*";
+
+/// Marks a NOTIFY payload on the locks' channel as a grant or a
+/// proclamation of the election row named after it (a character no name
+/// contains): its observers wake, its waiting campaigners do not (a grant
+/// or a new value gives them nothing to try).
+pub(crate) const LEADER_CHANGED: &str = "=";
 
 /// Adds `column` to `table` if the table was created without it. Table and
 /// column names are validated identifiers.
