@@ -392,26 +392,35 @@ impl My {
     pub(crate) async fn list(&self, range: &NameRange, limit: usize) -> Result<Vec<HoldRecord>> {
         let limit = sql_limit(limit);
         type Row = (Vec<u8>, i64, i64, Option<Vec<u8>>, Option<Vec<u8>>);
-        let locks: Vec<Row> = sqlx::query_as(&self.list)
-            .bind(&range.from)
-            .bind(&range.to)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
-        let mut records = Vec::with_capacity(locks.len());
-        for (name, token, micros, holder, value) in locks {
-            let row = (
-                self.name(name)?,
-                token,
-                micros,
-                self.text(holder)?,
-                self.text(value)?,
-            );
-            records.push(lock_record(&self.err, row)?);
-        }
-        records.extend(self.list_shared(range, limit).await?);
-        records.extend(self.list_permits(range, limit).await?);
+        let locks = async {
+            let rows: Vec<Row> = sqlx::query_as(&self.list)
+                .bind(&range.from)
+                .bind(&range.to)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
+            let mut records = Vec::with_capacity(rows.len());
+            for (name, token, micros, holder, value) in rows {
+                let row = (
+                    self.name(name)?,
+                    token,
+                    micros,
+                    self.text(holder)?,
+                    self.text(value)?,
+                );
+                records.push(lock_record(&self.err, row)?);
+            }
+            Ok(records)
+        };
+        // The three tables are read at once, on connections of the pool.
+        let (mut records, shared, permits) = tokio::try_join!(
+            locks,
+            self.list_shared(range, limit),
+            self.list_permits(range, limit)
+        )?;
+        records.extend(shared);
+        records.extend(permits);
         Ok(records)
     }
 

@@ -553,19 +553,26 @@ impl Pg {
     /// `limit` of each table, one SELECT each.
     pub(crate) async fn list(&self, range: &NameRange, limit: usize) -> Result<Vec<HoldRecord>> {
         let limit = sql_limit(limit);
-        let locks: Vec<LockRow> = sqlx::query_as(&self.list)
-            .bind(&range.from)
-            .bind(&range.to)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
-        let mut records = locks
-            .into_iter()
-            .map(|r| lock_record(&self.err, r))
-            .collect::<Result<Vec<_>>>()?;
-        records.extend(self.list_shared(range, limit).await?);
-        records.extend(self.list_permits(range, limit).await?);
+        let locks = async {
+            let rows: Vec<LockRow> = sqlx::query_as(&self.list)
+                .bind(&range.from)
+                .bind(&range.to)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err.map(e))?;
+            rows.into_iter()
+                .map(|r| lock_record(&self.err, r))
+                .collect::<Result<Vec<_>>>()
+        };
+        // The three tables are read at once, on connections of the pool.
+        let (mut records, shared, permits) = tokio::try_join!(
+            locks,
+            self.list_shared(range, limit),
+            self.list_permits(range, limit)
+        )?;
+        records.extend(shared);
+        records.extend(permits);
         Ok(records)
     }
 
