@@ -18,5 +18,6 @@ pub use distlock_conformance::*;
 
 pub mod factory;
 pub mod faults;
+pub mod fifo;
 pub mod harness;
 pub mod queue;

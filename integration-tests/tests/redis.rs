@@ -11,8 +11,9 @@ use std::time::Duration;
 use distlock_core::{Error, HoldKind, LockClient, LostReason};
 use distlock_redis::{RedisBackend, RedisConfig};
 use integration_tests::factory::{ServerFactory, Servers};
+use integration_tests::fifo;
 use integration_tests::harness::proxy::Proxy;
-use integration_tests::harness::{redis as server, ServerKind};
+use integration_tests::harness::{redis as server, ServerKind, ServerProcess};
 use libtest_mimic::{Completion, Failed, Trial};
 
 type Redis = ServerFactory<RedisBackend>;
@@ -165,6 +166,27 @@ fn main() {
         extra.push(Trial::test(
             "redis::a_multi_lock_of_free_names_is_one_request",
             move || handle.block_on(multi_lock_is_one_request()),
+        ));
+        for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
+            let handle = rt.handle().clone();
+            extra.push(Trial::test(
+                format!("redis::fifo::{topology:?}::grants_in_arrival_order_one_request_each")
+                    .to_lowercase(),
+                move || handle.block_on(fifo_order(topology)),
+            ));
+            let handle = rt.handle().clone();
+            extra.push(Trial::test(
+                format!(
+                    "redis::fifo::{topology:?}::a_cancelled_or_timed_out_waiter_leaves_no_entry"
+                )
+                .to_lowercase(),
+                move || handle.block_on(fifo_cancel(topology)),
+            ));
+        }
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::fifo::single::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses",
+            move || handle.block_on(fifo_cut()),
         ));
         let handle = rt.handle().clone();
         extra.push(Trial::ignorable_test(
@@ -430,6 +452,136 @@ async fn subscribes_when_held() -> Result<(), Failed> {
         .map_err(|e| e.to_string())??;
     got.release().await?;
     Ok(())
+}
+
+/// Where the first-come, first-served cases run: servers of their own, so
+/// that only their requests are counted.
+#[derive(Clone, Copy, Debug)]
+enum Topology {
+    Single,
+    Sentinel,
+    Cluster,
+}
+
+/// Servers of `topology`: the URL, the data nodes' ports, and the processes.
+async fn fifo_servers(
+    topology: Topology,
+) -> Result<(String, Vec<u16>, Vec<ServerProcess>), Failed> {
+    tokio::task::spawn_blocking(move || -> Result<_, Failed> {
+        Ok(match topology {
+            Topology::Single => {
+                let s = server::spawn(&[]).map_err(|e| e.to_string())?;
+                (
+                    format!("redis://127.0.0.1:{}", s.port),
+                    vec![s.port],
+                    vec![s],
+                )
+            }
+            Topology::Sentinel => {
+                let master = server::spawn(&[]).map_err(|e| e.to_string())?;
+                let sentinel = server::sentinel(master.port, "m").map_err(|e| e.to_string())?;
+                let url = format!("redis+sentinel://127.0.0.1:{}/m", sentinel.port);
+                (url, vec![master.port], vec![sentinel, master])
+            }
+            Topology::Cluster => {
+                let nodes = server::cluster(3).map_err(|e| e.to_string())?;
+                let hosts: Vec<String> = nodes
+                    .iter()
+                    .map(|n| format!("127.0.0.1:{}", n.port))
+                    .collect();
+                let ports = nodes.iter().map(|n| n.port).collect();
+                (format!("redis+cluster://{}", hosts.join(",")), ports, nodes)
+            }
+        })
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+fn fifo_connect() -> fifo::Connect {
+    Arc::new(|url: String| {
+        Box::pin(async move { Ok(LockClient::new(RedisBackend::connect(&url).await?)) })
+    })
+}
+
+/// The live entries of `name`'s wait queue, on whichever node has it.
+fn fifo_queued(ports: Vec<u16>, name: &str) -> fifo::Count {
+    let key = distlock_redis::Keys::queue_of(name);
+    Arc::new(move || {
+        let mut n = 0;
+        for port in &ports {
+            let reply = server::command(*port, &["ZCARD", &key]).ok_or("no reply to ZCARD")?;
+            if reply.starts_with("-MOVED") {
+                // Another Cluster node's slot.
+                continue;
+            }
+            n += reply
+                .strip_prefix(':')
+                .and_then(|r| r.split('\r').next())
+                .and_then(|r| r.parse::<u64>().ok())
+                .ok_or_else(|| format!("ZCARD answered {reply:?}"))?;
+        }
+        Ok(n)
+    })
+}
+
+/// Twenty waiters' grants come in arrival order, one script call per grant
+/// and per release (`INFO commandstats` on every data node). Entries here
+/// last a minute, so no waiter renews its entry while the test counts.
+async fn fifo_order(topology: Topology) -> Result<(), Failed> {
+    let (url, ports, _servers) = fifo_servers(topology).await?;
+    let url = format!("{url}?queue_lease_ms=60000");
+    let name = "fifo/order";
+    let counted = ports.clone();
+    let requests: fifo::Count = Arc::new(move || {
+        Ok(counted
+            .iter()
+            .map(|p| server::calls(*p, &["evalsha", "eval"]))
+            .sum())
+    });
+    fifo::grants_in_arrival_order(
+        fifo_connect(),
+        &url,
+        name,
+        20,
+        fifo_queued(ports, name),
+        requests,
+    )
+    .await
+}
+
+async fn fifo_cancel(topology: Topology) -> Result<(), Failed> {
+    let (url, ports, _servers) = fifo_servers(topology).await?;
+    let lease = Duration::from_secs(60);
+    let url = format!("{url}?queue_lease_ms={}", lease.as_millis());
+    let name = "fifo/cancel";
+    fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
+        fifo_connect(),
+        &url,
+        name,
+        lease,
+        fifo_queued(ports, name),
+    )
+    .await
+}
+
+/// The cut-off waiter's connections (commands and pub/sub) run through a
+/// proxy that then drops everything; entries last 3 s (the default).
+async fn fifo_cut() -> Result<(), Failed> {
+    let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
+    let proxy = Proxy::start(ports[0]).map_err(|e| e.to_string())?;
+    let proxied = format!("redis://127.0.0.1:{}?timeout_ms=500", proxy.port);
+    let name = "fifo/cut";
+    fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
+        fifo_connect(),
+        &url,
+        &proxied,
+        &proxy,
+        name,
+        RedisConfig::default().queue_lease,
+        fifo_queued(ports, name),
+    )
+    .await
 }
 
 fn info_field(port: u16, section: &str, field: &str) -> Option<String> {

@@ -14,6 +14,8 @@ use distlock_core::{Error, InputKind, Result};
 /// | `wait_timeout_ms` | the `WAIT` timeout | 100 |
 /// | `timeout_ms` | connect and response timeout | 2000 |
 /// | `observe_recheck_ms` | an election's observer reads the leader at least this often, besides each message on the election's channel and each lease end | 1000 |
+/// | `fifo` | `true`: waiting exclusive requests queue on the server and are granted in arrival order, a release waking only the queue's head; `false`: a release wakes every waiter and the first to ask wins | `true` |
+/// | `queue_lease_ms` | how long a waiter's queue entry outlives its last attempt (a waiter renews it every third of this): a killed or cut-off waiter holds up the queue at most this long, or until its wait's deadline if that comes first | 3000 |
 /// | `ca_file` | `rediss://`, `rediss+sentinel://`, `rediss+cluster://`: PEM file of the CA to trust instead of the system roots | system roots |
 ///
 /// Other parameters of a `redis://` URL (such as `protocol`) are passed to
@@ -33,6 +35,11 @@ pub struct RedisConfig {
     /// is silent and no lease ends: the bound on the lag after a message
     /// lost without the pub/sub connection failing.
     pub observe_recheck: Duration,
+    /// Whether waiting exclusive requests queue on the server, first come,
+    /// first served (see `acquire.lua`).
+    pub fifo: bool,
+    /// How long a waiter's queue entry outlives its last attempt.
+    pub queue_lease: Duration,
     /// TLS URLs (`rediss://`, `rediss+sentinel://`, `rediss+cluster://`):
     /// trust this CA (PEM file) instead of the system roots.
     pub ca_file: Option<std::path::PathBuf>,
@@ -46,6 +53,8 @@ impl Default for RedisConfig {
             wait_timeout: Duration::from_millis(100),
             timeout: Duration::from_secs(2),
             observe_recheck: Duration::from_secs(1),
+            fifo: true,
+            queue_lease: Duration::from_secs(3),
             ca_file: None,
         }
     }
@@ -72,6 +81,19 @@ impl RedisConfig {
         self
     }
 
+    /// Sets whether waiting exclusive requests queue on the server, first
+    /// come, first served.
+    pub fn with_fifo(mut self, fifo: bool) -> Self {
+        self.fifo = fifo;
+        self
+    }
+
+    /// Sets how long a waiter's queue entry outlives its last attempt.
+    pub fn with_queue_lease(mut self, lease: Duration) -> Self {
+        self.queue_lease = lease;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         if self.prefix.contains(['{', '}']) {
             return Err(Error::invalid(
@@ -92,6 +114,15 @@ impl RedisConfig {
             return Err(Error::invalid(
                 InputKind::Config,
                 "observe_recheck must be greater than zero",
+            ));
+        }
+        if self.queue_lease < Duration::from_millis(30) {
+            return Err(Error::invalid(
+                InputKind::Config,
+                format!(
+                    "queue_lease is {:?}; it must be at least 30 ms (waiters renew their entries every third of it)",
+                    self.queue_lease
+                ),
             ));
         }
         Ok(())
@@ -154,6 +185,14 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
             "wait_timeout_ms" => config.wait_timeout = Duration::from_millis(number(v)?),
             "timeout_ms" => config.timeout = Duration::from_millis(number(v)?),
             "observe_recheck_ms" => config.observe_recheck = Duration::from_millis(number(v)?),
+            "queue_lease_ms" => config.queue_lease = Duration::from_millis(number(v)?),
+            "fifo" => {
+                config.fifo = match v {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => return Err(bad(url, format!("fifo={v:?} is not true or false"))),
+                }
+            }
             "ca_file" => config.ca_file = Some(v.into()),
             _ => passthrough.push(pair),
         }
@@ -294,6 +333,9 @@ mod tests {
         );
         assert_eq!((c.prefix.as_str(), c.wait_replicas), ("app:", 1));
         assert_eq!(c.observe_recheck, Duration::from_secs(60));
+        assert!(c.fifo && c.queue_lease == Duration::from_secs(3));
+        let (_, c) = p("redis://a:1?fifo=false&queue_lease_ms=600").unwrap();
+        assert!(!c.fifo && c.queue_lease == Duration::from_millis(600));
         let (t, _) = p("redis+sentinel://a:26379,b:26380/mymaster/3").unwrap();
         assert_eq!(
             t,
@@ -325,6 +367,8 @@ mod tests {
             "redis+sentinel://a:1/m/notadb",
             "redis://a:1?wait_replicas=x",
             "redis://a:1?prefix={x}",
+            "redis://a:1?fifo=maybe",
+            "redis://a:1?queue_lease_ms=0",
             "memcached://a:1",
         ] {
             assert!(

@@ -135,7 +135,7 @@ impl RedisBackend {
             HoldKind::Permits { .. } => Ok(self.attempt_permit(req, true).await?.into()),
             HoldKind::Shared => Ok(self.attempt_shared(req, true).await?.into()),
             HoldKind::Leader => Ok(self.attempt_leader(req).await?.into()),
-            _ => self.attempt_exclusive(req, how, true).await,
+            _ => self.attempt_exclusive(req, how, true, None).await,
         }
     }
 
@@ -160,8 +160,9 @@ impl RedisBackend {
             HoldKind::Permits { .. } => return Ok(self.attempt_permit(req, false).await?.into()),
             HoldKind::Shared => return Ok(self.attempt_shared(req, false).await?.into()),
             HoldKind::Leader => return Ok(self.attempt_leader(req).await?.into()),
-            _ if how == Attempt::LaterOfWait => {
-                return self.attempt_exclusive(req, how, false).await
+            // A queue is read by the script alone.
+            _ if how == Attempt::LaterOfWait || self.inner.config.fifo => {
+                return self.attempt_exclusive(req, how, false, None).await
             }
             _ => {}
         }
@@ -180,7 +181,7 @@ impl RedisBackend {
             return Ok(Outcome::Granted(FencingToken(0)).into());
         }
         if how != Attempt::Once {
-            return self.attempt_exclusive(req, how, false).await;
+            return self.attempt_exclusive(req, how, false, None).await;
         }
         let pttl: i64 = self
             .inner
@@ -463,29 +464,51 @@ impl Backend for RedisBackend {
             HoldKind::Leader => return self.acquire_leader(req, deadline).await,
             _ => {}
         }
-        let mut wakeups = Subscribed::new(self, &req.name, Channel::Lock);
+        // Exclusive waiters queue, first come, first served; shared ones
+        // wake on every release.
+        let queued = self.inner.config.fifo && req.kind == HoldKind::Exclusive;
+        let mut wakeups = if queued {
+            Subscribed::queued(self, req)
+        } else {
+            Subscribed::new(self, &req.name, Channel::Lock)
+        };
         let pace = Pace::notified(Duration::from_millis(100));
-        let (tried, marked) = (&AtomicBool::new(false), &AtomicBool::new(false));
+        let (tried, left) = (&AtomicBool::new(false), &AtomicBool::new(false));
+        let mut end = WaitEnd {
+            backend: self,
+            req,
+            left,
+            done: false,
+        };
         let granted = wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async move {
             let how = if tried.swap(true, Ordering::Relaxed) {
                 Attempt::LaterOfWait
             } else {
                 Attempt::FirstOfWait
             };
-            let a = self.attempt_in(req, how).await?;
-            if a.marked {
-                marked.store(true, Ordering::Relaxed);
+            let a = if queued {
+                let lease = self.inner.config.queue_lease;
+                // An entry outlives neither its lease nor the wait.
+                let life = deadline.map_or(lease, |d| {
+                    lease
+                        .min(d.saturating_duration_since(Instant::now()) + Duration::from_millis(5))
+                });
+                self.attempt_exclusive(req, how, true, Some(life)).await?
+            } else {
+                self.attempt_in(req, how).await?
+            };
+            if a.marked || (queued && a.outcome.token().is_none()) {
+                left.store(true, Ordering::Relaxed);
             }
             Ok(a.outcome)
         })
         .await;
-        if granted.is_err() && marked.load(Ordering::Relaxed) {
-            // The wait ends without a grant: its mark goes now, not when
-            // its TTL lapses, and the readers it held back are told.
-            if let Err(e) = self.unmark(req).await {
-                tracing::debug!(error = %e, "the writer mark stays until its TTL");
-            }
+        if granted.is_err() {
+            // The wait ends without a grant: its mark and queue entry go now,
+            // not when they lapse, and the waiters they held back are told.
+            end.leave().await;
         }
+        end.done = true;
         granted
     }
 
@@ -715,6 +738,43 @@ impl Backend for RedisBackend {
     }
 }
 
+/// What a wait for an exclusive hold may leave on the server until it
+/// lapses: a writer's mark and a queue entry. A wait that ends without a
+/// grant removes them; one cancelled (dropped) removes them in a task of
+/// its own.
+struct WaitEnd<'a> {
+    backend: &'a RedisBackend,
+    req: &'a LockRequest,
+    /// Whether an attempt may have left a mark or an entry.
+    left: &'a AtomicBool,
+    done: bool,
+}
+
+impl WaitEnd<'_> {
+    async fn leave(&mut self) {
+        if self.left.load(Ordering::Relaxed) {
+            if let Err(e) = self.backend.unmark(self.req).await {
+                tracing::debug!(error = %e, "the writer mark or queue entry stays until it lapses");
+            }
+        }
+        self.done = true;
+    }
+}
+
+impl Drop for WaitEnd<'_> {
+    fn drop(&mut self) {
+        if self.done || !self.left.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (backend, req) = (self.backend.clone(), self.req.clone());
+            rt.spawn(async move {
+                let _ = backend.unmark(&req).await;
+            });
+        }
+    }
+}
+
 /// A subscription to one lock's release messages.
 pub struct ReleaseWatch {
     watch: subscriber::Watch,
@@ -748,6 +808,9 @@ impl ReleaseWatch {
 pub(crate) enum Channel {
     /// The lock's (exclusive and shared holds).
     Lock,
+    /// The lock's, for a waiter in its queue: woken by the messages
+    /// addressed to it or to nobody.
+    Queue,
     /// The semaphore's.
     Permits,
     /// The election's.
@@ -763,6 +826,8 @@ struct Subscribed<'a> {
     backend: &'a RedisBackend,
     name: &'a LockName,
     channel: Channel,
+    /// A queued waiter's stored owner ([`Channel::Queue`]).
+    owner: Option<String>,
     watch: Option<ReleaseWatch>,
     signalled: Signalled,
 }
@@ -773,16 +838,37 @@ impl<'a> Subscribed<'a> {
             backend,
             name,
             channel,
+            owner: None,
             watch: None,
             signalled: Signalled::from(None),
+        }
+    }
+
+    /// A waiter in the lock's queue as `req`'s owner.
+    fn queued(backend: &'a RedisBackend, req: &'a LockRequest) -> Self {
+        Self {
+            owner: Some(owner_arg(req)),
+            ..Self::new(backend, &req.name, Channel::Queue)
         }
     }
 }
 
 impl Wakeups for Subscribed<'_> {
     fn arm(&mut self) -> Option<Wakeup> {
-        self.watch.as_ref().filter(|w| w.alive())?;
-        self.signalled.arm()
+        let watch = self.watch.as_ref().filter(|w| w.alive())?;
+        let general = self.signalled.arm()?;
+        match watch.watch.own() {
+            Some(own) => {
+                let own = own.wakeup();
+                Some(Box::pin(async move {
+                    tokio::select! {
+                        () = general => {}
+                        () = own => {}
+                    }
+                }))
+            }
+            None => Some(general),
+        }
     }
 
     async fn prepare(&mut self) -> Result<()> {
@@ -800,6 +886,16 @@ impl Wakeups for Subscribed<'_> {
                 b.watch_channel(channel, Wake::All).await
             }
             Channel::Lock => b.watch_releases(self.name).await,
+            Channel::Queue => {
+                let channel = b.keys(self.name).channel;
+                let owner = self.owner.as_deref().unwrap_or_default();
+                b.inner
+                    .subscriber
+                    .watch_queued(&b.inner.conn, &channel, owner)
+                    .await
+                    .map(|watch| ReleaseWatch { watch, channel })
+                    .map_err(|e| b.err(e))
+            }
         };
         self.watch = subscribed
             .inspect_err(|e| tracing::debug!(error = %e, "no pub/sub; waiting on lease ends only"))

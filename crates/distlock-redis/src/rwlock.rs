@@ -59,7 +59,7 @@ pub(crate) enum Removal {
     All,
     /// The hold only (Redlock rolling back one round of a wait).
     Hold,
-    /// The writer mark only (a wait that ended).
+    /// The writer mark and the queue entry only (a wait that ended).
     Mark,
 }
 
@@ -119,12 +119,17 @@ pub(crate) fn held_for(answer: i64) -> Option<Duration> {
 
 impl RedisBackend {
     /// One `acquire.lua` call for an exclusive request: `fenced` takes a
-    /// token from the counter, else the grant carries token 0.
+    /// token from the counter, else the grant carries token 0. With
+    /// [`RedisConfig::fifo`](crate::RedisConfig::fifo) the script sees the
+    /// name's wait queue: only its head may take a free lock, and a refused
+    /// waiting attempt joins it, its entry lasting `entry` (the configured
+    /// queue lease when `None`).
     pub(crate) async fn attempt_exclusive(
         &self,
         req: &LockRequest,
         how: Attempt,
         fenced: bool,
+        entry: Option<Duration>,
     ) -> Result<Attempted> {
         let lock = self.lock_key(&req.name);
         let mut inv = Scripts::get().acquire.key(&lock);
@@ -133,14 +138,23 @@ impl RedisBackend {
             .arg(owner_arg(req))
             .arg(ttl_ms(req.ttl))
             .arg(how.arg());
-        if !fenced {
+        let queue = self.inner.config.fifo.then(|| {
+            let life = entry.unwrap_or(self.inner.config.queue_lease);
+            inv.key(Keys::queue_of(&lock))
+                .key(Keys::queue_ends_of(&lock))
+                .arg(if fenced { "1" } else { "0" })
+                .arg(ttl_ms(life));
+            life
+        });
+        if queue.is_none() && !fenced {
             inv.arg("0");
         }
         let answer: Value = self.run(&inv).await?;
-        let (answer, marked) = match answer {
-            Value::Int(n) => (n, false),
+        let (answer, flags) = match answer {
+            Value::Int(n) => (n, 0),
             Value::Array(ref a) => match a.as_slice() {
-                [Value::Int(n)] => (*n, true),
+                [Value::Int(n)] => (*n, 1),
+                [Value::Int(n), Value::Int(flags)] => (*n, *flags),
                 _ => return Err(unexpected("acquire.lua", &answer)),
             },
             other => return Err(unexpected("acquire.lua", &other)),
@@ -159,17 +173,27 @@ impl RedisBackend {
                 format!("fencing counter {} holds 0", Keys::fence_of(&lock)),
             ));
         }
-        let left = held_for(answer);
+        let (marked, behind) = (flags & 1 == 1, flags & 2 == 2);
+        let mut left = held_for(answer);
         if marked {
             // Back before the mark lapses, or when the last reader's hold ends.
             let renew = req.ttl / 2;
-            let left = Some(left.map_or(renew, |l| l.min(renew)));
-            return Ok(Attempted {
-                outcome: Outcome::Held(left),
-                marked,
+            left = Some(left.map_or(renew, |l| l.min(renew)));
+        }
+        if let (Some(life), true) = (queue, how != Attempt::Once) {
+            // Back before the queue entry lapses; a waiter behind others
+            // has nothing to try at the holder's lease end: the head is
+            // woken by the release, or tries itself then.
+            let renew = life / 3;
+            left = Some(match left {
+                Some(l) if !behind => l.min(renew),
+                _ => renew,
             });
         }
-        Ok(Outcome::Held(left).into())
+        Ok(Attempted {
+            outcome: Outcome::Held(left),
+            marked,
+        })
     }
 
     /// One `shared_acquire.lua` call: the grant (token 0 unless `fenced`),
@@ -201,13 +225,17 @@ impl RedisBackend {
         Ok(Outcome::Held(held_for(answer)))
     }
 
-    /// One `release.lua` call for an exclusive request.
+    /// One `release.lua` call for an exclusive request (with
+    /// [`Removal::Mark`], also its queue entry).
     pub(crate) async fn release_exclusive(&self, req: &LockRequest, what: Removal) -> Result<bool> {
         let lock = self.lock_key(&req.name);
         let mut inv = Scripts::get().release.key(&lock);
-        inv.key(Keys::writers_of(&lock))
-            .arg(owner_arg(req))
-            .arg(Keys::channel_of(&lock));
+        inv.key(Keys::writers_of(&lock));
+        if self.inner.config.fifo {
+            inv.key(Keys::queue_of(&lock))
+                .key(Keys::queue_ends_of(&lock));
+        }
+        inv.arg(owner_arg(req)).arg(Keys::channel_of(&lock));
         if let Some(what) = what.arg() {
             inv.arg(what);
         }

@@ -34,6 +34,13 @@ pub struct Keys {
     /// The writer marks: exclusive requests waiting behind shared holds, a
     /// sorted set of owners scored by when each mark lapses.
     pub writers: String,
+    /// The wait queue of exclusive requests: a sorted set of owners scored
+    /// by arrival (microseconds, server clock); the head alone may take a
+    /// free lock.
+    pub queue: String,
+    /// When each queue entry ends unless its waiter renews it: a sorted set
+    /// of owners scored by that time (ms, server clock).
+    pub queue_ends: String,
 }
 
 impl Keys {
@@ -45,6 +52,8 @@ impl Keys {
             channel: Self::channel_of(&lock),
             readers: Self::readers_of(&lock),
             writers: Self::writers_of(&lock),
+            queue: Self::queue_of(&lock),
+            queue_ends: Self::queue_ends_of(&lock),
             lock,
         }
     }
@@ -75,6 +84,16 @@ impl Keys {
     /// The writer marks of a lock key.
     pub fn writers_of(lock: &str) -> String {
         format!("{{{lock}}}:writers")
+    }
+
+    /// The wait queue of a lock key.
+    pub fn queue_of(lock: &str) -> String {
+        format!("{{{lock}}}:queue")
+    }
+
+    /// The ends of the wait queue's entries of a lock key.
+    pub fn queue_ends_of(lock: &str) -> String {
+        format!("{{{lock}}}:queue:ends")
     }
 }
 
@@ -152,6 +171,8 @@ impl ElectionKeys {
 pub struct Scripts {
     /// `acquire.lua`: SET NX PX, then INCR the fence; or PTTL of the
     /// holder, and a writer's mark if shared holds refused a waiting caller.
+    /// With a wait queue, only its head may take a free lock, and a
+    /// refused waiting caller joins the queue or renews its entry.
     pub acquire: Script,
     /// `acquire_all.lua`: `acquire.lua` for several locks, all or nothing
     /// (one server only: the keys of different names live in different
@@ -162,8 +183,9 @@ pub struct Scripts {
     /// `extend_many.lua`: `extend.lua` over many keys in one call (not in
     /// Redis Cluster, where the keys may live in different slots).
     pub extend_many: Script,
-    /// `release.lua`: DEL and PUBLISH if the owner matches; else ZREM the
-    /// owner's writer mark.
+    /// `release.lua`: DEL and PUBLISH (to the queue's head, if there is a
+    /// queue) if the owner matches; else ZREM the owner's writer mark and
+    /// queue entry.
     pub release: Script,
     /// `shared_acquire.lua`: grant a shared hold (ZADD, the lock key set to
     /// [`SHARED_HOLDS`], INCR the fence) unless the lock is held

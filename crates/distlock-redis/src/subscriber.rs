@@ -29,12 +29,19 @@ pub(crate) const LEADER_GRANTED: &str = "granted";
 /// The suffix of an election's channel (see `ElectionKeys`).
 const ELECTION_CHANNEL: &str = "}:election:released";
 
+/// How `release.lua` addresses a message to the waiter at the head of a
+/// lock's queue: this, then the waiter's owner. Only that waiter of the
+/// queue wakes; every other message of the channel wakes all of them.
+pub(crate) const NEXT_IN_QUEUE: &str = "next ";
+
 /// Subscriptions counted per channel; each message wakes the channel's
 /// waiters in this client.
 pub(crate) struct Subscriber {
     live: Mutex<Option<Live>>,
     /// Per channel, the waiters woken one at a time by a freed permit; per
-    /// `*` and channel, the waiters woken all at once by every message.
+    /// `*` and channel, the waiters woken all at once by every message; per
+    /// `^` and channel, the queued waiters woken by a message addressed to
+    /// nobody, and per `@`, channel and owner, the one a message names.
     signals: Arc<Signals>,
     /// Numbers each pub/sub connection, so that a subscription made on a
     /// connection that has since died cannot, when dropped, unsubscribe a
@@ -59,6 +66,8 @@ impl Drop for Live {
 /// A waiter's subscription; unsubscribes (when it was the last) on drop.
 pub(crate) struct Watch {
     signal: Signal,
+    /// A queued waiter's own signal: the messages addressed to it.
+    own: Option<Signal>,
     alive: Arc<AtomicBool>,
     _subscription: Subscription,
 }
@@ -67,6 +76,11 @@ impl Watch {
     /// What this subscription's messages wake.
     pub(crate) fn signal(&self) -> &Signal {
         &self.signal
+    }
+
+    /// What the messages addressed to this queued waiter wake.
+    pub(crate) fn own(&self) -> Option<&Signal> {
+        self.own.as_ref()
     }
 
     /// Whether the pub/sub connection behind it still delivers messages.
@@ -142,6 +156,29 @@ impl Subscriber {
         let alive = l.alive.clone();
         Ok(Watch {
             signal,
+            own: None,
+            alive,
+            _subscription: self.subscribe(l, channel).await?,
+        })
+    }
+
+    /// Subscribes a queued waiter, whose owner is `owner`, to a lock's
+    /// `channel`: it wakes on the messages addressed to it and on those
+    /// addressed to nobody, not on those for another queued waiter.
+    pub(crate) async fn watch_queued(
+        self: &Arc<Self>,
+        conn: &Conn,
+        channel: &str,
+        owner: &str,
+    ) -> RedisResult<Watch> {
+        let mut live = self.live.lock().await;
+        let l = self.live_connection(&mut live, conn).await?;
+        let signal = self.signals.get(&format!("^{channel}"));
+        let own = Some(self.signals.get(&format!("@{channel} {owner}")));
+        let alive = l.alive.clone();
+        Ok(Watch {
+            signal,
+            own,
             alive,
             _subscription: self.subscribe(l, channel).await?,
         })
@@ -176,6 +213,19 @@ impl Subscriber {
                 let payload = |want: &str| msg.get_payload::<String>().is_ok_and(|p| p == want);
                 let freed = channel.ends_with(SEMAPHORE_CHANNEL) && payload(PERMIT_FREED);
                 let granted = channel.ends_with(ELECTION_CHANNEL) && payload(LEADER_GRANTED);
+                let text = msg.get_payload::<String>().ok();
+                match text.as_deref().and_then(|p| p.strip_prefix(NEXT_IN_QUEUE)) {
+                    Some(owner) => {
+                        if let Some(s) = signals.find(&format!("@{channel} {owner}")) {
+                            s.wake_all();
+                        }
+                    }
+                    None => {
+                        if let Some(s) = signals.find(&format!("^{channel}")) {
+                            s.wake_all();
+                        }
+                    }
+                }
                 if let Some(s) = signals.find(channel) {
                     if freed {
                         s.wake_one();

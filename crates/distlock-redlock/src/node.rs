@@ -49,7 +49,11 @@ impl Node {
             .get_or_try_init(|| async {
                 let r = RedisBackend::connect_with(
                     &self.url,
-                    RedisConfig::default().with_prefix(self.prefix.clone()),
+                    // Redlock waits across its nodes itself: no node's queue
+                    // may decide the order.
+                    RedisConfig::default()
+                        .with_prefix(self.prefix.clone())
+                        .with_fifo(false),
                 )
                 .await?;
                 if track_restarts {

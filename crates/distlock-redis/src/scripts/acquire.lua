@@ -1,23 +1,58 @@
 -- KEYS[1] lock key, KEYS[2] fencing counter, KEYS[3] writer marks (sorted
--- set: owner -> expiry in ms, server clock); ARGV[1] owner, ARGV[2] TTL in
--- ms, ARGV[3] how the caller asks: '0' (or absent) once, '1' the first
--- attempt of a wait, '2' a later attempt of a wait; ARGV[4] '0' to take no
--- token (Redlock without fencing).
+-- set: owner -> expiry in ms, server clock), and for a first-come,
+-- first-served lock KEYS[4] its wait queue (sorted set: owner -> arrival,
+-- microseconds of server time) and KEYS[5] the queue entries' ends
+-- (owner -> ms, server clock); ARGV[1] owner, ARGV[2] TTL in ms, ARGV[3]
+-- how the caller asks: '0' (or absent) once, '1' the first attempt of a
+-- wait, '2' a later attempt of a wait; ARGV[4] '0' to take no token
+-- (Redlock without fencing); ARGV[5] with a queue: how long a waiter's
+-- entry lasts (ms) unless its next attempt renews it.
 -- SET NX PX is one command, so a crash can never leave a lock without expiry,
 -- and the token is taken in the same script, so every grant has one.
 -- Shared holds keep the lock key set to 'distlock:shared' (see
 -- shared_acquire.lua), so the same SET NX refuses an exclusive request
--- while readers hold the name: the uncontended path is SET and INCR only.
+-- while readers hold the name: the uncontended path is EXISTS (of the
+-- queue), SET and INCR only.
+-- With a queue, the lock goes to the waiter at the queue's head: any other
+-- caller is refused while a live entry is ahead of it, even if the lock is
+-- free, and a waiting caller refused joins the queue (or renews its entry).
+-- An entry whose waiter stopped renewing it (killed, cut off) ends by the
+-- server's clock and is dropped by the next attempt that looks.
 -- One integer answers (cheaper for the server than a table): the token
 -- (>= 1) when granted; when held, -(PTTL + 3), so -1 and -2 stand for PTTL
 -- -2 (the key just vanished) and -1 (a key without expiry). A waiting
--- caller refused because of shared holds marks the name as awaited by a
--- writer (no new shared hold is granted while the mark lasts) and gets
--- { -(PTTL + 3) }, a table, so that it knows it left a mark.
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+-- caller that left a writer's mark or waits behind another queued waiter
+-- gets { -(PTTL + 3), flags } instead: flags 1 marked, 2 behind, 3 both.
+local waiting = ARGV[3] == '1' or ARGV[3] == '2'
+local queue = KEYS[4]
+local now, micros
+local function clock()
+  if not now then
+    local time = redis.call('TIME')
+    micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
+    now = math.floor(micros / 1000)
+  end
+  return now
+end
+local queued = queue and redis.call('EXISTS', queue) == 1
+local behind = false
+if queued then
+  local ended = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', clock(), 'LIMIT', 0, 256)
+  if #ended > 0 then
+    redis.call('ZREM', queue, unpack(ended))
+    redis.call('ZREM', KEYS[5], unpack(ended))
+  end
+  local head = redis.call('ZRANGE', queue, 0, 0)[1]
+  behind = head ~= nil and head ~= ARGV[1]
+end
+if not behind and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[3] == '2' then
     -- A mark an earlier attempt of this wait left.
     redis.call('ZREM', KEYS[3], ARGV[1])
+  end
+  if queued then
+    redis.call('ZREM', queue, ARGV[1])
+    redis.call('ZREM', KEYS[5], ARGV[1])
   end
   if ARGV[4] == '0' then
     return 1
@@ -25,14 +60,35 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', KEYS[2])
 end
 local held = -(redis.call('PTTL', KEYS[1]) + 3)
-if (ARGV[3] == '1' or ARGV[3] == '2') and redis.call('GET', KEYS[1]) == 'distlock:shared' then
-  local time = redis.call('TIME')
-  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
+local flags = 0
+if waiting and queue then
+  local life = tonumber(ARGV[5])
+  local ends = clock() + life
+  -- Written as a string: Lua prints numbers with 14 digits, fewer than
+  -- the microseconds have.
+  redis.call('ZADD', queue, 'NX', string.format('%.0f', micros), ARGV[1])
+  redis.call('ZADD', KEYS[5], ends, ARGV[1])
+  -- The queue lives as long as its longest entry.
+  if redis.call('PTTL', queue) < life then
+    redis.call('PEXPIRE', queue, life)
+    redis.call('PEXPIRE', KEYS[5], life)
+  end
+  if behind then
+    flags = 2
+  end
+end
+if waiting and redis.call('GET', KEYS[1]) == 'distlock:shared' then
+  local at = clock()
+  redis.call('ZADD', KEYS[3], at + tonumber(ARGV[2]), ARGV[1])
   -- The set lives as long as its longest mark; each mark's own end is its
   -- score, pruned by shared_acquire.lua.
   local furthest = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
-  redis.call('PEXPIRE', KEYS[3], tonumber(furthest) - now)
+  redis.call('PEXPIRE', KEYS[3], tonumber(furthest) - at)
+  flags = flags + 1
+end
+if flags == 0 then
+  return held
+elseif flags == 1 then
   return { held }
 end
-return held
+return { held, flags }

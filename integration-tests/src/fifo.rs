@@ -1,0 +1,261 @@
+//! Cases for backends whose waiters queue on the server, first come, first
+//! served: grants in arrival order with one request per grant and per
+//! release, a cut-off waiter that holds up the queue only until its entry
+//! lapses, and a cancelled or timed-out waiter that leaves no entry.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock_core::{Error, LockClient};
+use libtest_mimic::Failed;
+use tokio::time::Instant;
+
+use crate::harness::proxy::Proxy;
+
+/// Opens a client of its own (its own connections) at a URL.
+pub type Connect = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<LockClient, Failed>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Reads a number from the server: the requests it has answered, or the
+/// live entries of a lock's queue.
+pub type Count = Arc<dyn Fn() -> Result<u64, Failed> + Send + Sync>;
+
+const TTL: Duration = Duration::from_secs(30);
+
+async fn until(
+    what: &str,
+    within: Duration,
+    mut done: impl FnMut() -> Result<bool, Failed>,
+) -> Result<(), Failed> {
+    let start = Instant::now();
+    while !done()? {
+        if start.elapsed() > within {
+            return Err(format!("{what} did not happen within {within:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// `n` waiters, each a client of its own, queue one after another behind a
+/// holder (each joins once the one before it is in the queue); then the
+/// holder's release and each grantee's release hand the lock on. The grants
+/// must come in arrival order, and the server must answer exactly one
+/// request per release and one per grant in that time (`requests` counts
+/// the requests clients send): no waiter but the next one asks.
+pub async fn grants_in_arrival_order(
+    connect: Connect,
+    url: &str,
+    lock: &str,
+    n: usize,
+    queued: Count,
+    requests: Count,
+) -> Result<(), Failed> {
+    let holder = connect(url.to_string()).await?;
+    // A first hold and release of another name: whatever the server loads
+    // on first use (Redis's scripts) is loaded before the count.
+    let warm = format!("{lock}-warm-up");
+    holder
+        .lock(&warm)
+        .ttl(TTL)
+        .acquire()
+        .await?
+        .release()
+        .await?;
+    let g = holder.lock(lock).ttl(TTL).acquire().await?;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let client = connect(url.to_string()).await?;
+        let (lock, order) = (lock.to_string(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = client
+                .lock(&lock)
+                .ttl(TTL)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await?;
+            order.lock().map_err(|_| "poisoned")?.push(i);
+            g.release().await?;
+            Ok::<(), Failed>(())
+        }));
+        let want = i as u64 + 1;
+        until(
+            &format!("waiter {i} queueing"),
+            Duration::from_secs(20),
+            || Ok(queued()? == want),
+        )
+        .await?;
+    }
+    // Each waiter subscribes after its first refusal and asks once more.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = requests()?;
+    g.release().await?;
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    let asked = requests()? - before;
+    let order = order.lock().map_err(|_| "poisoned")?.clone();
+    if order != (0..n).collect::<Vec<_>>() {
+        return Err(format!("grants out of arrival order: {order:?}").into());
+    }
+    let expected = 2 * n as u64 + 1;
+    if asked != expected {
+        return Err(format!(
+            "{n} handoffs took {asked} requests; expected {expected} (each release and each grant one)"
+        )
+        .into());
+    }
+    if queued()? != 0 {
+        return Err(format!("{} queue entries left after every grant", queued()?).into());
+    }
+    Ok(())
+}
+
+/// A waiter whose connections run through `proxy` queues first, another
+/// behind it; the proxy then drops everything (the first waiter is cut off,
+/// as if killed) and the holder releases. The second waiter must get the
+/// lock once the first one's entry lapses: within `lease` (how long an
+/// entry outlives its waiter's last attempt) and a bit more, never waiting
+/// out its own wait.
+pub async fn a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
+    connect: Connect,
+    url: &str,
+    proxied_url: &str,
+    proxy: &Proxy,
+    lock: &str,
+    lease: Duration,
+    queued: Count,
+) -> Result<(), Failed> {
+    let holder = connect(url.to_string()).await?;
+    let g = holder.lock(lock).ttl(TTL).acquire().await?;
+    let cut = connect(proxied_url.to_string()).await?;
+    let name = lock.to_string();
+    let first = tokio::spawn(async move {
+        cut.lock(&name)
+            .ttl(TTL)
+            .wait(Duration::from_secs(120))
+            .acquire()
+            .await
+            .map(|g| g.token())
+    });
+    until("the first waiter queueing", Duration::from_secs(20), || {
+        Ok(queued()? == 1)
+    })
+    .await?;
+    let second = connect(url.to_string()).await?;
+    let name = lock.to_string();
+    let waiting = tokio::spawn(async move {
+        second
+            .lock(&name)
+            .ttl(TTL)
+            .wait(Duration::from_secs(120))
+            .acquire()
+            .await
+    });
+    until(
+        "the second waiter queueing",
+        Duration::from_secs(20),
+        || Ok(queued()? == 2),
+    )
+    .await?;
+    proxy.set_blackhole(true);
+    let cut_at = Instant::now();
+    g.release().await?;
+    let bound = lease + lease / 3 + Duration::from_secs(5);
+    let got = tokio::time::timeout(bound, waiting)
+        .await
+        .map_err(|_| {
+            format!("the waiter behind a cut-off one had no grant {bound:?} after the release")
+        })?
+        .map_err(|e| e.to_string())??;
+    let took = cut_at.elapsed();
+    got.release().await?;
+    first.abort();
+    proxy.set_blackhole(false);
+    if took > bound {
+        return Err(format!("the grant came {took:?} after the cut").into());
+    }
+    Ok(())
+}
+
+/// A waiter that times out and one whose wait is dropped (cancelled) both
+/// leave the queue at once: the waiter behind them gets the lock as soon as
+/// the holder releases, though entries here outlive their waiters by far
+/// more than the test waits (`lease`).
+pub async fn a_cancelled_or_timed_out_waiter_leaves_no_entry(
+    connect: Connect,
+    url: &str,
+    lock: &str,
+    lease: Duration,
+    queued: Count,
+) -> Result<(), Failed> {
+    let holder = connect(url.to_string()).await?;
+    let g = holder.lock(lock).ttl(TTL).acquire().await?;
+    let timed_out = connect(url.to_string()).await?;
+    match timed_out
+        .lock(lock)
+        .ttl(TTL)
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+    {
+        Err(Error::WaitTimeout { .. }) => {}
+        other => return Err(format!("a wait behind a holder answered {other:?}").into()),
+    }
+    let left = queued()?;
+    if left != 0 {
+        return Err(format!("a timed-out waiter left {left} queue entries").into());
+    }
+    let cancelled = connect(url.to_string()).await?;
+    let name = lock.to_string();
+    let first = tokio::spawn(async move {
+        cancelled
+            .lock(&name)
+            .ttl(TTL)
+            .wait(Duration::from_secs(120))
+            .acquire()
+            .await
+            .map(|g| g.token())
+    });
+    until("the first waiter queueing", Duration::from_secs(20), || {
+        Ok(queued()? == 1)
+    })
+    .await?;
+    let behind = connect(url.to_string()).await?;
+    let name = lock.to_string();
+    let waiting = tokio::spawn(async move {
+        behind
+            .lock(&name)
+            .ttl(TTL)
+            .wait(Duration::from_secs(120))
+            .acquire()
+            .await
+    });
+    until(
+        "the second waiter queueing",
+        Duration::from_secs(20),
+        || Ok(queued()? == 2),
+    )
+    .await?;
+    first.abort();
+    until(
+        "the cancelled waiter's entry going",
+        Duration::from_secs(10),
+        || Ok(queued()? == 1),
+    )
+    .await?;
+    g.release().await?;
+    let within = lease / 4;
+    let got = tokio::time::timeout(within, waiting)
+        .await
+        .map_err(|_| format!("the waiter behind a cancelled one had no grant within {within:?}"))?
+        .map_err(|e| e.to_string())??;
+    got.release().await?;
+    Ok(())
+}
