@@ -89,7 +89,7 @@ struct Args {
     out: Option<PathBuf>,
     /// Run only these scenario groups: core (core's CPU cost per operation,
     /// in memory), 2 (uncontended, closed and open loop), 3 (scenarios
-    /// 3-6), 7 (holding many locks), multi (multi-locks of 1, 4 and 16
+    /// 3-6), herd (scenarios 4-6: fairness, handoff and the herd), 7 (holding many locks), multi (multi-locks of 1, 4 and 16
     /// names), peers.
     #[arg(long, value_delimiter = ',', default_value = "core,2,3,7,multi,peers")]
     only: Vec<String>,
@@ -707,12 +707,19 @@ async fn scenarios_3_to_6(
     r: &mut Results,
 ) -> Result<(), BoxError> {
     let secs = Duration::from_secs_f64(a.seconds);
-    let _ = writeln!(
-        r.md,
-        "\n#### {}: tasks on names through one client ({} s each)\n\n| tasks | names | raw ops/s | distlock ops/s | distlock / raw | client CPU µs/op, raw → distlock | thread blocks/op, raw → distlock |\n|---|---|---|---|---|---|---|",
-        t.name, a.seconds
-    );
-    for &(tasks, names) in THROUGHPUT {
+    let throughput: &[(usize, usize)] = if a.only.iter().any(|g| g == "3") {
+        THROUGHPUT
+    } else {
+        &[]
+    };
+    if !throughput.is_empty() {
+        let _ = writeln!(
+            r.md,
+            "\n#### {}: tasks on names through one client ({} s each)\n\n| tasks | names | raw ops/s | distlock ops/s | distlock / raw | client CPU µs/op, raw → distlock | thread blocks/op, raw → distlock |\n|---|---|---|---|---|---|---|",
+            t.name, a.seconds
+        );
+    }
+    for &(tasks, names) in throughput {
         let (ours, raw) = contention::throughput(lib, &t.raw, tasks, names, secs, t.name)
             .await
             .map_err(|e| format!("{}: {tasks} tasks on {names} names: {e}", t.name))?;
@@ -2096,7 +2103,7 @@ async fn run() -> Result<(), BoxError> {
             ),
             (
                 "scenarios 3-6",
-                if run("3") {
+                if run("3") || run("herd") {
                     scenarios_3_to_6(&t, &lib, &a, &mut r).await
                 } else {
                     Ok(())

@@ -213,6 +213,15 @@ pub trait Wakeups: Send {
     /// subscription's connection died): then only the timer does.
     fn arm(&mut self) -> Option<Wakeup>;
 
+    /// Gets ready to be woken before the first attempt, if that sends
+    /// nothing to the server (a subscription this client already has);
+    /// answers whether it did. A waiter ready this way is refused once and
+    /// sleeps, where one that is not asks once more after
+    /// [`prepare`](Wakeups::prepare). The default does nothing.
+    fn ready(&mut self) -> impl Future<Output = Result<bool>> + Send {
+        async { Ok(false) }
+    }
+
     /// Gets ready to be woken: subscribes, or subscribes again after the
     /// subscription's connection died. Called after the first refused
     /// attempt that ran with nothing armed, and before every attempt after
@@ -361,11 +370,11 @@ impl Signals {
 /// attempts it sleeps until a wake-up from `wakeups` or the time `pace`
 /// gives, whichever comes first.
 ///
-/// The first attempt runs with whatever `wakeups` can arm at once; if that
-/// was nothing, the first refusal prepares it (subscribes) and attempts
-/// again at once, so an uncontended acquire costs one attempt and no
-/// subscription, and a release between the refusal and the subscription is
-/// not missed. Cancellation-safe: between attempts nothing is held or
+/// The first attempt runs with whatever `wakeups` can arm at once (after
+/// [`Wakeups::ready`]); if that was nothing, the first refusal prepares it
+/// (subscribes) and attempts again at once, so an uncontended acquire costs
+/// one attempt and no subscription, and a release between the refusal and
+/// the subscription is not missed. Cancellation-safe: between attempts nothing is held or
 /// queued.
 pub async fn wait_for_grant<W, F, Fut>(
     name: &LockName,
@@ -380,8 +389,8 @@ where
     Fut: Future<Output = Result<Outcome>>,
 {
     let clock = WaitClock::start(name, deadline);
+    let mut prepared = wakeups.ready().await?;
     let mut armed = wakeups.arm();
-    let mut prepared = false;
     let mut n = 0u32;
     loop {
         let began = Instant::now();

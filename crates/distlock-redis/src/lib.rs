@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![recursion_limit = "256"]
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,6 +51,8 @@ pub struct RedisBackend {
 }
 
 struct Inner {
+    /// Names this client's queue entries and its queued waiters' channel.
+    id: String,
     conn: Conn,
     config: RedisConfig,
     endpoint: String,
@@ -85,6 +88,7 @@ impl RedisBackend {
             .map_err(|e| map_err(&endpoint, e))?;
         Ok(Self {
             inner: Arc::new(Inner {
+                id: distlock_core::Owner::random().to_string(),
                 conn,
                 config,
                 endpoint,
@@ -96,6 +100,12 @@ impl RedisBackend {
     /// The keys used for `name`.
     pub fn keys(&self, name: &LockName) -> Keys {
         Keys::new(&self.inner.config.prefix, name)
+    }
+
+    /// `req`'s entry in its lock's wait queue: this client's id, a space,
+    /// and the stored owner.
+    fn queue_entry(&self, req: &LockRequest) -> String {
+        format!("{} {}", self.inner.id, owner_arg(req))
     }
 
     /// Only the lock key, for the hot paths.
@@ -844,10 +854,21 @@ impl<'a> Subscribed<'a> {
         }
     }
 
+    /// The channel it listens on.
+    fn channel_name(&self) -> String {
+        let b = self.backend;
+        match self.channel {
+            Channel::Permits => b.semaphore_keys(self.name).channel,
+            Channel::Election => b.election_keys(self.name).channel,
+            Channel::Lock => b.keys(self.name).channel,
+            Channel::Queue => Keys::queue_channel_of(&b.lock_key(self.name), &b.inner.id),
+        }
+    }
+
     /// A waiter in the lock's queue as `req`'s owner.
     fn queued(backend: &'a RedisBackend, req: &'a LockRequest) -> Self {
         Self {
-            owner: Some(owner_arg(req)),
+            owner: Some(backend.queue_entry(req)),
             ..Self::new(backend, &req.name, Channel::Queue)
         }
     }
@@ -871,6 +892,19 @@ impl Wakeups for Subscribed<'_> {
         }
     }
 
+    async fn ready(&mut self) -> Result<bool> {
+        if !self
+            .backend
+            .inner
+            .subscriber
+            .subscribed(&self.channel_name())
+        {
+            return Ok(false);
+        }
+        self.prepare().await?;
+        Ok(self.watch.is_some())
+    }
+
     async fn prepare(&mut self) -> Result<()> {
         if self.watch.as_ref().is_some_and(ReleaseWatch::alive) {
             return Ok(());
@@ -878,16 +912,13 @@ impl Wakeups for Subscribed<'_> {
         let b = self.backend;
         let subscribed = match self.channel {
             Channel::Permits => {
-                let channel = b.semaphore_keys(self.name).channel;
-                b.watch_channel(channel, Wake::OnePerPermit).await
+                b.watch_channel(self.channel_name(), Wake::OnePerPermit)
+                    .await
             }
-            Channel::Election => {
-                let channel = b.election_keys(self.name).channel;
-                b.watch_channel(channel, Wake::All).await
-            }
+            Channel::Election => b.watch_channel(self.channel_name(), Wake::All).await,
             Channel::Lock => b.watch_releases(self.name).await,
             Channel::Queue => {
-                let channel = b.keys(self.name).channel;
+                let channel = self.channel_name();
                 let owner = self.owner.as_deref().unwrap_or_default();
                 b.inner
                     .subscriber

@@ -143,7 +143,8 @@ impl RedisBackend {
             inv.key(Keys::queue_of(&lock))
                 .key(Keys::queue_ends_of(&lock))
                 .arg(if fenced { "1" } else { "0" })
-                .arg(ttl_ms(life));
+                .arg(ttl_ms(life))
+                .arg(self.queue_entry(req));
             life
         });
         if queue.is_none() && !fenced {
@@ -239,6 +240,9 @@ impl RedisBackend {
         if let Some(what) = what.arg() {
             inv.arg(what);
         }
+        if what == Removal::Mark && self.inner.config.fifo {
+            inv.arg(self.queue_entry(req));
+        }
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
@@ -247,9 +251,11 @@ impl RedisBackend {
     pub(crate) async fn release_shared(&self, req: &LockRequest) -> Result<bool> {
         let keys = self.keys(&req.name);
         let mut inv = Scripts::get().shared_release.key(&keys.lock);
-        inv.key(&keys.readers)
-            .arg(owner_arg(req))
-            .arg(&keys.channel);
+        inv.key(&keys.readers);
+        if self.inner.config.fifo {
+            inv.key(&keys.queue).key(&keys.queue_ends);
+        }
+        inv.arg(owner_arg(req)).arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }

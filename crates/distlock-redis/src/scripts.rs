@@ -81,6 +81,12 @@ impl Keys {
         format!("{{{lock}}}:readers")
     }
 
+    /// The channel on which the queue head among `client`'s waiters is
+    /// told its turn has come (see `announce.lua`).
+    pub fn queue_channel_of(lock: &str, client: &str) -> String {
+        format!("{{{lock}}}:released:{client}")
+    }
+
     /// The writer marks of a lock key.
     pub fn writers_of(lock: &str) -> String {
         format!("{{{lock}}}:writers")
@@ -251,10 +257,16 @@ impl Scripts {
             acquire_all: Script::new(include_str!("scripts/acquire_all.lua")),
             extend: Script::new(include_str!("scripts/extend.lua")),
             extend_many: Script::new(include_str!("scripts/extend_many.lua")),
-            release: Script::new(include_str!("scripts/release.lua")),
+            release: Script::new(concat!(
+                include_str!("scripts/announce.lua"),
+                include_str!("scripts/release.lua")
+            )),
             shared_acquire: Script::new(include_str!("scripts/shared_acquire.lua")),
             shared_extend: Script::new(include_str!("scripts/shared_extend.lua")),
-            shared_release: Script::new(include_str!("scripts/shared_release.lua")),
+            shared_release: Script::new(concat!(
+                include_str!("scripts/announce.lua"),
+                include_str!("scripts/shared_release.lua")
+            )),
             inspect: Script::new(include_str!("scripts/inspect.lua")),
             list: Script::new(include_str!("scripts/list.lua")),
             raise: Script::new(include_str!("scripts/raise.lua")),

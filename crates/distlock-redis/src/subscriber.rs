@@ -119,12 +119,21 @@ struct Subscription {
     owner: Arc<Subscriber>,
 }
 
+/// How long a channel stays subscribed after its last waiter stopped
+/// waiting: a client that waits again soon (a queue's waiters take turns)
+/// finds it subscribed, and neither subscribes again nor asks the server
+/// once more after subscribing.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Drop for Subscription {
     fn drop(&mut self) {
         let (owner, channel) = (self.owner.clone(), std::mem::take(&mut self.channel));
         let generation = self.generation;
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { owner.unsubscribe(&channel, generation).await });
+            rt.spawn(async move {
+                tokio::time::sleep(LINGER).await;
+                owner.unsubscribe(&channel, generation).await
+            });
         }
     }
 }
@@ -159,6 +168,18 @@ impl Subscriber {
             own: None,
             alive,
             _subscription: self.subscribe(l, channel).await?,
+        })
+    }
+
+    /// Whether `channel` is subscribed on a live connection now (also in
+    /// its lingering time), so that [`watch`](Self::watch) and
+    /// [`watch_queued`](Self::watch_queued) would send nothing. `false` when
+    /// another task is changing the subscriptions.
+    pub(crate) fn subscribed(&self, channel: &str) -> bool {
+        self.live.try_lock().is_ok_and(|live| {
+            live.as_ref().is_some_and(|l| {
+                l.alive.load(Ordering::Acquire) && l.counts.get(channel).is_some_and(|n| *n > 0)
+            })
         })
     }
 

@@ -5,8 +5,10 @@
 -- (owner -> ms, server clock); ARGV[1] owner, ARGV[2] TTL in ms, ARGV[3]
 -- how the caller asks: '0' (or absent) once, '1' the first attempt of a
 -- wait, '2' a later attempt of a wait; ARGV[4] '0' to take no token
--- (Redlock without fencing); ARGV[5] with a queue: how long a waiter's
--- entry lasts (ms) unless its next attempt renews it.
+-- (Redlock without fencing); with a queue, ARGV[5] how long a waiter's
+-- entry lasts (ms) unless its next attempt renews it, and ARGV[6] the
+-- caller's entry: its client's id, a space, and the owner (announce.lua
+-- wakes the head through its client's channel).
 -- SET NX PX is one command, so a crash can never leave a lock without expiry,
 -- and the token is taken in the same script, so every grant has one.
 -- Shared holds keep the lock key set to 'distlock:shared' (see
@@ -43,7 +45,7 @@ if queued then
     redis.call('ZREM', KEYS[5], unpack(ended))
   end
   local head = redis.call('ZRANGE', queue, 0, 0)[1]
-  behind = head ~= nil and head ~= ARGV[1]
+  behind = head ~= nil and head ~= ARGV[6]
 end
 if not behind and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[3] == '2' then
@@ -51,8 +53,8 @@ if not behind and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     redis.call('ZREM', KEYS[3], ARGV[1])
   end
   if queued then
-    redis.call('ZREM', queue, ARGV[1])
-    redis.call('ZREM', KEYS[5], ARGV[1])
+    redis.call('ZREM', queue, ARGV[6])
+    redis.call('ZREM', KEYS[5], ARGV[6])
   end
   if ARGV[4] == '0' then
     return 1
@@ -66,8 +68,8 @@ if waiting and queue then
   local ends = clock() + life
   -- Written as a string: Lua prints numbers with 14 digits, fewer than
   -- the microseconds have.
-  redis.call('ZADD', queue, 'NX', string.format('%.0f', micros), ARGV[1])
-  redis.call('ZADD', KEYS[5], ends, ARGV[1])
+  redis.call('ZADD', queue, 'NX', string.format('%.0f', micros), ARGV[6])
+  redis.call('ZADD', KEYS[5], ends, ARGV[6])
   -- The queue lives as long as its longest entry.
   if redis.call('PTTL', queue) < life then
     redis.call('PEXPIRE', queue, life)

@@ -1,7 +1,8 @@
--- KEYS[1] lock key, KEYS[2] shared holds; ARGV[1] owner, ARGV[2] release
--- channel. Removes only this owner's hold; the lock key then expires with
+-- KEYS[1] lock key, KEYS[2] shared holds, for a first-come, first-served
+-- lock KEYS[3] its wait queue and KEYS[4] the entries' ends; ARGV[1]
+-- owner, ARGV[2] release channel. Removes only this owner's hold; the lock key then expires with
 -- the furthest remaining live hold, or goes with the last one, which is
--- published (a waiting writer may go). Answers 1 only if the hold was
+-- announced (a waiting writer may go: see announce.lua). Answers 1 only if the hold was
 -- still live.
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not score then
@@ -18,7 +19,7 @@ if redis.call('GET', KEYS[1]) == 'distlock:shared' then
     redis.call('PEXPIRE', KEYS[2], tonumber(furthest) - now)
   else
     redis.call('DEL', KEYS[1])
-    redis.call('PUBLISH', ARGV[2], KEYS[1])
+    announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4])
   end
 end
 if tonumber(score) > now then
