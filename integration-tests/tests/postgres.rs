@@ -69,6 +69,21 @@ fn main() {
             trials.extend(vec![
                 trial(
                     rt,
+                    "postgres::fifo::grants_in_arrival_order_one_request_each",
+                    fifo_order(),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry",
+                    fifo_cancel(),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses",
+                    fifo_cut(),
+                ),
+                trial(
+                    rt,
                     "postgres::tokens_keep_increasing_across_a_restart",
                     restart(),
                 ),
@@ -750,7 +765,9 @@ async fn notified_within(
 /// commits of the database take turns on.)
 async fn notifies_only_while_awaited(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let (table, url) = f.own_table("awaited")?;
-    let backend = SqlBackend::connect(&url).await?;
+    // Without the queue, whose notifications go to the head's client's
+    // own channel (the `fifo` cases count those statements).
+    let backend = SqlBackend::connect(&format!("{url}&fifo=false")).await?;
     let admin: sqlx::PgPool = f.admin_pool().await?;
     let mut listener = sqlx::postgres::PgListener::connect(&f.url()?)
         .await
@@ -1043,4 +1060,105 @@ async fn observer_stops_listening(f: Arc<SqlFactory>) -> Result<(), Failed> {
         }
     }
     Ok(())
+}
+
+/// A server of its own, so that only a case's statements are counted.
+async fn fifo_server() -> Result<(integration_tests::harness::ServerProcess, String), Failed> {
+    let process = tokio::task::spawn_blocking(pg::spawn)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let url = ServerKind::Postgres.url("127.0.0.1", process.port);
+    Ok((process, url))
+}
+
+/// One value from `psql` at `url`.
+fn psql_number(url: &str, sql: &str) -> Result<u64, Failed> {
+    let mut c = pg::psql(url).map_err(|e| e.to_string())?;
+    c.args(["-c", sql]);
+    let out = integration_tests::harness::process::run_client(c)?;
+    out.trim()
+        .parse()
+        .map_err(|_| format!("{sql} answered {out:?}").into())
+}
+
+fn fifo_connect() -> integration_tests::fifo::Connect {
+    Arc::new(|url: String| {
+        Box::pin(async move { Ok(LockClient::new(SqlBackend::connect(&url).await?)) })
+    })
+}
+
+/// The live entries of `name`'s wait queue.
+fn fifo_queued(url: &str, name: &str) -> integration_tests::fifo::Count {
+    let (url, sql) = (
+        url.to_string(),
+        format!(
+            "SELECT count(*) FROM distlock_locks_queue WHERE name = '{name}' AND ends_at > now()"
+        ),
+    );
+    Arc::new(move || psql_number(&url, &sql))
+}
+
+/// Twenty waiters' grants come in arrival order, one statement per grant
+/// and per release (`pg_stat_statements`: the statements naming the lock
+/// table). Entries here last a minute, so no waiter renews its entry while
+/// the test counts.
+async fn fifo_order() -> Result<(), Failed> {
+    let (_server, url) = fifo_server().await?;
+    let mut c = pg::psql(&url).map_err(|e| e.to_string())?;
+    c.args(["-c", "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"]);
+    integration_tests::harness::process::run_client(c)?;
+    let counted = url.clone();
+    let requests: integration_tests::fifo::Count = Arc::new(move || {
+        psql_number(
+            &counted,
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements
+              WHERE query LIKE '%distlock_locks%' AND query NOT LIKE '%pg_stat_statements%'
+                AND query NOT LIKE '%count(*)%'",
+        )
+    });
+    let name = "fifo/order";
+    integration_tests::fifo::grants_in_arrival_order(
+        fifo_connect(),
+        &format!("{url}?queue_lease_ms=60000"),
+        name,
+        20,
+        fifo_queued(&url, name),
+        requests,
+    )
+    .await
+}
+
+async fn fifo_cancel() -> Result<(), Failed> {
+    let (_server, url) = fifo_server().await?;
+    let lease = Duration::from_secs(60);
+    let name = "fifo/cancel";
+    integration_tests::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
+        fifo_connect(),
+        &format!("{url}?queue_lease_ms={}", lease.as_millis()),
+        name,
+        lease,
+        fifo_queued(&url, name),
+    )
+    .await
+}
+
+/// The cut-off waiter's pool and LISTEN connection run through a proxy
+/// that then drops everything; entries last 3 s (the default).
+async fn fifo_cut() -> Result<(), Failed> {
+    let (server, url) = fifo_server().await?;
+    let proxy =
+        integration_tests::harness::proxy::Proxy::start(server.port).map_err(|e| e.to_string())?;
+    let proxied = ServerKind::Postgres.url("127.0.0.1", proxy.port);
+    let name = "fifo/cut";
+    integration_tests::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
+        fifo_connect(),
+        &url,
+        &proxied,
+        &proxy,
+        name,
+        SqlConfig::default().queue_lease,
+        fifo_queued(&url, name),
+    )
+    .await
 }

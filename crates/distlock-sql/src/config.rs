@@ -14,6 +14,8 @@ use distlock_core::{Error, InputKind, Result};
 /// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, at most 54 characters); semaphores live in `<table>_sems` and `<table>_permits`, shared holds in `<table>_shared` and `<table>_writers` | `distlock_locks` |
 /// | `pool_size` | connections in the pool the backend builds | 10 (SQLite: 4) |
 /// | `observe_recheck_ms` | PostgreSQL: an election's observer reads the leader at least this often, besides each notification and each lease end | 1000 |
+/// | `fifo` | PostgreSQL: `true` queues waiting exclusive requests in the table `<table>_queue` and grants them in arrival order, a release notifying only the queue's head; `false`: a release notifies every waiter and the first to ask wins | `true` |
+/// | `queue_lease_ms` | PostgreSQL: how long a waiter's queue entry outlives its last attempt (a waiter renews it every third of this): a killed or cut-off waiter holds up the queue at most this long | 3000 |
 ///
 /// Every other parameter is passed to sqlx unchanged: for example `sslmode`
 /// and `sslrootcert` on PostgreSQL, `ssl-mode` and `ssl-ca` on MySQL (TLS
@@ -40,6 +42,12 @@ pub struct SqlConfig {
     /// notification lost while the LISTEN connection reconnects). Greater
     /// than zero.
     pub observe_recheck: Duration,
+    /// PostgreSQL: whether waiting exclusive requests queue, first come,
+    /// first served.
+    pub fifo: bool,
+    /// PostgreSQL: how long a waiter's queue entry outlives its last
+    /// attempt; at least 30 ms.
+    pub queue_lease: Duration,
 }
 
 impl Default for SqlConfig {
@@ -52,6 +60,8 @@ impl Default for SqlConfig {
             poll: Backoff::new(Duration::from_millis(5), Duration::from_millis(250)),
             notify_fallback: Duration::from_secs(1),
             observe_recheck: Duration::from_secs(1),
+            fifo: true,
+            queue_lease: Duration::from_secs(3),
         }
     }
 }
@@ -82,8 +92,31 @@ impl SqlConfig {
         self
     }
 
+    /// Sets whether waiting exclusive requests queue, first come, first
+    /// served (PostgreSQL).
+    pub fn with_fifo(mut self, fifo: bool) -> Self {
+        self.fifo = fifo;
+        self
+    }
+
+    /// Sets how long a waiter's queue entry outlives its last attempt
+    /// (PostgreSQL).
+    pub fn with_queue_lease(mut self, lease: Duration) -> Self {
+        self.queue_lease = lease;
+        self
+    }
+
     /// Refuses settings no backend can work with.
     pub(crate) fn validate(&self) -> Result<()> {
+        if self.queue_lease < Duration::from_millis(30) {
+            return Err(Error::invalid(
+                InputKind::Config,
+                format!(
+                    "queue_lease is {:?}; it must be at least 30 ms (waiters renew their entries every third of it)",
+                    self.queue_lease
+                ),
+            ));
+        }
         if self.observe_recheck.is_zero() {
             return Err(Error::invalid(
                 InputKind::Config,
@@ -121,6 +154,27 @@ impl SqlConfig {
                         )
                     })?;
                     self.observe_recheck = Duration::from_millis(ms);
+                }
+                "fifo" => {
+                    self.fifo = match v {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => {
+                            return Err(Error::invalid(
+                                InputKind::Url,
+                                format!("fifo={v:?} is not true or false"),
+                            ))
+                        }
+                    }
+                }
+                "queue_lease_ms" => {
+                    let ms = v.parse().map_err(|_| {
+                        Error::invalid(
+                            InputKind::Url,
+                            format!("queue_lease_ms={v:?} is not a number"),
+                        )
+                    })?;
+                    self.queue_lease = Duration::from_millis(ms);
                 }
                 _ => rest.push(pair),
             }

@@ -37,6 +37,34 @@ compile_error!("distlock-sql needs at least one of the features `postgres`, `mys
 
 /// A lock per row on PostgreSQL, MySQL/MariaDB or SQLite.
 ///
+/// A waiting exclusive acquire's queue entry (PostgreSQL with `fifo`): a
+/// wait that ends without a grant leaves the queue, and one that is
+/// dropped leaves in a task of its own.
+struct Queued<'a> {
+    backend: &'a SqlBackend,
+    req: &'a LockRequest,
+    done: bool,
+}
+
+impl Queued<'_> {
+    async fn leave(&mut self) {
+        self.backend.leave_queue(self.req).await;
+        self.done = true;
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if self.done || !self.backend.queues(self.req) {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (backend, req) = (self.backend.clone(), self.req.clone());
+            rt.spawn(async move { backend.leave_queue(&req).await });
+        }
+    }
+}
+
 /// Cheap to clone; clones share the pool. See the crate docs for the table
 /// layout and the guarantees.
 #[derive(Clone)]
@@ -425,7 +453,8 @@ impl SqlBackend {
             backend: "postgres",
             endpoint: format!("{}:{}", o.get_host(), o.get_port()),
         };
-        let db = Db::Postgres(postgres::Pg::new(pool, &config.table, err.clone()));
+        let fifo = config.fifo.then_some(config.queue_lease);
+        let db = Db::Postgres(postgres::Pg::new(pool, &config.table, err.clone(), fifo));
         Self::build(db, config, err).await
     }
 }
@@ -651,12 +680,21 @@ impl Backend for SqlBackend {
         checked_holder(req)?;
         match Object::of(req, &self.inner.err)? {
             Object::Lock => {
+                let mut queued = Queued {
+                    backend: self,
+                    req,
+                    done: false,
+                };
                 let granted = self
                     .wait(req, deadline, false, || self.writer_attempt(req))
                     .await;
-                if granted.is_err() && self.inner.marks.contains(req) {
-                    self.unmark(req).await;
+                if granted.is_err() {
+                    if self.inner.marks.contains(req) {
+                        self.unmark(req).await;
+                    }
+                    queued.leave().await;
                 }
+                queued.done = true;
                 granted
             }
             Object::Shared => {
@@ -898,6 +936,35 @@ impl SqlBackend {
         .await
     }
 
+    /// Removes `req`'s queue entry (PostgreSQL with `fifo`), telling the
+    /// next waiter if the lock is free. An entry that stays (the database
+    /// is unreachable) lapses after the queue lease.
+    async fn leave_queue(&self, req: &LockRequest) {
+        #[cfg(feature = "postgres")]
+        if let Db::Postgres(pg) = &self.inner.db {
+            if pg.queues(req) {
+                if let Err(e) = pg.leave(req).await {
+                    tracing::debug!(error = %e, "the queue entry stays until it lapses");
+                }
+            }
+        }
+        #[cfg(not(feature = "postgres"))]
+        let _ = req;
+    }
+
+    /// Whether `req` waits in a queue on the server.
+    fn queues(&self, req: &LockRequest) -> bool {
+        match &self.inner.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(pg) => pg.queues(req),
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = req;
+                false
+            }
+        }
+    }
+
     /// Removes `req`'s writer mark and wakes the readers it held back. A
     /// mark that stays (the database is unreachable) lapses after the
     /// request's TTL.
@@ -1014,10 +1081,18 @@ impl SqlBackend {
                 } else {
                     &pg.releases
                 };
+                // A queued waiter is woken by the notifications addressed
+                // to it alone, and comes back by itself only to renew its
+                // entry.
+                let (key, fallback) = match pg.queue.as_ref().filter(|_| !permits && pg.queues(req))
+                {
+                    Some(q) => (postgres::queue::Queue::waiter_key(req), q.renew_every()),
+                    None => (key.into_owned(), config.notify_fallback),
+                };
                 let mut wakeups = wait::Listened::new(pg, signals.get(&key));
                 let pace = Pace::Notified {
-                    unknown: config.notify_fallback,
-                    cap: config.notify_fallback,
+                    unknown: fallback,
+                    cap: fallback,
                 };
                 wait_for_grant(name, deadline, pace, &mut wakeups, attempt).await
             }

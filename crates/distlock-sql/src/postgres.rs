@@ -17,6 +17,7 @@ use crate::{token_from_db, ttl_micros, AbortOnDrop, DbError};
 
 pub(crate) mod observe;
 mod permits;
+pub(crate) mod queue;
 mod shared;
 
 pub(crate) struct Pg {
@@ -60,6 +61,8 @@ pub(crate) struct Pg {
     /// This client's permit waiters, per name: a freed permit wakes one, a
     /// changed limit all of them.
     pub(crate) permit_releases: Arc<Signals>,
+    /// First come, first served waiting for exclusive locks (`fifo`).
+    pub(crate) queue: Option<Box<queue::Queue>>,
     /// The LISTEN connection, while a task of this backend waits.
     listener: Mutex<Weak<Listening>>,
     /// Held while one is being started, so that waiters share it.
@@ -68,7 +71,9 @@ pub(crate) struct Pg {
 }
 
 impl Pg {
-    pub(crate) fn new(pool: PgPool, table: &str, err: DbError) -> Self {
+    /// `fifo`: exclusive waiters queue, their entries lasting this long
+    /// past each attempt.
+    pub(crate) fn new(pool: PgPool, table: &str, err: DbError, fifo: Option<Duration>) -> Self {
         // The row is never deleted: its token column is the fencing counter,
         // and it must survive releases, expiries and restarts.
         // `awaited`: set by a waiting attempt the row refused, cleared by an
@@ -280,6 +285,7 @@ impl Pg {
             list,
             releases: Arc::default(),
             leader_changes: Arc::default(),
+            queue: fifo.map(|lease| Box::new(queue::Queue::new(table, lease))),
             listener: Mutex::new(Weak::new()),
             starting: tokio::sync::Mutex::new(()),
             err,
@@ -301,6 +307,7 @@ impl Pg {
             .into_iter()
             .chain(self.permits.creates())
             .chain(self.shared.creates())
+            .chain(self.queue.iter().flat_map(|q| q.creates()))
         {
             sqlx::query(create)
                 .execute(&mut *tx)
@@ -323,6 +330,22 @@ impl Pg {
     /// An election's grant also notifies its observers.
     pub(crate) async fn attempt(&self, req: &LockRequest) -> Result<(Outcome, bool)> {
         checked_for_postgres(value(req))?;
+        if let Some(q) = self.queue.as_ref().filter(|_| self.queues(req)) {
+            let (token, left, readers, behind) =
+                q.attempt(&self.pool, &self.err, req, true).await?;
+            let outcome = match token {
+                Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
+                // Back before the entry lapses; a waiter behind others has
+                // nothing to try when the holder's lease ends.
+                None => Outcome::Held(Some(match left {
+                    Some(us) if !behind => {
+                        Duration::from_micros(us.max(0) as u64).min(q.renew_every())
+                    }
+                    _ => q.renew_every(),
+                })),
+            };
+            return Ok((outcome, readers == Some(true)));
+        }
         let leader = req.kind == HoldKind::Leader;
         let sql = if leader {
             &self.attempt_leader
@@ -422,6 +445,10 @@ impl Pg {
             return granted
                 .map(|(t, _)| token_from_db(&self.err, t))
                 .transpose();
+        }
+        if let Some(q) = self.queue.as_ref().filter(|_| self.queues(req)) {
+            let (token, ..) = q.attempt(&self.pool, &self.err, req, false).await?;
+            return token.map(|t| token_from_db(&self.err, t)).transpose();
         }
         let token: Option<i64> = sqlx::query_scalar(&self.take)
             .bind(row(req))
@@ -526,6 +553,9 @@ impl Pg {
     /// An election's release notifies its observers, and its waiting
     /// campaigners; a lock's, its waiters only if one marked the row.
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
+        if let Some(q) = self.queue.as_ref().filter(|_| self.queues(req)) {
+            return q.release(&self.pool, &self.err, req, &self.channel).await;
+        }
         let sql = if req.kind == HoldKind::Leader {
             &self.release_leader
         } else {
@@ -539,6 +569,21 @@ impl Pg {
             .await
             .map_err(|e| self.err.map(e))?;
         Ok(held.is_some_and(|(h, _)| h))
+    }
+
+    /// Whether `req` queues while it waits: an exclusive request, with
+    /// `fifo`.
+    pub(crate) fn queues(&self, req: &LockRequest) -> bool {
+        self.queue.is_some() && req.kind == HoldKind::Exclusive
+    }
+
+    /// Removes `req`'s queue entry, if it queued (a wait that ended
+    /// without a grant).
+    pub(crate) async fn leave(&self, req: &LockRequest) -> Result<()> {
+        match &self.queue {
+            Some(q) => q.leave(&self.pool, &self.err, req).await,
+            None => Ok(()),
+        }
     }
 
     pub(crate) async fn inspect(&self, name: &str) -> Result<Option<(i64, i64, Option<String>)>> {
@@ -647,15 +692,24 @@ impl Pg {
         let mut l = PgListener::connect_with(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
-        l.listen_all([self.channel.as_str(), self.permit_channel.as_str()])
-            .await
-            .map_err(|e| self.err.map(e))?;
+        let mut channels = vec![self.channel.as_str(), self.permit_channel.as_str()];
+        if let Some(q) = &self.queue {
+            channels.push(&q.channel);
+        }
+        l.listen_all(channels).await.map_err(|e| self.err.map(e))?;
+        let queue_channel = self.queue.as_ref().map(|q| q.channel.clone());
         let (locks, permits) = (self.releases.clone(), self.permit_releases.clone());
         let leaders = self.leader_changes.clone();
         let permit_channel = self.permit_channel.clone();
         let task = tokio::spawn(async move {
             loop {
                 match l.recv().await {
+                    // Addressed to one queued waiter: its row and owner.
+                    Ok(n) if Some(n.channel()) == queue_channel.as_deref() => {
+                        if let Some(s) = locks.find(n.payload()) {
+                            s.wake_all();
+                        }
+                    }
                     Ok(n) if n.channel() == permit_channel => {
                         match n.payload().strip_prefix(LIMIT_CHANGED) {
                             Some(name) => permits.find(name).map(|s| s.wake_all()),

@@ -134,6 +134,9 @@ fn spawn_in(dir: PathBuf, tls: Option<&TestCerts>) -> Result<ServerProcess, Harn
             "full_page_writes=off",
             "-c",
             "max_connections=1000",
+            // Statement counts, for the cases that count requests.
+            "-c",
+            "shared_preload_libraries=pg_stat_statements",
         ]);
     if let Some(certs) = tls {
         cmd.args(["-c", "ssl=on", "-c"])
