@@ -693,6 +693,17 @@ async fn client(
             let w = b.clone();
             (LockClient::from_dyn(b), Some(Box::new(move || w.wakeups())))
         }
+        // A database client of its own (its own small pool, and on
+        // PostgreSQL its own LISTEN connection), not a clone of the one
+        // the other scenarios share, whose tasks would hand the lock on
+        // inside the process without asking the server.
+        "postgres" | "mysql" | "sqlite" => {
+            let sep = if t.url.contains('?') { '&' } else { '?' };
+            // PostgreSQL's LISTEN connection comes from the pool too.
+            let size = if t.name == "postgres" { 2 } else { 1 };
+            let url = format!("{}{sep}pool_size={size}", t.url);
+            (LockClient::from_dyn(distlock::connect(&url).await?), None)
+        }
         _ => (t.lib().await?, None),
     })
 }
@@ -1720,6 +1731,31 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         );
         (rtt, raw, raw_permit, raw_shared, Some(client))
     };
+    // PostgreSQL counts statements in `pg_stat_statements` (preloaded by
+    // the harness): those naming distlock's tables are its requests.
+    let requests: Option<Counter> = if backend == "sqlite" {
+        None
+    } else {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await?;
+        sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .execute(&pool)
+            .await?;
+        Some(Arc::new(move || {
+            let pool = pool.clone();
+            Box::pin(async move {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+                      WHERE query LIKE '%distlock_locks%' AND query NOT LIKE '%pg_stat_statements%'",
+                )
+                .fetch_one(&pool)
+                .await?;
+                Ok(u64::try_from(n).unwrap_or(0))
+            })
+        }))
+    };
     Ok(Target {
         name: if backend == "sqlite" {
             "sqlite"
@@ -1732,7 +1768,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         proto: None,
         raw_permit,
         raw_shared: Some(raw_shared),
-        requests: None,
+        requests,
         client,
         _server: server,
         _servers: Vec::new(),
