@@ -1120,7 +1120,7 @@ async fn fifo_order() -> Result<(), Failed> {
     let name = "fifo/order";
     integration_tests::fifo::grants_in_arrival_order(
         fifo_connect(),
-        &format!("{url}?queue_lease_ms=60000"),
+        &format!("{url}?fifo=true&queue_lease_ms=60000"),
         name,
         20,
         fifo_queued(&url, name),
@@ -1135,7 +1135,7 @@ async fn fifo_cancel() -> Result<(), Failed> {
     let name = "fifo/cancel";
     integration_tests::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
         fifo_connect(),
-        &format!("{url}?queue_lease_ms={}", lease.as_millis()),
+        &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
         name,
         lease,
         fifo_queued(&url, name),
@@ -1149,11 +1149,14 @@ async fn fifo_cut() -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
     let proxy =
         integration_tests::harness::proxy::Proxy::start(server.port).map_err(|e| e.to_string())?;
-    let proxied = ServerKind::Postgres.url("127.0.0.1", proxy.port);
+    let proxied = format!(
+        "{}?fifo=true",
+        ServerKind::Postgres.url("127.0.0.1", proxy.port)
+    );
     let name = "fifo/cut";
     integration_tests::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
         fifo_connect(),
-        &url,
+        &format!("{url}?fifo=true"),
         &proxied,
         &proxy,
         name,

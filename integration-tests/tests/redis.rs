@@ -530,7 +530,7 @@ fn fifo_queued(ports: Vec<u16>, name: &str) -> fifo::Count {
 /// last a minute, so no waiter renews its entry while the test counts.
 async fn fifo_order(topology: Topology) -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(topology).await?;
-    let url = format!("{url}?queue_lease_ms=60000");
+    let url = format!("{url}?fifo=true&queue_lease_ms=60000");
     let name = "fifo/order";
     let counted = ports.clone();
     let requests: fifo::Count = Arc::new(move || {
@@ -553,7 +553,7 @@ async fn fifo_order(topology: Topology) -> Result<(), Failed> {
 async fn fifo_cancel(topology: Topology) -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(topology).await?;
     let lease = Duration::from_secs(60);
-    let url = format!("{url}?queue_lease_ms={}", lease.as_millis());
+    let url = format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis());
     let name = "fifo/cancel";
     fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
         fifo_connect(),
@@ -569,8 +569,9 @@ async fn fifo_cancel(topology: Topology) -> Result<(), Failed> {
 /// proxy that then drops everything; entries last 3 s (the default).
 async fn fifo_cut() -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
+    let url = format!("{url}?fifo=true");
     let proxy = Proxy::start(ports[0]).map_err(|e| e.to_string())?;
-    let proxied = format!("redis://127.0.0.1:{}?timeout_ms=500", proxy.port);
+    let proxied = format!("redis://127.0.0.1:{}?fifo=true&timeout_ms=500", proxy.port);
     let name = "fifo/cut";
     fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
         fifo_connect(),

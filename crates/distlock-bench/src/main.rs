@@ -41,6 +41,13 @@ type BoxFut<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, BoxError>> + Se
 /// name or key to use, so that concurrent callers do not contend).
 pub(crate) type Step = Arc<dyn Fn(u32, usize) -> BoxFut<()> + Send + Sync>;
 
+/// `--fifo`, for the targets that build distlock's clients.
+static FIFO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn fifo() -> bool {
+    FIFO.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A count the server keeps (requests served), read before and after a
 /// scenario.
 type Counter = Arc<dyn Fn() -> BoxFut<u64> + Send + Sync>;
@@ -81,6 +88,11 @@ struct Args {
     /// `python3 -m pip install redis kazoo`.
     #[arg(long)]
     peers: bool,
+    /// Redis and PostgreSQL: whether distlock's waiters queue, first come,
+    /// first served (`fifo` in the backend URL; off by default, as in the
+    /// backends).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    fifo: bool,
     /// A few seconds of everything, for CI: tiny sizes, no thresholds.
     #[arg(long)]
     smoke: bool,
@@ -209,6 +221,10 @@ impl Target {
     async fn lib(&self) -> Result<LockClient, BoxError> {
         Ok(match &self.client {
             Some(c) => c.clone(),
+            None if self.name == "redis" => {
+                let url = format!("{}?fifo={}", self.url, fifo());
+                LockClient::from_dyn(distlock::connect(&url).await?)
+            }
             None => LockClient::from_dyn(distlock::connect(&self.url).await?),
         })
     }
@@ -702,6 +718,11 @@ async fn client(
             // PostgreSQL's LISTEN connection comes from the pool too.
             let size = if t.name == "postgres" { 2 } else { 1 };
             let url = format!("{}{sep}pool_size={size}", t.url);
+            let url = if t.name == "postgres" {
+                format!("{url}&fifo={}", fifo())
+            } else {
+                url
+            };
             (LockClient::from_dyn(distlock::connect(&url).await?), None)
         }
         _ => (t.lib().await?, None),
@@ -1722,7 +1743,11 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
             })
         });
         let client = LockClient::new(
-            distlock::sql::SqlBackend::postgres(pool.clone(), Default::default()).await?,
+            distlock::sql::SqlBackend::postgres(
+                pool.clone(),
+                distlock::sql::SqlConfig::default().with_fifo(fifo()),
+            )
+            .await?,
         );
         let (rtt, raw) = raw_sql_steps!(
             pool,
@@ -2089,6 +2114,7 @@ async fn run() -> Result<(), BoxError> {
         return hold_many(&spec).await;
     }
     let mut a = Args::parse();
+    FIFO.store(a.fifo, std::sync::atomic::Ordering::Relaxed);
     if a.smoke {
         a.iterations = a.iterations.min(50);
         a.seconds = a.seconds.min(0.3);

@@ -14,7 +14,7 @@ use distlock_core::{Error, InputKind, Result};
 /// | `wait_timeout_ms` | the `WAIT` timeout | 100 |
 /// | `timeout_ms` | connect and response timeout | 2000 |
 /// | `observe_recheck_ms` | an election's observer reads the leader at least this often, besides each message on the election's channel and each lease end | 1000 |
-/// | `fifo` | `true`: waiting exclusive requests queue on the server and are granted in arrival order, a release waking only the queue's head; `false`: a release wakes every waiter and the first to ask wins | `true` |
+/// | `fifo` | `true`: waiting exclusive requests queue on the server and are granted in arrival order, a release waking only the queue's head (each uncontended acquire and release then also checks the queue: +0.03-0.04 on the uncontended ratio, docs/benchmarks.md); `false`: a release wakes every waiter and the first to ask wins | `false` |
 /// | `queue_lease_ms` | how long a waiter's queue entry outlives its last attempt (a waiter renews it every third of this): a killed or cut-off waiter holds up the queue at most this long, or until its wait's deadline if that comes first | 3000 |
 /// | `ca_file` | `rediss://`, `rediss+sentinel://`, `rediss+cluster://`: PEM file of the CA to trust instead of the system roots | system roots |
 ///
@@ -53,7 +53,7 @@ impl Default for RedisConfig {
             wait_timeout: Duration::from_millis(100),
             timeout: Duration::from_secs(2),
             observe_recheck: Duration::from_secs(1),
-            fifo: true,
+            fifo: false,
             queue_lease: Duration::from_secs(3),
             ca_file: None,
         }
@@ -333,9 +333,9 @@ mod tests {
         );
         assert_eq!((c.prefix.as_str(), c.wait_replicas), ("app:", 1));
         assert_eq!(c.observe_recheck, Duration::from_secs(60));
-        assert!(c.fifo && c.queue_lease == Duration::from_secs(3));
-        let (_, c) = p("redis://a:1?fifo=false&queue_lease_ms=600").unwrap();
-        assert!(!c.fifo && c.queue_lease == Duration::from_millis(600));
+        assert!(!c.fifo && c.queue_lease == Duration::from_secs(3));
+        let (_, c) = p("redis://a:1?fifo=true&queue_lease_ms=600").unwrap();
+        assert!(c.fifo && c.queue_lease == Duration::from_millis(600));
         let (t, _) = p("redis+sentinel://a:26379,b:26380/mymaster/3").unwrap();
         assert_eq!(
             t,

@@ -836,8 +836,9 @@ struct Subscribed<'a> {
     backend: &'a RedisBackend,
     name: &'a LockName,
     channel: Channel,
-    /// A queued waiter's stored owner ([`Channel::Queue`]).
-    owner: Option<String>,
+    /// A queued waiter's request ([`Channel::Queue`]): its queue entry
+    /// names it in the release's message.
+    queued: Option<&'a LockRequest>,
     watch: Option<ReleaseWatch>,
     signalled: Signalled,
 }
@@ -848,7 +849,7 @@ impl<'a> Subscribed<'a> {
             backend,
             name,
             channel,
-            owner: None,
+            queued: None,
             watch: None,
             signalled: Signalled::from(None),
         }
@@ -868,7 +869,7 @@ impl<'a> Subscribed<'a> {
     /// A waiter in the lock's queue as `req`'s owner.
     fn queued(backend: &'a RedisBackend, req: &'a LockRequest) -> Self {
         Self {
-            owner: Some(backend.queue_entry(req)),
+            queued: Some(req),
             ..Self::new(backend, &req.name, Channel::Queue)
         }
     }
@@ -893,12 +894,8 @@ impl Wakeups for Subscribed<'_> {
     }
 
     async fn ready(&mut self) -> Result<bool> {
-        if !self
-            .backend
-            .inner
-            .subscriber
-            .subscribed(&self.channel_name())
-        {
+        let subscriber = &self.backend.inner.subscriber;
+        if !subscriber.any() || !subscriber.subscribed(&self.channel_name()) {
             return Ok(false);
         }
         self.prepare().await?;
@@ -919,10 +916,10 @@ impl Wakeups for Subscribed<'_> {
             Channel::Lock => b.watch_releases(self.name).await,
             Channel::Queue => {
                 let channel = self.channel_name();
-                let owner = self.owner.as_deref().unwrap_or_default();
+                let owner = self.queued.map(|r| b.queue_entry(r)).unwrap_or_default();
                 b.inner
                     .subscriber
-                    .watch_queued(&b.inner.conn, &channel, owner)
+                    .watch_queued(&b.inner.conn, &channel, &owner)
                     .await
                     .map(|watch| ReleaseWatch { watch, channel })
                     .map_err(|e| b.err(e))

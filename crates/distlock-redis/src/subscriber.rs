@@ -43,6 +43,8 @@ pub(crate) struct Subscriber {
     /// `^` and channel, the queued waiters woken by a message addressed to
     /// nobody, and per `@`, channel and owner, the one a message names.
     signals: Arc<Signals>,
+    /// Channels subscribed now (lingering ones too), read without a lock.
+    channels: std::sync::atomic::AtomicUsize,
     /// Numbers each pub/sub connection, so that a subscription made on a
     /// connection that has since died cannot, when dropped, unsubscribe a
     /// waiter that subscribed again on the new one.
@@ -143,6 +145,7 @@ impl Subscriber {
         Arc::new(Self {
             live: Mutex::new(None),
             signals: Arc::default(),
+            channels: std::sync::atomic::AtomicUsize::new(0),
             connections: AtomicU64::new(0),
         })
     }
@@ -169,6 +172,12 @@ impl Subscriber {
             alive,
             _subscription: self.subscribe(l, channel).await?,
         })
+    }
+
+    /// Whether any channel is subscribed now: when not, no waiter can be
+    /// ready before its first attempt, and nothing else needs looking at.
+    pub(crate) fn any(&self) -> bool {
+        self.channels.load(Ordering::Relaxed) > 0
     }
 
     /// Whether `channel` is subscribed on a live connection now (also in
@@ -287,6 +296,7 @@ impl Subscriber {
                 l.counts.remove(channel);
                 return Err(e);
             }
+            self.channels.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(n) = l.counts.get_mut(channel) {
             *n += 1;
@@ -312,6 +322,7 @@ impl Subscriber {
         };
         if last {
             l.counts.remove(channel);
+            self.channels.fetch_sub(1, Ordering::Relaxed);
             let _ = l.sink.unsubscribe(channel).await;
         }
     }

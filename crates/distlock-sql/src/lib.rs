@@ -685,8 +685,12 @@ impl Backend for SqlBackend {
                     req,
                     done: false,
                 };
+                let tried = &std::sync::atomic::AtomicBool::new(false);
                 let granted = self
-                    .wait(req, deadline, false, || self.writer_attempt(req))
+                    .wait(req, deadline, false, || {
+                        let first = !tried.swap(true, std::sync::atomic::Ordering::Relaxed);
+                        self.writer_attempt(req, first)
+                    })
                     .await;
                 if granted.is_err() {
                     if self.inner.marks.contains(req) {
@@ -901,11 +905,12 @@ impl SqlBackend {
     /// renews its mark), so that no new shared hold is granted, and comes
     /// back before the mark would lapse; once granted, its mark goes. An
     /// attempt whose caller stopped waiting removes the mark it placed.
-    async fn writer_attempt(&self, req: &LockRequest) -> Result<Outcome> {
+    /// `first`: the first attempt of the wait.
+    async fn writer_attempt(&self, req: &LockRequest, first: bool) -> Result<Outcome> {
         let (req, undo) = (req.clone(), req.clone());
         self.to_completion(
             move |b| async move {
-                let (outcome, readers) = b.lock_attempt_now(&req).await?;
+                let (outcome, readers) = b.lock_attempt_now(&req, first).await?;
                 match outcome {
                     Outcome::Granted(_) => {
                         if b.inner.marks.contains(&req) {
@@ -1001,7 +1006,7 @@ impl SqlBackend {
     /// leader's release notifies), never a writer's mark.
     async fn leader_attempt(&self, req: &LockRequest) -> Result<Outcome> {
         self.attempt_to_completion(req, |b, req| async move {
-            Ok(b.lock_attempt_now(&req).await?.0)
+            Ok(b.lock_attempt_now(&req, true).await?.0)
         })
         .await
     }
@@ -1016,13 +1021,20 @@ impl SqlBackend {
 
     /// One attempt at a lock; on PostgreSQL it also answers how long the
     /// holder's lease still runs, and whether shared holds keep it
-    /// (elsewhere that is unknown: `None`).
-    async fn lock_attempt_now(&self, req: &LockRequest) -> Result<(Outcome, Option<bool>)> {
+    /// (elsewhere that is unknown: `None`). `first`: the first attempt of
+    /// a wait (PostgreSQL's queue reads the queue only after it).
+    async fn lock_attempt_now(
+        &self,
+        req: &LockRequest,
+        first: bool,
+    ) -> Result<(Outcome, Option<bool>)> {
+        #[cfg(not(feature = "postgres"))]
+        let _ = first;
         let held =
             |token: Option<FencingToken>| token.map_or(Outcome::Held(None), Outcome::Granted);
         match &self.inner.db {
             #[cfg(feature = "postgres")]
-            Db::Postgres(pg) => pg.attempt(req).await.map(|(o, r)| (o, Some(r))),
+            Db::Postgres(pg) => pg.attempt(req, first).await.map(|(o, r)| (o, Some(r))),
             #[allow(unreachable_patterns)]
             _ => Ok((
                 held(dispatch!(self, db => db.try_acquire(req).await)?),

@@ -328,13 +328,17 @@ impl Pg {
     /// One attempt of a waiting exclusive request: the outcome, and whether
     /// shared holds keep the lock.
     /// An election's grant also notifies its observers.
-    pub(crate) async fn attempt(&self, req: &LockRequest) -> Result<(Outcome, bool)> {
+    /// `first`: the first attempt of a wait (with a queue, the cheap
+    /// statement that grants only while nobody waits).
+    pub(crate) async fn attempt(&self, req: &LockRequest, first: bool) -> Result<(Outcome, bool)> {
         checked_for_postgres(value(req))?;
         if let Some(q) = self.queue.as_ref().filter(|_| self.queues(req)) {
             let (token, left, readers, behind) =
-                q.attempt(&self.pool, &self.err, req, true).await?;
+                q.attempt(&self.pool, &self.err, req, true, first).await?;
             let outcome = match token {
                 Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
+                // Free, but awaited: the queue decides, at once.
+                None if first && left.is_none_or(|us| us <= 0) => Outcome::RetryIn(Duration::ZERO),
                 // Back before the entry lapses; a waiter behind others has
                 // nothing to try when the holder's lease ends.
                 None => Outcome::Held(Some(match left {
@@ -447,7 +451,11 @@ impl Pg {
                 .transpose();
         }
         if let Some(q) = self.queue.as_ref().filter(|_| self.queues(req)) {
-            let (token, ..) = q.attempt(&self.pool, &self.err, req, false).await?;
+            let (mut token, left, ..) = q.attempt(&self.pool, &self.err, req, false, true).await?;
+            if token.is_none() && left.is_none_or(|us| us <= 0) {
+                // Free, but awaited: granted only if nobody live is queued.
+                token = q.attempt(&self.pool, &self.err, req, false, false).await?.0;
+            }
             return token.map(|t| token_from_db(&self.err, t)).transpose();
         }
         let token: Option<i64> = sqlx::query_scalar(&self.take)
@@ -751,7 +759,8 @@ impl Pg {
         Ok(l)
     }
 
-    fn listening(&self) -> Option<Arc<Listening>> {
+    /// The LISTEN connection, if one runs (or lingers) now.
+    pub(crate) fn listening(&self) -> Option<Arc<Listening>> {
         self.listener
             .lock()
             .unwrap_or_else(|e| e.into_inner())

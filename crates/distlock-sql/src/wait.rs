@@ -32,10 +32,33 @@ mod postgres {
         }
     }
 
+    /// How long the LISTEN connection outlives its last waiter: a client
+    /// that waits again soon (a queue's waiters take turns) neither
+    /// listens again nor asks once more after listening.
+    const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+    impl Drop for Listened<'_> {
+        fn drop(&mut self) {
+            if let (Some(l), Ok(rt)) =
+                (self.listening.take(), tokio::runtime::Handle::try_current())
+            {
+                rt.spawn(async move {
+                    tokio::time::sleep(LINGER).await;
+                    drop(l);
+                });
+            }
+        }
+    }
+
     impl Wakeups for Listened<'_> {
         fn arm(&mut self) -> Option<Wakeup> {
             self.listening.as_ref()?;
             self.signalled.arm()
+        }
+
+        async fn ready(&mut self) -> Result<bool> {
+            self.listening = self.pg.listening();
+            Ok(self.listening.is_some())
         }
 
         async fn prepare(&mut self) -> Result<()> {

@@ -25,47 +25,47 @@
 -- -2 (the key just vanished) and -1 (a key without expiry). A waiting
 -- caller that left a writer's mark or waits behind another queued waiter
 -- gets { -(PTTL + 3), flags } instead: flags 1 marked, 2 behind, 3 both.
-local waiting = ARGV[3] == '1' or ARGV[3] == '2'
 local queue = KEYS[4]
-local now, micros
-local function clock()
-  if not now then
-    local time = redis.call('TIME')
-    micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
-    now = math.floor(micros / 1000)
-  end
-  return now
-end
 local queued = queue and redis.call('EXISTS', queue) == 1
-local behind = false
-if queued then
-  local ended = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', clock(), 'LIMIT', 0, 256)
-  if #ended > 0 then
-    redis.call('ZREM', queue, unpack(ended))
-    redis.call('ZREM', KEYS[5], unpack(ended))
-  end
-  local head = redis.call('ZRANGE', queue, 0, 0)[1]
-  behind = head ~= nil and head ~= ARGV[6]
-end
-if not behind and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local function granted()
   if ARGV[3] == '2' then
     -- A mark an earlier attempt of this wait left.
     redis.call('ZREM', KEYS[3], ARGV[1])
-  end
-  if queued then
-    redis.call('ZREM', queue, ARGV[6])
-    redis.call('ZREM', KEYS[5], ARGV[6])
   end
   if ARGV[4] == '0' then
     return 1
   end
   return redis.call('INCR', KEYS[2])
 end
+if not queued then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return granted()
+  end
+end
+local waiting = ARGV[3] == '1' or ARGV[3] == '2'
+local time = redis.call('TIME')
+local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = math.floor(micros / 1000)
+local behind = false
+if queued then
+  local ended = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 256)
+  if #ended > 0 then
+    redis.call('ZREM', queue, unpack(ended))
+    redis.call('ZREM', KEYS[5], unpack(ended))
+  end
+  local head = redis.call('ZRANGE', queue, 0, 0)[1]
+  behind = head ~= nil and head ~= ARGV[6]
+  if not behind and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    redis.call('ZREM', queue, ARGV[6])
+    redis.call('ZREM', KEYS[5], ARGV[6])
+    return granted()
+  end
+end
 local held = -(redis.call('PTTL', KEYS[1]) + 3)
 local flags = 0
 if waiting and queue then
   local life = tonumber(ARGV[5])
-  local ends = clock() + life
+  local ends = now + life
   -- Written as a string: Lua prints numbers with 14 digits, fewer than
   -- the microseconds have.
   redis.call('ZADD', queue, 'NX', string.format('%.0f', micros), ARGV[6])
@@ -80,7 +80,7 @@ if waiting and queue then
   end
 end
 if waiting and redis.call('GET', KEYS[1]) == 'distlock:shared' then
-  local at = clock()
+  local at = now
   redis.call('ZADD', KEYS[3], at + tonumber(ARGV[2]), ARGV[1])
   -- The set lives as long as its longest mark; each mark's own end is its
   -- score, pruned by shared_acquire.lua.

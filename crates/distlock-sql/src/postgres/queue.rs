@@ -17,7 +17,7 @@ use crate::{ttl_micros, DbError};
 /// The start of every client's own channel; the client's id follows.
 const CLIENT_CHANNEL: &str = "distlock_q_";
 
-/// A dead waiter's entry is deleted by a release of its lock this long
+/// A dead waiter's entry is deleted by a later waiter's attempt this long
 /// after it lapsed (a lapsed entry is ignored at once).
 const GARBAGE_AFTER: &str = "interval '1 minute'";
 
@@ -28,6 +28,7 @@ pub(crate) struct Queue {
     /// How long an entry outlives its waiter's last attempt.
     lease: Duration,
     creates: [String; 2],
+    first: String,
     attempt: String,
     release: String,
     leave: String,
@@ -88,7 +89,11 @@ impl Queue {
                 ON CONFLICT (name, owner) DO UPDATE SET ends_at = EXCLUDED.ends_at),
              gone AS (
                 DELETE FROM {q} WHERE name = $1 AND owner = $2
-                   AND EXISTS (SELECT 1 FROM granted WHERE token IS NOT NULL))
+                   AND EXISTS (SELECT 1 FROM granted WHERE token IS NOT NULL)),
+             garbage AS (
+                DELETE FROM {q} WHERE ctid IN (
+                    SELECT ctid FROM {q} WHERE name = $1 AND ends_at < now() - {GARBAGE_AFTER}
+                       FOR UPDATE SKIP LOCKED))
              SELECT (SELECT token FROM granted),
                     (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
                        FROM {table} WHERE name = $1 AND owner IS NOT NULL),
@@ -96,26 +101,55 @@ impl Queue {
                        FROM {table} WHERE name = $1 AND owner IS NOT NULL),
                     {behind}"
         );
+        // The first attempt of a wait, and a try: the lock table's upsert
+        // as without a queue, granting only a row nobody marked as awaited
+        // (nobody queued), so that an uncontended acquire costs what it
+        // costs without a queue; a refusal joins the queue when it waits
+        // ($6 > 0). A row free but awaited is refused here and decided by
+        // `attempt`, which reads the queue.
+        let ok_first = "(l.owner IS NULL OR l.expires_at <= now()) AND NOT l.awaited";
+        let first = format!(
+            "WITH granted AS (
+                INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
+                VALUES ($1, $2, 1, {ends}, $4, $5)
+                ON CONFLICT (name) DO UPDATE
+                   SET owner = CASE WHEN {ok_first} THEN EXCLUDED.owner ELSE l.owner END,
+                       value = CASE WHEN {ok_first} THEN EXCLUDED.value ELSE l.value END,
+                       holder = CASE WHEN {ok_first} THEN EXCLUDED.holder ELSE l.holder END,
+                       token = CASE WHEN {ok_first} THEN l.token + 1 ELSE l.token END,
+                       expires_at = CASE WHEN {ok_first} THEN EXCLUDED.expires_at ELSE l.expires_at END,
+                       awaited = NOT ({ok_first})
+                 WHERE {ok_first} OR NOT l.awaited
+                RETURNING CASE WHEN NOT l.awaited THEN token END AS token),
+             joined AS (
+                INSERT INTO {q} (name, owner, client, ends_at)
+                SELECT $1, $2, $7, now() + make_interval(secs => $6::float8 / 1e6)
+                 WHERE $6::float8 > 0 AND (SELECT token FROM granted) IS NULL
+                ON CONFLICT (name, owner) DO UPDATE SET ends_at = EXCLUDED.ends_at)
+             SELECT (SELECT token FROM granted),
+                    (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
+                       FROM {table} WHERE name = $1 AND owner IS NOT NULL),
+                    (SELECT owner = '{SHARED_OWNER}'
+                       FROM {table} WHERE name = $1 AND owner IS NOT NULL),
+                    false"
+        );
         // A release notifies when a refused attempt marked the row: the
         // queue's head on its client's channel, or, with nobody queued (a
         // reader, or an entry this snapshot does not see yet), every waiter
         // of the name on the locks' channel ($3). Entries dead for a while
         // go, skipping any another statement holds.
-        let notify = format!(
-            "CASE WHEN EXISTS (SELECT 1 FROM head)
-                  THEN pg_notify('{CLIENT_CHANNEL}' || (SELECT client FROM head),
-                                 $1 || ' ' || (SELECT owner FROM head))
-                  ELSE pg_notify($3, $1) END"
-        );
+        // The head is looked up only when the row is awaited: an
+        // uncontended release costs what it costs without a queue.
         let release = format!(
             "WITH r AS (UPDATE {table} SET owner = NULL WHERE name = $1 AND owner = $2
-                        RETURNING expires_at > now() AS held, awaited),
-                  head AS ({head}),
-                  garbage AS (
-                    DELETE FROM {q} WHERE ctid IN (
-                        SELECT ctid FROM {q} WHERE name = $1 AND ends_at < now() - {GARBAGE_AFTER}
-                           FOR UPDATE SKIP LOCKED))
-             SELECT held, CASE WHEN awaited THEN ({notify})::text END FROM r"
+                        RETURNING expires_at > now() AS held, awaited)
+             SELECT held,
+                    CASE WHEN awaited THEN coalesce(
+                        (SELECT pg_notify('{CLIENT_CHANNEL}' || client, $1 || ' ' || owner)::text
+                           FROM {q} WHERE name = $1 AND ends_at > now()
+                          ORDER BY arrival LIMIT 1),
+                        pg_notify($3, $1)::text) END
+               FROM r"
         );
         // A wait that ends without a grant leaves; if the lock is free, the
         // next in line is told.
@@ -134,6 +168,7 @@ impl Queue {
             client,
             lease,
             creates,
+            first,
             attempt,
             release,
             leave,
@@ -152,16 +187,20 @@ impl Queue {
 
     /// One attempt: the token, the holder's lease left, whether readers
     /// hold the row, and whether another waiter is ahead in the queue.
-    /// `waits`: a refusal joins the queue (or renews the entry).
+    /// `waits`: a refusal joins the queue (or renews the entry). `first`:
+    /// the cheap statement that grants only while nobody waits (see
+    /// `Queue::new`); a refusal of a free row then needs `attempt`.
     pub(crate) async fn attempt(
         &self,
         pool: &PgPool,
         err: &DbError,
         req: &LockRequest,
         waits: bool,
+        first: bool,
     ) -> Result<(Option<i64>, Option<i64>, Option<bool>, bool)> {
         let life = if waits { ttl_micros(self.lease) } else { 0 };
-        sqlx::query_as(&self.attempt)
+        let sql = if first { &self.first } else { &self.attempt };
+        sqlx::query_as(sql)
             .bind(row(req))
             .bind(req.owner.to_string())
             .bind(ttl_micros(req.ttl))
