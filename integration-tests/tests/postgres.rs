@@ -34,11 +34,27 @@ fn main() {
             })
         })),
     );
+    // The whole suite once more with waiters queueing, first come, first
+    // served.
+    let fifo = SqlFactory::new(
+        "postgres::fifo_suite",
+        Source::Start(Box::new(|| {
+            let process = pg::spawn().map_err(|e| e.to_string())?;
+            let port = process.port;
+            Ok(Started {
+                url: format!("{}?fifo=true", ServerKind::Postgres.url("127.0.0.1", port)),
+                port,
+                certs: None,
+                process,
+            })
+        })),
+    );
     sql_support::run_suite(
         "postgres",
         Source::Server(ServerKind::Postgres),
         move |f, rt| {
             let mut trials = integration_tests::trials(tls.clone(), rt);
+            trials.extend(integration_tests::trials(fifo.clone(), rt));
             trials.extend([
             trial(
                 rt,

@@ -109,8 +109,16 @@ fn main() {
         let url = format!("redis://app:app-pw@127.0.0.1:{}", s.port);
         Ok(Servers::processes(url, vec![s]))
     }));
+    // The whole suite once more with waiters queueing, first come, first
+    // served.
+    let fifo_single = Arc::new(Redis::new("redis::fifo_suite", || {
+        let s = server::spawn(&[]).map_err(|e| e.to_string())?;
+        let url = format!("redis://127.0.0.1:{}?fifo=true", s.port);
+        Ok(Servers::processes(url, vec![s]))
+    }));
     integration_tests::run_suite(single.clone(), move |rt| {
         let mut extra = integration_tests::trials(cluster, rt);
+        extra.extend(integration_tests::trials(fifo_single, rt));
         extra.extend(integration_tests::trials(tls.clone(), rt));
         extra.extend(integration_tests::trials(sentinel_tls.clone(), rt));
         extra.extend(integration_tests::trials(cluster_tls.clone(), rt));
