@@ -8,8 +8,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_core::{Error, LockClient};
+use distlock_core::{Error, LockClient, LockGuard};
 use libtest_mimic::Failed;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::harness::proxy::Proxy;
@@ -40,6 +41,32 @@ async fn until(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
+}
+
+/// `client` waits for `lock` (for up to two minutes) in a task of its own;
+/// answers once the lock's queue holds `position` entries, this one last.
+async fn queue_up(
+    client: LockClient,
+    lock: &str,
+    position: u64,
+    queued: &Count,
+) -> Result<JoinHandle<distlock_core::Result<LockGuard>>, Failed> {
+    let name = lock.to_string();
+    let waiting = tokio::spawn(async move {
+        client
+            .lock(&name)
+            .ttl(TTL)
+            .wait(Duration::from_secs(120))
+            .acquire()
+            .await
+    });
+    until(
+        &format!("waiter {position} queueing"),
+        Duration::from_secs(20),
+        || Ok(queued()? == position),
+    )
+    .await?;
+    Ok(waiting)
 }
 
 /// `n` waiters, each a client of its own, queue one after another behind a
@@ -134,36 +161,8 @@ pub async fn a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
 ) -> Result<(), Failed> {
     let holder = connect(url.to_string()).await?;
     let g = holder.lock(lock).ttl(TTL).acquire().await?;
-    let cut = connect(proxied_url.to_string()).await?;
-    let name = lock.to_string();
-    let first = tokio::spawn(async move {
-        cut.lock(&name)
-            .ttl(TTL)
-            .wait(Duration::from_secs(120))
-            .acquire()
-            .await
-            .map(|g| g.token())
-    });
-    until("the first waiter queueing", Duration::from_secs(20), || {
-        Ok(queued()? == 1)
-    })
-    .await?;
-    let second = connect(url.to_string()).await?;
-    let name = lock.to_string();
-    let waiting = tokio::spawn(async move {
-        second
-            .lock(&name)
-            .ttl(TTL)
-            .wait(Duration::from_secs(120))
-            .acquire()
-            .await
-    });
-    until(
-        "the second waiter queueing",
-        Duration::from_secs(20),
-        || Ok(queued()? == 2),
-    )
-    .await?;
+    let first = queue_up(connect(proxied_url.to_string()).await?, lock, 1, &queued).await?;
+    let waiting = queue_up(connect(url.to_string()).await?, lock, 2, &queued).await?;
     proxy.set_blackhole(true);
     let cut_at = Instant::now();
     g.release().await?;
@@ -212,37 +211,8 @@ pub async fn a_cancelled_or_timed_out_waiter_leaves_no_entry(
     if left != 0 {
         return Err(format!("a timed-out waiter left {left} queue entries").into());
     }
-    let cancelled = connect(url.to_string()).await?;
-    let name = lock.to_string();
-    let first = tokio::spawn(async move {
-        cancelled
-            .lock(&name)
-            .ttl(TTL)
-            .wait(Duration::from_secs(120))
-            .acquire()
-            .await
-            .map(|g| g.token())
-    });
-    until("the first waiter queueing", Duration::from_secs(20), || {
-        Ok(queued()? == 1)
-    })
-    .await?;
-    let behind = connect(url.to_string()).await?;
-    let name = lock.to_string();
-    let waiting = tokio::spawn(async move {
-        behind
-            .lock(&name)
-            .ttl(TTL)
-            .wait(Duration::from_secs(120))
-            .acquire()
-            .await
-    });
-    until(
-        "the second waiter queueing",
-        Duration::from_secs(20),
-        || Ok(queued()? == 2),
-    )
-    .await?;
+    let first = queue_up(connect(url.to_string()).await?, lock, 1, &queued).await?;
+    let waiting = queue_up(connect(url.to_string()).await?, lock, 2, &queued).await?;
     first.abort();
     until(
         "the cancelled waiter's entry going",

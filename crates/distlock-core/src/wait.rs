@@ -134,6 +134,21 @@ impl WaitClock {
     }
 }
 
+/// Checks how long a waiter's entry in a server-side wait queue outlives
+/// its last attempt (a backend's `queue_lease`): at least 30 ms, since
+/// waiters renew their entries every third of it.
+pub fn check_queue_lease(lease: Duration) -> Result<()> {
+    if lease < Duration::from_millis(30) {
+        return Err(Error::invalid(
+            crate::InputKind::Config,
+            format!(
+                "queue_lease is {lease:?}; it must be at least 30 ms (waiters renew their entries every third of it)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// What one attempt at a name found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {

@@ -116,15 +116,7 @@ impl RedisConfig {
                 "observe_recheck must be greater than zero",
             ));
         }
-        if self.queue_lease < Duration::from_millis(30) {
-            return Err(Error::invalid(
-                InputKind::Config,
-                format!(
-                    "queue_lease is {:?}; it must be at least 30 ms (waiters renew their entries every third of it)",
-                    self.queue_lease
-                ),
-            ));
-        }
+        distlock_core::wait::check_queue_lease(self.queue_lease)?;
         Ok(())
     }
 }

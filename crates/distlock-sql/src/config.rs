@@ -108,15 +108,7 @@ impl SqlConfig {
 
     /// Refuses settings no backend can work with.
     pub(crate) fn validate(&self) -> Result<()> {
-        if self.queue_lease < Duration::from_millis(30) {
-            return Err(Error::invalid(
-                InputKind::Config,
-                format!(
-                    "queue_lease is {:?}; it must be at least 30 ms (waiters renew their entries every third of it)",
-                    self.queue_lease
-                ),
-            ));
-        }
+        distlock_core::wait::check_queue_lease(self.queue_lease)?;
         if self.observe_recheck.is_zero() {
             return Err(Error::invalid(
                 InputKind::Config,

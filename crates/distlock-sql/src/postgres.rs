@@ -166,24 +166,16 @@ impl Pg {
         // after the upsert tells a grant (cleared) from a refusal (set).
         let free = "l.owner IS NULL OR l.expires_at <= now()";
         let attempt_with = |notify: &str| {
+            let upsert = attempt_upsert(
+                table,
+                free,
+                &format!("NOT ({free})"),
+                &format!("CASE WHEN NOT l.awaited THEN token END AS token{notify}"),
+            );
             format!(
-                "WITH granted AS (
-                INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
-                VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4, $5)
-                ON CONFLICT (name) DO UPDATE
-                   SET owner = CASE WHEN {free} THEN EXCLUDED.owner ELSE l.owner END,
-                       value = CASE WHEN {free} THEN EXCLUDED.value ELSE l.value END,
-                       holder = CASE WHEN {free} THEN EXCLUDED.holder ELSE l.holder END,
-                       token = CASE WHEN {free} THEN l.token + 1 ELSE l.token END,
-                       expires_at = CASE WHEN {free} THEN EXCLUDED.expires_at ELSE l.expires_at END,
-                       awaited = NOT ({free})
-                 WHERE {free} OR NOT l.awaited
-                RETURNING CASE WHEN NOT l.awaited THEN token END AS token{notify})
-             SELECT (SELECT token FROM granted),
-                    (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
-                       FROM {table} WHERE name = $1 AND owner IS NOT NULL),
-                    (SELECT owner = '{SHARED_OWNER}'
-                       FROM {table} WHERE name = $1 AND owner IS NOT NULL)"
+                "WITH granted AS ({upsert})
+             SELECT {}",
+                attempt_answer(table)
             )
         };
         let attempt = attempt_with("");
@@ -781,6 +773,41 @@ pub(crate) const LIMIT_CHANGED: &str = "*";
 /// contains): its observers wake, its waiting campaigners do not (a grant
 /// or a new value gives them nothing to try).
 pub(crate) const LEADER_CHANGED: &str = "=";
+
+/// The lock table's upsert of one attempt (the `granted` part of the
+/// attempt statements; `$1` name, `$2` owner, `$3` TTL in µs, `$4` value,
+/// `$5` holder info): where `ok`, the request takes the row (owner, value,
+/// holder info, the next token, its expiry); elsewhere the row keeps them.
+/// `awaited` is set as `awaited` says, and the row is written only where
+/// `ok` or while it is not marked yet. `returning`: what it answers.
+pub(crate) fn attempt_upsert(table: &str, ok: &str, awaited: &str, returning: &str) -> String {
+    format!(
+        "INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
+         VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4, $5)
+         ON CONFLICT (name) DO UPDATE
+            SET owner = CASE WHEN {ok} THEN EXCLUDED.owner ELSE l.owner END,
+                value = CASE WHEN {ok} THEN EXCLUDED.value ELSE l.value END,
+                holder = CASE WHEN {ok} THEN EXCLUDED.holder ELSE l.holder END,
+                token = CASE WHEN {ok} THEN l.token + 1 ELSE l.token END,
+                expires_at = CASE WHEN {ok} THEN EXCLUDED.expires_at ELSE l.expires_at END,
+                awaited = {awaited}
+          WHERE {ok} OR NOT l.awaited
+         RETURNING {returning}"
+    )
+}
+
+/// What an attempt statement answers after its `granted` upsert: the token
+/// (NULL when refused), how long the holder's lease still runs (µs), and
+/// whether shared holds keep the row.
+pub(crate) fn attempt_answer(table: &str) -> String {
+    format!(
+        "(SELECT token FROM granted),
+         (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
+            FROM {table} WHERE name = $1 AND owner IS NOT NULL),
+         (SELECT owner = '{SHARED_OWNER}'
+            FROM {table} WHERE name = $1 AND owner IS NOT NULL)"
+    )
+}
 
 /// Adds `column` to `table` if the table was created without it. Table and
 /// column names are validated identifiers.

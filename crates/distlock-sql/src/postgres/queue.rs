@@ -11,7 +11,7 @@ use sqlx::postgres::PgPool;
 
 use crate::election::row;
 use crate::list::holder;
-use crate::rwlock::SHARED_OWNER;
+use crate::postgres::{attempt_answer, attempt_upsert};
 use crate::{ttl_micros, DbError};
 
 /// The start of every client's own channel; the client's id follows.
@@ -58,86 +58,62 @@ impl Queue {
         let behind = "COALESCE((SELECT owner <> $2 FROM head), false)";
         let ok = format!("(l.owner IS NULL OR l.expires_at <= now()) AND NOT {behind}");
         let ends = "now() + make_interval(secs => $3::float8 / 1e6)";
-        // The lock table's upsert of an attempt (see `Pg::new`), granting
+        // A refused waiting attempt joins the queue or renews its entry
+        // ($6: the entry's life in µs; 0 for a try, which never queues).
+        let joined = format!(
+            "INSERT INTO {q} (name, owner, client, ends_at)
+             SELECT $1, $2, $7, now() + make_interval(secs => $6::float8 / 1e6)
+              WHERE $6::float8 > 0 AND (SELECT token FROM granted) IS NULL
+             ON CONFLICT (name, owner) DO UPDATE SET ends_at = EXCLUDED.ends_at"
+        );
+        let answer = attempt_answer(table);
+        // The lock table's upsert of an attempt (`attempt_upsert`), granting
         // only to the queue's head (or to anyone while nobody is queued),
-        // then joining or renewing this waiter's entry ($6: its life in µs;
-        // 0 for a try, which never queues) or leaving the queue on a grant.
-        // A grant leaves the row `awaited` while others wait, so that the
-        // release notifies the next. The grant is told by the row now being
-        // the owner's with this statement's expiry (`now()` is the
-        // transaction's start, which no earlier grant shares).
+        // then joining the queue or leaving it on a grant. A grant leaves
+        // the row `awaited` while others wait, so that the release notifies
+        // the next. The grant is told by the row now being the owner's with
+        // this statement's expiry (`now()` is the transaction's start, which
+        // no earlier grant shares).
+        let upsert = attempt_upsert(
+            table,
+            &ok,
+            &format!(
+                "NOT ({ok}) OR EXISTS (
+                    SELECT 1 FROM {q} WHERE name = $1 AND owner <> $2 AND ends_at > now())"
+            ),
+            &format!("CASE WHEN l.owner = $2 AND l.expires_at = {ends} THEN token END AS token"),
+        );
         let attempt = format!(
             "WITH head AS ({head}),
-             granted AS (
-                INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
-                VALUES ($1, $2, 1, {ends}, $4, $5)
-                ON CONFLICT (name) DO UPDATE
-                   SET owner = CASE WHEN {ok} THEN EXCLUDED.owner ELSE l.owner END,
-                       value = CASE WHEN {ok} THEN EXCLUDED.value ELSE l.value END,
-                       holder = CASE WHEN {ok} THEN EXCLUDED.holder ELSE l.holder END,
-                       token = CASE WHEN {ok} THEN l.token + 1 ELSE l.token END,
-                       expires_at = CASE WHEN {ok} THEN EXCLUDED.expires_at ELSE l.expires_at END,
-                       awaited = NOT ({ok}) OR EXISTS (
-                           SELECT 1 FROM {q} WHERE name = $1 AND owner <> $2 AND ends_at > now())
-                 WHERE {ok} OR NOT l.awaited
-                RETURNING CASE WHEN l.owner = $2 AND l.expires_at = {ends} THEN token END AS token),
-             joined AS (
-                INSERT INTO {q} (name, owner, client, ends_at)
-                SELECT $1, $2, $7, now() + make_interval(secs => $6::float8 / 1e6)
-                 WHERE $6::float8 > 0
-                   AND NOT EXISTS (SELECT 1 FROM granted WHERE token IS NOT NULL)
-                ON CONFLICT (name, owner) DO UPDATE SET ends_at = EXCLUDED.ends_at),
+             granted AS ({upsert}),
+             joined AS ({joined}),
              gone AS (
                 DELETE FROM {q} WHERE name = $1 AND owner = $2
-                   AND EXISTS (SELECT 1 FROM granted WHERE token IS NOT NULL)),
+                   AND (SELECT token FROM granted) IS NOT NULL),
              garbage AS (
                 DELETE FROM {q} WHERE ctid IN (
                     SELECT ctid FROM {q} WHERE name = $1 AND ends_at < now() - {GARBAGE_AFTER}
                        FOR UPDATE SKIP LOCKED))
-             SELECT (SELECT token FROM granted),
-                    (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
-                       FROM {table} WHERE name = $1 AND owner IS NOT NULL),
-                    (SELECT owner = '{SHARED_OWNER}'
-                       FROM {table} WHERE name = $1 AND owner IS NOT NULL),
-                    {behind}"
+             SELECT {answer}, {behind}"
         );
         // The first attempt of a wait, and a try: the lock table's upsert
         // as without a queue, granting only a row nobody marked as awaited
         // (nobody queued), so that an uncontended acquire costs what it
-        // costs without a queue; a refusal joins the queue when it waits
-        // ($6 > 0). A row free but awaited is refused here and decided by
-        // `attempt`, which reads the queue.
+        // costs without a queue; a refusal joins the queue when it waits.
+        // A row free but awaited is refused here and decided by `attempt`,
+        // which reads the queue.
         let ok_first = "(l.owner IS NULL OR l.expires_at <= now()) AND NOT l.awaited";
-        let first = format!(
-            "WITH granted AS (
-                INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
-                VALUES ($1, $2, 1, {ends}, $4, $5)
-                ON CONFLICT (name) DO UPDATE
-                   SET owner = CASE WHEN {ok_first} THEN EXCLUDED.owner ELSE l.owner END,
-                       value = CASE WHEN {ok_first} THEN EXCLUDED.value ELSE l.value END,
-                       holder = CASE WHEN {ok_first} THEN EXCLUDED.holder ELSE l.holder END,
-                       token = CASE WHEN {ok_first} THEN l.token + 1 ELSE l.token END,
-                       expires_at = CASE WHEN {ok_first} THEN EXCLUDED.expires_at ELSE l.expires_at END,
-                       awaited = NOT ({ok_first})
-                 WHERE {ok_first} OR NOT l.awaited
-                RETURNING CASE WHEN NOT l.awaited THEN token END AS token),
-             joined AS (
-                INSERT INTO {q} (name, owner, client, ends_at)
-                SELECT $1, $2, $7, now() + make_interval(secs => $6::float8 / 1e6)
-                 WHERE $6::float8 > 0 AND (SELECT token FROM granted) IS NULL
-                ON CONFLICT (name, owner) DO UPDATE SET ends_at = EXCLUDED.ends_at)
-             SELECT (SELECT token FROM granted),
-                    (SELECT (extract(epoch FROM expires_at - now()) * 1e6)::bigint
-                       FROM {table} WHERE name = $1 AND owner IS NOT NULL),
-                    (SELECT owner = '{SHARED_OWNER}'
-                       FROM {table} WHERE name = $1 AND owner IS NOT NULL),
-                    false"
+        let upsert = attempt_upsert(
+            table,
+            ok_first,
+            &format!("NOT ({ok_first})"),
+            "CASE WHEN NOT l.awaited THEN token END AS token",
         );
-        // A release notifies when a refused attempt marked the row: the
-        // queue's head on its client's channel, or, with nobody queued (a
-        // reader, or an entry this snapshot does not see yet), every waiter
-        // of the name on the locks' channel ($3). Entries dead for a while
-        // go, skipping any another statement holds.
+        let first = format!(
+            "WITH granted AS ({upsert}),
+             joined AS ({joined})
+             SELECT {answer}, false"
+        );
         // The head is looked up only when the row is awaited: an
         // uncontended release costs what it costs without a queue.
         let release = format!(
