@@ -474,8 +474,9 @@ impl Backend for RedisBackend {
             HoldKind::Leader => return self.acquire_leader(req, deadline).await,
             _ => {}
         }
-        // Exclusive waiters queue, first come, first served; shared ones
-        // wake on every release.
+        // With `fifo`, exclusive waiters queue, first come, first served;
+        // shared ones (and every waiter without `fifo`) wake on every
+        // release.
         let queued = self.inner.config.fifo && req.kind == HoldKind::Exclusive;
         let mut wakeups = if queued {
             Subscribed::queued(self, req)
@@ -818,8 +819,8 @@ impl ReleaseWatch {
 pub(crate) enum Channel {
     /// The lock's (exclusive and shared holds).
     Lock,
-    /// The lock's, for a waiter in its queue: woken by the messages
-    /// addressed to it or to nobody.
+    /// This client's own channel of the lock, for a waiter in its queue:
+    /// woken by the messages addressed to it.
     Queue,
     /// The semaphore's.
     Permits,

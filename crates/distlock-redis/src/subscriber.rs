@@ -29,9 +29,10 @@ pub(crate) const LEADER_GRANTED: &str = "granted";
 /// The suffix of an election's channel (see `ElectionKeys`).
 const ELECTION_CHANNEL: &str = "}:election:released";
 
-/// How `release.lua` addresses a message to the waiter at the head of a
-/// lock's queue: this, then the waiter's owner. Only that waiter of the
-/// queue wakes; every other message of the channel wakes all of them.
+/// How `announce.lua` addresses a message, on the head's client's own
+/// channel of the lock, to the waiter at the head of a lock's queue: this,
+/// then the waiter's queue entry. Only that waiter wakes; any other message
+/// on the channel wakes every queued waiter of the client.
 pub(crate) const NEXT_IN_QUEUE: &str = "next ";
 
 /// Subscriptions counted per channel; each message wakes the channel's
@@ -192,9 +193,10 @@ impl Subscriber {
         })
     }
 
-    /// Subscribes a queued waiter, whose owner is `owner`, to a lock's
-    /// `channel`: it wakes on the messages addressed to it and on those
-    /// addressed to nobody, not on those for another queued waiter.
+    /// Subscribes a queued waiter, whose queue entry is `owner`, to its
+    /// client's own `channel` of the lock: it wakes on the messages
+    /// addressed to it and on those addressed to nobody, not on those for
+    /// another queued waiter of the client.
     pub(crate) async fn watch_queued(
         self: &Arc<Self>,
         conn: &Conn,
