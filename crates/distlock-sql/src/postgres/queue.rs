@@ -1,5 +1,5 @@
-//! First come, first served waiting for exclusive locks (`fifo=true`, the
-//! default): a refused waiting attempt joins the lock's wait queue, a table
+//! First come, first served waiting for exclusive locks (`fifo=true`; off
+//! by default): a refused waiting attempt joins the lock's wait queue, a table
 //! beside the lock table ordered by arrival; only the queue's head may take
 //! a free lock; a release notifies the head alone, on its client's own
 //! channel, which no other session listens to.
