@@ -38,7 +38,7 @@ fn main() {
                 .map_err(|e| e.to_string())
         })
         .url_suffix("/conformance?detached=true")
-        .short_ttl(Duration::from_secs(2)),
+        .short_ttl(Duration::from_secs(3)),
     );
     let curator = CuratorBuild::default();
     integration_tests::run_suite(zk.clone(), move |rt| {
