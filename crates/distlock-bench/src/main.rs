@@ -360,17 +360,36 @@ fn backend_shared_step(lib: &LockClient, tag: &str) -> Step {
 
 /// One uncontended acquire + release through the backend alone: the
 /// `Backend` trait's calls, without the client (no guard, no watchdog, no
-/// local state).
+/// local state), and without holder info.
 fn backend_step(lib: &LockClient, tag: &str) -> Step {
+    backend_step_storing(lib, tag, "backend-alone/none", None)
+}
+
+/// [`backend_step`] with the client's holder info stored beside the owner,
+/// as the client stores it: the two, interleaved in one run, measure what
+/// storing holder info costs on its own.
+fn backend_step_with_holder_info(lib: &LockClient, tag: &str) -> Step {
+    let info: Arc<str> = Arc::from(lib.holder_info());
+    backend_step_storing(lib, tag, "backend-alone/info", Some(info))
+}
+
+fn backend_step_storing(
+    lib: &LockClient,
+    tag: &str,
+    variant: &str,
+    holder_info: Option<Arc<str>>,
+) -> Step {
     let (backend, tag) = (lib.backend().clone(), tag.to_string());
+    let variant = variant.to_string();
     Arc::new(move |_, slot| {
-        let backend = backend.clone();
-        let name = format!("bench/{tag}/backend-alone/uncontended/{slot}");
+        let (backend, holder_info) = (backend.clone(), holder_info.clone());
+        let name = format!("bench/{tag}/{variant}/uncontended/{slot}");
         Box::pin(async move {
             let req = distlock::LockRequest::new(
                 distlock::LockName::new(&name)?,
                 Duration::from_secs(30),
-            );
+            )
+            .with_holder_info(holder_info);
             backend.try_acquire(&req).await?.ok_or("lock busy")?;
             backend.release(&req).await?;
             Ok(())
@@ -440,6 +459,11 @@ async fn uncontended(
     } else {
         None
     };
+    let with_info = variants.len();
+    variants.push((
+        Series::new("distlock backend, no client, storing holder info")?,
+        backend_step_with_holder_info(lib, t.name),
+    ));
     variants.push((
         Series::new("distlock backend, no client")?,
         backend_step(lib, t.name),
@@ -520,6 +544,12 @@ async fn uncontended(
         ),
     };
     let _ = writeln!(r.md, "\nthe gap at p50, as fractions of raw: {split}");
+    let _ = writeln!(
+        r.md,
+        "\nstoring holder info ({} bytes), backend alone, at p50: {:+.3} of raw",
+        lib.holder_info().len(),
+        (p50(with_info) - backend) / raw50
+    );
     let _ = writeln!(
         r.md,
         "\nsemaphore of {UNCONTENDED_LIMIT} at p50: distlock / backend alone {:.2}; distlock semaphore / raw lock sequence {:.2}; distlock semaphore / distlock lock {:.2}",

@@ -93,16 +93,24 @@ fn host_name() -> String {
 /// the whole string, so they need no change; [`split_stored_owner`] reads
 /// it back.
 pub fn stored_owner(req: &LockRequest) -> String {
-    match &req.holder_info {
-        Some(info) => format!("{} {info}", req.owner),
-        None => req.owner.to_string(),
+    // Built with every request that names an owner (on Redlock once per
+    // node and request), so in one allocation of the exact size.
+    let info = req.holder_info.as_deref();
+    let mut stored = String::with_capacity(OWNER_LEN + info.map_or(0, |i| 1 + i.len()));
+    req.owner.push_to(&mut stored);
+    if let Some(info) = info {
+        stored.push(' ');
+        stored.push_str(info);
     }
+    stored
 }
+
+/// The length of an owner's text (see [`Owner`](crate::Owner)).
+const OWNER_LEN: usize = 36;
 
 /// The owner and holder info of a string [`stored_owner`] made. A value
 /// another client stored (no space after a 36-byte owner) is all owner.
 pub fn split_stored_owner(stored: &str) -> (&str, Option<&str>) {
-    const OWNER_LEN: usize = 36;
     match stored.get(OWNER_LEN..) {
         Some(rest) if rest.starts_with(' ') && rest.len() > 1 => {
             (&stored[..OWNER_LEN], Some(&rest[1..]))

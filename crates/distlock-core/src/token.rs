@@ -66,10 +66,11 @@ impl Owner {
     }
 }
 
-impl fmt::Display for Owner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Sent with every request, so encoded in one pass into a stack
-        // buffer rather than 16 formatted writes.
+impl Owner {
+    /// The 36 bytes of the owner's text. Sent with every request, so
+    /// encoded in one pass into a stack buffer rather than 16 formatted
+    /// writes.
+    fn text(&self) -> [u8; 36] {
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0u8; 36];
         let mut at = 0;
@@ -82,8 +83,23 @@ impl fmt::Display for Owner {
             out[at + 1] = HEX[usize::from(b & 0xf)];
             at += 2;
         }
-        // Only ASCII hex digits and dashes were written.
-        f.write_str(std::str::from_utf8(&out).map_err(|_| fmt::Error)?)
+        out
+    }
+
+    /// Appends the owner's text to `out`, without the formatting machinery.
+    pub(crate) fn push_to(&self, out: &mut String) {
+        // Only ASCII hex digits and dashes are in the text, so it is
+        // always UTF-8.
+        if let Ok(text) = std::str::from_utf8(&self.text()) {
+            out.push_str(text);
+        }
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Only ASCII hex digits and dashes are in the text.
+        f.write_str(std::str::from_utf8(&self.text()).map_err(|_| fmt::Error)?)
     }
 }
 
