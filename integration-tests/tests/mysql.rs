@@ -5,6 +5,7 @@ mod sql_support;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use distlock_core::LockClient;
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
@@ -31,12 +32,43 @@ fn main() {
             })
         })),
     );
+    // The whole suite once more with waiters queueing, first come, first
+    // served.
+    let fifo = SqlFactory::new(
+        "mysql::fifo_suite",
+        Source::Start(Box::new(|| {
+            let process = my::spawn().map_err(|e| e.to_string())?;
+            let port = process.port;
+            Ok(Started {
+                url: format!("{}?fifo=true", ServerKind::MariaDb.url("127.0.0.1", port)),
+                port,
+                certs: None,
+                process,
+            })
+        })),
+    );
     sql_support::run_suite(
         "mysql",
         Source::Server(ServerKind::MariaDb),
         move |f, rt| {
             let mut trials = integration_tests::trials(tls.clone(), rt);
+            trials.extend(integration_tests::trials(fifo.clone(), rt));
             trials.extend([
+            trial(
+                rt,
+                "mysql::fifo::grants_in_arrival_order_waking_only_the_head",
+                fifo_order(),
+            ),
+            trial(
+                rt,
+                "mysql::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry",
+                fifo_cancel(),
+            ),
+            trial(
+                rt,
+                "mysql::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_the_server_drops_it",
+                fifo_cut(),
+            ),
             trial(
                 rt,
                 "mysql::lock_names_are_case_sensitive",
@@ -268,5 +300,111 @@ async fn stale_grant_routine(f: Arc<SqlFactory>) -> Result<(), Failed> {
         sqlx::raw_sql(&drop).execute(&admin).await?;
         sqlx::raw_sql(&stale).execute(&admin).await.map(|_| ())
     })
+    .await
+}
+
+/// A server of its own, so that only a case's statements are counted.
+async fn fifo_server() -> Result<(integration_tests::harness::ServerProcess, String), Failed> {
+    let process = tokio::task::spawn_blocking(my::spawn)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let url = ServerKind::MariaDb.url("127.0.0.1", process.port);
+    Ok((process, url))
+}
+
+/// One number from the `mariadb` client at `port`.
+fn mariadb_number(port: u16, sql: &str) -> Result<u64, Failed> {
+    let mut c = my::client(port).map_err(|e| e.to_string())?;
+    c.args(["-e", sql]);
+    let out = integration_tests::harness::process::run_client(c)?;
+    out.trim()
+        .parse()
+        .map_err(|_| format!("{sql} answered {out:?}").into())
+}
+
+fn fifo_connect() -> integration_tests::fifo::Connect {
+    Arc::new(|url: String| {
+        Box::pin(async move { Ok(LockClient::new(SqlBackend::connect(&url).await?)) })
+    })
+}
+
+/// The waiters in `name`'s queue: the connections blocked in the queue's
+/// `GET_LOCK`, and its head.
+fn fifo_queued(port: u16, name: &str) -> integration_tests::fifo::Count {
+    let sql = format!(
+        "SELECT (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock')
+              + (IS_USED_LOCK(CONCAT('distlock-q-', MD5('distlock_locks/{name}'))) IS NOT NULL)"
+    );
+    Arc::new(move || mariadb_number(port, &sql))
+}
+
+/// Twenty waiters' grants come in arrival order, and while they hand the
+/// lock on only the releasers and the head send anything (the statements
+/// clients execute, and `KILL`s): per handoff one release, one grant, the
+/// new head's sleep and the `KILL QUERY` that ends it. A release that runs
+/// before the old head's queue connection is gone finds no head to wake,
+/// and the next head sees the free row instead: between three and four
+/// requests per handoff. Queue connections here are kept a minute, so no
+/// sleep ends by itself while the test counts.
+async fn fifo_order() -> Result<(), Failed> {
+    let (server, url) = fifo_server().await?;
+    let port = server.port;
+    let requests: integration_tests::fifo::Count = Arc::new(move || {
+        mariadb_number(
+            port,
+            "SELECT SUM(VARIABLE_VALUE) FROM information_schema.GLOBAL_STATUS
+              WHERE VARIABLE_NAME IN ('COM_STMT_EXECUTE', 'COM_KILL')",
+        )
+    });
+    let name = "fifo/order";
+    let n = 20;
+    integration_tests::fifo::grants_in_arrival_order(
+        fifo_connect(),
+        &format!("{url}?fifo=true&queue_lease_ms=60000"),
+        name,
+        n,
+        fifo_queued(port, name),
+        requests,
+        3 * n as u64..=4 * n as u64,
+    )
+    .await
+}
+
+async fn fifo_cancel() -> Result<(), Failed> {
+    let (server, url) = fifo_server().await?;
+    let lease = Duration::from_secs(60);
+    let name = "fifo/cancel";
+    integration_tests::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
+        fifo_connect(),
+        &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
+        name,
+        lease,
+        fifo_queued(server.port, name),
+    )
+    .await
+}
+
+/// The cut-off waiter's pool and queue connection run through a proxy that
+/// then drops everything; the server drops a silent queue connection after
+/// 3 s (the default queue lease).
+async fn fifo_cut() -> Result<(), Failed> {
+    let (server, url) = fifo_server().await?;
+    let proxy =
+        integration_tests::harness::proxy::Proxy::start(server.port).map_err(|e| e.to_string())?;
+    let proxied = format!(
+        "{}?fifo=true",
+        ServerKind::MariaDb.url("127.0.0.1", proxy.port)
+    );
+    let name = "fifo/cut";
+    integration_tests::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
+        fifo_connect(),
+        &format!("{url}?fifo=true"),
+        &proxied,
+        &proxy,
+        name,
+        SqlConfig::default().queue_lease,
+        fifo_queued(server.port, name),
+    )
     .await
 }

@@ -554,6 +554,8 @@ async fn fifo_order(topology: Topology) -> Result<(), Failed> {
         20,
         fifo_queued(ports, name),
         requests,
+        // Each release and each grant one request.
+        41..=41,
     )
     .await
 }

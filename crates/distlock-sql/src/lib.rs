@@ -509,7 +509,8 @@ impl SqlBackend {
     async fn mysql_with(pool: sqlx::MySqlPool, config: SqlConfig, err: DbError) -> Result<Self> {
         config::validate_table(&config.table)?;
         config.validate()?;
-        let db = Db::MySql(mysql::My::new(pool, &config.table, err.clone()));
+        let fifo = config.fifo.then_some(config.queue_lease);
+        let db = Db::MySql(mysql::My::new(pool, &config.table, err.clone(), fifo));
         Self::build(db, config, err).await
     }
 }
@@ -1109,19 +1110,32 @@ impl SqlBackend {
                 wait_for_grant(name, deadline, pace, &mut wakeups, attempt).await
             }
             #[cfg(feature = "mysql")]
-            Db::MySql(_) => {
-                // Polls either way: nothing announces a release.
-                let _ = permits;
-                let pace = Pace::Backoff(config.poll);
-                wait_for_grant(
-                    name,
-                    deadline,
-                    pace,
-                    &mut distlock_core::wait::NoWakeups,
-                    attempt,
-                )
-                .await
-            }
+            Db::MySql(my) => match my.queue.as_ref().filter(|_| !permits && my.queues(req)) {
+                // Queued: woken by the head's sleep inside the server, which
+                // a release interrupts; the timer is only a safety net.
+                Some(queue) => {
+                    let mut turn = queue.turn(&my.pool, req);
+                    let pace = Pace::Notified {
+                        unknown: queue.recheck(),
+                        cap: queue.recheck(),
+                    };
+                    let granted = wait_for_grant(name, deadline, pace, &mut turn, attempt).await;
+                    turn.leave().await;
+                    granted
+                }
+                // Polls: nothing announces a release.
+                None => {
+                    let pace = Pace::Backoff(config.poll);
+                    wait_for_grant(
+                        name,
+                        deadline,
+                        pace,
+                        &mut distlock_core::wait::NoWakeups,
+                        attempt,
+                    )
+                    .await
+                }
+            },
             #[cfg(feature = "sqlite")]
             Db::Sqlite(lite) => {
                 let signals = if permits {

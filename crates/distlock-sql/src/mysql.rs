@@ -1,6 +1,9 @@
 //! MySQL and MariaDB: a conditional UPDATE (or a first INSERT) per attempt.
 
-use distlock_core::{FencingToken, Finding, HoldRecord, LockRequest, Result};
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::{FencingToken, Finding, HoldKind, HoldRecord, LockRequest, Result};
 use sqlx::mysql::MySqlPool;
 
 use crate::election::{leader_from_db, row, value, ELECTION_SUFFIX};
@@ -12,6 +15,7 @@ use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, DbError};
 
 mod permits;
+pub(crate) mod queue;
 mod renew;
 mod shared;
 
@@ -31,6 +35,11 @@ pub(crate) struct My {
     insert: String,
     extend: String,
     release_live: String,
+    /// First come, first served waiting (`fifo`), with the grant and the
+    /// release that respect and wake the queue's head.
+    pub(crate) queue: Option<Arc<queue::Queue>>,
+    take_queued: String,
+    release_queued: String,
     release_any: String,
     evict: String,
     inspect: String,
@@ -44,7 +53,7 @@ pub(crate) struct My {
 }
 
 impl My {
-    pub(crate) fn new(pool: MySqlPool, table: &str, err: DbError) -> Self {
+    pub(crate) fn new(pool: MySqlPool, table: &str, err: DbError, fifo: Option<Duration>) -> Self {
         // ascii_bin: lock names compare byte for byte, so `Jobs` and `jobs`
         // are two locks, as on every other backend.
         let create = format!(
@@ -77,6 +86,25 @@ impl My {
             "UPDATE {table} SET owner = ?, token = LAST_INSERT_ID(token + 1),
                     expires_at = NOW(6) + INTERVAL ? MICROSECOND, value = ?, holder = ?
               WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6))"
+        );
+        // With `fifo` (see `queue`): the same grant, only to the head of
+        // the lock's queue (the last `?`: the connection id with which the
+        // request heads it, 0 if it does not) or while nobody heads it.
+        let q = queue::queue_lock(table);
+        let take_queued = format!(
+            "UPDATE {table} SET owner = ?, token = LAST_INSERT_ID(token + 1),
+                    expires_at = NOW(6) + INTERVAL ? MICROSECOND, value = ?, holder = ?
+              WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6))
+                AND IFNULL(IS_USED_LOCK({q}), 0) IN (0, ?)"
+        );
+        // The release reads the queue's head in the same UPDATE: its
+        // connection id comes back as the statement's LAST_INSERT_ID
+        // (0: nobody waits), the expiry unchanged.
+        let release_queued = format!(
+            "UPDATE {table} SET owner = NULL,
+                    expires_at = expires_at
+                        + INTERVAL 0 * LAST_INSERT_ID(IFNULL(IS_USED_LOCK({q}), 0)) MICROSECOND
+              WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
         );
         // Only for a name never locked before: the row does not exist yet.
         // IGNORE, not ON DUPLICATE KEY UPDATE: sqlx connects with
@@ -137,8 +165,12 @@ impl My {
         );
         let evict_leader =
             format!("UPDATE {table} SET owner = NULL WHERE name = ? AND owner IS NOT NULL");
+        let queue = fifo.map(|lease| Arc::new(queue::Queue::new(table, &pool, lease)));
         Self {
             pool,
+            queue,
+            take_queued,
+            release_queued,
             create,
             added_columns,
             take,
@@ -261,14 +293,7 @@ impl My {
         let mut tokens = Vec::with_capacity(reqs.len());
         for req in reqs {
             let (row, owner) = (row(req), req.owner.to_string());
-            let taken = sqlx::query(&self.take)
-                .bind(&owner)
-                .bind(ttl_micros(req.ttl))
-                .bind(value(req))
-                .bind(holder(req))
-                .bind(row.as_ref())
-                .execute(&mut *tx)
-                .await?;
+            let taken = self.take_query(req, &owner, &row).execute(&mut *tx).await?;
             if taken.rows_affected() == 1 {
                 tokens.push(i64::try_from(taken.last_insert_id()).unwrap_or(-1));
                 continue;
@@ -291,14 +316,41 @@ impl My {
         Ok(Some(tokens))
     }
 
+    /// Whether `req` queues while it waits: an exclusive request, with
+    /// `fifo`.
+    pub(crate) fn queues(&self, req: &LockRequest) -> bool {
+        self.queue.is_some() && req.kind == HoldKind::Exclusive
+    }
+
+    /// The grant statement for `req`, bound: with `fifo` an exclusive
+    /// request's respects the queue.
+    fn take_query<'q>(
+        &'q self,
+        req: &'q LockRequest,
+        owner: &'q str,
+        row: &'q str,
+    ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+        let queued = self.queue.as_ref().filter(|_| self.queues(req));
+        let q = sqlx::query(if queued.is_some() {
+            &self.take_queued
+        } else {
+            &self.take
+        })
+        .bind(owner)
+        .bind(ttl_micros(req.ttl))
+        .bind(value(req))
+        .bind(holder(req))
+        .bind(row);
+        match queued {
+            Some(queue) => q.bind(row).bind(queue.head_of(req)),
+            None => q,
+        }
+    }
+
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
         let (row, owner) = (row(req), req.owner.to_string());
-        let r = sqlx::query(&self.take)
-            .bind(&owner)
-            .bind(ttl_micros(req.ttl))
-            .bind(value(req))
-            .bind(holder(req))
-            .bind(row.as_ref())
+        let r = self
+            .take_query(req, &owner, &row)
             .execute(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
@@ -342,13 +394,21 @@ impl My {
 
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
         let (row, owner) = (row(req), req.owner.to_string());
-        let r = sqlx::query(&self.release_live)
+        let queued = self.queues(req);
+        let release = match queued {
+            true => sqlx::query(&self.release_queued).bind(row.as_ref()),
+            false => sqlx::query(&self.release_live),
+        };
+        let r = release
             .bind(row.as_ref())
             .bind(&owner)
             .execute(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
         if r.rows_affected() == 1 {
+            if queued && r.last_insert_id() != 0 {
+                queue::wake_head(&self.pool, r.last_insert_id()).await;
+            }
             return Ok(true);
         }
         // Expired but not yet taken: free it anyway, and report it was not held.

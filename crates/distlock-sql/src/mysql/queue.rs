@@ -1,0 +1,305 @@
+//! First come, first served waiting for exclusive locks (`fifo=true`; off
+//! by default). MySQL has no NOTIFY, so waiters wait inside the server:
+//!
+//! - A waiting request that was refused once opens a connection of its own
+//!   and asks there for the lock's queue: a user-level lock (`GET_LOCK`)
+//!   named after the lock, which the server grants to one connection at a
+//!   time, in the order they asked. The connection that holds it is the
+//!   queue's head; the others block inside the server and send nothing.
+//! - Only the head may take the free lock row (or anyone, while nobody
+//!   heads the queue): the grant statement compares `IS_USED_LOCK` with the
+//!   head's connection id.
+//! - The head sleeps inside the server (`SLEEP`) while the row is held and
+//!   its lease lasts. A release reads the head's connection id in its own
+//!   UPDATE and interrupts that sleep (`KILL QUERY`): one wake-up per
+//!   handoff, addressed to the head alone.
+//! - A waiter that ends its wait (granted, timed out, cancelled) closes its
+//!   connection, which ends its place at once. One that dies or is cut off
+//!   loses it when the server drops the connection: a dead peer's at the end
+//!   of its current statement, a silent one's after `queue_lease` idle
+//!   (the connection's `wait_timeout`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock_core::wait::{Wakeup, Wakeups};
+use distlock_core::{LockRequest, Owner};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
+use sqlx::{ConnectOptions, Executor, Row};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+/// How long one `GET_LOCK` waits before it is asked again; the place in
+/// the queue is kept meanwhile (the connection never stops waiting).
+const JOIN_TIMEOUT_S: u32 = 24 * 3600;
+
+/// See [`Queue::recheck`].
+const SAFETY_NET: Duration = Duration::from_secs(30);
+
+/// MariaDB's and MySQL's error for a statement interrupted by `KILL QUERY`.
+const INTERRUPTED: u16 = 1317;
+
+/// The SQL expression naming `name`'s queue (the statement's next `?`):
+/// within `GET_LOCK`'s 64 characters whatever the name's length, and the
+/// same in every client of the table.
+pub(crate) fn queue_lock(table: &str) -> String {
+    format!("CONCAT('distlock-q-', MD5(CONCAT('{table}/', ?)))")
+}
+
+pub(crate) struct Queue {
+    options: MySqlConnectOptions,
+    /// The server drops a waiter's connection silent for this long.
+    lease: Duration,
+    join: String,
+    doze: String,
+    /// This client's heads: the connection id each waiting owner's queue
+    /// connection has, once it heads its queue.
+    heads: Mutex<HashMap<Owner, Arc<AtomicU64>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Queue {
+    pub(crate) fn new(table: &str, pool: &MySqlPool, lease: Duration) -> Self {
+        let q = queue_lock(table);
+        let join = format!("SELECT GET_LOCK({q}, {JOIN_TIMEOUT_S})");
+        // Sleeps only while the row is held, its lease lasts and this
+        // connection heads the queue, until the lease ends or the cap
+        // (`?`, seconds), whichever is first; the second column says
+        // whether the lease has ended by then (read after the sleep).
+        let doze = format!(
+            "SELECT SLEEP(LEAST(?, TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) / 1e6 + 0.002)),
+                    expires_at <= SYSDATE(6)
+               FROM {table}
+              WHERE name = ? AND owner IS NOT NULL AND expires_at > NOW(6)
+                AND IS_USED_LOCK({q}) = CONNECTION_ID()"
+        );
+        Self {
+            options: (*pool.connect_options()).clone(),
+            lease,
+            join,
+            doze,
+            heads: Mutex::default(),
+        }
+    }
+
+    /// The connection id with which `req` heads its queue; 0 if it does not.
+    pub(crate) fn head_of(&self, req: &LockRequest) -> u64 {
+        lock(&self.heads)
+            .get(&req.owner)
+            .map_or(0, |h| h.load(Ordering::Acquire))
+    }
+
+    /// How long a queued waiter sleeps at most without a wake-up before it
+    /// tries anyway: a safety net, since only the head may take the lock
+    /// and its sleep ends at each release and at the holder's lease end.
+    pub(crate) fn recheck(&self) -> Duration {
+        SAFETY_NET.max(self.lease)
+    }
+
+    /// `req`'s place in its queue, taken once its first attempt is refused
+    /// (see [`Wakeups::prepare`]).
+    pub(crate) fn turn(self: &Arc<Self>, pool: &MySqlPool, req: &LockRequest) -> Turn {
+        let head = Arc::new(AtomicU64::new(0));
+        lock(&self.heads).insert(req.owner, head.clone());
+        Turn {
+            queue: self.clone(),
+            pool: pool.clone(),
+            owner: req.owner,
+            name: req.name.as_str().to_string(),
+            shared: Arc::new(TurnShared {
+                head,
+                conn: AtomicU64::new(0),
+                busy: AtomicBool::new(false),
+                dead: AtomicBool::new(false),
+                doze: Notify::new(),
+                woken: Notify::new(),
+            }),
+            task: None,
+        }
+    }
+}
+
+/// What a waiter and its queue connection's task share.
+struct TurnShared {
+    /// The queue connection's id once it heads the queue, else 0.
+    head: Arc<AtomicU64>,
+    /// The queue connection's id, once connected.
+    conn: AtomicU64,
+    /// Whether a statement is running on the queue connection.
+    busy: AtomicBool,
+    /// The task ended (its connection failed).
+    dead: AtomicBool,
+    /// The waiter asks for a sleep until the next release.
+    doze: Notify,
+    /// The sleep ended: a release, the lease's end, the row free.
+    woken: Notify,
+}
+
+/// One waiting request's place in its lock's queue, and the task that keeps
+/// it. Dropping it gives the place up.
+pub(crate) struct Turn {
+    queue: Arc<Queue>,
+    pool: MySqlPool,
+    owner: Owner,
+    name: String,
+    shared: Arc<TurnShared>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Turn {
+    /// Gives the place up: the queue connection is closed, and killed on
+    /// the server if a statement runs on it (a blocked `GET_LOCK`, a
+    /// sleep), which the server would otherwise finish first.
+    pub(crate) async fn leave(&mut self) {
+        if let Some(kill) = self.stop() {
+            kill.await;
+        }
+    }
+
+    /// Stops the task; the kill still to send, if any.
+    fn stop(&mut self) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        lock(&self.queue.heads).remove(&self.owner);
+        let task = self.task.take()?;
+        task.abort();
+        let conn = self.shared.conn.load(Ordering::Acquire);
+        if conn == 0 || !self.shared.busy.load(Ordering::Acquire) {
+            return None;
+        }
+        let pool = self.pool.clone();
+        Some(async move {
+            if let Err(e) = sqlx::raw_sql(&format!("KILL CONNECTION {conn}"))
+                .execute(&pool)
+                .await
+            {
+                tracing::debug!(error = %e, "closing a queue connection failed; the server drops it when its statement ends");
+            }
+        })
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(kill) = self.stop() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(kill);
+            }
+        }
+    }
+}
+
+impl Wakeups for Turn {
+    /// A wake-up at the end of the head's next sleep. The sleep is asked
+    /// for when the wake-up is first awaited, after the attempt was
+    /// refused, so a granted attempt leaves no sleep running; it checks the
+    /// row itself, so a release before it starts is not missed.
+    fn arm(&mut self) -> Option<Wakeup> {
+        if self.task.is_none() || self.shared.dead.load(Ordering::Acquire) {
+            return None;
+        }
+        let shared = self.shared.clone();
+        Some(Box::pin(async move {
+            let woken = shared.woken.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            shared.doze.notify_one();
+            woken.await;
+        }))
+    }
+
+    /// Joins the queue (again, if the queue connection failed).
+    async fn prepare(&mut self) -> distlock_core::Result<()> {
+        if self.task.is_some() && !self.shared.dead.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if let Some(old) = self.task.take() {
+            old.abort();
+        }
+        self.shared.dead.store(false, Ordering::Release);
+        self.shared.head.store(0, Ordering::Release);
+        let (queue, shared, name) = (self.queue.clone(), self.shared.clone(), self.name.clone());
+        self.task = Some(tokio::spawn(async move {
+            if let Err(e) = keep_place(&queue, &shared, &name).await {
+                tracing::debug!(error = %e, "a queue connection failed; the waiter joins again");
+            }
+            shared.head.store(0, Ordering::Release);
+            shared.busy.store(false, Ordering::Release);
+            shared.dead.store(true, Ordering::Release);
+            shared.woken.notify_waiters();
+        }));
+        Ok(())
+    }
+}
+
+/// The queue connection's life: connect, wait for the head of the queue,
+/// then sleep until each release for as long as the waiter asks. Every
+/// statement is marked busy while it runs.
+async fn keep_place(queue: &Queue, shared: &TurnShared, name: &str) -> Result<(), sqlx::Error> {
+    let mut conn: MySqlConnection = queue.options.connect().await?;
+    let idle = queue.lease.as_secs().max(1);
+    let set = format!("SET SESSION wait_timeout = {idle}");
+    conn.execute(sqlx::raw_sql(&set)).await?;
+    let id: u64 = conn.fetch_one("SELECT CONNECTION_ID()").await?.try_get(0)?;
+    shared.conn.store(id, Ordering::Release);
+    loop {
+        shared.busy.store(true, Ordering::Release);
+        let got: Option<i64> = conn
+            .fetch_one(sqlx::query(&queue.join).bind(name))
+            .await?
+            .try_get(0)?;
+        shared.busy.store(false, Ordering::Release);
+        match got {
+            Some(1) => break,
+            Some(_) => continue,
+            None => return Err(sqlx::Error::Protocol("GET_LOCK answered NULL".into())),
+        }
+    }
+    shared.head.store(id, Ordering::Release);
+    // Sleeps are capped well below the queue lease, so that a waiter that
+    // stopped asking (paused) leaves its connection idle long enough for
+    // the server to drop it.
+    let cap = (queue.lease / 3).as_secs_f64().max(0.01);
+    loop {
+        shared.doze.notified().await;
+        loop {
+            shared.busy.store(true, Ordering::Release);
+            let slept = conn
+                .fetch_optional(sqlx::query(&queue.doze).bind(cap).bind(name).bind(name))
+                .await
+                .and_then(|row| row.map(|r| r.try_get::<i64, _>(1)).transpose());
+            shared.busy.store(false, Ordering::Release);
+            match slept {
+                // Slept the cap through while the row stays held: again,
+                // without waking the waiter.
+                Ok(Some(0)) => continue,
+                // The row free, or the lease over: try.
+                Ok(_) => break,
+                Err(e) if interrupted(&e) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        shared.woken.notify_waiters();
+    }
+}
+
+fn interrupted(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .is_some_and(|d| d.number() == INTERRUPTED)
+}
+
+/// Interrupts the sleep of the head whose connection id a release read.
+pub(crate) async fn wake_head(pool: &MySqlPool, head: u64) {
+    if let Err(e) = sqlx::raw_sql(&format!("KILL QUERY {head}"))
+        .execute(pool)
+        .await
+    {
+        // Without the right to end another user's statements the head still
+        // wakes at its sleep's cap.
+        tracing::debug!(error = %e, "waking the head of a queue failed");
+    }
+}
