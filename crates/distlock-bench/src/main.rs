@@ -44,13 +44,13 @@ pub(crate) type Step = Arc<dyn Fn(u32, usize) -> BoxFut<()> + Send + Sync>;
 /// `--fifo`, for the targets that build distlock's clients.
 static FIFO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-fn fifo() -> bool {
+pub(crate) fn fifo() -> bool {
     FIFO.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A count the server keeps (requests served), read before and after a
 /// scenario.
-type Counter = Arc<dyn Fn() -> BoxFut<u64> + Send + Sync>;
+pub(crate) type Counter = Arc<dyn Fn() -> BoxFut<u64> + Send + Sync>;
 
 #[derive(Parser, Debug)]
 #[command(about = "distlock against raw round trips and peer libraries, per backend")]
@@ -88,7 +88,7 @@ struct Args {
     /// `python3 -m pip install redis kazoo`.
     #[arg(long)]
     peers: bool,
-    /// Redis and PostgreSQL: whether distlock's waiters queue, first come,
+    /// Redis, PostgreSQL and MySQL: whether distlock's waiters queue, first come,
     /// first served (`fifo` in the backend URL; off by default, as in the
     /// backends).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
@@ -748,10 +748,10 @@ async fn client(
             // PostgreSQL's LISTEN connection comes from the pool too.
             let size = if t.name == "postgres" { 2 } else { 1 };
             let url = format!("{}{sep}pool_size={size}", t.url);
-            let url = if t.name == "postgres" {
-                format!("{url}&fifo={}", fifo())
-            } else {
+            let url = if t.name == "sqlite" {
                 url
+            } else {
+                format!("{url}&fifo={}", fifo())
             };
             (LockClient::from_dyn(distlock::connect(&url).await?), None)
         }

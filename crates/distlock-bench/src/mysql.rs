@@ -48,7 +48,13 @@ pub(crate) async fn target() -> Result<Target, BoxError> {
     ] {
         sqlx::query(&create).execute(&pool).await?;
     }
-    let client = LockClient::new(SqlBackend::mysql(pool.clone(), Default::default()).await?);
+    let client = LockClient::new(
+        SqlBackend::mysql(
+            pool.clone(),
+            distlock::sql::SqlConfig::default().with_fifo(crate::fifo()),
+        )
+        .await?,
+    );
     Ok(Target {
         name: "mysql",
         url,
@@ -56,8 +62,8 @@ pub(crate) async fn target() -> Result<Target, BoxError> {
         raw: raw_lock(pool.clone()),
         proto: None,
         raw_permit: raw_permit(pool.clone()),
-        raw_shared: Some(raw_shared(pool)),
-        requests: None,
+        raw_shared: Some(raw_shared(pool.clone())),
+        requests: Some(requests(pool.clone())),
         client: Some(client),
         _server: Some(server),
         _servers: Vec::new(),
@@ -228,6 +234,25 @@ fn raw_shared(pool: MySqlPool) -> Step {
             .await?;
             tx.commit().await?;
             Ok(())
+        })
+    })
+}
+
+/// The statements clients have executed (prepared, as sqlx sends them) and
+/// the `KILL`s, server-wide: the count reads itself as a plain query, which
+/// neither counter includes.
+fn requests(pool: MySqlPool) -> crate::Counter {
+    Arc::new(move || {
+        let pool = pool.clone();
+        Box::pin(async move {
+            let row = sqlx::raw_sql(
+                "SELECT CAST(SUM(VARIABLE_VALUE) AS SIGNED) FROM information_schema.GLOBAL_STATUS
+                  WHERE VARIABLE_NAME IN ('COM_STMT_EXECUTE', 'COM_KILL')",
+            )
+            .fetch_one(&pool)
+            .await?;
+            let n: i64 = sqlx::Row::try_get(&row, 0)?;
+            Ok(u64::try_from(n).unwrap_or(0))
         })
     })
 }

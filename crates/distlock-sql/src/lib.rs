@@ -1114,7 +1114,7 @@ impl SqlBackend {
                 // Queued: woken by the head's sleep inside the server, which
                 // a release interrupts; the timer is only a safety net.
                 Some(queue) => {
-                    let mut turn = queue.turn(&my.pool, req);
+                    let mut turn = queue.turn(req);
                     let pace = Pace::Notified {
                         unknown: queue.recheck(),
                         cap: queue.recheck(),

@@ -72,7 +72,16 @@ fn spawn_in(dir: PathBuf, tls: Option<&TestCerts>) -> Result<ServerProcess, Harn
     if root {
         init.arg("--user=root");
     }
-    run_client(init).map_err(|e| HarnessError::start("mariadb-install-db", e))?;
+    {
+        // Several installs at once in one process collide on the temporary
+        // tables of their bootstrap servers (seen: "Unknown table
+        // 'mysql.tmp_user_sys'"); one at a time.
+        static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = INSTALLING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        run_client(init).map_err(|e| HarnessError::start("mariadb-install-db", e))?;
+    }
     let port = free_port()?;
     let mut cmd = Command::new(mariadbd);
     cmd.arg("--no-defaults")

@@ -13,11 +13,14 @@
 //!   its lease lasts. A release reads the head's connection id in its own
 //!   UPDATE and interrupts that sleep (`KILL QUERY`): one wake-up per
 //!   handoff, addressed to the head alone.
-//! - A waiter that ends its wait (granted, timed out, cancelled) closes its
-//!   connection, which ends its place at once. One that dies or is cut off
-//!   loses it when the server drops the connection: a dead peer's at the end
-//!   of its current statement, a silent one's after `queue_lease` idle
-//!   (the connection's `wait_timeout`).
+//! - A waiter that ends its wait gives its place up at once: it closes its
+//!   queue connection, and has the server kill it first if a statement runs
+//!   there (a timed-out or cancelled wait). A connection serves one wait
+//!   only, so a `KILL QUERY` meant for a head that has just left cannot
+//!   reach another wait. One that dies or is cut off loses its place when
+//!   the server drops the connection: a dead peer's at the end of its
+//!   current statement, a silent one's after `queue_lease` idle (the
+//!   connection's `wait_timeout`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +33,9 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
 use sqlx::{ConnectOptions, Executor, Row};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+
+/// How long giving a place up may take before the connection is dropped.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long one `GET_LOCK` waits before it is asked again; the place in
 /// the queue is kept meanwhile (the connection never stops waiting).
@@ -50,6 +56,8 @@ pub(crate) fn queue_lock(table: &str) -> String {
 
 pub(crate) struct Queue {
     options: MySqlConnectOptions,
+    /// The pool of the backend, for `KILL`s.
+    pool: MySqlPool,
     /// The server drops a waiter's connection silent for this long.
     lease: Duration,
     join: String,
@@ -80,6 +88,7 @@ impl Queue {
         );
         Self {
             options: (*pool.connect_options()).clone(),
+            pool: pool.clone(),
             lease,
             join,
             doze,
@@ -103,23 +112,44 @@ impl Queue {
 
     /// `req`'s place in its queue, taken once its first attempt is refused
     /// (see [`Wakeups::prepare`]).
-    pub(crate) fn turn(self: &Arc<Self>, pool: &MySqlPool, req: &LockRequest) -> Turn {
+    pub(crate) fn turn(self: &Arc<Self>, req: &LockRequest) -> Turn {
         let head = Arc::new(AtomicU64::new(0));
         lock(&self.heads).insert(req.owner, head.clone());
         Turn {
             queue: self.clone(),
-            pool: pool.clone(),
             owner: req.owner,
             name: req.name.as_str().to_string(),
             shared: Arc::new(TurnShared {
                 head,
-                conn: AtomicU64::new(0),
-                busy: AtomicBool::new(false),
                 dead: AtomicBool::new(false),
                 doze: Notify::new(),
                 woken: Notify::new(),
+                leave: Notify::new(),
             }),
             task: None,
+        }
+    }
+
+    /// A new queue connection, which the server drops after `lease` of
+    /// silence, and its id.
+    async fn connection(&self) -> Result<(MySqlConnection, u64), sqlx::Error> {
+        let mut conn: MySqlConnection = self.options.connect().await?;
+        let idle = self.lease.as_secs().max(1);
+        let set = format!("SET SESSION wait_timeout = {idle}");
+        conn.execute(sqlx::raw_sql(&set)).await?;
+        let id: u64 = conn.fetch_one("SELECT CONNECTION_ID()").await?.try_get(0)?;
+        Ok((conn, id))
+    }
+
+    /// Has the server end the connection `id`, whose statement was
+    /// abandoned (it would otherwise run to its end first).
+    async fn kill(&self, id: u64) {
+        if let Err(e) = self
+            .pool
+            .execute(sqlx::raw_sql(&format!("KILL CONNECTION {id}")))
+            .await
+        {
+            tracing::debug!(error = %e, "ending a queue connection failed; the server drops it when its statement ends");
         }
     }
 }
@@ -128,23 +158,20 @@ impl Queue {
 struct TurnShared {
     /// The queue connection's id once it heads the queue, else 0.
     head: Arc<AtomicU64>,
-    /// The queue connection's id, once connected.
-    conn: AtomicU64,
-    /// Whether a statement is running on the queue connection.
-    busy: AtomicBool,
     /// The task ended (its connection failed).
     dead: AtomicBool,
     /// The waiter asks for a sleep until the next release.
     doze: Notify,
     /// The sleep ended: a release, the lease's end, the row free.
     woken: Notify,
+    /// The waiter's wait ended: give the place up.
+    leave: Notify,
 }
 
 /// One waiting request's place in its lock's queue, and the task that keeps
-/// it. Dropping it gives the place up.
+/// it. Dropping it gives the place up in the background.
 pub(crate) struct Turn {
     queue: Arc<Queue>,
-    pool: MySqlPool,
     owner: Owner,
     name: String,
     shared: Arc<TurnShared>,
@@ -152,42 +179,30 @@ pub(crate) struct Turn {
 }
 
 impl Turn {
-    /// Gives the place up: the queue connection is closed, and killed on
-    /// the server if a statement runs on it (a blocked `GET_LOCK`, a
-    /// sleep), which the server would otherwise finish first.
+    /// Gives the place up, and waits until it is given up: the next waiter
+    /// heads the queue when this returns.
     pub(crate) async fn leave(&mut self) {
-        if let Some(kill) = self.stop() {
-            kill.await;
-        }
-    }
-
-    /// Stops the task; the kill still to send, if any.
-    fn stop(&mut self) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         lock(&self.queue.heads).remove(&self.owner);
-        let task = self.task.take()?;
-        task.abort();
-        let conn = self.shared.conn.load(Ordering::Acquire);
-        if conn == 0 || !self.shared.busy.load(Ordering::Acquire) {
-            return None;
+        let Some(mut task) = self.task.take() else {
+            return;
+        };
+        self.shared.leave.notify_one();
+        if tokio::time::timeout(LEAVE_TIMEOUT, &mut task)
+            .await
+            .is_err()
+        {
+            // The connection goes with the task.
+            task.abort();
         }
-        let pool = self.pool.clone();
-        Some(async move {
-            if let Err(e) = sqlx::raw_sql(&format!("KILL CONNECTION {conn}"))
-                .execute(&pool)
-                .await
-            {
-                tracing::debug!(error = %e, "closing a queue connection failed; the server drops it when its statement ends");
-            }
-        })
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        if let Some(kill) = self.stop() {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(kill);
-            }
+        lock(&self.queue.heads).remove(&self.owner);
+        // The task gives the place up by itself.
+        if self.task.take().is_some() {
+            self.shared.leave.notify_one();
         }
     }
 }
@@ -206,6 +221,11 @@ impl Wakeups for Turn {
             let woken = shared.woken.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
+            // A task that ended before this was registered wakes nobody
+            // any more: try (and join again) at once.
+            if shared.dead.load(Ordering::Acquire) {
+                return;
+            }
             shared.doze.notify_one();
             woken.await;
         }))
@@ -227,7 +247,6 @@ impl Wakeups for Turn {
                 tracing::debug!(error = %e, "a queue connection failed; the waiter joins again");
             }
             shared.head.store(0, Ordering::Release);
-            shared.busy.store(false, Ordering::Release);
             shared.dead.store(true, Ordering::Release);
             shared.woken.notify_waiters();
         }));
@@ -235,27 +254,49 @@ impl Wakeups for Turn {
     }
 }
 
-/// The queue connection's life: connect, wait for the head of the queue,
-/// then sleep until each release for as long as the waiter asks. Every
-/// statement is marked busy while it runs.
+/// What a statement on the queue connection came to.
+enum Ran<T> {
+    Done(Result<T, sqlx::Error>),
+    /// The waiter left while it ran: the statement was abandoned.
+    Left,
+}
+
+/// Runs `statement` unless the waiter leaves first.
+async fn unless_left<T>(
+    shared: &TurnShared,
+    statement: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Ran<T> {
+    tokio::select! {
+        r = statement => Ran::Done(r),
+        () = shared.leave.notified() => Ran::Left,
+    }
+}
+
+/// The queue connection's life: wait for the head of the queue, then sleep
+/// until each release for as long as the waiter asks, then give the place
+/// up.
 async fn keep_place(queue: &Queue, shared: &TurnShared, name: &str) -> Result<(), sqlx::Error> {
-    let mut conn: MySqlConnection = queue.options.connect().await?;
-    let idle = queue.lease.as_secs().max(1);
-    let set = format!("SET SESSION wait_timeout = {idle}");
-    conn.execute(sqlx::raw_sql(&set)).await?;
-    let id: u64 = conn.fetch_one("SELECT CONNECTION_ID()").await?.try_get(0)?;
-    shared.conn.store(id, Ordering::Release);
+    let (mut conn, id) = queue.connection().await?;
     loop {
-        shared.busy.store(true, Ordering::Release);
-        let got: Option<i64> = conn
-            .fetch_one(sqlx::query(&queue.join).bind(name))
-            .await?
-            .try_get(0)?;
-        shared.busy.store(false, Ordering::Release);
-        match got {
-            Some(1) => break,
-            Some(_) => continue,
-            None => return Err(sqlx::Error::Protocol("GET_LOCK answered NULL".into())),
+        let joined = unless_left(shared, async {
+            let got: Option<i64> = conn
+                .fetch_one(sqlx::query(&queue.join).bind(name))
+                .await?
+                .try_get(0)?;
+            Ok(got)
+        })
+        .await;
+        match joined {
+            Ran::Left => {
+                queue.kill(id).await;
+                return Ok(());
+            }
+            Ran::Done(Ok(Some(1))) => break,
+            Ran::Done(Ok(Some(_))) => continue,
+            Ran::Done(Ok(None)) => {
+                return Err(sqlx::Error::Protocol("GET_LOCK answered NULL".into()))
+            }
+            Ran::Done(Err(e)) => return Err(e),
         }
     }
     shared.head.store(id, Ordering::Release);
@@ -264,26 +305,38 @@ async fn keep_place(queue: &Queue, shared: &TurnShared, name: &str) -> Result<()
     // the server to drop it.
     let cap = (queue.lease / 3).as_secs_f64().max(0.01);
     loop {
-        shared.doze.notified().await;
+        tokio::select! {
+            biased;
+            () = shared.leave.notified() => break,
+            () = shared.doze.notified() => {}
+        }
         loop {
-            shared.busy.store(true, Ordering::Release);
-            let slept = conn
-                .fetch_optional(sqlx::query(&queue.doze).bind(cap).bind(name).bind(name))
-                .await
-                .and_then(|row| row.map(|r| r.try_get::<i64, _>(1)).transpose());
-            shared.busy.store(false, Ordering::Release);
+            let slept = unless_left(
+                shared,
+                conn.fetch_optional(sqlx::query(&queue.doze).bind(cap).bind(name).bind(name)),
+            )
+            .await;
             match slept {
+                Ran::Left => {
+                    queue.kill(id).await;
+                    return Ok(());
+                }
                 // Slept the cap through while the row stays held: again,
                 // without waking the waiter.
-                Ok(Some(0)) => continue,
+                Ran::Done(Ok(Some(row))) if row.try_get::<i64, _>(1)? == 0 => continue,
                 // The row free, or the lease over: try.
-                Ok(_) => break,
-                Err(e) if interrupted(&e) => break,
-                Err(e) => return Err(e),
+                Ran::Done(Ok(_)) => break,
+                Ran::Done(Err(e)) if interrupted(&e) => break,
+                Ran::Done(Err(e)) => return Err(e),
             }
         }
         shared.woken.notify_waiters();
     }
+    // Idle: closing the connection gives the place up (the server sees it
+    // close at once).
+    shared.head.store(0, Ordering::Release);
+    drop(conn);
+    Ok(())
 }
 
 fn interrupted(e: &sqlx::Error) -> bool {
@@ -294,8 +347,8 @@ fn interrupted(e: &sqlx::Error) -> bool {
 
 /// Interrupts the sleep of the head whose connection id a release read.
 pub(crate) async fn wake_head(pool: &MySqlPool, head: u64) {
-    if let Err(e) = sqlx::raw_sql(&format!("KILL QUERY {head}"))
-        .execute(pool)
+    if let Err(e) = pool
+        .execute(sqlx::raw_sql(&format!("KILL QUERY {head}")))
         .await
     {
         // Without the right to end another user's statements the head still
