@@ -37,8 +37,8 @@ use tokio::task::JoinHandle;
 /// How long giving a place up may take before the connection is dropped.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How long one `GET_LOCK` waits before it is asked again; the place in
-/// the queue is kept meanwhile (the connection never stops waiting).
+/// How long one `GET_LOCK` waits; a waiter still queued after a day asks
+/// again, at the back of the queue.
 const JOIN_TIMEOUT_S: u32 = 24 * 3600;
 
 /// See [`Queue::recheck`].
@@ -54,6 +54,8 @@ pub(crate) fn queue_lock(table: &str) -> String {
     format!("CONCAT('distlock-q-', MD5(CONCAT('{table}/', ?)))")
 }
 
+/// The queues of one backend's lock table: the statements, and this
+/// client's waiters that head a queue.
 pub(crate) struct Queue {
     options: MySqlConnectOptions,
     /// The pool of the backend, for `KILL`s.
