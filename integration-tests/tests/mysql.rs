@@ -346,9 +346,10 @@ fn fifo_queued(port: u16, name: &str) -> integration_tests::fifo::Count {
 /// four. A release that runs before the server has seen the releaser's own
 /// queue connection close finds that one still heading the queue: its
 /// `KILL` wakes nobody and the new head's sleep sees the free row instead
-/// (three), and the last release may send one such `KILL` more. Queue
-/// connections here are kept a minute, so no sleep ends by itself while
-/// the test counts.
+/// (three), and the last release may send one such `KILL` more. A `KILL`
+/// that lands as the next head's `GET_LOCK` returns makes it ask once more
+/// (one more). Measured: 79 to 82 for 20 handoffs. Queue connections here
+/// are kept a minute, so no sleep ends by itself while the test counts.
 async fn fifo_order() -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
     let port = server.port;
@@ -368,7 +369,7 @@ async fn fifo_order() -> Result<(), Failed> {
         n,
         fifo_queued(port, name),
         requests,
-        3 * n as u64..=4 * n as u64 + 1,
+        3 * n as u64..=4 * n as u64 + 2,
     )
     .await
 }

@@ -41,6 +41,11 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// again, at the back of the queue.
 const JOIN_TIMEOUT_S: u32 = 24 * 3600;
 
+/// How often, and how many times, a killed queue connection is looked for
+/// until the server has ended it.
+const KILL_CHECK_EVERY: Duration = Duration::from_millis(5);
+const KILL_CHECKS: u32 = 200;
+
 /// See [`Queue::recheck`].
 const SAFETY_NET: Duration = Duration::from_secs(30);
 
@@ -145,6 +150,9 @@ impl Queue {
 
     /// Has the server end the connection `id`, whose statement was
     /// abandoned (it would otherwise run to its end first).
+    /// Waits (briefly) until the server has ended it: `KILL` only marks
+    /// the connection, whose thread then releases its queue lock, so a
+    /// wait that returns has left the queue.
     async fn kill(&self, id: u64) {
         if let Err(e) = self
             .pool
@@ -152,6 +160,19 @@ impl Queue {
             .await
         {
             tracing::debug!(error = %e, "ending a queue connection failed; the server drops it when its statement ends");
+            return;
+        }
+        for _ in 0..KILL_CHECKS {
+            let left: Result<i64, sqlx::Error> = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
+            )
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await;
+            if !matches!(left, Ok(n) if n > 0) {
+                return;
+            }
+            tokio::time::sleep(KILL_CHECK_EVERY).await;
         }
     }
 }
@@ -294,10 +315,12 @@ async fn keep_place(queue: &Queue, shared: &TurnShared, name: &str) -> Result<()
                 return Ok(());
             }
             Ran::Done(Ok(Some(1))) => break,
-            Ran::Done(Ok(Some(_))) => continue,
-            Ran::Done(Ok(None)) => {
-                return Err(sqlx::Error::Protocol("GET_LOCK answered NULL".into()))
-            }
+            // Timed out after a day, or interrupted: a release's `KILL
+            // QUERY` can land just as this connection becomes the head
+            // (the release read it as the head a moment early). Asking
+            // again is answered at once if the lock came with it.
+            Ran::Done(Ok(_)) => continue,
+            Ran::Done(Err(e)) if interrupted(&e) => continue,
             Ran::Done(Err(e)) => return Err(e),
         }
     }
