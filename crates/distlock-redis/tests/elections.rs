@@ -369,11 +369,13 @@ async fn dropping_an_observer_unsubscribes() {
     assert!(leaders.next().await.unwrap().unwrap().is_none());
     assert_eq!(subscribers(&mut raw).await, 1, "subscribed before the read");
     drop(leaders);
+    // A subscription lingers 2 s after its last user is gone (a waiter
+    // that comes back soon finds it), so the bound is that and a margin.
     let start = Instant::now();
     while subscribers(&mut raw).await != 0 {
         assert!(
-            start.elapsed() < Duration::from_secs(2),
-            "still subscribed after the observer was dropped"
+            start.elapsed() < Duration::from_secs(6),
+            "still subscribed 6 s after the observer was dropped"
         );
         sleep(Duration::from_millis(10)).await;
     }
