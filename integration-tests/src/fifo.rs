@@ -142,9 +142,10 @@ pub async fn grants_in_arrival_order(
     Ok(())
 }
 
-/// A waiter whose connections run through `proxy` queues first, another
-/// behind it; the proxy then drops everything (the first waiter is cut off,
-/// as if killed) and the holder releases. The second waiter must get the
+/// A waiter whose connections run through `proxies` (one per server it
+/// talks to) queues first, another behind it; the proxies then drop
+/// everything (the first waiter is cut off, as if killed) and the holder
+/// releases. The second waiter must get the
 /// lock once the first one's entry lapses: within `lease` (how long an
 /// entry outlives its waiter's last attempt) and a bit more, never waiting
 /// out its own wait.
@@ -152,7 +153,7 @@ pub async fn a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
     connect: Connect,
     url: &str,
     proxied_url: &str,
-    proxy: &Proxy,
+    proxies: &[Proxy],
     lock: &str,
     lease: Duration,
     queued: Count,
@@ -161,7 +162,9 @@ pub async fn a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
     let g = holder.lock(lock).ttl(TTL).acquire().await?;
     let first = queue_up(connect(proxied_url.to_string()).await?, lock, 1, &queued).await?;
     let waiting = queue_up(connect(url.to_string()).await?, lock, 2, &queued).await?;
-    proxy.set_blackhole(true);
+    for proxy in proxies {
+        proxy.set_blackhole(true);
+    }
     let cut_at = Instant::now();
     g.release().await?;
     let bound = lease + lease / 3 + Duration::from_secs(5);
@@ -174,7 +177,9 @@ pub async fn a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
     let took = cut_at.elapsed();
     got.release().await?;
     first.abort();
-    proxy.set_blackhole(false);
+    for proxy in proxies {
+        proxy.set_blackhole(false);
+    }
     if took > bound {
         return Err(format!("the grant came {took:?} after the cut").into());
     }

@@ -1176,7 +1176,7 @@ async fn fifo_cut() -> Result<(), Failed> {
         fifo_connect(),
         &format!("{url}?fifo=true"),
         &proxied,
-        &proxy,
+        std::slice::from_ref(&proxy),
         name,
         SqlConfig::default().queue_lease,
         fifo_queued(&url, name),

@@ -587,7 +587,7 @@ async fn fifo_cut() -> Result<(), Failed> {
         fifo_connect(),
         &url,
         &proxied,
-        &proxy,
+        std::slice::from_ref(&proxy),
         name,
         RedisConfig::default().queue_lease,
         fifo_queued(ports, name),

@@ -1,6 +1,9 @@
 //! The conformance suite on Redlock over 5 redis-server processes (with and
-//! without fencing), plus the failure cases: nodes down, a paused node, and
-//! the node-restart double grant with and without delayed-restart protection.
+//! without fencing, and with first-come-first-served waiting), plus the
+//! failure cases: nodes down, a paused node, and the node-restart double
+//! grant with and without delayed-restart protection; and the queue's own
+//! cases on 3 nodes: grants in arrival order waking only the head, a
+//! cut-off waiter, a cancelled one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +11,8 @@ use std::time::Duration;
 use distlock_core::{Error, LockClient};
 use distlock_redlock::RedlockBackend;
 use integration_tests::factory::{ServerFactory, Servers};
+use integration_tests::fifo;
+use integration_tests::harness::proxy::Proxy;
 use integration_tests::harness::{redis as server, ServerProcess};
 use integration_tests::trial;
 use libtest_mimic::Failed;
@@ -33,10 +38,27 @@ fn main() {
     // Both run on one set of five nodes; each case's lock names live in a
     // namespace of their own.
     let fenced = Arc::new(plain.sharing("redlock::fenced", "&fencing=true"));
+    let queued = Arc::new(plain.sharing("redlock::fifo_suite", "&fifo=true"));
     let plain = Arc::new(plain);
     integration_tests::run_suite(plain, move |rt| {
         let mut extra = integration_tests::trials(fenced, rt);
+        extra.extend(integration_tests::trials(queued, rt));
         extra.extend([
+            trial(
+                rt,
+                "redlock::fifo::grants_in_arrival_order_waking_only_the_head",
+                fifo_order(),
+            ),
+            trial(
+                rt,
+                "redlock::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry",
+                fifo_cancel(),
+            ),
+            trial(
+                rt,
+                "redlock::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entries_lapse",
+                fifo_cut(),
+            ),
             trial(rt, "redlock::works_with_two_of_five_nodes_down", two_down()),
             trial(
                 rt,
@@ -456,4 +478,117 @@ async fn restart(protected: bool) -> Result<(), Failed> {
     };
     drop((node2, held));
     result
+}
+
+fn three_nodes() -> Result<Vec<ServerProcess>, Failed> {
+    (0..3)
+        .map(|_| server::spawn(&[]).map_err(|e| Failed::from(e.to_string())))
+        .collect()
+}
+
+fn fifo_connect() -> fifo::Connect {
+    Arc::new(|url: String| {
+        Box::pin(async move { Ok(LockClient::new(RedlockBackend::connect(&url).await?)) })
+    })
+}
+
+/// The entries of `name`'s wait queue, when every node holds as many; while
+/// the nodes disagree (a waiter joining or leaving), `u64::MAX`, which
+/// matches no count a case waits for or accepts.
+fn fifo_queued(ports: Vec<u16>, name: &str) -> fifo::Count {
+    let key = distlock_redis::Keys::queue_of(name);
+    Arc::new(move || {
+        let mut counts = Vec::with_capacity(ports.len());
+        for port in &ports {
+            let reply = server::command(*port, &["ZCARD", &key]).ok_or("no reply to ZCARD")?;
+            let n = reply
+                .strip_prefix(':')
+                .and_then(|r| r.split('\r').next())
+                .and_then(|r| r.parse::<u64>().ok())
+                .ok_or_else(|| format!("ZCARD answered {reply:?}"))?;
+            counts.push(n);
+        }
+        Ok(match counts.split_first() {
+            Some((first, rest)) if rest.iter().all(|n| n == first) => *first,
+            _ => u64::MAX,
+        })
+    })
+}
+
+/// Twenty waiters' grants come in arrival order, and only the head asks:
+/// every release is one script call per node, and so is every grant's
+/// round. Entries here last a minute, so nobody renews one while the test
+/// counts.
+async fn fifo_order() -> Result<(), Failed> {
+    let nodes = blocking(three_nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let url = url(&nodes, "&fifo=true&queue_lease_ms=60000");
+    let name = "fifo/order";
+    let counted = ports.clone();
+    let requests: fifo::Count = Arc::new(move || {
+        Ok(counted
+            .iter()
+            .map(|p| server::calls(*p, &["evalsha", "eval"]))
+            .sum())
+    });
+    let n = 20;
+    fifo::grants_in_arrival_order(
+        fifo_connect(),
+        &url,
+        name,
+        n,
+        fifo_queued(ports, name),
+        requests,
+        // 21 releases and 20 rounds of 3 calls each; the last release
+        // returns once two nodes answered, so its third call may come
+        // after the count. A head woken by one node's message that waits
+        // out the others' (a loaded machine) tries once too early: a round
+        // and its rollback, 6 calls more. A waiter other than the head
+        // asking at a handoff would cost 6 calls per waiter woken.
+        6 * n as u64 + 2..=7 * n as u64 + 3,
+    )
+    .await
+}
+
+async fn fifo_cancel() -> Result<(), Failed> {
+    let nodes = blocking(three_nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let lease = Duration::from_secs(60);
+    let url = url(
+        &nodes,
+        &format!("&fifo=true&queue_lease_ms={}", lease.as_millis()),
+    );
+    let name = "fifo/cancel";
+    fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
+        fifo_connect(),
+        &url,
+        name,
+        lease,
+        fifo_queued(ports, name),
+    )
+    .await
+}
+
+/// The cut-off waiter reaches each node through a proxy of its own, and
+/// all three then drop everything; entries last 3 s (the default).
+async fn fifo_cut() -> Result<(), Failed> {
+    let nodes = blocking(three_nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let url = url(&nodes, "&fifo=true");
+    let proxies = ports
+        .iter()
+        .map(|p| Proxy::start(*p).map_err(|e| Failed::from(e.to_string())))
+        .collect::<Result<Vec<_>, Failed>>()?;
+    let proxied = server::redlock_url(proxies.iter().map(|p| p.port), "&fifo=true");
+    let name = "fifo/cut";
+    fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
+        fifo_connect(),
+        &url,
+        &proxied,
+        &proxies,
+        name,
+        distlock_redlock::RedlockConfig::default().queue_lease,
+        fifo_queued(ports, name),
+    )
+    .await
 }

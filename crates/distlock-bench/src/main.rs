@@ -88,7 +88,7 @@ struct Args {
     /// `python3 -m pip install redis kazoo`.
     #[arg(long)]
     peers: bool,
-    /// Redis, PostgreSQL and MySQL: whether distlock's waiters queue, first come,
+    /// Redis, Redlock, PostgreSQL and MySQL: whether distlock's waiters queue, first come,
     /// first served (`fifo` in the backend URL; off by default, as in the
     /// backends).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
@@ -221,7 +221,7 @@ impl Target {
     async fn lib(&self) -> Result<LockClient, BoxError> {
         Ok(match &self.client {
             Some(c) => c.clone(),
-            None if self.name == "redis" => {
+            None if self.name == "redis" || self.name == "redlock" => {
                 let url = format!("{}?fifo={}", self.url, fifo());
                 LockClient::from_dyn(distlock::connect(&url).await?)
             }
@@ -1311,6 +1311,7 @@ async fn redlock_target() -> Result<Target, BoxError> {
     // grants `limit` permits, so `limit + 1` holders fit on `q` nodes each
     // unless `(limit + 1) q > 3 limit`; each half is done at the smallest
     // such `q` (all three nodes for a semaphore of 3).
+    let counted = conns.clone();
     let script = permit_script();
     let needed = (3 * UNCONTENDED_LIMIT / (UNCONTENDED_LIMIT + 1) + 1) as usize;
     let raw_permit: Step = Arc::new(move |i, slot| {
@@ -1358,10 +1359,48 @@ async fn redlock_target() -> Result<Target, BoxError> {
         proto: None,
         raw_permit,
         raw_shared: Some(raw_shared),
-        requests: None,
+        // Every distlock request to a node is a script call or, for an
+        // unfenced lock's first attempt, a `SET`.
+        requests: Some(redis_requests(counted, &["evalsha", "eval", "set"])),
         client: None,
         _server: None,
         _servers: servers,
+    })
+}
+
+/// The calls of the commands `names` that the servers behind `conns` have
+/// answered, summed (`INFO commandstats`).
+fn redis_requests(
+    conns: Vec<redis::aio::MultiplexedConnection>,
+    names: &'static [&'static str],
+) -> Counter {
+    Arc::new(move || {
+        let conns = conns.clone();
+        Box::pin(async move {
+            let mut total = 0;
+            for mut c in conns {
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query_async(&mut c)
+                    .await?;
+                total += info
+                    .lines()
+                    .filter_map(|l| {
+                        let (cmd, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                        if !names.contains(&cmd) {
+                            return None;
+                        }
+                        rest.split("calls=")
+                            .nth(1)?
+                            .split(',')
+                            .next()?
+                            .parse::<u64>()
+                            .ok()
+                    })
+                    .sum::<u64>();
+            }
+            Ok(total)
+        })
     })
 }
 
@@ -1454,29 +1493,9 @@ async fn redis_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
-    let requests: Counter = Arc::new(move || {
-        let mut c = conn.clone();
-        Box::pin(async move {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut c)
-                .await?;
-            // Every distlock request is a script call (EVALSHA, or EVAL
-            // once per script); the INFO call itself is not counted.
-            Ok(info
-                .lines()
-                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-                .filter_map(|l| {
-                    l.split("calls=")
-                        .nth(1)?
-                        .split(',')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum())
-        })
-    });
+    // Every distlock request is a script call (EVALSHA, or EVAL once per
+    // script); the INFO call itself is not counted.
+    let requests = redis_requests(vec![conn], &["evalsha", "eval"]);
     Ok(Target {
         name: "redis",
         url: server.url().to_string(),

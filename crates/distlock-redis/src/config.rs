@@ -43,6 +43,10 @@ pub struct RedisConfig {
     /// TLS URLs (`rediss://`, `rediss+sentinel://`, `rediss+cluster://`):
     /// trust this CA (PEM file) instead of the system roots.
     pub ca_file: Option<std::path::PathBuf>,
+    /// The id that starts this client's queue entries and names its queue
+    /// channel; a random one when `None`. Redlock gives all its nodes one
+    /// id, so that a waiter's entries are the same string on every node.
+    pub client_id: Option<String>,
 }
 
 impl Default for RedisConfig {
@@ -56,6 +60,7 @@ impl Default for RedisConfig {
             fifo: false,
             queue_lease: Duration::from_secs(3),
             ca_file: None,
+            client_id: None,
         }
     }
 }
@@ -94,6 +99,13 @@ impl RedisConfig {
         self
     }
 
+    /// Sets the id that starts this client's queue entries (see
+    /// [`client_id`](Self::client_id)).
+    pub fn with_client_id(mut self, id: impl Into<String>) -> Self {
+        self.client_id = Some(id.into());
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         if self.prefix.contains(['{', '}']) {
             return Err(Error::invalid(
@@ -117,6 +129,14 @@ impl RedisConfig {
             ));
         }
         distlock_core::wait::check_queue_lease(self.queue_lease)?;
+        if let Some(id) = &self.client_id {
+            if id.is_empty() || id.contains(char::is_whitespace) {
+                return Err(Error::invalid(
+                    InputKind::Config,
+                    format!("client_id {id:?} must be a non-empty word without spaces"),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -313,6 +333,25 @@ mod tests {
     fn p(url: &str) -> Result<(Topology, RedisConfig)> {
         let mut c = RedisConfig::default();
         parse(url, &mut c).map(|p| (p.topology, c))
+    }
+
+    #[test]
+    fn a_client_id_is_one_word() {
+        for id in ["", "two words", "tab\there"] {
+            let mut c = RedisConfig::default().with_client_id(id);
+            assert!(
+                matches!(
+                    parse("redis://a:1", &mut c),
+                    Err(Error::InvalidInput {
+                        kind: InputKind::Config,
+                        ..
+                    })
+                ),
+                "{id:?}"
+            );
+        }
+        let mut c = RedisConfig::default().with_client_id("redlock-7");
+        assert!(parse("redis://a:1", &mut c).is_ok());
     }
 
     #[test]

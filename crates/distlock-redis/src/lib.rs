@@ -27,7 +27,7 @@ mod subscriber;
 pub use config::RedisConfig;
 pub use election::ElectionEntry;
 pub use list::{ListedHold, LIST_BATCH};
-pub use rwlock::{Attempt, Attempted, LockHolders};
+pub use rwlock::{Attempt, Attempted, LockHolders, QueuePlace};
 pub use scripts::{ElectionKeys, Keys, Scripts, SemaphoreKeys, SHARED_HOLDS};
 
 use rwlock::Removal;
@@ -88,7 +88,10 @@ impl RedisBackend {
             .map_err(|e| map_err(&endpoint, e))?;
         Ok(Self {
             inner: Arc::new(Inner {
-                id: distlock_core::Owner::random().to_string(),
+                id: config
+                    .client_id
+                    .clone()
+                    .unwrap_or_else(|| distlock_core::Owner::random().to_string()),
                 conn,
                 config,
                 endpoint,

@@ -8,7 +8,7 @@ use distlock_core::{Error, FencingToken, LockName, LockRequest, Result};
 use redis::Value;
 
 use crate::scripts::{Keys, Scripts, SHARED_HOLDS};
-use crate::{owner_arg, ttl_ms, RedisBackend};
+use crate::{owner_arg, ttl_ms, RedisBackend, ReleaseWatch};
 
 /// How an attempt asks for a lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +61,11 @@ pub(crate) enum Removal {
     Hold,
     /// The writer mark and the queue entry only (a wait that ended).
     Mark,
+    /// As `All`, and the queue entry too (Redlock's release).
+    Entry,
+    /// The hold only, the queue entry put back in its place (Redlock
+    /// rolling back a round of a queued wait).
+    Requeue(QueuePlace),
 }
 
 impl Removal {
@@ -70,8 +75,22 @@ impl Removal {
             Removal::All => None,
             Removal::Hold => Some("hold"),
             Removal::Mark => Some("mark"),
+            Removal::Entry => Some("entry"),
+            Removal::Requeue(_) => Some("requeue"),
         }
     }
+}
+
+/// A Redlock waiter's place in each node's wait queue: the same on every
+/// node, so that the nodes order their waiters alike and agree on a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueuePlace {
+    /// The entry's place: waiters are served in increasing order (Redlock
+    /// uses the microseconds of the client's wall clock when its wait
+    /// began; entries of equal place in the order of their strings).
+    pub order: u64,
+    /// How long the entry lasts unless the waiter's next round renews it.
+    pub life: Duration,
 }
 
 /// One server's view of a lock, read in one script call.
@@ -131,6 +150,35 @@ impl RedisBackend {
         fenced: bool,
         entry: Option<Duration>,
     ) -> Result<Attempted> {
+        self.attempt_exclusive_at(req, how, fenced, entry, None)
+            .await
+    }
+
+    /// One `acquire.lua` call of a Redlock round of a queued wait (on a
+    /// node connected with [`RedisConfig::fifo`](crate::RedisConfig::fifo)):
+    /// only the queue's head may take the free lock, and a refused attempt
+    /// joins the queue at `place` (or renews its entry there). A grant
+    /// removes the entry; [`rollback_in_queue`](Self::rollback_in_queue)
+    /// puts it back.
+    pub async fn attempt_in_queue(
+        &self,
+        req: &LockRequest,
+        how: Attempt,
+        fenced: bool,
+        place: QueuePlace,
+    ) -> Result<Attempted> {
+        self.attempt_exclusive_at(req, how, fenced, Some(place.life), Some(place.order))
+            .await
+    }
+
+    async fn attempt_exclusive_at(
+        &self,
+        req: &LockRequest,
+        how: Attempt,
+        fenced: bool,
+        entry: Option<Duration>,
+        order: Option<u64>,
+    ) -> Result<Attempted> {
         let lock = self.lock_key(&req.name);
         let mut inv = Scripts::get().acquire.key(&lock);
         inv.key(Keys::fence_of(&lock))
@@ -145,6 +193,9 @@ impl RedisBackend {
                 .arg(if fenced { "1" } else { "0" })
                 .arg(ttl_ms(life))
                 .arg(self.queue_entry(req));
+            if let Some(order) = order {
+                inv.arg(order);
+            }
             life
         });
         if queue.is_none() && !fenced {
@@ -240,8 +291,18 @@ impl RedisBackend {
         if let Some(what) = what.arg() {
             inv.arg(what);
         }
-        if what == Removal::Mark && self.inner.config.fifo {
-            inv.arg(self.queue_entry(req));
+        if self.inner.config.fifo {
+            match what {
+                Removal::Mark | Removal::Entry => {
+                    inv.arg(self.queue_entry(req));
+                }
+                Removal::Requeue(place) => {
+                    inv.arg(self.queue_entry(req))
+                        .arg(place.order)
+                        .arg(ttl_ms(place.life));
+                }
+                Removal::All | Removal::Hold => {}
+            }
         }
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
@@ -290,6 +351,33 @@ impl RedisBackend {
             distlock_core::HoldKind::Exclusive => self.release_exclusive(req, Removal::Hold).await,
             _ => distlock_core::Backend::release(self, req).await,
         }
+    }
+
+    /// Releases `req`'s hold and puts its queue entry back at `place`,
+    /// waking nobody if it is first there: Redlock rolls back a refused
+    /// round of a queued wait with it, and the waiter keeps its turn.
+    pub async fn rollback_in_queue(&self, req: &LockRequest, place: QueuePlace) -> Result<bool> {
+        self.release_exclusive(req, Removal::Requeue(place)).await
+    }
+
+    /// Releases `req`'s hold and removes its queue entry, which stays on a
+    /// node that refused the waiter's last round (Redlock's release).
+    pub async fn release_with_entry(&self, req: &LockRequest) -> Result<bool> {
+        self.release_exclusive(req, Removal::Entry).await
+    }
+
+    /// Subscribes to this client's own channel of `req`'s lock, on which a
+    /// release tells the queue's head that it is first (Redlock's queued
+    /// waiters listen on every node). Confirmed by the server when this
+    /// returns.
+    pub async fn watch_queue(&self, req: &LockRequest) -> Result<ReleaseWatch> {
+        let channel = Keys::queue_channel_of(&self.lock_key(&req.name), &self.inner.id);
+        self.inner
+            .subscriber
+            .watch_queued(&self.inner.conn, &channel, &self.queue_entry(req))
+            .await
+            .map(|watch| ReleaseWatch { watch, channel })
+            .map_err(|e| self.err(e))
     }
 
     /// Who holds `name` on this server, and which writers wait for it.

@@ -91,12 +91,22 @@ impl Watch {
         self.alive.load(Ordering::Acquire)
     }
 
-    /// Registers now for the next wake-up; resolves with whether the
-    /// connection still lives (a lost connection wakes every waiter).
+    /// Registers now for the next wake-up (for a queued waiter, also the
+    /// next message addressed to it); resolves with whether the connection
+    /// still lives (a lost connection wakes every waiter).
     pub(crate) fn next(&self) -> impl Future<Output = bool> + Send + 'static {
         let (woken, alive) = (self.signal.wakeup(), self.alive.clone());
+        let own = self.own.as_ref().map(Signal::wakeup);
         async move {
-            woken.await;
+            match own {
+                Some(own) => {
+                    tokio::select! {
+                        () = woken => {}
+                        () = own => {}
+                    }
+                }
+                None => woken.await,
+            }
             alive.load(Ordering::Acquire)
         }
     }

@@ -15,6 +15,8 @@ use distlock_core::{Error, InputKind, Result};
 /// | `delayed_restart_ms` | quarantine for a node whose run id changed; also the longest TTL accepted | off |
 /// | `retry_jitter_ms` | random delay added before a retry | 50 |
 /// | `prefix` | key prefix, as for the Redis backend | empty |
+/// | `fifo` | `true`: waiting exclusive requests queue on every node in one order (the client's wall-clock time when each wait began) and a release wakes only the head, as the Redis backend's `fifo` does on one server; `false`: a release wakes every waiter | `false` |
+/// | `queue_lease_ms` | how long a waiter's queue entries outlive its last round (renewed every third of this): a killed or cut-off waiter holds up the queue at most this long | 3000 |
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct RedlockConfig {
@@ -35,6 +37,11 @@ pub struct RedlockConfig {
     pub retry_jitter: Duration,
     /// Key prefix on every node.
     pub prefix: String,
+    /// Whether waiting exclusive requests queue on every node, first come,
+    /// first served.
+    pub fifo: bool,
+    /// How long a waiter's queue entries outlive its last round.
+    pub queue_lease: Duration,
 }
 
 impl Default for RedlockConfig {
@@ -47,6 +54,8 @@ impl Default for RedlockConfig {
             delayed_restart: None,
             retry_jitter: Duration::from_millis(50),
             prefix: String::new(),
+            fifo: false,
+            queue_lease: Duration::from_secs(3),
         }
     }
 }
@@ -61,6 +70,19 @@ impl RedlockConfig {
     /// Switches delayed-restart protection on.
     pub fn with_delayed_restart(mut self, quarantine: Duration) -> Self {
         self.delayed_restart = Some(quarantine);
+        self
+    }
+
+    /// Sets whether waiting exclusive requests queue on every node, first
+    /// come, first served.
+    pub fn with_fifo(mut self, fifo: bool) -> Self {
+        self.fifo = fifo;
+        self
+    }
+
+    /// Sets how long a waiter's queue entries outlive its last round.
+    pub fn with_queue_lease(mut self, lease: Duration) -> Self {
+        self.queue_lease = lease;
         self
     }
 
@@ -96,13 +118,19 @@ pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>
                     u32::try_from(num(v)?).map_err(|_| bad("drift_ppm too large".into()))?
             }
             "drift_ms" => config.drift_fixed = Duration::from_millis(num(v)?),
-            "fencing" => {
-                config.fencing = match v {
+            "fencing" | "fifo" => {
+                let on = match v {
                     "true" | "1" => true,
                     "false" | "0" => false,
-                    _ => return Err(bad(format!("fencing={v:?}; use true or false"))),
+                    _ => return Err(bad(format!("{k}={v:?}; use true or false"))),
+                };
+                if k == "fencing" {
+                    config.fencing = on;
+                } else {
+                    config.fifo = on;
                 }
             }
+            "queue_lease_ms" => config.queue_lease = Duration::from_millis(num(v)?),
             "delayed_restart_ms" => config.delayed_restart = Some(Duration::from_millis(num(v)?)),
             "retry_jitter_ms" => config.retry_jitter = Duration::from_millis(num(v)?),
             "prefix" => config.prefix = v.to_string(),
@@ -174,6 +202,7 @@ pub(crate) fn validate(config: &RedlockConfig) -> Result<()> {
             "delayed_restart must be greater than zero",
         ));
     }
+    distlock_core::wait::check_queue_lease(config.queue_lease)?;
     Ok(())
 }
 
@@ -196,6 +225,10 @@ mod tests {
         assert!(c.fencing);
         assert_eq!(c.node_timeout, Duration::from_millis(20));
         assert_eq!(c.delayed_restart, Some(Duration::from_secs(60)));
+        assert!(!c.fifo && c.queue_lease == Duration::from_secs(3));
+        let mut c = RedlockConfig::default();
+        parse("redlock://a:1?fifo=true&queue_lease_ms=600", &mut c).unwrap();
+        assert!(c.fifo && c.queue_lease == Duration::from_millis(600));
     }
 
     #[test]
@@ -204,6 +237,9 @@ mod tests {
             "redis://a:1",
             "redlock://",
             "redlock://a:1?fencing=maybe",
+            "redlock://a:1?fifo=maybe",
+            "redlock://a:1?queue_lease_ms=0",
+            "redlock://a:1?queue_lease_ms=ten",
             "redlock://a:1?node_timeout_ms=0",
             "redlock://a:1?bogus=1",
             "redlock://a:1/path",

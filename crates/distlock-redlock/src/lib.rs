@@ -12,7 +12,7 @@ use distlock_core::{
     HoldRecord, InputKind, Leader, LockName, LockRequest, LockStatus, Result, TrustedClock,
     Waiting,
 };
-use distlock_redis::{Attempt, ElectionEntry, ReleaseWatch};
+use distlock_redis::{Attempt, ElectionEntry, QueuePlace, RedisConfig, ReleaseWatch};
 use futures_util::future::{join_all, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, timeout_at, Instant};
@@ -95,10 +95,7 @@ impl RedlockBackend {
                  the same guarantees as the Redis backend on that server"
             );
         }
-        let nodes: Vec<Node> = urls
-            .into_iter()
-            .map(|u| Node::new(u, config.prefix.clone()))
-            .collect();
+        let nodes = Self::nodes(urls, &config);
         distinct_servers(&nodes).await?;
         let caps = Self::declared_capabilities(&config);
         let backend = Self {
@@ -121,6 +118,22 @@ impl RedlockBackend {
         )
         .await;
         Ok(backend)
+    }
+
+    /// The nodes at `urls`, not connected yet. With `fifo`, every node
+    /// keeps the lock's wait queue and knows this client by one id, so a
+    /// waiter's entry is the same string on every node.
+    fn nodes(urls: Vec<String>, config: &RedlockConfig) -> Vec<Node> {
+        let mut node = RedisConfig::default()
+            .with_prefix(config.prefix.clone())
+            .with_fifo(config.fifo)
+            .with_queue_lease(config.queue_lease);
+        if config.fifo {
+            node = node.with_client_id(distlock_core::Owner::random().to_string());
+        }
+        urls.into_iter()
+            .map(|u| Node::new(u, node.clone()))
+            .collect()
     }
 
     /// What the backend declares for `config`, without connecting (for
@@ -200,8 +213,15 @@ impl RedlockBackend {
             > 0)
     }
 
-    /// One node's answer to a lock attempt; the caller bounds it in time.
-    async fn vote(&self, node: &Node, req: &LockRequest, how: Attempt) -> Vote {
+    /// One node's answer to a lock attempt (in the queue at `place`, for a
+    /// queued wait); the caller bounds it in time.
+    async fn vote(
+        &self,
+        node: &Node,
+        req: &LockRequest,
+        how: Attempt,
+        place: Option<QueuePlace>,
+    ) -> Vote {
         let protect = self.inner.config.delayed_restart;
         if protect.is_some() && node.quarantined() {
             return Vote::Down;
@@ -212,10 +232,10 @@ impl RedlockBackend {
             // Without fencing the token is declared meaningless, so no
             // counter is kept: a plain SET NX PX per node.
             let attempt = async {
-                let a = if fencing {
-                    r.attempt_in(req, how).await
-                } else {
-                    r.attempt_unfenced_in(req, how).await
+                let a = match place {
+                    Some(place) => r.attempt_in_queue(req, how, fencing, place).await,
+                    None if fencing => r.attempt_in(req, how).await,
+                    None => r.attempt_unfenced_in(req, how).await,
                 };
                 a.map(|a| a.outcome)
             };
@@ -251,7 +271,12 @@ impl RedlockBackend {
     /// One round of the algorithm: all nodes at once, within one node
     /// timeout; success needs a quorum (a majority for a lock) and some
     /// validity left.
-    async fn round(&self, req: &LockRequest, how: Attempt) -> Result<Round> {
+    async fn round(
+        &self,
+        req: &LockRequest,
+        how: Attempt,
+        place: Option<QueuePlace>,
+    ) -> Result<Round> {
         if req.kind.holders() == 0 {
             return Err(Error::invalid(
                 InputKind::Config,
@@ -270,7 +295,7 @@ impl RedlockBackend {
             .inner
             .nodes
             .iter()
-            .map(|n| self.vote(n, req, how))
+            .map(|n| self.vote(n, req, how, place))
             .collect();
         let mut tokens = Vec::new();
         let mut mismatched = Vec::new();
@@ -319,7 +344,7 @@ impl RedlockBackend {
             {
                 return Ok(Round::Granted(token));
             }
-            self.rollback_all(req).await;
+            self.rollback_all(req, place).await;
             return Err(Error::unavailable(
                 "redlock",
                 "the fencing token could not be written back to enough nodes in time; the hold was released",
@@ -329,8 +354,8 @@ impl RedlockBackend {
         // Step 5: failed, so release everywhere, including nodes that seemed
         // to fail: their grant may have happened and only the reply was lost.
         // A waiting writer's marks stay: they hold new readers back until
-        // its next round.
-        self.rollback_all(req).await;
+        // its next round; a queued waiter keeps its place on every node.
+        self.rollback_all(req, place).await;
         let total = self.inner.nodes.len();
         if !mismatched.is_empty() && mismatched.len() + down > total - quorum {
             // Too few nodes are up and store this limit for a quorum to
@@ -405,7 +430,11 @@ impl RedlockBackend {
 
     /// Release notifications from every node that answers; a node whose
     /// pub/sub fails only costs its notifications.
-    async fn watch_releases(&self, req: &LockRequest) -> Vec<distlock_redis::ReleaseWatch> {
+    async fn watch_releases(
+        &self,
+        req: &LockRequest,
+        queued: bool,
+    ) -> Vec<distlock_redis::ReleaseWatch> {
         let t = self.connect_timeout();
         join_all(self.inner.nodes.iter().map(|n| async move {
             let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
@@ -413,6 +442,7 @@ impl RedlockBackend {
                 match req.kind {
                     HoldKind::Permits { .. } => r.watch_permit_releases(&req.name).await,
                     HoldKind::Leader => r.watch_election_releases(&req.name).await,
+                    _ if queued => r.watch_queue(req).await,
                     _ => r.watch_releases(&req.name).await,
                 }
             };
@@ -471,10 +501,16 @@ impl RedlockBackend {
 
     /// Releases the hold on every node but keeps a writer's marks, each
     /// node bounded by the node timeout.
-    async fn rollback_all(&self, req: &LockRequest) {
+    async fn rollback_all(&self, req: &LockRequest, place: Option<QueuePlace>) {
         let t = self.inner.config.node_timeout;
         join_all(self.inner.nodes.iter().map(|n| async move {
-            let rel = async { n.redis(false).await?.rollback(req).await };
+            let rel = async {
+                let r = n.redis(false).await?;
+                match place {
+                    Some(place) => r.rollback_in_queue(req, place).await,
+                    None => r.rollback(req).await,
+                }
+            };
             let _ = timeout(t, rel).await;
         }))
         .await;
@@ -537,44 +573,69 @@ impl Backend for RedlockBackend {
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let began = Instant::now();
-        match self.round(req, Attempt::Once).await? {
+        match self.round(req, Attempt::Once, None).await? {
             Round::Granted(t) => Ok(Some(Grant::new(t, began))),
             Round::Contended(..) => Ok(None),
         }
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
+        // With `fifo`, an exclusive waiter queues on every node at one
+        // place: its wall-clock time now, so that every node orders the
+        // waiters alike (skewed clocks only reorder, never admit two).
+        let queued = self.inner.config.fifo && req.kind == HoldKind::Exclusive;
+        let order = queued.then(wall_clock_micros);
         let mut wakeups = NodeWatches {
             backend: self,
             req,
+            queued,
             watches: None,
         };
         let retry_jitter = self.inner.config.retry_jitter;
         let pace = Pace::notified(Duration::from_millis(200));
         let tried = &AtomicBool::new(false);
+        let mut end = WaitEnd {
+            backend: self,
+            req,
+            tried,
+            done: false,
+        };
         let granted = wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async move {
             let how = if tried.swap(true, Ordering::Relaxed) {
                 Attempt::LaterOfWait
             } else {
                 Attempt::FirstOfWait
             };
-            Ok(match self.round(req, how).await? {
+            let place = order.map(|order| {
+                let lease = self.inner.config.queue_lease;
+                // An entry outlives neither its lease nor the wait.
+                let life = deadline.map_or(lease, |d| {
+                    lease
+                        .min(d.saturating_duration_since(Instant::now()) + Duration::from_millis(5))
+                });
+                QueuePlace { order, life }
+            });
+            Ok(match self.round(req, how, place).await? {
                 Round::Granted(t) => Outcome::Granted(t),
                 // Another contender took some nodes in the same instant: a
                 // random delay, so the two do not split the vote again in
-                // lockstep (the Redlock paper's retry delay).
-                Round::Contended(_, true) => Outcome::RetryIn(jitter(retry_jitter)),
-                Round::Contended(left, false) => Outcome::Held(left),
+                // lockstep (the Redlock paper's retry delay). A queued
+                // waiter instead keeps its place and is woken when it is
+                // first.
+                Round::Contended(_, true) if !queued => Outcome::RetryIn(jitter(retry_jitter)),
+                Round::Contended(left, _) => Outcome::Held(left),
             })
         })
         .await;
-        // A wait that ends without a grant takes its marks away now. After a
-        // grant, a mark left on a node the grant did not count holds back
-        // no reader the writer does not hold back anyway; the release
-        // removes it from every node, or it lapses with the writer's TTL.
-        if granted.is_err() && req.kind == HoldKind::Exclusive && tried.load(Ordering::Relaxed) {
-            self.unmark_all(req).await;
+        // A wait that ends without a grant takes its marks and queue
+        // entries away now. After a grant, a mark left on a node the grant
+        // did not count holds back no reader the writer does not hold back
+        // anyway; the release removes it (and a queue entry left there)
+        // from every node, or it lapses.
+        if granted.is_err() {
+            end.leave().await;
         }
+        end.done = true;
         granted
     }
 
@@ -649,7 +710,14 @@ impl Backend for RedlockBackend {
                 let shared = shared.clone();
                 async move {
                     let (inner, req) = &*shared;
-                    let rel = async { inner.nodes[i].redis(false).await?.release(req).await };
+                    let rel = async {
+                        let r = inner.nodes[i].redis(false).await?;
+                        if inner.config.fifo && req.kind == HoldKind::Exclusive {
+                            r.release_with_entry(req).await
+                        } else {
+                            r.release(req).await
+                        }
+                    };
                     matches!(rel.await, Ok(true))
                 }
             })
@@ -913,6 +981,50 @@ async fn distinct_servers(nodes: &[Node]) -> Result<()> {
     Ok(())
 }
 
+/// What a wait for an exclusive hold may leave on the nodes until it
+/// lapses: writer marks and queue entries. A wait that ends without a grant
+/// removes them; one cancelled (dropped) removes them in a task of its own.
+struct WaitEnd<'a> {
+    backend: &'a RedlockBackend,
+    req: &'a LockRequest,
+    /// Whether a round ran, which may have left a mark or an entry.
+    tried: &'a AtomicBool,
+    done: bool,
+}
+
+impl WaitEnd<'_> {
+    fn left_something(&self) -> bool {
+        self.req.kind == HoldKind::Exclusive && self.tried.load(Ordering::Relaxed)
+    }
+
+    async fn leave(&mut self) {
+        if self.left_something() {
+            self.backend.unmark_all(self.req).await;
+        }
+        self.done = true;
+    }
+}
+
+impl Drop for WaitEnd<'_> {
+    fn drop(&mut self) {
+        if self.done || !self.left_something() {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (backend, req) = (self.backend.clone(), self.req.clone());
+            rt.spawn(async move { backend.unmark_all(&req).await });
+        }
+    }
+}
+
+/// Microseconds of the wall clock since the Unix epoch: a queued Redlock
+/// waiter's place on every node.
+fn wall_clock_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// Wake-ups from the nodes' pub/sub channels, subscribed once a round is
 /// refused. A wake-up is a release heard from a majority of the nodes that
 /// can say (or one heard and then [`SETTLE`]), so the next round does not
@@ -920,6 +1032,9 @@ async fn distinct_servers(nodes: &[Node]) -> Result<()> {
 struct NodeWatches<'a> {
     backend: &'a RedlockBackend,
     req: &'a LockRequest,
+    /// A queued waiter listens on its client's own channel of the lock on
+    /// each node, where a release tells only the queue's head.
+    queued: bool,
     watches: Option<Vec<ReleaseWatch>>,
 }
 
@@ -953,7 +1068,9 @@ impl Wakeups for NodeWatches<'_> {
     async fn prepare(&mut self) -> Result<()> {
         match &mut self.watches {
             Some(w) => w.retain(ReleaseWatch::alive),
-            None => self.watches = Some(self.backend.watch_releases(self.req).await),
+            None => {
+                self.watches = Some(self.backend.watch_releases(self.req, self.queued).await);
+            }
         }
         Ok(())
     }
@@ -990,7 +1107,7 @@ mod tests {
             )
             .unwrap()
             .into_iter()
-            .map(|u| Node::new(u, String::new()))
+            .map(|u| Node::new(u, RedisConfig::default()))
             .collect::<Vec<_>>()
         )
         .await

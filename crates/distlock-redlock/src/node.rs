@@ -16,7 +16,9 @@ pub(crate) struct Node {
     redis: tokio::sync::OnceCell<RedisBackend>,
     run_id: Mutex<Option<String>>,
     quarantined_until: Mutex<Option<Instant>>,
-    prefix: String,
+    /// The node's Redis options: the key prefix, and with `fifo` the queue
+    /// and the client id every node of one Redlock client shares.
+    config: RedisConfig,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -24,7 +26,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Node {
-    pub(crate) fn new(url: String, prefix: String) -> Self {
+    pub(crate) fn new(url: String, config: RedisConfig) -> Self {
         let endpoint = url
             .rsplit('@')
             .next()
@@ -37,7 +39,7 @@ impl Node {
             redis: tokio::sync::OnceCell::new(),
             run_id: Mutex::new(None),
             quarantined_until: Mutex::new(None),
-            prefix,
+            config,
         }
     }
 
@@ -47,15 +49,7 @@ impl Node {
     pub(crate) async fn redis(&self, track_restarts: bool) -> Result<&RedisBackend> {
         self.redis
             .get_or_try_init(|| async {
-                let r = RedisBackend::connect_with(
-                    &self.url,
-                    // Redlock waits across its nodes itself: no node's queue
-                    // may decide the order.
-                    RedisConfig::default()
-                        .with_prefix(self.prefix.clone())
-                        .with_fifo(false),
-                )
-                .await?;
+                let r = RedisBackend::connect_with(&self.url, self.config.clone()).await?;
                 if track_restarts {
                     let id = r.run_id().await?;
                     lock(&self.run_id).get_or_insert(id);

@@ -8,7 +8,10 @@
 -- (Redlock without fencing); with a queue, ARGV[5] how long a waiter's
 -- entry lasts (ms) unless its next attempt renews it, and ARGV[6] the
 -- caller's entry: its client's id, a space, and the owner (announce.lua
--- wakes the head through its client's channel).
+-- wakes the head through its client's channel); ARGV[7], if given, the
+-- entry's place in the queue (Redlock: the same number on every node, so
+-- that the nodes order their waiters alike), else the server's time of
+-- its first refusal.
 -- SET NX PX is one command, so a crash can never leave a lock without expiry,
 -- and the token is taken in the same script, so every grant has one.
 -- Shared holds keep the lock key set to 'distlock:shared' (see
@@ -68,7 +71,7 @@ if waiting and queue then
   local ends = now + life
   -- Written as a string: Lua prints numbers with 14 digits, fewer than
   -- the microseconds have.
-  redis.call('ZADD', queue, 'NX', string.format('%.0f', micros), ARGV[6])
+  redis.call('ZADD', queue, 'NX', ARGV[7] or string.format('%.0f', micros), ARGV[6])
   redis.call('ZADD', KEYS[5], ends, ARGV[6])
   -- The queue lives as long as its longest entry.
   if redis.call('PTTL', queue) < life then

@@ -5,8 +5,9 @@
 -- entries' ends `ends`, see acquire.lua) has a live head, 'next ' and the
 -- head's entry on the channel of the head's client (`channel`, ':' and the
 -- client id the entry starts with), which no other client listens to: one
--- delivery, one waiter woken.
-local function announce(lock, channel, queue, ends)
+-- delivery, one waiter woken. A head that is `skip` (the entry of the
+-- waiter that frees the lock and stays first) is not woken.
+local function announce(lock, channel, queue, ends, skip)
   redis.call('PUBLISH', channel, lock)
   if not queue or redis.call('EXISTS', queue) == 0 then
     return
@@ -19,7 +20,7 @@ local function announce(lock, channel, queue, ends)
     redis.call('ZREM', ends, unpack(ended))
   end
   local head = redis.call('ZRANGE', queue, 0, 0)[1]
-  if head then
+  if head and head ~= skip then
     local client = string.match(head, '^(%S+) ')
     if client then
       redis.call('PUBLISH', channel .. ':' .. client, 'next ' .. head)
