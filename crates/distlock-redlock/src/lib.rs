@@ -295,20 +295,27 @@ impl RedlockBackend {
             .inner
             .nodes
             .iter()
-            .map(|n| self.vote(n, req, how, place))
+            .enumerate()
+            .map(|(i, n)| self.vote(n, req, how, place).map(move |v| (i, v)))
             .collect();
         let mut tokens = Vec::new();
         let mut mismatched = Vec::new();
+        // The nodes whose script ran and refused: nothing to give back there.
+        let mut refused = vec![false; self.inner.nodes.len()];
         let (mut down, mut held, mut left): (usize, usize, Option<Duration>) = (0, 0, None);
         let counted = timeout_at(start + t, async {
-            while let Some(v) = votes.next().await {
+            while let Some((i, v)) = votes.next().await {
                 match v {
                     Vote::Granted(t) => tokens.push(t),
                     Vote::Held(l) => {
                         held += 1;
                         left = min_opt(left, l);
+                        refused[i] = true;
                     }
-                    Vote::Mismatch(stored) => mismatched.push(stored),
+                    Vote::Mismatch(stored) => {
+                        mismatched.push(stored);
+                        refused[i] = true;
+                    }
                     Vote::Down => down += 1,
                 }
                 if tokens.len() >= quorum {
@@ -344,7 +351,7 @@ impl RedlockBackend {
             {
                 return Ok(Round::Granted(token));
             }
-            self.rollback_all(req, place).await;
+            self.rollback(req, place, &refused).await;
             return Err(Error::unavailable(
                 "redlock",
                 "the fencing token could not be written back to enough nodes in time; the hold was released",
@@ -353,9 +360,11 @@ impl RedlockBackend {
         }
         // Step 5: failed, so release everywhere, including nodes that seemed
         // to fail: their grant may have happened and only the reply was lost.
-        // A waiting writer's marks stay: they hold new readers back until
-        // its next round; a queued waiter keeps its place on every node.
-        self.rollback_all(req, place).await;
+        // Only a node that answered with a refusal is left alone: its
+        // script ran and granted nothing. A waiting writer's marks stay:
+        // they hold new readers back until its next round; a queued waiter
+        // keeps its place on every node.
+        self.rollback(req, place, &refused).await;
         let total = self.inner.nodes.len();
         if !mismatched.is_empty() && mismatched.len() + down > total - quorum {
             // Too few nodes are up and store this limit for a quorum to
@@ -499,11 +508,13 @@ impl RedlockBackend {
         }
     }
 
-    /// Releases the hold on every node but keeps a writer's marks, each
-    /// node bounded by the node timeout.
-    async fn rollback_all(&self, req: &LockRequest, place: Option<QueuePlace>) {
+    /// Releases the hold on every node but those that `refused` it, and
+    /// keeps a writer's marks (and with `place`, the waiter's place in each
+    /// node's queue), each node bounded by the node timeout.
+    async fn rollback(&self, req: &LockRequest, place: Option<QueuePlace>, refused: &[bool]) {
         let t = self.inner.config.node_timeout;
-        join_all(self.inner.nodes.iter().map(|n| async move {
+        let nodes = self.inner.nodes.iter().zip(refused);
+        join_all(nodes.filter(|(_, no)| !**no).map(|(n, _)| async move {
             let rel = async {
                 let r = n.redis(false).await?;
                 match place {
