@@ -46,6 +46,16 @@ fn main() {
         extra.extend([
             trial(
                 rt,
+                "redlock::a_refused_round_gives_nothing_back",
+                refused_round(""),
+            ),
+            trial(
+                rt,
+                "redlock::fenced::a_refused_round_gives_nothing_back",
+                refused_round("&fencing=true"),
+            ),
+            trial(
+                rt,
                 "redlock::fifo::grants_in_arrival_order_waking_only_the_head",
                 fifo_order(),
             ),
@@ -478,6 +488,72 @@ async fn restart(protected: bool) -> Result<(), Failed> {
     };
     drop((node2, held));
     result
+}
+
+/// A round every node refuses is one request per node: a refusal granted
+/// nothing, so no release follows it (a release is a script call; an
+/// unfenced try is a plain `SET` per node, a fenced one a script call).
+/// A round that one node grants gives that node, and only that node, its
+/// grant back.
+async fn refused_round(options: &'static str) -> Result<(), Failed> {
+    let nodes = blocking(three_nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let url = url(&nodes, options);
+    let (holder, other) = (
+        LockClient::new(RedlockBackend::connect(&url).await?),
+        LockClient::new(RedlockBackend::connect(&url).await?),
+    );
+    let name = "refused-round";
+    let scripts = || -> u64 {
+        ports
+            .iter()
+            .map(|p| server::calls(*p, &["evalsha", "eval"]))
+            .sum()
+    };
+    // Loads the scripts on every node first: a first EVALSHA answered
+    // NOSCRIPT and sent again would count twice.
+    let warm = other.lock("warm-up").try_acquire().await?;
+    warm.ok_or("free lock refused")?.release().await?;
+    let g = holder
+        .lock(name)
+        .try_acquire()
+        .await?
+        .ok_or("free lock refused")?;
+    let before = scripts();
+    if other.lock(name).try_acquire().await?.is_some() {
+        return Err("granted twice".into());
+    }
+    let sent = scripts() - before;
+    let fenced = u64::from(!options.is_empty());
+    if sent != 3 * fenced {
+        return Err(format!(
+            "a round every node refused cost {sent} script calls; expected {}",
+            3 * fenced
+        )
+        .into());
+    }
+    // One node of three free: granted there, refused on two; only the
+    // granting node is asked to give it back.
+    let key = distlock_redis::Keys::new("", &distlock_core::LockName::new(name)?).lock;
+    let port = ports[0];
+    blocking(move || {
+        server::command(port, &["DEL", &key]).ok_or_else(|| Failed::from("no reply to DEL"))
+    })
+    .await?;
+    let before = scripts();
+    if other.lock(name).try_acquire().await?.is_some() {
+        return Err("granted on one node of three".into());
+    }
+    let sent = scripts() - before;
+    if sent != 3 * fenced + 1 {
+        return Err(format!(
+            "a round one node granted cost {sent} script calls; expected {} (the round, then one give-back)",
+            3 * fenced + 1
+        )
+        .into());
+    }
+    g.release().await?;
+    Ok(())
 }
 
 fn three_nodes() -> Result<Vec<ServerProcess>, Failed> {
