@@ -134,6 +134,16 @@ impl WaitClock {
     }
 }
 
+/// How long a waiter's entry in a server-side wait queue lasts from now:
+/// `lease`, but never past the wait's `deadline` (and a few milliseconds
+/// for the request to get there), so a wait that times out leaves no entry
+/// behind even if its leaving is lost.
+pub fn queue_entry_life(lease: Duration, deadline: Option<Instant>) -> Duration {
+    deadline.map_or(lease, |d| {
+        lease.min(d.saturating_duration_since(Instant::now()) + Duration::from_millis(5))
+    })
+}
+
 /// Checks how long a waiter's entry in a server-side wait queue outlives
 /// its last attempt (a backend's `queue_lease`): at least 30 ms, since
 /// waiters renew their entries every third of it.
@@ -468,6 +478,19 @@ pub async fn acquire_by_polling<B: Backend + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_entry_outlives_neither_its_lease_nor_the_wait() {
+        let lease = Duration::from_secs(3);
+        assert_eq!(queue_entry_life(lease, None), lease);
+        let far = Instant::now() + Duration::from_secs(60);
+        assert_eq!(queue_entry_life(lease, Some(far)), lease);
+        let soon = Instant::now() + Duration::from_millis(100);
+        let life = queue_entry_life(lease, Some(soon));
+        assert!(life <= Duration::from_millis(105), "{life:?}");
+        let past = Instant::now() - Duration::from_millis(1);
+        assert_eq!(queue_entry_life(lease, Some(past)), Duration::from_millis(5));
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::wait::{wait_for_grant, Outcome, Pace, Signalled, Wakeup, Wakeups};
+use distlock_core::wait::{
+    queue_entry_life, wait_for_grant, Outcome, Pace, Signalled, Wakeup, Wakeups,
+};
 use distlock_core::{
     async_trait, AllAtOnce, Backend, Capabilities, Consistency, Error, Fencing, FencingToken,
     Finding, Grant, HoldKind, HoldRecord, Leader, LockName, LockRequest, LockStatus, Result,
@@ -501,12 +503,7 @@ impl Backend for RedisBackend {
                 Attempt::FirstOfWait
             };
             let a = if queued {
-                let lease = self.inner.config.queue_lease;
-                // An entry outlives neither its lease nor the wait.
-                let life = deadline.map_or(lease, |d| {
-                    lease
-                        .min(d.saturating_duration_since(Instant::now()) + Duration::from_millis(5))
-                });
+                let life = queue_entry_life(self.inner.config.queue_lease, deadline);
                 self.attempt_exclusive(req, how, true, Some(life)).await?
             } else {
                 self.attempt_in(req, how).await?

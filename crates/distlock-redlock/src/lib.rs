@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::wait::{jitter, wait_for_grant, Outcome, Pace, Wakeup, Wakeups};
+use distlock_core::wait::{
+    jitter, queue_entry_life, wait_for_grant, Outcome, Pace, Wakeup, Wakeups,
+};
 use distlock_core::{
     async_trait, Backend, Capabilities, Consistency, Error, Fencing, FencingToken, Grant, HoldKind,
     HoldRecord, InputKind, Leader, LockName, LockRequest, LockStatus, Result, TrustedClock,
@@ -617,14 +619,9 @@ impl Backend for RedlockBackend {
             } else {
                 Attempt::FirstOfWait
             };
-            let place = order.map(|order| {
-                let lease = self.inner.config.queue_lease;
-                // An entry outlives neither its lease nor the wait.
-                let life = deadline.map_or(lease, |d| {
-                    lease
-                        .min(d.saturating_duration_since(Instant::now()) + Duration::from_millis(5))
-                });
-                QueuePlace { order, life }
+            let place = order.map(|order| QueuePlace {
+                order,
+                life: queue_entry_life(self.inner.config.queue_lease, deadline),
             });
             Ok(match self.round(req, how, place).await? {
                 Round::Granted(t) => Outcome::Granted(t),
