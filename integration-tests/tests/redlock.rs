@@ -66,6 +66,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "redlock::fifo::a_try_is_refused_while_a_waiter_heads_the_queue",
+                fifo_try(),
+            ),
+            trial(
+                rt,
                 "redlock::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entries_lapse",
                 fifo_cut(),
             ),
@@ -643,6 +648,80 @@ async fn fifo_cancel() -> Result<(), Failed> {
         fifo_queued(ports, name),
     )
     .await
+}
+
+/// A free lock whose queue a waiter heads on every node is refused to a
+/// `try_acquire`: here the waiter is cut off (its connections through
+/// proxies that then drop everything), so the lock stays free while its
+/// entries live, and a try succeeds only once they have lapsed.
+async fn fifo_try() -> Result<(), Failed> {
+    let nodes = blocking(three_nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let lease = Duration::from_secs(3);
+    let options = format!("&fifo=true&queue_lease_ms={}", lease.as_millis());
+    let url = url(&nodes, &options);
+    let proxies = ports
+        .iter()
+        .map(|p| Proxy::start(*p).map_err(|e| Failed::from(e.to_string())))
+        .collect::<Result<Vec<_>, Failed>>()?;
+    let proxied = server::redlock_url(proxies.iter().map(|p| p.port), &options);
+    let name = "fifo/try";
+    let queued = fifo_queued(ports, name);
+    let holder = LockClient::new(RedlockBackend::connect(&url).await?);
+    let g = holder
+        .lock(name)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let waiter = LockClient::new(RedlockBackend::connect(&proxied).await?);
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock(name)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    let start = Instant::now();
+    while queued()? != 1 {
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err("the waiter did not queue on every node".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for p in &proxies {
+        p.set_blackhole(true);
+    }
+    g.release().await?;
+    let other = LockClient::new(RedlockBackend::connect(&url).await?);
+    let cut = Instant::now();
+    if other.lock(name).try_acquire().await?.is_some() {
+        return Err("a try took the lock ahead of the queue's head".into());
+    }
+    // Once the entries lapse (a lease after the waiter's last round) the
+    // try goes through.
+    let got = loop {
+        if let Some(g) = other.lock(name).try_acquire().await? {
+            break g;
+        }
+        if cut.elapsed() > lease * 2 + Duration::from_secs(5) {
+            return Err("the cut-off waiter's entries held the lock up past their lease".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let took = cut.elapsed();
+    got.release().await?;
+    waiting.abort();
+    for p in &proxies {
+        p.set_blackhole(false);
+    }
+    if took < lease / 3 {
+        return Err(format!(
+            "a try went through {took:?} after the cut, before the entries could lapse"
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// The cut-off waiter reaches each node through a proxy of its own, and

@@ -489,7 +489,10 @@ mod tests {
         let life = queue_entry_life(lease, Some(soon));
         assert!(life <= Duration::from_millis(105), "{life:?}");
         let past = Instant::now() - Duration::from_millis(1);
-        assert_eq!(queue_entry_life(lease, Some(past)), Duration::from_millis(5));
+        assert_eq!(
+            queue_entry_life(lease, Some(past)),
+            Duration::from_millis(5)
+        );
     }
 
     #[test]
