@@ -503,7 +503,9 @@ async fn restart(protected: bool) -> Result<(), Failed> {
 async fn refused_round(options: &'static str) -> Result<(), Failed> {
     let nodes = blocking(three_nodes).await?;
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
-    let url = url(&nodes, options);
+    // A node slower than the node timeout counts as down and is sent a
+    // release: here every node answers, however loaded the machine.
+    let url = url(&nodes, &format!("{options}&node_timeout_ms=5000"));
     let (holder, other) = (
         LockClient::new(RedlockBackend::connect(&url).await?),
         LockClient::new(RedlockBackend::connect(&url).await?),
@@ -524,7 +526,21 @@ async fn refused_round(options: &'static str) -> Result<(), Failed> {
         .try_acquire()
         .await?
         .ok_or("free lock refused")?;
-    let before = scripts();
+    // A round and a release return at a majority; what they sent the last
+    // node (a grant, a fencing write-back, a release) runs after them, and
+    // must not land inside a count below.
+    let settled = || async {
+        let mut last = scripts();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = scripts();
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    };
+    let before = settled().await;
     if other.lock(name).try_acquire().await?.is_some() {
         return Err("granted twice".into());
     }
@@ -545,7 +561,7 @@ async fn refused_round(options: &'static str) -> Result<(), Failed> {
         server::command(port, &["DEL", &key]).ok_or_else(|| Failed::from("no reply to DEL"))
     })
     .await?;
-    let before = scripts();
+    let before = settled().await;
     if other.lock(name).try_acquire().await?.is_some() {
         return Err("granted on one node of three".into());
     }
