@@ -16,7 +16,7 @@ use distlock_core::{Error, InputKind, Result};
 /// | `retry_jitter_ms` | random delay added before a retry | 50 |
 /// | `prefix` | key prefix, as for the Redis backend | empty |
 /// | `fifo` | `true`: waiting exclusive requests queue on every node in one order (the client's wall-clock time when each wait began) and a release wakes only the head, as the Redis backend's `fifo` does on one server; `false`: a release wakes every waiter | `false` |
-/// | `queue_lease_ms` | how long a waiter's queue entries outlive its last round (renewed every third of this): a killed or cut-off waiter holds up the queue at most this long | 3000 |
+/// | `queue_lease_ms` | how long a waiter's queue entries outlive the waiter's latest round (renewed every third of this): a killed or cut-off waiter holds up the queue at most this long | 3000 |
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct RedlockConfig {
@@ -40,7 +40,7 @@ pub struct RedlockConfig {
     /// Whether waiting exclusive requests queue on every node, first come,
     /// first served.
     pub fifo: bool,
-    /// How long a waiter's queue entries outlive its last round.
+    /// How long a waiter's queue entries outlive the waiter's latest round.
     pub queue_lease: Duration,
 }
 
@@ -80,7 +80,7 @@ impl RedlockConfig {
         self
     }
 
-    /// Sets how long a waiter's queue entries outlive its last round.
+    /// Sets how long a waiter's queue entries outlive the waiter's latest round.
     pub fn with_queue_lease(mut self, lease: Duration) -> Self {
         self.queue_lease = lease;
         self
