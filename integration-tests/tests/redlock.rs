@@ -56,6 +56,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "redlock::fifo::a_waiter_whose_client_listens_already_goes_round_once",
+                listening_waiter(),
+            ),
+            trial(
+                rt,
                 "redlock::fifo::grants_in_arrival_order_waking_only_the_head",
                 fifo_order(),
             ),
@@ -574,6 +579,112 @@ async fn refused_round(options: &'static str) -> Result<(), Failed> {
         .into());
     }
     g.release().await?;
+    Ok(())
+}
+
+/// A queued waiter subscribes after its first refused round and goes round
+/// once more, so that a release between the two is not missed. A waiter
+/// that finds the subscription on every node already there (another
+/// waiter on the same connections listens, or did a moment ago, like the
+/// releaser of a handoff queueing again) sends its refused first round and
+/// sleeps: as many script calls as a refused try, not two rounds. The two
+/// waiters here are two clients over one backend, so that the second is
+/// not coalesced with the first inside one client.
+async fn listening_waiter() -> Result<(), Failed> {
+    let nodes = blocking(three_nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    // No entry needs renewing while the counts are taken.
+    let url = url(
+        &nodes,
+        "&fifo=true&queue_lease_ms=60000&node_timeout_ms=5000",
+    );
+    let holder = LockClient::new(RedlockBackend::connect(&url).await?);
+    let shared: distlock_core::DynBackend = Arc::new(RedlockBackend::connect(&url).await?);
+    let (waiters, others) = (
+        LockClient::from_dyn(shared.clone()),
+        LockClient::from_dyn(shared),
+    );
+    let name = "listening-waiter";
+    let scripts = || -> u64 {
+        ports
+            .iter()
+            .map(|p| server::calls(*p, &["evalsha", "eval"]))
+            .sum()
+    };
+    // The count once nothing more arrives for 600 ms: a round returns at
+    // a majority, and what it sent the last node lands after it (late on a
+    // loaded machine).
+    let settled = || async {
+        let (mut last, mut quiet) = (scripts(), 0);
+        while quiet < 3 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = scripts();
+            quiet = if now == last { quiet + 1 } else { 0 };
+            last = now;
+        }
+        last
+    };
+    let warm = waiters.lock("warm-up").try_acquire().await?;
+    warm.ok_or("free lock refused")?.release().await?;
+    let g = holder
+        .lock(name)
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await?
+        .ok_or("free lock refused")?;
+    let start = settled().await;
+    if waiters.lock(name).try_acquire().await?.is_some() {
+        return Err("granted twice".into());
+    }
+    let tried = settled().await;
+    // A round is one script call per node; on a loaded machine a release
+    // can follow it, to a node that had not answered when the others
+    // refused. So a count says at least how many rounds were sent, and
+    // fewer than twice a round's calls is one round.
+    let round = ports.len() as u64;
+    if tried - start < round {
+        return Err(format!(
+            "a refused try sent {} script calls; a round is {round}",
+            tried - start
+        )
+        .into());
+    }
+    let wait = |c: &LockClient| {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.lock(name)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .map(|g| g.token())
+        })
+    };
+    let first = wait(&waiters);
+    let queued = settled().await;
+    if queued - tried < 2 * round {
+        return Err(format!(
+            "the first waiter sent {} script calls; expected two rounds of {round}",
+            queued - tried
+        )
+        .into());
+    }
+    let second = wait(&others);
+    let sent = settled().await - queued;
+    if sent < round || sent >= 2 * round {
+        return Err(format!(
+            "the second waiter sent {sent} script calls before sleeping; expected one round of {round}"
+        )
+        .into());
+    }
+    g.release().await?;
+    // Each waiter's guard is dropped as it is granted, which hands the
+    // lock to the next.
+    for w in [first, second] {
+        tokio::time::timeout(Duration::from_secs(20), w)
+            .await
+            .map_err(|_| "a waiter was not woken")?
+            .map_err(|e| e.to_string())??;
+    }
     Ok(())
 }
 

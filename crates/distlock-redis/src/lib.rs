@@ -250,6 +250,25 @@ impl RedisBackend {
         self.watch_channel(self.keys(name).channel, Wake::All).await
     }
 
+    /// Whether `req`'s watch is subscribed on a live connection now (also
+    /// while a subscription lingers after its last waiter), so that taking
+    /// it sends nothing to the server: the watch of
+    /// [`watch_permit_releases`](Self::watch_permit_releases) for a permit,
+    /// [`watch_election_releases`](Self::watch_election_releases) for a
+    /// leadership, [`watch_queue`](Self::watch_queue) for a lock or shared
+    /// hold waiting in the queue (`queued`), else
+    /// [`watch_releases`](Self::watch_releases).
+    pub fn watching(&self, req: &LockRequest, queued: bool) -> bool {
+        let channel = match req.kind {
+            HoldKind::Permits { .. } => self.semaphore_keys(&req.name).channel,
+            HoldKind::Leader => self.election_keys(&req.name).channel,
+            _ if queued => Keys::queue_channel_of(&self.lock_key(&req.name), &self.inner.id),
+            _ => self.keys(&req.name).channel,
+        };
+        let subscriber = &self.inner.subscriber;
+        subscriber.any() && subscriber.subscribed(&channel)
+    }
+
     async fn watch_channel(&self, channel: String, wake: Wake) -> Result<ReleaseWatch> {
         let watch = self
             .inner

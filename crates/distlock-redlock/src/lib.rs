@@ -1073,6 +1073,27 @@ impl Wakeups for NodeWatches<'_> {
         }))
     }
 
+    /// Ready before the first round when every node's watch is already
+    /// subscribed (a waiter of this client listened there a moment ago), so
+    /// that a refused first round sleeps instead of going round once more.
+    async fn ready(&mut self) -> Result<bool> {
+        let (req, queued) = (self.req, self.queued);
+        let all = self
+            .backend
+            .inner
+            .nodes
+            .iter()
+            .all(|n| n.connected().is_some_and(|r| r.watching(req, queued)));
+        if !all {
+            return Ok(false);
+        }
+        self.prepare().await?;
+        Ok(self
+            .watches
+            .as_ref()
+            .is_some_and(|w| w.len() == self.backend.inner.nodes.len()))
+    }
+
     async fn prepare(&mut self) -> Result<()> {
         match &mut self.watches {
             Some(w) => w.retain(ReleaseWatch::alive),

@@ -59,6 +59,11 @@ impl Node {
             .await
     }
 
+    /// The node's connection if it has one, without connecting.
+    pub(crate) fn connected(&self) -> Option<&RedisBackend> {
+        self.redis.get()
+    }
+
     pub(crate) fn quarantined(&self) -> bool {
         lock(&self.quarantined_until).is_some_and(|until| Instant::now() < until)
     }
