@@ -72,33 +72,52 @@ fn slot(task: usize, i: u32, tasks: usize, names: usize) -> usize {
     }
 }
 
+/// What one configuration of scenario 3 measured: distlock, the raw
+/// sequence, and distlock's requests sent raw (where written).
+pub(crate) struct Throughput {
+    pub(crate) ours: Rate,
+    pub(crate) raw: Rate,
+    pub(crate) proto: Option<Rate>,
+}
+
 /// Acquire+release throughput of `tasks` tasks on `names` names through
-/// one shared client (distlock) and through the raw sequence on its own
-/// connection or pool (raw), one after the other.
+/// shared distlock clients (`libs`), through the raw sequence on
+/// connections or pools of its own (`raws`, as many), and through
+/// distlock's requests sent raw on those (`protos`, where written), one
+/// after the other. Task `t` goes through client `t % libs.len()` on every
+/// side.
 pub(crate) async fn throughput(
-    lib: &LockClient,
-    raw: &Step,
+    libs: &[LockClient],
+    raws: &[Step],
+    protos: Option<&[Step]>,
     tasks: usize,
     names: usize,
     run_for: Duration,
     tag: &str,
-) -> Result<(Rate, Rate), BoxError> {
+) -> Result<Throughput, BoxError> {
     let names = names.max(tasks);
-    let (lib, prefix) = (lib.clone(), format!("bench/{tag}/k{tasks}x{names}"));
+    let prefix = format!("bench/{tag}/k{tasks}x{names}c{}", libs.len());
+    let libs: Arc<[LockClient]> = libs.into();
     let ours = rate(tasks, run_for, move |task, i| {
         let (lib, name) = (
-            lib.clone(),
+            libs[task % libs.len()].clone(),
             format!("{prefix}/{}", slot(task, i, tasks, names)),
         );
         async move { crate::cycle(&lib, &name).await }
     })
     .await?;
-    let raw = raw.clone();
-    let theirs = rate(tasks, run_for, move |task, i| {
-        raw(i, slot(task, i, tasks, names))
-    })
-    .await?;
-    Ok((ours, theirs))
+    let on = |steps: &[Step]| {
+        let steps: Arc<[Step]> = steps.into();
+        rate(tasks, run_for, move |task, i| {
+            steps[task % steps.len()](i, slot(task, i, tasks, names))
+        })
+    };
+    let raw = on(raws).await?;
+    let proto = match protos {
+        Some(p) => Some(on(p).await?),
+        None => None,
+    };
+    Ok(Throughput { ours, raw, proto })
 }
 
 /// K clients contending for one name.

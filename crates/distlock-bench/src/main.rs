@@ -35,11 +35,24 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// With this variable set to a URL, the binary does one acquire+release
 /// there and exits (the process-level comparison with `etcdctl lock`).
 pub(crate) const ONCE_ENV: &str = "DISTLOCK_BENCH_ONCE_URL";
-type BoxFut<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
+pub(crate) type BoxFut<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
 
 /// One measured operation, given the iteration number and a slot (which
 /// name or key to use, so that concurrent callers do not contend).
 pub(crate) type Step = Arc<dyn Fn(u32, usize) -> BoxFut<()> + Send + Sync>;
+
+/// The raw lock sequence on a connection (or pool) of its own, distlock's
+/// requests sent raw on it (where written), and a distlock client on that
+/// pool where the target's distlock shares the raw sequences' pool
+/// (PostgreSQL, MySQL; `None`: distlock connects by the URL).
+pub(crate) struct Fresh {
+    pub(crate) raw: Step,
+    pub(crate) proto: Option<Step>,
+    pub(crate) client: Option<LockClient>,
+}
+
+/// Makes a [`Fresh`] connection.
+pub(crate) type Connect = Arc<dyn Fn() -> BoxFut<Fresh> + Send + Sync>;
 
 /// `--fifo`, for the targets that build distlock's clients.
 static FIFO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -212,6 +225,9 @@ struct Target {
     /// turn; a pool with more of them is slower per statement. `None`:
     /// distlock connects by the URL.
     client: Option<LockClient>,
+    /// The raw lock sequence on a connection (or pool) of its own, for
+    /// scenario 3 through several clients.
+    fresh: Connect,
     _server: Option<TestServer>,
     _servers: Vec<TestServer>,
 }
@@ -759,8 +775,18 @@ async fn client(
     })
 }
 
-/// Scenario 3's (tasks, names) pairs: every task on names of its own.
-const THROUGHPUT: &[(usize, usize)] = &[(8, 8), (8, 1000), (64, 64), (64, 1000)];
+/// Scenario 3's (tasks, names, clients): every task on names of its own,
+/// through one client or spread over four.
+const THROUGHPUT: &[(usize, usize, usize)] = &[
+    (8, 8, 1),
+    (8, 1000, 1),
+    (64, 64, 1),
+    (64, 1000, 1),
+    (8, 8, 4),
+    (8, 1000, 4),
+    (64, 64, 4),
+    (64, 1000, 4),
+];
 
 async fn scenarios_3_to_6(
     t: &Target,
@@ -769,7 +795,7 @@ async fn scenarios_3_to_6(
     r: &mut Results,
 ) -> Result<(), BoxError> {
     let secs = Duration::from_secs_f64(a.seconds);
-    let throughput: &[(usize, usize)] = if a.only.iter().any(|g| g == "3") {
+    let throughput: &[(usize, usize, usize)] = if a.only.iter().any(|g| g == "3") {
         THROUGHPUT
     } else {
         &[]
@@ -777,24 +803,67 @@ async fn scenarios_3_to_6(
     if !throughput.is_empty() {
         let _ = writeln!(
             r.md,
-            "\n#### {}: tasks on names through one client ({} s each)\n\n| tasks | names | raw ops/s | distlock ops/s | distlock / raw | client CPU µs/op, raw → distlock | thread blocks/op, raw → distlock |\n|---|---|---|---|---|---|---|",
+            "\n#### {}: tasks on names through one or more clients ({} s each)\n\n| tasks | names | clients | raw ops/s | distlock ops/s | distlock / raw | distlock's requests sent raw, ops/s | distlock / its requests | client CPU µs/op, raw → distlock | thread blocks/op, raw → distlock |\n|---|---|---|---|---|---|---|---|---|---|",
             t.name, a.seconds
         );
     }
-    for &(tasks, names) in throughput {
-        let (ours, raw) = contention::throughput(lib, &t.raw, tasks, names, secs, t.name)
-            .await
-            .map_err(|e| format!("{}: {tasks} tasks on {names} names: {e}", t.name))?;
+    // The clients beyond the first, each with the raw sequence (and
+    // distlock's requests sent raw) on a connection or pool of its own,
+    // made once for every configuration.
+    let mut libs = vec![lib.clone()];
+    let mut raws = vec![t.raw.clone()];
+    let mut protos: Option<Vec<Step>> = t.proto.clone().map(|p| vec![p]);
+    let most = throughput.iter().map(|c| c.2).max().unwrap_or(1);
+    while libs.len() < most {
+        let fresh = (t.fresh)().await?;
+        // `lib()` connects anew where the target's client is not on the
+        // raw sequences' pool.
+        libs.push(match fresh.client {
+            Some(c) => c,
+            None => t.lib().await?,
+        });
+        raws.push(fresh.raw);
+        if let (Some(protos), Some(p)) = (&mut protos, fresh.proto) {
+            protos.push(p);
+        }
+    }
+    for &(tasks, names, clients) in throughput {
+        let m = contention::throughput(
+            &libs[..clients],
+            &raws[..clients],
+            protos.as_deref().map(|p| &p[..clients]),
+            tasks,
+            names,
+            secs,
+            t.name,
+        )
+        .await
+        .map_err(|e| {
+            format!(
+                "{}: {tasks} tasks on {names} names through {clients} clients: {e}",
+                t.name
+            )
+        })?;
+        let proto = m.proto.map_or_else(
+            || "- | -".to_string(),
+            |p| {
+                format!(
+                    "{:.0} | {:.2}",
+                    p.ops_per_sec,
+                    m.ours.ops_per_sec / p.ops_per_sec
+                )
+            },
+        );
         let _ = writeln!(
             r.md,
-            "| {tasks} | {names} | {:.0} | {:.0} | **{:.2}** | {:.1} → {:.1} | {:.2} → {:.2} |",
-            raw.ops_per_sec,
-            ours.ops_per_sec,
-            ours.ops_per_sec / raw.ops_per_sec,
-            raw.cpu_us_per_op,
-            ours.cpu_us_per_op,
-            raw.blocks_per_op,
-            ours.blocks_per_op
+            "| {tasks} | {names} | {clients} | {:.0} | {:.0} | **{:.2}** | {proto} | {:.1} → {:.1} | {:.2} → {:.2} |",
+            m.raw.ops_per_sec,
+            m.ours.ops_per_sec,
+            m.ours.ops_per_sec / m.raw.ops_per_sec,
+            m.raw.cpu_us_per_op,
+            m.ours.cpu_us_per_op,
+            m.raw.blocks_per_op,
+            m.ours.blocks_per_op
         );
     }
 
@@ -1196,45 +1265,12 @@ where
 /// minimal Redlock: `SET NX PX` on the three nodes at once, then the
 /// compare-and-delete on the three at once, each half done when two nodes
 /// said yes.
-async fn redlock_target() -> Result<Target, BoxError> {
-    let mut servers = Vec::new();
-    let mut conns = Vec::new();
-    for _ in 0..3 {
-        let server = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Redis)).await??;
-        let client = redis::Client::open(server.url())?;
-        conns.push(client.get_multiplexed_async_connection().await?);
-        servers.push(server);
-    }
-    let url = format!(
-        "redlock://{}",
-        servers
-            .iter()
-            .map(|s| s
-                .url()
-                .trim_start_matches("redis://")
-                .trim_end_matches('/')
-                .to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    let c1 = conns.clone();
-    let rtt: Step = Arc::new(move |_, _| {
-        let c = c1.clone();
-        Box::pin(async move {
-            let pings = c.into_iter().map(|mut c| async move {
-                let _: String = redis::cmd("PING").query_async(&mut c).await?;
-                Ok::<(), redis::RedisError>(())
-            });
-            for r in futures_util::future::join_all(pings).await {
-                r?;
-            }
-            Ok(())
-        })
-    });
-    let cad = redis::Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0");
-    let c2 = conns.clone();
-    let raw: Step = Arc::new(move |i, slot| {
-        let (c, cad) = (c2.clone(), cad.clone());
+/// The raw Redlock lock on `conns` (one connection per node): `SET NX PX`
+/// on every node, then compare-and-delete on every node.
+fn redlock_raw(conns: Vec<redis::aio::MultiplexedConnection>) -> Step {
+    let cad = compare_and_delete();
+    Arc::new(move |i, slot| {
+        let (c, cad) = (conns.clone(), cad.clone());
         Box::pin(async move {
             let key = format!("bench/raw/{slot}");
             let owner = format!("raw-{i}");
@@ -1270,6 +1306,60 @@ async fn redlock_target() -> Result<Target, BoxError> {
                 return Err("raw redlock: release reached no majority".into());
             }
             Ok(())
+        })
+    })
+}
+
+async fn redlock_target() -> Result<Target, BoxError> {
+    let mut servers = Vec::new();
+    let mut conns = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let server = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Redis)).await??;
+        let client = redis::Client::open(server.url())?;
+        conns.push(client.get_multiplexed_async_connection().await?);
+        clients.push(client);
+        servers.push(server);
+    }
+    let url = format!(
+        "redlock://{}",
+        servers
+            .iter()
+            .map(|s| s
+                .url()
+                .trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let c1 = conns.clone();
+    let rtt: Step = Arc::new(move |_, _| {
+        let c = c1.clone();
+        Box::pin(async move {
+            let pings = c.into_iter().map(|mut c| async move {
+                let _: String = redis::cmd("PING").query_async(&mut c).await?;
+                Ok::<(), redis::RedisError>(())
+            });
+            for r in futures_util::future::join_all(pings).await {
+                r?;
+            }
+            Ok(())
+        })
+    });
+    let raw = redlock_raw(conns.clone());
+    let fresh: Connect = Arc::new(move || {
+        let clients = clients.clone();
+        Box::pin(async move {
+            let mut conns = Vec::new();
+            for client in &clients {
+                conns.push(client.get_multiplexed_async_connection().await?);
+            }
+            Ok(Fresh {
+                raw: redlock_raw(conns),
+                proto: None,
+                client: None,
+            })
         })
     });
     // The raw shared hold: the raw shared acquire script on the three
@@ -1364,6 +1454,7 @@ async fn redlock_target() -> Result<Target, BoxError> {
         // the `SET`s inside scripts under the same name).
         requests: Some(redis_requests(counted, &["evalsha", "eval"])),
         client: None,
+        fresh,
         _server: None,
         _servers: servers,
     })
@@ -1405,6 +1496,64 @@ fn redis_requests(
     })
 }
 
+/// The compare-and-delete release of the raw lock sequences.
+fn compare_and_delete() -> redis::Script {
+    redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+}
+
+/// The raw Redis lock on `conn`: `SET NX PX`, then compare-and-delete.
+fn redis_raw(conn: redis::aio::MultiplexedConnection) -> Step {
+    let cad = compare_and_delete();
+    Arc::new(move |i, slot| {
+        let (mut c, cad) = (conn.clone(), cad.clone());
+        Box::pin(async move {
+            let key = format!("bench/raw/{slot}");
+            let owner = format!("raw-{i}");
+            let ok: Option<String> = set_nx_px(&key, &owner).query_async(&mut c).await?;
+            ok.ok_or("raw lock busy")?;
+            let _: i64 = cad.key(&key).arg(&owner).invoke_async(&mut c).await?;
+            Ok(())
+        })
+    })
+}
+
+/// distlock's two scripts on `conn`, with the backend's keys and
+/// arguments.
+fn redis_proto(conn: redis::aio::MultiplexedConnection) -> Step {
+    Arc::new(move |i, slot| {
+        let mut c = conn.clone();
+        Box::pin(async move {
+            let scripts = distlock::redis::Scripts::get();
+            let keys = distlock::redis::Keys::new(
+                "",
+                &distlock::LockName::new(format!("bench/proto/{slot}"))?,
+            );
+            let owner = format!("{i:032x}");
+            let token: i64 = scripts
+                .acquire
+                .key(&keys.lock)
+                .key(&keys.fence)
+                .arg(&owner)
+                .arg(30_000)
+                .invoke_async(&mut c)
+                .await?;
+            if token < 1 {
+                return Err("proto lock busy".into());
+            }
+            let _: i64 = scripts
+                .release
+                .key(&keys.lock)
+                .arg(&owner)
+                .arg(&keys.channel)
+                .invoke_async(&mut c)
+                .await?;
+            Ok(())
+        })
+    })
+}
+
 async fn redis_target() -> Result<Target, BoxError> {
     let server = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Redis)).await??;
     let client = redis::Client::open(server.url())?;
@@ -1417,17 +1566,16 @@ async fn redis_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
-    let cad = redis::Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0");
-    let c2 = conn.clone();
-    let raw: Step = Arc::new(move |i, slot| {
-        let (mut c, cad) = (c2.clone(), cad.clone());
+    let raw = redis_raw(conn.clone());
+    let fresh: Connect = Arc::new(move || {
+        let client = client.clone();
         Box::pin(async move {
-            let key = format!("bench/raw/{slot}");
-            let owner = format!("raw-{i}");
-            let ok: Option<String> = set_nx_px(&key, &owner).query_async(&mut c).await?;
-            ok.ok_or("raw lock busy")?;
-            let _: i64 = cad.key(&key).arg(&owner).invoke_async(&mut c).await?;
-            Ok(())
+            let conn = client.get_multiplexed_async_connection().await?;
+            Ok(Fresh {
+                raw: redis_raw(conn.clone()),
+                proto: Some(redis_proto(conn)),
+                client: None,
+            })
         })
     });
     // The raw shared hold: the raw shared acquire script, then the release
@@ -1463,37 +1611,7 @@ async fn redis_target() -> Result<Target, BoxError> {
         })
     });
     // distlock's two scripts with the backend's keys and arguments.
-    let c3 = conn.clone();
-    let proto: Step = Arc::new(move |i, slot| {
-        let mut c = c3.clone();
-        Box::pin(async move {
-            let scripts = distlock::redis::Scripts::get();
-            let keys = distlock::redis::Keys::new(
-                "",
-                &distlock::LockName::new(format!("bench/proto/{slot}"))?,
-            );
-            let owner = format!("{i:032x}");
-            let token: i64 = scripts
-                .acquire
-                .key(&keys.lock)
-                .key(&keys.fence)
-                .arg(&owner)
-                .arg(30_000)
-                .invoke_async(&mut c)
-                .await?;
-            if token < 1 {
-                return Err("proto lock busy".into());
-            }
-            let _: i64 = scripts
-                .release
-                .key(&keys.lock)
-                .arg(&owner)
-                .arg(&keys.channel)
-                .invoke_async(&mut c)
-                .await?;
-            Ok(())
-        })
-    });
+    let proto = redis_proto(conn.clone());
     // Every distlock request is a script call (EVALSHA, or EVAL once per
     // script); the INFO call itself is not counted.
     let requests = redis_requests(vec![conn], &["evalsha", "eval"]);
@@ -1507,6 +1625,7 @@ async fn redis_target() -> Result<Target, BoxError> {
         raw_shared: Some(raw_shared),
         requests: Some(requests),
         client: None,
+        fresh,
         _server: Some(server),
         _servers: Vec::new(),
     })
@@ -1571,30 +1690,30 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
     // expired holds under the lock row's lock and sets the row's end to the
     // latest live hold's, or frees the row. No wake-up (no NOTIFY), as in
     // the raw lock.
-    let (rtt, raw, raw_permit, raw_shared, client): (Step, Step, Step, Step, _) = if backend
-        == "sqlite"
-    {
-        let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)?
-            .create_if_missing(true)
-            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(5));
-        let pool = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token INTEGER NOT NULL, expires_at INTEGER NOT NULL)").execute(&pool).await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS raw_permits (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-        let p = pool.clone();
-        // One statement each, as SQLite runs a writing statement under the
-        // file's write lock: the count and the insert see the same rows.
-        // With no data-modifying CTE in SQLite, the release also deletes
-        // the name's expired permits (the acquire counts only live ones).
-        let raw_permit: Step = Arc::new(move |i, slot| {
-            let p = p.clone();
-            Box::pin(async move {
-                let (name, owner) = (format!("raw-permit/{slot}"), format!("raw-{i}"));
-                let granted: Option<i32> = sqlx::query_scalar(
+    let (rtt, raw, raw_permit, raw_shared, client, fresh): (Step, Step, Step, Step, _, Connect) =
+        if backend == "sqlite" {
+            let options =
+                <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)?
+                    .create_if_missing(true)
+                    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                    .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
+                    .busy_timeout(Duration::from_secs(5));
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(4)
+                .connect_with(options.clone())
+                .await?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token INTEGER NOT NULL, expires_at INTEGER NOT NULL)").execute(&pool).await?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS raw_permits (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+            let p = pool.clone();
+            // One statement each, as SQLite runs a writing statement under the
+            // file's write lock: the count and the insert see the same rows.
+            // With no data-modifying CTE in SQLite, the release also deletes
+            // the name's expired permits (the acquire counts only live ones).
+            let raw_permit: Step = Arc::new(move |i, slot| {
+                let p = p.clone();
+                Box::pin(async move {
+                    let (name, owner) = (format!("raw-permit/{slot}"), format!("raw-{i}"));
+                    let granted: Option<i32> = sqlx::query_scalar(
                     "INSERT INTO raw_permits
                      SELECT ?1, ?2, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 30000
                       WHERE (SELECT count(*) FROM raw_permits WHERE name = ?1
@@ -1606,8 +1725,8 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 .bind(i64::from(UNCONTENDED_LIMIT))
                 .fetch_optional(&p)
                 .await?;
-                granted.ok_or("raw semaphore full")?;
-                sqlx::query(
+                    granted.ok_or("raw semaphore full")?;
+                    sqlx::query(
                     "DELETE FROM raw_permits WHERE name = ?1 AND (owner = ?2
                       OR expires_at <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))",
                 )
@@ -1615,23 +1734,24 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 .bind(&owner)
                 .execute(&p)
                 .await?;
-                Ok(())
-            })
-        });
-        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-        // Each half one transaction whose first statement is a write, so
-        // that it runs under the file's write lock: the upsert and the
-        // hold's insert; the deletion and the lock row's update.
-        let p = pool.clone();
-        let raw_shared: Step = Arc::new(move |i, slot| {
-            let p = p.clone();
-            Box::pin(async move {
-                const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
-                let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
-                let mut tx = p.begin().await?;
-                let token: Option<i64> = sqlx::query_scalar(&format!(
-                    "INSERT INTO raw_locks VALUES (?1, 'shared', 1, {NOW} + 30000)
+                    Ok(())
+                })
+            });
+            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+            // Each half one transaction whose first statement is a write, so
+            // that it runs under the file's write lock: the upsert and the
+            // hold's insert; the deletion and the lock row's update.
+            let p = pool.clone();
+            let raw_shared: Step = Arc::new(move |i, slot| {
+                let p = p.clone();
+                Box::pin(async move {
+                    const NOW: &str =
+                        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+                    let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
+                    let mut tx = p.begin().await?;
+                    let token: Option<i64> = sqlx::query_scalar(&format!(
+                        "INSERT INTO raw_locks VALUES (?1, 'shared', 1, {NOW} + 30000)
                      ON CONFLICT(name) DO UPDATE
                         SET owner = 'shared', token = raw_locks.token + 1,
                             expires_at = max(raw_locks.expires_at, excluded.expires_at)
@@ -1640,31 +1760,31 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                         AND NOT EXISTS (SELECT 1 FROM raw_locks_writers
                                          WHERE name = ?1 AND expires_at > {NOW})
                      RETURNING token"
-                ))
-                .bind(&name)
-                .fetch_optional(&mut *tx)
-                .await?;
-                if token.is_some() {
+                    ))
+                    .bind(&name)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    if token.is_some() {
+                        sqlx::query(&format!(
+                            "INSERT INTO raw_locks_shared VALUES (?1, ?2, {NOW} + 30000)"
+                        ))
+                        .bind(&name)
+                        .bind(&owner)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    tx.commit().await?;
+                    token.ok_or("raw shared lock busy")?;
+                    let mut tx = p.begin().await?;
                     sqlx::query(&format!(
-                        "INSERT INTO raw_locks_shared VALUES (?1, ?2, {NOW} + 30000)"
+                        "DELETE FROM raw_locks_shared
+                      WHERE name = ?1 AND (owner = ?2 OR expires_at <= {NOW})"
                     ))
                     .bind(&name)
                     .bind(&owner)
                     .execute(&mut *tx)
                     .await?;
-                }
-                tx.commit().await?;
-                token.ok_or("raw shared lock busy")?;
-                let mut tx = p.begin().await?;
-                sqlx::query(&format!(
-                    "DELETE FROM raw_locks_shared
-                      WHERE name = ?1 AND (owner = ?2 OR expires_at <= {NOW})"
-                ))
-                .bind(&name)
-                .bind(&owner)
-                .execute(&mut *tx)
-                .await?;
-                sqlx::query(
+                    sqlx::query(
                     "UPDATE raw_locks
                         SET owner = CASE WHEN EXISTS (SELECT 1 FROM raw_locks_shared WHERE name = ?1)
                                          THEN owner ELSE NULL END,
@@ -1675,76 +1795,95 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 .bind(&name)
                 .execute(&mut *tx)
                 .await?;
-                tx.commit().await?;
-                Ok(())
-            })
-        });
-        let (rtt, raw) = raw_sql_steps!(
-            pool,
-            "INSERT INTO raw_locks VALUES (?1, ?2, 1, 0) ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, token = raw_locks.token + 1 WHERE raw_locks.owner IS NULL RETURNING token",
-            "UPDATE raw_locks SET owner = NULL WHERE name = ?1 AND owner = ?2"
-        );
-        (rtt, raw, raw_permit, raw_shared, None)
-    } else {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(10)
-            .connect(&url)
-            .await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)").execute(&pool).await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS raw_permits (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-        let p = pool.clone();
-        // Under READ COMMITTED a statement counts from the snapshot it
-        // started with, so concurrent acquirers of a name must take turns
-        // before the counting statement starts: a transaction holding the
-        // name's advisory lock, then one statement that deletes the expired
-        // permits and inserts the owner's if fewer than the limit are live.
-        let raw_permit: Step = Arc::new(move |i, slot| {
-            let p = p.clone();
-            Box::pin(async move {
-                let (name, owner) = (format!("raw-permit/{slot}"), format!("raw-{i}"));
-                let mut tx = p.begin().await?;
-                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-                    .bind(&name)
-                    .execute(&mut *tx)
-                    .await?;
-                let granted: Option<i32> = sqlx::query_scalar(
-                    "WITH expired AS (
+                    tx.commit().await?;
+                    Ok(())
+                })
+            });
+            macro_rules! sqlite_raw {
+            ($pool:expr) => {
+                raw_sql_steps!(
+                    $pool,
+                    "INSERT INTO raw_locks VALUES (?1, ?2, 1, 0) ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, token = raw_locks.token + 1 WHERE raw_locks.owner IS NULL RETURNING token",
+                    "UPDATE raw_locks SET owner = NULL WHERE name = ?1 AND owner = ?2"
+                )
+            };
+        }
+            let (rtt, raw) = sqlite_raw!(pool);
+            let fresh: Connect = Arc::new(move || {
+                let options = options.clone();
+                Box::pin(async move {
+                    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                        .max_connections(4)
+                        .connect_with(options)
+                        .await?;
+                    Ok(Fresh {
+                        raw: sqlite_raw!(pool).1,
+                        proto: None,
+                        client: None,
+                    })
+                })
+            });
+            (rtt, raw, raw_permit, raw_shared, None, fresh)
+        } else {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(10)
+                .connect(&url)
+                .await?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)").execute(&pool).await?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS raw_permits (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+            let p = pool.clone();
+            // Under READ COMMITTED a statement counts from the snapshot it
+            // started with, so concurrent acquirers of a name must take turns
+            // before the counting statement starts: a transaction holding the
+            // name's advisory lock, then one statement that deletes the expired
+            // permits and inserts the owner's if fewer than the limit are live.
+            let raw_permit: Step = Arc::new(move |i, slot| {
+                let p = p.clone();
+                Box::pin(async move {
+                    let (name, owner) = (format!("raw-permit/{slot}"), format!("raw-{i}"));
+                    let mut tx = p.begin().await?;
+                    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                        .bind(&name)
+                        .execute(&mut *tx)
+                        .await?;
+                    let granted: Option<i32> = sqlx::query_scalar(
+                        "WITH expired AS (
                         DELETE FROM raw_permits WHERE name = $1 AND expires_at <= now())
                      INSERT INTO raw_permits (name, owner, expires_at)
                      SELECT $1, $2, now() + interval '30 seconds'
                       WHERE (SELECT count(*) FROM raw_permits
                               WHERE name = $1 AND expires_at > now()) < $3
                      RETURNING 1",
-                )
-                .bind(&name)
-                .bind(&owner)
-                .bind(i64::from(UNCONTENDED_LIMIT))
-                .fetch_optional(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                granted.ok_or("raw semaphore full")?;
-                sqlx::query("DELETE FROM raw_permits WHERE name = $1 AND owner = $2")
+                    )
                     .bind(&name)
                     .bind(&owner)
-                    .execute(&p)
+                    .bind(i64::from(UNCONTENDED_LIMIT))
+                    .fetch_optional(&mut *tx)
                     .await?;
-                Ok(())
-            })
-        });
-        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-        // The grant is one statement: the upsert on the lock row (whose row
-        // lock orders it with every other grant of the name) and the hold's
-        // insert in one CTE. So is the release: it deletes the hold and
-        // settles the lock row from the holds its snapshot shows, unless the
-        // row's version (`xmin`) changed meanwhile (a raced release, which a
-        // closed loop on its own names never meets).
-        let p = pool.clone();
-        let raw_shared: Step = Arc::new(move |i, slot| {
-            let p = p.clone();
-            Box::pin(async move {
-                let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
-                let token: Option<i64> = sqlx::query_scalar(
+                    tx.commit().await?;
+                    granted.ok_or("raw semaphore full")?;
+                    sqlx::query("DELETE FROM raw_permits WHERE name = $1 AND owner = $2")
+                        .bind(&name)
+                        .bind(&owner)
+                        .execute(&p)
+                        .await?;
+                    Ok(())
+                })
+            });
+            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+            // The grant is one statement: the upsert on the lock row (whose row
+            // lock orders it with every other grant of the name) and the hold's
+            // insert in one CTE. So is the release: it deletes the hold and
+            // settles the lock row from the holds its snapshot shows, unless the
+            // row's version (`xmin`) changed meanwhile (a raced release, which a
+            // closed loop on its own names never meets).
+            let p = pool.clone();
+            let raw_shared: Step = Arc::new(move |i, slot| {
+                let p = p.clone();
+                Box::pin(async move {
+                    let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
+                    let token: Option<i64> = sqlx::query_scalar(
                     "WITH granted AS (
                         INSERT INTO raw_locks AS l VALUES ($1, 'shared', 1, now() + interval '30 seconds')
                         ON CONFLICT (name) DO UPDATE
@@ -1763,9 +1902,9 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 .bind(&owner)
                 .fetch_optional(&p)
                 .await?;
-                token.ok_or("raw shared lock busy")?;
-                let raced: bool = sqlx::query_scalar(
-                    "WITH gone AS (
+                    token.ok_or("raw shared lock busy")?;
+                    let raced: bool = sqlx::query_scalar(
+                        "WITH gone AS (
                         DELETE FROM raw_locks_shared
                          WHERE name = $1 AND (owner = $2 OR expires_at <= now())),
                      seen AS (
@@ -1781,31 +1920,58 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                          WHERE l.name = $1 AND l.owner = 'shared' AND l.xmin = seen.version
                         RETURNING 1)
                      SELECT EXISTS (SELECT 1 FROM seen) AND NOT EXISTS (SELECT 1 FROM settled)",
+                    )
+                    .bind(&name)
+                    .bind(&owner)
+                    .fetch_one(&p)
+                    .await?;
+                    if raced {
+                        return Err("raw shared release raced (never in a closed loop)".into());
+                    }
+                    Ok(())
+                })
+            });
+            let client = LockClient::new(
+                distlock::sql::SqlBackend::postgres(
+                    pool.clone(),
+                    distlock::sql::SqlConfig::default().with_fifo(fifo()),
                 )
-                .bind(&name)
-                .bind(&owner)
-                .fetch_one(&p)
-                .await?;
-                if raced {
-                    return Err("raw shared release raced (never in a closed loop)".into());
-                }
-                Ok(())
-            })
-        });
-        let client = LockClient::new(
-            distlock::sql::SqlBackend::postgres(
-                pool.clone(),
-                distlock::sql::SqlConfig::default().with_fifo(fifo()),
-            )
-            .await?,
-        );
-        let (rtt, raw) = raw_sql_steps!(
-            pool,
-            "INSERT INTO raw_locks AS l VALUES ($1, $2, 1, now()) ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1 WHERE l.owner IS NULL RETURNING token",
-            "UPDATE raw_locks SET owner = NULL WHERE name = $1 AND owner = $2"
-        );
-        (rtt, raw, raw_permit, raw_shared, Some(client))
-    };
+                .await?,
+            );
+            macro_rules! postgres_raw {
+            ($pool:expr) => {
+                raw_sql_steps!(
+                    $pool,
+                    "INSERT INTO raw_locks AS l VALUES ($1, $2, 1, now()) ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1 WHERE l.owner IS NULL RETURNING token",
+                    "UPDATE raw_locks SET owner = NULL WHERE name = $1 AND owner = $2"
+                )
+            };
+        }
+            let (rtt, raw) = postgres_raw!(pool);
+            let fresh_url = url.clone();
+            let fresh: Connect = Arc::new(move || {
+                let url = fresh_url.clone();
+                Box::pin(async move {
+                    let pool = sqlx::postgres::PgPoolOptions::new()
+                        .max_connections(10)
+                        .connect(&url)
+                        .await?;
+                    let client = LockClient::new(
+                        distlock::sql::SqlBackend::postgres(
+                            pool.clone(),
+                            distlock::sql::SqlConfig::default().with_fifo(fifo()),
+                        )
+                        .await?,
+                    );
+                    Ok(Fresh {
+                        raw: postgres_raw!(pool).1,
+                        proto: None,
+                        client: Some(client),
+                    })
+                })
+            });
+            (rtt, raw, raw_permit, raw_shared, Some(client), fresh)
+        };
     // PostgreSQL counts statements in `pg_stat_statements` (preloaded by
     // the harness): those naming distlock's tables are its requests.
     let requests: Option<Counter> = if backend == "sqlite" {
@@ -1845,8 +2011,54 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         raw_shared: Some(raw_shared),
         requests,
         client,
+        fresh,
         _server: server,
         _servers: Vec::new(),
+    })
+}
+
+/// The raw etcd lock on `client`: a put-if-absent txn on `lease`, then a
+/// delete.
+fn etcd_raw(client: etcd_client::Client, lease: i64) -> Step {
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    Arc::new(move |_, slot| {
+        let mut c = client.clone();
+        Box::pin(async move {
+            let key = format!("bench/raw/{slot}/{lease:x}");
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.as_str(),
+                    "raw",
+                    Some(PutOptions::new().with_lease(lease)),
+                )]);
+            if !c.txn(txn).await?.succeeded() {
+                return Err("raw lock busy".into());
+            }
+            c.delete(key, None).await?;
+            Ok(())
+        })
+    })
+}
+
+/// distlock's two txns on `client`: put my key with the session's lease
+/// and read the queue head; then delete my key if it still carries my
+/// owner.
+fn etcd_proto(client: etcd_client::Client, lease: i64) -> Step {
+    Arc::new(move |i, slot| {
+        let mut c = client.clone();
+        Box::pin(async move {
+            let prefix = format!("bench/proto/{slot}/");
+            let key = format!("{prefix}{lease:x}");
+            let owner = format!("{i:032x}");
+            let txn = distlock::etcd::requests::enqueue(&key, &prefix, &owner, lease);
+            if !c.txn(txn).await?.succeeded() {
+                return Err("proto lock busy".into());
+            }
+            let del = distlock::etcd::requests::delete_mine(&key, &owner);
+            c.txn(del).await?;
+            Ok(())
+        })
     })
 }
 
@@ -1857,7 +2069,7 @@ async fn etcd_target() -> Result<Target, BoxError> {
     };
     let server = tokio::task::spawn_blocking(|| TestServer::start(ServerKind::Etcd)).await??;
     let endpoint = format!("http://{}:{}", server.host(), server.port());
-    let client = etcd_client::Client::connect([endpoint], None).await?;
+    let client = etcd_client::Client::connect([endpoint.clone()], None).await?;
     let lease = client.clone().lease_grant(60, None).await?.id();
     // The raw sequences' lease lives as long as the server: kept alive
     // every 20 s until a keep-alive fails (the server stopped).
@@ -1883,22 +2095,7 @@ async fn etcd_target() -> Result<Target, BoxError> {
     });
     // distlock's two txns: put my key with the session's lease and read
     // the queue head; then delete my key if it still carries my owner.
-    let c2 = client.clone();
-    let proto: Step = Arc::new(move |i, slot| {
-        let mut c = c2.clone();
-        Box::pin(async move {
-            let prefix = format!("bench/proto/{slot}/");
-            let key = format!("{prefix}{lease:x}");
-            let owner = format!("{i:032x}");
-            let txn = distlock::etcd::requests::enqueue(&key, &prefix, &owner, lease);
-            if !c.txn(txn).await?.succeeded() {
-                return Err("proto lock busy".into());
-            }
-            let del = distlock::etcd::requests::delete_mine(&key, &owner);
-            c.txn(del).await?;
-            Ok(())
-        })
-    });
+    let proto = etcd_proto(client.clone(), lease);
     // The raw semaphore: one txn counts the permit keys and puts the
     // owner's on the session's lease (granted if fewer than the limit were
     // there before it: each holder's key exists while it holds, so at most
@@ -1986,22 +2183,17 @@ async fn etcd_target() -> Result<Target, BoxError> {
             Ok(())
         })
     });
-    let raw: Step = Arc::new(move |_, slot| {
-        let mut c = client.clone();
+    let raw = etcd_raw(client.clone(), lease);
+    let fresh_endpoint = endpoint.clone();
+    let fresh: Connect = Arc::new(move || {
+        let endpoint = fresh_endpoint.clone();
         Box::pin(async move {
-            let key = format!("bench/raw/{slot}/{lease:x}");
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
-                    key.as_str(),
-                    "raw",
-                    Some(PutOptions::new().with_lease(lease)),
-                )]);
-            if !c.txn(txn).await?.succeeded() {
-                return Err("raw lock busy".into());
-            }
-            c.delete(key, None).await?;
-            Ok(())
+            let client = etcd_client::Client::connect([endpoint], None).await?;
+            Ok(Fresh {
+                raw: etcd_raw(client.clone(), lease),
+                proto: Some(etcd_proto(client, lease)),
+                client: None,
+            })
         })
     });
     Ok(Target {
@@ -2014,8 +2206,55 @@ async fn etcd_target() -> Result<Target, BoxError> {
         raw_shared: Some(raw_shared),
         requests: None,
         client: None,
+        fresh,
         _server: Some(server),
         _servers: Vec::new(),
+    })
+}
+
+/// The raw ZooKeeper lock on `client`: create an ephemeral sequential node,
+/// then delete it.
+fn zookeeper_raw(client: zookeeper_client::Client) -> Step {
+    use zookeeper_client as zk;
+    Arc::new(move |_, _| {
+        let c = client.clone();
+        Box::pin(async move {
+            let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            let (_, seq) = c.create("/bench/raw/lock-", b"", &opts).await?;
+            c.delete(&format!("/bench/raw/lock-{seq}"), None).await?;
+            Ok(())
+        })
+    })
+}
+
+/// distlock's requests on `client`: create my sequential node (the owner
+/// in its name) under the slot's parent and, sent right behind it, list the
+/// parent's children to see whether it is first; then delete it. A
+/// missing parent is made, and the node created again.
+fn zookeeper_proto(client: zookeeper_client::Client) -> Step {
+    use zookeeper_client as zk;
+    Arc::new(move |i, slot| {
+        let c = client.clone();
+        Box::pin(async move {
+            let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            let parent = format!("/bench/proto/{slot}");
+            let prefix = format!("_c_{i:032x}-lock-");
+            let path = format!("{parent}/{prefix}");
+            let (mut created, mut listed) =
+                tokio::join!(c.create(&path, b"", &opts), c.list_children(&parent));
+            if matches!(created, Err(zk::Error::NoNode)) {
+                let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                c.mkdir(&parent, &dir).await?;
+                (created, listed) =
+                    tokio::join!(c.create(&path, b"", &opts), c.list_children(&parent));
+            }
+            let mine = format!("{prefix}{}", created?.1);
+            if !listed?.contains(&mine) {
+                return Err("proto node missing".into());
+            }
+            c.delete(&format!("{parent}/{mine}"), None).await?;
+            Ok(())
+        })
     })
 }
 
@@ -2038,24 +2277,7 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
     // name) and, sent right behind it, list the children to see whether it
     // is first; then delete it.
     client.mkdir("/bench/proto", &dir).await?;
-    let c2 = client.clone();
-    let proto: Step = Arc::new(move |i, _| {
-        let c = c2.clone();
-        Box::pin(async move {
-            let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-            let prefix = format!("_c_{i:032x}-lock-");
-            let path = format!("/bench/proto/{prefix}");
-            let (created, listed) =
-                tokio::join!(c.create(&path, b"", &opts), c.list_children("/bench/proto"));
-            let mine = format!("{prefix}{}", created?.1);
-            let children = listed?;
-            if !children.contains(&mine) {
-                return Err("proto node missing".into());
-            }
-            c.delete(&format!("/bench/proto/{mine}"), None).await?;
-            Ok(())
-        })
-    });
+    let proto = zookeeper_proto(client.clone());
     // The raw semaphore (the minimal path of Curator's
     // `InterProcessSemaphoreV2`, without its lock): create an ephemeral
     // sequential node and, in the same flight, list the children; the
@@ -2116,13 +2338,17 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
             }
         })
     });
-    let raw: Step = Arc::new(move |_, _| {
-        let c = client.clone();
+    let raw = zookeeper_raw(client.clone());
+    let fresh_hosts = hosts.clone();
+    let fresh: Connect = Arc::new(move || {
+        let hosts = fresh_hosts.clone();
         Box::pin(async move {
-            let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-            let (_, seq) = c.create("/bench/raw/lock-", b"", &opts).await?;
-            c.delete(&format!("/bench/raw/lock-{seq}"), None).await?;
-            Ok(())
+            let client = zk::Client::connect(&hosts).await?;
+            Ok(Fresh {
+                raw: zookeeper_raw(client.clone()),
+                proto: Some(zookeeper_proto(client)),
+                client: None,
+            })
         })
     });
     Ok(Target {
@@ -2135,6 +2361,7 @@ async fn zookeeper_target() -> Result<Target, BoxError> {
         raw_shared: Some(raw_shared),
         requests: None,
         client: None,
+        fresh,
         _server: Some(server),
         _servers: Vec::new(),
     })

@@ -48,13 +48,22 @@ pub(crate) async fn target() -> Result<Target, BoxError> {
     ] {
         sqlx::query(&create).execute(&pool).await?;
     }
-    let client = LockClient::new(
-        SqlBackend::mysql(
-            pool.clone(),
-            distlock::sql::SqlConfig::default().with_fifo(crate::fifo()),
-        )
-        .await?,
-    );
+    let client = on_pool(pool.clone()).await?;
+    let fresh_url = url.clone();
+    let fresh: crate::Connect = Arc::new(move || {
+        let url = fresh_url.clone();
+        Box::pin(async move {
+            let pool = MySqlPoolOptions::new()
+                .max_connections(10)
+                .connect(&url)
+                .await?;
+            Ok(crate::Fresh {
+                raw: raw_lock(pool.clone()),
+                proto: None,
+                client: Some(on_pool(pool).await?),
+            })
+        })
+    });
     Ok(Target {
         name: "mysql",
         url,
@@ -65,9 +74,21 @@ pub(crate) async fn target() -> Result<Target, BoxError> {
         raw_shared: Some(raw_shared(pool.clone())),
         requests: Some(requests(pool.clone())),
         client: Some(client),
+        fresh,
         _server: Some(server),
         _servers: Vec::new(),
     })
+}
+
+/// distlock on `pool`, the raw sequences' pool.
+async fn on_pool(pool: MySqlPool) -> Result<LockClient, BoxError> {
+    Ok(LockClient::new(
+        SqlBackend::mysql(
+            pool,
+            distlock::sql::SqlConfig::default().with_fifo(crate::fifo()),
+        )
+        .await?,
+    ))
 }
 
 fn rtt(pool: MySqlPool) -> Step {
