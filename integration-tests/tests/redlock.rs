@@ -504,7 +504,9 @@ async fn restart(protected: bool) -> Result<(), Failed> {
 /// nothing, so no release follows it (a release is a script call; an
 /// unfenced try is a plain `SET` per node, a fenced one a script call).
 /// A round that one node grants gives that node, and only that node, its
-/// grant back.
+/// grant back. A node that has not answered when the round is decided is
+/// sent a release too (it may have granted), so each count allows one call
+/// more.
 async fn refused_round(options: &'static str) -> Result<(), Failed> {
     let nodes = blocking(three_nodes).await?;
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
@@ -551,10 +553,15 @@ async fn refused_round(options: &'static str) -> Result<(), Failed> {
     }
     let sent = scripts() - before;
     let fenced = u64::from(!options.is_empty());
-    if sent != 3 * fenced {
+    // A round is decided once two nodes refuse; a third node that has not
+    // answered by then (a loaded machine) is sent a release, as it may
+    // have granted: one call more at most. Releasing on the nodes that
+    // refused would cost two or three more.
+    let expected = |n: u64| n..=n + 1;
+    if !expected(3 * fenced).contains(&sent) {
         return Err(format!(
-            "a round every node refused cost {sent} script calls; expected {}",
-            3 * fenced
+            "a round every node refused cost {sent} script calls; expected {:?}",
+            expected(3 * fenced)
         )
         .into());
     }
@@ -571,10 +578,10 @@ async fn refused_round(options: &'static str) -> Result<(), Failed> {
         return Err("granted on one node of three".into());
     }
     let sent = scripts() - before;
-    if sent != 3 * fenced + 1 {
+    if !expected(3 * fenced + 1).contains(&sent) {
         return Err(format!(
-            "a round one node granted cost {sent} script calls; expected {} (the round, then one give-back)",
-            3 * fenced + 1
+            "a round one node granted cost {sent} script calls; expected {:?} (the round, then one give-back, and one to a node that had not answered)",
+            expected(3 * fenced + 1)
         )
         .into());
     }

@@ -250,14 +250,23 @@ impl RedisBackend {
         self.watch_channel(self.keys(name).channel, Wake::All).await
     }
 
-    /// Whether `req`'s watch is subscribed on a live connection now (also
-    /// while a subscription lingers after its last waiter), so that taking
-    /// it sends nothing to the server: the watch of
-    /// [`watch_permit_releases`](Self::watch_permit_releases) for a permit,
-    /// [`watch_election_releases`](Self::watch_election_releases) for a
-    /// leadership, [`watch_queue`](Self::watch_queue) for a lock or shared
-    /// hold waiting in the queue (`queued`), else
-    /// [`watch_releases`](Self::watch_releases).
+    /// The watch a waiter for `req` takes: a semaphore's releases for a
+    /// permit, an election's for a leadership, the waiter's own channel of
+    /// the lock when it waits in the lock's queue (`queued`), else the
+    /// lock's releases. Redlock takes it on every node.
+    pub async fn watch_for(&self, req: &LockRequest, queued: bool) -> Result<ReleaseWatch> {
+        match req.kind {
+            HoldKind::Permits { .. } => self.watch_permit_releases(&req.name).await,
+            HoldKind::Leader => self.watch_election_releases(&req.name).await,
+            _ if queued => self.watch_queue(req).await,
+            _ => self.watch_releases(&req.name).await,
+        }
+    }
+
+    /// Whether [`watch_for`](Self::watch_for) with the same arguments would
+    /// send nothing to the server: its channel is subscribed on a live
+    /// connection now (also while a subscription lingers after its last
+    /// waiter).
     pub fn watching(&self, req: &LockRequest, queued: bool) -> bool {
         let channel = match req.kind {
             HoldKind::Permits { .. } => self.semaphore_keys(&req.name).channel,

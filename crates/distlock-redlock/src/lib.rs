@@ -449,15 +449,7 @@ impl RedlockBackend {
         let t = self.connect_timeout();
         join_all(self.inner.nodes.iter().map(|n| async move {
             let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
-            let watch = async {
-                match req.kind {
-                    HoldKind::Permits { .. } => r.watch_permit_releases(&req.name).await,
-                    HoldKind::Leader => r.watch_election_releases(&req.name).await,
-                    _ if queued => r.watch_queue(req).await,
-                    _ => r.watch_releases(&req.name).await,
-                }
-            };
-            timeout(t, watch).await.ok()?.ok()
+            timeout(t, r.watch_for(req, queued)).await.ok()?.ok()
         }))
         .await
         .into_iter()
