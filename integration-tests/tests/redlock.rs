@@ -518,12 +518,7 @@ async fn refused_round(options: &'static str) -> Result<(), Failed> {
         LockClient::new(RedlockBackend::connect(&url).await?),
     );
     let name = "refused-round";
-    let scripts = || -> u64 {
-        ports
-            .iter()
-            .map(|p| server::calls(*p, &["evalsha", "eval"]))
-            .sum()
-    };
+    let scripts = || script_calls(&ports);
     // Loads the scripts on every node first: a first EVALSHA answered
     // NOSCRIPT and sent again would count twice.
     let warm = other.lock("warm-up").try_acquire().await?;
@@ -536,17 +531,7 @@ async fn refused_round(options: &'static str) -> Result<(), Failed> {
     // A round and a release return at a majority; what they sent the last
     // node (a grant, a fencing write-back, a release) runs after them, and
     // must not land inside a count below.
-    let settled = || async {
-        let mut last = scripts();
-        loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let now = scripts();
-            if now == last {
-                return now;
-            }
-            last = now;
-        }
-    };
+    let settled = || settled_script_calls(&ports);
     let before = settled().await;
     if other.lock(name).try_acquire().await?.is_some() {
         return Err("granted twice".into());
@@ -612,25 +597,7 @@ async fn listening_waiter() -> Result<(), Failed> {
         LockClient::from_dyn(shared),
     );
     let name = "listening-waiter";
-    let scripts = || -> u64 {
-        ports
-            .iter()
-            .map(|p| server::calls(*p, &["evalsha", "eval"]))
-            .sum()
-    };
-    // The count once nothing more arrives for 600 ms: a round returns at
-    // a majority, and what it sent the last node lands after it (late on a
-    // loaded machine).
-    let settled = || async {
-        let (mut last, mut quiet) = (scripts(), 0);
-        while quiet < 3 {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let now = scripts();
-            quiet = if now == last { quiet + 1 } else { 0 };
-            last = now;
-        }
-        last
-    };
+    let settled = || settled_script_calls(&ports);
     let warm = waiters.lock("warm-up").try_acquire().await?;
     warm.ok_or("free lock refused")?.release().await?;
     let g = holder
@@ -693,6 +660,29 @@ async fn listening_waiter() -> Result<(), Failed> {
             .map_err(|e| e.to_string())??;
     }
     Ok(())
+}
+
+/// The script calls the nodes on `ports` have answered, summed.
+fn script_calls(ports: &[u16]) -> u64 {
+    ports
+        .iter()
+        .map(|p| server::calls(*p, &["evalsha", "eval"]))
+        .sum()
+}
+
+/// [`script_calls`] once nothing more arrives for 600 ms: a round or a
+/// release returns at a majority, and what it sent the last node (a grant,
+/// a fencing write-back, a release) lands after it, late on a loaded
+/// machine.
+async fn settled_script_calls(ports: &[u16]) -> u64 {
+    let (mut last, mut quiet) = (script_calls(ports), 0);
+    while quiet < 3 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = script_calls(ports);
+        quiet = if now == last { quiet + 1 } else { 0 };
+        last = now;
+    }
+    last
 }
 
 fn three_nodes() -> Result<Vec<ServerProcess>, Failed> {
