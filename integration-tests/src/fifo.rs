@@ -1,14 +1,15 @@
 //! Cases for backends whose waiters queue on the server, first come, first
 //! served: grants in arrival order with one request per grant and per
 //! release, a cut-off waiter that holds up the queue only until its entry
-//! lapses, and a cancelled or timed-out waiter that leaves no entry.
+//! lapses, and a cancelled or timed-out waiter that leaves no entry. Each
+//! runs on a lock, or on a semaphore whose permits a holder takes all of.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_core::{Error, LockClient, LockGuard};
+use distlock_core::{Error, LockBuilder, LockClient, LockGuard};
 use libtest_mimic::Failed;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -28,6 +29,57 @@ pub type Count = Arc<dyn Fn() -> Result<u64, Failed> + Send + Sync>;
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// What the waiters queue for: a lock, or a semaphore of `limit` permits.
+#[derive(Clone, Debug)]
+pub struct Queued {
+    name: String,
+    limit: Option<u32>,
+}
+
+impl Queued {
+    /// The semaphore `name` of `limit` permits.
+    pub fn semaphore(name: &str, limit: u32) -> Self {
+        Self {
+            name: name.to_string(),
+            limit: Some(limit),
+        }
+    }
+
+    fn builder(&self, client: &LockClient) -> LockBuilder {
+        match self.limit {
+            Some(limit) => client.semaphore(&self.name, limit),
+            None => client.lock(&self.name),
+        }
+        .ttl(TTL)
+    }
+
+    /// Takes every permit (the lock) through `client`.
+    async fn hold_all(&self, client: &LockClient) -> Result<Vec<LockGuard>, Failed> {
+        let mut held = Vec::new();
+        for _ in 0..self.limit.unwrap_or(1) {
+            held.push(self.builder(client).acquire().await?);
+        }
+        Ok(held)
+    }
+
+    async fn release_all(held: Vec<LockGuard>) -> Result<(), Failed> {
+        for g in held {
+            g.release().await?;
+        }
+        Ok(())
+    }
+}
+
+/// A lock.
+impl From<&str> for Queued {
+    fn from(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            limit: None,
+        }
+    }
+}
+
 async fn until(
     what: &str,
     within: Duration,
@@ -43,19 +95,17 @@ async fn until(
     Ok(())
 }
 
-/// `client` waits for `lock` (for up to two minutes) in a task of its own;
-/// answers once the lock's queue holds `position` entries, this one last.
+/// `client` waits for `what` (for up to two minutes) in a task of its own;
+/// answers once the queue holds `position` entries, this one last.
 async fn queue_up(
     client: LockClient,
-    lock: &str,
+    what: &Queued,
     position: u64,
     queued: &Count,
 ) -> Result<JoinHandle<distlock_core::Result<LockGuard>>, Failed> {
-    let name = lock.to_string();
+    let what = what.clone();
     let waiting = tokio::spawn(async move {
-        client
-            .lock(&name)
-            .ttl(TTL)
+        what.builder(&client)
             .wait(Duration::from_secs(120))
             .acquire()
             .await
@@ -70,46 +120,48 @@ async fn queue_up(
 }
 
 /// `n` waiters, each a client of its own, queue one after another behind a
-/// holder (each joins once the one before it is in the queue); then the
-/// holder's release and each grantee's release hand the lock on. The grants
-/// must come in arrival order, and the server must answer as many requests
-/// in that time as `expected` allows (`requests` counts the requests
-/// clients send): where a release and a grant are one request each,
-/// `2n + 1` exactly, so no waiter but the next one asks.
+/// holder of every permit (each joins once the one before it is in the
+/// queue); then the holder's releases and each grantee's release hand the
+/// permits on. The grants must come in arrival order; for a semaphore of
+/// `limit` permits, taken in the order of their fencing tokens (which rise
+/// with each grant), no grant may go to a waiter with `limit` or more
+/// earlier arrivals still waiting: the `k`-th grant goes to one of the
+/// arrivals `0..k + limit` (the waiters within reach of the free permits
+/// take them in the order they ask). The server must answer as many requests in that time as `expected` allows
+/// (`requests` counts the requests clients send): where a release and a
+/// grant are one request each, `2n + permits` exactly, so no waiter but
+/// the next one asks.
 pub async fn grants_in_arrival_order(
     connect: Connect,
     url: &str,
-    lock: &str,
+    what: impl Into<Queued>,
     n: usize,
     queued: Count,
     requests: Count,
     expected: std::ops::RangeInclusive<u64>,
 ) -> Result<(), Failed> {
+    let what = what.into();
     let holder = connect(url.to_string()).await?;
     // A first hold and release of another name: whatever the server loads
     // on first use (Redis's scripts) is loaded before the count.
-    let warm = format!("{lock}-warm-up");
-    holder
-        .lock(&warm)
-        .ttl(TTL)
-        .acquire()
-        .await?
-        .release()
-        .await?;
-    let g = holder.lock(lock).ttl(TTL).acquire().await?;
+    let warm = Queued {
+        name: format!("{}-warm-up", what.name),
+        ..what.clone()
+    };
+    Queued::release_all(warm.hold_all(&holder).await?).await?;
+    let held = what.hold_all(&holder).await?;
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..n {
         let client = connect(url.to_string()).await?;
-        let (lock, order) = (lock.to_string(), order.clone());
+        let (what, order) = (what.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
-            let g = client
-                .lock(&lock)
-                .ttl(TTL)
+            let g = what
+                .builder(&client)
                 .wait(Duration::from_secs(60))
                 .acquire()
                 .await?;
-            order.lock().map_err(|_| "poisoned")?.push(i);
+            order.lock().map_err(|_| "poisoned")?.push((g.token(), i));
             g.release().await?;
             Ok::<(), Failed>(())
         }));
@@ -124,14 +176,31 @@ pub async fn grants_in_arrival_order(
     // Each waiter subscribes after its first refusal and asks once more.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = requests()?;
-    g.release().await?;
+    Queued::release_all(held).await?;
     for t in tasks {
         t.await.map_err(|e| e.to_string())??;
     }
     let asked = requests()? - before;
-    let order = order.lock().map_err(|_| "poisoned")?.clone();
-    if order != (0..n).collect::<Vec<_>>() {
-        return Err(format!("grants out of arrival order: {order:?}").into());
+    let mut order = order.lock().map_err(|_| "poisoned")?.clone();
+    if let Some(limit) = what.limit {
+        // Permits are held side by side: the grants' order is their tokens'.
+        order.sort();
+        let order: Vec<usize> = order.into_iter().map(|(_, i)| i).collect();
+        let reach = limit as usize;
+        if order.iter().enumerate().any(|(k, i)| *i >= k + reach) {
+            return Err(format!(
+                "a grant passed over {reach} or more earlier waiters: {order:?} (by token)"
+            )
+            .into());
+        }
+        if order.len() != n {
+            return Err(format!("{} grants for {n} waiters", order.len()).into());
+        }
+    } else {
+        let order: Vec<usize> = order.into_iter().map(|(_, i)| i).collect();
+        if order != (0..n).collect::<Vec<_>>() {
+            return Err(format!("grants out of arrival order: {order:?}").into());
+        }
     }
     if !expected.contains(&asked) {
         return Err(format!("{n} handoffs took {asked} requests; expected {expected:?}").into());
@@ -145,7 +214,8 @@ pub async fn grants_in_arrival_order(
 /// A waiter whose connections run through `proxies` (one per server it
 /// talks to) queues first, another behind it; the proxies then drop
 /// everything (the first waiter is cut off, as if killed) and the holder
-/// releases. The second waiter must get the
+/// releases (one permit). A try from another client must be refused while
+/// the first waiter's turn lasts, and the second waiter must get the
 /// lock once the first one's entry lapses: within `lease` (how long an
 /// entry outlives its waiter's last attempt) and a bit more, never waiting
 /// out its own wait.
@@ -154,19 +224,32 @@ pub async fn a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
     url: &str,
     proxied_url: &str,
     proxies: &[Proxy],
-    lock: &str,
+    what: impl Into<Queued>,
     lease: Duration,
     queued: Count,
 ) -> Result<(), Failed> {
+    let what = what.into();
     let holder = connect(url.to_string()).await?;
-    let g = holder.lock(lock).ttl(TTL).acquire().await?;
-    let first = queue_up(connect(proxied_url.to_string()).await?, lock, 1, &queued).await?;
-    let waiting = queue_up(connect(url.to_string()).await?, lock, 2, &queued).await?;
+    let held = what.hold_all(&holder).await?;
+    let first = queue_up(connect(proxied_url.to_string()).await?, &what, 1, &queued).await?;
+    let waiting = queue_up(connect(url.to_string()).await?, &what, 2, &queued).await?;
     for proxy in proxies {
         proxy.set_blackhole(true);
     }
     let cut_at = Instant::now();
-    g.release().await?;
+    // One permit: the cut-off waiter's turn, which passes on only when its
+    // entry lapses.
+    let mut held = held.into_iter();
+    if let Some(g) = held.next() {
+        g.release().await?;
+    }
+    // While the cut-off waiter's entry lives, its turn is kept: a try from
+    // elsewhere is refused.
+    let other = connect(url.to_string()).await?;
+    if let Some(g) = what.builder(&other).try_acquire().await? {
+        g.release().await?;
+        return Err("a try took the turn of a queued waiter whose entry still lives".into());
+    }
     let bound = lease + lease / 3 + Duration::from_secs(5);
     let got = tokio::time::timeout(bound, waiting)
         .await
@@ -176,6 +259,7 @@ pub async fn a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
         .map_err(|e| e.to_string())??;
     let took = cut_at.elapsed();
     got.release().await?;
+    Queued::release_all(held.collect()).await?;
     first.abort();
     for proxy in proxies {
         proxy.set_blackhole(false);
@@ -193,16 +277,16 @@ pub async fn a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
 pub async fn a_cancelled_or_timed_out_waiter_leaves_no_entry(
     connect: Connect,
     url: &str,
-    lock: &str,
+    what: impl Into<Queued>,
     lease: Duration,
     queued: Count,
 ) -> Result<(), Failed> {
+    let what = what.into();
     let holder = connect(url.to_string()).await?;
-    let g = holder.lock(lock).ttl(TTL).acquire().await?;
+    let held = what.hold_all(&holder).await?;
     let timed_out = connect(url.to_string()).await?;
-    match timed_out
-        .lock(lock)
-        .ttl(TTL)
+    match what
+        .builder(&timed_out)
         .wait(Duration::from_millis(300))
         .acquire()
         .await
@@ -214,8 +298,8 @@ pub async fn a_cancelled_or_timed_out_waiter_leaves_no_entry(
     if left != 0 {
         return Err(format!("a timed-out waiter left {left} queue entries").into());
     }
-    let first = queue_up(connect(url.to_string()).await?, lock, 1, &queued).await?;
-    let waiting = queue_up(connect(url.to_string()).await?, lock, 2, &queued).await?;
+    let first = queue_up(connect(url.to_string()).await?, &what, 1, &queued).await?;
+    let waiting = queue_up(connect(url.to_string()).await?, &what, 2, &queued).await?;
     first.abort();
     until(
         "the cancelled waiter's entry going",
@@ -223,12 +307,17 @@ pub async fn a_cancelled_or_timed_out_waiter_leaves_no_entry(
         || Ok(queued()? == 1),
     )
     .await?;
-    g.release().await?;
+    // One permit, which the cancelled waiter would have been told of.
+    let mut held = held.into_iter();
+    if let Some(g) = held.next() {
+        g.release().await?;
+    }
     let within = lease / 4;
     let got = tokio::time::timeout(within, waiting)
         .await
         .map_err(|_| format!("the waiter behind a cancelled one had no grant within {within:?}"))?
         .map_err(|e| e.to_string())??;
     got.release().await?;
+    Queued::release_all(held.collect()).await?;
     Ok(())
 }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{Error, HoldKind, LockClient, LostReason};
+use distlock_core::{Error, HoldKind, LockClient, LockName, LostReason};
 use distlock_redis::{RedisBackend, RedisConfig};
 use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::fifo;
@@ -176,26 +176,33 @@ fn main() {
             move || handle.block_on(multi_lock_is_one_request()),
         ));
         for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
-            let handle = rt.handle().clone();
-            extra.push(Trial::test(
-                format!("redis::fifo::{topology:?}::grants_in_arrival_order_one_request_each")
+            // The lock's queue, and a semaphore's (`fifo::semaphore::*`).
+            for (semaphore, what) in [(false, ""), (true, "semaphore::")] {
+                let handle = rt.handle().clone();
+                extra.push(Trial::test(
+                    format!(
+                        "redis::fifo::{what}{topology:?}::grants_in_arrival_order_one_request_each"
+                    )
                     .to_lowercase(),
-                move || handle.block_on(fifo_order(topology)),
-            ));
+                    move || handle.block_on(fifo_order(topology, semaphore)),
+                ));
+                let handle = rt.handle().clone();
+                extra.push(Trial::test(
+                    format!(
+                        "redis::fifo::{what}{topology:?}::a_cancelled_or_timed_out_waiter_leaves_no_entry"
+                    )
+                    .to_lowercase(),
+                    move || handle.block_on(fifo_cancel(topology, semaphore)),
+                ));
+            }
+        }
+        for (semaphore, what) in [(false, ""), (true, "semaphore::")] {
             let handle = rt.handle().clone();
             extra.push(Trial::test(
-                format!(
-                    "redis::fifo::{topology:?}::a_cancelled_or_timed_out_waiter_leaves_no_entry"
-                )
-                .to_lowercase(),
-                move || handle.block_on(fifo_cancel(topology)),
+                format!("redis::fifo::{what}single::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses"),
+                move || handle.block_on(fifo_cut(semaphore)),
             ));
         }
-        let handle = rt.handle().clone();
-        extra.push(Trial::test(
-            "redis::fifo::single::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses",
-            move || handle.block_on(fifo_cut()),
-        ));
         let handle = rt.handle().clone();
         extra.push(Trial::ignorable_test(
             "redis::failover_to_a_lagging_replica_grants_twice_and_holder_sees_lost",
@@ -512,9 +519,19 @@ fn fifo_connect() -> fifo::Connect {
     })
 }
 
-/// The live entries of `name`'s wait queue, on whichever node has it.
-fn fifo_queued(ports: Vec<u16>, name: &str) -> fifo::Count {
-    let key = distlock_redis::Keys::queue_of(name);
+/// What the fifo cases queue for: the lock `name`, or its semaphore of
+/// three permits.
+fn fifo_target(name: &str, semaphore: bool) -> (fifo::Queued, String) {
+    if semaphore {
+        let keys = distlock_redis::SemaphoreKeys::new("", &LockName::new(name).expect("a name"));
+        (fifo::Queued::semaphore(name, 3), keys.queue)
+    } else {
+        (name.into(), distlock_redis::Keys::queue_of(name))
+    }
+}
+
+/// The live entries of the wait queue `key`, on whichever node has it.
+fn fifo_queued(ports: Vec<u16>, key: String) -> fifo::Count {
     Arc::new(move || {
         let mut n = 0;
         for port in &ports {
@@ -536,10 +553,13 @@ fn fifo_queued(ports: Vec<u16>, name: &str) -> fifo::Count {
 /// Twenty waiters' grants come in arrival order, one script call per grant
 /// and per release (`INFO commandstats` on every data node). Entries here
 /// last a minute, so no waiter renews its entry while the test counts.
-async fn fifo_order(topology: Topology) -> Result<(), Failed> {
+async fn fifo_order(topology: Topology, semaphore: bool) -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(topology).await?;
     let url = format!("{url}?fifo=true&queue_lease_ms=60000");
-    let name = "fifo/order";
+    let (what, queue) = fifo_target("fifo/order", semaphore);
+    // Each release and each grant one request: the holder's releases, then
+    // each waiter's grant and release.
+    let permits = if semaphore { 3 } else { 1 };
     let counted = ports.clone();
     let requests: fifo::Count = Arc::new(move || {
         Ok(counted
@@ -550,47 +570,46 @@ async fn fifo_order(topology: Topology) -> Result<(), Failed> {
     fifo::grants_in_arrival_order(
         fifo_connect(),
         &url,
-        name,
+        what,
         20,
-        fifo_queued(ports, name),
+        fifo_queued(ports, queue),
         requests,
-        // Each release and each grant one request.
-        41..=41,
+        40 + permits..=40 + permits,
     )
     .await
 }
 
-async fn fifo_cancel(topology: Topology) -> Result<(), Failed> {
+async fn fifo_cancel(topology: Topology, semaphore: bool) -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(topology).await?;
     let lease = Duration::from_secs(60);
     let url = format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis());
-    let name = "fifo/cancel";
+    let (what, queue) = fifo_target("fifo/cancel", semaphore);
     fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
         fifo_connect(),
         &url,
-        name,
+        what,
         lease,
-        fifo_queued(ports, name),
+        fifo_queued(ports, queue),
     )
     .await
 }
 
 /// The cut-off waiter's connections (commands and pub/sub) run through a
 /// proxy that then drops everything; entries last 3 s (the default).
-async fn fifo_cut() -> Result<(), Failed> {
+async fn fifo_cut(semaphore: bool) -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
     let url = format!("{url}?fifo=true");
     let proxy = Proxy::start(ports[0]).map_err(|e| e.to_string())?;
     let proxied = format!("redis://127.0.0.1:{}?fifo=true&timeout_ms=500", proxy.port);
-    let name = "fifo/cut";
+    let (what, queue) = fifo_target("fifo/cut", semaphore);
     fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
         fifo_connect(),
         &url,
         &proxied,
         std::slice::from_ref(&proxy),
-        name,
+        what,
         RedisConfig::default().queue_lease,
-        fifo_queued(ports, name),
+        fifo_queued(ports, queue),
     )
     .await
 }

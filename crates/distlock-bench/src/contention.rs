@@ -159,8 +159,12 @@ pub(crate) async fn contention_one_name(
             while Instant::now() < end {
                 let asked = Instant::now();
                 waiting.lock().map_err(|_| "poisoned")?[i] = Some(asked);
-                let g = match c
-                    .lock(&name)
+                let builder = if semaphore {
+                    c.semaphore(&name, 1)
+                } else {
+                    c.lock(&name)
+                };
+                let g = match builder
                     .ttl(Duration::from_secs(30))
                     .wait(end.saturating_duration_since(Instant::now()) + Duration::from_secs(5))
                     .acquire()
@@ -225,6 +229,7 @@ pub(crate) async fn handoffs(
     clients: &[LockClient],
     rounds: u64,
     tag: &str,
+    semaphore: bool,
 ) -> Result<Handoffs, BoxError> {
     let name = format!("bench/{tag}/handoff/{}", clients.len());
     let clients_n = clients.len();
@@ -255,8 +260,12 @@ pub(crate) async fn handoffs(
                 if grants.load(Ordering::Relaxed) >= rounds {
                     return Ok::<(), BoxError>(());
                 }
-                let g = match c
-                    .lock(&name)
+                let builder = if semaphore {
+                    c.semaphore(&name, 1)
+                } else {
+                    c.lock(&name)
+                };
+                let g = match builder
                     .ttl(Duration::from_secs(30))
                     .wait(Duration::from_secs(10))
                     .acquire()

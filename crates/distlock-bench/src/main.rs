@@ -106,6 +106,10 @@ struct Args {
     /// backends).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     fifo: bool,
+    /// The handoff and herd scenario on a semaphore of one permit instead
+    /// of a lock.
+    #[arg(long)]
+    semaphore_handoff: bool,
     /// A few seconds of everything, for CI: tiny sizes, no thresholds.
     #[arg(long)]
     smoke: bool,
@@ -890,8 +894,13 @@ async fn scenarios_3_to_6(
 
     let _ = writeln!(
         r.md,
-        "\n#### {}: handoff (release → next waiter holds) and the herd\n\n| waiters | handoffs | p50 µs | p99 µs | release call p50 µs | wake-ups per handoff | server requests per handoff |\n|---|---|---|---|---|---|---|",
-        t.name
+        "\n#### {}: handoff (release → next waiter holds) and the herd{}\n\n| waiters | handoffs | p50 µs | p99 µs | release call p50 µs | wake-ups per handoff | server requests per handoff |\n|---|---|---|---|---|---|---|",
+        t.name,
+        if a.semaphore_handoff {
+            ", on a semaphore of one permit"
+        } else {
+            ""
+        }
     );
     let mut line = Vec::new();
     for &w in &a.waiters {
@@ -908,7 +917,8 @@ async fn scenarios_3_to_6(
             Some(f) => Some(f().await?),
             None => None,
         };
-        let h = match contention::handoffs(&clients, a.handoffs, t.name).await {
+        let h = match contention::handoffs(&clients, a.handoffs, t.name, a.semaphore_handoff).await
+        {
             Ok(h) => h,
             // The real run records a scenario the backend cannot sustain
             // (and the doc explains it); the smoke must not fail.

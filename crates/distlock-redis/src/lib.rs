@@ -33,6 +33,7 @@ pub use rwlock::{Attempt, Attempted, LockHolders, QueuePlace};
 pub use scripts::{ElectionKeys, Keys, Scripts, SemaphoreKeys, SHARED_HOLDS};
 
 use rwlock::Removal;
+use semaphore::PermitQueue;
 
 use conn::Conn;
 
@@ -494,11 +495,14 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let began = Instant::now();
-        Ok(self
-            .attempt(req)
-            .await?
-            .token()
-            .map(|t| Grant::new(t, began)))
+        let outcome = match req.kind {
+            // Refused while live waiters queue ahead.
+            HoldKind::Permits { .. } if self.inner.config.fifo => {
+                self.attempt_permit_in(req, true, PermitQueue::Try).await?
+            }
+            _ => self.attempt(req).await?,
+        };
+        Ok(outcome.token().map(|t| Grant::new(t, began)))
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
@@ -512,18 +516,13 @@ impl Backend for RedisBackend {
         // release.
         let queued = self.inner.config.fifo && req.kind == HoldKind::Exclusive;
         let mut wakeups = if queued {
-            Subscribed::queued(self, req)
+            Subscribed::queued(self, req, Channel::Queue)
         } else {
             Subscribed::new(self, &req.name, Channel::Lock)
         };
         let pace = Pace::notified(Duration::from_millis(100));
         let (tried, left) = (&AtomicBool::new(false), &AtomicBool::new(false));
-        let mut end = WaitEnd {
-            backend: self,
-            req,
-            left,
-            done: false,
-        };
+        let mut end = WaitEnd::new(self, req, left);
         let granted = wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async move {
             let how = if tried.swap(true, Ordering::Relaxed) {
                 Attempt::LaterOfWait
@@ -542,12 +541,7 @@ impl Backend for RedisBackend {
             Ok(a.outcome)
         })
         .await;
-        if granted.is_err() {
-            // The wait ends without a grant: its mark and queue entry go now,
-            // not when they lapse, and the waiters they held back are told.
-            end.leave().await;
-        }
-        end.done = true;
+        end.finish(granted.is_err()).await;
         granted
     }
 
@@ -751,7 +745,7 @@ impl Backend for RedisBackend {
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         match req.kind {
-            HoldKind::Permits { .. } => self.release_permit(req).await,
+            HoldKind::Permits { .. } => self.release_permit(req, self.inner.config.fifo).await,
             HoldKind::Shared => self.release_shared(req).await,
             HoldKind::Leader => self.release_leader(req).await,
             _ => self.release_exclusive(req, Removal::All).await,
@@ -777,11 +771,11 @@ impl Backend for RedisBackend {
     }
 }
 
-/// What a wait for an exclusive hold may leave on the server until it
-/// lapses: a writer's mark and a queue entry. A wait that ends without a
-/// grant removes them; one cancelled (dropped) removes them in a task of
-/// its own.
-struct WaitEnd<'a> {
+/// What a wait may leave on the server until it lapses: an exclusive
+/// request's writer's mark and queue entry, a permit request's queue entry.
+/// A wait that ends without a grant removes them; one cancelled (dropped)
+/// removes them in a task of its own.
+pub(crate) struct WaitEnd<'a> {
     backend: &'a RedisBackend,
     req: &'a LockRequest,
     /// Whether an attempt may have left a mark or an entry.
@@ -789,10 +783,25 @@ struct WaitEnd<'a> {
     done: bool,
 }
 
-impl WaitEnd<'_> {
-    async fn leave(&mut self) {
-        if self.left.load(Ordering::Relaxed) {
-            if let Err(e) = self.backend.unmark(self.req).await {
+impl<'a> WaitEnd<'a> {
+    pub(crate) fn new(
+        backend: &'a RedisBackend,
+        req: &'a LockRequest,
+        left: &'a AtomicBool,
+    ) -> Self {
+        Self {
+            backend,
+            req,
+            left,
+            done: false,
+        }
+    }
+
+    /// The wait has ended; one that ended `without_grant` removes what it
+    /// left now, not when it lapses, and the waiters it held back are told.
+    pub(crate) async fn finish(&mut self, without_grant: bool) {
+        if without_grant && self.left.load(Ordering::Relaxed) {
+            if let Err(e) = self.backend.leave_wait(self.req).await {
                 tracing::debug!(error = %e, "the writer mark or queue entry stays until it lapses");
             }
         }
@@ -808,8 +817,19 @@ impl Drop for WaitEnd<'_> {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (backend, req) = (self.backend.clone(), self.req.clone());
             rt.spawn(async move {
-                let _ = backend.unmark(&req).await;
+                let _ = backend.leave_wait(&req).await;
             });
+        }
+    }
+}
+
+impl RedisBackend {
+    /// Removes what a wait for `req` left: a permit request's queue entry,
+    /// an exclusive request's writer's mark and queue entry.
+    async fn leave_wait(&self, req: &LockRequest) -> Result<()> {
+        match req.kind {
+            HoldKind::Permits { .. } => self.leave_permit_queue(req).await,
+            _ => self.unmark(req).await,
         }
     }
 }
@@ -852,6 +872,9 @@ pub(crate) enum Channel {
     Queue,
     /// The semaphore's.
     Permits,
+    /// This client's own channel of the semaphore, for a waiter in its
+    /// queue, as [`Channel::Queue`] is the lock's.
+    PermitQueue,
     /// The election's.
     Election,
 }
@@ -892,14 +915,16 @@ impl<'a> Subscribed<'a> {
             Channel::Election => b.election_keys(self.name).channel,
             Channel::Lock => b.keys(self.name).channel,
             Channel::Queue => Keys::queue_channel_of(&b.lock_key(self.name), &b.inner.id),
+            Channel::PermitQueue => b.semaphore_keys(self.name).queue_channel(&b.inner.id),
         }
     }
 
-    /// A waiter in the lock's queue as `req`'s owner.
-    fn queued(backend: &'a RedisBackend, req: &'a LockRequest) -> Self {
+    /// A waiter in a wait queue as `req`'s owner, on its client's own
+    /// `channel` ([`Channel::Queue`] or [`Channel::PermitQueue`]).
+    fn queued(backend: &'a RedisBackend, req: &'a LockRequest, channel: Channel) -> Self {
         Self {
             queued: Some(req),
-            ..Self::new(backend, &req.name, Channel::Queue)
+            ..Self::new(backend, &req.name, channel)
         }
     }
 }
@@ -943,7 +968,7 @@ impl Wakeups for Subscribed<'_> {
             }
             Channel::Election => b.watch_channel(self.channel_name(), Wake::All).await,
             Channel::Lock => b.watch_releases(self.name).await,
-            Channel::Queue => {
+            Channel::Queue | Channel::PermitQueue => {
                 let channel = self.channel_name();
                 let owner = self.queued.map(|r| b.queue_entry(r)).unwrap_or_default();
                 b.inner

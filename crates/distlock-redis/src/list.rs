@@ -235,6 +235,8 @@ mod tests {
             "{app:jobs/a}:writers",
             "{app:jobs/a}:semaphore:limit",
             "{app:jobs/a}:semaphore:fence",
+            "{app:jobs/a}:semaphore:queue",
+            "{app:jobs/a}:semaphore:queue:ends",
             "{app:jobs/a}:election:fence",
             "other:jobs/a",
             "{other:jobs/a}:readers",

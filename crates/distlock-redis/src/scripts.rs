@@ -122,6 +122,12 @@ pub struct SemaphoreKeys {
     pub fence: String,
     /// The pub/sub channel a freed permit or a changed limit is announced on.
     pub channel: String,
+    /// The wait queue (with `fifo`): a sorted set of entries (a client id, a
+    /// space, and the owner) scored by arrival (microseconds, server clock).
+    pub queue: String,
+    /// When each queue entry ends unless its waiter renews it: a sorted set
+    /// of entries scored by that time (ms, server clock).
+    pub queue_ends: String,
 }
 
 impl SemaphoreKeys {
@@ -133,7 +139,15 @@ impl SemaphoreKeys {
             limit: format!("{{{tag}}}:semaphore:limit"),
             fence: format!("{{{tag}}}:semaphore:fence"),
             channel: format!("{{{tag}}}:semaphore:released"),
+            queue: format!("{{{tag}}}:semaphore:queue"),
+            queue_ends: format!("{{{tag}}}:semaphore:queue:ends"),
         }
+    }
+
+    /// The channel on which `client`'s queued waiters are told their turn
+    /// has come (see `permit_queue.lua`).
+    pub fn queue_channel(&self, client: &str) -> String {
+        format!("{}:{client}", self.channel)
     }
 }
 
@@ -219,9 +233,14 @@ pub struct Scripts {
     /// `permit_extend.lua`: move the expiry of each live permit of the
     /// owner; many semaphores in one call where they share a node.
     pub permit_extend: Script,
-    /// `permit_release.lua`: ZREM the owner's permit, PUBLISH if it was live.
+    /// `permit_release.lua`: ZREM the owner's permit, PUBLISH if it was
+    /// live (with a wait queue, also to the waiter the permit is for).
     pub permit_release: Script,
-    /// `permit_limit.lua`: SET the limit, answer the old one, PUBLISH.
+    /// `permit_leave.lua`: ZREM a wait's queue entry; if it was within the
+    /// free permits' reach, tell the entry that moves up into it.
+    pub permit_leave: Script,
+    /// `permit_limit.lua`: SET the limit, answer the old one, PUBLISH (with
+    /// a wait queue, also to the waiters the new limit brings within reach).
     pub permit_limit: Script,
     /// `permit_inspect.lua`: the stored limit and the live permits' owners.
     pub permit_inspect: Script,
@@ -270,10 +289,23 @@ impl Scripts {
             inspect: Script::new(include_str!("scripts/inspect.lua")),
             list: Script::new(include_str!("scripts/list.lua")),
             raise: Script::new(include_str!("scripts/raise.lua")),
-            permit_acquire: Script::new(include_str!("scripts/permit_acquire.lua")),
+            permit_acquire: Script::new(concat!(
+                include_str!("scripts/permit_queue.lua"),
+                include_str!("scripts/permit_acquire.lua")
+            )),
             permit_extend: Script::new(include_str!("scripts/permit_extend.lua")),
-            permit_release: Script::new(include_str!("scripts/permit_release.lua")),
-            permit_limit: Script::new(include_str!("scripts/permit_limit.lua")),
+            permit_release: Script::new(concat!(
+                include_str!("scripts/permit_queue.lua"),
+                include_str!("scripts/permit_release.lua")
+            )),
+            permit_leave: Script::new(concat!(
+                include_str!("scripts/permit_queue.lua"),
+                include_str!("scripts/permit_leave.lua")
+            )),
+            permit_limit: Script::new(concat!(
+                include_str!("scripts/permit_queue.lua"),
+                include_str!("scripts/permit_limit.lua")
+            )),
             permit_inspect: Script::new(include_str!("scripts/permit_inspect.lua")),
             election_acquire: Script::new(include_str!("scripts/election_acquire.lua")),
             election_extend: Script::new(include_str!("scripts/election_extend.lua")),

@@ -1,9 +1,10 @@
 //! Semaphores ([`HoldKind::Permits`]): the permit scripts and the wait for
 //! a free permit.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use distlock_core::wait::{wait_for_grant, Outcome, Pace};
+use distlock_core::wait::{queue_entry_life, wait_for_grant, Outcome, Pace};
 use distlock_core::{
     Error, FencingToken, Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, Result,
 };
@@ -12,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::scripts::{Scripts, SemaphoreKeys};
 use crate::subscriber::Wake;
-use crate::{owner_arg, ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
+use crate::{owner_arg, ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed, WaitEnd};
 
 /// The limit a permit request asks for; a typed error for zero, which no
 /// semaphore can grant.
@@ -39,10 +40,22 @@ impl RedisBackend {
         SemaphoreKeys::new(&self.inner.config.prefix, name)
     }
 
-    /// One permit acquire script: the token (token 0 and no counter kept
-    /// unless `fenced`), or how long until the earliest permit expires;
-    /// `LimitMismatch` if another limit is stored.
+    /// One permit acquire script, outside any wait queue (Redlock's nodes):
+    /// the token (token 0 and no counter kept unless `fenced`), or how long
+    /// until the earliest permit expires; `LimitMismatch` if another limit
+    /// is stored.
     pub(crate) async fn attempt_permit(&self, req: &LockRequest, fenced: bool) -> Result<Outcome> {
+        self.attempt_permit_in(req, fenced, PermitQueue::None).await
+    }
+
+    /// [`attempt_permit`](Self::attempt_permit), treating the semaphore's
+    /// wait queue as `queue` says.
+    pub(crate) async fn attempt_permit_in(
+        &self,
+        req: &LockRequest,
+        fenced: bool,
+        queue: PermitQueue,
+    ) -> Result<Outcome> {
         let limit = limit_of(req)?;
         let keys = self.semaphore_keys(&req.name);
         let mut inv = Scripts::get().permit_acquire.key(&keys.permits);
@@ -52,6 +65,18 @@ impl RedisBackend {
             .arg(ttl_ms(req.ttl))
             .arg(limit)
             .arg(if fenced { "1" } else { "0" });
+        let life = match queue {
+            PermitQueue::None => None,
+            PermitQueue::Try => Some(None),
+            PermitQueue::Wait(life) => Some(Some(life)),
+        };
+        if let Some(life) = life {
+            inv.key(&keys.queue)
+                .key(&keys.queue_ends)
+                .arg(if life.is_some() { "1" } else { "0" })
+                .arg(ttl_ms(life.unwrap_or(self.inner.config.queue_lease)))
+                .arg(self.queue_entry(req));
+        }
         let answer: Value = self.run(&inv).await?;
         match answer {
             Value::Int(token) if token >= 1 || (token == 0 && !fenced) => {
@@ -60,9 +85,14 @@ impl RedisBackend {
                 }
                 Ok(Outcome::Granted(FencingToken(token.unsigned_abs())))
             }
-            Value::Int(left) if left < 0 => Ok(Outcome::Held(Some(Duration::from_millis(
-                left.unsigned_abs(),
-            )))),
+            Value::Int(left) if left < 0 => {
+                let mut left = Duration::from_millis(left.unsigned_abs());
+                if let Some(Some(life)) = life {
+                    // Back before the queue entry lapses.
+                    left = left.min(life / 3);
+                }
+                Ok(Outcome::Held(Some(left)))
+            }
             Value::Array(stored) => match stored.first() {
                 Some(Value::Int(n)) if *n >= 0 => Err(Error::LimitMismatch {
                     name: req.name.clone(),
@@ -95,12 +125,38 @@ impl RedisBackend {
         self.renewed(&inv, "permit_extend.lua", reqs.len()).await
     }
 
-    pub(crate) async fn release_permit(&self, req: &LockRequest) -> Result<bool> {
+    /// Releases `req`'s permit if it is live; with `queued` (a `fifo`
+    /// client), the queued waiter the freed permit is for is told.
+    pub(crate) async fn release_permit(&self, req: &LockRequest, queued: bool) -> Result<bool> {
         let keys = self.semaphore_keys(&req.name);
         let mut inv = Scripts::get().permit_release.key(&keys.permits);
+        if queued {
+            inv.key(&keys.queue).key(&keys.queue_ends).key(&keys.limit);
+        }
         inv.arg(owner_arg(req)).arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
+    }
+
+    /// Releases `req`'s permit without looking at a wait queue (Redlock's
+    /// nodes, whose semaphores keep none).
+    pub async fn release_permit_alone(&self, req: &LockRequest) -> Result<bool> {
+        self.release_permit(req, false).await
+    }
+
+    /// Removes the queue entry of `req`'s wait, which ended without a
+    /// permit; the waiter that moves up within the free permits' reach is
+    /// told.
+    pub(crate) async fn leave_permit_queue(&self, req: &LockRequest) -> Result<()> {
+        let keys = self.semaphore_keys(&req.name);
+        let mut inv = Scripts::get().permit_leave.key(&keys.permits);
+        inv.key(&keys.queue)
+            .key(&keys.queue_ends)
+            .key(&keys.limit)
+            .arg(self.queue_entry(req))
+            .arg(&keys.channel);
+        let _: i64 = self.run(&inv).await?;
+        Ok(())
     }
 
     /// The limit stored with the semaphore `name` and the owners of its live
@@ -123,6 +179,11 @@ impl RedisBackend {
         let limit = checked_limit(limit)?;
         let keys = self.semaphore_keys(name);
         let mut inv = Scripts::get().permit_limit.key(&keys.limit);
+        if self.inner.config.fifo {
+            inv.key(&keys.permits)
+                .key(&keys.queue)
+                .key(&keys.queue_ends);
+        }
         inv.arg(limit).arg(&keys.channel);
         let old: Option<String> = self.run(&inv).await?;
         Ok(old.and_then(|o| o.parse().ok()))
@@ -145,17 +206,49 @@ impl RedisBackend {
     }
 
     /// Waits for a permit as a lock's wait does, but a freed permit wakes
-    /// one waiter of this client, not all of them.
+    /// one waiter of this client, not all of them. With `fifo`, a refused
+    /// attempt joins the semaphore's wait queue, and a freed permit wakes
+    /// only the queued waiter it is for, in arrival order.
     pub(crate) async fn acquire_permit(
         &self,
         req: &LockRequest,
         deadline: Option<Instant>,
     ) -> Result<Grant> {
-        let mut wakeups = Subscribed::new(self, &req.name, Channel::Permits);
         let pace = Pace::notified(Duration::from_millis(100));
-        wait_for_grant(&req.name, deadline, pace, &mut wakeups, || {
-            self.attempt_permit(req, true)
+        if !self.inner.config.fifo {
+            let mut wakeups = Subscribed::new(self, &req.name, Channel::Permits);
+            return wait_for_grant(&req.name, deadline, pace, &mut wakeups, || {
+                self.attempt_permit(req, true)
+            })
+            .await;
+        }
+        let mut wakeups = Subscribed::queued(self, req, Channel::PermitQueue);
+        let joined = &AtomicBool::new(false);
+        let mut end = WaitEnd::new(self, req, joined);
+        let granted = wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async move {
+            let life = queue_entry_life(self.inner.config.queue_lease, deadline);
+            let outcome = self
+                .attempt_permit_in(req, true, PermitQueue::Wait(life))
+                .await?;
+            if outcome.token().is_none() {
+                joined.store(true, Ordering::Relaxed);
+            }
+            Ok(outcome)
         })
-        .await
+        .await;
+        end.finish(granted.is_err()).await;
+        granted
     }
+}
+
+/// How a permit attempt treats the semaphore's wait queue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum PermitQueue {
+    /// Not at all: a client without `fifo`, or Redlock's nodes.
+    None,
+    /// A try: refused while live waiters queue ahead.
+    Try,
+    /// An attempt of a wait: refused, it joins the queue, or renews its
+    /// entry there, for this long.
+    Wait(Duration),
 }

@@ -712,10 +712,13 @@ impl Backend for RedlockBackend {
                     let (inner, req) = &*shared;
                     let rel = async {
                         let r = inner.nodes[i].redis(false).await?;
-                        if inner.config.fifo && req.kind == HoldKind::Exclusive {
-                            r.release_with_entry(req).await
-                        } else {
-                            r.release(req).await
+                        match req.kind {
+                            HoldKind::Exclusive if inner.config.fifo => {
+                                r.release_with_entry(req).await
+                            }
+                            // No node keeps a semaphore's wait queue.
+                            HoldKind::Permits { .. } => r.release_permit_alone(req).await,
+                            _ => r.release(req).await,
                         }
                     };
                     matches!(rel.await, Ok(true))

@@ -1,7 +1,15 @@
 -- KEYS[1] permits (sorted set: owner -> expiry in ms), KEYS[2] limit,
 -- KEYS[3] fencing counter; ARGV[1] owner, ARGV[2] TTL in ms, ARGV[3] limit,
 -- ARGV[4] '1' to take a fencing token, '0' for none (Redlock without
--- fencing, where tokens are declared meaningless: no counter is kept).
+-- fencing, where tokens are declared meaningless: no counter is kept);
+-- with a wait queue (fifo, see permit_queue.lua) KEYS[4] the queue and
+-- KEYS[5] its entries' ends, ARGV[5] '1' for an attempt of a wait (refused,
+-- it joins the queue or renews its entry) and '0' for a try, ARGV[6] how
+-- long the entry lasts (ms) unless the waiter's next attempt renews it,
+-- ARGV[7] the caller's entry.
+-- With a queue, first come, first served: a caller may take a permit only
+-- if the live permits and the live entries ahead of it (all of them, for a
+-- caller not queued) leave one free.
 -- Expiry is judged by this server's clock (TIME), never the client's, so a
 -- client with a fast or slow clock cannot shorten or stretch a permit.
 -- Answers: the token (>= 1; 0 without fencing) when granted; when all
@@ -20,10 +28,23 @@ elseif tonumber(stored) ~= limit then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local live = redis.call('ZCARD', KEYS[1])
+local queue = KEYS[4]
+local ahead = 0
+local queued = false
+if queue and redis.call('EXISTS', queue) == 1 then
+  prune(queue, KEYS[5], now)
+  local arrival = redis.call('ZSCORE', queue, ARGV[7])
+  queued = arrival ~= false
+  ahead = ahead_of(queue, arrival or nil, limit - live)
+end
 -- The same owner asking again (a retry after a lost reply) renews its own
 -- permit instead of taking a second one; ZADD of an existing member only
 -- moves its score.
-if live < limit or redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+if live + ahead < limit or redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  if queued then
+    redis.call('ZREM', queue, ARGV[7])
+    redis.call('ZREM', KEYS[5], ARGV[7])
+  end
   local token = 0
   if ARGV[4] == '1' then
     token = redis.call('INCR', KEYS[3])
@@ -38,6 +59,19 @@ if live < limit or redis.call('ZSCORE', KEYS[1], ARGV[1]) then
     redis.call('PEXPIRE', KEYS[1], ttl)
   end
   return token
+end
+if queue and ARGV[5] == '1' then
+  local life = tonumber(ARGV[6])
+  -- Written as a string: Lua prints numbers with 14 digits, fewer than
+  -- the microseconds have.
+  local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  redis.call('ZADD', queue, 'NX', string.format('%.0f', micros), ARGV[7])
+  redis.call('ZADD', KEYS[5], now + life, ARGV[7])
+  -- The queue lives as long as its longest entry.
+  if redis.call('PTTL', queue) < life then
+    redis.call('PEXPIRE', queue, life)
+    redis.call('PEXPIRE', KEYS[5], life)
+  end
 end
 local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
 if not earliest then

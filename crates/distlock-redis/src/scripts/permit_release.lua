@@ -1,9 +1,13 @@
--- KEYS[1] permits; ARGV[1] owner, ARGV[2] release channel.
+-- KEYS[1] permits; ARGV[1] owner, ARGV[2] release channel; with a wait
+-- queue (fifo) KEYS[2] the queue, KEYS[3] its entries' ends, KEYS[4] the
+-- limit (see permit_queue.lua).
 -- Removes only this owner's entry, so a holder whose permit expired (a GC
 -- pause) frees nobody else's. Answers 1 only if the permit was still live;
--- only then is a permit freed, and only then are waiters told.
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- only then is a permit freed, and only then are waiters told: without a
+-- queue, on the semaphore's channel; with one, also the one queued waiter
+-- the freed permit is for (the last place the free permits reach: the
+-- places before it were told by the releases that freed theirs).
+local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score then
   return 0
@@ -11,6 +15,11 @@ end
 redis.call('ZREM', KEYS[1], ARGV[1])
 if tonumber(score) > now then
   redis.call('PUBLISH', ARGV[2], 'permit')
+  if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then
+    prune(KEYS[2], KEYS[3], now)
+    local free = free_permits(KEYS[1], KEYS[4], now)
+    tell(KEYS[2], ARGV[2], free - 1, free - 1)
+  end
   return 1
 end
 return 0

@@ -1,0 +1,59 @@
+-- Prepended to the scripts that free a permit or a place in a semaphore's
+-- wait queue (permit_release.lua, permit_leave.lua, permit_limit.lua).
+-- A semaphore's queue (fifo) is a sorted set of entries (a client id, a
+-- space, and the owner) scored by arrival, beside a sorted set of when
+-- each entry ends unless renewed (ms, server clock); see
+-- permit_acquire.lua. With f permits free, the first f live entries may
+-- each take one.
+
+-- The server's time in ms.
+local function now_ms()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+
+-- Drops the entries whose waiters stopped renewing them.
+local function prune(queue, ends, now)
+  local ended = redis.call('ZRANGEBYSCORE', ends, '-inf', now, 'LIMIT', 0, 256)
+  if #ended > 0 then
+    redis.call('ZREM', queue, unpack(ended))
+    redis.call('ZREM', ends, unpack(ended))
+  end
+end
+
+-- How many permits are free: the stored limit less the live permits (the
+-- ended ones are dropped).
+local function free_permits(permits, limit, now)
+  local stored = tonumber(redis.call('GET', limit) or '0') or 0
+  redis.call('ZREMRANGEBYSCORE', permits, '-inf', now)
+  return stored - redis.call('ZCARD', permits)
+end
+
+-- How many entries are ahead of the one that arrived at `arrival` (all of
+-- them for nil), counted up to `most`: whether a waiter is within reach
+-- of the free permits needs no more. (ZRANK would count them all, and is
+-- one more command for a least-privilege user to allow.)
+local function ahead_of(queue, arrival, most)
+  if most <= 0 then
+    return 0
+  end
+  local upto = arrival and ('(' .. arrival) or '+inf'
+  return #redis.call('ZRANGEBYSCORE', queue, '-inf', upto, 'LIMIT', 0, most)
+end
+
+-- Tells the entries at places first..last (0-based) that their turn has
+-- come: 'next ' and the entry, on the entry's client's own channel
+-- (`channel`, ':' and the client id), which no other client listens to.
+-- At most 256 at once; any others try when they renew their entries.
+local function tell(queue, channel, first, last)
+  if last < first then
+    return
+  end
+  last = math.min(last, first + 255)
+  for _, entry in ipairs(redis.call('ZRANGE', queue, first, last)) do
+    local client = string.match(entry, '^(%S+) ')
+    if client then
+      redis.call('PUBLISH', channel .. ':' .. client, 'next ' .. entry)
+    end
+  end
+end
