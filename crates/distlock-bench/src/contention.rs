@@ -133,11 +133,12 @@ pub(crate) struct Contention {
 /// K separate clients (each its own connection and session) loop acquire
 /// (waiting) → release on one name. Fairness is Jain's index over the
 /// per-client grant counts; a grant is out of order when another client had
-/// been waiting longer.
+/// been waiting longer. With `semaphore`, on a semaphore of one permit.
 pub(crate) async fn contention_one_name(
     clients: &[LockClient],
     run_for: Duration,
     tag: &str,
+    semaphore: bool,
 ) -> Result<Contention, BoxError> {
     let k = clients.len();
     let name = format!("bench/{tag}/one");

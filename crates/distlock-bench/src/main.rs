@@ -106,8 +106,8 @@ struct Args {
     /// backends).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     fifo: bool,
-    /// The handoff and herd scenario on a semaphore of one permit instead
-    /// of a lock.
+    /// Scenarios 4-6 (fairness, handoff and the herd) on a semaphore of one
+    /// permit instead of a lock.
     #[arg(long)]
     semaphore_handoff: bool,
     /// A few seconds of everything, for CI: tiny sizes, no thresholds.
@@ -875,14 +875,19 @@ async fn scenarios_3_to_6(
     for _ in 0..a.clients {
         clients.push(client(t).await?.0);
     }
-    let c = contention::contention_one_name(&clients, secs, t.name)
+    let c = contention::contention_one_name(&clients, secs, t.name, a.semaphore_handoff)
         .await
         .map_err(|e| format!("{}: {} clients on one name: {e}", t.name, a.clients))?;
     let _ = writeln!(
         r.md,
-        "\n#### {}: {} clients on one name ({} s)\n\n| grants/s | Jain's index | out-of-order grants | worst wait |\n|---|---|---|---|\n| {:.0} | {:.3} | {} of {} | {:.1} ms |",
+        "\n#### {}: {} clients on one name{} ({} s)\n\n| grants/s | Jain's index | out-of-order grants | worst wait |\n|---|---|---|---|\n| {:.0} | {:.3} | {} of {} | {:.1} ms |",
         t.name,
         a.clients,
+        if a.semaphore_handoff {
+            ", a semaphore of one permit"
+        } else {
+            ""
+        },
         a.seconds,
         c.grants_per_sec,
         c.jain,
