@@ -2,14 +2,15 @@
 //! served: grants in arrival order with one request per grant and per
 //! release, a cut-off waiter that holds up the queue only until its entry
 //! lapses, and a cancelled or timed-out waiter that leaves no entry. Each
-//! runs on a lock, or on a semaphore whose permits a holder takes all of.
+//! runs on a lock, on a semaphore whose permits a holder takes all of, or
+//! on an election (the waiters campaign).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_core::{Error, LockBuilder, LockClient, LockGuard};
+use distlock_core::{Error, LockClient, LockGuard};
 use libtest_mimic::Failed;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -29,23 +30,51 @@ pub type Count = Arc<dyn Fn() -> Result<u64, Failed> + Send + Sync>;
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// What the waiters queue for: a lock, or a semaphore of `limit` permits.
+/// What the waiters queue for: a lock, a semaphore of `limit` permits, or
+/// an election.
 #[derive(Clone, Debug)]
 pub struct Queued {
     name: String,
     limit: Option<u32>,
+    election: bool,
 }
 
 impl Queued {
     /// The semaphore `name` of `limit` permits.
     pub fn semaphore(name: &str, limit: u32) -> Self {
         Self {
-            name: name.to_string(),
             limit: Some(limit),
+            ..Self::from(name)
         }
     }
 
-    fn builder(&self, client: &LockClient) -> LockBuilder {
+    /// The election `name`.
+    pub fn election(name: &str) -> Self {
+        Self {
+            election: true,
+            ..Self::from(name)
+        }
+    }
+
+    /// Takes a hold through `client`, waiting up to `wait`.
+    async fn take(&self, client: &LockClient, wait: Duration) -> distlock_core::Result<LockGuard> {
+        if self.election {
+            let e = client.election(&self.name).ttl(TTL).wait(wait);
+            return Ok(e.campaign("queued").await?.into_guard());
+        }
+        self.builder(client).wait(wait).acquire().await
+    }
+
+    /// Tries once to take a hold through `client`.
+    async fn try_take(&self, client: &LockClient) -> distlock_core::Result<Option<LockGuard>> {
+        if self.election {
+            let e = client.election(&self.name).ttl(TTL);
+            return Ok(e.try_campaign("queued").await?.map(|l| l.into_guard()));
+        }
+        self.builder(client).try_acquire().await
+    }
+
+    fn builder(&self, client: &LockClient) -> distlock_core::LockBuilder {
         match self.limit {
             Some(limit) => client.semaphore(&self.name, limit),
             None => client.lock(&self.name),
@@ -53,11 +82,11 @@ impl Queued {
         .ttl(TTL)
     }
 
-    /// Takes every permit (the lock) through `client`.
+    /// Takes every permit (the lock, the leadership) through `client`.
     async fn hold_all(&self, client: &LockClient) -> Result<Vec<LockGuard>, Failed> {
         let mut held = Vec::new();
         for _ in 0..self.limit.unwrap_or(1) {
-            held.push(self.builder(client).acquire().await?);
+            held.push(self.take(client, Duration::from_secs(10)).await?);
         }
         Ok(held)
     }
@@ -76,6 +105,7 @@ impl From<&str> for Queued {
         Self {
             name: name.to_string(),
             limit: None,
+            election: false,
         }
     }
 }
@@ -104,12 +134,7 @@ async fn queue_up(
     queued: &Count,
 ) -> Result<JoinHandle<distlock_core::Result<LockGuard>>, Failed> {
     let what = what.clone();
-    let waiting = tokio::spawn(async move {
-        what.builder(&client)
-            .wait(Duration::from_secs(120))
-            .acquire()
-            .await
-    });
+    let waiting = tokio::spawn(async move { what.take(&client, Duration::from_secs(120)).await });
     until(
         &format!("waiter {position} queueing"),
         Duration::from_secs(20),
@@ -156,11 +181,7 @@ pub async fn grants_in_arrival_order(
         let client = connect(url.to_string()).await?;
         let (what, order) = (what.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
-            let g = what
-                .builder(&client)
-                .wait(Duration::from_secs(60))
-                .acquire()
-                .await?;
+            let g = what.take(&client, Duration::from_secs(60)).await?;
             order.lock().map_err(|_| "poisoned")?.push((g.token(), i));
             g.release().await?;
             Ok::<(), Failed>(())
@@ -246,7 +267,7 @@ pub async fn a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
     // While the cut-off waiter's entry lives, its turn is kept: a try from
     // elsewhere is refused.
     let other = connect(url.to_string()).await?;
-    if let Some(g) = what.builder(&other).try_acquire().await? {
+    if let Some(g) = what.try_take(&other).await? {
         g.release().await?;
         return Err("a try took the turn of a queued waiter whose entry still lives".into());
     }
@@ -285,12 +306,7 @@ pub async fn a_cancelled_or_timed_out_waiter_leaves_no_entry(
     let holder = connect(url.to_string()).await?;
     let held = what.hold_all(&holder).await?;
     let timed_out = connect(url.to_string()).await?;
-    match what
-        .builder(&timed_out)
-        .wait(Duration::from_millis(300))
-        .acquire()
-        .await
-    {
+    match what.take(&timed_out, Duration::from_millis(300)).await {
         Err(Error::WaitTimeout { .. }) => {}
         other => return Err(format!("a wait behind a holder answered {other:?}").into()),
     }

@@ -176,15 +176,17 @@ fn main() {
             move || handle.block_on(multi_lock_is_one_request()),
         ));
         for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
-            // The lock's queue, and a semaphore's (`fifo::semaphore::*`).
-            for (semaphore, what) in [(false, ""), (true, "semaphore::")] {
+            // The lock's queue, a semaphore's (`fifo::semaphore::*`) and an
+            // election's (`fifo::election::*`).
+            for kind in [Kind::Lock, Kind::Semaphore, Kind::Election] {
+                let what = kind.prefix();
                 let handle = rt.handle().clone();
                 extra.push(Trial::test(
                     format!(
                         "redis::fifo::{what}{topology:?}::grants_in_arrival_order_one_request_each"
                     )
                     .to_lowercase(),
-                    move || handle.block_on(fifo_order(topology, semaphore)),
+                    move || handle.block_on(fifo_order(topology, kind)),
                 ));
                 let handle = rt.handle().clone();
                 extra.push(Trial::test(
@@ -192,15 +194,16 @@ fn main() {
                         "redis::fifo::{what}{topology:?}::a_cancelled_or_timed_out_waiter_leaves_no_entry"
                     )
                     .to_lowercase(),
-                    move || handle.block_on(fifo_cancel(topology, semaphore)),
+                    move || handle.block_on(fifo_cancel(topology, kind)),
                 ));
             }
         }
-        for (semaphore, what) in [(false, ""), (true, "semaphore::")] {
+        for kind in [Kind::Lock, Kind::Semaphore, Kind::Election] {
+            let what = kind.prefix();
             let handle = rt.handle().clone();
             extra.push(Trial::test(
                 format!("redis::fifo::{what}single::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses"),
-                move || handle.block_on(fifo_cut(semaphore)),
+                move || handle.block_on(fifo_cut(kind)),
             ));
         }
         let handle = rt.handle().clone();
@@ -519,14 +522,47 @@ fn fifo_connect() -> fifo::Connect {
     })
 }
 
-/// What the fifo cases queue for: the lock `name`, or its semaphore of
-/// three permits.
-fn fifo_target(name: &str, semaphore: bool) -> (fifo::Queued, String) {
-    if semaphore {
-        let keys = distlock_redis::SemaphoreKeys::new("", &LockName::new(name).expect("a name"));
-        (fifo::Queued::semaphore(name, 3), keys.queue)
-    } else {
-        (name.into(), distlock_redis::Keys::queue_of(name))
+/// What a fifo case queues for.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Lock,
+    /// A semaphore of three permits.
+    Semaphore,
+    Election,
+}
+
+impl Kind {
+    /// The prefix of the case's name.
+    fn prefix(self) -> &'static str {
+        match self {
+            Kind::Lock => "",
+            Kind::Semaphore => "semaphore::",
+            Kind::Election => "election::",
+        }
+    }
+
+    /// Permits a holder takes (and so releases before the waiters' turns).
+    fn permits(self) -> u64 {
+        match self {
+            Kind::Semaphore => 3,
+            _ => 1,
+        }
+    }
+}
+
+/// What the fifo cases queue for, `name` of `kind`, and its queue's key.
+fn fifo_target(name: &str, kind: Kind) -> (fifo::Queued, String) {
+    let n = LockName::new(name).expect("a name");
+    match kind {
+        Kind::Lock => (name.into(), distlock_redis::Keys::queue_of(name)),
+        Kind::Semaphore => (
+            fifo::Queued::semaphore(name, 3),
+            distlock_redis::SemaphoreKeys::new("", &n).queue,
+        ),
+        Kind::Election => (
+            fifo::Queued::election(name),
+            distlock_redis::ElectionKeys::new("", &n).queue,
+        ),
     }
 }
 
@@ -553,13 +589,13 @@ fn fifo_queued(ports: Vec<u16>, key: String) -> fifo::Count {
 /// Twenty waiters' grants come in arrival order, one script call per grant
 /// and per release (`INFO commandstats` on every data node). Entries here
 /// last a minute, so no waiter renews its entry while the test counts.
-async fn fifo_order(topology: Topology, semaphore: bool) -> Result<(), Failed> {
+async fn fifo_order(topology: Topology, kind: Kind) -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(topology).await?;
     let url = format!("{url}?fifo=true&queue_lease_ms=60000");
-    let (what, queue) = fifo_target("fifo/order", semaphore);
+    let (what, queue) = fifo_target("fifo/order", kind);
     // Each release and each grant one request: the holder's releases, then
     // each waiter's grant and release.
-    let permits = if semaphore { 3 } else { 1 };
+    let permits = kind.permits();
     let counted = ports.clone();
     let requests: fifo::Count = Arc::new(move || {
         Ok(counted
@@ -579,11 +615,11 @@ async fn fifo_order(topology: Topology, semaphore: bool) -> Result<(), Failed> {
     .await
 }
 
-async fn fifo_cancel(topology: Topology, semaphore: bool) -> Result<(), Failed> {
+async fn fifo_cancel(topology: Topology, kind: Kind) -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(topology).await?;
     let lease = Duration::from_secs(60);
     let url = format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis());
-    let (what, queue) = fifo_target("fifo/cancel", semaphore);
+    let (what, queue) = fifo_target("fifo/cancel", kind);
     fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
         fifo_connect(),
         &url,
@@ -596,12 +632,12 @@ async fn fifo_cancel(topology: Topology, semaphore: bool) -> Result<(), Failed> 
 
 /// The cut-off waiter's connections (commands and pub/sub) run through a
 /// proxy that then drops everything; entries last 3 s (the default).
-async fn fifo_cut(semaphore: bool) -> Result<(), Failed> {
+async fn fifo_cut(kind: Kind) -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
     let url = format!("{url}?fifo=true");
     let proxy = Proxy::start(ports[0]).map_err(|e| e.to_string())?;
     let proxied = format!("redis://127.0.0.1:{}?fifo=true&timeout_ms=500", proxy.port);
-    let (what, queue) = fifo_target("fifo/cut", semaphore);
+    let (what, queue) = fifo_target("fifo/cut", kind);
     fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
         fifo_connect(),
         &url,

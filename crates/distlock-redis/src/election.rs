@@ -17,6 +17,7 @@ use futures_util::stream::{self, StreamExt};
 use redis::Value;
 use tokio::time::Instant;
 
+use crate::queue::QueueUse;
 use crate::rwlock::held_for;
 use crate::scripts::{ElectionKeys, Scripts};
 use crate::subscriber::Wake;
@@ -45,6 +46,16 @@ impl RedisBackend {
     /// One `election_acquire.lua` call: the token, with the campaign's
     /// value stored by the same call, or how long the leader has left.
     pub(crate) async fn attempt_leader(&self, req: &LockRequest) -> Result<Outcome> {
+        self.attempt_leader_in(req, QueueUse::None).await
+    }
+
+    /// [`attempt_leader`](Self::attempt_leader), treating the election's
+    /// wait queue as `queue` says.
+    pub(crate) async fn attempt_leader_in(
+        &self,
+        req: &LockRequest,
+        queue: QueueUse,
+    ) -> Result<Outcome> {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_acquire.key(&keys.leader);
         inv.key(&keys.fence)
@@ -52,6 +63,7 @@ impl RedisBackend {
             .arg(ttl_ms(req.ttl))
             .arg(req.value.as_deref().unwrap_or_default())
             .arg(&keys.channel);
+        let life = self.queue_args(&mut inv, &keys.queue, &keys.queue_ends, req, queue);
         let answer: i64 = self.run(&inv).await?;
         if answer >= 1 {
             if self.inner.config.wait_replicas > 0 {
@@ -68,7 +80,7 @@ impl RedisBackend {
                 ),
             ));
         }
-        Ok(Outcome::Held(held_for(answer)))
+        Ok(Outcome::Held(QueueUse::bounded(held_for(answer), life)))
     }
 
     /// Renews each request's leadership, in one script call per batch.
@@ -86,9 +98,14 @@ impl RedisBackend {
     }
 
     /// Resigns `req`'s leadership if it is still `req.owner`'s.
-    pub(crate) async fn release_leader(&self, req: &LockRequest) -> Result<bool> {
+    /// Resigns `req`'s leadership if it still leads; with `queued` (a
+    /// `fifo` client), the head of the campaigners' queue is told.
+    pub(crate) async fn release_leader(&self, req: &LockRequest, queued: bool) -> Result<bool> {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_release.key(&keys.leader);
+        if queued {
+            inv.key(&keys.queue).key(&keys.queue_ends);
+        }
         inv.arg(owner_arg(req)).arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
@@ -219,7 +236,9 @@ impl RedisBackend {
     pub(crate) async fn evict_leader(&self, name: &LockName) -> Result<bool> {
         let keys = self.election_keys(name);
         let mut inv = Scripts::get().election_evict.key(&keys.leader);
-        inv.arg(&keys.channel);
+        inv.key(&keys.queue)
+            .key(&keys.queue_ends)
+            .arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
@@ -232,12 +251,33 @@ impl RedisBackend {
         req: &LockRequest,
         deadline: Option<Instant>,
     ) -> Result<Grant> {
-        let mut wakeups = Subscribed::new(self, &req.name, Channel::Election);
         let pace = Pace::notified(Duration::from_millis(100));
-        wait_for_grant(&req.name, deadline, pace, &mut wakeups, || {
-            self.attempt_leader(req)
+        if !self.inner.config.fifo {
+            let mut wakeups = Subscribed::new(self, &req.name, Channel::Election);
+            return wait_for_grant(&req.name, deadline, pace, &mut wakeups, || {
+                self.attempt_leader(req)
+            })
+            .await;
+        }
+        let mut wakeups = Subscribed::queued(self, req, Channel::ElectionQueue);
+        self.wait_in_queue(req, deadline, pace, &mut wakeups, |queue| {
+            self.attempt_leader_in(req, queue)
         })
         .await
+    }
+
+    /// Removes the queue entry of `req`'s campaign, which ended without
+    /// leading; if it headed the queue of a free election, the new head is
+    /// told.
+    pub(crate) async fn leave_election_queue(&self, req: &LockRequest) -> Result<()> {
+        let keys = self.election_keys(&req.name);
+        let mut inv = Scripts::get().election_leave.key(&keys.leader);
+        inv.key(&keys.queue)
+            .key(&keys.queue_ends)
+            .arg(self.queue_entry(req))
+            .arg(&keys.channel);
+        let _: i64 = self.run(&inv).await?;
+        Ok(())
     }
 
     /// The leaders of `name`, notified: subscribes to the election's

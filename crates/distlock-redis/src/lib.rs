@@ -21,6 +21,7 @@ mod config;
 mod conn;
 mod election;
 mod list;
+mod queue;
 mod rwlock;
 pub mod scripts;
 mod semaphore;
@@ -32,8 +33,8 @@ pub use list::{ListedHold, LIST_BATCH};
 pub use rwlock::{Attempt, Attempted, LockHolders, QueuePlace};
 pub use scripts::{ElectionKeys, Keys, Scripts, SemaphoreKeys, SHARED_HOLDS};
 
+use queue::QueueUse;
 use rwlock::Removal;
-use semaphore::PermitQueue;
 
 use conn::Conn;
 
@@ -498,7 +499,10 @@ impl Backend for RedisBackend {
         let outcome = match req.kind {
             // Refused while live waiters queue ahead.
             HoldKind::Permits { .. } if self.inner.config.fifo => {
-                self.attempt_permit_in(req, true, PermitQueue::Try).await?
+                self.attempt_permit_in(req, true, QueueUse::Try).await?
+            }
+            HoldKind::Leader if self.inner.config.fifo => {
+                self.attempt_leader_in(req, QueueUse::Try).await?
             }
             _ => self.attempt(req).await?,
         };
@@ -747,7 +751,7 @@ impl Backend for RedisBackend {
         match req.kind {
             HoldKind::Permits { .. } => self.release_permit(req, self.inner.config.fifo).await,
             HoldKind::Shared => self.release_shared(req).await,
-            HoldKind::Leader => self.release_leader(req).await,
+            HoldKind::Leader => self.release_leader(req, self.inner.config.fifo).await,
             _ => self.release_exclusive(req, Removal::All).await,
         }
     }
@@ -829,6 +833,7 @@ impl RedisBackend {
     async fn leave_wait(&self, req: &LockRequest) -> Result<()> {
         match req.kind {
             HoldKind::Permits { .. } => self.leave_permit_queue(req).await,
+            HoldKind::Leader => self.leave_election_queue(req).await,
             _ => self.unmark(req).await,
         }
     }
@@ -875,6 +880,9 @@ pub(crate) enum Channel {
     /// This client's own channel of the semaphore, for a waiter in its
     /// queue, as [`Channel::Queue`] is the lock's.
     PermitQueue,
+    /// This client's own channel of the election, for a campaigner in its
+    /// queue.
+    ElectionQueue,
     /// The election's.
     Election,
 }
@@ -916,11 +924,13 @@ impl<'a> Subscribed<'a> {
             Channel::Lock => b.keys(self.name).channel,
             Channel::Queue => Keys::queue_channel_of(&b.lock_key(self.name), &b.inner.id),
             Channel::PermitQueue => b.semaphore_keys(self.name).queue_channel(&b.inner.id),
+            Channel::ElectionQueue => b.election_keys(self.name).queue_channel(&b.inner.id),
         }
     }
 
     /// A waiter in a wait queue as `req`'s owner, on its client's own
-    /// `channel` ([`Channel::Queue`] or [`Channel::PermitQueue`]).
+    /// `channel` ([`Channel::Queue`], [`Channel::PermitQueue`] or
+    /// [`Channel::ElectionQueue`]).
     fn queued(backend: &'a RedisBackend, req: &'a LockRequest, channel: Channel) -> Self {
         Self {
             queued: Some(req),
@@ -968,7 +978,7 @@ impl Wakeups for Subscribed<'_> {
             }
             Channel::Election => b.watch_channel(self.channel_name(), Wake::All).await,
             Channel::Lock => b.watch_releases(self.name).await,
-            Channel::Queue | Channel::PermitQueue => {
+            Channel::Queue | Channel::PermitQueue | Channel::ElectionQueue => {
                 let channel = self.channel_name();
                 let owner = self.queued.map(|r| b.queue_entry(r)).unwrap_or_default();
                 b.inner

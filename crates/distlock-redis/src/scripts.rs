@@ -145,7 +145,7 @@ impl SemaphoreKeys {
     }
 
     /// The channel on which `client`'s queued waiters are told their turn
-    /// has come (see `permit_queue.lua`).
+    /// has come (see `wait_queue.lua`).
     pub fn queue_channel(&self, client: &str) -> String {
         format!("{}:{client}", self.channel)
     }
@@ -170,6 +170,11 @@ pub struct ElectionKeys {
     /// The pub/sub channel a resignation, an eviction or a proclaimed value
     /// is announced on.
     pub channel: String,
+    /// The campaigners' wait queue (with `fifo`), as a semaphore's
+    /// ([`SemaphoreKeys::queue`]).
+    pub queue: String,
+    /// When each queue entry ends unless its campaigner renews it.
+    pub queue_ends: String,
 }
 
 impl ElectionKeys {
@@ -180,7 +185,15 @@ impl ElectionKeys {
             leader: format!("{{{tag}}}:election"),
             fence: format!("{{{tag}}}:election:fence"),
             channel: format!("{{{tag}}}:election:released"),
+            queue: format!("{{{tag}}}:election:queue"),
+            queue_ends: format!("{{{tag}}}:election:queue:ends"),
         }
+    }
+
+    /// The channel on which `client`'s queued campaigners are told their
+    /// turn has come (see `wait_queue.lua`).
+    pub fn queue_channel(&self, client: &str) -> String {
+        format!("{}:{client}", self.channel)
     }
 }
 
@@ -251,8 +264,12 @@ pub struct Scripts {
     pub election_acquire: Script,
     /// `election_extend.lua`: PEXPIRE each leader hash whose owner matches.
     pub election_extend: Script,
-    /// `election_release.lua`: DEL and PUBLISH if the owner matches.
+    /// `election_release.lua`: DEL and PUBLISH if the owner matches (with
+    /// a wait queue, also to its head).
     pub election_release: Script,
+    /// `election_leave.lua`: ZREM a campaign's queue entry; if it headed
+    /// the queue of a free election, tell the new head.
+    pub election_leave: Script,
     /// `election_proclaim.lua`: HSET the value and PUBLISH if the owner
     /// matches.
     pub election_proclaim: Script,
@@ -263,7 +280,8 @@ pub struct Scripts {
     /// token and, if the owner leads, store that token in the leader hash
     /// (Redlock's fencing write-back).
     pub election_settle: Script,
-    /// `election_evict.lua`: DEL the leader hash whoever leads, and PUBLISH.
+    /// `election_evict.lua`: DEL the leader hash whoever leads, and PUBLISH
+    /// (to the wait queue's head too, if there is one).
     pub election_evict: Script,
 }
 
@@ -290,29 +308,42 @@ impl Scripts {
             list: Script::new(include_str!("scripts/list.lua")),
             raise: Script::new(include_str!("scripts/raise.lua")),
             permit_acquire: Script::new(concat!(
-                include_str!("scripts/permit_queue.lua"),
+                include_str!("scripts/wait_queue.lua"),
                 include_str!("scripts/permit_acquire.lua")
             )),
             permit_extend: Script::new(include_str!("scripts/permit_extend.lua")),
             permit_release: Script::new(concat!(
-                include_str!("scripts/permit_queue.lua"),
+                include_str!("scripts/wait_queue.lua"),
                 include_str!("scripts/permit_release.lua")
             )),
             permit_leave: Script::new(concat!(
-                include_str!("scripts/permit_queue.lua"),
+                include_str!("scripts/wait_queue.lua"),
                 include_str!("scripts/permit_leave.lua")
             )),
             permit_limit: Script::new(concat!(
-                include_str!("scripts/permit_queue.lua"),
+                include_str!("scripts/wait_queue.lua"),
                 include_str!("scripts/permit_limit.lua")
             )),
             permit_inspect: Script::new(include_str!("scripts/permit_inspect.lua")),
-            election_acquire: Script::new(include_str!("scripts/election_acquire.lua")),
+            election_acquire: Script::new(concat!(
+                include_str!("scripts/wait_queue.lua"),
+                include_str!("scripts/election_acquire.lua")
+            )),
             election_extend: Script::new(include_str!("scripts/election_extend.lua")),
-            election_release: Script::new(include_str!("scripts/election_release.lua")),
+            election_release: Script::new(concat!(
+                include_str!("scripts/wait_queue.lua"),
+                include_str!("scripts/election_release.lua")
+            )),
+            election_leave: Script::new(concat!(
+                include_str!("scripts/wait_queue.lua"),
+                include_str!("scripts/election_leave.lua")
+            )),
             election_proclaim: Script::new(include_str!("scripts/election_proclaim.lua")),
             election_leader: Script::new(include_str!("scripts/election_leader.lua")),
-            election_evict: Script::new(include_str!("scripts/election_evict.lua")),
+            election_evict: Script::new(concat!(
+                include_str!("scripts/wait_queue.lua"),
+                include_str!("scripts/election_evict.lua")
+            )),
             election_settle: Script::new(include_str!("scripts/election_settle.lua")),
         })
     }

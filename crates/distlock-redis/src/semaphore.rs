@@ -1,19 +1,19 @@
 //! Semaphores ([`HoldKind::Permits`]): the permit scripts and the wait for
 //! a free permit.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use distlock_core::wait::{queue_entry_life, wait_for_grant, Outcome, Pace};
+use distlock_core::wait::{wait_for_grant, Outcome, Pace};
 use distlock_core::{
     Error, FencingToken, Grant, HoldKind, InputKind, LockName, LockRequest, LockStatus, Result,
 };
 use redis::Value;
 use tokio::time::Instant;
 
+use crate::queue::QueueUse;
 use crate::scripts::{Scripts, SemaphoreKeys};
 use crate::subscriber::Wake;
-use crate::{owner_arg, ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed, WaitEnd};
+use crate::{owner_arg, ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
 
 /// The limit a permit request asks for; a typed error for zero, which no
 /// semaphore can grant.
@@ -45,7 +45,7 @@ impl RedisBackend {
     /// until the earliest permit expires; `LimitMismatch` if another limit
     /// is stored.
     pub(crate) async fn attempt_permit(&self, req: &LockRequest, fenced: bool) -> Result<Outcome> {
-        self.attempt_permit_in(req, fenced, PermitQueue::None).await
+        self.attempt_permit_in(req, fenced, QueueUse::None).await
     }
 
     /// [`attempt_permit`](Self::attempt_permit), treating the semaphore's
@@ -54,7 +54,7 @@ impl RedisBackend {
         &self,
         req: &LockRequest,
         fenced: bool,
-        queue: PermitQueue,
+        queue: QueueUse,
     ) -> Result<Outcome> {
         let limit = limit_of(req)?;
         let keys = self.semaphore_keys(&req.name);
@@ -65,18 +65,7 @@ impl RedisBackend {
             .arg(ttl_ms(req.ttl))
             .arg(limit)
             .arg(if fenced { "1" } else { "0" });
-        let life = match queue {
-            PermitQueue::None => None,
-            PermitQueue::Try => Some(None),
-            PermitQueue::Wait(life) => Some(Some(life)),
-        };
-        if let Some(life) = life {
-            inv.key(&keys.queue)
-                .key(&keys.queue_ends)
-                .arg(if life.is_some() { "1" } else { "0" })
-                .arg(ttl_ms(life.unwrap_or(self.inner.config.queue_lease)))
-                .arg(self.queue_entry(req));
-        }
+        let life = self.queue_args(&mut inv, &keys.queue, &keys.queue_ends, req, queue);
         let answer: Value = self.run(&inv).await?;
         match answer {
             Value::Int(token) if token >= 1 || (token == 0 && !fenced) => {
@@ -85,14 +74,10 @@ impl RedisBackend {
                 }
                 Ok(Outcome::Granted(FencingToken(token.unsigned_abs())))
             }
-            Value::Int(left) if left < 0 => {
-                let mut left = Duration::from_millis(left.unsigned_abs());
-                if let Some(Some(life)) = life {
-                    // Back before the queue entry lapses.
-                    left = left.min(life / 3);
-                }
-                Ok(Outcome::Held(Some(left)))
-            }
+            Value::Int(left) if left < 0 => Ok(Outcome::Held(QueueUse::bounded(
+                Some(Duration::from_millis(left.unsigned_abs())),
+                life,
+            ))),
             Value::Array(stored) => match stored.first() {
                 Some(Value::Int(n)) if *n >= 0 => Err(Error::LimitMismatch {
                     name: req.name.clone(),
@@ -136,12 +121,6 @@ impl RedisBackend {
         inv.arg(owner_arg(req)).arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
-    }
-
-    /// Releases `req`'s permit without looking at a wait queue (Redlock's
-    /// nodes, whose semaphores keep none).
-    pub async fn release_permit_alone(&self, req: &LockRequest) -> Result<bool> {
-        self.release_permit(req, false).await
     }
 
     /// Removes the queue entry of `req`'s wait, which ended without a
@@ -223,32 +202,9 @@ impl RedisBackend {
             .await;
         }
         let mut wakeups = Subscribed::queued(self, req, Channel::PermitQueue);
-        let joined = &AtomicBool::new(false);
-        let mut end = WaitEnd::new(self, req, joined);
-        let granted = wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async move {
-            let life = queue_entry_life(self.inner.config.queue_lease, deadline);
-            let outcome = self
-                .attempt_permit_in(req, true, PermitQueue::Wait(life))
-                .await?;
-            if outcome.token().is_none() {
-                joined.store(true, Ordering::Relaxed);
-            }
-            Ok(outcome)
+        self.wait_in_queue(req, deadline, pace, &mut wakeups, |queue| {
+            self.attempt_permit_in(req, true, queue)
         })
-        .await;
-        end.finish(granted.is_err()).await;
-        granted
+        .await
     }
-}
-
-/// How a permit attempt treats the semaphore's wait queue.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum PermitQueue {
-    /// Not at all: a client without `fifo`, or Redlock's nodes.
-    None,
-    /// A try: refused while live waiters queue ahead.
-    Try,
-    /// An attempt of a wait: refused, it joins the queue, or renews its
-    /// entry there, for this long.
-    Wait(Duration),
 }

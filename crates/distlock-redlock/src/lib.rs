@@ -716,9 +716,9 @@ impl Backend for RedlockBackend {
                             HoldKind::Exclusive if inner.config.fifo => {
                                 r.release_with_entry(req).await
                             }
-                            // No node keeps a semaphore's wait queue.
-                            HoldKind::Permits { .. } => r.release_permit_alone(req).await,
-                            _ => r.release(req).await,
+                            // No node keeps a semaphore's or an
+                            // election's wait queue.
+                            _ => r.release_outside_queue(req).await,
                         }
                     };
                     matches!(rel.await, Ok(true))

@@ -1,7 +1,13 @@
 -- KEYS[1] leader (hash: owner, value, token; expiring as a whole with the
 -- leadership's lease, by this server's clock), KEYS[2] fencing counter;
 -- ARGV[1] owner, ARGV[2] TTL in ms, ARGV[3] the campaign's value,
--- ARGV[4] the election's channel.
+-- ARGV[4] the election's channel; with a wait queue (fifo, see
+-- wait_queue.lua) KEYS[3] the queue, KEYS[4] its entries' ends, ARGV[5]
+-- '1' for an attempt of a wait (refused, it joins the queue or renews its
+-- entry) and '0' for a try, ARGV[6] how long the entry lasts (ms) unless
+-- the waiter's next attempt renews it, ARGV[7] the caller's entry. With a
+-- queue, a free leadership goes to its head alone (to a caller not queued
+-- only while nobody is).
 -- One script, one round trip: the value is stored by the request that
 -- grants, so nobody ever reads a leader without its value, and the grant
 -- is published ('granted') by the same call, so an observer that read
@@ -16,8 +22,44 @@ if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return -(redis.call('PTTL', KEYS[1]) + 3)
+local queue = KEYS[3]
+local led = redis.call('EXISTS', KEYS[1]) == 1
+if not queue then
+  if led then
+    return -(redis.call('PTTL', KEYS[1]) + 3)
+  end
+else
+  local queued, ahead = false, 0
+  local now = now_ms()
+  if redis.call('EXISTS', queue) == 1 then
+    prune(queue, KEYS[4], now)
+    local arrival = redis.call('ZSCORE', queue, ARGV[7])
+    queued = arrival ~= false
+    ahead = ahead_of(queue, arrival or nil, 1)
+  end
+  if led or ahead > 0 then
+    local life = tonumber(ARGV[6])
+    if ARGV[5] == '1' then
+      local time = redis.call('TIME')
+      local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
+      redis.call('ZADD', queue, 'NX', string.format('%.0f', micros), ARGV[7])
+      redis.call('ZADD', KEYS[4], now + life, ARGV[7])
+      if redis.call('PTTL', queue) < life then
+        redis.call('PEXPIRE', queue, life)
+        redis.call('PEXPIRE', KEYS[4], life)
+      end
+    end
+    if ahead > 0 then
+      -- Behind another waiter: nothing to try at the lease's end; back to
+      -- renew the entry.
+      return -(math.floor(life / 3) + 3)
+    end
+    return -(redis.call('PTTL', KEYS[1]) + 3)
+  end
+  if queued then
+    redis.call('ZREM', queue, ARGV[7])
+    redis.call('ZREM', KEYS[4], ARGV[7])
+  end
 end
 local token = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'value', ARGV[3], 'token', token)

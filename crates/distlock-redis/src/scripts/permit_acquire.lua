@@ -2,7 +2,7 @@
 -- KEYS[3] fencing counter; ARGV[1] owner, ARGV[2] TTL in ms, ARGV[3] limit,
 -- ARGV[4] '1' to take a fencing token, '0' for none (Redlock without
 -- fencing, where tokens are declared meaningless: no counter is kept);
--- with a wait queue (fifo, see permit_queue.lua) KEYS[4] the queue and
+-- with a wait queue (fifo, see wait_queue.lua) KEYS[4] the queue and
 -- KEYS[5] its entries' ends, ARGV[5] '1' for an attempt of a wait (refused,
 -- it joins the queue or renews its entry) and '0' for a try, ARGV[6] how
 -- long the entry lasts (ms) unless the waiter's next attempt renews it,

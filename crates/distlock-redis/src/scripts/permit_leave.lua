@@ -1,5 +1,5 @@
 -- KEYS[1] permits, KEYS[2] the wait queue, KEYS[3] its entries' ends,
--- KEYS[4] the limit (see permit_queue.lua); ARGV[1] the entry of a wait
+-- KEYS[4] the limit (see wait_queue.lua); ARGV[1] the entry of a wait
 -- that ended without a permit, ARGV[2] release channel.
 -- Removes the entry. If its place was within the free permits' reach (it
 -- may have been told its turn), the entry that moves up into reach is

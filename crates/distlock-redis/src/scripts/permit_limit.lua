@@ -1,6 +1,6 @@
 -- KEYS[1] limit; ARGV[1] new limit, ARGV[2] release channel; with a wait
 -- queue (fifo) KEYS[2] permits, KEYS[3] the queue, KEYS[4] its entries'
--- ends (see permit_queue.lua).
+-- ends (see wait_queue.lua).
 -- Answers the old limit (nil if none was stored). Permits already held stay
 -- held. Waiters are told either way: a higher limit may admit them, and a
 -- waiter asking for the old limit should learn of the mismatch now. Queued

@@ -1,6 +1,6 @@
 -- KEYS[1] permits; ARGV[1] owner, ARGV[2] release channel; with a wait
 -- queue (fifo) KEYS[2] the queue, KEYS[3] its entries' ends, KEYS[4] the
--- limit (see permit_queue.lua).
+-- limit (see wait_queue.lua).
 -- Removes only this owner's entry, so a holder whose permit expired (a GC
 -- pause) frees nobody else's. Answers 1 only if the permit was still live;
 -- only then is a permit freed, and only then are waiters told: without a

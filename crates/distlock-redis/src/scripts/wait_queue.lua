@@ -1,10 +1,11 @@
--- Prepended to the scripts that free a permit or a place in a semaphore's
--- wait queue (permit_release.lua, permit_leave.lua, permit_limit.lua).
--- A semaphore's queue (fifo) is a sorted set of entries (a client id, a
--- space, and the owner) scored by arrival, beside a sorted set of when
--- each entry ends unless renewed (ms, server clock); see
--- permit_acquire.lua. With f permits free, the first f live entries may
--- each take one.
+-- Prepended to the scripts of a semaphore's or an election's wait queue
+-- (fifo): permit_acquire.lua, permit_release.lua, permit_leave.lua,
+-- permit_limit.lua and the election_*.lua scripts that grant or free a
+-- leadership. A queue is a sorted set of entries (a client id, a space,
+-- and the owner) scored by arrival (microseconds of server time), beside a
+-- sorted set of when each entry ends unless its waiter's next attempt
+-- renews it (ms, server clock). With f permits free (one, a free
+-- leadership), the first f live entries may each take one.
 
 -- The server's time in ms.
 local function now_ms()
