@@ -130,6 +130,46 @@ pub(crate) struct Contention {
     pub(crate) worst_wait: Duration,
 }
 
+/// What scenarios 4-6 take turns on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum HandoffKind {
+    #[default]
+    Lock,
+    /// A semaphore of one permit.
+    Semaphore,
+    /// An election: each turn is a campaign, each release a resignation.
+    Election,
+}
+
+impl HandoffKind {
+    /// Takes a turn through `c` on `name`, waiting up to `wait`.
+    async fn take(
+        self,
+        c: &LockClient,
+        name: &str,
+        wait: Duration,
+    ) -> distlock::Result<distlock::LockGuard> {
+        let ttl = Duration::from_secs(30);
+        match self {
+            HandoffKind::Lock => c.lock(name).ttl(ttl).wait(wait).acquire().await,
+            HandoffKind::Semaphore => c.semaphore(name, 1).ttl(ttl).wait(wait).acquire().await,
+            HandoffKind::Election => {
+                let e = c.election(name).ttl(ttl).wait(wait);
+                Ok(e.campaign("bench").await?.into_guard())
+            }
+        }
+    }
+
+    /// How the report's headings name it.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            HandoffKind::Lock => "",
+            HandoffKind::Semaphore => ", on a semaphore of one permit",
+            HandoffKind::Election => ", on an election",
+        }
+    }
+}
+
 /// K separate clients (each its own connection and session) loop acquire
 /// (waiting) → release on one name. Fairness is Jain's index over the
 /// per-client grant counts; a grant is out of order when another client had
@@ -138,7 +178,7 @@ pub(crate) async fn contention_one_name(
     clients: &[LockClient],
     run_for: Duration,
     tag: &str,
-    semaphore: bool,
+    kind: HandoffKind,
 ) -> Result<Contention, BoxError> {
     let k = clients.len();
     let name = format!("bench/{tag}/one");
@@ -160,17 +200,8 @@ pub(crate) async fn contention_one_name(
             while Instant::now() < end {
                 let asked = Instant::now();
                 waiting.lock().map_err(|_| "poisoned")?[i] = Some(asked);
-                let builder = if semaphore {
-                    c.semaphore(&name, 1)
-                } else {
-                    c.lock(&name)
-                };
-                let g = match builder
-                    .ttl(Duration::from_secs(30))
-                    .wait(end.saturating_duration_since(Instant::now()) + Duration::from_secs(5))
-                    .acquire()
-                    .await
-                {
+                let wait = end.saturating_duration_since(Instant::now()) + Duration::from_secs(5);
+                let g = match kind.take(&c, &name, wait).await {
                     Ok(g) => g,
                     Err(distlock::Error::WaitTimeout { .. }) => break,
                     Err(e) => return Err(BoxError::from(e)),
@@ -230,7 +261,7 @@ pub(crate) async fn handoffs(
     clients: &[LockClient],
     rounds: u64,
     tag: &str,
-    semaphore: bool,
+    kind: HandoffKind,
 ) -> Result<Handoffs, BoxError> {
     let name = format!("bench/{tag}/handoff/{}", clients.len());
     let clients_n = clients.len();
@@ -261,17 +292,7 @@ pub(crate) async fn handoffs(
                 if grants.load(Ordering::Relaxed) >= rounds {
                     return Ok::<(), BoxError>(());
                 }
-                let builder = if semaphore {
-                    c.semaphore(&name, 1)
-                } else {
-                    c.lock(&name)
-                };
-                let g = match builder
-                    .ttl(Duration::from_secs(30))
-                    .wait(Duration::from_secs(10))
-                    .acquire()
-                    .await
-                {
+                let g = match kind.take(&c, &name, Duration::from_secs(10)).await {
                     Ok(g) => g,
                     Err(distlock::Error::WaitTimeout { .. }) => return Ok(()),
                     Err(e) => return Err(e.into()),

@@ -106,10 +106,9 @@ struct Args {
     /// backends).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     fifo: bool,
-    /// Scenarios 4-6 (fairness, handoff and the herd) on a semaphore of one
-    /// permit instead of a lock.
-    #[arg(long)]
-    semaphore_handoff: bool,
+    /// What scenarios 4-6 (fairness, handoff and the herd) take turns on.
+    #[arg(long, value_enum, default_value_t = contention::HandoffKind::Lock)]
+    handoff_kind: contention::HandoffKind,
     /// A few seconds of everything, for CI: tiny sizes, no thresholds.
     #[arg(long)]
     smoke: bool,
@@ -875,7 +874,7 @@ async fn scenarios_3_to_6(
     for _ in 0..a.clients {
         clients.push(client(t).await?.0);
     }
-    let c = contention::contention_one_name(&clients, secs, t.name, a.semaphore_handoff)
+    let c = contention::contention_one_name(&clients, secs, t.name, a.handoff_kind)
         .await
         .map_err(|e| format!("{}: {} clients on one name: {e}", t.name, a.clients))?;
     let _ = writeln!(
@@ -883,11 +882,7 @@ async fn scenarios_3_to_6(
         "\n#### {}: {} clients on one name{} ({} s)\n\n| grants/s | Jain's index | out-of-order grants | worst wait |\n|---|---|---|---|\n| {:.0} | {:.3} | {} of {} | {:.1} ms |",
         t.name,
         a.clients,
-        if a.semaphore_handoff {
-            ", a semaphore of one permit"
-        } else {
-            ""
-        },
+        a.handoff_kind.label(),
         a.seconds,
         c.grants_per_sec,
         c.jain,
@@ -901,11 +896,7 @@ async fn scenarios_3_to_6(
         r.md,
         "\n#### {}: handoff (release → next waiter holds) and the herd{}\n\n| waiters | handoffs | p50 µs | p99 µs | release call p50 µs | wake-ups per handoff | server requests per handoff |\n|---|---|---|---|---|---|---|",
         t.name,
-        if a.semaphore_handoff {
-            ", on a semaphore of one permit"
-        } else {
-            ""
-        }
+        a.handoff_kind.label()
     );
     let mut line = Vec::new();
     for &w in &a.waiters {
@@ -922,8 +913,7 @@ async fn scenarios_3_to_6(
             Some(f) => Some(f().await?),
             None => None,
         };
-        let h = match contention::handoffs(&clients, a.handoffs, t.name, a.semaphore_handoff).await
-        {
+        let h = match contention::handoffs(&clients, a.handoffs, t.name, a.handoff_kind).await {
             Ok(h) => h,
             // The real run records a scenario the backend cannot sustain
             // (and the doc explains it); the smoke must not fail.
