@@ -2,8 +2,9 @@
 //! served: grants in arrival order with one request per grant and per
 //! release, a cut-off waiter that holds up the queue only until its entry
 //! lapses, and a cancelled or timed-out waiter that leaves no entry. Each
-//! runs on a lock, on a semaphore whose permits a holder takes all of, or
-//! on an election (the waiters campaign).
+//! runs on a lock, on a semaphore whose permits a holder takes all of, on
+//! an election (the waiters campaign), or with readers waiting behind a
+//! writer; readers never pass a writer queued before them.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,13 +31,14 @@ pub type Count = Arc<dyn Fn() -> Result<u64, Failed> + Send + Sync>;
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// What the waiters queue for: a lock, a semaphore of `limit` permits, or
-/// an election.
+/// What the waiters queue for: a lock, a semaphore of `limit` permits, an
+/// election, or a lock they take shared (its holder exclusively).
 #[derive(Clone, Debug)]
 pub struct Queued {
     name: String,
     limit: Option<u32>,
     election: bool,
+    shared: bool,
 }
 
 impl Queued {
@@ -56,13 +58,33 @@ impl Queued {
         }
     }
 
+    /// The lock `name`, which the waiters take shared.
+    pub fn shared(name: &str) -> Self {
+        Self {
+            shared: true,
+            ..Self::from(name)
+        }
+    }
+
+    /// How many waiters can be granted at once: a grant may pass over
+    /// fewer earlier waiters than this.
+    fn reach(&self) -> usize {
+        match self.limit {
+            _ if self.shared => usize::MAX,
+            Some(limit) => limit as usize,
+            None => 1,
+        }
+    }
+
     /// Takes a hold through `client`, waiting up to `wait`.
     async fn take(&self, client: &LockClient, wait: Duration) -> distlock_core::Result<LockGuard> {
         if self.election {
             let e = client.election(&self.name).ttl(TTL).wait(wait);
             return Ok(e.campaign("queued").await?.into_guard());
         }
-        self.builder(client).wait(wait).acquire().await
+        let b = self.builder(client);
+        let b = if self.shared { b.shared() } else { b };
+        b.wait(wait).acquire().await
     }
 
     /// Tries once to take a hold through `client`.
@@ -71,7 +93,9 @@ impl Queued {
             let e = client.election(&self.name).ttl(TTL);
             return Ok(e.try_campaign("queued").await?.map(|l| l.into_guard()));
         }
-        self.builder(client).try_acquire().await
+        let b = self.builder(client);
+        let b = if self.shared { b.shared() } else { b };
+        b.try_acquire().await
     }
 
     fn builder(&self, client: &LockClient) -> distlock_core::LockBuilder {
@@ -82,11 +106,16 @@ impl Queued {
         .ttl(TTL)
     }
 
-    /// Takes every permit (the lock, the leadership) through `client`.
+    /// Takes every permit (the lock, exclusively; the leadership) through
+    /// `client`.
     async fn hold_all(&self, client: &LockClient) -> Result<Vec<LockGuard>, Failed> {
         let mut held = Vec::new();
+        let holder = Self {
+            shared: false,
+            ..self.clone()
+        };
         for _ in 0..self.limit.unwrap_or(1) {
-            held.push(self.take(client, Duration::from_secs(10)).await?);
+            held.push(holder.take(client, Duration::from_secs(10)).await?);
         }
         Ok(held)
     }
@@ -106,6 +135,7 @@ impl From<&str> for Queued {
             name: name.to_string(),
             limit: None,
             election: false,
+            shared: false,
         }
     }
 }
@@ -174,6 +204,12 @@ pub async fn grants_in_arrival_order(
         ..what.clone()
     };
     Queued::release_all(warm.hold_all(&holder).await?).await?;
+    if warm.shared {
+        warm.take(&holder, Duration::from_secs(10))
+            .await?
+            .release()
+            .await?;
+    }
     let held = what.hold_all(&holder).await?;
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -203,12 +239,16 @@ pub async fn grants_in_arrival_order(
     }
     let asked = requests()? - before;
     let mut order = order.lock().map_err(|_| "poisoned")?.clone();
-    if let Some(limit) = what.limit {
-        // Permits are held side by side: the grants' order is their tokens'.
+    let reach = what.reach();
+    if reach > 1 {
+        // Holds side by side: the grants' order is their tokens'.
         order.sort();
         let order: Vec<usize> = order.into_iter().map(|(_, i)| i).collect();
-        let reach = limit as usize;
-        if order.iter().enumerate().any(|(k, i)| *i >= k + reach) {
+        if order
+            .iter()
+            .enumerate()
+            .any(|(k, i)| *i >= k.saturating_add(reach))
+        {
             return Err(format!(
                 "a grant passed over {reach} or more earlier waiters: {order:?} (by token)"
             )
@@ -335,5 +375,61 @@ pub async fn a_cancelled_or_timed_out_waiter_leaves_no_entry(
         .map_err(|e| e.to_string())??;
     got.release().await?;
     Queued::release_all(held.collect()).await?;
+    Ok(())
+}
+
+/// Behind a writer holding the lock, a reader and a writer queue, each a
+/// client of its own. The holder's release lets the reader in; while it
+/// holds, a shared try from elsewhere must be refused (the writer came
+/// first), and a reader that waits now queues behind the writer. The
+/// grants' fencing tokens must rise reader, writer, reader.
+pub async fn readers_never_pass_a_queued_writer(
+    connect: Connect,
+    url: &str,
+    lock: &str,
+    queued: Count,
+) -> Result<(), Failed> {
+    let reader = Queued::shared(lock);
+    let writer = Queued::from(lock);
+    let holder = connect(url.to_string()).await?;
+    let held = writer.hold_all(&holder).await?;
+    let (granted, first_in) = tokio::sync::oneshot::channel();
+    let first = queue_up(connect(url.to_string()).await?, &reader, 1, &queued).await?;
+    let first = tokio::spawn(async move {
+        let g = first.await.map_err(|e| e.to_string())??;
+        let _ = granted.send(());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let token = g.token();
+        g.release().await?;
+        Ok::<_, Failed>(token)
+    });
+    let second = queue_up(connect(url.to_string()).await?, &writer, 2, &queued).await?;
+    Queued::release_all(held).await?;
+    tokio::time::timeout(Duration::from_secs(10), first_in)
+        .await
+        .map_err(|_| "the first reader had no grant within 10 s of the release")?
+        .map_err(|_| "the first reader's task ended without a grant")?;
+    let other = connect(url.to_string()).await?;
+    if let Some(g) = reader.try_take(&other).await? {
+        g.release().await?;
+        return Err("a shared try passed a writer queued before it".into());
+    }
+    let third = queue_up(connect(url.to_string()).await?, &reader, 2, &queued).await?;
+    let mut tokens = Vec::new();
+    tokens.push(first.await.map_err(|e| e.to_string())??);
+    for w in [second, third] {
+        let g = tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .map_err(|_| "a queued waiter had no grant within 30 s")?
+            .map_err(|e| e.to_string())??;
+        tokens.push(g.token());
+        g.release().await?;
+    }
+    if !(tokens[0] < tokens[1] && tokens[1] < tokens[2]) {
+        return Err(format!(
+            "grants out of arrival order (reader, writer, reader): tokens {tokens:?}"
+        )
+        .into());
+    }
     Ok(())
 }

@@ -176,9 +176,10 @@ fn main() {
             move || handle.block_on(multi_lock_is_one_request()),
         ));
         for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
-            // The lock's queue, a semaphore's (`fifo::semaphore::*`) and an
-            // election's (`fifo::election::*`).
-            for kind in [Kind::Lock, Kind::Semaphore, Kind::Election] {
+            // The lock's queue (with readers in it: `fifo::shared::*`), a
+            // semaphore's (`fifo::semaphore::*`) and an election's
+            // (`fifo::election::*`).
+            for kind in [Kind::Lock, Kind::Shared, Kind::Semaphore, Kind::Election] {
                 let what = kind.prefix();
                 let handle = rt.handle().clone();
                 extra.push(Trial::test(
@@ -197,7 +198,15 @@ fn main() {
                     move || handle.block_on(fifo_cancel(topology, kind)),
                 ));
             }
+            let handle = rt.handle().clone();
+            extra.push(Trial::test(
+                format!("redis::fifo::shared::{topology:?}::readers_never_pass_a_queued_writer")
+                    .to_lowercase(),
+                move || handle.block_on(fifo_readers(topology)),
+            ));
         }
+        // Readers behind a cut-off reader are told with it, so nobody waits
+        // for its entry: no case for them.
         for kind in [Kind::Lock, Kind::Semaphore, Kind::Election] {
             let what = kind.prefix();
             let handle = rt.handle().clone();
@@ -529,6 +538,8 @@ enum Kind {
     /// A semaphore of three permits.
     Semaphore,
     Election,
+    /// Readers waiting behind a writer.
+    Shared,
 }
 
 impl Kind {
@@ -538,6 +549,7 @@ impl Kind {
             Kind::Lock => "",
             Kind::Semaphore => "semaphore::",
             Kind::Election => "election::",
+            Kind::Shared => "shared::",
         }
     }
 
@@ -562,6 +574,10 @@ fn fifo_target(name: &str, kind: Kind) -> (fifo::Queued, String) {
         Kind::Election => (
             fifo::Queued::election(name),
             distlock_redis::ElectionKeys::new("", &n).queue,
+        ),
+        Kind::Shared => (
+            fifo::Queued::shared(name),
+            distlock_redis::Keys::queue_of(name),
         ),
     }
 }
@@ -632,6 +648,16 @@ async fn fifo_cancel(topology: Topology, kind: Kind) -> Result<(), Failed> {
 
 /// The cut-off waiter's connections (commands and pub/sub) run through a
 /// proxy that then drops everything; entries last 3 s (the default).
+/// A reader never passes a writer queued before it.
+async fn fifo_readers(topology: Topology) -> Result<(), Failed> {
+    let (url, ports, _servers) = fifo_servers(topology).await?;
+    let url = format!("{url}?fifo=true");
+    let name = "fifo/readers";
+    let queue = distlock_redis::Keys::queue_of(name);
+    fifo::readers_never_pass_a_queued_writer(fifo_connect(), &url, name, fifo_queued(ports, queue))
+        .await
+}
+
 async fn fifo_cut(kind: Kind) -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
     let url = format!("{url}?fifo=true");

@@ -14,7 +14,7 @@ use distlock_core::{Error, InputKind, Result};
 /// | `wait_timeout_ms` | the `WAIT` timeout | 100 |
 /// | `timeout_ms` | connect and response timeout | 2000 |
 /// | `observe_recheck_ms` | an election's observer reads the leader at least this often, besides each message on the election's channel and each lease end | 1000 |
-/// | `fifo` | `true`: waiting exclusive requests (and permit requests and campaigns, in a semaphore's or an election's own queue) queue on the server and are granted in arrival order, a release waking only the queue's head (for a semaphore, only the waiter its freed permit is for) (each uncontended acquire and release then also checks the queue: +0.03-0.04 on the uncontended ratio, docs/benchmarks.md); `false`: a release wakes every waiter and the first to ask wins | `false` |
+/// | `fifo` | `true`: waiting exclusive and shared requests (and permit requests and campaigns, in a semaphore's or an election's own queue) queue on the server and are granted in arrival order, a release waking only the queue's head (the readers queued together at the head; for a semaphore, only the waiter its freed permit is for) (each uncontended acquire and release then also checks the queue: +0.03-0.04 on the uncontended ratio, docs/benchmarks.md); `false`: a release wakes every waiter and the first to ask wins | `false` |
 /// | `queue_lease_ms` | how long a waiter's queue entry outlives its last attempt (a waiter renews it every third of this): a killed or cut-off waiter holds up the queue at most this long, or until its wait's deadline if that comes first | 3000 |
 /// | `ca_file` | `rediss://`, `rediss+sentinel://`, `rediss+cluster://`: PEM file of the CA to trust instead of the system roots | system roots |
 ///
@@ -35,9 +35,9 @@ pub struct RedisConfig {
     /// is silent and no lease ends: the bound on the lag after a message
     /// lost without the pub/sub connection failing.
     pub observe_recheck: Duration,
-    /// Whether waiting exclusive and permit requests and campaigns queue on
-    /// the server, first come, first served (see `acquire.lua` and
-    /// `wait_queue.lua`).
+    /// Whether waiting exclusive, shared and permit requests and campaigns
+    /// queue on the server, first come, first served (see `acquire.lua`,
+    /// `shared_acquire.lua` and `wait_queue.lua`).
     pub fifo: bool,
     /// How long a waiter's queue entry outlives its last attempt.
     pub queue_lease: Duration,

@@ -504,6 +504,9 @@ impl Backend for RedisBackend {
             HoldKind::Leader if self.inner.config.fifo => {
                 self.attempt_leader_in(req, QueueUse::Try).await?
             }
+            HoldKind::Shared if self.inner.config.fifo => {
+                self.attempt_shared_in(req, true, QueueUse::Try).await?
+            }
             _ => self.attempt(req).await?,
         };
         Ok(outcome.token().map(|t| Grant::new(t, began)))
@@ -515,10 +518,10 @@ impl Backend for RedisBackend {
             HoldKind::Leader => return self.acquire_leader(req, deadline).await,
             _ => {}
         }
-        // With `fifo`, exclusive waiters queue, first come, first served;
-        // shared ones (and every waiter without `fifo`) wake on every
+        // With `fifo`, exclusive and shared waiters queue together, first
+        // come, first served; without it every waiter wakes on every
         // release.
-        let queued = self.inner.config.fifo && req.kind == HoldKind::Exclusive;
+        let queued = self.inner.config.fifo;
         let mut wakeups = if queued {
             Subscribed::queued(self, req, Channel::Queue)
         } else {
@@ -535,7 +538,13 @@ impl Backend for RedisBackend {
             };
             let a = if queued {
                 let life = queue_entry_life(self.inner.config.queue_lease, deadline);
-                self.attempt_exclusive(req, how, true, Some(life)).await?
+                match req.kind {
+                    HoldKind::Shared => self
+                        .attempt_shared_in(req, true, QueueUse::Wait(life))
+                        .await?
+                        .into(),
+                    _ => self.attempt_exclusive(req, how, true, Some(life)).await?,
+                }
             } else {
                 self.attempt_in(req, how).await?
             };

@@ -7,6 +7,7 @@ use distlock_core::wait::Outcome;
 use distlock_core::{Error, FencingToken, LockName, LockRequest, Result};
 use redis::Value;
 
+use crate::queue::QueueUse;
 use crate::scripts::{Keys, Scripts, SHARED_HOLDS};
 use crate::{owner_arg, ttl_ms, RedisBackend, ReleaseWatch};
 
@@ -252,6 +253,19 @@ impl RedisBackend {
     /// or how long until the exclusive hold or the earliest writer mark
     /// ends.
     pub(crate) async fn attempt_shared(&self, req: &LockRequest, fenced: bool) -> Result<Outcome> {
+        self.attempt_shared_in(req, fenced, QueueUse::None).await
+    }
+
+    /// [`attempt_shared`](Self::attempt_shared), treating the lock's wait
+    /// queue as `queue` says: a shared request is refused while an
+    /// exclusive waiter is queued ahead of it, and a refused wait joins the
+    /// queue as a shared entry.
+    pub(crate) async fn attempt_shared_in(
+        &self,
+        req: &LockRequest,
+        fenced: bool,
+        queue: QueueUse,
+    ) -> Result<Outcome> {
         let keys = self.keys(&req.name);
         let mut inv = Scripts::get().shared_acquire.key(&keys.lock);
         inv.key(&keys.fence)
@@ -260,6 +274,10 @@ impl RedisBackend {
             .arg(owner_arg(req))
             .arg(ttl_ms(req.ttl))
             .arg(if fenced { "1" } else { "0" });
+        let life = self.queue_args(&mut inv, &keys.queue, &keys.queue_ends, req, queue);
+        if life.is_some() || matches!(queue, QueueUse::Try) {
+            inv.key(&keys.queue_shared);
+        }
         let answer: i64 = self.run(&inv).await?;
         if answer >= 1 {
             if self.inner.config.wait_replicas > 0 {
@@ -274,7 +292,7 @@ impl RedisBackend {
                 format!("fencing counter {} holds 0", keys.fence),
             ));
         }
-        Ok(Outcome::Held(held_for(answer)))
+        Ok(Outcome::Held(QueueUse::bounded(held_for(answer), life)))
     }
 
     /// One `release.lua` call for an exclusive request (with
@@ -285,7 +303,8 @@ impl RedisBackend {
         inv.key(Keys::writers_of(&lock));
         if self.inner.config.fifo {
             inv.key(Keys::queue_of(&lock))
-                .key(Keys::queue_ends_of(&lock));
+                .key(Keys::queue_ends_of(&lock))
+                .key(Keys::queue_shared_of(&lock));
         }
         inv.arg(owner_arg(req)).arg(Keys::channel_of(&lock));
         if let Some(what) = what.arg() {
@@ -314,7 +333,9 @@ impl RedisBackend {
         let mut inv = Scripts::get().shared_release.key(&keys.lock);
         inv.key(&keys.readers);
         if self.inner.config.fifo {
-            inv.key(&keys.queue).key(&keys.queue_ends);
+            inv.key(&keys.queue)
+                .key(&keys.queue_ends)
+                .key(&keys.queue_shared);
         }
         inv.arg(owner_arg(req)).arg(&keys.channel);
         let n: i64 = self.run(&inv).await?;

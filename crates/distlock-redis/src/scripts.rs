@@ -41,6 +41,9 @@ pub struct Keys {
     /// When each queue entry ends unless its waiter renews it: a sorted set
     /// of owners scored by that time (ms, server clock).
     pub queue_ends: String,
+    /// The queue's entries of shared requests (the same scores as in
+    /// `queue`), with `fifo`: the others are exclusive.
+    pub queue_shared: String,
 }
 
 impl Keys {
@@ -54,6 +57,7 @@ impl Keys {
             writers: Self::writers_of(&lock),
             queue: Self::queue_of(&lock),
             queue_ends: Self::queue_ends_of(&lock),
+            queue_shared: Self::queue_shared_of(&lock),
             lock,
         }
     }
@@ -95,6 +99,11 @@ impl Keys {
     /// The wait queue of a lock key.
     pub fn queue_of(lock: &str) -> String {
         format!("{{{lock}}}:queue")
+    }
+
+    /// The shared requests among the wait queue's entries of a lock key.
+    pub fn queue_shared_of(lock: &str) -> String {
+        format!("{{{lock}}}:queue:shared")
     }
 
     /// The ends of the wait queue's entries of a lock key.

@@ -1,6 +1,7 @@
 -- KEYS[1] lock key, KEYS[2] writer marks, and for a first-come,
 -- first-served lock KEYS[3] its wait queue and KEYS[4] the entries' ends
--- (see acquire.lua); ARGV[1] owner, ARGV[2] release channel, ARGV[3] what
+-- (see acquire.lua), and KEYS[5], if given, the queue's shared entries
+-- (see shared_acquire.lua); ARGV[1] owner, ARGV[2] release channel, ARGV[3] what
 -- to remove: absent for the hold and the owner's writer mark, 'hold' the
 -- hold only (Redlock rolling back a round of a wait), 'mark' the mark and
 -- the queue entry ARGV[4] only (a wait that ended), 'entry' as when absent
@@ -32,7 +33,7 @@ if what ~= 'mark' and redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('ZREM', KEYS[3], ARGV[4])
     redis.call('ZREM', KEYS[4], ARGV[4])
   end
-  announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4], skip)
+  announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4], skip, KEYS[5])
   return 1
 end
 if what ~= 'hold' and what ~= 'requeue' then
@@ -41,11 +42,17 @@ if what ~= 'hold' and what ~= 'requeue' then
   if KEYS[3] and ARGV[4] then
     left = redis.call('ZREM', KEYS[3], ARGV[4]) == 1
     redis.call('ZREM', KEYS[4], ARGV[4])
+    if KEYS[5] then
+      redis.call('ZREM', KEYS[5], ARGV[4])
+    end
   end
-  -- A waiter that leaves the queue of a free lock may have been its head:
-  -- the turn passes on.
-  if unmarked or (left and redis.call('EXISTS', KEYS[1]) == 0) then
-    announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4])
+  -- A waiter that leaves the queue of a lock not held exclusively may have
+  -- been its head: the turn passes on.
+  if unmarked or (left and redis.call('GET', KEYS[1]) == false) then
+    announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4], nil, KEYS[5])
+  elseif left and KEYS[5] and redis.call('GET', KEYS[1]) == 'distlock:shared' then
+    -- Readers hold: a reader queued behind the one that left may join them.
+    announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4], nil, KEYS[5])
   end
 end
 return 0

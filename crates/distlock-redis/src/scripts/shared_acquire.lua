@@ -7,18 +7,78 @@
 -- the lock key is set to 'distlock:shared' with the furthest live hold's
 -- expiry, so exclusive requests (and classic SET NX clients) are refused
 -- exactly while some shared hold lasts.
+-- With a wait queue (fifo, shared with the lock's exclusive waiters, see
+-- acquire.lua): KEYS[5] the queue, KEYS[6] its entries' ends, KEYS[7] the
+-- queue's shared entries (the same scores); ARGV[4] '1' for an attempt of
+-- a wait (refused, it joins the queue or renews its entry) and '0' for a
+-- try, ARGV[5] how long the entry lasts (ms) unless renewed, ARGV[6] the
+-- caller's entry. A shared request is then refused while an exclusive
+-- waiter's entry is ahead of it (any such entry, for a caller not queued)
+-- instead of while a writer's mark lasts: readers never pass a writer
+-- that came first, never wait for one that came after them (whose mark
+-- would otherwise hold back the queue's head), and the readers queued
+-- together at the head are granted together.
 -- Answers: the token (>= 1) when granted (1 without a token); when refused,
--- -(ms until the exclusive hold or the earliest mark ends + 3).
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= 'distlock:shared' then
-  return -(redis.call('PTTL', KEYS[1]) + 3)
-end
+-- -(ms until the exclusive hold or the earliest mark ends + 3), or for a
+-- queued caller behind a writer, -(a third of its entry's life + 3).
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-local mark = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
-if mark then
-  return -(tonumber(mark) - now + 3)
+local queue = KEYS[5]
+local queued, behind = false, false
+if queue and redis.call('EXISTS', queue) == 1 then
+  local ended = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, 256)
+  if #ended > 0 then
+    redis.call('ZREM', queue, unpack(ended))
+    redis.call('ZREM', KEYS[6], unpack(ended))
+    redis.call('ZREM', KEYS[7], unpack(ended))
+  end
+  local arrival = redis.call('ZSCORE', queue, ARGV[6])
+  queued = arrival ~= false
+  local upto = arrival and ('(' .. arrival) or '+inf'
+  for _, entry in ipairs(redis.call('ZRANGEBYSCORE', queue, '-inf', upto, 'LIMIT', 0, 256)) do
+    if not redis.call('ZSCORE', KEYS[7], entry) then
+      behind = true
+      break
+    end
+  end
+end
+local refused = nil
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= 'distlock:shared' then
+  refused = -(redis.call('PTTL', KEYS[1]) + 3)
+elseif behind then
+  refused = -3
+elseif not queue then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  local mark = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
+  if mark then
+    refused = -(tonumber(mark) - now + 3)
+  end
+end
+if refused then
+  if queue and ARGV[4] == '1' then
+    local life = tonumber(ARGV[5])
+    local place = string.format('%.0f', tonumber(time[1]) * 1000000 + tonumber(time[2]))
+    redis.call('ZADD', queue, 'NX', place, ARGV[6])
+    redis.call('ZADD', KEYS[6], now + life, ARGV[6])
+    redis.call('ZADD', KEYS[7], 'NX', place, ARGV[6])
+    if redis.call('PTTL', queue) < life then
+      redis.call('PEXPIRE', queue, life)
+      redis.call('PEXPIRE', KEYS[6], life)
+    end
+    if redis.call('PTTL', KEYS[7]) < life then
+      redis.call('PEXPIRE', KEYS[7], life)
+    end
+    if behind then
+      return -(math.floor(life / 3) + 3)
+    end
+  end
+  return refused
+end
+if queued then
+  redis.call('ZREM', queue, ARGV[6])
+  redis.call('ZREM', KEYS[6], ARGV[6])
+  redis.call('ZREM', KEYS[7], ARGV[6])
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])

@@ -1,5 +1,6 @@
 -- KEYS[1] lock key, KEYS[2] shared holds, for a first-come, first-served
--- lock KEYS[3] its wait queue and KEYS[4] the entries' ends; ARGV[1]
+-- lock KEYS[3] its wait queue and KEYS[4] the entries' ends, and KEYS[5],
+-- if given, the queue's shared entries; ARGV[1]
 -- owner, ARGV[2] release channel. Removes only this owner's hold; the lock key then expires with
 -- the furthest remaining live hold, or goes with the last one, which is
 -- announced (a waiting writer may go: see announce.lua). Answers 1 only if the hold was
@@ -19,7 +20,7 @@ if redis.call('GET', KEYS[1]) == 'distlock:shared' then
     redis.call('PEXPIRE', KEYS[2], tonumber(furthest) - now)
   else
     redis.call('DEL', KEYS[1])
-    announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4])
+    announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4], nil, KEYS[5])
   end
 end
 if tonumber(score) > now then
