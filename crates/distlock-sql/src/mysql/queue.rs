@@ -1,13 +1,10 @@
 //! First come, first served waiting for exclusive locks (`fifo=true`; off
 //! by default). MySQL has no NOTIFY, so waiters wait inside the server:
 //!
-//! - A waiting request that was refused once takes a connection of its own
+//! - A waiting request that was refused once opens a connection of its own
 //!   and asks there for the lock's queue: a user-level lock (`GET_LOCK`)
 //!   named after the lock, which the server grants to one connection at a
-//!   time, in the order they asked. The connection was opened ahead of
-//!   need while waits come often (see [`Queue::connection`]), so a waiter
-//!   asks for its place one round trip after its refusal, not after a
-//!   connect. The connection that holds it is the
+//!   time, in the order they asked. The connection that holds it is the
 //!   queue's head; the others block inside the server and send nothing.
 //! - Only the head may take the free lock row (or anyone, while nobody
 //!   heads the queue): the grant statement compares `IS_USED_LOCK` with the
@@ -75,15 +72,6 @@ pub(crate) struct Queue {
     /// This client's heads: the connection id each waiting owner's queue
     /// connection has, once it heads its queue.
     heads: Mutex<HashMap<Owner, Arc<AtomicU64>>>,
-    /// The next wait's connection, opened when the last one was taken.
-    spare: Mutex<Option<Spare>>,
-}
-
-/// A queue connection being opened (or open) ahead of need, and when that
-/// began.
-struct Spare {
-    opening: JoinHandle<Result<(MySqlConnection, u64), sqlx::Error>>,
-    since: tokio::time::Instant,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -112,7 +100,6 @@ impl Queue {
             join,
             doze,
             heads: Mutex::default(),
-            spare: Mutex::default(),
         }
     }
 
@@ -150,46 +137,9 @@ impl Queue {
         }
     }
 
-    /// A queue connection that no wait has used, which the server drops
-    /// after `lease` of silence, and its id: the spare opened when the last
-    /// one was taken, if it has been silent for less than half the lease
-    /// (so the server cannot drop it before the wait's first statement),
-    /// else a new one. Taking a fresh spare, or finding none, opens the
-    /// next one in the background, so while waits come more often than
-    /// every half lease each takes an open connection; a stale spare is
-    /// closed and opens no next one, so rarer waits cost about one and a
-    /// half connects each and hold no idle connection for long.
-    async fn connection(self: &Arc<Self>) -> Result<(MySqlConnection, u64), sqlx::Error> {
-        let (fresh, refill) = {
-            let mut spare = lock(&self.spare);
-            let taken = spare.take();
-            let stale = taken
-                .as_ref()
-                .is_some_and(|s| s.since.elapsed() >= self.lease / 2);
-            let fresh = taken.filter(|_| !stale);
-            // A stale spare means waits are rare: the next one opens its own.
-            if !stale {
-                let queue = self.clone();
-                *spare = Some(Spare {
-                    opening: tokio::spawn(async move { queue.open().await }),
-                    since: tokio::time::Instant::now(),
-                });
-            }
-            (fresh, !stale)
-        };
-        tracing::trace!(spare = fresh.is_some(), refill, "queue connection");
-        match fresh {
-            Some(spare) => match spare.opening.await {
-                Ok(Ok(opened)) => Ok(opened),
-                _ => self.open().await,
-            },
-            None => self.open().await,
-        }
-    }
-
     /// A new queue connection, which the server drops after `lease` of
     /// silence, and its id.
-    async fn open(&self) -> Result<(MySqlConnection, u64), sqlx::Error> {
+    async fn connection(&self) -> Result<(MySqlConnection, u64), sqlx::Error> {
         let mut conn: MySqlConnection = self.options.connect().await?;
         let idle = self.lease.as_secs().max(1);
         let set = format!("SET SESSION wait_timeout = {idle}");
@@ -348,11 +298,7 @@ async fn unless_left<T>(
 /// The queue connection's life: wait for the head of the queue, then sleep
 /// until each release for as long as the waiter asks, then give the place
 /// up.
-async fn keep_place(
-    queue: &Arc<Queue>,
-    shared: &TurnShared,
-    name: &str,
-) -> Result<(), sqlx::Error> {
+async fn keep_place(queue: &Queue, shared: &TurnShared, name: &str) -> Result<(), sqlx::Error> {
     let (mut conn, id) = queue.connection().await?;
     loop {
         let joined = unless_left(shared, async {
