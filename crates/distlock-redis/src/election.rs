@@ -97,7 +97,6 @@ impl RedisBackend {
         self.renewed(&inv, "election_extend.lua", reqs.len()).await
     }
 
-    /// Resigns `req`'s leadership if it is still `req.owner`'s.
     /// Resigns `req`'s leadership if it still leads; with `queued` (a
     /// `fifo` client), the head of the campaigners' queue is told.
     pub(crate) async fn release_leader(&self, req: &LockRequest, queued: bool) -> Result<bool> {

@@ -30,7 +30,8 @@ if not queue then
   end
 else
   local queued, ahead = false, 0
-  local now = now_ms()
+  local time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   if redis.call('EXISTS', queue) == 1 then
     prune(queue, KEYS[4], now)
     local arrival = redis.call('ZSCORE', queue, ARGV[7])
@@ -40,14 +41,7 @@ else
   if led or ahead > 0 then
     local life = tonumber(ARGV[6])
     if ARGV[5] == '1' then
-      local time = redis.call('TIME')
-      local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
-      redis.call('ZADD', queue, 'NX', string.format('%.0f', micros), ARGV[7])
-      redis.call('ZADD', KEYS[4], now + life, ARGV[7])
-      if redis.call('PTTL', queue) < life then
-        redis.call('PEXPIRE', queue, life)
-        redis.call('PEXPIRE', KEYS[4], life)
-      end
+      join(queue, KEYS[4], ARGV[7], life, time, now)
     end
     if ahead > 0 then
       -- Behind another waiter: nothing to try at the lease's end; back to

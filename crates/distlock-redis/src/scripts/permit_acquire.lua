@@ -61,17 +61,7 @@ if live + ahead < limit or redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   return token
 end
 if queue and ARGV[5] == '1' then
-  local life = tonumber(ARGV[6])
-  -- Written as a string: Lua prints numbers with 14 digits, fewer than
-  -- the microseconds have.
-  local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  redis.call('ZADD', queue, 'NX', string.format('%.0f', micros), ARGV[7])
-  redis.call('ZADD', KEYS[5], now + life, ARGV[7])
-  -- The queue lives as long as its longest entry.
-  if redis.call('PTTL', queue) < life then
-    redis.call('PEXPIRE', queue, life)
-    redis.call('PEXPIRE', KEYS[5], life)
-  end
+  join(queue, KEYS[5], ARGV[7], tonumber(ARGV[6]), time, now)
 end
 local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
 if not earliest then

@@ -13,6 +13,22 @@ local function now_ms()
   return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
 
+-- Puts `entry` in the queue at the server's time now (`time`, as TIME
+-- answered it; `now` the same in ms) unless it is there already, and has
+-- it end `life` ms from now unless renewed; the queue lives as long as its
+-- longest entry.
+local function join(queue, ends, entry, life, time, now)
+  -- Written as a string: Lua prints numbers with 14 digits, fewer than
+  -- the microseconds have.
+  local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  redis.call('ZADD', queue, 'NX', string.format('%.0f', micros), entry)
+  redis.call('ZADD', ends, now + life, entry)
+  if redis.call('PTTL', queue) < life then
+    redis.call('PEXPIRE', queue, life)
+    redis.call('PEXPIRE', ends, life)
+  end
+end
+
 -- Drops the entries whose waiters stopped renewing them.
 local function prune(queue, ends, now)
   local ended = redis.call('ZRANGEBYSCORE', ends, '-inf', now, 'LIMIT', 0, 256)
