@@ -138,8 +138,10 @@ impl RedisBackend {
     }
 
     /// One acquire script: the token, or how long the holder has left (for
-    /// a semaphore: until its earliest permit expires). As `try_acquire`
-    /// asks: it never leaves a writer's mark.
+    /// a semaphore: until its earliest permit expires). It never leaves a
+    /// writer's mark and never looks at a semaphore's, an election's or
+    /// readers' wait queue (Redlock's nodes ask this way; a `fifo`
+    /// client's own `try_acquire` also refuses while waiters queue ahead).
     pub async fn attempt(&self, req: &LockRequest) -> Result<Outcome> {
         Ok(self.attempt_in(req, Attempt::Once).await?.outcome)
     }
@@ -539,10 +541,14 @@ impl Backend for RedisBackend {
             let a = if queued {
                 let life = queue_entry_life(self.inner.config.queue_lease, deadline);
                 match req.kind {
-                    HoldKind::Shared => self
-                        .attempt_shared_in(req, true, QueueUse::Wait(life))
-                        .await?
-                        .into(),
+                    HoldKind::Shared => {
+                        // Before the attempt: one whose answer is lost, or
+                        // that is dropped on the way, may have joined.
+                        left.store(true, Ordering::Relaxed);
+                        self.attempt_shared_in(req, true, QueueUse::Wait(life))
+                            .await?
+                            .into()
+                    }
                     _ => self.attempt_exclusive(req, how, true, Some(life)).await?,
                 }
             } else {

@@ -82,11 +82,10 @@ impl RedisBackend {
         let attempt = &attempt;
         let granted = wait_for_grant(&req.name, deadline, pace, wakeups, || async move {
             let life = queue_entry_life(self.inner.config.queue_lease, deadline);
-            let outcome = attempt(QueueUse::Wait(life)).await?;
-            if outcome.token().is_none() {
-                joined.store(true, Ordering::Relaxed);
-            }
-            Ok(outcome)
+            // Before the attempt: one whose answer is lost, or that is
+            // dropped on the way, may have joined.
+            joined.store(true, Ordering::Relaxed);
+            attempt(QueueUse::Wait(life)).await
         })
         .await;
         end.finish(granted.is_err()).await;

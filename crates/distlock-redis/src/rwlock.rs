@@ -370,7 +370,7 @@ impl RedisBackend {
     pub async fn rollback(&self, req: &LockRequest) -> Result<bool> {
         match req.kind {
             distlock_core::HoldKind::Exclusive => self.release_exclusive(req, Removal::Hold).await,
-            _ => distlock_core::Backend::release(self, req).await,
+            _ => self.release_outside_queue(req).await,
         }
     }
 

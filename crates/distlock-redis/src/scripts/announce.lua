@@ -27,6 +27,9 @@ local function announce(lock, channel, queue, ends, skip, shared)
   if #ended > 0 then
     redis.call('ZREM', queue, unpack(ended))
     redis.call('ZREM', ends, unpack(ended))
+    if shared then
+      redis.call('ZREM', shared, unpack(ended))
+    end
   end
   if shared and redis.call('EXISTS', shared) == 1 then
     for i, entry in ipairs(redis.call('ZRANGE', queue, 0, 255)) do

@@ -14,6 +14,7 @@
 -- client with a fast or slow clock cannot shorten or stretch a permit.
 -- Answers: the token (>= 1; 0 without fencing) when granted; when all
 -- permits are held, -(ms until the earliest permit expires), always <= -1;
+-- when queued waiters ahead alone refused it, -(a third of ARGV[6] + 3);
 -- when the stored limit differs from ARGV[3], a table holding the stored
 -- limit.
 local time = redis.call('TIME')
@@ -62,6 +63,11 @@ if live + ahead < limit or redis.call('ZSCORE', KEYS[1], ARGV[1]) then
 end
 if queue and ARGV[5] == '1' then
   join(queue, KEYS[5], ARGV[7], tonumber(ARGV[6]), time, now)
+end
+if queue and live < limit then
+  -- Refused by the waiters ahead alone: nothing to try at a permit's end;
+  -- back to renew the entry (the release that reaches it tells it).
+  return -(math.floor(tonumber(ARGV[6]) / 3) + 3)
 end
 local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
 if not earliest then

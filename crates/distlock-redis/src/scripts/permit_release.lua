@@ -18,7 +18,9 @@ if tonumber(score) > now then
   if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then
     prune(KEYS[2], KEYS[3], now)
     local free = free_permits(KEYS[1], KEYS[4], now)
-    tell(KEYS[2], ARGV[2], free - 1, free - 1)
+    if free > 0 then
+      tell(KEYS[2], ARGV[2], free - 1, free - 1)
+    end
   end
   return 1
 end

@@ -50,7 +50,8 @@ if what ~= 'hold' and what ~= 'requeue' then
   -- been its head: the turn passes on.
   if unmarked or (left and redis.call('GET', KEYS[1]) == false) then
     announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4], nil, KEYS[5])
-  elseif left and KEYS[5] and redis.call('GET', KEYS[1]) == 'distlock:shared' then
+  elseif left and KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1
+      and redis.call('GET', KEYS[1]) == 'distlock:shared' then
     -- Readers hold: a reader queued behind the one that left may join them.
     announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4], nil, KEYS[5])
   end

@@ -63,6 +63,7 @@ end
 -- (`channel`, ':' and the client id), which no other client listens to.
 -- At most 256 at once; any others try when they renew their entries.
 local function tell(queue, channel, first, last)
+  first = math.max(first, 0)
   if last < first then
     return
   end
