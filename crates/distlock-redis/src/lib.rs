@@ -791,9 +791,9 @@ impl Backend for RedisBackend {
 }
 
 /// What a wait may leave on the server until it lapses: an exclusive
-/// request's writer's mark and queue entry, a permit request's queue entry.
-/// A wait that ends without a grant removes them; one cancelled (dropped)
-/// removes them in a task of its own.
+/// request's writer's mark and queue entry, a reader's, a permit request's
+/// or a campaign's queue entry. A wait that ends without a grant removes
+/// them; one cancelled (dropped) removes them in a task of its own.
 pub(crate) struct WaitEnd<'a> {
     backend: &'a RedisBackend,
     req: &'a LockRequest,
