@@ -613,11 +613,11 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Resul
 /// for everyone else (the seed's ABC / CDE case). With delayed-restart
 /// protection node 2 sits out for a TTL instead.
 async fn f3_redlock_restart(protected: bool) -> Result<(), Failed> {
-    // Without protection the double grant needs the contender to reconnect
-    // to the restarted node within the holder's 7 s stall; on a loaded
-    // machine that occasionally takes longer, and the fault then cannot
-    // show. One more attempt, and a failure only if both show nothing; a
-    // scheme that really prevented the double grant fails both.
+    // Without protection the double grant needs the contender to reach the
+    // restarted node within the holder's 7 s stall; on a loaded machine
+    // that can take longer, and the fault then cannot show. One more
+    // attempt, and a failure only if both show nothing; a scheme that
+    // really prevented the double grant fails both.
     let first = f3_attempt(protected).await;
     if protected || first.is_ok() {
         return first;
@@ -649,14 +649,37 @@ async fn f3_attempt(protected: bool) -> Result<(), Failed> {
     // holder's TTL.
     w.wait = Duration::from_millis(300);
     let stall = Duration::from_secs(7);
+    // Nodes 3 and 4 seen directly, not through the faulted client's proxies.
+    let mut far_nodes = Vec::new();
+    for n in &env.nodes[3..5] {
+        far_nodes.push(distlock::connect(&format!("redis://127.0.0.1:{}", n.port)).await?);
+    }
+    let lock = distlock::LockName::new(&w.lock)?;
     let node2 = Arc::new(Mutex::new(env.nodes.remove(2)));
     let restarted_node = &node2;
     let report = distlock_check::run(&w, |f: Faults| async move {
         for p in &proxies {
             p.set_blackhole(true);
         }
-        // Holds granted on all five nodes have ended by now.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // A hold of the faulted client that was granted on all five nodes
+        // keeps nodes 3 and 4 until its TTL: its release cannot reach them
+        // now. The contender needs them, so the fault starts once they are
+        // free.
+        let far_free = async {
+            loop {
+                let mut held = false;
+                for n in &far_nodes {
+                    held |= n.inspect(&lock).await.map_or(true, |s| s.held);
+                }
+                if !held {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(ttl * 2, far_free).await.map_err(|_| {
+            CheckError::Fault("nodes 3 and 4 still hold the lock two TTLs after the faulted client was cut off from them".into())
+        })?;
         // One contender during the fault: two would split the free nodes
         // between them round after round (each retrying on the same beat).
         f.gate(2).await?;
