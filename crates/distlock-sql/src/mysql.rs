@@ -358,6 +358,9 @@ impl My {
             let t = i64::try_from(r.last_insert_id()).unwrap_or(-1);
             return token_from_db(&self.err, t).map(Some);
         }
+        if let Some(queue) = self.queue.as_ref().filter(|_| self.queues(req)) {
+            queue.take_place(req);
+        }
         let r = sqlx::query(&self.insert)
             .bind(row.as_ref())
             .bind(&owner)

@@ -1,11 +1,13 @@
 //! First come, first served waiting for exclusive locks (`fifo=true`; off
 //! by default). MySQL has no NOTIFY, so waiters wait inside the server:
 //!
-//! - A waiting request that was refused once opens a connection of its own
-//!   and asks there for the lock's queue: a user-level lock (`GET_LOCK`)
-//!   named after the lock, which the server grants to one connection at a
-//!   time, in the order they asked. The connection that holds it is the
-//!   queue's head; the others block inside the server and send nothing.
+//! - A waiting request whose grant statement is refused asks at once, on a
+//!   connection of its own (opened ahead of need), for the lock's queue: a
+//!   user-level lock (`GET_LOCK`) named after the lock, which the server
+//!   grants to one connection at a time, in the order they asked. The
+//!   connection that holds it is the queue's head; the others block inside
+//!   the server and send nothing. Asking before anything else the refused
+//!   attempt does keeps the queue's order close to the order of arrival.
 //! - Only the head may take the free lock row (or anyone, while nobody
 //!   heads the queue): the grant statement compares `IS_USED_LOCK` with the
 //!   head's connection id.
@@ -33,6 +35,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
 use sqlx::{ConnectOptions, Executor, Row};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// How long giving a place up may take before the connection is dropped.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -69,9 +72,14 @@ pub(crate) struct Queue {
     lease: Duration,
     join: String,
     doze: String,
-    /// This client's heads: the connection id each waiting owner's queue
-    /// connection has, once it heads its queue.
-    heads: Mutex<HashMap<Owner, Arc<AtomicU64>>>,
+    /// This client's waiters' places, by owner.
+    turns: Mutex<HashMap<Owner, Arc<TurnShared>>>,
+    /// A queue connection opened ahead of need, its id and when it was
+    /// opened: a refused waiter asks for its place without connecting
+    /// first.
+    spare: Mutex<Option<(MySqlConnection, u64, Instant)>>,
+    /// A spare is being opened.
+    refilling: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -99,15 +107,51 @@ impl Queue {
             lease,
             join,
             doze,
-            heads: Mutex::default(),
+            turns: Mutex::default(),
+            spare: Mutex::default(),
+            refilling: AtomicBool::new(false),
         }
     }
 
     /// The connection id with which `req` heads its queue; 0 if it does not.
     pub(crate) fn head_of(&self, req: &LockRequest) -> u64 {
-        lock(&self.heads)
+        lock(&self.turns)
             .get(&req.owner)
-            .map_or(0, |h| h.load(Ordering::Acquire))
+            .map_or(0, |t| t.head.load(Ordering::Acquire))
+    }
+
+    /// A waiting `req`'s grant statement was refused: it asks for its place
+    /// now, if it has not (nothing happens for a request that does not
+    /// wait, such as a try).
+    pub(crate) fn take_place(self: &Arc<Self>, req: &LockRequest) {
+        let shared = lock(&self.turns).get(&req.owner).cloned();
+        if let Some(shared) = shared {
+            self.start(&shared);
+        }
+    }
+
+    /// Starts the task that keeps `shared`'s place, unless it runs.
+    fn start(self: &Arc<Self>, shared: &Arc<TurnShared>) {
+        let mut task = lock(&shared.task);
+        if shared.left.load(Ordering::Acquire)
+            || (task.is_some() && !shared.dead.load(Ordering::Acquire))
+        {
+            return;
+        }
+        if let Some(old) = task.take() {
+            old.abort();
+        }
+        shared.dead.store(false, Ordering::Release);
+        shared.head.store(0, Ordering::Release);
+        let (queue, shared2) = (self.clone(), shared.clone());
+        *task = Some(tokio::spawn(async move {
+            if let Err(e) = keep_place(&queue, &shared2).await {
+                tracing::debug!(error = %e, "a queue connection failed; the waiter joins again");
+            }
+            shared2.head.store(0, Ordering::Release);
+            shared2.dead.store(true, Ordering::Release);
+            shared2.woken.notify_waiters();
+        }));
     }
 
     /// How long a queued waiter sleeps at most without a wake-up before it
@@ -117,29 +161,57 @@ impl Queue {
         SAFETY_NET.max(self.lease)
     }
 
-    /// `req`'s place in its queue, taken once its first attempt is refused
-    /// (see [`Wakeups::prepare`]).
+    /// `req`'s place in its queue, asked for once its grant statement is
+    /// refused (see [`Queue::take_place`]).
     pub(crate) fn turn(self: &Arc<Self>, req: &LockRequest) -> Turn {
-        let head = Arc::new(AtomicU64::new(0));
-        lock(&self.heads).insert(req.owner, head.clone());
+        let shared = Arc::new(TurnShared {
+            name: req.name.as_str().to_string(),
+            head: AtomicU64::new(0),
+            dead: AtomicBool::new(false),
+            doze: Notify::new(),
+            woken: Notify::new(),
+            leave: Notify::new(),
+            task: Mutex::new(None),
+            left: AtomicBool::new(false),
+        });
+        lock(&self.turns).insert(req.owner, shared.clone());
         Turn {
             queue: self.clone(),
             owner: req.owner,
-            name: req.name.as_str().to_string(),
-            shared: Arc::new(TurnShared {
-                head,
-                dead: AtomicBool::new(false),
-                doze: Notify::new(),
-                woken: Notify::new(),
-                leave: Notify::new(),
-            }),
-            task: None,
+            shared,
         }
+    }
+
+    /// A queue connection and its id: the spare if it is fresh (the server
+    /// has not dropped it for its silence), else a new one; either way a
+    /// new spare is opened in the background for the next waiter.
+    async fn connection(self: &Arc<Self>) -> Result<(MySqlConnection, u64), sqlx::Error> {
+        let spare = lock(&self.spare).take();
+        self.refill();
+        match spare {
+            Some((conn, id, opened)) if opened.elapsed() < self.lease / 2 => Ok((conn, id)),
+            _ => self.open().await,
+        }
+    }
+
+    /// Opens a spare queue connection unless one is open or opening.
+    fn refill(self: &Arc<Self>) {
+        if lock(&self.spare).is_some() || self.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let queue = self.clone();
+        tokio::spawn(async move {
+            match queue.open().await {
+                Ok((conn, id)) => *lock(&queue.spare) = Some((conn, id, Instant::now())),
+                Err(e) => tracing::debug!(error = %e, "opening a spare queue connection failed"),
+            }
+            queue.refilling.store(false, Ordering::Release);
+        });
     }
 
     /// A new queue connection, which the server drops after `lease` of
     /// silence, and its id.
-    async fn connection(&self) -> Result<(MySqlConnection, u64), sqlx::Error> {
+    async fn open(&self) -> Result<(MySqlConnection, u64), sqlx::Error> {
         let mut conn: MySqlConnection = self.options.connect().await?;
         let idle = self.lease.as_secs().max(1);
         let set = format!("SET SESSION wait_timeout = {idle}");
@@ -179,8 +251,10 @@ impl Queue {
 
 /// What a waiter and its queue connection's task share.
 struct TurnShared {
+    /// The lock's name.
+    name: String,
     /// The queue connection's id once it heads the queue, else 0.
-    head: Arc<AtomicU64>,
+    head: AtomicU64,
     /// The task ended (its connection failed).
     dead: AtomicBool,
     /// The waiter asks for a sleep until the next release.
@@ -189,6 +263,20 @@ struct TurnShared {
     woken: Notify,
     /// The waiter's wait ended: give the place up.
     leave: Notify,
+    /// The task that keeps the place, once the waiter asked for it.
+    task: Mutex<Option<JoinHandle<()>>>,
+    /// The wait ended: no task starts any more (set under `task`'s lock).
+    left: AtomicBool,
+}
+
+impl TurnShared {
+    /// Ends the wait's claim to a place: no task starts after this; the
+    /// one that runs, if any, is returned.
+    fn end(&self) -> Option<JoinHandle<()>> {
+        let mut task = lock(&self.task);
+        self.left.store(true, Ordering::Release);
+        task.take()
+    }
 }
 
 /// One waiting request's place in its lock's queue, and the task that keeps
@@ -196,17 +284,15 @@ struct TurnShared {
 pub(crate) struct Turn {
     queue: Arc<Queue>,
     owner: Owner,
-    name: String,
     shared: Arc<TurnShared>,
-    task: Option<JoinHandle<()>>,
 }
 
 impl Turn {
     /// Gives the place up, and waits until it is given up: the next waiter
     /// heads the queue when this returns.
     pub(crate) async fn leave(&mut self) {
-        lock(&self.queue.heads).remove(&self.owner);
-        let Some(mut task) = self.task.take() else {
+        lock(&self.queue.turns).remove(&self.owner);
+        let Some(mut task) = self.shared.end() else {
             return;
         };
         self.shared.leave.notify_one();
@@ -222,9 +308,9 @@ impl Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        lock(&self.queue.heads).remove(&self.owner);
+        lock(&self.queue.turns).remove(&self.owner);
         // The task gives the place up by itself.
-        if self.task.take().is_some() {
+        if self.shared.end().is_some() {
             self.shared.leave.notify_one();
         }
     }
@@ -234,46 +320,26 @@ impl Wakeups for Turn {
     /// A wake-up at the end of the head's next sleep. The sleep is asked
     /// for when the wake-up is first awaited, after the attempt was
     /// refused, so a granted attempt leaves no sleep running; it checks the
-    /// row itself, so a release before it starts is not missed.
+    /// row itself, so a release before it starts is not missed. The place
+    /// is asked for by the refused attempt itself ([`Queue::take_place`]);
+    /// a waiter without one (its queue connection failed) asks again here.
     fn arm(&mut self) -> Option<Wakeup> {
-        if self.task.is_none() || self.shared.dead.load(Ordering::Acquire) {
-            return None;
-        }
-        let shared = self.shared.clone();
+        let (queue, shared) = (self.queue.clone(), self.shared.clone());
         Some(Box::pin(async move {
             let woken = shared.woken.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            // A task that ended before this was registered wakes nobody
-            // any more: try (and join again) at once.
-            if shared.dead.load(Ordering::Acquire) {
-                return;
-            }
+            queue.start(&shared);
             shared.doze.notify_one();
             woken.await;
         }))
     }
 
-    /// Joins the queue (again, if the queue connection failed).
-    async fn prepare(&mut self) -> distlock_core::Result<()> {
-        if self.task.is_some() && !self.shared.dead.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        if let Some(old) = self.task.take() {
-            old.abort();
-        }
-        self.shared.dead.store(false, Ordering::Release);
-        self.shared.head.store(0, Ordering::Release);
-        let (queue, shared, name) = (self.queue.clone(), self.shared.clone(), self.name.clone());
-        self.task = Some(tokio::spawn(async move {
-            if let Err(e) = keep_place(&queue, &shared, &name).await {
-                tracing::debug!(error = %e, "a queue connection failed; the waiter joins again");
-            }
-            shared.head.store(0, Ordering::Release);
-            shared.dead.store(true, Ordering::Release);
-            shared.woken.notify_waiters();
-        }));
-        Ok(())
+    /// Ready before the first attempt: a refusal asks for the place at once
+    /// and the wake-up comes from it, so no second attempt is needed to
+    /// catch a release.
+    async fn ready(&mut self) -> distlock_core::Result<bool> {
+        Ok(true)
     }
 }
 
@@ -298,7 +364,8 @@ async fn unless_left<T>(
 /// The queue connection's life: wait for the head of the queue, then sleep
 /// until each release for as long as the waiter asks, then give the place
 /// up.
-async fn keep_place(queue: &Queue, shared: &TurnShared, name: &str) -> Result<(), sqlx::Error> {
+async fn keep_place(queue: &Arc<Queue>, shared: &TurnShared) -> Result<(), sqlx::Error> {
+    let name = shared.name.as_str();
     let (mut conn, id) = queue.connection().await?;
     loop {
         let joined = unless_left(shared, async {
