@@ -57,12 +57,22 @@ fn main() {
             trial(
                 rt,
                 "mysql::fifo::grants_in_arrival_order_waking_only_the_head",
-                fifo_order(),
+                fifo_order(false),
             ),
             trial(
                 rt,
                 "mysql::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry",
-                fifo_cancel(),
+                fifo_cancel(false),
+            ),
+            trial(
+                rt,
+                "mysql::fifo::election::grants_in_arrival_order_waking_only_the_head",
+                fifo_order(true),
+            ),
+            trial(
+                rt,
+                "mysql::fifo::election::a_cancelled_or_timed_out_waiter_leaves_no_entry",
+                fifo_cancel(true),
             ),
             trial(
                 rt,
@@ -350,7 +360,8 @@ fn fifo_queued(port: u16, name: &str) -> integration_tests::fifo::Count {
 /// that lands as the next head's `GET_LOCK` returns makes it ask once more
 /// (one more). Measured: 79 to 82 for 20 handoffs. Queue connections here
 /// are kept a minute, so no sleep ends by itself while the test counts.
-async fn fifo_order() -> Result<(), Failed> {
+/// With `election`, the waiters campaign, queueing the same way.
+async fn fifo_order(election: bool) -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
     let port = server.port;
     let requests: integration_tests::fifo::Count = Arc::new(move || {
@@ -361,31 +372,45 @@ async fn fifo_order() -> Result<(), Failed> {
         )
     });
     let name = "fifo/order";
+    let (what, row) = queued(election, name);
     let n = 20;
     integration_tests::fifo::grants_in_arrival_order(
         fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms=60000"),
-        name,
+        what,
         n,
-        fifo_queued(port, name),
+        fifo_queued(port, &row),
         requests,
         3 * n as u64..=4 * n as u64 + 2,
     )
     .await
 }
 
-async fn fifo_cancel() -> Result<(), Failed> {
+async fn fifo_cancel(election: bool) -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
     let lease = Duration::from_secs(60);
-    let name = "fifo/cancel";
+    let (what, row) = queued(election, "fifo/cancel");
     integration_tests::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
         fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
-        name,
+        what,
         lease,
-        fifo_queued(server.port, name),
+        fifo_queued(server.port, &row),
     )
     .await
+}
+
+/// The lock `name`, or with `election` the election `name`; and the row
+/// whose queue its waiters join.
+fn queued(election: bool, name: &str) -> (integration_tests::fifo::Queued, String) {
+    if election {
+        (
+            integration_tests::fifo::Queued::election(name),
+            format!("{name}@election"),
+        )
+    } else {
+        (name.into(), name.to_string())
+    }
 }
 
 /// The cut-off waiter's pool and queue connection run through a proxy that

@@ -46,6 +46,7 @@ pub(crate) struct My {
     proclaim: String,
     leader: String,
     evict_leader: String,
+    evict_leader_queued: String,
     list: String,
     permits: permits::Statements,
     shared: shared::Statements,
@@ -165,6 +166,14 @@ impl My {
         );
         let evict_leader =
             format!("UPDATE {table} SET owner = NULL WHERE name = ? AND owner IS NOT NULL");
+        // With `fifo`, eviction reads the head of the election's queue as
+        // the release does, to wake it.
+        let evict_leader_queued = format!(
+            "UPDATE {table} SET owner = NULL,
+                    expires_at = expires_at
+                        + INTERVAL 0 * LAST_INSERT_ID(IFNULL(IS_USED_LOCK({q}), 0)) MICROSECOND
+              WHERE name = ? AND owner IS NOT NULL"
+        );
         let queue = fifo.map(|lease| Arc::new(queue::Queue::new(table, &pool, lease)));
         Self {
             pool,
@@ -183,6 +192,7 @@ impl My {
             proclaim,
             leader,
             evict_leader,
+            evict_leader_queued,
             list,
             table: table.to_string(),
             permits: permits::Statements::new(table, &permit_tables),
@@ -316,10 +326,10 @@ impl My {
         Ok(Some(tokens))
     }
 
-    /// Whether `req` queues while it waits: an exclusive request, with
-    /// `fifo`.
+    /// Whether `req` queues while it waits: an exclusive request or a
+    /// campaign, with `fifo`.
     pub(crate) fn queues(&self, req: &LockRequest) -> bool {
-        self.queue.is_some() && req.kind == HoldKind::Exclusive
+        self.queue.is_some() && matches!(req.kind, HoldKind::Exclusive | HoldKind::Leader)
     }
 
     /// The grant statement for `req`, bound: with `fifo` an exclusive
@@ -358,9 +368,6 @@ impl My {
             let t = i64::try_from(r.last_insert_id()).unwrap_or(-1);
             return token_from_db(&self.err, t).map(Some);
         }
-        if let Some(queue) = self.queue.as_ref().filter(|_| self.queues(req)) {
-            queue.take_place(req);
-        }
         let r = sqlx::query(&self.insert)
             .bind(row.as_ref())
             .bind(&owner)
@@ -370,7 +377,13 @@ impl My {
             .execute(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
-        Ok((r.rows_affected() == 1).then_some(FencingToken(1)))
+        if r.rows_affected() == 1 {
+            return Ok(Some(FencingToken(1)));
+        }
+        if let Some(queue) = self.queue.as_ref().filter(|_| self.queues(req)) {
+            queue.take_place(req);
+        }
+        Ok(None)
     }
 
     pub(crate) async fn extend(&self, req: &LockRequest) -> Result<bool> {
@@ -516,12 +529,21 @@ impl My {
     }
 
     /// Frees the election row `row` at once; whether someone led.
+    /// Frees the election row `row` at once; with `fifo` its queue's head
+    /// is woken.
     pub(crate) async fn evict_leader(&self, row: &str) -> Result<bool> {
-        let r = sqlx::query(&self.evict_leader)
+        let evict = match self.queue {
+            Some(_) => sqlx::query(&self.evict_leader_queued).bind(row),
+            None => sqlx::query(&self.evict_leader),
+        };
+        let r = evict
             .bind(row)
             .execute(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
+        if r.rows_affected() == 1 && r.last_insert_id() != 0 {
+            queue::wake_head(&self.pool, r.last_insert_id()).await;
+        }
         Ok(r.rows_affected() == 1)
     }
 

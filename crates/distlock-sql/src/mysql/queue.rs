@@ -1,13 +1,16 @@
-//! First come, first served waiting for exclusive locks (`fifo=true`; off
-//! by default). MySQL has no NOTIFY, so waiters wait inside the server:
+//! First come, first served waiting for exclusive locks and leadership
+//! (`fifo=true`; off by default). MySQL has no NOTIFY, so waiters wait
+//! inside the server:
 //!
-//! - A waiting request whose grant statement is refused asks at once, on a
-//!   connection of its own (opened ahead of need), for the lock's queue: a
-//!   user-level lock (`GET_LOCK`) named after the lock, which the server
-//!   grants to one connection at a time, in the order they asked. The
-//!   connection that holds it is the queue's head; the others block inside
-//!   the server and send nothing. Asking before anything else the refused
-//!   attempt does keeps the queue's order close to the order of arrival.
+//! - A waiting request whose grant statement (and first-use insert) is
+//!   refused asks at once, on a connection of its own (opened ahead of need
+//!   while waits come often), for its row's queue: a user-level lock
+//!   (`GET_LOCK`) named after the row (the lock's, or the election's), which
+//!   the server grants to one connection at a time, in the order they
+//!   asked. The connection that holds it is the queue's head; the others
+//!   block inside the server and send nothing. Asking before anything else
+//!   the refused attempt does keeps the queue's order close to the order of
+//!   arrival.
 //! - Only the head may take the free lock row (or anyone, while nobody
 //!   heads the queue): the grant statement compares `IS_USED_LOCK` with the
 //!   head's connection id.
@@ -52,6 +55,10 @@ const KILL_CHECKS: u32 = 200;
 /// See [`Queue::recheck`].
 const SAFETY_NET: Duration = Duration::from_secs(30);
 
+/// How long a waiter whose queue connection failed before it took its
+/// place waits before it asks again.
+const REJOIN_AFTER: Duration = Duration::from_millis(200);
+
 /// MariaDB's and MySQL's error for a statement interrupted by `KILL QUERY`.
 const INTERRUPTED: u16 = 1317;
 
@@ -80,6 +87,8 @@ pub(crate) struct Queue {
     spare: Mutex<Option<(MySqlConnection, u64, Instant)>>,
     /// A spare is being opened.
     refilling: AtomicBool,
+    /// When a waiter last asked for a queue connection.
+    last_wait: Mutex<Option<Instant>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -110,6 +119,7 @@ impl Queue {
             turns: Mutex::default(),
             spare: Mutex::default(),
             refilling: AtomicBool::new(false),
+            last_wait: Mutex::default(),
         }
     }
 
@@ -147,6 +157,12 @@ impl Queue {
         *task = Some(tokio::spawn(async move {
             if let Err(e) = keep_place(&queue, &shared2).await {
                 tracing::debug!(error = %e, "a queue connection failed; the waiter joins again");
+                if shared2.head.load(Ordering::Acquire) == 0 {
+                    // No place was taken (the server refuses connections,
+                    // say): the waiter asks again after a pause, not in a
+                    // tight loop.
+                    tokio::time::sleep(REJOIN_AFTER).await;
+                }
             }
             shared2.head.store(0, Ordering::Release);
             shared2.dead.store(true, Ordering::Release);
@@ -165,7 +181,7 @@ impl Queue {
     /// refused (see [`Queue::take_place`]).
     pub(crate) fn turn(self: &Arc<Self>, req: &LockRequest) -> Turn {
         let shared = Arc::new(TurnShared {
-            name: req.name.as_str().to_string(),
+            row: crate::election::row(req).into_owned(),
             head: AtomicU64::new(0),
             dead: AtomicBool::new(false),
             doze: Notify::new(),
@@ -183,26 +199,41 @@ impl Queue {
     }
 
     /// A queue connection and its id: the spare if it is fresh (the server
-    /// has not dropped it for its silence), else a new one; either way a
-    /// new spare is opened in the background for the next waiter.
+    /// has not dropped it for its silence), else a new one; after a spare
+    /// was taken, a new one is opened in the background for the next
+    /// waiter.
     async fn connection(self: &Arc<Self>) -> Result<(MySqlConnection, u64), sqlx::Error> {
+        let fresh = self.lease / 2;
         let spare = lock(&self.spare).take();
-        self.refill();
+        let previous = lock(&self.last_wait).replace(Instant::now());
         match spare {
-            Some((conn, id, opened)) if opened.elapsed() < self.lease / 2 => Ok((conn, id)),
-            _ => self.open().await,
+            Some((conn, id, opened)) if opened.elapsed() < fresh => {
+                self.refill();
+                Ok((conn, id))
+            }
+            // None, or a stale one (dropped): a spare is opened only while
+            // waits come often enough to use it before it goes stale.
+            _ => {
+                if previous.is_some_and(|t| t.elapsed() < fresh) {
+                    self.refill();
+                }
+                self.open().await
+            }
         }
     }
 
     /// Opens a spare queue connection unless one is open or opening.
     fn refill(self: &Arc<Self>) {
-        if lock(&self.spare).is_some() || self.refilling.swap(true, Ordering::AcqRel) {
+        if self.refilling.swap(true, Ordering::AcqRel) {
             return;
         }
         let queue = self.clone();
         tokio::spawn(async move {
-            match queue.open().await {
-                Ok((conn, id)) => *lock(&queue.spare) = Some((conn, id, Instant::now())),
+            let opened = queue.open().await;
+            let mut spare = lock(&queue.spare);
+            match opened {
+                Ok((conn, id)) if spare.is_none() => *spare = Some((conn, id, Instant::now())),
+                Ok(_) => {}
                 Err(e) => tracing::debug!(error = %e, "opening a spare queue connection failed"),
             }
             queue.refilling.store(false, Ordering::Release);
@@ -210,8 +241,14 @@ impl Queue {
     }
 
     /// A new queue connection, which the server drops after `lease` of
-    /// silence, and its id.
+    /// silence, and its id; connecting may take a lease at most.
     async fn open(&self) -> Result<(MySqlConnection, u64), sqlx::Error> {
+        tokio::time::timeout(self.lease, self.open_now())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
+    }
+
+    async fn open_now(&self) -> Result<(MySqlConnection, u64), sqlx::Error> {
         let mut conn: MySqlConnection = self.options.connect().await?;
         let idle = self.lease.as_secs().max(1);
         let set = format!("SET SESSION wait_timeout = {idle}");
@@ -251,8 +288,9 @@ impl Queue {
 
 /// What a waiter and its queue connection's task share.
 struct TurnShared {
-    /// The lock's name.
-    name: String,
+    /// The lock-table row the waiter waits for: the lock's, or the
+    /// election's.
+    row: String,
     /// The queue connection's id once it heads the queue, else 0.
     head: AtomicU64,
     /// The task ended (its connection failed).
@@ -365,7 +403,7 @@ async fn unless_left<T>(
 /// until each release for as long as the waiter asks, then give the place
 /// up.
 async fn keep_place(queue: &Arc<Queue>, shared: &TurnShared) -> Result<(), sqlx::Error> {
-    let name = shared.name.as_str();
+    let name = shared.row.as_str();
     let (mut conn, id) = queue.connection().await?;
     loop {
         let joined = unless_left(shared, async {
