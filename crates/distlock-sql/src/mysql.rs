@@ -333,7 +333,7 @@ impl My {
     }
 
     /// The grant statement for `req`, bound: with `fifo` an exclusive
-    /// request's respects the queue.
+    /// request's or a campaign's respects the queue.
     fn take_query<'q>(
         &'q self,
         req: &'q LockRequest,
@@ -528,9 +528,8 @@ impl My {
         leader_from_db(&self.err, row).map(Some)
     }
 
-    /// Frees the election row `row` at once; whether someone led.
-    /// Frees the election row `row` at once; with `fifo` its queue's head
-    /// is woken.
+    /// Frees the election row `row` at once (with `fifo` waking its
+    /// queue's head); whether someone led.
     pub(crate) async fn evict_leader(&self, row: &str) -> Result<bool> {
         let evict = match self.queue {
             Some(_) => sqlx::query(&self.evict_leader_queued).bind(row),

@@ -89,6 +89,9 @@ pub(crate) struct Queue {
     refilling: AtomicBool,
     /// When a waiter last asked for a queue connection.
     last_wait: Mutex<Option<Instant>>,
+    /// The last connection could not be opened: no spare is opened until
+    /// one can (a server out of connections is not asked twice per wait).
+    failing: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -120,6 +123,7 @@ impl Queue {
             spare: Mutex::default(),
             refilling: AtomicBool::new(false),
             last_wait: Mutex::default(),
+            failing: AtomicBool::new(false),
         }
     }
 
@@ -161,7 +165,10 @@ impl Queue {
                     // No place was taken (the server refuses connections,
                     // say): the waiter asks again after a pause, not in a
                     // tight loop.
-                    tokio::time::sleep(REJOIN_AFTER).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(REJOIN_AFTER) => {}
+                        () = shared2.leave.notified() => {}
+                    }
                 }
             }
             shared2.head.store(0, Ordering::Release);
@@ -214,7 +221,9 @@ impl Queue {
             // None, or a stale one (dropped): a spare is opened only while
             // waits come often enough to use it before it goes stale.
             _ => {
-                if previous.is_some_and(|t| t.elapsed() < fresh) {
+                if previous.is_some_and(|t| t.elapsed() < fresh)
+                    && !self.failing.load(Ordering::Acquire)
+                {
                     self.refill();
                 }
                 self.open().await
@@ -243,9 +252,12 @@ impl Queue {
     /// A new queue connection, which the server drops after `lease` of
     /// silence, and its id; connecting may take a lease at most.
     async fn open(&self) -> Result<(MySqlConnection, u64), sqlx::Error> {
-        tokio::time::timeout(self.lease, self.open_now())
+        let opened = tokio::time::timeout(self.lease, self.open_now())
             .await
-            .map_err(|_| sqlx::Error::PoolTimedOut)?
+            .map_err(|_| sqlx::Error::PoolTimedOut)
+            .and_then(|r| r);
+        self.failing.store(opened.is_err(), Ordering::Release);
+        opened
     }
 
     async fn open_now(&self) -> Result<(MySqlConnection, u64), sqlx::Error> {
@@ -317,7 +329,7 @@ impl TurnShared {
     }
 }
 
-/// One waiting request's place in its lock's queue, and the task that keeps
+/// One waiting request's place in its row's queue, and the task that keeps
 /// it. Dropping it gives the place up in the background.
 pub(crate) struct Turn {
     queue: Arc<Queue>,
@@ -404,7 +416,11 @@ async fn unless_left<T>(
 /// up.
 async fn keep_place(queue: &Arc<Queue>, shared: &TurnShared) -> Result<(), sqlx::Error> {
     let name = shared.row.as_str();
-    let (mut conn, id) = queue.connection().await?;
+    let (mut conn, id) = match unless_left(shared, queue.connection()).await {
+        Ran::Done(c) => c?,
+        // Left before a connection was open: no place to give up.
+        Ran::Left => return Ok(()),
+    };
     loop {
         let joined = unless_left(shared, async {
             let got: Option<i64> = conn
