@@ -436,3 +436,48 @@ pub async fn readers_never_pass_a_queued_writer(
     }
     Ok(())
 }
+
+/// A leader taken away by an operator hands the election on at once: the
+/// eviction wakes the campaigner at the head of the queue. Entries here
+/// last a minute and the leader's lease 30 s, so a head the eviction did
+/// not wake would come back only after 20 s (when it renews its entry) or
+/// more; it must lead within `WOKEN`.
+pub async fn an_eviction_wakes_the_queued_head<E, F>(
+    connect: Connect,
+    url: &str,
+    name: &str,
+    queued: Count,
+    evict: E,
+) -> Result<(), Failed>
+where
+    E: FnOnce() -> F,
+    F: Future<Output = Result<(), Failed>>,
+{
+    const WOKEN: Duration = Duration::from_secs(10);
+    let what = Queued::election(name);
+    let holder = connect(url.to_string()).await?;
+    let held = what.hold_all(&holder).await?;
+    let waiter = connect(url.to_string()).await?;
+    let waiting = queue_up(waiter, &what, 1, &queued).await?;
+    let token = held.first().ok_or("no leader")?.token();
+    evict().await?;
+    let led = tokio::time::timeout(WOKEN, waiting)
+        .await
+        .map_err(|_| {
+            format!("the queued campaigner did not lead within {WOKEN:?} of the eviction")
+        })?
+        .map_err(|e| e.to_string())??;
+    if led.token() <= token {
+        return Err(format!(
+            "the next leader's token {:?} is not above the evicted one's {token:?}",
+            led.token()
+        )
+        .into());
+    }
+    led.release().await?;
+    for g in held {
+        // Evicted: its release finds nothing of its own to free.
+        let _ = g.release().await;
+    }
+    Ok(())
+}

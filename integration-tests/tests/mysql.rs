@@ -76,6 +76,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::fifo::election::an_eviction_wakes_the_queued_head",
+                fifo_evict(),
+            ),
+            trial(
+                rt,
                 "mysql::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_the_server_drops_it",
                 fifo_cut(),
             ),
@@ -372,7 +377,7 @@ async fn fifo_order(election: bool) -> Result<(), Failed> {
         )
     });
     let name = "fifo/order";
-    let (what, row) = queued(election, name);
+    let (what, row) = sql_support::queued(election, name);
     let n = 20;
     integration_tests::fifo::grants_in_arrival_order(
         fifo_connect(),
@@ -389,7 +394,7 @@ async fn fifo_order(election: bool) -> Result<(), Failed> {
 async fn fifo_cancel(election: bool) -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
     let lease = Duration::from_secs(60);
-    let (what, row) = queued(election, "fifo/cancel");
+    let (what, row) = sql_support::queued(election, "fifo/cancel");
     integration_tests::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
         fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
@@ -400,17 +405,19 @@ async fn fifo_cancel(election: bool) -> Result<(), Failed> {
     .await
 }
 
-/// The lock `name`, or with `election` the election `name`; and the row
-/// whose queue its waiters join.
-fn queued(election: bool, name: &str) -> (integration_tests::fifo::Queued, String) {
-    if election {
-        (
-            integration_tests::fifo::Queued::election(name),
-            format!("{name}@election"),
-        )
-    } else {
-        (name.into(), name.to_string())
-    }
+async fn fifo_evict() -> Result<(), Failed> {
+    let (server, url) = fifo_server().await?;
+    let (_, row) = sql_support::queued(true, "fifo/evict");
+    // Every client of a table uses the same `fifo`, the operator's too.
+    let fifo = format!("{url}?fifo=true&queue_lease_ms=60000");
+    integration_tests::fifo::an_eviction_wakes_the_queued_head(
+        fifo_connect(),
+        &fifo,
+        "fifo/evict",
+        fifo_queued(server.port, &row),
+        || sql_support::evict(&fifo, "fifo/evict"),
+    )
+    .await
 }
 
 /// The cut-off waiter's pool and queue connection run through a proxy that

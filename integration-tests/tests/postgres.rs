@@ -86,12 +86,27 @@ fn main() {
                 trial(
                     rt,
                     "postgres::fifo::grants_in_arrival_order_one_request_each",
-                    fifo_order(),
+                    fifo_order(false),
                 ),
                 trial(
                     rt,
                     "postgres::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry",
-                    fifo_cancel(),
+                    fifo_cancel(false),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::election::grants_in_arrival_order_one_request_each",
+                    fifo_order(true),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::election::a_cancelled_or_timed_out_waiter_leaves_no_entry",
+                    fifo_cancel(true),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::election::an_eviction_wakes_the_queued_head",
+                    fifo_evict(),
                 ),
                 trial(
                     rt,
@@ -1118,8 +1133,9 @@ fn fifo_queued(url: &str, name: &str) -> integration_tests::fifo::Count {
 /// Twenty waiters' grants come in arrival order, one statement per grant
 /// and per release (`pg_stat_statements`: the statements naming the lock
 /// table). Entries here last a minute, so no waiter renews its entry while
-/// the test counts.
-async fn fifo_order() -> Result<(), Failed> {
+/// the test counts. With `election`, the waiters campaign, queueing the
+/// same way.
+async fn fifo_order(election: bool) -> Result<(), Failed> {
     let (_server, url) = fifo_server().await?;
     let mut c = pg::psql(&url).map_err(|e| e.to_string())?;
     c.args(["-c", "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"]);
@@ -1133,13 +1149,13 @@ async fn fifo_order() -> Result<(), Failed> {
                 AND query NOT LIKE '%count(*)%'",
         )
     });
-    let name = "fifo/order";
+    let (what, row) = sql_support::queued(election, "fifo/order");
     integration_tests::fifo::grants_in_arrival_order(
         fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms=60000"),
-        name,
+        what,
         20,
-        fifo_queued(&url, name),
+        fifo_queued(&url, &row),
         requests,
         // Each release and each grant one statement.
         41..=41,
@@ -1147,16 +1163,31 @@ async fn fifo_order() -> Result<(), Failed> {
     .await
 }
 
-async fn fifo_cancel() -> Result<(), Failed> {
+async fn fifo_cancel(election: bool) -> Result<(), Failed> {
     let (_server, url) = fifo_server().await?;
     let lease = Duration::from_secs(60);
-    let name = "fifo/cancel";
+    let (what, row) = sql_support::queued(election, "fifo/cancel");
     integration_tests::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
         fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
-        name,
+        what,
         lease,
-        fifo_queued(&url, name),
+        fifo_queued(&url, &row),
+    )
+    .await
+}
+
+async fn fifo_evict() -> Result<(), Failed> {
+    let (_server, url) = fifo_server().await?;
+    let (_, row) = sql_support::queued(true, "fifo/evict");
+    // Every client of a table uses the same `fifo`, the operator's too.
+    let fifo = format!("{url}?fifo=true&queue_lease_ms=60000");
+    integration_tests::fifo::an_eviction_wakes_the_queued_head(
+        fifo_connect(),
+        &fifo,
+        "fifo/evict",
+        fifo_queued(&url, &row),
+        || sql_support::evict(&fifo, "fifo/evict"),
     )
     .await
 }

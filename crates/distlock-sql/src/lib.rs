@@ -2,6 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,9 +38,9 @@ compile_error!("distlock-sql needs at least one of the features `postgres`, `mys
 
 /// A lock per row on PostgreSQL, MySQL/MariaDB or SQLite.
 ///
-/// A waiting exclusive acquire's queue entry (PostgreSQL with `fifo`): a
-/// wait that ends without a grant leaves the queue, and one that is
-/// dropped leaves in a task of its own.
+/// A waiting exclusive acquire's or campaign's queue entry (PostgreSQL
+/// with `fifo`): a wait that ends without a grant leaves the queue, and one
+/// that is dropped leaves in a task of its own.
 struct Queued<'a> {
     backend: &'a SqlBackend,
     req: &'a LockRequest,
@@ -681,26 +682,8 @@ impl Backend for SqlBackend {
         checked_holder(req)?;
         match Object::of(req, &self.inner.err)? {
             Object::Lock => {
-                let mut queued = Queued {
-                    backend: self,
-                    req,
-                    done: false,
-                };
-                let tried = &std::sync::atomic::AtomicBool::new(false);
-                let granted = self
-                    .wait(req, deadline, false, || {
-                        let first = !tried.swap(true, std::sync::atomic::Ordering::Relaxed);
-                        self.writer_attempt(req, first)
-                    })
-                    .await;
-                if granted.is_err() {
-                    if self.inner.marks.contains(req) {
-                        self.unmark(req).await;
-                    }
-                    queued.leave().await;
-                }
-                queued.done = true;
-                granted
+                self.wait_queued(req, deadline, |first| self.writer_attempt(req, first))
+                    .await
             }
             Object::Shared => {
                 self.wait(req, deadline, false, || self.shared_attempt(req, true))
@@ -708,7 +691,7 @@ impl Backend for SqlBackend {
             }
             Object::Leader => {
                 checked_value(election::value(req))?;
-                self.wait(req, deadline, false, || self.leader_attempt(req))
+                self.wait_queued(req, deadline, |first| self.leader_attempt(req, first))
                     .await
             }
             Object::Semaphore { limit } => {
@@ -1005,11 +988,46 @@ impl SqlBackend {
     /// One attempt of a waiting campaign: a lock's attempt on the
     /// election's row (on PostgreSQL it marks the row awaited, so that the
     /// leader's release notifies), never a writer's mark.
-    async fn leader_attempt(&self, req: &LockRequest) -> Result<Outcome> {
-        self.attempt_to_completion(req, |b, req| async move {
-            Ok(b.lock_attempt_now(&req, true).await?.0)
+    async fn leader_attempt(&self, req: &LockRequest, first: bool) -> Result<Outcome> {
+        self.attempt_to_completion(req, move |b, req| async move {
+            Ok(b.lock_attempt_now(&req, first).await?.0)
         })
         .await
+    }
+
+    /// Waits for an exclusive hold or leadership, `attempt` told whether it
+    /// is the wait's first. A wait that ends without a grant removes the
+    /// writer's mark it placed, then leaves the queue (PostgreSQL with
+    /// `fifo`); one that is dropped leaves in a task of its own.
+    async fn wait_queued<F, Fut>(
+        &self,
+        req: &LockRequest,
+        deadline: Option<Instant>,
+        attempt: F,
+    ) -> Result<Grant>
+    where
+        F: Fn(bool) -> Fut,
+        Fut: Future<Output = Result<Outcome>>,
+    {
+        let mut queued = Queued {
+            backend: self,
+            req,
+            done: false,
+        };
+        let tried = std::sync::atomic::AtomicBool::new(false);
+        let granted = self
+            .wait(req, deadline, false, || {
+                attempt(!tried.swap(true, std::sync::atomic::Ordering::Relaxed))
+            })
+            .await;
+        if granted.is_err() {
+            if self.inner.marks.contains(req) {
+                self.unmark(req).await;
+            }
+            queued.leave().await;
+        }
+        queued.done = true;
+        granted
     }
 
     /// One attempt at a permit.

@@ -325,8 +325,9 @@ impl Pg {
     pub(crate) async fn attempt(&self, req: &LockRequest, first: bool) -> Result<(Outcome, bool)> {
         checked_for_postgres(value(req))?;
         if let Some(q) = self.queue.as_ref().filter(|_| self.queues(req)) {
-            let (token, left, readers, behind) =
-                q.attempt(&self.pool, &self.err, req, true, first).await?;
+            let (token, left, readers, behind) = q
+                .attempt(&self.pool, &self.err, req, true, first, &self.channel)
+                .await?;
             let outcome = match token {
                 Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
                 // Free, but awaited: the queue decides, at once.
@@ -427,6 +428,19 @@ impl Pg {
     /// An election's grant also notifies its observers.
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
         checked_for_postgres(value(req))?;
+        if let Some(q) = self.queue.as_ref().filter(|_| self.queues(req)) {
+            let (mut token, left, ..) = q
+                .attempt(&self.pool, &self.err, req, false, true, &self.channel)
+                .await?;
+            if token.is_none() && left.is_none_or(|us| us <= 0) {
+                // Free, but awaited: granted only if nobody live is queued.
+                token = q
+                    .attempt(&self.pool, &self.err, req, false, false, &self.channel)
+                    .await?
+                    .0;
+            }
+            return token.map(|t| token_from_db(&self.err, t)).transpose();
+        }
         if req.kind == HoldKind::Leader {
             let granted: Option<(i64, Option<String>)> = sqlx::query_as(&self.take_leader)
                 .bind(row(req))
@@ -441,14 +455,6 @@ impl Pg {
             return granted
                 .map(|(t, _)| token_from_db(&self.err, t))
                 .transpose();
-        }
-        if let Some(q) = self.queue.as_ref().filter(|_| self.queues(req)) {
-            let (mut token, left, ..) = q.attempt(&self.pool, &self.err, req, false, true).await?;
-            if token.is_none() && left.is_none_or(|us| us <= 0) {
-                // Free, but awaited: granted only if nobody live is queued.
-                token = q.attempt(&self.pool, &self.err, req, false, false).await?.0;
-            }
-            return token.map(|t| token_from_db(&self.err, t)).transpose();
         }
         let token: Option<i64> = sqlx::query_scalar(&self.take)
             .bind(row(req))
@@ -571,10 +577,10 @@ impl Pg {
         Ok(held.is_some_and(|(h, _)| h))
     }
 
-    /// Whether `req` queues while it waits: an exclusive request, with
-    /// `fifo`.
+    /// Whether `req` queues while it waits: an exclusive request or a
+    /// campaign, with `fifo`.
     pub(crate) fn queues(&self, req: &LockRequest) -> bool {
-        self.queue.is_some() && req.kind == HoldKind::Exclusive
+        self.queue.is_some() && matches!(req.kind, HoldKind::Exclusive | HoldKind::Leader)
     }
 
     /// Removes `req`'s queue entry, if it queued (a wait that ended
@@ -650,6 +656,11 @@ impl Pg {
     /// Frees the election row `row` at once, notifying its waiters and
     /// observers; whether someone led.
     pub(crate) async fn evict_leader(&self, row: &str) -> Result<bool> {
+        if let Some(q) = &self.queue {
+            return q
+                .evict_leader(&self.pool, &self.err, row, &self.channel)
+                .await;
+        }
         let freed: Vec<Option<String>> = sqlx::query_scalar(&self.evict_leader)
             .bind(row)
             .bind(&self.channel)

@@ -790,3 +790,27 @@ where
         .ok_or("the second permit was refused: the stale routine is still in place")?;
     Ok(())
 }
+
+/// An operator's eviction of the lock and the election `name`, through a
+/// client of its own at `url`.
+pub async fn evict(url: &str, name: &str) -> Result<(), Failed> {
+    let backend = SqlBackend::connect(url).await?;
+    if backend.evict(&LockName::new(name)?).await? {
+        Ok(())
+    } else {
+        Err(format!("nothing to evict for {name}").into())
+    }
+}
+
+/// The lock `name`, or with `election` the election `name`; and the row
+/// whose queue its waiters join.
+pub fn queued(election: bool, name: &str) -> (integration_tests::fifo::Queued, String) {
+    if election {
+        (
+            integration_tests::fifo::Queued::election(name),
+            format!("{name}@election"),
+        )
+    } else {
+        (name.into(), name.to_string())
+    }
+}

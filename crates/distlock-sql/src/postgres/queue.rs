@@ -1,17 +1,20 @@
-//! First come, first served waiting for exclusive locks (`fifo=true`; off
-//! by default): a refused waiting attempt joins the lock's wait queue, a table
-//! beside the lock table ordered by arrival; only the queue's head may take
-//! a free lock; a release notifies the head alone, on its client's own
-//! channel, which no other session listens to.
+//! First come, first served waiting for exclusive locks and leadership
+//! (`fifo=true`; off by default): a refused waiting attempt joins its row's
+//! wait queue (the lock's, or the election's), a table beside the lock table
+//! ordered by arrival; only the queue's head may take the free row; a
+//! release, a resignation or an eviction notifies the head alone, on its
+//! client's own channel, which no other session listens to. A campaign's
+//! grant, resignation and eviction also notify the election's observers, as
+//! without a queue.
 
 use std::time::Duration;
 
-use distlock_core::{LockRequest, Result};
+use distlock_core::{HoldKind, LockRequest, Result};
 use sqlx::postgres::PgPool;
 
 use crate::election::row;
 use crate::list::holder;
-use crate::postgres::{attempt_answer, attempt_upsert};
+use crate::postgres::{attempt_answer, attempt_upsert, LEADER_CHANGED};
 use crate::{ttl_micros, DbError};
 
 /// The start of every client's own channel; the client's id follows.
@@ -28,10 +31,29 @@ pub(crate) struct Queue {
     /// How long an entry outlives its waiter's last attempt.
     lease: Duration,
     creates: [String; 2],
-    first: String,
-    attempt: String,
-    release: String,
+    /// The statements of a lock and, where they differ, of a campaign
+    /// (which also notifies the election's observers).
+    first: Both,
+    attempt: Both,
+    release: Both,
     leave: String,
+    evict_leader: String,
+}
+
+/// One statement for a lock, and its counterpart for a campaign.
+struct Both {
+    lock: String,
+    leader: String,
+}
+
+impl Both {
+    fn of(&self, leader: bool) -> &str {
+        if leader {
+            &self.leader
+        } else {
+            &self.lock
+        }
+    }
 }
 
 impl Queue {
@@ -74,17 +96,29 @@ impl Queue {
         // the next. The grant is told by the row now being the owner's with
         // this statement's expiry (`now()` is the transaction's start, which
         // no earlier grant shares).
-        let upsert = attempt_upsert(
-            table,
-            &ok,
-            &format!(
-                "NOT ({ok}) OR EXISTS (
+        // A campaign's grant also notifies the election's observers ($8:
+        // the locks' channel), evaluated only for the row it grants: a
+        // data-modifying WITH runs to completion whatever the query reads
+        // of it.
+        let observed = |granted: &str| {
+            format!(
+                ",
+                 CASE WHEN {granted} THEN pg_notify($8, '{LEADER_CHANGED}' || $1)::text END"
+            )
+        };
+        let is_granted = format!("l.owner = $2 AND l.expires_at = {ends}");
+        let attempt = |notify: &str| {
+            let upsert = attempt_upsert(
+                table,
+                &ok,
+                &format!(
+                    "NOT ({ok}) OR EXISTS (
                     SELECT 1 FROM {q} WHERE name = $1 AND owner <> $2 AND ends_at > now())"
-            ),
-            &format!("CASE WHEN l.owner = $2 AND l.expires_at = {ends} THEN token END AS token"),
-        );
-        let attempt = format!(
-            "WITH head AS ({head}),
+                ),
+                &format!("CASE WHEN {is_granted} THEN token END AS token{notify}"),
+            );
+            format!(
+                "WITH head AS ({head}),
              granted AS ({upsert}),
              joined AS ({joined}),
              gone AS (
@@ -95,7 +129,12 @@ impl Queue {
                     SELECT ctid FROM {q} WHERE name = $1 AND ends_at < now() - {GARBAGE_AFTER}
                        FOR UPDATE SKIP LOCKED))
              SELECT {answer}, {behind}"
-        );
+            )
+        };
+        let attempt = Both {
+            lock: attempt(""),
+            leader: attempt(&observed(&is_granted)),
+        };
         // The first attempt of a wait, and a try: the lock table's upsert
         // as without a queue, granting only a row nobody marked as awaited
         // (nobody queued), so that an uncontended acquire costs what it
@@ -103,29 +142,52 @@ impl Queue {
         // A row free but awaited is refused here and decided by `attempt`,
         // which reads the queue.
         let ok_first = "(l.owner IS NULL OR l.expires_at <= now()) AND NOT l.awaited";
-        let upsert = attempt_upsert(
-            table,
-            ok_first,
-            &format!("NOT ({ok_first})"),
-            "CASE WHEN NOT l.awaited THEN token END AS token",
-        );
-        let first = format!(
-            "WITH granted AS ({upsert}),
+        let first = |notify: &str| {
+            let upsert = attempt_upsert(
+                table,
+                ok_first,
+                &format!("NOT ({ok_first})"),
+                &format!("CASE WHEN NOT l.awaited THEN token END AS token{notify}"),
+            );
+            format!(
+                "WITH granted AS ({upsert}),
              joined AS ({joined})
              SELECT {answer}, false"
-        );
+            )
+        };
+        let first = Both {
+            lock: first(""),
+            leader: first(&observed("NOT l.awaited")),
+        };
         // The head is looked up only when the row is awaited: an
-        // uncontended release costs what it costs without a queue.
-        let release = format!(
-            "WITH r AS (UPDATE {table} SET owner = NULL WHERE name = $1 AND owner = $2
+        // uncontended release costs what it costs without a queue. A
+        // resignation also tells the election's observers, on the locks'
+        // channel, where queued campaigners do not listen for the row.
+        let tell_head = format!(
+            "(SELECT pg_notify('{CLIENT_CHANNEL}' || e.client, $1 || ' ' || e.owner)::text
+                FROM {q} e WHERE e.name = $1 AND e.ends_at > now()
+               ORDER BY e.arrival LIMIT 1)"
+        );
+        let release = |tell: &str| {
+            format!(
+                "WITH r AS (UPDATE {table} SET owner = NULL WHERE name = $1 AND owner = $2
                         RETURNING expires_at > now() AS held, awaited)
-             SELECT held,
-                    CASE WHEN awaited THEN coalesce(
-                        (SELECT pg_notify('{CLIENT_CHANNEL}' || client, $1 || ' ' || owner)::text
-                           FROM {q} WHERE name = $1 AND ends_at > now()
-                          ORDER BY arrival LIMIT 1),
-                        pg_notify($3, $1)::text) END
-               FROM r"
+             SELECT held, {tell} FROM r"
+            )
+        };
+        let release = Both {
+            lock: release(&format!(
+                "CASE WHEN awaited THEN coalesce({tell_head}, pg_notify($3, $1)::text) END"
+            )),
+            leader: release(&format!(
+                "pg_notify($3, $1)::text || coalesce(CASE WHEN awaited THEN {tell_head} END, '')"
+            )),
+        };
+        // An eviction frees the election's row at once, waking its head and
+        // its observers.
+        let evict_leader = format!(
+            "UPDATE {table} SET owner = NULL WHERE name = $1 AND owner IS NOT NULL
+             RETURNING pg_notify($2, name)::text, {tell_head}"
         );
         // A wait that ends without a grant leaves; if the lock is free, the
         // next in line is told.
@@ -148,6 +210,7 @@ impl Queue {
             attempt,
             release,
             leave,
+            evict_leader,
         }
     }
 
@@ -166,6 +229,8 @@ impl Queue {
     /// `waits`: a refusal joins the queue (or renews the entry). `first`:
     /// the cheap statement that grants only while nobody waits (see
     /// `Queue::new`); a refusal of a free row then needs `attempt`.
+    /// `channel`: the locks' channel, where a campaign's grant tells the
+    /// election's observers.
     pub(crate) async fn attempt(
         &self,
         pool: &PgPool,
@@ -173,20 +238,21 @@ impl Queue {
         req: &LockRequest,
         waits: bool,
         first: bool,
+        channel: &str,
     ) -> Result<(Option<i64>, Option<i64>, Option<bool>, bool)> {
         let life = if waits { ttl_micros(self.lease) } else { 0 };
-        let sql = if first { &self.first } else { &self.attempt };
-        sqlx::query_as(sql)
+        let leader = req.kind == HoldKind::Leader;
+        let sql = (if first { &self.first } else { &self.attempt }).of(leader);
+        let query = sqlx::query_as(sql)
             .bind(row(req))
             .bind(req.owner.to_string())
             .bind(ttl_micros(req.ttl))
             .bind(crate::election::value(req))
             .bind(holder(req))
             .bind(life)
-            .bind(&self.client)
-            .fetch_one(pool)
-            .await
-            .map_err(|e| err.map(e))
+            .bind(&self.client);
+        let query = if leader { query.bind(channel) } else { query };
+        query.fetch_one(pool).await.map_err(|e| err.map(e))
     }
 
     /// How long a refused waiter sleeps at most: it renews its entry well
@@ -203,7 +269,8 @@ impl Queue {
         req: &LockRequest,
         channel: &str,
     ) -> Result<bool> {
-        let held: Option<(bool, Option<String>)> = sqlx::query_as(&self.release)
+        let leader = req.kind == HoldKind::Leader;
+        let held: Option<(bool, Option<String>)> = sqlx::query_as(self.release.of(leader))
             .bind(row(req))
             .bind(req.owner.to_string())
             .bind(channel)
@@ -227,5 +294,23 @@ impl Queue {
             .await
             .map_err(|e| err.map(e))?;
         Ok(())
+    }
+
+    /// Frees the election row `row` at once, waking its queue's head and
+    /// its observers; whether someone led.
+    pub(crate) async fn evict_leader(
+        &self,
+        pool: &PgPool,
+        err: &DbError,
+        row: &str,
+        channel: &str,
+    ) -> Result<bool> {
+        let freed: Vec<(Option<String>, Option<String>)> = sqlx::query_as(&self.evict_leader)
+            .bind(row)
+            .bind(channel)
+            .fetch_all(pool)
+            .await
+            .map_err(|e| err.map(e))?;
+        Ok(!freed.is_empty())
     }
 }
