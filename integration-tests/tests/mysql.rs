@@ -377,7 +377,7 @@ async fn fifo_order(election: bool) -> Result<(), Failed> {
         )
     });
     let name = "fifo/order";
-    let (what, row) = sql_support::queued(election, name);
+    let (what, row) = sql_support::queued_row(election, name);
     let n = 20;
     integration_tests::fifo::grants_in_arrival_order(
         fifo_connect(),
@@ -394,7 +394,7 @@ async fn fifo_order(election: bool) -> Result<(), Failed> {
 async fn fifo_cancel(election: bool) -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
     let lease = Duration::from_secs(60);
-    let (what, row) = sql_support::queued(election, "fifo/cancel");
+    let (what, row) = sql_support::queued_row(election, "fifo/cancel");
     integration_tests::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
         fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
@@ -407,17 +407,7 @@ async fn fifo_cancel(election: bool) -> Result<(), Failed> {
 
 async fn fifo_evict() -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
-    let (_, row) = sql_support::queued(true, "fifo/evict");
-    // Every client of a table uses the same `fifo`, the operator's too.
-    let fifo = format!("{url}?fifo=true&queue_lease_ms=60000");
-    integration_tests::fifo::an_eviction_wakes_the_queued_head(
-        fifo_connect(),
-        &fifo,
-        "fifo/evict",
-        fifo_queued(server.port, &row),
-        || sql_support::evict(&fifo, "fifo/evict"),
-    )
-    .await
+    sql_support::an_eviction_wakes_the_queued_head(&url, |row| fifo_queued(server.port, row)).await
 }
 
 /// The cut-off waiter's pool and queue connection run through a proxy that

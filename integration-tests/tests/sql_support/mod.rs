@@ -804,7 +804,7 @@ pub async fn evict(url: &str, name: &str) -> Result<(), Failed> {
 
 /// The lock `name`, or with `election` the election `name`; and the row
 /// whose queue its waiters join.
-pub fn queued(election: bool, name: &str) -> (integration_tests::fifo::Queued, String) {
+pub fn queued_row(election: bool, name: &str) -> (integration_tests::fifo::Queued, String) {
     if election {
         (
             integration_tests::fifo::Queued::election(name),
@@ -813,4 +813,28 @@ pub fn queued(election: bool, name: &str) -> (integration_tests::fifo::Queued, S
     } else {
         (name.into(), name.to_string())
     }
+}
+
+/// [`integration_tests::fifo::an_eviction_wakes_the_queued_head`] on the
+/// election `fifo/evict` of the server at `url`; `queued` counts the
+/// entries of the queue of the row it is given. Every client of a table
+/// uses the same `fifo`, the operator's too.
+pub async fn an_eviction_wakes_the_queued_head(
+    url: &str,
+    queued: impl FnOnce(&str) -> integration_tests::fifo::Count,
+) -> Result<(), Failed> {
+    let name = "fifo/evict";
+    let (_, row) = queued_row(true, name);
+    let fifo = format!("{url}?fifo=true&queue_lease_ms=60000");
+    let connect: integration_tests::fifo::Connect = Arc::new(|url: String| {
+        Box::pin(async move { Ok(LockClient::new(SqlBackend::connect(&url).await?)) })
+    });
+    integration_tests::fifo::an_eviction_wakes_the_queued_head(
+        connect,
+        &fifo,
+        name,
+        queued(&row),
+        || evict(&fifo, name),
+    )
+    .await
 }
