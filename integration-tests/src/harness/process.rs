@@ -94,15 +94,18 @@ impl ServerProcess {
     pub fn wait_ready(&mut self) -> Result<(), HarnessError> {
         let start = Instant::now();
         loop {
-            if (self.ready)() {
-                return Ok(());
-            }
+            let ready = (self.ready)();
+            // A probe can reach another server on the same port; it only
+            // counts while this one still runs.
             if let Ok(Some(status)) = self.child.try_wait() {
                 let log = self.log_tail();
                 return Err(HarnessError::start(
                     self.what,
                     format!("exited with {status} before it was ready; log:\n{log}"),
                 ));
+            }
+            if ready {
+                return Ok(());
             }
             if start.elapsed() > self.timeout {
                 let log = self.log_tail();
@@ -202,12 +205,52 @@ pub fn temp_dir(what: &str) -> Result<PathBuf, HarnessError> {
     Ok(dir)
 }
 
-/// A loopback port that was free a moment ago.
+/// The lowest port [`free_port`] hands out.
+const PORT_FLOOR: u16 = 10_000;
+
+/// A loopback port for a server to bind, reserved for this test process.
+///
+/// Two things can take a port between the moment it is found free and the
+/// moment the server binds it: another test process looking for a free port,
+/// and any outgoing connection, which takes its local port from the kernel's
+/// ephemeral range. The port comes from below that range, so no outgoing
+/// connection takes it, and this process keeps a UDP socket bound to the same
+/// number until it exits, so no other test process picks it (none of the
+/// servers uses UDP).
 pub fn free_port() -> Result<u16, HarnessError> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| HarnessError::start("harness", format!("finding a free port: {e}")))
+    use std::hash::{BuildHasher, Hasher};
+    static HELD: std::sync::Mutex<Vec<std::net::UdpSocket>> = std::sync::Mutex::new(Vec::new());
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral_low.saturating_sub(PORT_FLOOR);
+    if span < 1_000 {
+        return TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| HarnessError::start("harness", format!("finding a free port: {e}")));
+    }
+    let seed = std::collections::hash_map::RandomState::new();
+    for attempt in 0u32..10_000 {
+        let mut h = seed.build_hasher();
+        h.write_u32(attempt);
+        let port = PORT_FLOOR + (h.finish() % u64::from(span)) as u16;
+        let Ok(reservation) = std::net::UdpSocket::bind(("127.0.0.1", port)) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        HELD.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(reservation);
+        return Ok(port);
+    }
+    Err(HarnessError::start(
+        "harness",
+        format!("no free loopback port in {PORT_FLOOR}..{ephemeral_low}"),
+    ))
 }
 
 /// Finds `name` on PATH or in `extra` directories.
