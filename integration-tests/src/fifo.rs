@@ -275,6 +275,51 @@ pub async fn grants_in_arrival_order(
     Ok(())
 }
 
+/// As many waiters as the semaphore `what` has permits queue one after
+/// another behind a holder of every permit, which then releases them all at
+/// once: each waiter must get a permit well before it would look again by
+/// itself (`lease`, how long an entry outlives its waiter's last attempt, is
+/// long), each waiter holding on to its permit, so that no grantee's release
+/// passes a permit on.
+pub async fn permits_freed_at_once_each_reach_a_waiter(
+    connect: Connect,
+    url: &str,
+    what: Queued,
+    lease: Duration,
+    queued: Count,
+) -> Result<(), Failed> {
+    let holder = connect(url.to_string()).await?;
+    let held = what.hold_all(&holder).await?;
+    let mut waiting = Vec::new();
+    for i in 0..held.len() {
+        waiting.push(
+            queue_up(
+                connect(url.to_string()).await?,
+                &what,
+                i as u64 + 1,
+                &queued,
+            )
+            .await?,
+        );
+    }
+    for released in futures_util::future::join_all(held.into_iter().map(|g| g.release())).await {
+        released?;
+    }
+    let within = lease / 6;
+    let mut got = Vec::new();
+    for (i, w) in waiting.into_iter().enumerate() {
+        got.push(
+            tokio::time::timeout(within, w)
+                .await
+                .map_err(|_| {
+                    format!("waiter {i} had no permit {within:?} after every permit was freed")
+                })?
+                .map_err(|e| e.to_string())??,
+        );
+    }
+    Queued::release_all(got).await
+}
+
 /// A waiter whose connections run through `proxies` (one per server it
 /// talks to) queues first, another behind it; the proxies then drop
 /// everything (the first waiter is cut off, as if killed) and the holder

@@ -86,22 +86,22 @@ fn main() {
                 trial(
                     rt,
                     "postgres::fifo::grants_in_arrival_order_one_request_each",
-                    fifo_order(false),
+                    fifo_order(sql_support::queued_row(false, "fifo/order"), 1),
                 ),
                 trial(
                     rt,
                     "postgres::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry",
-                    fifo_cancel(false),
+                    fifo_cancel(sql_support::queued_row(false, "fifo/cancel")),
                 ),
                 trial(
                     rt,
                     "postgres::fifo::election::grants_in_arrival_order_one_request_each",
-                    fifo_order(true),
+                    fifo_order(sql_support::queued_row(true, "fifo/order"), 1),
                 ),
                 trial(
                     rt,
                     "postgres::fifo::election::a_cancelled_or_timed_out_waiter_leaves_no_entry",
-                    fifo_cancel(true),
+                    fifo_cancel(sql_support::queued_row(true, "fifo/cancel")),
                 ),
                 trial(
                     rt,
@@ -110,8 +110,28 @@ fn main() {
                 ),
                 trial(
                     rt,
+                    "postgres::fifo::semaphore::grants_in_arrival_order_one_request_each",
+                    fifo_order(sql_support::queued_semaphore_row("fifo/order"), 3),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::semaphore::permits_freed_at_once_each_reach_a_waiter",
+                    fifo_freed_at_once(),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::semaphore::a_cancelled_or_timed_out_waiter_leaves_no_entry",
+                    fifo_cancel(sql_support::queued_semaphore_row("fifo/cancel")),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::semaphore::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses",
+                    fifo_cut(sql_support::queued_semaphore_row("fifo/cut")),
+                ),
+                trial(
+                    rt,
                     "postgres::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses",
-                    fifo_cut(),
+                    fifo_cut(sql_support::queued_row(false, "fifo/cut")),
                 ),
                 trial(
                     rt,
@@ -1132,10 +1152,13 @@ fn fifo_queued(url: &str, name: &str) -> integration_tests::fifo::Count {
 
 /// Twenty waiters' grants come in arrival order, one statement per grant
 /// and per release (`pg_stat_statements`: the statements naming the lock
-/// table). Entries here last a minute, so no waiter renews its entry while
-/// the test counts. With `election`, the waiters campaign, queueing the
-/// same way.
-async fn fifo_order(election: bool) -> Result<(), Failed> {
+/// table, which name the semaphore's functions too), on `target` of
+/// `permits` and its queue's row. Entries here last a minute, so no waiter
+/// renews its entry while the test counts.
+async fn fifo_order(
+    (what, row): (integration_tests::fifo::Queued, String),
+    permits: u64,
+) -> Result<(), Failed> {
     let (_server, url) = fifo_server().await?;
     let mut c = pg::psql(&url).map_err(|e| e.to_string())?;
     c.args(["-c", "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"]);
@@ -1149,25 +1172,38 @@ async fn fifo_order(election: bool) -> Result<(), Failed> {
                 AND query NOT LIKE '%count(*)%'",
         )
     });
-    let (what, row) = sql_support::queued_row(election, "fifo/order");
+    let n = 20;
     integration_tests::fifo::grants_in_arrival_order(
         fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms=60000"),
         what,
-        20,
+        n,
         fifo_queued(&url, &row),
         requests,
         // Each release and each grant one statement.
-        41..=41,
+        2 * n as u64 + permits..=2 * n as u64 + permits,
     )
     .await
 }
 
-async fn fifo_cancel(election: bool) -> Result<(), Failed> {
+async fn fifo_cancel((what, row): (integration_tests::fifo::Queued, String)) -> Result<(), Failed> {
     let (_server, url) = fifo_server().await?;
     let lease = Duration::from_secs(60);
-    let (what, row) = sql_support::queued_row(election, "fifo/cancel");
     integration_tests::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
+        fifo_connect(),
+        &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
+        what,
+        lease,
+        fifo_queued(&url, &row),
+    )
+    .await
+}
+
+async fn fifo_freed_at_once() -> Result<(), Failed> {
+    let (_server, url) = fifo_server().await?;
+    let lease = Duration::from_secs(60);
+    let (what, row) = sql_support::queued_semaphore_row("fifo/at-once");
+    integration_tests::fifo::permits_freed_at_once_each_reach_a_waiter(
         fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
         what,
@@ -1184,7 +1220,7 @@ async fn fifo_evict() -> Result<(), Failed> {
 
 /// The cut-off waiter's pool and LISTEN connection run through a proxy
 /// that then drops everything; entries last 3 s (the default).
-async fn fifo_cut() -> Result<(), Failed> {
+async fn fifo_cut((what, row): (integration_tests::fifo::Queued, String)) -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
     let proxy =
         integration_tests::harness::proxy::Proxy::start(server.port).map_err(|e| e.to_string())?;
@@ -1192,15 +1228,14 @@ async fn fifo_cut() -> Result<(), Failed> {
         "{}?fifo=true",
         ServerKind::Postgres.url("127.0.0.1", proxy.port)
     );
-    let name = "fifo/cut";
     integration_tests::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
         fifo_connect(),
         &format!("{url}?fifo=true"),
         &proxied,
         std::slice::from_ref(&proxy),
-        name,
+        what,
         SqlConfig::default().queue_lease,
-        fifo_queued(&url, name),
+        fifo_queued(&url, &row),
     )
     .await
 }

@@ -671,9 +671,10 @@ impl Backend for SqlBackend {
                 .await?
                 .token(),
             Object::Shared => self.shared_attempt(req, false).await?.token(),
-            Object::Semaphore { limit } => {
-                self.permit_attempt(req, valid_limit(limit)?).await?.token()
-            }
+            Object::Semaphore { limit } => self
+                .permit_attempt(req, valid_limit(limit)?, false)
+                .await?
+                .token(),
         };
         Ok(token.map(|t| Grant::new(t, began)))
     }
@@ -682,8 +683,10 @@ impl Backend for SqlBackend {
         checked_holder(req)?;
         match Object::of(req, &self.inner.err)? {
             Object::Lock => {
-                self.wait_queued(req, deadline, |first| self.writer_attempt(req, first))
-                    .await
+                self.wait_queued(req, deadline, false, |first| {
+                    self.writer_attempt(req, first)
+                })
+                .await
             }
             Object::Shared => {
                 self.wait(req, deadline, false, || self.shared_attempt(req, true))
@@ -691,13 +694,17 @@ impl Backend for SqlBackend {
             }
             Object::Leader => {
                 checked_value(election::value(req))?;
-                self.wait_queued(req, deadline, |first| self.leader_attempt(req, first))
-                    .await
+                self.wait_queued(req, deadline, false, |first| {
+                    self.leader_attempt(req, first)
+                })
+                .await
             }
             Object::Semaphore { limit } => {
                 let limit = valid_limit(limit)?;
-                self.wait(req, deadline, true, || self.permit_attempt(req, limit))
-                    .await
+                self.wait_queued(req, deadline, true, |_| {
+                    self.permit_attempt(req, limit, true)
+                })
+                .await
             }
         }
     }
@@ -995,14 +1002,16 @@ impl SqlBackend {
         .await
     }
 
-    /// Waits for an exclusive hold or leadership, `attempt` told whether it
-    /// is the wait's first. A wait that ends without a grant removes the
-    /// writer's mark it placed, then leaves the queue (PostgreSQL with
-    /// `fifo`); one that is dropped leaves in a task of its own.
+    /// Waits for an exclusive hold, leadership or a permit (`permits`),
+    /// `attempt` told whether it is the wait's first. A wait that ends
+    /// without a grant removes the writer's mark it placed, then leaves the
+    /// queue (PostgreSQL with `fifo`); one that is dropped leaves in a task
+    /// of its own.
     async fn wait_queued<F, Fut>(
         &self,
         req: &LockRequest,
         deadline: Option<Instant>,
+        permits: bool,
         attempt: F,
     ) -> Result<Grant>
     where
@@ -1016,7 +1025,7 @@ impl SqlBackend {
         };
         let tried = std::sync::atomic::AtomicBool::new(false);
         let granted = self
-            .wait(req, deadline, false, || {
+            .wait(req, deadline, permits, || {
                 attempt(!tried.swap(true, std::sync::atomic::Ordering::Relaxed))
             })
             .await;
@@ -1030,10 +1039,20 @@ impl SqlBackend {
         granted
     }
 
-    /// One attempt at a permit.
-    async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
+    /// One attempt at a permit; `waits`: a refusal joins the wait queue
+    /// (PostgreSQL with `fifo`).
+    async fn permit_attempt(&self, req: &LockRequest, limit: u32, waits: bool) -> Result<Outcome> {
+        #[cfg(not(feature = "postgres"))]
+        let _ = waits;
         self.attempt_to_completion(req, move |b, req| async move {
-            dispatch!(b, db => db.permit_attempt(&req, limit).await)
+            match &b.inner.db {
+                #[cfg(feature = "postgres")]
+                Db::Postgres(pg) => pg.permit_attempt(&req, limit, waits).await,
+                #[cfg(feature = "mysql")]
+                Db::MySql(my) => my.permit_attempt(&req, limit).await,
+                #[cfg(feature = "sqlite")]
+                Db::Sqlite(lite) => lite.permit_attempt(&req, limit).await,
+            }
         })
         .await
     }
@@ -1107,18 +1126,21 @@ impl SqlBackend {
         match &self.inner.db {
             #[cfg(feature = "postgres")]
             Db::Postgres(pg) => {
-                let signals = if permits {
-                    &pg.permit_releases
-                } else {
-                    &pg.releases
-                };
                 // A queued waiter is woken by the notifications addressed
                 // to it alone, and comes back by itself only to renew its
                 // entry.
-                let (key, fallback) = match pg.queue.as_ref().filter(|_| !permits && pg.queues(req))
-                {
-                    Some(q) => (postgres::queue::Queue::waiter_key(req), q.renew_every()),
-                    None => (key.into_owned(), config.notify_fallback),
+                let (signals, key, fallback) = match pg.queue.as_ref().filter(|_| pg.queues(req)) {
+                    Some(q) => (
+                        &pg.releases,
+                        postgres::queue::Queue::waiter_key(req),
+                        q.renew_every(),
+                    ),
+                    None if permits => (
+                        &pg.permit_releases,
+                        key.into_owned(),
+                        config.notify_fallback,
+                    ),
+                    None => (&pg.releases, key.into_owned(), config.notify_fallback),
                 };
                 let mut wakeups = wait::Listened::new(pg, signals.get(&key));
                 let pace = Pace::Notified {

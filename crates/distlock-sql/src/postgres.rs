@@ -577,16 +577,21 @@ impl Pg {
         Ok(held.is_some_and(|(h, _)| h))
     }
 
-    /// Whether `req` queues while it waits: an exclusive request or a
-    /// campaign, with `fifo`.
+    /// Whether `req` queues while it waits: an exclusive request, a
+    /// campaign or a permit, with `fifo`.
     pub(crate) fn queues(&self, req: &LockRequest) -> bool {
-        self.queue.is_some() && matches!(req.kind, HoldKind::Exclusive | HoldKind::Leader)
+        self.queue.is_some()
+            && matches!(
+                req.kind,
+                HoldKind::Exclusive | HoldKind::Leader | HoldKind::Permits { .. }
+            )
     }
 
     /// Removes `req`'s queue entry, if it queued (a wait that ended
     /// without a grant).
     pub(crate) async fn leave(&self, req: &LockRequest) -> Result<()> {
         match &self.queue {
+            Some(_) if matches!(req.kind, HoldKind::Permits { .. }) => self.permit_leave(req).await,
             Some(q) => q.leave(&self.pool, &self.err, req).await,
             None => Ok(()),
         }

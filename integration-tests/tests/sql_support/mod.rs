@@ -802,6 +802,15 @@ pub async fn evict(url: &str, name: &str) -> Result<(), Failed> {
     }
 }
 
+/// The semaphore `name` of three permits, and the row whose queue its
+/// waiters join (PostgreSQL's).
+pub fn queued_semaphore_row(name: &str) -> (integration_tests::fifo::Queued, String) {
+    (
+        integration_tests::fifo::Queued::semaphore(name, 3),
+        format!("{name}@permits"),
+    )
+}
+
 /// The lock `name`, or with `election` the election `name`; and the row
 /// whose queue its waiters join.
 pub fn queued_row(election: bool, name: &str) -> (integration_tests::fifo::Queued, String) {

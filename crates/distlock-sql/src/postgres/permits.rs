@@ -21,6 +21,7 @@ use distlock_core::{HoldRecord, LockName, LockRequest, LockStatus, Result};
 
 use super::Pg;
 use crate::list::{holder, permit_record, NameRange, PermitRow};
+use crate::postgres::queue::{queue_row, CLIENT_CHANNEL, GARBAGE_AFTER};
 use crate::postgres::LIMIT_CHANGED;
 use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
 use crate::ttl_micros;
@@ -29,11 +30,15 @@ use distlock_core::wait::Outcome;
 pub(crate) struct Statements {
     create_semaphores: String,
     create_permits: String,
-    /// The grant function's body, as `pg_proc` stores it.
-    grant_body: String,
-    grant_source: String,
-    create_grant: String,
+    grant_fn: Routine,
+    /// The grant function of a backend with a wait queue (`fifo`).
+    grant_queued_fn: Routine,
     grant: String,
+    /// Frees a permit or leaves the wait queue, telling the next waiter
+    /// (`fifo`).
+    pass_on_fn: Routine,
+    grant_queued: String,
+    pass_on: String,
     lock_semaphore: String,
     extend: String,
     pub(super) extend_both: String,
@@ -66,8 +71,11 @@ impl Statements {
         // and, re-reading the row, leaves it; so the live permits are those
         // the snapshot shows live plus those it shows ended that the delete
         // did not delete.
-        let grant_body = format!(
-            "
+        // `granted`: the grant's CTEs after `counted`; `more`: an answer
+        // more, and the OUT parameter it goes into.
+        let body = |granted: &str, more: (&str, &str)| {
+            format!(
+                "
 DECLARE
   bumped bigint;
   judged_at timestamptz;
@@ -92,24 +100,110 @@ BEGIN
         FROM {permits} AS p WHERE p.name = p_name AND p.owner <> p_owner),
    counted AS (
       SELECT live + ended - (SELECT count(*) FROM expired) AS n FROM seen),
-   granted AS (
+{granted}
+  SELECT (SELECT g.token FROM granted AS g),
+         (SELECT (extract(epoch FROM seen.earliest - judged_at) * 1e6)::bigint FROM seen){}
+    INTO granted_token, earliest_left_us{};
+END
+",
+                more.0, more.1
+            )
+        };
+        // The insert of a granted permit, where `ok`.
+        let granted = |ok: &str| {
+            format!(
+                "   granted AS (
       INSERT INTO {permits} AS p (name, owner, token, expires_at, holder)
       SELECT p_name, p_owner, bumped, judged_at + make_interval(secs => p_ttl_us::float8 / 1e6),
              p_holder
-        FROM counted WHERE counted.n < p_limit
+        FROM counted WHERE {ok}
       ON CONFLICT (name, owner) DO UPDATE
          SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at, holder = EXCLUDED.holder
-      RETURNING p.token)
-  SELECT (SELECT g.token FROM granted AS g),
-         (SELECT (extract(epoch FROM seen.earliest - judged_at) * 1e6)::bigint FROM seen)
-    INTO granted_token, earliest_left_us;
+      RETURNING p.token)"
+            )
+        };
+        let grant_body = body(&granted("counted.n < p_limit"), ("", ""));
+        // With a wait queue (`fifo`): only the live permits and the live
+        // entries ahead of the caller (all of them, for a caller not
+        // queued) leaving one free grant, or the caller's own live permit
+        // (a retry). A grant leaves the queue; a refused waiting attempt
+        // ($7, the entry's life in µs; 0 for a try) joins it or renews its
+        // entry. It also answers whether the queue alone refused it (a
+        // permit was free): nothing to try at a permit's end then.
+        let queue = format!("{table}_queue");
+        let grant_queued_body = body(
+            &format!(
+                "   mine AS (
+      SELECT q.arrival FROM {queue} AS q
+       WHERE q.name = p_row AND q.owner = p_owner AND q.ends_at > judged_at),
+   ahead AS (
+      SELECT count(*) AS n FROM {queue} AS q
+       WHERE q.name = p_row AND q.owner <> p_owner AND q.ends_at > judged_at
+         AND q.arrival < coalesce((SELECT m.arrival FROM mine AS m), 9223372036854775807)),
+{},
+   joined AS (
+      INSERT INTO {queue} (name, owner, client, ends_at)
+      SELECT p_row, p_owner, p_client, judged_at + make_interval(secs => p_life_us::float8 / 1e6)
+       WHERE p_life_us > 0 AND NOT EXISTS (SELECT 1 FROM granted)
+      ON CONFLICT (name, owner) DO UPDATE SET ends_at = EXCLUDED.ends_at),
+   gone AS (
+      DELETE FROM {queue} AS q WHERE q.name = p_row AND q.owner = p_owner
+         AND EXISTS (SELECT 1 FROM granted)),
+   garbage AS (
+      DELETE FROM {queue} AS q WHERE q.ctid IN (
+         SELECT g.ctid FROM {queue} AS g
+          WHERE g.name = p_row AND g.ends_at < judged_at - {GARBAGE_AFTER}
+            FOR UPDATE SKIP LOCKED))",
+                granted(&format!(
+                    "counted.n + (SELECT a.n FROM ahead AS a) < p_limit
+          OR EXISTS (SELECT 1 FROM {permits} AS o
+                      WHERE o.name = p_name AND o.owner = p_owner AND o.expires_at > judged_at)"
+                ))
+            ),
+            (
+                ",
+         (SELECT c.n < p_limit FROM counted AS c) AND NOT EXISTS (SELECT 1 FROM granted)",
+                ", queue_refused",
+            ),
+        );
+        let grant_fn = format!("{table}_grant");
+        let grant_queued_fn = format!("{table}_grant_queued");
+        // With a wait queue: a release ($4) or a waiter's leaving, which
+        // then tells the entry the free permits reach last (the entries
+        // before it were told by the releases that freed theirs). The
+        // semaphore's row lock makes releases, leavings and grants take
+        // turns, and each statement after it reads a fresh snapshot, so each
+        // counts the free permits with every earlier one's change in.
+        let pass_on_body = format!(
+            "
+DECLARE
+  free bigint;
+BEGIN
+  PERFORM 1 FROM {semaphores} AS s WHERE s.name = p_name FOR UPDATE;
+  IF p_release THEN
+    DELETE FROM {permits} AS p WHERE p.name = p_name AND p.owner = p_owner
+    RETURNING p.expires_at > clock_timestamp() INTO held;
+    IF held IS NOT TRUE THEN
+      RETURN;
+    END IF;
+  ELSE
+    DELETE FROM {queue} AS q WHERE q.name = p_row AND q.owner = p_owner;
+    IF NOT FOUND THEN
+      RETURN;
+    END IF;
+  END IF;
+  SELECT s.permits - (SELECT count(*) FROM {permits} AS p
+                       WHERE p.name = p_name AND p.expires_at > clock_timestamp())
+    INTO free FROM {semaphores} AS s WHERE s.name = p_name;
+  IF free > 0 THEN
+    PERFORM pg_notify('{CLIENT_CHANNEL}' || e.client, p_row || ' ' || e.owner)
+       FROM {queue} AS e WHERE e.name = p_row AND e.ends_at > clock_timestamp()
+      ORDER BY e.arrival OFFSET free - 1 LIMIT 1;
+  END IF;
 END
 "
         );
-        let grant_fn = format!("{table}_grant");
-        // The holder info is the last argument: a client without it calls
-        // the function of four arguments, an overload of its own.
-        let grant_signature = format!("{grant_fn}(text, text, bigint, bigint, text)");
+        let pass_on_fn = format!("{table}_pass_on");
         Self {
             create_semaphores: format!(
                 "CREATE TABLE IF NOT EXISTS {semaphores} (
@@ -126,18 +220,36 @@ END
                     holder TEXT,
                     PRIMARY KEY (name, owner))"
             ),
-            grant_source: format!(
-                "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure('{grant_signature}')"
-            ),
-            create_grant: format!(
-                "CREATE OR REPLACE FUNCTION {grant_fn}(
-                    p_name text, p_owner text, p_ttl_us bigint, p_limit bigint, p_holder text,
+            // The holder info is the last argument: a client without it
+            // calls the function of four arguments, an overload of its own.
+            grant_fn: Routine::new(
+                &grant_fn,
+                "text, text, bigint, bigint, text",
+                "p_name text, p_owner text, p_ttl_us bigint, p_limit bigint, p_holder text,
                     OUT exists_with_limit boolean, OUT granted_token bigint,
-                    OUT earliest_left_us bigint)
-                 LANGUAGE plpgsql VOLATILE AS $distlock${grant_body}$distlock$"
+                    OUT earliest_left_us bigint",
+                grant_body,
             ),
-            grant_body,
+            grant_queued_fn: Routine::new(
+                &grant_queued_fn,
+                "text, text, bigint, bigint, text, text, bigint, text",
+                "p_name text, p_owner text, p_ttl_us bigint, p_limit bigint, p_holder text,
+                    p_row text, p_life_us bigint, p_client text,
+                    OUT exists_with_limit boolean, OUT granted_token bigint,
+                    OUT earliest_left_us bigint, OUT queue_refused boolean",
+                grant_queued_body,
+            ),
+            pass_on_fn: Routine::new(
+                &pass_on_fn,
+                "text, text, text, boolean",
+                "p_name text, p_owner text, p_row text, p_release boolean, OUT held boolean",
+                pass_on_body,
+            ),
             grant: format!("SELECT * FROM {grant_fn}($1, $2, $3, $4, $5)"),
+            grant_queued: format!(
+                "SELECT * FROM {grant_queued_fn}($1, $2, $3, $4, $5, $6, $7, $8)"
+            ),
+            pass_on: format!("SELECT {pass_on_fn}($1, $2, $3, $4)"),
             // The no-op update takes the row lock on an existing row; a new
             // row is locked by being inserted.
             lock_semaphore: format!(
@@ -207,39 +319,88 @@ END
     }
 }
 
+/// A PL/pgSQL function the backend creates with its tables.
+struct Routine {
+    /// Its body, as `pg_proc` stores it.
+    body: String,
+    /// Reads the body stored now.
+    source: String,
+    create: String,
+}
+
+impl Routine {
+    /// `name(args)` of `params` (with `OUT` ones) running `body`.
+    fn new(name: &str, args: &str, params: &str, body: String) -> Self {
+        Self {
+            source: format!(
+                "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure('{name}({args})')"
+            ),
+            create: format!(
+                "CREATE OR REPLACE FUNCTION {name}(
+                    {params})
+                 LANGUAGE plpgsql VOLATILE AS $distlock${body}$distlock$"
+            ),
+            body,
+        }
+    }
+
+    /// Creates the function, or replaces it if its body is not this
+    /// version's; left alone if it is, so that roles other than its owner
+    /// can share the tables.
+    async fn ensure(&self, tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+        let source: Option<String> = sqlx::query_scalar(&self.source)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if source.as_deref() != Some(self.body.as_str()) {
+            sqlx::query(&self.create).execute(&mut *tx).await?;
+        }
+        Ok(())
+    }
+}
+
 impl Pg {
-    /// Creates the grant function, or replaces it if its body is not
-    /// this version's; left alone if it is, so that roles other than its
-    /// owner can share the tables. Runs with the tables' creation.
+    /// Creates the grant function (with a wait queue, the queued one
+    /// too). Runs with the tables' creation.
     pub(crate) async fn create_grant_function(
         &self,
         tx: &mut sqlx::PgConnection,
     ) -> Result<(), sqlx::Error> {
         let s = &self.permits;
-        let source: Option<String> = sqlx::query_scalar(&s.grant_source)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if source.as_deref() != Some(s.grant_body.as_str()) {
-            sqlx::query(&s.create_grant).execute(&mut *tx).await?;
+        s.grant_fn.ensure(tx).await?;
+        if self.queue.is_some() {
+            s.grant_queued_fn.ensure(tx).await?;
+            s.pass_on_fn.ensure(tx).await?;
         }
         Ok(())
     }
 
-    pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
+    /// One attempt at a permit; `waits`: with a wait queue, a refusal
+    /// joins it (or renews the entry).
+    pub(crate) async fn permit_attempt(
+        &self,
+        req: &LockRequest,
+        limit: u32,
+        waits: bool,
+    ) -> Result<Outcome> {
         match self
-            .grant(&self.pool, req, limit)
+            .grant(&self.pool, req, limit, waits)
             .await
             .map_err(|e| self.err.map(e))?
         {
             Some(found) => found.into_outcome(&self.err, req, limit),
-            None => self.permit_attempt_apart(req, limit).await,
+            None => self.permit_attempt_apart(req, limit, waits).await,
         }
     }
 
     /// An attempt on a semaphore that does not exist yet or has another
     /// limit: its row locked (or created), the limit checked, then the
     /// grant.
-    async fn permit_attempt_apart(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
+    async fn permit_attempt_apart(
+        &self,
+        req: &LockRequest,
+        limit: u32,
+        waits: bool,
+    ) -> Result<Outcome> {
         let s = &self.permits;
         let map = |e| self.err.map(e);
         let mut tx = self.pool.begin().await.map_err(map)?;
@@ -250,7 +411,7 @@ impl Pg {
             .await
             .map_err(map)?;
         let found = if stored == i64::from(limit) {
-            self.grant(&mut *tx, req, limit).await.map_err(map)?
+            self.grant(&mut *tx, req, limit, waits).await.map_err(map)?
         } else {
             None
         };
@@ -268,22 +429,50 @@ impl Pg {
     }
 
     /// One call of the grant function; `None` if the semaphore does not
-    /// exist with this limit.
+    /// exist with this limit. With a wait queue, a waiter comes back to
+    /// renew its entry in time, and one the queue alone refused (a permit
+    /// was free) has nothing to try at a permit's end.
     async fn grant<'c, E: sqlx::PgExecutor<'c>>(
         &self,
         on: E,
         req: &LockRequest,
         limit: u32,
+        waits: bool,
     ) -> Result<Option<PermitAttempt>, sqlx::Error> {
-        let (exists, token, left): (bool, Option<i64>, Option<i64>) =
-            sqlx::query_as(&self.permits.grant)
+        let s = &self.permits;
+        fn query<'q, O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>>(
+            sql: &'q str,
+            req: &'q LockRequest,
+            limit: u32,
+        ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+            sqlx::query_as(sql)
                 .bind(req.name.as_str())
                 .bind(req.owner.to_string())
                 .bind(ttl_micros(req.ttl))
                 .bind(i64::from(limit))
                 .bind(holder(req))
-                .fetch_one(on)
-                .await?;
+        }
+        let (exists, token, left): (bool, Option<i64>, Option<i64>) = match &self.queue {
+            Some(q) => {
+                let life = if waits { ttl_micros(q.lease()) } else { 0 };
+                let (exists, token, left, refused): (_, _, Option<i64>, Option<bool>) =
+                    query(&s.grant_queued, req, limit)
+                        .bind(queue_row(req))
+                        .bind(life)
+                        .bind(q.client())
+                        .fetch_one(on)
+                        .await?;
+                // A waiter renews its entry in time; a permit's end is
+                // worth a look only if the permits alone refused it.
+                let renew = ttl_micros(q.renew_every());
+                let left = match (refused, left) {
+                    (Some(true), _) | (_, None) => renew,
+                    (_, Some(left)) => left.min(renew),
+                };
+                (exists, token, Some(left))
+            }
+            None => query(&s.grant, req, limit).fetch_one(on).await?,
+        };
         Ok(exists.then(|| match token {
             Some(t) => PermitAttempt::Granted(t),
             None => PermitAttempt::Full(remaining_micros(left)),
@@ -312,7 +501,12 @@ impl Pg {
         self.extend_row(&self.permits.extend, req).await
     }
 
+    /// With a wait queue, a freed permit tells the queued waiter it is
+    /// for; without, every listening client wakes one of its waiters.
     pub(crate) async fn permit_release(&self, req: &LockRequest) -> Result<bool> {
+        if self.queue.is_some() {
+            return self.pass_on(req, true).await;
+        }
         let held: Option<(bool, Option<String>)> = sqlx::query_as(&self.permits.release)
             .bind(req.name.as_str())
             .bind(req.owner.to_string())
@@ -321,6 +515,26 @@ impl Pg {
             .await
             .map_err(|e| self.err.map(e))?;
         Ok(held.is_some_and(|(h, _)| h))
+    }
+
+    /// Removes a semaphore waiter's queue entry, telling the entry that
+    /// then comes within reach of the free permits.
+    pub(crate) async fn permit_leave(&self, req: &LockRequest) -> Result<()> {
+        self.pass_on(req, false).await.map(drop)
+    }
+
+    /// Releases `req`'s permit (`release`) or its queue entry, telling the
+    /// next waiter; whether the permit was live.
+    async fn pass_on(&self, req: &LockRequest, release: bool) -> Result<bool> {
+        let held: Option<bool> = sqlx::query_scalar(&self.permits.pass_on)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .bind(queue_row(req))
+            .bind(release)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(held == Some(true))
     }
 
     pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {

@@ -7,6 +7,7 @@
 //! grant, resignation and eviction also notify the election's observers, as
 //! without a queue.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use distlock_core::{HoldKind, LockRequest, Result};
@@ -18,11 +19,25 @@ use crate::postgres::{attempt_answer, attempt_upsert, LEADER_CHANGED};
 use crate::{ttl_micros, DbError};
 
 /// The start of every client's own channel; the client's id follows.
-const CLIENT_CHANNEL: &str = "distlock_q_";
+pub(crate) const CLIENT_CHANNEL: &str = "distlock_q_";
 
 /// A dead waiter's entry is deleted by a later waiter's attempt this long
 /// after it lapsed (a lapsed entry is ignored at once).
-const GARBAGE_AFTER: &str = "interval '1 minute'";
+pub(crate) const GARBAGE_AFTER: &str = "interval '1 minute'";
+
+/// Appended to a semaphore's name to name its wait queue's row. `@` is not
+/// a character a lock name may hold, so no lock's or election's queue has
+/// such a name.
+const PERMITS_SUFFIX: &str = "@permits";
+
+/// The row whose queue `req` waits in: the lock's, the election's, or the
+/// semaphore's.
+pub(crate) fn queue_row(req: &LockRequest) -> Cow<'_, str> {
+    match req.kind {
+        HoldKind::Permits { .. } => Cow::Owned(format!("{}{PERMITS_SUFFIX}", req.name)),
+        _ => row(req),
+    }
+}
 
 pub(crate) struct Queue {
     /// This client's own channel.
@@ -218,10 +233,21 @@ impl Queue {
         self.creates.iter().map(String::as_str)
     }
 
-    /// What a waiter's wake-ups are registered under: its row and owner,
-    /// as a release's notification on this client's channel names them.
+    /// What a waiter's wake-ups are registered under: its queue's row and
+    /// owner, as a release's notification on this client's channel names
+    /// them.
     pub(crate) fn waiter_key(req: &LockRequest) -> String {
-        format!("{} {}", row(req), req.owner)
+        format!("{} {}", queue_row(req), req.owner)
+    }
+
+    /// This client's id, which names its channel.
+    pub(crate) fn client(&self) -> &str {
+        &self.client
+    }
+
+    /// How long an entry outlives its waiter's last attempt.
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
     }
 
     /// One attempt: the token, the holder's lease left, whether readers
