@@ -60,10 +60,17 @@ fn spawn_in(dir: PathBuf, tls: Option<&TestCerts>) -> Result<ServerProcess, Harn
     let mariadbd = find_binary("mariadbd", &[], INSTALL)?;
     let install_db = find_binary("mariadb-install-db", &[], INSTALL)?;
     let data = dir.join("data");
+    // A temp dir of its own: a server deletes every temporary table file
+    // it finds in its temp dir when it starts, so servers sharing one (the
+    // system's) delete each other's tables from under running statements.
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp)
+        .map_err(|e| HarnessError::start("mariadb", format!("creating {}: {e}", tmp.display())))?;
     let root = is_root();
     let mut init = Command::new(install_db);
     init.arg("--no-defaults")
         .arg(format!("--datadir={}", data.display()))
+        .arg(format!("--tmpdir={}", tmp.display()))
         .args([
             "--auth-root-authentication-method=normal",
             "--skip-test-db",
@@ -86,6 +93,7 @@ fn spawn_in(dir: PathBuf, tls: Option<&TestCerts>) -> Result<ServerProcess, Harn
     let mut cmd = Command::new(mariadbd);
     cmd.arg("--no-defaults")
         .arg(format!("--datadir={}", data.display()))
+        .arg(format!("--tmpdir={}", tmp.display()))
         .arg(format!("--socket={}", dir.join("mysqld.sock").display()))
         .arg(format!("--port={port}"))
         .args([
