@@ -57,22 +57,22 @@ fn main() {
             trial(
                 rt,
                 "mysql::fifo::grants_in_arrival_order_waking_only_the_head",
-                fifo_order(false),
+                fifo_order(sql_support::queued_row(false, "fifo/order"), 1),
             ),
             trial(
                 rt,
                 "mysql::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry",
-                fifo_cancel(false),
+                fifo_cancel(sql_support::queued_row(false, "fifo/cancel")),
             ),
             trial(
                 rt,
                 "mysql::fifo::election::grants_in_arrival_order_waking_only_the_head",
-                fifo_order(true),
+                fifo_order(sql_support::queued_row(true, "fifo/order"), 1),
             ),
             trial(
                 rt,
                 "mysql::fifo::election::a_cancelled_or_timed_out_waiter_leaves_no_entry",
-                fifo_cancel(true),
+                fifo_cancel(sql_support::queued_row(true, "fifo/cancel")),
             ),
             trial(
                 rt,
@@ -81,8 +81,28 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::fifo::semaphore::grants_in_arrival_order_waking_only_the_head",
+                fifo_order(sql_support::queued_semaphore_row("fifo/order"), 3),
+            ),
+            trial(
+                rt,
+                "mysql::fifo::semaphore::a_cancelled_or_timed_out_waiter_leaves_no_entry",
+                fifo_cancel(sql_support::queued_semaphore_row("fifo/cancel")),
+            ),
+            trial(
+                rt,
+                "mysql::fifo::semaphore::permits_freed_at_once_each_reach_a_waiter",
+                fifo_freed_at_once(),
+            ),
+            trial(
+                rt,
+                "mysql::fifo::semaphore::a_cut_off_waiter_holds_up_the_queue_only_until_the_server_drops_it",
+                fifo_cut(sql_support::queued_semaphore_row("fifo/cut")),
+            ),
+            trial(
+                rt,
                 "mysql::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_the_server_drops_it",
-                fifo_cut(),
+                fifo_cut(sql_support::queued_row(false, "fifo/cut")),
             ),
             trial(
                 rt,
@@ -365,8 +385,13 @@ fn fifo_queued(port: u16, name: &str) -> integration_tests::fifo::Count {
 /// that lands as the next head's `GET_LOCK` returns makes it ask once more
 /// (one more). Measured: 79 to 82 for 20 handoffs. Queue connections here
 /// are kept a minute, so no sleep ends by itself while the test counts.
-/// With `election`, the waiters campaign, queueing the same way.
-async fn fifo_order(election: bool) -> Result<(), Failed> {
+/// On an election the waiters campaign, queueing the same way; on a
+/// semaphore they queue the same way for its `permits` permits, each of the
+/// holder's releases but the last adding one release and its `KILL`.
+async fn fifo_order(
+    (what, row): (integration_tests::fifo::Queued, String),
+    permits: u64,
+) -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
     let port = server.port;
     let requests: integration_tests::fifo::Count = Arc::new(move || {
@@ -376,8 +401,6 @@ async fn fifo_order(election: bool) -> Result<(), Failed> {
               WHERE VARIABLE_NAME IN ('COM_STMT_EXECUTE', 'COM_KILL')",
         )
     });
-    let name = "fifo/order";
-    let (what, row) = sql_support::queued_row(election, name);
     let n = 20;
     integration_tests::fifo::grants_in_arrival_order(
         fifo_connect(),
@@ -386,16 +409,29 @@ async fn fifo_order(election: bool) -> Result<(), Failed> {
         n,
         fifo_queued(port, &row),
         requests,
-        3 * n as u64..=4 * n as u64 + 2,
+        3 * n as u64..=4 * n as u64 + 2 * permits,
     )
     .await
 }
 
-async fn fifo_cancel(election: bool) -> Result<(), Failed> {
+async fn fifo_cancel((what, row): (integration_tests::fifo::Queued, String)) -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
     let lease = Duration::from_secs(60);
-    let (what, row) = sql_support::queued_row(election, "fifo/cancel");
     integration_tests::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
+        fifo_connect(),
+        &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
+        what,
+        lease,
+        fifo_queued(server.port, &row),
+    )
+    .await
+}
+
+async fn fifo_freed_at_once() -> Result<(), Failed> {
+    let (server, url) = fifo_server().await?;
+    let lease = Duration::from_secs(60);
+    let (what, row) = sql_support::queued_semaphore_row("fifo/at-once");
+    integration_tests::fifo::permits_freed_at_once_each_reach_a_waiter(
         fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
         what,
@@ -413,7 +449,7 @@ async fn fifo_evict() -> Result<(), Failed> {
 /// The cut-off waiter's pool and queue connection run through a proxy that
 /// then drops everything; the server drops a silent queue connection after
 /// 3 s (the default queue lease).
-async fn fifo_cut() -> Result<(), Failed> {
+async fn fifo_cut((what, row): (integration_tests::fifo::Queued, String)) -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
     let proxy =
         integration_tests::harness::proxy::Proxy::start(server.port).map_err(|e| e.to_string())?;
@@ -421,15 +457,14 @@ async fn fifo_cut() -> Result<(), Failed> {
         "{}?fifo=true",
         ServerKind::MariaDb.url("127.0.0.1", proxy.port)
     );
-    let name = "fifo/cut";
     integration_tests::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
         fifo_connect(),
         &format!("{url}?fifo=true"),
         &proxied,
         std::slice::from_ref(&proxy),
-        name,
+        what,
         SqlConfig::default().queue_lease,
-        fifo_queued(server.port, name),
+        fifo_queued(server.port, &row),
     )
     .await
 }

@@ -205,6 +205,11 @@ fn main() {
                 move || handle.block_on(fifo_readers(topology)),
             ));
         }
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::fifo::semaphore::single::permits_freed_at_once_each_reach_a_waiter",
+            move || handle.block_on(fifo_freed_at_once()),
+        ));
         // Readers behind a cut-off reader are told with it, so nobody waits
         // for its entry: no case for them.
         for kind in [Kind::Lock, Kind::Semaphore, Kind::Election] {
@@ -637,6 +642,21 @@ async fn fifo_cancel(topology: Topology, kind: Kind) -> Result<(), Failed> {
     let url = format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis());
     let (what, queue) = fifo_target("fifo/cancel", kind);
     fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
+        fifo_connect(),
+        &url,
+        what,
+        lease,
+        fifo_queued(ports, queue),
+    )
+    .await
+}
+
+async fn fifo_freed_at_once() -> Result<(), Failed> {
+    let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
+    let lease = Duration::from_secs(60);
+    let url = format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis());
+    let (what, queue) = fifo_target("fifo/at-once", Kind::Semaphore);
+    fifo::permits_freed_at_once_each_reach_a_waiter(
         fifo_connect(),
         &url,
         what,

@@ -21,6 +21,22 @@ pub(crate) fn election_row(name: &LockName) -> String {
     format!("{name}{ELECTION_SUFFIX}")
 }
 
+/// Appended to a semaphore's name to name its wait queue's row. `@` is not
+/// a character a lock name may hold, so no lock's or election's queue has
+/// such a name.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const PERMITS_SUFFIX: &str = "@permits";
+
+/// The row whose wait queue `req` joins (`fifo`): the lock's, the
+/// election's, or the semaphore's.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn queue_row(req: &LockRequest) -> Cow<'_, str> {
+    match req.kind {
+        HoldKind::Permits { .. } => Cow::Owned(format!("{}{PERMITS_SUFFIX}", req.name)),
+        _ => row(req),
+    }
+}
+
 /// The lock-table row `req` acts on: its name for a lock, the election's
 /// row for a leader.
 pub(crate) fn row(req: &LockRequest) -> Cow<'_, str> {

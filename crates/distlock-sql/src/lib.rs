@@ -937,6 +937,7 @@ impl SqlBackend {
     /// is unreachable) lapses after the queue lease.
     async fn leave_queue(&self, req: &LockRequest) {
         #[cfg(feature = "postgres")]
+        #[allow(irrefutable_let_patterns)]
         if let Db::Postgres(pg) = &self.inner.db {
             if pg.queues(req) {
                 if let Err(e) = pg.leave(req).await {
@@ -1123,6 +1124,8 @@ impl SqlBackend {
         // Waiters are woken per row: an election's are apart from its
         // namesake lock's.
         let key = election::row(req);
+        #[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+        let _ = (permits, &key);
         match &self.inner.db {
             #[cfg(feature = "postgres")]
             Db::Postgres(pg) => {
@@ -1150,7 +1153,7 @@ impl SqlBackend {
                 wait_for_grant(name, deadline, pace, &mut wakeups, attempt).await
             }
             #[cfg(feature = "mysql")]
-            Db::MySql(my) => match my.queue.as_ref().filter(|_| !permits && my.queues(req)) {
+            Db::MySql(my) => match my.queue.as_ref().filter(|_| my.queues(req)) {
                 // Queued: woken by the head's sleep inside the server, which
                 // a release interrupts; the timer is only a safety net.
                 Some(queue) => {

@@ -326,10 +326,14 @@ impl My {
         Ok(Some(tokens))
     }
 
-    /// Whether `req` queues while it waits: an exclusive request or a
-    /// campaign, with `fifo`.
+    /// Whether `req` queues while it waits: an exclusive request, a
+    /// campaign or a permit, with `fifo`.
     pub(crate) fn queues(&self, req: &LockRequest) -> bool {
-        self.queue.is_some() && matches!(req.kind, HoldKind::Exclusive | HoldKind::Leader)
+        self.queue.is_some()
+            && matches!(
+                req.kind,
+                HoldKind::Exclusive | HoldKind::Leader | HoldKind::Permits { .. }
+            )
     }
 
     /// The grant statement for `req`, bound: with `fifo` an exclusive

@@ -21,7 +21,9 @@ use std::time::Duration;
 use distlock_core::{HoldRecord, LockName, LockRequest, LockStatus, Result};
 use sqlx::mysql::MySqlDatabaseError;
 
+use super::queue::queue_lock;
 use super::{My, TEXT};
+use crate::election::queue_row;
 use crate::list::{holder, permit_record, NameRange};
 use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
 use crate::ttl_micros;
@@ -38,13 +40,15 @@ const RETRIES: usize = 5;
 pub(crate) struct Statements {
     create_semaphores: String,
     create_permits: String,
-    /// The grant procedure's body, as `information_schema.ROUTINES`
-    /// shows it.
-    grant_body: String,
-    grant_definition: String,
-    create_grant: String,
-    drop_grant: String,
+    grant_proc: Procedure,
+    /// The grant procedure of a backend with a wait queue (`fifo`).
+    grant_queued_proc: Procedure,
     grant: String,
+    grant_queued: String,
+    /// A release with a wait queue: it also reads the queue's head.
+    release_queued: String,
+    /// The queue's head (with a wait queue), for a grant's transaction.
+    queue_head: String,
     select_semaphore: String,
     insert_semaphore: String,
     delete_expired: String,
@@ -79,8 +83,10 @@ impl Statements {
         // sees the permits of every earlier grant, each with its latest end.
         // An error (a deadlock, which InnoDB resolves by rolling one back)
         // rolls the transaction back and reaches the client.
-        let grant_body = format!(
-            "BEGIN
+        // `queued`: more of the permit insert's condition.
+        let grant_body = |queued: &str| {
+            format!(
+                "BEGIN
   DECLARE judged_at DATETIME(6);
   DECLARE bumped BIGINT UNSIGNED;
   DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
@@ -100,7 +106,7 @@ impl Statements {
       SELECT p_name, p_owner, bumped, judged_at + INTERVAL p_ttl_us MICROSECOND, p_holder
         FROM DUAL
        WHERE (SELECT COUNT(*) FROM {permits}
-               WHERE name = p_name AND expires_at > judged_at) < p_limit;
+               WHERE name = p_name AND expires_at > judged_at) < p_limit{queued};
     IF ROW_COUNT() = 1 THEN
       COMMIT;
       SELECT 1, bumped, NULL;
@@ -111,27 +117,49 @@ impl Statements {
     END IF;
   END IF;
 END"
-        );
+            )
+        };
         // Not `<table>_grant`, the procedure of clients that store no
         // holder info: MySQL has no overloading, so both kinds of client
         // keep a procedure of their own while they share the tables.
         let grant_proc = format!("{table}_permit");
-        Self {
-            create_grant: format!(
-                "CREATE PROCEDURE {grant_proc}(IN p_name VARCHAR(255) {ascii},
+        let params = format!(
+            "IN p_name VARCHAR(255) {ascii},
                     IN p_owner CHAR(36) {ascii}, IN p_ttl_us BIGINT, IN p_limit INT UNSIGNED,
-                    IN p_holder TEXT CHARACTER SET utf8mb4)
-                 MODIFIES SQL DATA
-                 {grant_body}"
+                    IN p_holder TEXT CHARACTER SET utf8mb4"
+        );
+        // With a wait queue (see `queue`): a permit only for the head of
+        // the semaphore's queue (`p_head`, the connection id with which the
+        // caller heads it, 0 if it does not) or while nobody heads it.
+        let grant_queued_proc = format!("{table}_permit_queued");
+        let q = queue_lock(table);
+        let head_ok = format!(
+            "
+         AND IFNULL(IS_USED_LOCK({}), 0) IN (0, p_head)",
+            q.replace('?', "p_row")
+        );
+        Self {
+            grant_proc: Procedure::new(&grant_proc, &params, grant_body("")),
+            grant_queued_proc: Procedure::new(
+                &grant_queued_proc,
+                &format!(
+                    "{params},
+                    IN p_row VARCHAR(300) {ascii}, IN p_head BIGINT UNSIGNED"
+                ),
+                grant_body(&head_ok),
             ),
-            grant_definition: format!(
-                "SELECT ROUTINE_DEFINITION FROM information_schema.ROUTINES
-                  WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE'
-                    AND ROUTINE_NAME = '{grant_proc}'"
-            ),
-            drop_grant: format!("DROP PROCEDURE IF EXISTS {grant_proc}"),
             grant: format!("CALL {grant_proc}(?, ?, ?, ?, ?)"),
-            grant_body,
+            grant_queued: format!("CALL {grant_queued_proc}(?, ?, ?, ?, ?, ?, ?)"),
+            // A released permit is left ended (the next grant deletes it),
+            // so that the release can read the queue's head in the same
+            // UPDATE: its connection id comes back as the statement's
+            // LAST_INSERT_ID (0: nobody waits).
+            release_queued: format!(
+                "UPDATE {permits} SET expires_at = TIMESTAMP'2000-01-01 00:00:00'
+                        + INTERVAL 0 * LAST_INSERT_ID(IFNULL(IS_USED_LOCK({q}), 0)) MICROSECOND
+                  WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+            ),
+            queue_head: format!("SELECT CAST(IFNULL(IS_USED_LOCK({q}), 0) AS UNSIGNED)"),
             create_semaphores: format!(
                 "CREATE TABLE IF NOT EXISTS {semaphores} (
                     name {name} PRIMARY KEY,
@@ -202,6 +230,59 @@ END"
     }
 }
 
+/// A stored procedure the backend creates with its tables.
+struct Procedure {
+    /// Its body, as `information_schema.ROUTINES` shows it.
+    body: String,
+    /// Reads the body stored now.
+    definition: String,
+    create: String,
+    drop: String,
+}
+
+impl Procedure {
+    /// `name(params)` running `body`.
+    fn new(name: &str, params: &str, body: String) -> Self {
+        Self {
+            definition: format!(
+                "SELECT ROUTINE_DEFINITION FROM information_schema.ROUTINES
+                  WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE'
+                    AND ROUTINE_NAME = '{name}'"
+            ),
+            create: format!(
+                "CREATE PROCEDURE {name}({params})
+                 MODIFIES SQL DATA
+                 {body}"
+            ),
+            drop: format!("DROP PROCEDURE IF EXISTS {name}"),
+            body,
+        }
+    }
+
+    /// Creates the procedure, or drops and creates it again if its body is
+    /// not this version's; left alone if it is, or if this role cannot
+    /// read its body (another role owns it). Clients starting together may
+    /// both create it: the one that finds it created meanwhile (error 1304)
+    /// is done too.
+    async fn ensure(&self, pool: &sqlx::MySqlPool) -> Result<(), sqlx::Error> {
+        let found: Option<Option<String>> = sqlx::query_scalar(&self.definition)
+            .fetch_optional(pool)
+            .await?;
+        match found {
+            Some(None) => return Ok(()),
+            Some(Some(body)) if body == self.body => return Ok(()),
+            Some(Some(_)) => {
+                sqlx::raw_sql(&self.drop).execute(pool).await?;
+            }
+            None => {}
+        }
+        match sqlx::raw_sql(&self.create).execute(pool).await {
+            Err(e) if mysql_error_number(&e) == Some(1304) => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+}
+
 /// Whether a failed transaction changed nothing and may simply run again:
 /// a duplicate key on the semaphore row (another client created it first)
 /// or a deadlock victim.
@@ -240,30 +321,19 @@ impl My {
 }
 
 impl My {
-    /// Creates the grant procedure, or drops and creates it again if its
-    /// body is not this version's; left alone if it is, or if this role
-    /// cannot read its body (another role owns it). Runs with the tables'
-    /// creation. Clients starting together may both create it: the one
-    /// that finds it created meanwhile (error 1304) is done too.
+    /// Creates the grant procedure (with a wait queue, the queued one
+    /// too). Runs with the tables' creation.
     pub(crate) async fn create_grant_procedure(&self) -> Result<(), sqlx::Error> {
-        let s = &self.permits;
-        let found: Option<Option<String>> = sqlx::query_scalar(&s.grant_definition)
-            .fetch_optional(&self.pool)
-            .await?;
-        match found {
-            Some(None) => return Ok(()),
-            Some(Some(body)) if body == s.grant_body => return Ok(()),
-            Some(Some(_)) => {
-                sqlx::raw_sql(&s.drop_grant).execute(&self.pool).await?;
-            }
-            None => {}
+        self.permits.grant_proc.ensure(&self.pool).await?;
+        if self.queue.is_some() {
+            self.permits.grant_queued_proc.ensure(&self.pool).await?;
         }
-        match sqlx::raw_sql(&s.create_grant).execute(&self.pool).await {
-            Err(e) if mysql_error_number(&e) == Some(1304) => Ok(()),
-            other => other.map(|_| ()),
-        }
+        Ok(())
     }
 
+    /// One attempt at a permit. With a wait queue only the queue's head is
+    /// granted one (or anyone while nobody heads it), and a waiting
+    /// request that is refused asks for its place.
     pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         let owner = req.owner.to_string();
         let found = match self
@@ -276,7 +346,16 @@ impl My {
                     .await?
             }
         };
+        if let (PermitAttempt::Full(_), Some(queue)) = (&found, &self.queue) {
+            queue.take_place(req);
+        }
         found.into_outcome(&self.err, req, limit)
+    }
+
+    /// The connection id with which `req` heads its queue (0 if it does
+    /// not), with a wait queue.
+    fn permit_head(&self, req: &LockRequest) -> Option<u64> {
+        self.queue.as_ref().map(|q| q.head_of(req))
     }
 
     /// The attempt when the semaphore exists with the requested limit, as
@@ -288,15 +367,24 @@ impl My {
         owner: &str,
         limit: u32,
     ) -> Result<Option<PermitAttempt>, sqlx::Error> {
+        let head = self.permit_head(req);
+        let s = &self.permits;
+        let call = sqlx::query_as(if head.is_some() {
+            &s.grant_queued
+        } else {
+            &s.grant
+        })
+        .bind(req.name.as_str())
+        .bind(owner)
+        .bind(ttl_micros(req.ttl))
+        .bind(limit)
+        .bind(holder(req));
+        let call = match head {
+            Some(head) => call.bind(queue_row(req)).bind(head),
+            None => call,
+        };
         let (exists, token, left): (i64, Option<u64>, Option<i64>) =
-            sqlx::query_as(&self.permits.grant)
-                .bind(req.name.as_str())
-                .bind(owner)
-                .bind(ttl_micros(req.ttl))
-                .bind(limit)
-                .bind(holder(req))
-                .fetch_one(&self.pool)
-                .await?;
+            call.fetch_one(&self.pool).await?;
         Ok((exists == 1).then(|| match token {
             Some(t) => PermitAttempt::Granted(i64::try_from(t).unwrap_or(-1)),
             None => PermitAttempt::Full(remaining_micros(left)),
@@ -344,7 +432,17 @@ impl My {
             .bind(name)
             .fetch_one(&mut *tx)
             .await?;
-        if live >= i64::from(stored) {
+        let behind = match self.permit_head(req) {
+            Some(head) => {
+                let heading: u64 = sqlx::query_scalar(&s.queue_head)
+                    .bind(queue_row(req))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                heading != 0 && heading != head
+            }
+            None => false,
+        };
+        if live >= i64::from(stored) || behind {
             // Keeps the expired permits' deletion.
             tx.commit().await?;
             return Ok(PermitAttempt::Full(remaining_micros(left)));
@@ -393,13 +491,21 @@ impl My {
         self.extend_row(&self.permits.extend, req).await
     }
 
+    /// With a wait queue, the release wakes the queue's head.
     pub(crate) async fn permit_release(&self, req: &LockRequest) -> Result<bool> {
-        let r = sqlx::query(&self.permits.release)
+        let release = match &self.queue {
+            Some(_) => sqlx::query(&self.permits.release_queued).bind(queue_row(req)),
+            None => sqlx::query(&self.permits.release),
+        };
+        let r = release
             .bind(req.name.as_str())
             .bind(req.owner.to_string())
             .execute(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
+        if self.queue.is_some() && r.rows_affected() == 1 && r.last_insert_id() != 0 {
+            super::queue::wake_head(&self.pool, r.last_insert_id()).await;
+        }
         Ok(r.rows_affected() == 1)
     }
 

@@ -1,11 +1,12 @@
-//! First come, first served waiting for exclusive locks and leadership
-//! (`fifo=true`; off by default). MySQL has no NOTIFY, so waiters wait
-//! inside the server:
+//! First come, first served waiting for exclusive locks, leadership and
+//! permits (`fifo=true`; off by default). MySQL has no NOTIFY, so waiters
+//! wait inside the server:
 //!
 //! - A waiting request whose grant statement (and first-use insert) is
 //!   refused asks at once, on a connection of its own (opened ahead of need
 //!   while waits come often), for its row's queue: a user-level lock
-//!   (`GET_LOCK`) named after the row (the lock's, or the election's), which
+//!   (`GET_LOCK`) named after the row (the lock's, the election's, or
+//!   the semaphore's `<name>@permits`), which
 //!   the server grants to one connection at a time, in the order they
 //!   asked. The connection that holds it is the queue's head; the others
 //!   block inside the server and send nothing. Asking before anything else
@@ -33,12 +34,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::wait::{Wakeup, Wakeups};
-use distlock_core::{LockRequest, Owner};
+use distlock_core::{HoldKind, LockRequest, Owner};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
 use sqlx::{ConnectOptions, Executor, Row};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+use crate::semaphore::PermitTables;
 
 /// How long giving a place up may take before the connection is dropped.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -79,6 +82,7 @@ pub(crate) struct Queue {
     lease: Duration,
     join: String,
     doze: String,
+    doze_permits: String,
     /// This client's waiters' places, by owner.
     turns: Mutex<HashMap<Owner, Arc<TurnShared>>>,
     /// A queue connection opened ahead of need, its id and when it was
@@ -101,6 +105,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Queue {
     pub(crate) fn new(table: &str, pool: &MySqlPool, lease: Duration) -> Self {
         let q = queue_lock(table);
+        let PermitTables {
+            semaphores,
+            permits,
+        } = PermitTables::for_lock_table(table);
         let join = format!("SELECT GET_LOCK({q}, {JOIN_TIMEOUT_S})");
         // Sleeps only while the row is held, its lease lasts and this
         // connection heads the queue, until the lease ends or the cap
@@ -113,12 +121,31 @@ impl Queue {
               WHERE name = ? AND owner IS NOT NULL AND expires_at > NOW(6)
                 AND IS_USED_LOCK({q}) = CONNECTION_ID()"
         );
+        // A semaphore's head sleeps only while every permit is held, until
+        // the earliest one ends or the cap (`?`, seconds); the second
+        // column says whether one of the permits it saw has ended by then.
+        // Binds: the cap, the semaphore's name, its queue's row.
+        let live = format!(
+            "(SELECT COUNT(*) FROM {permits} p WHERE p.name = s.name AND p.expires_at > NOW(6))"
+        );
+        let doze_permits = format!(
+            "SELECT SLEEP(LEAST(?, IFNULL(TIMESTAMPDIFF(MICROSECOND, NOW(6),
+                        (SELECT MIN(p.expires_at) FROM {permits} p
+                          WHERE p.name = s.name AND p.expires_at > NOW(6))) / 1e6 + 0.002, 0))),
+                    (SELECT COUNT(*) FROM {permits} p
+                      WHERE p.name = s.name AND p.expires_at > NOW(6)
+                        AND p.expires_at <= SYSDATE(6)) > 0
+               FROM {semaphores} s
+              WHERE s.name = ? AND {live} >= s.permits
+                AND IS_USED_LOCK({q}) = CONNECTION_ID()"
+        );
         Self {
             options: (*pool.connect_options()).clone(),
             pool: pool.clone(),
             lease,
             join,
             doze,
+            doze_permits,
             turns: Mutex::default(),
             spare: Mutex::default(),
             refilling: AtomicBool::new(false),
@@ -188,7 +215,9 @@ impl Queue {
     /// refused (see [`Queue::take_place`]).
     pub(crate) fn turn(self: &Arc<Self>, req: &LockRequest) -> Turn {
         let shared = Arc::new(TurnShared {
-            row: crate::election::row(req).into_owned(),
+            row: crate::election::queue_row(req).into_owned(),
+            semaphore: matches!(req.kind, HoldKind::Permits { .. })
+                .then(|| req.name.as_str().to_string()),
             head: AtomicU64::new(0),
             dead: AtomicBool::new(false),
             doze: Notify::new(),
@@ -300,9 +329,11 @@ impl Queue {
 
 /// What a waiter and its queue connection's task share.
 struct TurnShared {
-    /// The lock-table row the waiter waits for: the lock's, or the
-    /// election's.
+    /// The row whose queue the waiter joins: the lock's, the election's,
+    /// or the semaphore's.
     row: String,
+    /// The semaphore's name, for a semaphore's waiter.
+    semaphore: Option<String>,
     /// The queue connection's id once it heads the queue, else 0.
     head: AtomicU64,
     /// The task ended (its connection failed).
@@ -457,11 +488,14 @@ async fn keep_place(queue: &Arc<Queue>, shared: &TurnShared) -> Result<(), sqlx:
             () = shared.doze.notified() => {}
         }
         loop {
-            let slept = unless_left(
-                shared,
-                conn.fetch_optional(sqlx::query(&queue.doze).bind(cap).bind(name).bind(name)),
-            )
-            .await;
+            let doze = match &shared.semaphore {
+                Some(semaphore) => sqlx::query(&queue.doze_permits)
+                    .bind(cap)
+                    .bind(semaphore.as_str())
+                    .bind(name),
+                None => sqlx::query(&queue.doze).bind(cap).bind(name).bind(name),
+            };
+            let slept = unless_left(shared, conn.fetch_optional(doze)).await;
             match slept {
                 Ran::Left => {
                     queue.kill(id).await;

@@ -20,8 +20,9 @@
 use distlock_core::{HoldRecord, LockName, LockRequest, LockStatus, Result};
 
 use super::Pg;
+use crate::election::queue_row;
 use crate::list::{holder, permit_record, NameRange, PermitRow};
-use crate::postgres::queue::{queue_row, CLIENT_CHANNEL, GARBAGE_AFTER};
+use crate::postgres::queue::{CLIENT_CHANNEL, GARBAGE_AFTER};
 use crate::postgres::LIMIT_CHANGED;
 use crate::semaphore::{limit_from_db, remaining_micros, PermitAttempt, PermitTables};
 use crate::ttl_micros;

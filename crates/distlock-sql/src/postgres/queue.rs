@@ -1,5 +1,6 @@
 //! First come, first served waiting for exclusive locks and leadership
-//! (`fifo=true`; off by default): a refused waiting attempt joins its row's
+//! (`fifo=true`; off by default; permits queue in the same table, see
+//! `permits.rs`): a refused waiting attempt joins its row's
 //! wait queue (the lock's, or the election's), a table beside the lock table
 //! ordered by arrival; only the queue's head may take the free row; a
 //! release, a resignation or an eviction notifies the head alone, on its
@@ -7,13 +8,12 @@
 //! grant, resignation and eviction also notify the election's observers, as
 //! without a queue.
 
-use std::borrow::Cow;
 use std::time::Duration;
 
 use distlock_core::{HoldKind, LockRequest, Result};
 use sqlx::postgres::PgPool;
 
-use crate::election::row;
+use crate::election::{queue_row, row};
 use crate::list::holder;
 use crate::postgres::{attempt_answer, attempt_upsert, LEADER_CHANGED};
 use crate::{ttl_micros, DbError};
@@ -24,20 +24,6 @@ pub(crate) const CLIENT_CHANNEL: &str = "distlock_q_";
 /// A dead waiter's entry is deleted by a later waiter's attempt this long
 /// after it lapsed (a lapsed entry is ignored at once).
 pub(crate) const GARBAGE_AFTER: &str = "interval '1 minute'";
-
-/// Appended to a semaphore's name to name its wait queue's row. `@` is not
-/// a character a lock name may hold, so no lock's or election's queue has
-/// such a name.
-const PERMITS_SUFFIX: &str = "@permits";
-
-/// The row whose queue `req` waits in: the lock's, the election's, or the
-/// semaphore's.
-pub(crate) fn queue_row(req: &LockRequest) -> Cow<'_, str> {
-    match req.kind {
-        HoldKind::Permits { .. } => Cow::Owned(format!("{}{PERMITS_SUFFIX}", req.name)),
-        _ => row(req),
-    }
-}
 
 pub(crate) struct Queue {
     /// This client's own channel.
