@@ -110,6 +110,11 @@ fn main() {
                 ),
                 trial(
                     rt,
+                    "postgres::fifo::a_lost_mark_neither_lets_a_try_pass_the_queue_nor_leaves_its_head_asleep",
+                    fifo_lost_mark(),
+                ),
+                trial(
+                    rt,
                     "postgres::fifo::semaphore::grants_in_arrival_order_one_request_each",
                     fifo_order(sql_support::queued_semaphore_row("fifo/order"), 3),
                 ),
@@ -1211,6 +1216,54 @@ async fn fifo_freed_at_once() -> Result<(), Failed> {
         fifo_queued(&url, &row),
     )
     .await
+}
+
+/// A grant judges whether others still wait by its statement's snapshot,
+/// which misses an entry that joins as it runs, and may clear the row's
+/// `awaited` mark while a waiter is queued. Here the mark is cleared by
+/// hand under a queued waiter: the holder's release must still wake it
+/// (well before its own re-check, 20 s here), and a try in between must be
+/// refused.
+async fn fifo_lost_mark() -> Result<(), Failed> {
+    let (_server, url) = fifo_server().await?;
+    let fifo = format!("{url}?fifo=true&queue_lease_ms=60000");
+    let name = "fifo/mark";
+    let holder = LockClient::new(SqlBackend::connect(&fifo).await?);
+    let held = holder.lock(name).acquire().await?;
+    let waiter = LockClient::new(SqlBackend::connect(&fifo).await?);
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock(name)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    let queued = fifo_queued(&url, name);
+    let start = tokio::time::Instant::now();
+    while queued()? != 1 {
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err("the waiter never queued".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut c = pg::psql(&url).map_err(|e| e.to_string())?;
+    c.args([
+        "-c",
+        &format!("UPDATE distlock_locks SET awaited = false WHERE name = '{name}'"),
+    ]);
+    integration_tests::harness::process::run_client(c)?;
+    held.release().await?;
+    if let Some(g) = holder.lock(name).try_acquire().await? {
+        g.release().await?;
+        return Err("a try took the lock from under a queued waiter".into());
+    }
+    let within = Duration::from_secs(10);
+    let got = tokio::time::timeout(within, waiting)
+        .await
+        .map_err(|_| format!("the queued waiter had no grant {within:?} after the release"))?
+        .map_err(|e| e.to_string())??;
+    got.release().await?;
+    Ok(())
 }
 
 async fn fifo_evict() -> Result<(), Failed> {

@@ -138,11 +138,18 @@ impl Queue {
         };
         // The first attempt of a wait, and a try: the lock table's upsert
         // as without a queue, granting only a row nobody marked as awaited
-        // (nobody queued), so that an uncontended acquire costs what it
-        // costs without a queue; a refusal joins the queue when it waits.
-        // A row free but awaited is refused here and decided by `attempt`,
-        // which reads the queue.
-        let ok_first = "(l.owner IS NULL OR l.expires_at <= now()) AND NOT l.awaited";
+        // and whose queue holds no live entry (one probe of the queue's
+        // index), so that an uncontended acquire costs little more than
+        // without a queue; a refusal joins the queue when it waits. A row
+        // free but awaited is refused here and decided by `attempt`, which
+        // reads the queue. The mark alone would not do: a grant judges it
+        // by its statement's snapshot, which misses an entry joining as it
+        // runs, and clears it.
+        let ok_first = format!(
+            "(l.owner IS NULL OR l.expires_at <= now()) AND NOT l.awaited
+             AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND ends_at > now())"
+        );
+        let ok_first = ok_first.as_str();
         let first = |notify: &str| {
             let upsert = attempt_upsert(
                 table,
@@ -160,10 +167,12 @@ impl Queue {
             lock: first(""),
             leader: first(&observed("NOT l.awaited")),
         };
-        // The head is looked up only when the row is awaited: an
-        // uncontended release costs what it costs without a queue. A
-        // resignation also tells the election's observers, on the locks'
-        // channel, where queued campaigners do not listen for the row.
+        // A release looks the head up whatever the mark says (the mark may
+        // have been cleared by a grant that missed an entry joining as it
+        // ran), and notifies only if there is one: an uncontended release
+        // adds one probe of the queue's index. A resignation also tells the
+        // election's observers, on the locks' channel, where queued
+        // campaigners do not listen for the row.
         let tell_head = format!(
             "(SELECT pg_notify('{CLIENT_CHANNEL}' || e.client, $1 || ' ' || e.owner)::text
                 FROM {q} e WHERE e.name = $1 AND e.ends_at > now()
@@ -178,10 +187,10 @@ impl Queue {
         };
         let release = Both {
             lock: release(&format!(
-                "CASE WHEN awaited THEN coalesce({tell_head}, pg_notify($3, $1)::text) END"
+                "coalesce({tell_head}, CASE WHEN awaited THEN pg_notify($3, $1)::text END)"
             )),
             leader: release(&format!(
-                "pg_notify($3, $1)::text || coalesce(CASE WHEN awaited THEN {tell_head} END, '')"
+                "pg_notify($3, $1)::text || coalesce({tell_head}, '')"
             )),
         };
         // An eviction frees the election's row at once, waking its head and
