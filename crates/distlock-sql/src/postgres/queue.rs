@@ -145,11 +145,10 @@ impl Queue {
         // reads the queue. The mark alone would not do: a grant judges it
         // by its statement's snapshot, which misses an entry joining as it
         // runs, and clears it.
-        let ok_first = format!(
-            "(l.owner IS NULL OR l.expires_at <= now()) AND NOT l.awaited
-             AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND ends_at > now())"
-        );
-        let ok_first = ok_first.as_str();
+        // The probe runs once, in its own CTE, however often the upsert
+        // names it.
+        let ok_first = "(l.owner IS NULL OR l.expires_at <= now()) AND NOT l.awaited
+             AND NOT (SELECT busy FROM queued)";
         let first = |notify: &str| {
             let upsert = attempt_upsert(
                 table,
@@ -158,7 +157,9 @@ impl Queue {
                 &format!("CASE WHEN NOT l.awaited THEN token END AS token{notify}"),
             );
             format!(
-                "WITH granted AS ({upsert}),
+                "WITH queued AS (
+                SELECT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND ends_at > now()) AS busy),
+             granted AS ({upsert}),
              joined AS ({joined})
              SELECT {answer}, false"
             )
