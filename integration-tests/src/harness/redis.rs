@@ -186,13 +186,27 @@ fn cluster_in(
     first_dir: PathBuf,
     tls: Option<&TestCerts>,
 ) -> Result<Vec<ServerProcess>, HarnessError> {
-    let mut args = vec!["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"];
-    if tls.is_some() {
-        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
-    }
-    let mut nodes = vec![spawn_in(first_dir, &args, tls)?];
+    // The cluster bus port is a reserved port of its own: its default, the
+    // client port + 10000, can fall in the kernel's ephemeral range or on a
+    // port another test process reserved.
+    let node = |dir: PathBuf| {
+        let bus = free_port()?.to_string();
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "2000",
+            "--cluster-port",
+            &bus,
+        ];
+        if tls.is_some() {
+            args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+        }
+        spawn_in(dir, &args, tls)
+    };
+    let mut nodes = vec![node(first_dir)?];
     for _ in 1..n {
-        nodes.push(spawn_in(temp_dir("redis")?, &args, tls)?);
+        nodes.push(node(temp_dir("redis")?)?);
     }
     let cli = find_binary("redis-cli", &[], INSTALL)?;
     let mut create = Command::new(cli);
