@@ -106,6 +106,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::the_longest_table_name_serves_every_kind",
+                sql_support::the_longest_table_name_serves_every_kind(f.clone()),
+            ),
+            trial(
+                rt,
                 "mysql::lock_names_are_case_sensitive",
                 case_sensitive(f.clone()),
             ),

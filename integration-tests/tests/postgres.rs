@@ -58,6 +58,11 @@ fn main() {
             trials.extend([
             trial(
                 rt,
+                "postgres::the_longest_table_name_serves_every_kind",
+                sql_support::the_longest_table_name_serves_every_kind(f.clone()),
+            ),
+            trial(
+                rt,
                 "postgres::tls::verify_full_by_the_certificates_name_is_encrypted",
                 tls_is_encrypted(tls.clone()),
             ),

@@ -847,3 +847,58 @@ pub async fn an_eviction_wakes_the_queued_head(
     )
     .await
 }
+
+/// A lock table with the longest name allowed, with `fifo` on: every table,
+/// index and routine the backend derives from the name fits the database's
+/// identifier limit, so a lock, a semaphore's permit, a shared hold and a
+/// leadership are each taken, waited for and released.
+pub async fn the_longest_table_name_serves_every_kind(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    const LONGEST: usize = 54;
+    let table = format!("longest_{}", "t".repeat(LONGEST - "longest_".len()));
+    let url = f.url_with(&format!("table={table}&fifo=true"))?;
+    let (a, b) = (
+        LockClient::new(SqlBackend::connect(&url).await?),
+        LockClient::new(SqlBackend::connect(&url).await?),
+    );
+    let wait = Duration::from_secs(10);
+    let held = a.lock("longest/lock").acquire().await?;
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock("longest/lock").wait(wait).acquire().await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.release().await?;
+    waiting.await??.release().await?;
+    let permit = a.semaphore("longest/semaphore", 1).acquire().await?;
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.semaphore("longest/semaphore", 1)
+                .wait(wait)
+                .acquire()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    permit.release().await?;
+    waiting.await??.release().await?;
+    let shared = a.lock("longest/shared").shared().acquire().await?;
+    let other = b
+        .lock("longest/shared")
+        .shared()
+        .try_acquire()
+        .await?
+        .ok_or("a second shared hold was refused")?;
+    shared.release().await?;
+    other.release().await?;
+    let leader = a.election("longest/election").campaign("a").await?;
+    if b.election("longest/election")
+        .try_campaign("b")
+        .await?
+        .is_some()
+    {
+        return Err("two leaders of one election".into());
+    }
+    leader.resign().await?;
+    Ok(())
+}

@@ -131,7 +131,9 @@ END"
         // With a wait queue (see `queue`): a permit only for the head of
         // the semaphore's queue (`p_head`, the connection id with which the
         // caller heads it, 0 if it does not) or while nobody heads it.
-        let grant_queued_proc = format!("{table}_permit_queued");
+        // MySQL refuses identifiers over 64 characters, and a table name
+        // may have 54: a routine's suffix has at most ten.
+        let grant_queued_proc = format!("{table}_permit_q");
         let q = queue_lock(table);
         let head_ok = format!(
             "
