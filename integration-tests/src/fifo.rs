@@ -526,3 +526,54 @@ where
     }
     Ok(())
 }
+
+/// A writer queued behind readers holds the lock as soon as the last of
+/// them releases: that release wakes the head of the queue. Entries here
+/// last a minute and the readers' leases 30 s, so a head nobody woke would
+/// come back only when it renews its entry (after 20 s) or when the
+/// readers' leases would have ended; it must hold within `WOKEN`.
+pub async fn the_last_readers_release_wakes_a_queued_writer(
+    connect: Connect,
+    url: &str,
+    lock: &str,
+    queued: Count,
+) -> Result<(), Failed> {
+    const WOKEN: Duration = Duration::from_secs(10);
+    let reader = Queued::shared(lock);
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let client = connect(url.to_string()).await?;
+        readers.push(reader.take(&client, Duration::from_secs(10)).await?);
+    }
+    let waiting = queue_up(
+        connect(url.to_string()).await?,
+        &Queued::from(lock),
+        1,
+        &queued,
+    )
+    .await?;
+    let last = readers.pop().ok_or("no reader")?;
+    Queued::release_all(readers).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if waiting.is_finished() {
+        return Err("the writer was granted while a reader still held the lock".into());
+    }
+    let token = last.token();
+    last.release().await?;
+    let held = tokio::time::timeout(WOKEN, waiting)
+        .await
+        .map_err(|_| {
+            format!("the queued writer did not hold the lock within {WOKEN:?} of the last reader's release")
+        })?
+        .map_err(|e| e.to_string())??;
+    // Token 0: a backend without fencing (Redlock's default).
+    if u64::from(token) > 0 && held.token() <= token {
+        return Err(format!(
+            "the writer's token {:?} is not above the last reader's {token:?}",
+            held.token()
+        )
+        .into());
+    }
+    held.release().await?;
+    Ok(())
+}

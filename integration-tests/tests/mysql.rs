@@ -81,6 +81,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::fifo::shared::the_last_readers_release_wakes_a_queued_writer",
+                fifo_last_reader(),
+            ),
+            trial(
+                rt,
                 "mysql::fifo::semaphore::grants_in_arrival_order_waking_only_the_head",
                 fifo_order(sql_support::queued_semaphore_row("fifo/order"), 3),
             ),
@@ -443,6 +448,14 @@ async fn fifo_freed_at_once() -> Result<(), Failed> {
         lease,
         fifo_queued(server.port, &row),
     )
+    .await
+}
+
+async fn fifo_last_reader() -> Result<(), Failed> {
+    let (server, url) = fifo_server().await?;
+    sql_support::the_last_readers_release_wakes_a_queued_writer(&url, |row| {
+        fifo_queued(server.port, row)
+    })
     .await
 }
 

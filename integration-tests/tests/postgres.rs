@@ -115,6 +115,11 @@ fn main() {
                 ),
                 trial(
                     rt,
+                    "postgres::fifo::shared::the_last_readers_release_wakes_a_queued_writer",
+                    fifo_last_reader(),
+                ),
+                trial(
+                    rt,
                     "postgres::fifo::a_lost_mark_neither_lets_a_try_pass_the_queue_nor_leaves_its_head_asleep",
                     fifo_lost_mark(),
                 ),
@@ -1269,6 +1274,12 @@ async fn fifo_lost_mark() -> Result<(), Failed> {
         .map_err(|e| e.to_string())??;
     got.release().await?;
     Ok(())
+}
+
+async fn fifo_last_reader() -> Result<(), Failed> {
+    let (_server, url) = fifo_server().await?;
+    sql_support::the_last_readers_release_wakes_a_queued_writer(&url, |row| fifo_queued(&url, row))
+        .await
 }
 
 async fn fifo_evict() -> Result<(), Failed> {

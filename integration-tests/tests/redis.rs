@@ -207,6 +207,11 @@ fn main() {
         }
         let handle = rt.handle().clone();
         extra.push(Trial::test(
+            "redis::fifo::shared::single::the_last_readers_release_wakes_a_queued_writer",
+            move || handle.block_on(fifo_last_reader()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
             "redis::fifo::semaphore::single::permits_freed_at_once_each_reach_a_waiter",
             move || handle.block_on(fifo_freed_at_once()),
         ));
@@ -661,6 +666,20 @@ async fn fifo_freed_at_once() -> Result<(), Failed> {
         &url,
         what,
         lease,
+        fifo_queued(ports, queue),
+    )
+    .await
+}
+
+async fn fifo_last_reader() -> Result<(), Failed> {
+    let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
+    let url = format!("{url}?fifo=true&queue_lease_ms=60000");
+    let name = "fifo/last-reader";
+    let queue = distlock_redis::Keys::queue_of(name);
+    fifo::the_last_readers_release_wakes_a_queued_writer(
+        fifo_connect(),
+        &url,
+        name,
         fifo_queued(ports, queue),
     )
     .await

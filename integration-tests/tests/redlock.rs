@@ -71,6 +71,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "redlock::fifo::the_last_readers_release_wakes_a_queued_writer",
+                fifo_last_reader(),
+            ),
+            trial(
+                rt,
                 "redlock::fifo::a_try_is_refused_while_a_waiter_heads_the_queue",
                 fifo_try(),
             ),
@@ -779,6 +784,20 @@ async fn fifo_order() -> Result<(), Failed> {
         // and its rollback, 6 calls more. A waiter other than the head
         // asking at a handoff would cost 6 calls per waiter woken.
         6 * n as u64 + 2..=7 * n as u64 + 3,
+    )
+    .await
+}
+
+async fn fifo_last_reader() -> Result<(), Failed> {
+    let nodes = blocking(three_nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let url = url(&nodes, "&fifo=true&queue_lease_ms=60000");
+    let name = "fifo/last-reader";
+    fifo::the_last_readers_release_wakes_a_queued_writer(
+        fifo_connect(),
+        &url,
+        name,
+        fifo_queued(ports, name),
     )
     .await
 }

@@ -254,7 +254,7 @@ impl Pg {
             pool,
             channel: format!("distlock_{table}"),
             permits: permits::Statements::new(table, &permit_tables),
-            shared: shared::Statements::new(table, &rw_tables),
+            shared: shared::Statements::new(table, &rw_tables, fifo.is_some()),
             // Named after the table whose rows it announces.
             permit_channel: permit_tables.permits.clone(),
             permit_releases: Arc::default(),

@@ -848,6 +848,26 @@ pub async fn an_eviction_wakes_the_queued_head(
     .await
 }
 
+/// [`integration_tests::fifo::the_last_readers_release_wakes_a_queued_writer`]
+/// on the lock `fifo/readers` of the server at `url`; `queued` counts the
+/// entries of the queue of the row it is given.
+pub async fn the_last_readers_release_wakes_a_queued_writer(
+    url: &str,
+    queued: impl FnOnce(&str) -> integration_tests::fifo::Count,
+) -> Result<(), Failed> {
+    let name = "fifo/readers";
+    let connect: integration_tests::fifo::Connect = Arc::new(|url: String| {
+        Box::pin(async move { Ok(LockClient::new(SqlBackend::connect(&url).await?)) })
+    });
+    integration_tests::fifo::the_last_readers_release_wakes_a_queued_writer(
+        connect,
+        &format!("{url}?fifo=true&queue_lease_ms=60000"),
+        name,
+        queued(name),
+    )
+    .await
+}
+
 /// A lock table with the longest name allowed, with `fifo` on: every table,
 /// index and routine the backend derives from the name fits the database's
 /// identifier limit, so a lock, a semaphore's permit, a shared hold and a

@@ -30,6 +30,9 @@ pub(crate) struct Statements {
     status: String,
     evict_holds: String,
     list: String,
+    /// With a wait queue: the connection id of the queue's head if the
+    /// lock row is free (0 if nobody heads it), no row if it is held.
+    head_if_free: String,
 }
 
 impl Statements {
@@ -129,6 +132,11 @@ impl Statements {
                         (SELECT COUNT(*) FROM {writers} WHERE name = ? AND expires_at > NOW(6))"
             ),
             evict_holds: format!("DELETE FROM {shared} WHERE name = ?"),
+            head_if_free: format!(
+                "SELECT CAST(IFNULL(IS_USED_LOCK({}), 0) AS UNSIGNED) FROM {table}
+                  WHERE name = ? AND owner IS NULL",
+                super::queue::queue_lock(table)
+            ),
             list: format!(
                 "SELECT name, CAST(token AS SIGNED),
                         TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), holder
@@ -246,7 +254,9 @@ impl My {
 
     /// The row lock (and whether the hold is live); the hold's row and
     /// expired ones deleted; the lock row's end set from the holds left, or
-    /// the row freed: 5 round trips.
+    /// the row freed: 5 round trips. With a wait queue, the release that
+    /// frees the row also reads the queue's head, and wakes it after the
+    /// commit: 2 more.
     async fn shared_release_transaction(
         &self,
         req: &LockRequest,
@@ -272,7 +282,20 @@ impl My {
             .bind(name)
             .execute(&mut *tx)
             .await?;
+        let head: Option<u64> = match self.queue {
+            Some(_) => {
+                sqlx::query_scalar(&s.head_if_free)
+                    .bind(name)
+                    .bind(name)
+                    .fetch_optional(&mut *tx)
+                    .await?
+            }
+            None => None,
+        };
         tx.commit().await?;
+        if let Some(head) = head.filter(|&h| h != 0) {
+            super::queue::wake_head(&self.pool, head).await;
+        }
         Ok(held.unwrap_or(false))
     }
 

@@ -25,6 +25,16 @@ pub(crate) const CLIENT_CHANNEL: &str = "distlock_q_";
 /// after it lapsed (a lapsed entry is ignored at once).
 pub(crate) const GARBAGE_AFTER: &str = "interval '1 minute'";
 
+/// An expression that notifies the live head of the queue of the row `$1`
+/// on its client's own channel (NULL if nobody is queued).
+pub(crate) fn tell_head(table: &str) -> String {
+    format!(
+        "(SELECT pg_notify('{CLIENT_CHANNEL}' || e.client, $1 || ' ' || e.owner)::text
+            FROM {table}_queue e WHERE e.name = $1 AND e.ends_at > now()
+           ORDER BY e.arrival LIMIT 1)"
+    )
+}
+
 pub(crate) struct Queue {
     /// This client's own channel.
     pub(crate) channel: String,
@@ -174,11 +184,7 @@ impl Queue {
         // adds one probe of the queue's index. A resignation also tells the
         // election's observers, on the locks' channel, where queued
         // campaigners do not listen for the row.
-        let tell_head = format!(
-            "(SELECT pg_notify('{CLIENT_CHANNEL}' || e.client, $1 || ' ' || e.owner)::text
-                FROM {q} e WHERE e.name = $1 AND e.ends_at > now()
-               ORDER BY e.arrival LIMIT 1)"
-        );
+        let tell_head = tell_head(table);
         let release = |tell: &str| {
             format!(
                 "WITH r AS (UPDATE {table} SET owner = NULL WHERE name = $1 AND owner = $2

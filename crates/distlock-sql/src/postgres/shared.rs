@@ -31,8 +31,19 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    pub(crate) fn new(table: &str, tables: &RwTables) -> Self {
+    /// `queued`: exclusive waiters queue (`fifo`), and the release that
+    /// frees the lock row tells the queue's head.
+    pub(crate) fn new(table: &str, tables: &RwTables, queued: bool) -> Self {
         let RwTables { shared, writers } = tables;
+        // What the release that frees the lock row notifies: the head of
+        // the lock's wait queue if there is one, else, if a waiter marked
+        // the row, the lock's channel.
+        let awaited = "CASE WHEN awaited THEN pg_notify($3, $1)::text END";
+        let tell = if queued {
+            format!("coalesce({}, {awaited})", super::queue::tell_head(table))
+        } else {
+            awaited.to_string()
+        };
         let s = SHARED_OWNER;
         let ttl = "make_interval(secs => $3::float8 / 1e6)";
         // The upsert takes the lock row unless someone holds it
@@ -148,7 +159,7 @@ impl Statements {
                      WHERE l.name = $1 AND l.owner = '{s}' AND l.xmin = seen.version
                     RETURNING rest.until IS NULL AS free, l.awaited)
                  SELECT coalesce((SELECT bool_or(held) FROM gone), false),
-                        (SELECT pg_notify($3, $1) FROM freed WHERE free AND awaited)::text,
+                        (SELECT {tell} FROM freed WHERE free),
                         EXISTS (SELECT 1 FROM seen) AND NOT EXISTS (SELECT 1 FROM freed)"
             ),
             lock_row: format!("SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE"),
@@ -156,8 +167,7 @@ impl Statements {
             // statement's snapshot holds every shared grant committed
             // before ours took the row lock (later ones wait for it): the
             // lock row's end is set to the latest live hold's, or, if none
-            // is left, the row freed (and waiters notified, if one marked
-            // it). The hold's own row is gone already, and expired ones are
+            // is left, the row freed (and `tell` notified). The hold's own row is gone already, and expired ones are
             // left for a later release: deleting them would wait, under the
             // lock row's lock, for a renewal committing as its hold ends,
             // which waits for the lock row next. A renewal in flight raises the end
@@ -172,7 +182,7 @@ impl Statements {
                            expires_at = coalesce(rest.until, l.expires_at)
                       FROM rest WHERE l.name = $1 AND l.owner = '{s}'
                     RETURNING rest.until IS NULL AS free, l.awaited)
-                 SELECT (SELECT pg_notify($3, $1) FROM freed WHERE free AND awaited)::text"
+                 SELECT (SELECT {tell} FROM freed WHERE free)"
             ),
             // Only while readers hold the lock: a writer refused by another
             // writer leaves no mark.
