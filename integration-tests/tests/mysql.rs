@@ -116,6 +116,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::current_procedures_are_left_in_place",
+                current_procedures_are_left_in_place(f.clone()),
+            ),
+            trial(
+                rt,
                 "mysql::lock_names_are_case_sensitive",
                 case_sensitive(f.clone()),
             ),
@@ -161,6 +166,39 @@ fn main() {
 }
 
 /// `Jobs` and `jobs` are two locks, as on every other backend.
+/// Every procedure a client creates with its tables (with `fifo`, five) is
+/// left in place by the next client that starts: its stored body is this
+/// version's. Replacing one drops it first, and a concurrent `CALL` would
+/// fail while it is missing.
+async fn current_procedures_are_left_in_place(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (table, url) = f.own_table("procs")?;
+    let url = format!("{url}&fifo=true");
+    let admin = f.admin_pool::<sqlx::MySql>().await?;
+    let created = || async {
+        sqlx::query_as::<_, (String, String)>(&format!(
+            "SELECT ROUTINE_NAME, CAST(CREATED AS CHAR) FROM information_schema.ROUTINES
+              WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME LIKE '{table}\\_%'
+              ORDER BY ROUTINE_NAME"
+        ))
+        .fetch_all(&admin)
+        .await
+        .map_err(|e| Failed::from(e.to_string()))
+    };
+    SqlBackend::connect(&url).await?;
+    let before = created().await?;
+    if before.len() != 5 {
+        return Err(format!("expected five procedures, found {before:?}").into());
+    }
+    // CREATED has whole seconds.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    SqlBackend::connect(&url).await?;
+    let after = created().await?;
+    if after != before {
+        return Err(format!("procedures were made again: {before:?} became {after:?}").into());
+    }
+    Ok(())
+}
+
 async fn case_sensitive(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let c = LockClient::new(f.connect(SqlConfig::default()).await?);
     let upper = c
@@ -386,9 +424,10 @@ fn fifo_queued(port: u16, name: &str) -> integration_tests::fifo::Count {
 
 /// Twenty waiters' grants come in arrival order, and while they hand the
 /// lock on only the releasers and the head send anything (the statements
-/// clients execute, and `KILL`s): per handoff one release, the `KILL QUERY`
-/// that ends the head's sleep, the head's grant and the new head's sleep:
-/// four. A release that runs before the server has seen the releaser's own
+/// clients execute, and `KILL`s, which the server counts also when the
+/// release's procedure runs them): per handoff one release, the
+/// `KILL QUERY` that ends the head's sleep, the head's grant and the new
+/// head's sleep: four. A release that runs before the server has seen the releaser's own
 /// queue connection close finds that one still heading the queue: its
 /// `KILL` wakes nobody and the new head's sleep sees the free row instead
 /// (three), and the last release may send one such `KILL` more. A `KILL`

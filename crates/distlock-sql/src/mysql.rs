@@ -15,6 +15,7 @@ use crate::semaphore::{Object, PermitTables};
 use crate::{token_from_db, ttl_micros, DbError};
 
 mod permits;
+mod procedure;
 pub(crate) mod queue;
 mod renew;
 mod shared;
@@ -39,14 +40,12 @@ pub(crate) struct My {
     /// release that respect and wake the queue's head.
     pub(crate) queue: Option<Arc<queue::Queue>>,
     take_queued: String,
-    release_queued: String,
     release_any: String,
     evict: String,
     inspect: String,
     proclaim: String,
     leader: String,
     evict_leader: String,
-    evict_leader_queued: String,
     list: String,
     permits: permits::Statements,
     shared: shared::Statements,
@@ -97,15 +96,6 @@ impl My {
                     expires_at = NOW(6) + INTERVAL ? MICROSECOND, value = ?, holder = ?
               WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6))
                 AND IFNULL(IS_USED_LOCK({q}), 0) IN (0, ?)"
-        );
-        // The release reads the queue's head in the same UPDATE: its
-        // connection id comes back as the statement's LAST_INSERT_ID
-        // (0: nobody waits), the expiry unchanged.
-        let release_queued = format!(
-            "UPDATE {table} SET owner = NULL,
-                    expires_at = expires_at
-                        + INTERVAL 0 * LAST_INSERT_ID(IFNULL(IS_USED_LOCK({q}), 0)) MICROSECOND
-              WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
         );
         // Only for a name never locked before: the row does not exist yet.
         // IGNORE, not ON DUPLICATE KEY UPDATE: sqlx connects with
@@ -166,20 +156,11 @@ impl My {
         );
         let evict_leader =
             format!("UPDATE {table} SET owner = NULL WHERE name = ? AND owner IS NOT NULL");
-        // With `fifo`, eviction reads the head of the election's queue as
-        // the release does, to wake it.
-        let evict_leader_queued = format!(
-            "UPDATE {table} SET owner = NULL,
-                    expires_at = expires_at
-                        + INTERVAL 0 * LAST_INSERT_ID(IFNULL(IS_USED_LOCK({q}), 0)) MICROSECOND
-              WHERE name = ? AND owner IS NOT NULL"
-        );
         let queue = fifo.map(|lease| Arc::new(queue::Queue::new(table, &pool, lease)));
         Self {
             pool,
             queue,
             take_queued,
-            release_queued,
             create,
             added_columns,
             take,
@@ -192,7 +173,6 @@ impl My {
             proclaim,
             leader,
             evict_leader,
-            evict_leader_queued,
             list,
             table: table.to_string(),
             permits: permits::Statements::new(table, &permit_tables),
@@ -216,9 +196,7 @@ impl My {
         for (table, column, decl) in &self.added_columns {
             self.add_column(table, column, decl).await?;
         }
-        self.create_grant_procedure()
-            .await
-            .map_err(|e| self.err.map(e))
+        self.create_procedures().await.map_err(|e| self.err.map(e))
     }
 
     /// Adds `column` to `table` if the table was created without it.
@@ -414,21 +392,19 @@ impl My {
 
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
         let (row, owner) = (row(req), req.owner.to_string());
-        let queued = self.queues(req);
-        let release = match queued {
-            true => sqlx::query(&self.release_queued).bind(row.as_ref()),
-            false => sqlx::query(&self.release_live),
-        };
-        let r = release
-            .bind(row.as_ref())
-            .bind(&owner)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
-        if r.rows_affected() == 1 {
-            if queued && r.last_insert_id() != 0 {
-                queue::wake_head(&self.pool, r.last_insert_id()).await;
-            }
+        let queue = self.queue.as_ref().filter(|_| self.queues(req));
+        let released = if let Some(queue) = queue {
+            queue.release.run(&self.pool, &[row.as_ref(), &owner]).await
+        } else {
+            sqlx::query(&self.release_live)
+                .bind(row.as_ref())
+                .bind(&owner)
+                .execute(&self.pool)
+                .await
+                .map(|r| r.rows_affected())
+        }
+        .map_err(|e| self.err.map(e))?;
+        if released == 1 {
             return Ok(true);
         }
         // Expired but not yet taken: free it anyway, and report it was not held.
@@ -535,19 +511,16 @@ impl My {
     /// Frees the election row `row` at once (with `fifo` waking its
     /// queue's head); whether someone led.
     pub(crate) async fn evict_leader(&self, row: &str) -> Result<bool> {
-        let evict = match self.queue {
-            Some(_) => sqlx::query(&self.evict_leader_queued).bind(row),
-            None => sqlx::query(&self.evict_leader),
-        };
-        let r = evict
-            .bind(row)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
-        if r.rows_affected() == 1 && r.last_insert_id() != 0 {
-            queue::wake_head(&self.pool, r.last_insert_id()).await;
+        let evicted = match &self.queue {
+            Some(queue) => queue.evict_leader.run(&self.pool, &[row]).await,
+            None => sqlx::query(&self.evict_leader)
+                .bind(row)
+                .execute(&self.pool)
+                .await
+                .map(|r| r.rows_affected()),
         }
-        Ok(r.rows_affected() == 1)
+        .map_err(|e| self.err.map(e))?;
+        Ok(evicted == 1)
     }
 
     /// Overwrites the lock row's owner and deletes the shared holds.

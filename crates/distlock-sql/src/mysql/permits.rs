@@ -19,8 +19,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use distlock_core::{HoldRecord, LockName, LockRequest, LockStatus, Result};
-use sqlx::mysql::MySqlDatabaseError;
 
+use super::procedure::{mysql_error_number, Procedure};
 use super::queue::queue_lock;
 use super::{My, TEXT};
 use crate::election::queue_row;
@@ -45,8 +45,6 @@ pub(crate) struct Statements {
     grant_queued_proc: Procedure,
     grant: String,
     grant_queued: String,
-    /// A release with a wait queue: it also reads the queue's head.
-    release_queued: String,
     /// The queue's head (with a wait queue), for a grant's transaction.
     queue_head: String,
     select_semaphore: String,
@@ -152,15 +150,6 @@ END"
             ),
             grant: format!("CALL {grant_proc}(?, ?, ?, ?, ?)"),
             grant_queued: format!("CALL {grant_queued_proc}(?, ?, ?, ?, ?, ?, ?)"),
-            // A released permit is left ended (the next grant deletes it),
-            // so that the release can read the queue's head in the same
-            // UPDATE: its connection id comes back as the statement's
-            // LAST_INSERT_ID (0: nobody waits).
-            release_queued: format!(
-                "UPDATE {permits} SET expires_at = TIMESTAMP'2000-01-01 00:00:00'
-                        + INTERVAL 0 * LAST_INSERT_ID(IFNULL(IS_USED_LOCK({q}), 0)) MICROSECOND
-                  WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
-            ),
             queue_head: format!("SELECT CAST(IFNULL(IS_USED_LOCK({q}), 0) AS UNSIGNED)"),
             create_semaphores: format!(
                 "CREATE TABLE IF NOT EXISTS {semaphores} (
@@ -232,70 +221,11 @@ END"
     }
 }
 
-/// A stored procedure the backend creates with its tables.
-struct Procedure {
-    /// Its body, as `information_schema.ROUTINES` shows it.
-    body: String,
-    /// Reads the body stored now.
-    definition: String,
-    create: String,
-    drop: String,
-}
-
-impl Procedure {
-    /// `name(params)` running `body`.
-    fn new(name: &str, params: &str, body: String) -> Self {
-        Self {
-            definition: format!(
-                "SELECT ROUTINE_DEFINITION FROM information_schema.ROUTINES
-                  WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE'
-                    AND ROUTINE_NAME = '{name}'"
-            ),
-            create: format!(
-                "CREATE PROCEDURE {name}({params})
-                 MODIFIES SQL DATA
-                 {body}"
-            ),
-            drop: format!("DROP PROCEDURE IF EXISTS {name}"),
-            body,
-        }
-    }
-
-    /// Creates the procedure, or drops and creates it again if its body is
-    /// not this version's; left alone if it is, or if this role cannot
-    /// read its body (another role owns it). Clients starting together may
-    /// both create it: the one that finds it created meanwhile (error 1304)
-    /// is done too.
-    async fn ensure(&self, pool: &sqlx::MySqlPool) -> Result<(), sqlx::Error> {
-        let found: Option<Option<String>> = sqlx::query_scalar(&self.definition)
-            .fetch_optional(pool)
-            .await?;
-        match found {
-            Some(None) => return Ok(()),
-            Some(Some(body)) if body == self.body => return Ok(()),
-            Some(Some(_)) => {
-                sqlx::raw_sql(&self.drop).execute(pool).await?;
-            }
-            None => {}
-        }
-        match sqlx::raw_sql(&self.create).execute(pool).await {
-            Err(e) if mysql_error_number(&e) == Some(1304) => Ok(()),
-            other => other.map(|_| ()),
-        }
-    }
-}
-
 /// Whether a failed transaction changed nothing and may simply run again:
 /// a duplicate key on the semaphore row (another client created it first)
 /// or a deadlock victim.
 fn may_retry(e: &sqlx::Error) -> bool {
     matches!(mysql_error_number(e), Some(1062 | 1213))
-}
-
-fn mysql_error_number(e: &sqlx::Error) -> Option<u16> {
-    e.as_database_error()
-        .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
-        .map(MySqlDatabaseError::number)
 }
 
 impl My {
@@ -323,12 +253,20 @@ impl My {
 }
 
 impl My {
-    /// Creates the grant procedure (with a wait queue, the queued one
-    /// too). Runs with the tables' creation.
-    pub(crate) async fn create_grant_procedure(&self) -> Result<(), sqlx::Error> {
+    /// Creates the grant procedure and, with a wait queue, the queued grant
+    /// and the releases that wake the queue's head. Runs with the tables'
+    /// creation.
+    pub(crate) async fn create_procedures(&self) -> Result<(), sqlx::Error> {
         self.permits.grant_proc.ensure(&self.pool).await?;
-        if self.queue.is_some() {
-            self.permits.grant_queued_proc.ensure(&self.pool).await?;
+        if let Some(queue) = &self.queue {
+            for p in [
+                &self.permits.grant_queued_proc,
+                &queue.release.procedure,
+                &queue.evict_leader.procedure,
+                &queue.permit_release.procedure,
+            ] {
+                p.ensure(&self.pool).await?;
+            }
         }
         Ok(())
     }
@@ -495,20 +433,23 @@ impl My {
 
     /// With a wait queue, the release wakes the queue's head.
     pub(crate) async fn permit_release(&self, req: &LockRequest) -> Result<bool> {
-        let release = match &self.queue {
-            Some(_) => sqlx::query(&self.permits.release_queued).bind(queue_row(req)),
-            None => sqlx::query(&self.permits.release),
-        };
-        let r = release
-            .bind(req.name.as_str())
-            .bind(req.owner.to_string())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err.map(e))?;
-        if self.queue.is_some() && r.rows_affected() == 1 && r.last_insert_id() != 0 {
-            super::queue::wake_head(&self.pool, r.last_insert_id()).await;
+        let (name, owner) = (req.name.as_str(), req.owner.to_string());
+        let released = match &self.queue {
+            Some(queue) => {
+                queue
+                    .permit_release
+                    .run(&self.pool, &[name, &owner, &queue_row(req)])
+                    .await
+            }
+            None => sqlx::query(&self.permits.release)
+                .bind(name)
+                .bind(&owner)
+                .execute(&self.pool)
+                .await
+                .map(|r| r.rows_affected()),
         }
-        Ok(r.rows_affected() == 1)
+        .map_err(|e| self.err.map(e))?;
+        Ok(released == 1)
     }
 
     pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {

@@ -16,8 +16,9 @@
 //!   heads the queue): the grant statement compares `IS_USED_LOCK` with the
 //!   head's connection id.
 //! - The head sleeps inside the server (`SLEEP`) while the row is held and
-//!   its lease lasts. A release reads the head's connection id in its own
-//!   UPDATE and interrupts that sleep (`KILL QUERY`): one wake-up per
+//!   its lease lasts. A release, one procedure call (see [`waking`]),
+//!   frees the row, reads the head's connection id and interrupts that
+//!   sleep (`KILL QUERY`): one round trip and one wake-up per
 //!   handoff, addressed to the head alone.
 //! - A waiter that ends its wait gives its place up at once: it closes its
 //!   queue connection, and has the server kill it first if a statement runs
@@ -41,6 +42,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::procedure::Procedure;
 use crate::semaphore::PermitTables;
 
 /// How long giving a place up may take before the connection is dropped.
@@ -72,12 +74,83 @@ pub(crate) fn queue_lock(table: &str) -> String {
     format!("CONCAT('distlock-q-', MD5(CONCAT('{table}/', ?)))")
 }
 
+/// A procedure `name(params)` that runs `change` (an UPDATE or DELETE of
+/// at most one row, on conditions of its own) and, if it changed the row,
+/// ends the in-server sleep of the head of the queue of the row `p_row`
+/// with `KILL QUERY`: a release and its wake-up in one round trip. Its one
+/// result is the rows changed. Under autocommit each statement commits as
+/// it ends, so the head, woken, finds the row freed. A `KILL` that fails
+/// (the head has just left, or this role may not end another user's
+/// statements: the head then wakes at its sleep's cap) changes nothing.
+pub(crate) fn waking(table: &str, name: &str, params: &str, change: &str) -> Procedure {
+    let q = queue_lock(table).replace('?', "p_row");
+    Procedure::new(
+        name,
+        params,
+        format!(
+            "BEGIN
+  DECLARE changed INT DEFAULT 0;
+  DECLARE head BIGINT UNSIGNED DEFAULT 0;
+  {change};
+  SET changed = ROW_COUNT();
+  IF changed > 0 THEN
+    SET head = IFNULL(IS_USED_LOCK({q}), 0);
+    IF head <> 0 THEN
+      BEGIN
+        DECLARE CONTINUE HANDLER FOR SQLEXCEPTION BEGIN END;
+        KILL QUERY head;
+      END;
+    END IF;
+  END IF;
+  SELECT changed;
+END"
+        ),
+    )
+}
+
+/// A [`waking`] procedure and the statement that calls it.
+pub(crate) struct Call {
+    pub(crate) procedure: Procedure,
+    call: String,
+}
+
+impl Call {
+    /// The procedure `<table>_<suffix>` of the parameters `params` (text
+    /// each, `p_row` among them), running `change`. The suffix has at most
+    /// ten characters: a table name may have 54, and MySQL refuses
+    /// identifiers over 64.
+    pub(crate) fn new(table: &str, suffix: &str, params: &[String], change: &str) -> Self {
+        let name = format!("{table}_{suffix}");
+        let marks = vec!["?"; params.len()].join(", ");
+        Self {
+            call: format!("CALL {name}({marks})"),
+            procedure: waking(table, &name, &params.join(", "), change),
+        }
+    }
+
+    /// Calls it with `args`: the rows it changed.
+    pub(crate) async fn run(&self, pool: &MySqlPool, args: &[&str]) -> Result<u64, sqlx::Error> {
+        let mut call = sqlx::query_scalar::<_, i64>(&self.call);
+        for arg in args {
+            call = call.bind(*arg);
+        }
+        let changed = call.fetch_one(pool).await?;
+        Ok(changed.unsigned_abs())
+    }
+}
+
 /// The queues of one backend's lock table: the statements, and this
 /// client's waiters that head a queue.
 pub(crate) struct Queue {
     options: MySqlConnectOptions,
     /// The pool of the backend, for `KILL`s.
     pool: MySqlPool,
+    /// A release of a lock or a leadership, an eviction of a leader, and a
+    /// permit's release, each waking the head of the row's queue in the
+    /// same round trip (see [`waking`]).
+    pub(crate) release: Call,
+    pub(crate) evict_leader: Call,
+    pub(crate) permit_release: Call,
     /// The server drops a waiter's connection silent for this long.
     lease: Duration,
     join: String,
@@ -139,9 +212,46 @@ impl Queue {
               WHERE s.name = ? AND {live} >= s.permits
                 AND IS_USED_LOCK({q}) = CONNECTION_ID()"
         );
+        let ascii = "CHARACTER SET ascii COLLATE ascii_bin";
+        let (row, owner) = (
+            format!("IN p_row VARCHAR(255) {ascii}"),
+            format!("IN p_owner CHAR(36) {ascii}"),
+        );
+        let release = Call::new(
+            table,
+            "free_q",
+            &[row.clone(), owner.clone()],
+            &format!(
+                "UPDATE {table} SET owner = NULL
+                  WHERE name = p_row AND owner = p_owner AND expires_at > NOW(6)"
+            ),
+        );
+        let evict_leader = Call::new(
+            table,
+            "evict_q",
+            std::slice::from_ref(&row),
+            &format!("UPDATE {table} SET owner = NULL WHERE name = p_row AND owner IS NOT NULL"),
+        );
+        // A semaphore's queue is the row `<name>@permits`'s.
+        let permit_release = Call::new(
+            table,
+            "return_q",
+            &[
+                format!("IN p_name VARCHAR(255) {ascii}"),
+                owner,
+                format!("IN p_row VARCHAR(300) {ascii}"),
+            ],
+            &format!(
+                "DELETE FROM {permits}
+                  WHERE name = p_name AND owner = p_owner AND expires_at > NOW(6)"
+            ),
+        );
         Self {
             options: (*pool.connect_options()).clone(),
             pool: pool.clone(),
+            release,
+            evict_leader,
+            permit_release,
             lease,
             join,
             doze,
