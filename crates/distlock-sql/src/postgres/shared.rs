@@ -167,11 +167,12 @@ impl Statements {
             // statement's snapshot holds every shared grant committed
             // before ours took the row lock (later ones wait for it): the
             // lock row's end is set to the latest live hold's, or, if none
-            // is left, the row freed (and `tell` notified). The hold's own row is gone already, and expired ones are
-            // left for a later release: deleting them would wait, under the
-            // lock row's lock, for a renewal committing as its hold ends,
-            // which waits for the lock row next. A renewal in flight raises the end
-            // again after this commits, or finds the row freed.
+            // is left, the row freed (and `tell` notified). The hold's own
+            // row is gone already, and expired ones are left for a later
+            // release: deleting them would wait, under the lock row's lock,
+            // for a renewal committing as its hold ends, which waits for the
+            // lock row next. A renewal in flight raises the end again after
+            // this commits, or finds the row freed.
             release: format!(
                 "WITH rest AS (
                     SELECT max(expires_at) AS until FROM {shared}
