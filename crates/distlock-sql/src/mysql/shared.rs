@@ -30,9 +30,9 @@ pub(crate) struct Statements {
     status: String,
     evict_holds: String,
     list: String,
-    /// With a wait queue: the connection id of the queue's head if the
-    /// lock row is free (0 if nobody heads it), no row if it is held.
-    head_if_free: String,
+    /// `settle` with a wait queue: a release that frees the row also reads
+    /// the connection id of the queue's head, as its LAST_INSERT_ID.
+    settle_queued: String,
 }
 
 impl Statements {
@@ -42,6 +42,19 @@ impl Statements {
         let name = "VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL";
         let owner = "CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL";
         let until = "NOW(6) + INTERVAL ? MICROSECOND";
+        let live =
+            format!("EXISTS (SELECT 1 FROM {shared} h WHERE h.name = ? AND h.expires_at > NOW(6))");
+        // `head`: more of the new end (with a wait queue).
+        let settle = |head: &str| {
+            format!(
+                "UPDATE {table}
+                    SET expires_at = COALESCE((SELECT MAX(h.expires_at) FROM {shared} h
+                                                WHERE h.name = ? AND h.expires_at > NOW(6)),
+                                              expires_at){head},
+                        owner = CASE WHEN {live} THEN owner ELSE NULL END
+                  WHERE name = ? AND owner = '{s}'"
+            )
+        };
         Self {
             create_shared: format!(
                 "CREATE TABLE IF NOT EXISTS {shared} (
@@ -108,16 +121,18 @@ impl Statements {
             ),
             // The lock row's end becomes the latest live hold's, or the
             // row is freed if none is left.
-            settle: format!(
-                "UPDATE {table}
-                    SET expires_at = COALESCE((SELECT MAX(h.expires_at) FROM {shared} h
-                                                WHERE h.name = ? AND h.expires_at > NOW(6)),
-                                              expires_at),
-                        owner = CASE WHEN EXISTS (SELECT 1 FROM {shared} h
-                                                   WHERE h.name = ? AND h.expires_at > NOW(6))
-                                     THEN owner ELSE NULL END
-                  WHERE name = ? AND owner = '{s}'"
-            ),
+            settle: settle(""),
+            // The UPDATE reads the head in its own reply: its connection id
+            // (0 if the row stays held or nobody heads the queue) comes
+            // back as the statement's LAST_INSERT_ID, the end unchanged by
+            // it.
+            settle_queued: settle(&format!(
+                "
+                                     + INTERVAL 0 * LAST_INSERT_ID(
+                                         CASE WHEN {live} THEN 0
+                                              ELSE IFNULL(IS_USED_LOCK({q}), 0) END) MICROSECOND",
+                q = super::queue::queue_lock(table)
+            )),
             mark: format!(
                 "INSERT INTO {writers} (name, owner, expires_at)
                  SELECT ?, ?, {until} FROM {table}
@@ -132,11 +147,6 @@ impl Statements {
                         (SELECT COUNT(*) FROM {writers} WHERE name = ? AND expires_at > NOW(6))"
             ),
             evict_holds: format!("DELETE FROM {shared} WHERE name = ?"),
-            head_if_free: format!(
-                "SELECT CAST(IFNULL(IS_USED_LOCK({}), 0) AS UNSIGNED) FROM {table}
-                  WHERE name = ? AND owner IS NULL",
-                super::queue::queue_lock(table)
-            ),
             list: format!(
                 "SELECT name, CAST(token AS SIGNED),
                         TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), holder
@@ -256,7 +266,7 @@ impl My {
     /// expired ones deleted; the lock row's end set from the holds left, or
     /// the row freed: 5 round trips. With a wait queue, the release that
     /// frees the row also reads the queue's head, and wakes it after the
-    /// commit: 2 more.
+    /// commit: 1 more.
     async fn shared_release_transaction(
         &self,
         req: &LockRequest,
@@ -276,25 +286,18 @@ impl My {
             .bind(owner)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(&s.settle)
-            .bind(name)
-            .bind(name)
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        let head: Option<u64> = match self.queue {
-            Some(_) => {
-                sqlx::query_scalar(&s.head_if_free)
-                    .bind(name)
-                    .bind(name)
-                    .fetch_optional(&mut *tx)
-                    .await?
-            }
-            None => None,
-        };
+        let settled = match self.queue {
+            Some(_) => sqlx::query(&s.settle_queued).bind(name).bind(name),
+            None => sqlx::query(&s.settle),
+        }
+        .bind(name)
+        .bind(name)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
-        if let Some(head) = head.filter(|&h| h != 0) {
-            super::queue::wake_head(&self.pool, head).await;
+        if self.queue.is_some() && settled.rows_affected() == 1 && settled.last_insert_id() != 0 {
+            super::queue::wake_head(&self.pool, settled.last_insert_id()).await;
         }
         Ok(held.unwrap_or(false))
     }
