@@ -782,6 +782,11 @@ async fn failover() -> Result<(), Failed> {
         .await?,
     );
     let ttl = Duration::from_secs(10);
+    // The lock that replicated must outlive the failover however long the
+    // Sentinels take to promote the replica (about 20 s at most): its
+    // holder renews it every 10 s and retries a failed renewal until its
+    // deadline.
+    let replicated_ttl = Duration::from_secs(30);
 
     // WAIT: acknowledged while the link is up.
     let g = acked.lock("failover/acked").ttl(ttl).acquire().await?;
@@ -789,7 +794,7 @@ async fn failover() -> Result<(), Failed> {
 
     let replicated = client
         .lock("failover/replicated")
-        .ttl(ttl)
+        .ttl(replicated_ttl)
         .acquire()
         .await?;
     wait_for(
@@ -865,7 +870,28 @@ async fn failover() -> Result<(), Failed> {
     }
     again.release().await?;
 
-    tokio::time::sleep(ttl / 2).await;
+    // The client renews the replicated lock on the new master: the key's
+    // PTTL there rises.
+    tokio::task::spawn_blocking(move || {
+        let pttl = || {
+            server::command(replica_port, &["PTTL", "failover/replicated"])
+                .and_then(|r| r.strip_prefix(':')?.split('\r').next()?.parse::<i64>().ok())
+                .unwrap_or(-2)
+        };
+        let mut last = pttl();
+        wait_for(
+            "a renewal of the replicated lock on the new master",
+            replicated_ttl,
+            || {
+                let now = pttl();
+                let rose = now > last + 500;
+                last = now;
+                rose
+            },
+        )
+    })
+    .await
+    .map_err(|e| e.to_string())??;
     if !replicated.is_held() {
         return Err(
             "the replicated lock was lost: the client did not follow the new master".into(),
