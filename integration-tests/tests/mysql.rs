@@ -406,12 +406,6 @@ fn mariadb_number(port: u16, sql: &str) -> Result<u64, Failed> {
         .map_err(|_| format!("{sql} answered {out:?}").into())
 }
 
-fn fifo_connect() -> integration_tests::fifo::Connect {
-    Arc::new(|url: String| {
-        Box::pin(async move { Ok(LockClient::new(SqlBackend::connect(&url).await?)) })
-    })
-}
-
 /// The waiters in `name`'s queue: the connections blocked in the queue's
 /// `GET_LOCK`, and its head.
 fn fifo_queued(port: u16, name: &str) -> integration_tests::fifo::Count {
@@ -452,7 +446,7 @@ async fn fifo_order(
     });
     let n = 20;
     integration_tests::fifo::grants_in_arrival_order(
-        fifo_connect(),
+        sql_support::fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms=60000"),
         what,
         n,
@@ -467,7 +461,7 @@ async fn fifo_cancel((what, row): (integration_tests::fifo::Queued, String)) -> 
     let (server, url) = fifo_server().await?;
     let lease = Duration::from_secs(60);
     integration_tests::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
-        fifo_connect(),
+        sql_support::fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
         what,
         lease,
@@ -481,7 +475,7 @@ async fn fifo_freed_at_once() -> Result<(), Failed> {
     let lease = Duration::from_secs(60);
     let (what, row) = sql_support::queued_semaphore_row("fifo/at-once");
     integration_tests::fifo::permits_freed_at_once_each_reach_a_waiter(
-        fifo_connect(),
+        sql_support::fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
         what,
         lease,
@@ -515,7 +509,7 @@ async fn fifo_cut((what, row): (integration_tests::fifo::Queued, String)) -> Res
         ServerKind::MariaDb.url("127.0.0.1", proxy.port)
     );
     integration_tests::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
-        fifo_connect(),
+        sql_support::fifo_connect(),
         &format!("{url}?fifo=true"),
         &proxied,
         std::slice::from_ref(&proxy),

@@ -1148,12 +1148,6 @@ fn psql_number(url: &str, sql: &str) -> Result<u64, Failed> {
         .map_err(|_| format!("{sql} answered {out:?}").into())
 }
 
-fn fifo_connect() -> integration_tests::fifo::Connect {
-    Arc::new(|url: String| {
-        Box::pin(async move { Ok(LockClient::new(SqlBackend::connect(&url).await?)) })
-    })
-}
-
 /// The live entries of `name`'s wait queue.
 fn fifo_queued(url: &str, name: &str) -> integration_tests::fifo::Count {
     let (url, sql) = (
@@ -1189,7 +1183,7 @@ async fn fifo_order(
     });
     let n = 20;
     integration_tests::fifo::grants_in_arrival_order(
-        fifo_connect(),
+        sql_support::fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms=60000"),
         what,
         n,
@@ -1205,7 +1199,7 @@ async fn fifo_cancel((what, row): (integration_tests::fifo::Queued, String)) -> 
     let (_server, url) = fifo_server().await?;
     let lease = Duration::from_secs(60);
     integration_tests::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
-        fifo_connect(),
+        sql_support::fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
         what,
         lease,
@@ -1219,7 +1213,7 @@ async fn fifo_freed_at_once() -> Result<(), Failed> {
     let lease = Duration::from_secs(60);
     let (what, row) = sql_support::queued_semaphore_row("fifo/at-once");
     integration_tests::fifo::permits_freed_at_once_each_reach_a_waiter(
-        fifo_connect(),
+        sql_support::fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
         what,
         lease,
@@ -1298,7 +1292,7 @@ async fn fifo_cut((what, row): (integration_tests::fifo::Queued, String)) -> Res
         ServerKind::Postgres.url("127.0.0.1", proxy.port)
     );
     integration_tests::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
-        fifo_connect(),
+        sql_support::fifo_connect(),
         &format!("{url}?fifo=true"),
         &proxied,
         std::slice::from_ref(&proxy),

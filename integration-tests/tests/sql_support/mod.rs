@@ -802,6 +802,13 @@ pub async fn evict(url: &str, name: &str) -> Result<(), Failed> {
     }
 }
 
+/// Opens a SQL client of its own at a URL, for the `fifo` cases.
+pub fn fifo_connect() -> integration_tests::fifo::Connect {
+    Arc::new(|url: String| {
+        Box::pin(async move { Ok(LockClient::new(SqlBackend::connect(&url).await?)) })
+    })
+}
+
 /// The semaphore `name` of three permits, and the row whose queue its
 /// waiters join (PostgreSQL's).
 pub fn queued_semaphore_row(name: &str) -> (integration_tests::fifo::Queued, String) {
@@ -835,11 +842,8 @@ pub async fn an_eviction_wakes_the_queued_head(
     let name = "fifo/evict";
     let (_, row) = queued_row(true, name);
     let fifo = format!("{url}?fifo=true&queue_lease_ms=60000");
-    let connect: integration_tests::fifo::Connect = Arc::new(|url: String| {
-        Box::pin(async move { Ok(LockClient::new(SqlBackend::connect(&url).await?)) })
-    });
     integration_tests::fifo::an_eviction_wakes_the_queued_head(
-        connect,
+        fifo_connect(),
         &fifo,
         name,
         queued(&row),
@@ -856,11 +860,8 @@ pub async fn the_last_readers_release_wakes_a_queued_writer(
     queued: impl FnOnce(&str) -> integration_tests::fifo::Count,
 ) -> Result<(), Failed> {
     let name = "fifo/readers";
-    let connect: integration_tests::fifo::Connect = Arc::new(|url: String| {
-        Box::pin(async move { Ok(LockClient::new(SqlBackend::connect(&url).await?)) })
-    });
     integration_tests::fifo::the_last_readers_release_wakes_a_queued_writer(
-        connect,
+        fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms=60000"),
         name,
         queued(name),
