@@ -689,7 +689,7 @@ impl Backend for SqlBackend {
                 .await
             }
             Object::Shared => {
-                self.wait(req, deadline, false, || self.shared_attempt(req, true))
+                self.wait_queued(req, deadline, false, |_| self.shared_attempt(req, true))
                     .await
             }
             Object::Leader => {

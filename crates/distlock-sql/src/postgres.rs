@@ -61,7 +61,7 @@ pub(crate) struct Pg {
     /// This client's permit waiters, per name: a freed permit wakes one, a
     /// changed limit all of them.
     pub(crate) permit_releases: Arc<Signals>,
-    /// First come, first served waiting for exclusive locks (`fifo`).
+    /// First come, first served waiting for every kind (`fifo`).
     pub(crate) queue: Option<Box<queue::Queue>>,
     /// The LISTEN connection, while a task of this backend waits.
     listener: Mutex<Weak<Listening>>,
@@ -71,8 +71,8 @@ pub(crate) struct Pg {
 }
 
 impl Pg {
-    /// `fifo`: exclusive waiters queue, their entries lasting this long
-    /// past each attempt.
+    /// `fifo`: waiters queue, their entries lasting this long past each
+    /// attempt.
     pub(crate) fn new(pool: PgPool, table: &str, err: DbError, fifo: Option<Duration>) -> Self {
         // The row is never deleted: its token column is the fencing counter,
         // and it must survive releases, expiries and restarts.
@@ -96,7 +96,7 @@ impl Pg {
         );
         let permit_tables = PermitTables::for_lock_table(table);
         let rw_tables = RwTables::for_lock_table(table);
-        let added_columns = vec![
+        let mut added_columns = vec![
             (
                 table.to_owned(),
                 "awaited",
@@ -108,6 +108,14 @@ impl Pg {
             (rw_tables.shared.clone(), "token", "BIGINT"),
             (rw_tables.shared.clone(), "holder", "TEXT"),
         ];
+        if fifo.is_some() {
+            // Queue tables made by earlier versions of this crate lack it.
+            added_columns.push((
+                format!("{table}_queue"),
+                "shared",
+                "BOOLEAN NOT NULL DEFAULT false",
+            ));
+        }
         // One statement: take the row if it is new, free or expired (judged
         // by the database's clock only), bump the token, and in the same
         // round trip report how long the current holder has left.
@@ -577,14 +585,11 @@ impl Pg {
         Ok(held.is_some_and(|(h, _)| h))
     }
 
-    /// Whether `req` queues while it waits: an exclusive request, a
-    /// campaign or a permit, with `fifo`.
+    /// Whether `req` queues while it waits: with `fifo`, a request of
+    /// every kind does.
     pub(crate) fn queues(&self, req: &LockRequest) -> bool {
+        let _ = req;
         self.queue.is_some()
-            && matches!(
-                req.kind,
-                HoldKind::Exclusive | HoldKind::Leader | HoldKind::Permits { .. }
-            )
     }
 
     /// Removes `req`'s queue entry, if it queued (a wait that ended

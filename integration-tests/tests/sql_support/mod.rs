@@ -818,6 +818,15 @@ pub fn queued_semaphore_row(name: &str) -> (integration_tests::fifo::Queued, Str
     )
 }
 
+/// The lock `name`, which the waiters take shared, and the row whose queue
+/// they join (PostgreSQL's).
+pub fn queued_shared(name: &str) -> (integration_tests::fifo::Queued, String) {
+    (
+        integration_tests::fifo::Queued::shared(name),
+        name.to_string(),
+    )
+}
+
 /// The lock `name`, or with `election` the election `name`; and the row
 /// whose queue its waiters join.
 pub fn queued_row(election: bool, name: &str) -> (integration_tests::fifo::Queued, String) {

@@ -16,6 +16,7 @@ use sqlx::postgres::PgPool;
 use crate::election::{queue_row, row};
 use crate::list::holder;
 use crate::postgres::{attempt_answer, attempt_upsert, LEADER_CHANGED};
+use crate::rwlock::SHARED_OWNER;
 use crate::{ttl_micros, DbError};
 
 /// The start of every client's own channel; the client's id follows.
@@ -25,13 +26,56 @@ pub(crate) const CLIENT_CHANNEL: &str = "distlock_q_";
 /// after it lapsed (a lapsed entry is ignored at once).
 pub(crate) const GARBAGE_AFTER: &str = "interval '1 minute'";
 
-/// An expression that notifies the live head of the queue of the row `$1`
-/// on its client's own channel (NULL if nobody is queued).
-pub(crate) fn tell_head(table: &str) -> String {
+/// The largest `arrival`: a bound no entry reaches.
+const NO_ARRIVAL: &str = "9223372036854775807";
+
+/// An expression that notifies the live head of the queue of the row `$1`,
+/// on its client's own channel, and if the head waits for a shared hold,
+/// every shared waiter queued before the first exclusive one with it (they
+/// hold together; at most 256); NULL if nobody is queued. `but_own`: the
+/// entry of the owner `$2` does not count (a statement that deletes it
+/// still sees it).
+fn tell_turn(table: &str, but_own: bool) -> String {
+    let q = format!("{table}_queue");
+    let live = |e: &str| {
+        let own = if but_own {
+            format!(" AND {e}.owner <> $2")
+        } else {
+            String::new()
+        };
+        format!("{e}.name = $1 AND {e}.ends_at > now(){own}")
+    };
     format!(
-        "(SELECT pg_notify('{CLIENT_CHANNEL}' || e.client, $1 || ' ' || e.owner)::text
-            FROM {table}_queue e WHERE e.name = $1 AND e.ends_at > now()
-           ORDER BY e.arrival LIMIT 1)"
+        "(SELECT string_agg(pg_notify('{CLIENT_CHANNEL}' || t.client, $1 || ' ' || t.owner)::text, '')
+            FROM (SELECT e.client, e.owner FROM {q} e
+                   WHERE {} AND e.arrival <= (
+                         SELECT CASE WHEN h.shared
+                                     THEN coalesce((SELECT min(w.arrival) - 1 FROM {q} w
+                                                     WHERE {} AND NOT w.shared), {NO_ARRIVAL})
+                                     ELSE h.arrival END
+                           FROM {q} h WHERE {} ORDER BY h.arrival LIMIT 1)
+                   ORDER BY e.arrival LIMIT 256) t)",
+        live("e"),
+        live("w"),
+        live("h"),
+    )
+}
+
+/// [`tell_turn`] of every live entry: the turn a freed row passes on.
+pub(crate) fn tell_head(table: &str) -> String {
+    tell_turn(table, false)
+}
+
+/// A condition that a shared request `$2` on the row `$1` has no live
+/// exclusive waiter queued before it (before any, if it is not queued).
+pub(crate) fn no_writer_ahead(table: &str) -> String {
+    let q = format!("{table}_queue");
+    format!(
+        "NOT EXISTS (SELECT 1 FROM {q} w
+                      WHERE w.name = $1 AND w.ends_at > now() AND NOT w.shared
+                        AND w.arrival < coalesce((SELECT m.arrival FROM {q} m
+                                                   WHERE m.name = $1 AND m.owner = $2),
+                                                 {NO_ARRIVAL}))"
     )
 }
 
@@ -79,6 +123,7 @@ impl Queue {
                     client TEXT NOT NULL,
                     arrival BIGSERIAL,
                     ends_at TIMESTAMPTZ NOT NULL,
+                    shared BOOLEAN NOT NULL DEFAULT false,
                     PRIMARY KEY (name, owner))"
             ),
             format!("CREATE INDEX IF NOT EXISTS {q}_arrival ON {q} (name, arrival)"),
@@ -206,17 +251,16 @@ impl Queue {
             "UPDATE {table} SET owner = NULL WHERE name = $1 AND owner IS NOT NULL
              RETURNING pg_notify($2, name)::text, {tell_head}"
         );
-        // A wait that ends without a grant leaves; if the lock is free, the
-        // next in line is told.
+        // A wait that ends without a grant leaves; unless the row is held
+        // exclusively, the next in line is told (readers behind the one
+        // that left may join the readers holding).
         let leave = format!(
-            "WITH gone AS (DELETE FROM {q} WHERE name = $1 AND owner = $2 RETURNING 1),
-                  head AS (SELECT owner, client FROM {q}
-                            WHERE name = $1 AND owner <> $2 AND ends_at > now()
-                            ORDER BY arrival LIMIT 1)
-             SELECT pg_notify('{CLIENT_CHANNEL}' || client, $1 || ' ' || owner)::text FROM head
-              WHERE EXISTS (SELECT 1 FROM gone)
+            "WITH gone AS (DELETE FROM {q} WHERE name = $1 AND owner = $2 RETURNING 1)
+             SELECT {} WHERE EXISTS (SELECT 1 FROM gone)
                 AND NOT EXISTS (SELECT 1 FROM {table}
-                                 WHERE name = $1 AND owner IS NOT NULL AND expires_at > now())"
+                                 WHERE name = $1 AND owner IS NOT NULL AND owner <> '{SHARED_OWNER}'
+                                   AND expires_at > now())",
+            tell_turn(table, true)
         );
         Self {
             channel: format!("{CLIENT_CHANNEL}{client}"),

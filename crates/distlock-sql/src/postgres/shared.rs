@@ -2,7 +2,9 @@
 //! row (its row lock orders it with every other grant of the name) that
 //! also inserts the shared hold's row; a shared release is one statement
 //! too, unless the lock row changes while it runs (then it settles the row
-//! again under its row lock).
+//! again under its row lock). With `fifo`, a refused waiting reader joins
+//! the lock's wait queue as a shared entry, and a shared grant is refused
+//! while an exclusive waiter is queued before it (see `queue.rs`).
 
 use std::time::Duration;
 
@@ -31,8 +33,10 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    /// `queued`: exclusive waiters queue (`fifo`), and the release that
-    /// frees the lock row tells the queue's head.
+    /// `queued` (`fifo`): every waiter queues, readers too; a shared grant
+    /// is refused while an exclusive waiter is queued before it (not while
+    /// a writer's mark lasts: the queue's order decides), and the release
+    /// that frees the lock row tells the queue's head.
     pub(crate) fn new(table: &str, tables: &RwTables, queued: bool) -> Self {
         let RwTables { shared, writers } = tables;
         // What the release that frees the lock row notifies: the head of
@@ -46,8 +50,17 @@ impl Statements {
         };
         let s = SHARED_OWNER;
         let ttl = "make_interval(secs => $3::float8 / 1e6)";
+        let no_writer = if queued {
+            super::queue::no_writer_ahead(table)
+        } else {
+            format!(
+                "NOT EXISTS (SELECT 1 FROM {writers} w
+                              WHERE w.name = $1 AND w.expires_at > now())"
+            )
+        };
         // The upsert takes the lock row unless someone holds it
-        // exclusively or a writer's mark lasts, bumps the token and raises
+        // exclusively or a writer waits first (its mark lasts, or with a
+        // queue its entry is ahead), bumps the token and raises
         // the row's end to the new hold's; the hold's own row goes in with
         // it. A concurrent grant of the name waits for the row lock and is
         // then judged on the row as that grant left it. A waiting attempt
@@ -56,18 +69,34 @@ impl Statements {
         // grant or release committed it (the upsert locked it), and only on
         // a row not marked yet. A shared grant leaves the mark: a writer
         // refused by the readers still waits. The hold's row carries the
-        // token granted and the request's holder info (`$4`).
+        // token granted and the request's holder info (`$4`). With a
+        // queue, a refused waiting attempt joins it as a shared entry, or
+        // renews its entry (`$5`: the entry's life in µs; `$6`: the
+        // client's id), and a grant removes the entry.
         let grant = |waiting: bool| {
-            let marked = if waiting {
-                format!(
+            let mut waits = String::new();
+            if waiting {
+                waits.push_str(&format!(
                     ",
                  marked AS (
                     UPDATE {table} SET awaited = true
                      WHERE name = $1 AND NOT awaited AND NOT EXISTS (SELECT 1 FROM granted))"
-                )
-            } else {
-                String::new()
-            };
+                ));
+            }
+            if waiting && queued {
+                let q = format!("{table}_queue");
+                waits.push_str(&format!(
+                    ",
+                 joined AS (
+                    INSERT INTO {q} (name, owner, client, ends_at, shared)
+                    SELECT $1, $2, $6, now() + make_interval(secs => $5::float8 / 1e6), true
+                     WHERE NOT EXISTS (SELECT 1 FROM granted)
+                    ON CONFLICT (name, owner) DO UPDATE SET ends_at = EXCLUDED.ends_at),
+                 gone AS (
+                    DELETE FROM {q} WHERE name = $1 AND owner = $2
+                       AND EXISTS (SELECT 1 FROM granted))"
+                ));
+            }
             format!(
                 "WITH granted AS (
                     INSERT INTO {table} AS l (name, owner, token, expires_at)
@@ -78,15 +107,14 @@ impl Statements {
                                              THEN greatest(l.expires_at, EXCLUDED.expires_at)
                                              ELSE EXCLUDED.expires_at END
                      WHERE (l.owner IS NULL OR l.expires_at <= now() OR l.owner = '{s}')
-                       AND NOT EXISTS (SELECT 1 FROM {writers} w
-                                        WHERE w.name = $1 AND w.expires_at > now())
+                       AND {no_writer}
                     RETURNING token),
                  hold AS (
                     INSERT INTO {shared} (name, owner, expires_at, token, holder)
                     SELECT $1, $2, now() + {ttl}, granted.token, $4 FROM granted
                     ON CONFLICT (name, owner) DO UPDATE
                        SET expires_at = EXCLUDED.expires_at, token = EXCLUDED.token,
-                           holder = EXCLUDED.holder){marked}"
+                           holder = EXCLUDED.holder){waits}"
             )
         };
         Self {
@@ -237,16 +265,25 @@ impl Pg {
         } else {
             &self.shared.try_take
         };
-        let (token, left): (Option<i64>, Option<i64>) = sqlx::query_as(sql)
+        let query = sqlx::query_as(sql)
             .bind(req.name.as_str())
             .bind(req.owner.to_string())
             .bind(ttl_micros(req.ttl))
-            .bind(holder(req))
+            .bind(holder(req));
+        // With a queue, a wait's attempt joins it: the entry's life and
+        // this client's id.
+        let query = match &self.queue {
+            Some(q) if waiting => query.bind(ttl_micros(q.lease())).bind(q.client()),
+            _ => query,
+        };
+        let (token, left): (Option<i64>, Option<i64>) = query
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
         Ok(match token {
             Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
+            // Refused by a waiter queued first (no holder's end to wait
+            // for): back when the entry needs renewing, unless told first.
             None => Outcome::Held(left.map(|us| Duration::from_micros(us.max(0) as u64))),
         })
     }
