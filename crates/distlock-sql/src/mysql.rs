@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{FencingToken, Finding, HoldKind, HoldRecord, LockRequest, Result};
+use distlock_core::{FencingToken, Finding, HoldRecord, LockRequest, Result};
 use sqlx::mysql::MySqlPool;
 
 use crate::election::{leader_from_db, row, value, ELECTION_SUFFIX};
@@ -304,14 +304,11 @@ impl My {
         Ok(Some(tokens))
     }
 
-    /// Whether `req` queues while it waits: an exclusive request, a
-    /// campaign or a permit, with `fifo`.
+    /// Whether `req` queues while it waits: with `fifo`, a request of
+    /// every kind does.
     pub(crate) fn queues(&self, req: &LockRequest) -> bool {
+        let _ = req;
         self.queue.is_some()
-            && matches!(
-                req.kind,
-                HoldKind::Exclusive | HoldKind::Leader | HoldKind::Permits { .. }
-            )
     }
 
     /// The grant statement for `req`, bound: with `fifo` an exclusive

@@ -1,5 +1,5 @@
-//! First come, first served waiting for exclusive locks, leadership and
-//! permits (`fifo=true`; off by default). MySQL has no NOTIFY, so waiters
+//! First come, first served waiting for locks (exclusive and shared),
+//! leadership and permits (`fifo=true`; off by default). MySQL has no NOTIFY, so waiters
 //! wait inside the server:
 //!
 //! - A waiting request whose grant statement (and first-use insert) is
@@ -12,11 +12,13 @@
 //!   block inside the server and send nothing. Asking before anything else
 //!   the refused attempt does keeps the queue's order close to the order of
 //!   arrival.
-//! - Only the head may take the free lock row (or anyone, while nobody
-//!   heads the queue): the grant statement compares `IS_USED_LOCK` with the
-//!   head's connection id.
-//! - The head sleeps inside the server (`SLEEP`) while the row is held and
-//!   its lease lasts. A release, one procedure call (see [`waking`]),
+//! - Only the head may take the free lock row, or join the readers holding
+//!   it (or anyone, while nobody heads the queue): the grant statement
+//!   compares `IS_USED_LOCK` with the head's connection id. A granted head
+//!   gives its place up, so readers queued one after another take their
+//!   holds one after another.
+//! - The head sleeps inside the server (`SLEEP`) while the row is held (a
+//!   reader's head: held exclusively) and its lease lasts. A release, one procedure call (see [`waking`]),
 //!   frees the row, reads the head's connection id and interrupts that
 //!   sleep (`KILL QUERY`): one round trip and one wake-up per
 //!   handoff, addressed to the head alone.
@@ -43,6 +45,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::procedure::Procedure;
+use crate::rwlock::SHARED_OWNER;
 use crate::semaphore::PermitTables;
 
 /// How long giving a place up may take before the connection is dropped.
@@ -155,6 +158,7 @@ pub(crate) struct Queue {
     lease: Duration,
     join: String,
     doze: String,
+    doze_shared: String,
     doze_permits: String,
     /// This client's waiters' places, by owner.
     turns: Mutex<HashMap<Owner, Arc<TurnShared>>>,
@@ -183,17 +187,23 @@ impl Queue {
             permits,
         } = PermitTables::for_lock_table(table);
         let join = format!("SELECT GET_LOCK({q}, {JOIN_TIMEOUT_S})");
-        // Sleeps only while the row is held, its lease lasts and this
-        // connection heads the queue, until the lease ends or the cap
+        // Sleeps only while the row is held (`held`), its lease lasts and
+        // this connection heads the queue, until the lease ends or the cap
         // (`?`, seconds), whichever is first; the second column says
         // whether the lease has ended by then (read after the sleep).
-        let doze = format!(
-            "SELECT SLEEP(LEAST(?, TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) / 1e6 + 0.002)),
+        let doze = |held: &str| {
+            format!(
+                "SELECT SLEEP(LEAST(?, TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) / 1e6 + 0.002)),
                     expires_at <= SYSDATE(6)
                FROM {table}
-              WHERE name = ? AND owner IS NOT NULL AND expires_at > NOW(6)
+              WHERE name = ? AND {held} AND expires_at > NOW(6)
                 AND IS_USED_LOCK({q}) = CONNECTION_ID()"
-        );
+            )
+        };
+        // A reader at the head sleeps only while the row is held
+        // exclusively: shared holds let it in at once.
+        let doze_shared = doze(&format!("owner <> '{SHARED_OWNER}'"));
+        let doze = doze("owner IS NOT NULL");
         // A semaphore's head sleeps only while every permit is held, until
         // the earliest one ends or the cap (`?`, seconds); the second
         // column says whether one of the permits it saw has ended by then.
@@ -255,6 +265,7 @@ impl Queue {
             lease,
             join,
             doze,
+            doze_shared,
             doze_permits,
             turns: Mutex::default(),
             spare: Mutex::default(),
@@ -328,6 +339,7 @@ impl Queue {
             row: crate::election::queue_row(req).into_owned(),
             semaphore: matches!(req.kind, HoldKind::Permits { .. })
                 .then(|| req.name.as_str().to_string()),
+            shared: req.kind == HoldKind::Shared,
             head: AtomicU64::new(0),
             dead: AtomicBool::new(false),
             doze: Notify::new(),
@@ -444,6 +456,8 @@ struct TurnShared {
     row: String,
     /// The semaphore's name, for a semaphore's waiter.
     semaphore: Option<String>,
+    /// A reader's waiter.
+    shared: bool,
     /// The queue connection's id once it heads the queue, else 0.
     head: AtomicU64,
     /// The task ended (its connection failed).
@@ -602,6 +616,10 @@ async fn keep_place(queue: &Arc<Queue>, shared: &TurnShared) -> Result<(), sqlx:
                 Some(semaphore) => sqlx::query(&queue.doze_permits)
                     .bind(cap)
                     .bind(semaphore.as_str())
+                    .bind(name),
+                None if shared.shared => sqlx::query(&queue.doze_shared)
+                    .bind(cap)
+                    .bind(name)
                     .bind(name),
                 None => sqlx::query(&queue.doze).bind(cap).bind(name).bind(name),
             };

@@ -2,7 +2,9 @@
 //! transaction (see `permits.rs` for why that level) that takes the lock
 //! row's row lock first, so that every grant, renewal and release of a
 //! name's holds takes turns on it and each reads what the one before it
-//! committed.
+//! committed. With `fifo`, readers queue with the writers (see
+//! `queue.rs`): a shared grant goes only to the queue's head, or to anyone
+//! while nobody heads it.
 
 use distlock_core::wait::Outcome;
 use distlock_core::{HoldRecord, LockRequest, Result};
@@ -33,6 +35,11 @@ pub(crate) struct Statements {
     /// `settle` with a wait queue: a release that frees the row also reads
     /// the connection id of the queue's head, as its LAST_INSERT_ID.
     settle_queued: String,
+    /// `take` with a wait queue (`fifo`, where readers queue too): granted
+    /// only to the queue's head (the last `?`: the connection id with
+    /// which the request heads it, 0 if it does not), or to anyone while
+    /// nobody heads it; writer marks do not count, the queue's order does.
+    take_queued: String,
 }
 
 impl Statements {
@@ -44,6 +51,22 @@ impl Statements {
         let until = "NOW(6) + INTERVAL ? MICROSECOND";
         let live =
             format!("EXISTS (SELECT 1 FROM {shared} h WHERE h.name = ? AND h.expires_at > NOW(6))");
+        // The lock row unless someone holds it exclusively or a writer
+        // waits first (`first`: none does): the token bumped (and put in
+        // the OK packet), the row's end raised to the new hold's. MySQL
+        // assigns left to right, so `expires_at` goes first, while `owner`
+        // is still the old one.
+        let take = |first: &str| {
+            format!(
+                "UPDATE {table}
+                    SET expires_at = CASE WHEN owner = '{s}' AND expires_at > NOW(6)
+                                          THEN GREATEST(expires_at, {until})
+                                          ELSE {until} END,
+                        owner = '{s}', token = LAST_INSERT_ID(token + 1)
+                  WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6) OR owner = '{s}')
+                    AND {first}"
+            )
+        };
         // `head`: more of the new end (with a wait queue).
         let settle = |head: &str| {
             format!(
@@ -72,21 +95,13 @@ impl Statements {
                     expires_at DATETIME(6) NOT NULL,
                     PRIMARY KEY (name, owner)) ENGINE=InnoDB"
             ),
-            // The lock row unless someone holds it exclusively or a
-            // writer's mark lasts: the token bumped (and put in the OK
-            // packet), the row's end raised to the new hold's. MySQL
-            // assigns left to right, so `expires_at` goes first, while
-            // `owner` is still the old one.
-            take: format!(
-                "UPDATE {table}
-                    SET expires_at = CASE WHEN owner = '{s}' AND expires_at > NOW(6)
-                                          THEN GREATEST(expires_at, {until})
-                                          ELSE {until} END,
-                        owner = '{s}', token = LAST_INSERT_ID(token + 1)
-                  WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6) OR owner = '{s}')
-                    AND NOT EXISTS (SELECT 1 FROM {writers} w
-                                     WHERE w.name = ? AND w.expires_at > NOW(6))"
-            ),
+            take: take(&format!(
+                "NOT EXISTS (SELECT 1 FROM {writers} w WHERE w.name = ? AND w.expires_at > NOW(6))"
+            )),
+            take_queued: take(&format!(
+                "IFNULL(IS_USED_LOCK({}), 0) IN (0, ?)",
+                super::queue::queue_lock(table)
+            )),
             // A name never locked before.
             insert: format!(
                 "INSERT IGNORE INTO {table} (name, owner, token, expires_at)
@@ -164,12 +179,19 @@ impl Statements {
 }
 
 impl My {
+    /// With a wait queue, a refused waiting request asks for its place at
+    /// once (see `queue.rs`).
     pub(crate) async fn shared_attempt(&self, req: &LockRequest) -> Result<Outcome> {
         let owner = req.owner.to_string();
         let token = self.retrying(|| self.shared_grant(req, &owner)).await?;
         Ok(match token {
             Some(t) => Outcome::Granted(token_from_db(&self.err, t)?),
-            None => Outcome::Held(None),
+            None => {
+                if let Some(queue) = &self.queue {
+                    queue.take_place(req);
+                }
+                Outcome::Held(None)
+            }
         })
     }
 
@@ -184,13 +206,20 @@ impl My {
         let name = req.name.as_str();
         let ttl = ttl_micros(req.ttl);
         let mut tx = self.pool.begin_with(BEGIN).await?;
-        let taken = sqlx::query(&s.take)
-            .bind(ttl)
-            .bind(ttl)
-            .bind(name)
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
+        let take = match &self.queue {
+            Some(queue) => sqlx::query(&s.take_queued)
+                .bind(ttl)
+                .bind(ttl)
+                .bind(name)
+                .bind(name)
+                .bind(queue.head_of(req)),
+            None => sqlx::query(&s.take)
+                .bind(ttl)
+                .bind(ttl)
+                .bind(name)
+                .bind(name),
+        };
+        let taken = take.execute(&mut *tx).await?;
         let token = if taken.rows_affected() == 1 {
             Some(i64::try_from(taken.last_insert_id()).unwrap_or(-1))
         } else {
