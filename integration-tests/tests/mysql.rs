@@ -181,7 +181,7 @@ fn main() {
 }
 
 /// `Jobs` and `jobs` are two locks, as on every other backend.
-/// Every procedure a client creates with its tables (with `fifo`, five) is
+/// Every procedure a client creates with its tables (with `fifo`, three) is
 /// left in place by the next client that starts: its stored body is this
 /// version's. Replacing one drops it first, and a concurrent `CALL` would
 /// fail while it is missing.
@@ -201,8 +201,8 @@ async fn current_procedures_are_left_in_place(f: Arc<SqlFactory>) -> Result<(), 
     };
     SqlBackend::connect(&url).await?;
     let before = created().await?;
-    if before.len() != 5 {
-        return Err(format!("expected five procedures, found {before:?}").into());
+    if before.len() != 3 {
+        return Err(format!("expected three procedures, found {before:?}").into());
     }
     // CREATED has whole seconds.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -433,8 +433,7 @@ fn fifo_queued(port: u16, name: &str) -> integration_tests::fifo::Count {
 
 /// Twenty waiters' grants come in arrival order, and while they hand the
 /// lock on only the releasers and the head send anything (the statements
-/// clients execute, and `KILL`s, which the server counts also when the
-/// release's procedure runs them): per handoff one release, the
+/// clients execute, and `KILL`s): per handoff one release, the
 /// `KILL QUERY` that ends the head's sleep, the head's grant and the new
 /// head's sleep: four. A release that runs before the server has seen the releaser's own
 /// queue connection close finds that one still heading the queue: its

@@ -40,6 +40,7 @@ pub(crate) struct My {
     /// release that respect and wake the queue's head.
     pub(crate) queue: Option<Arc<queue::Queue>>,
     take_queued: String,
+    release_queued: String,
     release_any: String,
     evict: String,
     inspect: String,
@@ -96,6 +97,16 @@ impl My {
                     expires_at = NOW(6) + INTERVAL ? MICROSECOND, value = ?, holder = ?
               WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6))
                 AND IFNULL(IS_USED_LOCK({q}), 0) IN (0, ?)"
+        );
+        // The release reads the queue's head in the same UPDATE: its
+        // connection id comes back as the statement's LAST_INSERT_ID (0:
+        // nobody waits), the expiry unchanged; only then does a `KILL QUERY`
+        // follow, so an uncontended release is one plain UPDATE.
+        let release_queued = format!(
+            "UPDATE {table} SET owner = NULL,
+                    expires_at = expires_at
+                        + INTERVAL 0 * LAST_INSERT_ID(IFNULL(IS_USED_LOCK({q}), 0)) MICROSECOND
+              WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
         );
         // Only for a name never locked before: the row does not exist yet.
         // IGNORE, not ON DUPLICATE KEY UPDATE: sqlx connects with
@@ -161,6 +172,7 @@ impl My {
             pool,
             queue,
             take_queued,
+            release_queued,
             create,
             added_columns,
             take,
@@ -389,19 +401,21 @@ impl My {
 
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
         let (row, owner) = (row(req), req.owner.to_string());
-        let queue = self.queue.as_ref().filter(|_| self.queues(req));
-        let released = if let Some(queue) = queue {
-            queue.release.run(&self.pool, &[row.as_ref(), &owner]).await
-        } else {
-            sqlx::query(&self.release_live)
-                .bind(row.as_ref())
-                .bind(&owner)
-                .execute(&self.pool)
-                .await
-                .map(|r| r.rows_affected())
-        }
-        .map_err(|e| self.err.map(e))?;
-        if released == 1 {
+        let queued = self.queues(req);
+        let release = match queued {
+            true => sqlx::query(&self.release_queued).bind(row.as_ref()),
+            false => sqlx::query(&self.release_live),
+        };
+        let r = release
+            .bind(row.as_ref())
+            .bind(&owner)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        if r.rows_affected() == 1 {
+            if queued && r.last_insert_id() != 0 {
+                queue::wake_head(&self.pool, r.last_insert_id()).await;
+            }
             return Ok(true);
         }
         // Expired but not yet taken: free it anyway, and report it was not held.

@@ -55,6 +55,7 @@ pub(crate) struct Statements {
     insert_permit: String,
     extend: String,
     release: String,
+    release_queued: String,
     inspect: String,
     update_limit: String,
     list: String,
@@ -197,6 +198,15 @@ END"
             release: format!(
                 "DELETE FROM {permits} WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
             ),
+            // With a wait queue a released permit is left ended (the next
+            // grant deletes it), so that the release reads the queue's head
+            // in the same UPDATE: its connection id comes back as the
+            // statement's LAST_INSERT_ID (0: nobody waits).
+            release_queued: format!(
+                "UPDATE {permits} SET expires_at = TIMESTAMP'2000-01-01 00:00:00'
+                        + INTERVAL 0 * LAST_INSERT_ID(IFNULL(IS_USED_LOCK({q}), 0)) MICROSECOND
+                  WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+            ),
             inspect: format!(
                 "SELECT s.permits,
                         (SELECT COUNT(*) FROM {permits} p
@@ -261,9 +271,7 @@ impl My {
         if let Some(queue) = &self.queue {
             for p in [
                 &self.permits.grant_queued_proc,
-                &queue.release.procedure,
                 &queue.evict_leader.procedure,
-                &queue.permit_release.procedure,
             ] {
                 p.ensure(&self.pool).await?;
             }
@@ -434,22 +442,20 @@ impl My {
     /// With a wait queue, the release wakes the queue's head.
     pub(crate) async fn permit_release(&self, req: &LockRequest) -> Result<bool> {
         let (name, owner) = (req.name.as_str(), req.owner.to_string());
-        let released = match &self.queue {
-            Some(queue) => {
-                queue
-                    .permit_release
-                    .run(&self.pool, &[name, &owner, &queue_row(req)])
-                    .await
-            }
-            None => sqlx::query(&self.permits.release)
-                .bind(name)
-                .bind(&owner)
-                .execute(&self.pool)
-                .await
-                .map(|r| r.rows_affected()),
+        let release = match &self.queue {
+            Some(_) => sqlx::query(&self.permits.release_queued).bind(queue_row(req)),
+            None => sqlx::query(&self.permits.release),
+        };
+        let r = release
+            .bind(name)
+            .bind(&owner)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        if r.rows_affected() == 1 && self.queue.is_some() && r.last_insert_id() != 0 {
+            super::queue::wake_head(&self.pool, r.last_insert_id()).await;
         }
-        .map_err(|e| self.err.map(e))?;
-        Ok(released == 1)
+        Ok(r.rows_affected() == 1)
     }
 
     pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {

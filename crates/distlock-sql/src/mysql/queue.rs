@@ -18,10 +18,12 @@
 //!   gives its place up, so readers queued one after another take their
 //!   holds one after another.
 //! - The head sleeps inside the server (`SLEEP`) while the row is held (a
-//!   reader's head: held exclusively) and its lease lasts. A release, one procedure call (see [`waking`]),
-//!   frees the row, reads the head's connection id and interrupts that
-//!   sleep (`KILL QUERY`): one round trip and one wake-up per
-//!   handoff, addressed to the head alone.
+//!   reader's head: held exclusively) and its lease lasts. A release's
+//!   UPDATE frees the row and reads the head's connection id (as its
+//!   LAST_INSERT_ID); if someone heads the queue, a `KILL QUERY` then
+//!   interrupts that sleep: one wake-up per handoff, addressed to the head
+//!   alone, and an uncontended release is one plain UPDATE. A leader's
+//!   eviction does both in one call of a procedure (see [`waking`]).
 //! - A waiter that ends its wait gives its place up at once: it closes its
 //!   queue connection, and has the server kill it first if a statement runs
 //!   there (a timed-out or cancelled wait). A connection serves one wait
@@ -148,12 +150,9 @@ pub(crate) struct Queue {
     options: MySqlConnectOptions,
     /// The pool of the backend, for `KILL`s.
     pool: MySqlPool,
-    /// A release of a lock or a leadership, an eviction of a leader, and a
-    /// permit's release, each waking the head of the row's queue in the
-    /// same round trip (see [`waking`]).
-    pub(crate) release: Call,
+    /// An eviction of a leader, waking the head of the election's queue
+    /// in the same round trip (see [`waking`]).
     pub(crate) evict_leader: Call,
-    pub(crate) permit_release: Call,
     /// The server drops a waiter's connection silent for this long.
     lease: Duration,
     join: String,
@@ -222,46 +221,17 @@ impl Queue {
               WHERE s.name = ? AND {live} >= s.permits
                 AND IS_USED_LOCK({q}) = CONNECTION_ID()"
         );
-        let ascii = "CHARACTER SET ascii COLLATE ascii_bin";
-        let (row, owner) = (
-            format!("IN p_row VARCHAR(255) {ascii}"),
-            format!("IN p_owner CHAR(36) {ascii}"),
-        );
-        let release = Call::new(
-            table,
-            "free_q",
-            &[row.clone(), owner.clone()],
-            &format!(
-                "UPDATE {table} SET owner = NULL
-                  WHERE name = p_row AND owner = p_owner AND expires_at > NOW(6)"
-            ),
-        );
+        let row = "IN p_row VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin".to_string();
         let evict_leader = Call::new(
             table,
             "evict_q",
             std::slice::from_ref(&row),
             &format!("UPDATE {table} SET owner = NULL WHERE name = p_row AND owner IS NOT NULL"),
         );
-        // A semaphore's queue is the row `<name>@permits`'s.
-        let permit_release = Call::new(
-            table,
-            "return_q",
-            &[
-                format!("IN p_name VARCHAR(255) {ascii}"),
-                owner,
-                format!("IN p_row VARCHAR(300) {ascii}"),
-            ],
-            &format!(
-                "DELETE FROM {permits}
-                  WHERE name = p_name AND owner = p_owner AND expires_at > NOW(6)"
-            ),
-        );
         Self {
             options: (*pool.connect_options()).clone(),
             pool: pool.clone(),
-            release,
             evict_leader,
-            permit_release,
             lease,
             join,
             doze,
