@@ -62,12 +62,27 @@ fn main() {
             trial(
                 rt,
                 "redlock::fifo::grants_in_arrival_order_waking_only_the_head",
-                fifo_order(),
+                fifo_order("fifo/order".into()),
             ),
             trial(
                 rt,
                 "redlock::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry",
-                fifo_cancel(),
+                fifo_cancel("fifo/cancel".into()),
+            ),
+            trial(
+                rt,
+                "redlock::fifo::shared::grants_in_arrival_order_waking_only_the_head",
+                fifo_order(fifo::Queued::shared("fifo/order")),
+            ),
+            trial(
+                rt,
+                "redlock::fifo::shared::a_cancelled_or_timed_out_waiter_leaves_no_entry",
+                fifo_cancel(fifo::Queued::shared("fifo/cancel")),
+            ),
+            trial(
+                rt,
+                "redlock::fifo::shared::readers_never_pass_a_queued_writer",
+                fifo_readers(),
             ),
             trial(
                 rt,
@@ -756,8 +771,9 @@ fn fifo_queued(ports: Vec<u16>, name: &str) -> fifo::Count {
 /// Twenty waiters' grants come in arrival order, and only the head asks:
 /// every release is one script call per node, and so is every grant's
 /// round. Entries here last a minute, so nobody renews one while the test
-/// counts.
-async fn fifo_order() -> Result<(), Failed> {
+/// counts. Readers (`what` a shared lock) queued behind a writer are told
+/// together and hold together, at the same cost per reader.
+async fn fifo_order(what: fifo::Queued) -> Result<(), Failed> {
     let nodes = blocking(three_nodes).await?;
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     let url = url(&nodes, "&fifo=true&queue_lease_ms=60000");
@@ -773,7 +789,7 @@ async fn fifo_order() -> Result<(), Failed> {
     fifo::grants_in_arrival_order(
         fifo_connect(),
         &url,
-        name,
+        what,
         n,
         fifo_queued(ports, name),
         requests,
@@ -802,7 +818,23 @@ async fn fifo_last_reader() -> Result<(), Failed> {
     .await
 }
 
-async fn fifo_cancel() -> Result<(), Failed> {
+/// With fencing, so that the grants' order shows in their tokens, and a
+/// node timeout long enough that no node misses a waiter's first round on
+/// a loaded machine (a waiter comes back only when its entry needs
+/// renewing, 20 s here).
+async fn fifo_readers() -> Result<(), Failed> {
+    let nodes = blocking(three_nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let url = url(
+        &nodes,
+        "&fifo=true&fencing=true&queue_lease_ms=60000&node_timeout_ms=2000",
+    );
+    let name = "fifo/readers";
+    fifo::readers_never_pass_a_queued_writer(fifo_connect(), &url, name, fifo_queued(ports, name))
+        .await
+}
+
+async fn fifo_cancel(what: fifo::Queued) -> Result<(), Failed> {
     let nodes = blocking(three_nodes).await?;
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     let lease = Duration::from_secs(60);
@@ -814,7 +846,7 @@ async fn fifo_cancel() -> Result<(), Failed> {
     fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
         fifo_connect(),
         &url,
-        name,
+        what,
         lease,
         fifo_queued(ports, name),
     )

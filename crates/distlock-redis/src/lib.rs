@@ -139,9 +139,11 @@ impl RedisBackend {
 
     /// One acquire script: the token, or how long the holder has left (for
     /// a semaphore: until its earliest permit expires). It never leaves a
-    /// writer's mark and never looks at a semaphore's, an election's or
-    /// readers' wait queue (Redlock's nodes ask this way; a `fifo`
-    /// client's own `try_acquire` also refuses while waiters queue ahead).
+    /// writer's mark and never looks at a semaphore's or an election's
+    /// wait queue (Redlock's nodes ask this way; a `fifo` client's own
+    /// `try_acquire` also refuses while waiters queue ahead); with `fifo`,
+    /// a lock's queue refuses it while waiters (for a shared request:
+    /// writers) are queued.
     pub async fn attempt(&self, req: &LockRequest) -> Result<Outcome> {
         Ok(self.attempt_in(req, Attempt::Once).await?.outcome)
     }
@@ -507,7 +509,8 @@ impl Backend for RedisBackend {
                 self.attempt_leader_in(req, QueueUse::Try).await?
             }
             HoldKind::Shared if self.inner.config.fifo => {
-                self.attempt_shared_in(req, true, QueueUse::Try).await?
+                self.attempt_shared_in(req, true, QueueUse::Try, None)
+                    .await?
             }
             _ => self.attempt(req).await?,
         };
@@ -545,7 +548,7 @@ impl Backend for RedisBackend {
                         // Before the attempt: one whose answer is lost, or
                         // that is dropped on the way, may have joined.
                         left.store(true, Ordering::Relaxed);
-                        self.attempt_shared_in(req, true, QueueUse::Wait(life))
+                        self.attempt_shared_in(req, true, QueueUse::Wait(life), None)
                             .await?
                             .into()
                     }

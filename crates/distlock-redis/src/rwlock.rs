@@ -252,19 +252,45 @@ impl RedisBackend {
     /// One `shared_acquire.lua` call: the grant (token 0 unless `fenced`),
     /// or how long until the exclusive hold or the earliest writer mark
     /// ends.
+    /// With [`RedisConfig::fifo`](crate::RedisConfig::fifo), as a try: refused
+    /// while an exclusive waiter is queued.
     pub(crate) async fn attempt_shared(&self, req: &LockRequest, fenced: bool) -> Result<Outcome> {
-        self.attempt_shared_in(req, fenced, QueueUse::None).await
+        let queue = if self.inner.config.fifo {
+            QueueUse::Try
+        } else {
+            QueueUse::None
+        };
+        self.attempt_shared_in(req, fenced, queue, None).await
+    }
+
+    /// One `shared_acquire.lua` call of a Redlock round of a queued wait
+    /// (on a node connected with
+    /// [`RedisConfig::fifo`](crate::RedisConfig::fifo)): refused while an
+    /// exclusive waiter is queued ahead of `place`, and refused, it joins
+    /// the queue there as a shared entry (or renews its entry). A grant
+    /// removes the entry; [`rollback_in_queue`](Self::rollback_in_queue)
+    /// puts it back.
+    pub async fn attempt_shared_in_queue(
+        &self,
+        req: &LockRequest,
+        fenced: bool,
+        place: QueuePlace,
+    ) -> Result<Outcome> {
+        self.attempt_shared_in(req, fenced, QueueUse::Wait(place.life), Some(place.order))
+            .await
     }
 
     /// [`attempt_shared`](Self::attempt_shared), treating the lock's wait
     /// queue as `queue` says: a shared request is refused while an
     /// exclusive waiter is queued ahead of it, and a refused wait joins the
-    /// queue as a shared entry.
+    /// queue as a shared entry, at `order` if given (else at the server's
+    /// time).
     pub(crate) async fn attempt_shared_in(
         &self,
         req: &LockRequest,
         fenced: bool,
         queue: QueueUse,
+        order: Option<u64>,
     ) -> Result<Outcome> {
         let keys = self.keys(&req.name);
         let mut inv = Scripts::get().shared_acquire.key(&keys.lock);
@@ -277,6 +303,9 @@ impl RedisBackend {
         let life = self.queue_args(&mut inv, &keys.queue, &keys.queue_ends, req, queue);
         if life.is_some() || matches!(queue, QueueUse::Try) {
             inv.key(&keys.queue_shared);
+        }
+        if let (Some(order), Some(_)) = (order, life) {
+            inv.arg(order);
         }
         let answer: i64 = self.run(&inv).await?;
         if answer >= 1 {
@@ -329,15 +358,35 @@ impl RedisBackend {
 
     /// Releases `req`'s shared hold if it is `req.owner`'s.
     pub(crate) async fn release_shared(&self, req: &LockRequest) -> Result<bool> {
+        self.release_shared_and(req, Removal::All).await
+    }
+
+    /// One `shared_release.lua` call; with a queue, [`Removal::Entry`]
+    /// also removes `req`'s queue entry and [`Removal::Requeue`] puts it
+    /// back at its place (Redlock). Other removals release the hold alone.
+    async fn release_shared_and(&self, req: &LockRequest, what: Removal) -> Result<bool> {
         let keys = self.keys(&req.name);
         let mut inv = Scripts::get().shared_release.key(&keys.lock);
         inv.key(&keys.readers);
-        if self.inner.config.fifo {
+        let fifo = self.inner.config.fifo;
+        if fifo {
             inv.key(&keys.queue)
                 .key(&keys.queue_ends)
                 .key(&keys.queue_shared);
         }
         inv.arg(owner_arg(req)).arg(&keys.channel);
+        match what {
+            Removal::Entry if fifo => {
+                inv.arg("entry").arg(self.queue_entry(req));
+            }
+            Removal::Requeue(place) if fifo => {
+                inv.arg("requeue")
+                    .arg(self.queue_entry(req))
+                    .arg(place.order)
+                    .arg(ttl_ms(place.life));
+            }
+            _ => {}
+        }
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
@@ -378,13 +427,21 @@ impl RedisBackend {
     /// waking nobody if it is first there: Redlock rolls back a refused
     /// round of a queued wait with it, and the waiter keeps its turn.
     pub async fn rollback_in_queue(&self, req: &LockRequest, place: QueuePlace) -> Result<bool> {
-        self.release_exclusive(req, Removal::Requeue(place)).await
+        self.release_kind(req, Removal::Requeue(place)).await
     }
 
     /// Releases `req`'s hold and removes its queue entry, which stays on a
     /// node that refused the waiter's last round (Redlock's release).
     pub async fn release_with_entry(&self, req: &LockRequest) -> Result<bool> {
-        self.release_exclusive(req, Removal::Entry).await
+        self.release_kind(req, Removal::Entry).await
+    }
+
+    /// The release script of `req`'s kind (a lock's, exclusive or shared).
+    async fn release_kind(&self, req: &LockRequest, what: Removal) -> Result<bool> {
+        match req.kind {
+            distlock_core::HoldKind::Shared => self.release_shared_and(req, what).await,
+            _ => self.release_exclusive(req, what).await,
+        }
     }
 
     /// Subscribes to this client's own channel of `req`'s lock, on which a

@@ -14,7 +14,7 @@ use distlock_core::{
     HoldRecord, InputKind, Leader, LockName, LockRequest, LockStatus, Result, TrustedClock,
     Waiting,
 };
-use distlock_redis::{Attempt, ElectionEntry, QueuePlace, RedisConfig, ReleaseWatch};
+use distlock_redis::{Attempt, Attempted, ElectionEntry, QueuePlace, RedisConfig, ReleaseWatch};
 use futures_util::future::{join_all, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, timeout_at, Instant};
@@ -235,6 +235,10 @@ impl RedlockBackend {
             // counter is kept: a plain SET NX PX per node.
             let attempt = async {
                 let a = match place {
+                    Some(place) if req.kind == HoldKind::Shared => r
+                        .attempt_shared_in_queue(req, fencing, place)
+                        .await
+                        .map(Attempted::from),
                     Some(place) => r.attempt_in_queue(req, how, fencing, place).await,
                     None if fencing => r.attempt_in(req, how).await,
                     None => r.attempt_unfenced_in(req, how).await,
@@ -585,10 +589,11 @@ impl Backend for RedlockBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
-        // With `fifo`, an exclusive waiter queues on every node at one
-        // place: its wall-clock time now, so that every node orders the
-        // waiters alike (skewed clocks only reorder, never admit two).
-        let queued = self.inner.config.fifo && req.kind == HoldKind::Exclusive;
+        // With `fifo`, a lock's waiter (exclusive or shared) queues on
+        // every node at one place: its wall-clock time now, so that every
+        // node orders the waiters alike (skewed clocks only reorder, never
+        // admit two).
+        let queued = self.inner.config.fifo && is_lock(&req.kind);
         let order = queued.then(wall_clock_micros);
         let mut wakeups = NodeWatches {
             backend: self,
@@ -713,7 +718,7 @@ impl Backend for RedlockBackend {
                     let rel = async {
                         let r = inner.nodes[i].redis(false).await?;
                         match req.kind {
-                            HoldKind::Exclusive if inner.config.fifo => {
+                            HoldKind::Exclusive | HoldKind::Shared if inner.config.fifo => {
                                 r.release_with_entry(req).await
                             }
                             // No node keeps a semaphore's or an
@@ -984,7 +989,7 @@ async fn distinct_servers(nodes: &[Node]) -> Result<()> {
     Ok(())
 }
 
-/// What a wait for an exclusive hold may leave on the nodes until it
+/// What a wait for a lock (with `fifo`, shared too) may leave on the nodes until it
 /// lapses: writer marks and queue entries. A wait that ends without a grant
 /// removes them; one cancelled (dropped) removes them in a task of its own.
 struct WaitEnd<'a> {
@@ -997,7 +1002,9 @@ struct WaitEnd<'a> {
 
 impl WaitEnd<'_> {
     fn left_something(&self) -> bool {
-        self.req.kind == HoldKind::Exclusive && self.tried.load(Ordering::Relaxed)
+        let fifo = self.backend.inner.config.fifo;
+        (self.req.kind == HoldKind::Exclusive || (fifo && self.req.kind == HoldKind::Shared))
+            && self.tried.load(Ordering::Relaxed)
     }
 
     async fn leave(&mut self) {
@@ -1018,6 +1025,11 @@ impl Drop for WaitEnd<'_> {
             rt.spawn(async move { backend.unmark_all(&req).await });
         }
     }
+}
+
+/// A lock's hold, exclusive or shared: what queues with `fifo`.
+fn is_lock(kind: &HoldKind) -> bool {
+    matches!(kind, HoldKind::Exclusive | HoldKind::Shared)
 }
 
 /// Microseconds of the wall clock since the Unix epoch: a queued Redlock

@@ -12,7 +12,9 @@
 -- queue's shared entries (the same scores); ARGV[4] '1' for an attempt of
 -- a wait (refused, it joins the queue or renews its entry) and '0' for a
 -- try, ARGV[5] how long the entry lasts (ms) unless renewed, ARGV[6] the
--- caller's entry. A shared request is then refused while an exclusive
+-- caller's entry, ARGV[7], if given, the entry's place in the queue
+-- (Redlock: the same number on every node), else the server's time of its
+-- first refusal. A shared request is then refused while an exclusive
 -- waiter's entry is ahead of it (any such entry, for a caller not queued)
 -- instead of while a writer's mark lasts: readers never pass a writer
 -- that came first, never wait for one that came after them (whose mark
@@ -58,7 +60,7 @@ end
 if refused then
   if queue and ARGV[4] == '1' then
     local life = tonumber(ARGV[5])
-    local place = string.format('%.0f', tonumber(time[1]) * 1000000 + tonumber(time[2]))
+    local place = ARGV[7] or string.format('%.0f', tonumber(time[1]) * 1000000 + tonumber(time[2]))
     redis.call('ZADD', queue, 'NX', place, ARGV[6])
     redis.call('ZADD', KEYS[6], now + life, ARGV[6])
     redis.call('ZADD', KEYS[7], 'NX', place, ARGV[6])
