@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{Error, LockClient};
+use distlock_core::{Error, LockClient, LockName};
 use distlock_redlock::RedlockBackend;
 use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::fifo;
@@ -62,22 +62,32 @@ fn main() {
             trial(
                 rt,
                 "redlock::fifo::grants_in_arrival_order_waking_only_the_head",
-                fifo_order("fifo/order".into()),
+                fifo_order(queued_lock("fifo/order", false)),
             ),
             trial(
                 rt,
                 "redlock::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry",
-                fifo_cancel("fifo/cancel".into()),
+                fifo_cancel(queued_lock("fifo/cancel", false)),
             ),
             trial(
                 rt,
                 "redlock::fifo::shared::grants_in_arrival_order_waking_only_the_head",
-                fifo_order(fifo::Queued::shared("fifo/order")),
+                fifo_order(queued_lock("fifo/order", true)),
             ),
             trial(
                 rt,
                 "redlock::fifo::shared::a_cancelled_or_timed_out_waiter_leaves_no_entry",
-                fifo_cancel(fifo::Queued::shared("fifo/cancel")),
+                fifo_cancel(queued_lock("fifo/cancel", true)),
+            ),
+            trial(
+                rt,
+                "redlock::fifo::election::grants_in_arrival_order_waking_only_the_head",
+                fifo_order(queued_election("fifo/order")),
+            ),
+            trial(
+                rt,
+                "redlock::fifo::election::a_cancelled_or_timed_out_waiter_leaves_no_entry",
+                fifo_cancel(queued_election("fifo/cancel")),
             ),
             trial(
                 rt,
@@ -739,6 +749,26 @@ fn three_nodes() -> Result<Vec<ServerProcess>, Failed> {
         .collect()
 }
 
+/// The lock `name` (its waiters taking it shared, or exclusively) and its
+/// wait queue's key.
+fn queued_lock(name: &str, shared: bool) -> (fifo::Queued, String) {
+    let what = if shared {
+        fifo::Queued::shared(name)
+    } else {
+        name.into()
+    };
+    (what, distlock_redis::Keys::queue_of(name))
+}
+
+/// The election `name` and its wait queue's key.
+fn queued_election(name: &str) -> (fifo::Queued, String) {
+    let n = LockName::new(name).expect("a valid name");
+    (
+        fifo::Queued::election(name),
+        distlock_redis::ElectionKeys::new("", &n).queue,
+    )
+}
+
 fn fifo_connect() -> fifo::Connect {
     Arc::new(|url: String| {
         Box::pin(async move { Ok(LockClient::new(RedlockBackend::connect(&url).await?)) })
@@ -749,7 +779,11 @@ fn fifo_connect() -> fifo::Connect {
 /// the nodes disagree (a waiter joining or leaving), `u64::MAX`, which
 /// matches no count a case waits for or accepts.
 fn fifo_queued(ports: Vec<u16>, name: &str) -> fifo::Count {
-    let key = distlock_redis::Keys::queue_of(name);
+    fifo_queue_len(ports, distlock_redis::Keys::queue_of(name))
+}
+
+/// The entries of the wait queue `key` (see [`fifo_queued`]).
+fn fifo_queue_len(ports: Vec<u16>, key: String) -> fifo::Count {
     Arc::new(move || {
         let mut counts = Vec::with_capacity(ports.len());
         for port in &ports {
@@ -773,11 +807,10 @@ fn fifo_queued(ports: Vec<u16>, name: &str) -> fifo::Count {
 /// round. Entries here last a minute, so nobody renews one while the test
 /// counts. Readers (`what` a shared lock) queued behind a writer are told
 /// together and hold together, at the same cost per reader.
-async fn fifo_order(what: fifo::Queued) -> Result<(), Failed> {
+async fn fifo_order((what, queue): (fifo::Queued, String)) -> Result<(), Failed> {
     let nodes = blocking(three_nodes).await?;
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     let url = url(&nodes, "&fifo=true&queue_lease_ms=60000");
-    let name = "fifo/order";
     let counted = ports.clone();
     let requests: fifo::Count = Arc::new(move || {
         Ok(counted
@@ -791,7 +824,7 @@ async fn fifo_order(what: fifo::Queued) -> Result<(), Failed> {
         &url,
         what,
         n,
-        fifo_queued(ports, name),
+        fifo_queue_len(ports, queue),
         requests,
         // 21 releases and 20 rounds of 3 calls each; the last release
         // returns once two nodes answered, so its third call may come
@@ -834,7 +867,7 @@ async fn fifo_readers() -> Result<(), Failed> {
         .await
 }
 
-async fn fifo_cancel(what: fifo::Queued) -> Result<(), Failed> {
+async fn fifo_cancel((what, queue): (fifo::Queued, String)) -> Result<(), Failed> {
     let nodes = blocking(three_nodes).await?;
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     let lease = Duration::from_secs(60);
@@ -842,13 +875,12 @@ async fn fifo_cancel(what: fifo::Queued) -> Result<(), Failed> {
         &nodes,
         &format!("&fifo=true&queue_lease_ms={}", lease.as_millis()),
     );
-    let name = "fifo/cancel";
     fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry(
         fifo_connect(),
         &url,
         what,
         lease,
-        fifo_queued(ports, name),
+        fifo_queue_len(ports, queue),
     )
     .await
 }

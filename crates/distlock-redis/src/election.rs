@@ -18,7 +18,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use crate::queue::QueueUse;
-use crate::rwlock::held_for;
+use crate::rwlock::{held_for, QueuePlace, Removal};
 use crate::scripts::{ElectionKeys, Scripts};
 use crate::subscriber::Wake;
 use crate::{owner_arg, ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
@@ -45,8 +45,30 @@ impl RedisBackend {
 
     /// One `election_acquire.lua` call: the token, with the campaign's
     /// value stored by the same call, or how long the leader has left.
+    /// With [`RedisConfig::fifo`](crate::RedisConfig::fifo), as a try:
+    /// refused while campaigners are queued.
     pub(crate) async fn attempt_leader(&self, req: &LockRequest) -> Result<Outcome> {
-        self.attempt_leader_in(req, QueueUse::None).await
+        let queue = if self.inner.config.fifo {
+            QueueUse::Try
+        } else {
+            QueueUse::None
+        };
+        self.attempt_leader_in(req, queue).await
+    }
+
+    /// One `election_acquire.lua` call of a Redlock round of a queued
+    /// campaign (on a node connected with
+    /// [`RedisConfig::fifo`](crate::RedisConfig::fifo)): a free leadership
+    /// goes to the queue's head alone, and a refused campaign joins the
+    /// queue at `place` (or renews its entry there). A grant removes the
+    /// entry; [`rollback_in_queue`](Self::rollback_in_queue) puts it back.
+    pub async fn attempt_leader_in_queue(
+        &self,
+        req: &LockRequest,
+        place: QueuePlace,
+    ) -> Result<Outcome> {
+        self.attempt_leader_at(req, QueueUse::Wait(place.life), Some(place.order))
+            .await
     }
 
     /// [`attempt_leader`](Self::attempt_leader), treating the election's
@@ -56,6 +78,17 @@ impl RedisBackend {
         req: &LockRequest,
         queue: QueueUse,
     ) -> Result<Outcome> {
+        self.attempt_leader_at(req, queue, None).await
+    }
+
+    /// A refused wait joins the queue at `order` if given, else at the
+    /// server's time.
+    async fn attempt_leader_at(
+        &self,
+        req: &LockRequest,
+        queue: QueueUse,
+        order: Option<u64>,
+    ) -> Result<Outcome> {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_acquire.key(&keys.leader);
         inv.key(&keys.fence)
@@ -64,6 +97,9 @@ impl RedisBackend {
             .arg(req.value.as_deref().unwrap_or_default())
             .arg(&keys.channel);
         let life = self.queue_args(&mut inv, &keys.queue, &keys.queue_ends, req, queue);
+        if let (Some(order), Some(_)) = (order, life) {
+            inv.arg(order);
+        }
         let answer: i64 = self.run(&inv).await?;
         if answer >= 1 {
             if self.inner.config.wait_replicas > 0 {
@@ -100,12 +136,38 @@ impl RedisBackend {
     /// Resigns `req`'s leadership if it still leads; with `queued` (a
     /// `fifo` client), the head of the campaigners' queue is told.
     pub(crate) async fn release_leader(&self, req: &LockRequest, queued: bool) -> Result<bool> {
+        let what = if queued { Removal::All } else { Removal::Hold };
+        self.release_leader_and(req, what).await
+    }
+
+    /// One `election_release.lua` call: [`Removal::Hold`] touches no queue;
+    /// the others tell the queue's head, [`Removal::Entry`] also removes
+    /// `req`'s entry and [`Removal::Requeue`] puts it back at its place
+    /// (Redlock).
+    pub(crate) async fn release_leader_and(
+        &self,
+        req: &LockRequest,
+        what: Removal,
+    ) -> Result<bool> {
         let keys = self.election_keys(&req.name);
         let mut inv = Scripts::get().election_release.key(&keys.leader);
+        let queued = !matches!(what, Removal::Hold);
         if queued {
             inv.key(&keys.queue).key(&keys.queue_ends);
         }
         inv.arg(owner_arg(req)).arg(&keys.channel);
+        match what {
+            Removal::Entry => {
+                inv.arg("entry").arg(self.queue_entry(req));
+            }
+            Removal::Requeue(place) => {
+                inv.arg("requeue")
+                    .arg(self.queue_entry(req))
+                    .arg(place.order)
+                    .arg(ttl_ms(place.life));
+            }
+            Removal::All | Removal::Hold | Removal::Mark => {}
+        }
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }

@@ -263,10 +263,25 @@ impl RedisBackend {
     pub async fn watch_for(&self, req: &LockRequest, queued: bool) -> Result<ReleaseWatch> {
         match req.kind {
             HoldKind::Permits { .. } => self.watch_permit_releases(&req.name).await,
+            HoldKind::Leader if queued => {
+                let channel = self.election_keys(&req.name).queue_channel(&self.inner.id);
+                self.watch_own(req, channel).await
+            }
             HoldKind::Leader => self.watch_election_releases(&req.name).await,
             _ if queued => self.watch_queue(req).await,
             _ => self.watch_releases(&req.name).await,
         }
+    }
+
+    /// Subscribes to this client's own `channel`, where a release tells
+    /// `req`'s queue entry that it is first.
+    async fn watch_own(&self, req: &LockRequest, channel: String) -> Result<ReleaseWatch> {
+        self.inner
+            .subscriber
+            .watch_queued(&self.inner.conn, &channel, &self.queue_entry(req))
+            .await
+            .map(|watch| ReleaseWatch { watch, channel })
+            .map_err(|e| self.err(e))
     }
 
     /// Whether [`watch_for`](Self::watch_for) with the same arguments would
@@ -276,6 +291,9 @@ impl RedisBackend {
     pub fn watching(&self, req: &LockRequest, queued: bool) -> bool {
         let channel = match req.kind {
             HoldKind::Permits { .. } => self.semaphore_keys(&req.name).channel,
+            HoldKind::Leader if queued => {
+                self.election_keys(&req.name).queue_channel(&self.inner.id)
+            }
             HoldKind::Leader => self.election_keys(&req.name).channel,
             _ if queued => Keys::queue_channel_of(&self.lock_key(&req.name), &self.inner.id),
             _ => self.keys(&req.name).channel,

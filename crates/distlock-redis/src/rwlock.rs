@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use distlock_core::wait::Outcome;
-use distlock_core::{Error, FencingToken, LockName, LockRequest, Result};
+use distlock_core::{Error, FencingToken, HoldKind, LockName, LockRequest, Result};
 use redis::Value;
 
 use crate::queue::QueueUse;
@@ -418,7 +418,7 @@ impl RedisBackend {
     /// readers until the next round.
     pub async fn rollback(&self, req: &LockRequest) -> Result<bool> {
         match req.kind {
-            distlock_core::HoldKind::Exclusive => self.release_exclusive(req, Removal::Hold).await,
+            HoldKind::Exclusive => self.release_exclusive(req, Removal::Hold).await,
             _ => self.release_outside_queue(req).await,
         }
     }
@@ -436,11 +436,23 @@ impl RedisBackend {
         self.release_kind(req, Removal::Entry).await
     }
 
-    /// The release script of `req`'s kind (a lock's, exclusive or shared).
+    /// The release script of `req`'s kind (a lock's, exclusive or shared,
+    /// or a leadership's).
     async fn release_kind(&self, req: &LockRequest, what: Removal) -> Result<bool> {
         match req.kind {
-            distlock_core::HoldKind::Shared => self.release_shared_and(req, what).await,
+            HoldKind::Shared => self.release_shared_and(req, what).await,
+            HoldKind::Leader => self.release_leader_and(req, what).await,
             _ => self.release_exclusive(req, what).await,
+        }
+    }
+
+    /// Removes the queue entry (and a writer's mark) of `req`'s wait,
+    /// which ended without a grant, from this server (Redlock's nodes,
+    /// after a wait); the next in line is told if its turn came.
+    pub async fn leave_queue(&self, req: &LockRequest) -> Result<()> {
+        match req.kind {
+            HoldKind::Leader => self.leave_election_queue(req).await,
+            _ => self.unmark(req).await,
         }
     }
 
@@ -450,12 +462,7 @@ impl RedisBackend {
     /// returns.
     pub async fn watch_queue(&self, req: &LockRequest) -> Result<ReleaseWatch> {
         let channel = Keys::queue_channel_of(&self.lock_key(&req.name), &self.inner.id);
-        self.inner
-            .subscriber
-            .watch_queued(&self.inner.conn, &channel, &self.queue_entry(req))
-            .await
-            .map(|watch| ReleaseWatch { watch, channel })
-            .map_err(|e| self.err(e))
+        self.watch_own(req, channel).await
     }
 
     /// Who holds `name` on this server, and which writers wait for it.

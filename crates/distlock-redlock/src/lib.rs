@@ -239,6 +239,10 @@ impl RedlockBackend {
                         .attempt_shared_in_queue(req, fencing, place)
                         .await
                         .map(Attempted::from),
+                    Some(place) if req.kind == HoldKind::Leader => r
+                        .attempt_leader_in_queue(req, place)
+                        .await
+                        .map(Attempted::from),
                     Some(place) => r.attempt_in_queue(req, how, fencing, place).await,
                     None if fencing => r.attempt_in(req, how).await,
                     None => r.attempt_unfenced_in(req, how).await,
@@ -525,12 +529,13 @@ impl RedlockBackend {
         .await;
     }
 
-    /// Removes a writer's marks from every node, each bounded by the node
-    /// timeout; those that fail lapse with the writer's TTL.
+    /// Removes a writer's marks and a waiter's queue entries from every
+    /// node, each bounded by the node timeout; those that fail lapse (a
+    /// mark with the writer's TTL, an entry with its life).
     async fn unmark_all(&self, req: &LockRequest) {
         let t = self.inner.config.node_timeout;
         join_all(self.inner.nodes.iter().map(|n| async move {
-            let unmark = async { n.redis(false).await?.unmark(req).await };
+            let unmark = async { n.redis(false).await?.leave_queue(req).await };
             let _ = timeout(t, unmark).await;
         }))
         .await;
@@ -589,11 +594,11 @@ impl Backend for RedlockBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
-        // With `fifo`, a lock's waiter (exclusive or shared) queues on
-        // every node at one place: its wall-clock time now, so that every
-        // node orders the waiters alike (skewed clocks only reorder, never
-        // admit two).
-        let queued = self.inner.config.fifo && is_lock(&req.kind);
+        // With `fifo`, a lock's waiter (exclusive or shared) and a
+        // campaign queue on every node at one place: its wall-clock time
+        // now, so that every node orders the waiters alike (skewed clocks
+        // only reorder, never admit two).
+        let queued = self.inner.config.fifo && queues(&req.kind);
         let order = queued.then(wall_clock_micros);
         let mut wakeups = NodeWatches {
             backend: self,
@@ -718,11 +723,10 @@ impl Backend for RedlockBackend {
                     let rel = async {
                         let r = inner.nodes[i].redis(false).await?;
                         match req.kind {
-                            HoldKind::Exclusive | HoldKind::Shared if inner.config.fifo => {
+                            _ if inner.config.fifo && queues(&req.kind) => {
                                 r.release_with_entry(req).await
                             }
-                            // No node keeps a semaphore's or an
-                            // election's wait queue.
+                            // No node keeps a semaphore's wait queue.
                             _ => r.release_outside_queue(req).await,
                         }
                     };
@@ -1003,7 +1007,7 @@ struct WaitEnd<'a> {
 impl WaitEnd<'_> {
     fn left_something(&self) -> bool {
         let fifo = self.backend.inner.config.fifo;
-        (self.req.kind == HoldKind::Exclusive || (fifo && self.req.kind == HoldKind::Shared))
+        (self.req.kind == HoldKind::Exclusive || (fifo && queues(&self.req.kind)))
             && self.tried.load(Ordering::Relaxed)
     }
 
@@ -1027,9 +1031,13 @@ impl Drop for WaitEnd<'_> {
     }
 }
 
-/// A lock's hold, exclusive or shared: what queues with `fifo`.
-fn is_lock(kind: &HoldKind) -> bool {
-    matches!(kind, HoldKind::Exclusive | HoldKind::Shared)
+/// What waits in the nodes' queues with `fifo`: a lock's hold, exclusive
+/// or shared, and a leadership.
+fn queues(kind: &HoldKind) -> bool {
+    matches!(
+        kind,
+        HoldKind::Exclusive | HoldKind::Shared | HoldKind::Leader
+    )
 }
 
 /// Microseconds of the wall clock since the Unix epoch: a queued Redlock

@@ -5,9 +5,10 @@
 -- wait_queue.lua) KEYS[3] the queue, KEYS[4] its entries' ends, ARGV[5]
 -- '1' for an attempt of a wait (refused, it joins the queue or renews its
 -- entry) and '0' for a try, ARGV[6] how long the entry lasts (ms) unless
--- the waiter's next attempt renews it, ARGV[7] the caller's entry. With a
--- queue, a free leadership goes to its head alone (to a caller not queued
--- only while nobody is).
+-- the waiter's next attempt renews it, ARGV[7] the caller's entry,
+-- ARGV[8], if given, the entry's place (Redlock: the same on every node).
+-- With a queue, a free leadership goes to its head alone (to a caller not
+-- queued only while nobody is).
 -- One script, one round trip: the value is stored by the request that
 -- grants, so nobody ever reads a leader without its value, and the grant
 -- is published ('granted') by the same call, so an observer that read
@@ -41,7 +42,7 @@ else
   if led or ahead > 0 then
     local life = tonumber(ARGV[6])
     if ARGV[5] == '1' then
-      join(queue, KEYS[4], ARGV[7], life, time, now)
+      join(queue, KEYS[4], ARGV[7], life, time, now, ARGV[8])
     end
     if ahead > 0 then
       -- Behind another waiter: nothing to try at the lease's end; back to

@@ -13,15 +13,15 @@ local function now_ms()
   return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
 
--- Puts `entry` in the queue at the server's time now (`time`, as TIME
--- answered it; `now` the same in ms) unless it is there already, and has
--- it end `life` ms from now unless renewed; the queue lives as long as its
--- longest entry.
-local function join(queue, ends, entry, life, time, now)
+-- Puts `entry` in the queue at `place` (Redlock: the same on every node)
+-- or, if nil, at the server's time now (`time`, as TIME answered it; `now`
+-- the same in ms) unless it is there already, and has it end `life` ms
+-- from now unless renewed; the queue lives as long as its longest entry.
+local function join(queue, ends, entry, life, time, now, place)
   -- Written as a string: Lua prints numbers with 14 digits, fewer than
   -- the microseconds have.
   local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  redis.call('ZADD', queue, 'NX', string.format('%.0f', micros), entry)
+  redis.call('ZADD', queue, 'NX', place or string.format('%.0f', micros), entry)
   redis.call('ZADD', ends, now + life, entry)
   if redis.call('PTTL', queue) < life then
     redis.call('PEXPIRE', queue, life)
