@@ -62,7 +62,7 @@ fn main() {
             trial(
                 rt,
                 "redlock::fifo::grants_in_arrival_order_waking_only_the_head",
-                fifo_order(queued_lock("fifo/order", false)),
+                fifo_order(queued_lock("fifo/order", false), 1, false),
             ),
             trial(
                 rt,
@@ -72,7 +72,7 @@ fn main() {
             trial(
                 rt,
                 "redlock::fifo::shared::grants_in_arrival_order_waking_only_the_head",
-                fifo_order(queued_lock("fifo/order", true)),
+                fifo_order(queued_lock("fifo/order", true), 1, true),
             ),
             trial(
                 rt,
@@ -82,12 +82,22 @@ fn main() {
             trial(
                 rt,
                 "redlock::fifo::election::grants_in_arrival_order_waking_only_the_head",
-                fifo_order(queued_election("fifo/order")),
+                fifo_order(queued_election("fifo/order"), 1, false),
             ),
             trial(
                 rt,
                 "redlock::fifo::election::a_cancelled_or_timed_out_waiter_leaves_no_entry",
                 fifo_cancel(queued_election("fifo/cancel")),
+            ),
+            trial(
+                rt,
+                "redlock::fifo::semaphore::grants_in_arrival_order_waking_only_the_head",
+                fifo_order(queued_semaphore("fifo/order"), 3, false),
+            ),
+            trial(
+                rt,
+                "redlock::fifo::semaphore::a_cancelled_or_timed_out_waiter_leaves_no_entry",
+                fifo_cancel(queued_semaphore("fifo/cancel")),
             ),
             trial(
                 rt,
@@ -760,6 +770,15 @@ fn queued_lock(name: &str, shared: bool) -> (fifo::Queued, String) {
     (what, distlock_redis::Keys::queue_of(name))
 }
 
+/// The semaphore `name` of three permits and its wait queue's key.
+fn queued_semaphore(name: &str) -> (fifo::Queued, String) {
+    let n = LockName::new(name).expect("a valid name");
+    (
+        fifo::Queued::semaphore(name, 3),
+        distlock_redis::SemaphoreKeys::new("", &n).queue,
+    )
+}
+
 /// The election `name` and its wait queue's key.
 fn queued_election(name: &str) -> (fifo::Queued, String) {
     let n = LockName::new(name).expect("a valid name");
@@ -784,6 +803,21 @@ fn fifo_queued(ports: Vec<u16>, name: &str) -> fifo::Count {
 
 /// The entries of the wait queue `key` (see [`fifo_queued`]).
 fn fifo_queue_len(ports: Vec<u16>, key: String) -> fifo::Count {
+    let each = fifo_queue_counts(ports, key);
+    Arc::new(move || {
+        let counts = each()?;
+        Ok(match counts.split_first() {
+            Some((first, rest)) if rest.iter().all(|n| n == first) => *first,
+            _ => u64::MAX,
+        })
+    })
+}
+
+/// The entries of the wait queue `key` on each node.
+fn fifo_queue_counts(
+    ports: Vec<u16>,
+    key: String,
+) -> Arc<dyn Fn() -> Result<Vec<u64>, Failed> + Send + Sync> {
     Arc::new(move || {
         let mut counts = Vec::with_capacity(ports.len());
         for port in &ports {
@@ -795,10 +829,7 @@ fn fifo_queue_len(ports: Vec<u16>, key: String) -> fifo::Count {
                 .ok_or_else(|| format!("ZCARD answered {reply:?}"))?;
             counts.push(n);
         }
-        Ok(match counts.split_first() {
-            Some((first, rest)) if rest.iter().all(|n| n == first) => *first,
-            _ => u64::MAX,
-        })
+        Ok(counts)
     })
 }
 
@@ -807,7 +838,11 @@ fn fifo_queue_len(ports: Vec<u16>, key: String) -> fifo::Count {
 /// round. Entries here last a minute, so nobody renews one while the test
 /// counts. Readers (`what` a shared lock) queued behind a writer are told
 /// together and hold together, at the same cost per reader.
-async fn fifo_order((what, queue): (fifo::Queued, String)) -> Result<(), Failed> {
+async fn fifo_order(
+    (what, queue): (fifo::Queued, String),
+    holds: u64,
+    together: bool,
+) -> Result<(), Failed> {
     let nodes = blocking(three_nodes).await?;
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     let url = url(&nodes, "&fifo=true&queue_lease_ms=60000");
@@ -819,6 +854,7 @@ async fn fifo_order((what, queue): (fifo::Queued, String)) -> Result<(), Failed>
             .sum())
     });
     let n = 20;
+    let early = if together { 12 } else { 7 };
     fifo::grants_in_arrival_order(
         fifo_connect(),
         &url,
@@ -826,13 +862,15 @@ async fn fifo_order((what, queue): (fifo::Queued, String)) -> Result<(), Failed>
         n,
         fifo_queue_len(ports, queue),
         requests,
-        // 21 releases and 20 rounds of 3 calls each; the last release
-        // returns once two nodes answered, so its third call may come
-        // after the count. A head woken by one node's message that waits
-        // out the others' (a loaded machine) tries once too early: a round
-        // and its rollback, 6 calls more. A waiter other than the head
-        // asking at a handoff would cost 6 calls per waiter woken.
-        6 * n as u64 + 2..=7 * n as u64 + 3,
+        // The holder's `holds` releases, 20 rounds and 20 releases, of 3
+        // calls each; the last release returns once a quorum answered, so
+        // its third call may come after the count. A head woken by one
+        // node's message that waits out the others' (a loaded machine)
+        // tries once too early: a round and its rollback, 6 calls more.
+        // Readers told `together` all go round at once, and any of them
+        // may be that early once. A waiter other than the head asking at a
+        // handoff would cost 6 calls per waiter woken, at every handoff.
+        6 * n as u64 + 3 * holds - 1..=early * n as u64 + 3 * holds,
     )
     .await
 }
@@ -863,8 +901,32 @@ async fn fifo_readers() -> Result<(), Failed> {
         "&fifo=true&fencing=true&queue_lease_ms=60000&node_timeout_ms=2000",
     );
     let name = "fifo/readers";
-    fifo::readers_never_pass_a_queued_writer(fifo_connect(), &url, name, fifo_queued(ports, name))
-        .await
+    fifo::readers_never_pass_a_queued_writer(
+        fifo_connect(),
+        &url,
+        name,
+        fifo_queue_of_most(ports, distlock_redis::Keys::queue_of(name)),
+    )
+    .await
+}
+
+/// The entries of the wait queue `key` as most nodes hold it. A waiter
+/// granted by a majority keeps its entry on a node that refused its last
+/// round until it releases (the first reader here, then the writer), so
+/// the nodes can disagree for as long as it holds.
+fn fifo_queue_of_most(ports: Vec<u16>, key: String) -> fifo::Count {
+    let each = fifo_queue_counts(ports, key);
+    Arc::new(move || {
+        let counts = each()?;
+        let mut sorted = counts.clone();
+        sorted.sort_unstable();
+        let most = sorted[sorted.len() / 2];
+        if counts.iter().filter(|c| **c == most).count() * 2 > counts.len() {
+            Ok(most)
+        } else {
+            Ok(u64::MAX)
+        }
+    })
 }
 
 async fn fifo_cancel((what, queue): (fifo::Queued, String)) -> Result<(), Failed> {

@@ -262,6 +262,10 @@ impl RedisBackend {
     /// lock's releases. Redlock takes it on every node.
     pub async fn watch_for(&self, req: &LockRequest, queued: bool) -> Result<ReleaseWatch> {
         match req.kind {
+            HoldKind::Permits { .. } if queued => {
+                let channel = self.semaphore_keys(&req.name).queue_channel(&self.inner.id);
+                self.watch_own(req, channel).await
+            }
             HoldKind::Permits { .. } => self.watch_permit_releases(&req.name).await,
             HoldKind::Leader if queued => {
                 let channel = self.election_keys(&req.name).queue_channel(&self.inner.id);
@@ -290,6 +294,9 @@ impl RedisBackend {
     /// waiter).
     pub fn watching(&self, req: &LockRequest, queued: bool) -> bool {
         let channel = match req.kind {
+            HoldKind::Permits { .. } if queued => {
+                self.semaphore_keys(&req.name).queue_channel(&self.inner.id)
+            }
             HoldKind::Permits { .. } => self.semaphore_keys(&req.name).channel,
             HoldKind::Leader if queued => {
                 self.election_keys(&req.name).queue_channel(&self.inner.id)

@@ -94,9 +94,9 @@ impl RedisBackend {
 }
 
 impl RedisBackend {
-    /// Releases `req`'s hold without looking at a semaphore's or an
-    /// election's wait queue: Redlock's nodes keep none (only its locks
-    /// queue, through [`release_with_entry`](Self::release_with_entry)).
+    /// Releases `req`'s hold without looking at any wait queue: Redlock's
+    /// nodes without `fifo` (with it, see
+    /// [`release_with_entry`](Self::release_with_entry)).
     pub async fn release_outside_queue(&self, req: &LockRequest) -> Result<bool> {
         match req.kind {
             HoldKind::Permits { .. } => self.release_permit(req, false).await,

@@ -437,11 +437,12 @@ impl RedisBackend {
     }
 
     /// The release script of `req`'s kind (a lock's, exclusive or shared,
-    /// or a leadership's).
+    /// a leadership's or a permit's).
     async fn release_kind(&self, req: &LockRequest, what: Removal) -> Result<bool> {
         match req.kind {
             HoldKind::Shared => self.release_shared_and(req, what).await,
             HoldKind::Leader => self.release_leader_and(req, what).await,
+            HoldKind::Permits { .. } => self.release_permit_and(req, what).await,
             _ => self.release_exclusive(req, what).await,
         }
     }
@@ -452,6 +453,7 @@ impl RedisBackend {
     pub async fn leave_queue(&self, req: &LockRequest) -> Result<()> {
         match req.kind {
             HoldKind::Leader => self.leave_election_queue(req).await,
+            HoldKind::Permits { .. } => self.leave_permit_queue(req).await,
             _ => self.unmark(req).await,
         }
     }

@@ -11,6 +11,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use crate::queue::QueueUse;
+use crate::rwlock::{QueuePlace, Removal};
 use crate::scripts::{Scripts, SemaphoreKeys};
 use crate::subscriber::Wake;
 use crate::{owner_arg, ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
@@ -44,8 +45,32 @@ impl RedisBackend {
     /// the token (token 0 and no counter kept unless `fenced`), or how long
     /// until the earliest permit expires; `LimitMismatch` if another limit
     /// is stored.
+    /// With [`RedisConfig::fifo`](crate::RedisConfig::fifo), as a try:
+    /// refused while waiters queued ahead would take the free permits.
     pub(crate) async fn attempt_permit(&self, req: &LockRequest, fenced: bool) -> Result<Outcome> {
-        self.attempt_permit_in(req, fenced, QueueUse::None).await
+        let queue = if self.inner.config.fifo {
+            QueueUse::Try
+        } else {
+            QueueUse::None
+        };
+        self.attempt_permit_in(req, fenced, queue).await
+    }
+
+    /// One `permit_acquire.lua` call of a Redlock round of a queued wait
+    /// (on a node connected with
+    /// [`RedisConfig::fifo`](crate::RedisConfig::fifo)): granted only if
+    /// the free permits reach past the live entries ahead of `place`, and
+    /// refused, it joins the queue there (or renews its entry). A grant
+    /// removes the entry; [`rollback_in_queue`](Self::rollback_in_queue)
+    /// puts it back.
+    pub async fn attempt_permit_in_queue(
+        &self,
+        req: &LockRequest,
+        fenced: bool,
+        place: QueuePlace,
+    ) -> Result<Outcome> {
+        self.attempt_permit_at(req, fenced, QueueUse::Wait(place.life), Some(place.order))
+            .await
     }
 
     /// [`attempt_permit`](Self::attempt_permit), treating the semaphore's
@@ -55,6 +80,18 @@ impl RedisBackend {
         req: &LockRequest,
         fenced: bool,
         queue: QueueUse,
+    ) -> Result<Outcome> {
+        self.attempt_permit_at(req, fenced, queue, None).await
+    }
+
+    /// A refused wait joins the queue at `order` if given, else at the
+    /// server's time.
+    async fn attempt_permit_at(
+        &self,
+        req: &LockRequest,
+        fenced: bool,
+        queue: QueueUse,
+        order: Option<u64>,
     ) -> Result<Outcome> {
         let limit = limit_of(req)?;
         let keys = self.semaphore_keys(&req.name);
@@ -66,6 +103,9 @@ impl RedisBackend {
             .arg(limit)
             .arg(if fenced { "1" } else { "0" });
         let life = self.queue_args(&mut inv, &keys.queue, &keys.queue_ends, req, queue);
+        if let (Some(order), Some(_)) = (order, life) {
+            inv.arg(order);
+        }
         let answer: Value = self.run(&inv).await?;
         match answer {
             Value::Int(token) if token >= 1 || (token == 0 && !fenced) => {
@@ -113,12 +153,37 @@ impl RedisBackend {
     /// Releases `req`'s permit if it is live; with `queued` (a `fifo`
     /// client), the queued waiter the freed permit is for is told.
     pub(crate) async fn release_permit(&self, req: &LockRequest, queued: bool) -> Result<bool> {
+        let what = if queued { Removal::All } else { Removal::Hold };
+        self.release_permit_and(req, what).await
+    }
+
+    /// One `permit_release.lua` call: [`Removal::Hold`] touches no queue;
+    /// the others tell the queued waiter the freed permit is for,
+    /// [`Removal::Entry`] also removes `req`'s entry and
+    /// [`Removal::Requeue`] puts it back at its place (Redlock).
+    pub(crate) async fn release_permit_and(
+        &self,
+        req: &LockRequest,
+        what: Removal,
+    ) -> Result<bool> {
         let keys = self.semaphore_keys(&req.name);
         let mut inv = Scripts::get().permit_release.key(&keys.permits);
-        if queued {
+        if !matches!(what, Removal::Hold) {
             inv.key(&keys.queue).key(&keys.queue_ends).key(&keys.limit);
         }
         inv.arg(owner_arg(req)).arg(&keys.channel);
+        match what {
+            Removal::Entry => {
+                inv.arg("entry").arg(self.queue_entry(req));
+            }
+            Removal::Requeue(place) => {
+                inv.arg("requeue")
+                    .arg(self.queue_entry(req))
+                    .arg(place.order)
+                    .arg(ttl_ms(place.life));
+            }
+            Removal::All | Removal::Hold | Removal::Mark => {}
+        }
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }

@@ -243,6 +243,10 @@ impl RedlockBackend {
                         .attempt_leader_in_queue(req, place)
                         .await
                         .map(Attempted::from),
+                    Some(place) if matches!(req.kind, HoldKind::Permits { .. }) => r
+                        .attempt_permit_in_queue(req, fencing, place)
+                        .await
+                        .map(Attempted::from),
                     Some(place) => r.attempt_in_queue(req, how, fencing, place).await,
                     None if fencing => r.attempt_in(req, how).await,
                     None => r.attempt_unfenced_in(req, how).await,
@@ -594,11 +598,11 @@ impl Backend for RedlockBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
-        // With `fifo`, a lock's waiter (exclusive or shared) and a
-        // campaign queue on every node at one place: its wall-clock time
-        // now, so that every node orders the waiters alike (skewed clocks
-        // only reorder, never admit two).
-        let queued = self.inner.config.fifo && queues(&req.kind);
+        // With `fifo`, every waiter (for a lock, exclusive or shared, a
+        // permit or a leadership) queues on every node at one place: its
+        // wall-clock time now, so that every node orders the waiters alike
+        // (skewed clocks only reorder, never admit two).
+        let queued = self.inner.config.fifo;
         let order = queued.then(wall_clock_micros);
         let mut wakeups = NodeWatches {
             backend: self,
@@ -722,12 +726,12 @@ impl Backend for RedlockBackend {
                     let (inner, req) = &*shared;
                     let rel = async {
                         let r = inner.nodes[i].redis(false).await?;
-                        match req.kind {
-                            _ if inner.config.fifo && queues(&req.kind) => {
-                                r.release_with_entry(req).await
-                            }
-                            // No node keeps a semaphore's wait queue.
-                            _ => r.release_outside_queue(req).await,
+                        // With `fifo` the waiter's entry may stay on a
+                        // node that refused its last round.
+                        if inner.config.fifo {
+                            r.release_with_entry(req).await
+                        } else {
+                            r.release_outside_queue(req).await
                         }
                     };
                     matches!(rel.await, Ok(true))
@@ -993,9 +997,10 @@ async fn distinct_servers(nodes: &[Node]) -> Result<()> {
     Ok(())
 }
 
-/// What a wait for a lock (with `fifo`, shared too) may leave on the nodes until it
-/// lapses: writer marks and queue entries. A wait that ends without a grant
-/// removes them; one cancelled (dropped) removes them in a task of its own.
+/// What a wait may leave on the nodes until it lapses: an exclusive
+/// request's writer marks, and with `fifo` any waiter's queue entries. A
+/// wait that ends without a grant removes them; one cancelled (dropped)
+/// removes them in a task of its own.
 struct WaitEnd<'a> {
     backend: &'a RedlockBackend,
     req: &'a LockRequest,
@@ -1006,8 +1011,7 @@ struct WaitEnd<'a> {
 
 impl WaitEnd<'_> {
     fn left_something(&self) -> bool {
-        let fifo = self.backend.inner.config.fifo;
-        (self.req.kind == HoldKind::Exclusive || (fifo && queues(&self.req.kind)))
+        (self.req.kind == HoldKind::Exclusive || self.backend.inner.config.fifo)
             && self.tried.load(Ordering::Relaxed)
     }
 
@@ -1029,15 +1033,6 @@ impl Drop for WaitEnd<'_> {
             rt.spawn(async move { backend.unmark_all(&req).await });
         }
     }
-}
-
-/// What waits in the nodes' queues with `fifo`: a lock's hold, exclusive
-/// or shared, and a leadership.
-fn queues(kind: &HoldKind) -> bool {
-    matches!(
-        kind,
-        HoldKind::Exclusive | HoldKind::Shared | HoldKind::Leader
-    )
 }
 
 /// Microseconds of the wall clock since the Unix epoch: a queued Redlock

@@ -6,7 +6,8 @@
 -- KEYS[5] its entries' ends, ARGV[5] '1' for an attempt of a wait (refused,
 -- it joins the queue or renews its entry) and '0' for a try, ARGV[6] how
 -- long the entry lasts (ms) unless the waiter's next attempt renews it,
--- ARGV[7] the caller's entry.
+-- ARGV[7] the caller's entry, ARGV[8], if given, the entry's place
+-- (Redlock: the same on every node).
 -- With a queue, first come, first served: a caller may take a permit only
 -- if the live permits and the live entries ahead of it (all of them, for a
 -- caller not queued) leave one free.
@@ -62,7 +63,7 @@ if live + ahead < limit or redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   return token
 end
 if queue and ARGV[5] == '1' then
-  join(queue, KEYS[5], ARGV[7], tonumber(ARGV[6]), time, now)
+  join(queue, KEYS[5], ARGV[7], tonumber(ARGV[6]), time, now, ARGV[8])
 end
 if queue and live < limit then
   -- Refused by the waiters ahead alone: nothing to try at a permit's end;
