@@ -356,6 +356,30 @@ impl RedisBackend {
         Ok(n == 1)
     }
 
+    /// The arguments with which a release script (of a reader, a permit
+    /// or a leadership) also removes `req`'s queue entry
+    /// ([`Removal::Entry`]) or puts it back at its place
+    /// ([`Removal::Requeue`]); none for the other removals.
+    pub(crate) fn removal_args(
+        &self,
+        inv: &mut redis::ScriptInvocation<'_>,
+        req: &LockRequest,
+        what: Removal,
+    ) {
+        match what {
+            Removal::Entry => {
+                inv.arg("entry").arg(self.queue_entry(req));
+            }
+            Removal::Requeue(place) => {
+                inv.arg("requeue")
+                    .arg(self.queue_entry(req))
+                    .arg(place.order)
+                    .arg(ttl_ms(place.life));
+            }
+            Removal::All | Removal::Hold | Removal::Mark => {}
+        }
+    }
+
     /// Releases `req`'s shared hold if it is `req.owner`'s.
     pub(crate) async fn release_shared(&self, req: &LockRequest) -> Result<bool> {
         self.release_shared_and(req, Removal::All).await
@@ -375,17 +399,8 @@ impl RedisBackend {
                 .key(&keys.queue_shared);
         }
         inv.arg(owner_arg(req)).arg(&keys.channel);
-        match what {
-            Removal::Entry if fifo => {
-                inv.arg("entry").arg(self.queue_entry(req));
-            }
-            Removal::Requeue(place) if fifo => {
-                inv.arg("requeue")
-                    .arg(self.queue_entry(req))
-                    .arg(place.order)
-                    .arg(ttl_ms(place.life));
-            }
-            _ => {}
+        if fifo {
+            self.removal_args(&mut inv, req, what);
         }
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)

@@ -172,18 +172,7 @@ impl RedisBackend {
             inv.key(&keys.queue).key(&keys.queue_ends).key(&keys.limit);
         }
         inv.arg(owner_arg(req)).arg(&keys.channel);
-        match what {
-            Removal::Entry => {
-                inv.arg("entry").arg(self.queue_entry(req));
-            }
-            Removal::Requeue(place) => {
-                inv.arg("requeue")
-                    .arg(self.queue_entry(req))
-                    .arg(place.order)
-                    .arg(ttl_ms(place.life));
-            }
-            Removal::All | Removal::Hold | Removal::Mark => {}
-        }
+        self.removal_args(&mut inv, req, what);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
     }
