@@ -101,6 +101,16 @@ fn main() {
             ),
             trial(
                 rt,
+                "redlock::fifo::semaphore::a_cut_off_waiter_holds_up_the_queue_only_until_its_entries_lapse",
+                fifo_cut(queued_semaphore("fifo/cut")),
+            ),
+            trial(
+                rt,
+                "redlock::fifo::election::a_cut_off_waiter_holds_up_the_queue_only_until_its_entries_lapse",
+                fifo_cut(queued_election("fifo/cut")),
+            ),
+            trial(
+                rt,
                 "redlock::fifo::shared::readers_never_pass_a_queued_writer",
                 fifo_readers(),
             ),
@@ -117,7 +127,7 @@ fn main() {
             trial(
                 rt,
                 "redlock::fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entries_lapse",
-                fifo_cut(),
+                fifo_cut(queued_lock("fifo/cut", false)),
             ),
             trial(rt, "redlock::works_with_two_of_five_nodes_down", two_down()),
             trial(
@@ -1023,7 +1033,7 @@ async fn fifo_try() -> Result<(), Failed> {
 
 /// The cut-off waiter reaches each node through a proxy of its own, and
 /// all three then drop everything; entries last 3 s (the default).
-async fn fifo_cut() -> Result<(), Failed> {
+async fn fifo_cut((what, queue): (fifo::Queued, String)) -> Result<(), Failed> {
     let nodes = blocking(three_nodes).await?;
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     let url = url(&nodes, "&fifo=true");
@@ -1032,15 +1042,14 @@ async fn fifo_cut() -> Result<(), Failed> {
         .map(|p| Proxy::start(*p).map_err(|e| Failed::from(e.to_string())))
         .collect::<Result<Vec<_>, Failed>>()?;
     let proxied = server::redlock_url(proxies.iter().map(|p| p.port), "&fifo=true");
-    let name = "fifo/cut";
     fifo::a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
         fifo_connect(),
         &url,
         &proxied,
         &proxies,
-        name,
+        what,
         distlock_redlock::RedlockConfig::default().queue_lease,
-        fifo_queued(ports, name),
+        fifo_queue_len(ports, queue),
     )
     .await
 }
