@@ -482,6 +482,39 @@ pub async fn readers_never_pass_a_queued_writer(
     Ok(())
 }
 
+/// A writer queued behind holding readers, with a reader queued behind it,
+/// gives up (its wait is dropped): the reader behind it joins the readers
+/// holding at once. Entries here last a minute, so a reader nobody told
+/// would come back only when it renews its entry (after 20 s); it must
+/// hold within `WOKEN`.
+pub async fn a_writer_that_leaves_lets_the_readers_behind_it_in(
+    connect: Connect,
+    url: &str,
+    lock: &str,
+    queued: Count,
+) -> Result<(), Failed> {
+    const WOKEN: Duration = Duration::from_secs(10);
+    let reader = Queued::shared(lock);
+    let holder = connect(url.to_string()).await?;
+    let held = reader.take(&holder, Duration::from_secs(10)).await?;
+    let writer = queue_up(
+        connect(url.to_string()).await?,
+        &Queued::from(lock),
+        1,
+        &queued,
+    )
+    .await?;
+    let waiting = queue_up(connect(url.to_string()).await?, &reader, 2, &queued).await?;
+    writer.abort();
+    let got = tokio::time::timeout(WOKEN, waiting)
+        .await
+        .map_err(|_| format!("the reader behind a writer that left did not hold within {WOKEN:?}"))?
+        .map_err(|e| e.to_string())??;
+    got.release().await?;
+    held.release().await?;
+    Ok(())
+}
+
 /// A leader taken away by an operator hands the election on at once: the
 /// eviction wakes the campaigner at the head of the queue. Entries here
 /// last a minute and the leader's lease 30 s, so a head the eviction did

@@ -101,6 +101,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::fifo::shared::a_writer_that_leaves_lets_the_readers_behind_it_in",
+                fifo_writer_leaves(),
+            ),
+            trial(
+                rt,
                 "mysql::fifo::semaphore::grants_in_arrival_order_waking_only_the_head",
                 fifo_order(sql_support::queued_semaphore_row("fifo/order"), 3),
             ),
@@ -521,6 +526,18 @@ async fn fifo_readers() -> Result<(), Failed> {
     let (server, url) = fifo_server().await?;
     let name = "fifo/readers";
     integration_tests::fifo::readers_never_pass_a_queued_writer(
+        sql_support::fifo_connect(),
+        &format!("{url}?fifo=true&queue_lease_ms=60000"),
+        name,
+        fifo_queued(server.port, name),
+    )
+    .await
+}
+
+async fn fifo_writer_leaves() -> Result<(), Failed> {
+    let (server, url) = fifo_server().await?;
+    let name = "fifo/leaves";
+    integration_tests::fifo::a_writer_that_leaves_lets_the_readers_behind_it_in(
         sql_support::fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms=60000"),
         name,

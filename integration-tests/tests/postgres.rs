@@ -140,6 +140,11 @@ fn main() {
                 ),
                 trial(
                     rt,
+                    "postgres::fifo::shared::a_writer_that_leaves_lets_the_readers_behind_it_in",
+                    fifo_writer_leaves(),
+                ),
+                trial(
+                    rt,
                     "postgres::fifo::a_lost_mark_neither_lets_a_try_pass_the_queue_nor_leaves_its_head_asleep",
                     fifo_lost_mark(),
                 ),
@@ -1317,6 +1322,18 @@ async fn fifo_readers(old_table: bool) -> Result<(), Failed> {
     }
     let name = "fifo/readers";
     integration_tests::fifo::readers_never_pass_a_queued_writer(
+        sql_support::fifo_connect(),
+        &format!("{url}?fifo=true&queue_lease_ms=60000"),
+        name,
+        fifo_queued(&url, name),
+    )
+    .await
+}
+
+async fn fifo_writer_leaves() -> Result<(), Failed> {
+    let (_server, url) = fifo_server().await?;
+    let name = "fifo/leaves";
+    integration_tests::fifo::a_writer_that_leaves_lets_the_readers_behind_it_in(
         sql_support::fifo_connect(),
         &format!("{url}?fifo=true&queue_lease_ms=60000"),
         name,

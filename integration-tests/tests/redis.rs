@@ -212,6 +212,11 @@ fn main() {
         ));
         let handle = rt.handle().clone();
         extra.push(Trial::test(
+            "redis::fifo::shared::single::a_writer_that_leaves_lets_the_readers_behind_it_in",
+            move || handle.block_on(fifo_writer_leaves()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
             "redis::fifo::semaphore::single::permits_freed_at_once_each_reach_a_waiter",
             move || handle.block_on(fifo_freed_at_once()),
         ));
@@ -666,6 +671,20 @@ async fn fifo_freed_at_once() -> Result<(), Failed> {
         &url,
         what,
         lease,
+        fifo_queued(ports, queue),
+    )
+    .await
+}
+
+async fn fifo_writer_leaves() -> Result<(), Failed> {
+    let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
+    let url = format!("{url}?fifo=true&queue_lease_ms=60000");
+    let name = "fifo/leaves";
+    let queue = distlock_redis::Keys::queue_of(name);
+    fifo::a_writer_that_leaves_lets_the_readers_behind_it_in(
+        fifo_connect(),
+        &url,
+        name,
         fifo_queued(ports, queue),
     )
     .await

@@ -111,6 +111,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "redlock::fifo::shared::a_writer_that_leaves_lets_the_readers_behind_it_in",
+                fifo_writer_leaves(),
+            ),
+            trial(
+                rt,
                 "redlock::fifo::shared::readers_never_pass_a_queued_writer",
                 fifo_readers(),
             ),
@@ -937,6 +942,20 @@ fn fifo_queue_of_most(ports: Vec<u16>, key: String) -> fifo::Count {
             Ok(u64::MAX)
         }
     })
+}
+
+async fn fifo_writer_leaves() -> Result<(), Failed> {
+    let nodes = blocking(three_nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let url = url(&nodes, "&fifo=true&queue_lease_ms=60000");
+    let name = "fifo/leaves";
+    fifo::a_writer_that_leaves_lets_the_readers_behind_it_in(
+        fifo_connect(),
+        &url,
+        name,
+        fifo_queued(ports, name),
+    )
+    .await
 }
 
 async fn fifo_cancel((what, queue): (fifo::Queued, String)) -> Result<(), Failed> {
