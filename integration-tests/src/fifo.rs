@@ -31,6 +31,10 @@ pub type Count = Arc<dyn Fn() -> Result<u64, Failed> + Send + Sync>;
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// How soon a waiter that a release (or an eviction, or a leaving waiter)
+/// must wake has to hold: well before it would come back by itself.
+const WOKEN: Duration = Duration::from_secs(10);
+
 /// What the waiters queue for: a lock, a semaphore of `limit` permits, an
 /// election, or a lock they take shared (its holder exclusively).
 #[derive(Clone, Debug)]
@@ -493,7 +497,6 @@ pub async fn a_writer_that_leaves_lets_the_readers_behind_it_in(
     lock: &str,
     queued: Count,
 ) -> Result<(), Failed> {
-    const WOKEN: Duration = Duration::from_secs(10);
     let reader = Queued::shared(lock);
     let holder = connect(url.to_string()).await?;
     let held = reader.take(&holder, Duration::from_secs(10)).await?;
@@ -531,7 +534,6 @@ where
     E: FnOnce() -> F,
     F: Future<Output = Result<(), Failed>>,
 {
-    const WOKEN: Duration = Duration::from_secs(10);
     let what = Queued::election(name);
     let holder = connect(url.to_string()).await?;
     let held = what.hold_all(&holder).await?;
@@ -571,7 +573,6 @@ pub async fn the_last_readers_release_wakes_a_queued_writer(
     lock: &str,
     queued: Count,
 ) -> Result<(), Failed> {
-    const WOKEN: Duration = Duration::from_secs(10);
     let reader = Queued::shared(lock);
     let mut readers = Vec::new();
     for _ in 0..2 {

@@ -18,7 +18,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use crate::queue::QueueUse;
-use crate::rwlock::{held_for, QueuePlace, Removal};
+use crate::rwlock::{held_for, Removal};
 use crate::scripts::{ElectionKeys, Scripts};
 use crate::subscriber::Wake;
 use crate::{owner_arg, ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
@@ -56,21 +56,6 @@ impl RedisBackend {
         self.attempt_leader_in(req, queue).await
     }
 
-    /// One `election_acquire.lua` call of a Redlock round of a queued
-    /// campaign (on a node connected with
-    /// [`RedisConfig::fifo`](crate::RedisConfig::fifo)): a free leadership
-    /// goes to the queue's head alone, and a refused campaign joins the
-    /// queue at `place` (or renews its entry there). A grant removes the
-    /// entry; [`rollback_in_queue`](Self::rollback_in_queue) puts it back.
-    pub async fn attempt_leader_in_queue(
-        &self,
-        req: &LockRequest,
-        place: QueuePlace,
-    ) -> Result<Outcome> {
-        self.attempt_leader_at(req, QueueUse::Wait(place.life), Some(place.order))
-            .await
-    }
-
     /// [`attempt_leader`](Self::attempt_leader), treating the election's
     /// wait queue as `queue` says.
     pub(crate) async fn attempt_leader_in(
@@ -83,7 +68,7 @@ impl RedisBackend {
 
     /// A refused wait joins the queue at `order` if given, else at the
     /// server's time.
-    async fn attempt_leader_at(
+    pub(crate) async fn attempt_leader_at(
         &self,
         req: &LockRequest,
         queue: QueueUse,

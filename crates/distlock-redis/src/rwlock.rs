@@ -155,12 +155,14 @@ impl RedisBackend {
             .await
     }
 
-    /// One `acquire.lua` call of a Redlock round of a queued wait (on a
-    /// node connected with [`RedisConfig::fifo`](crate::RedisConfig::fifo)):
-    /// only the queue's head may take the free lock, and a refused attempt
-    /// joins the queue at `place` (or renews its entry there). A grant
-    /// removes the entry; [`rollback_in_queue`](Self::rollback_in_queue)
-    /// puts it back.
+    /// One acquire script of `req`'s kind in a Redlock round of a queued
+    /// wait (on a node connected with
+    /// [`RedisConfig::fifo`](crate::RedisConfig::fifo)): granted only as
+    /// the kind's queue allows (a lock's head, readers with no writer
+    /// ahead, the entries the free permits reach, a leadership's head), and
+    /// a refused attempt joins the queue at `place` (or renews its entry
+    /// there). A grant removes the entry;
+    /// [`rollback_in_queue`](Self::rollback_in_queue) puts it back.
     pub async fn attempt_in_queue(
         &self,
         req: &LockRequest,
@@ -168,8 +170,22 @@ impl RedisBackend {
         fenced: bool,
         place: QueuePlace,
     ) -> Result<Attempted> {
-        self.attempt_exclusive_at(req, how, fenced, Some(place.life), Some(place.order))
-            .await
+        let (life, order) = (QueueUse::Wait(place.life), Some(place.order));
+        match req.kind {
+            HoldKind::Shared => Ok(self
+                .attempt_shared_in(req, fenced, life, order)
+                .await?
+                .into()),
+            HoldKind::Leader => Ok(self.attempt_leader_at(req, life, order).await?.into()),
+            HoldKind::Permits { .. } => Ok(self
+                .attempt_permit_at(req, fenced, life, order)
+                .await?
+                .into()),
+            _ => {
+                self.attempt_exclusive_at(req, how, fenced, Some(place.life), order)
+                    .await
+            }
+        }
     }
 
     async fn attempt_exclusive_at(
@@ -261,23 +277,6 @@ impl RedisBackend {
             QueueUse::None
         };
         self.attempt_shared_in(req, fenced, queue, None).await
-    }
-
-    /// One `shared_acquire.lua` call of a Redlock round of a queued wait
-    /// (on a node connected with
-    /// [`RedisConfig::fifo`](crate::RedisConfig::fifo)): refused while an
-    /// exclusive waiter is queued ahead of `place`, and refused, it joins
-    /// the queue there as a shared entry (or renews its entry). A grant
-    /// removes the entry; [`rollback_in_queue`](Self::rollback_in_queue)
-    /// puts it back.
-    pub async fn attempt_shared_in_queue(
-        &self,
-        req: &LockRequest,
-        fenced: bool,
-        place: QueuePlace,
-    ) -> Result<Outcome> {
-        self.attempt_shared_in(req, fenced, QueueUse::Wait(place.life), Some(place.order))
-            .await
     }
 
     /// [`attempt_shared`](Self::attempt_shared), treating the lock's wait

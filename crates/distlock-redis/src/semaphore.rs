@@ -11,7 +11,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use crate::queue::QueueUse;
-use crate::rwlock::{QueuePlace, Removal};
+use crate::rwlock::Removal;
 use crate::scripts::{Scripts, SemaphoreKeys};
 use crate::subscriber::Wake;
 use crate::{owner_arg, ttl_ms, Channel, RedisBackend, ReleaseWatch, Subscribed};
@@ -56,23 +56,6 @@ impl RedisBackend {
         self.attempt_permit_in(req, fenced, queue).await
     }
 
-    /// One `permit_acquire.lua` call of a Redlock round of a queued wait
-    /// (on a node connected with
-    /// [`RedisConfig::fifo`](crate::RedisConfig::fifo)): granted only if
-    /// the free permits reach past the live entries ahead of `place`, and
-    /// refused, it joins the queue there (or renews its entry). A grant
-    /// removes the entry; [`rollback_in_queue`](Self::rollback_in_queue)
-    /// puts it back.
-    pub async fn attempt_permit_in_queue(
-        &self,
-        req: &LockRequest,
-        fenced: bool,
-        place: QueuePlace,
-    ) -> Result<Outcome> {
-        self.attempt_permit_at(req, fenced, QueueUse::Wait(place.life), Some(place.order))
-            .await
-    }
-
     /// [`attempt_permit`](Self::attempt_permit), treating the semaphore's
     /// wait queue as `queue` says.
     pub(crate) async fn attempt_permit_in(
@@ -86,7 +69,7 @@ impl RedisBackend {
 
     /// A refused wait joins the queue at `order` if given, else at the
     /// server's time.
-    async fn attempt_permit_at(
+    pub(crate) async fn attempt_permit_at(
         &self,
         req: &LockRequest,
         fenced: bool,

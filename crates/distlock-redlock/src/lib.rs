@@ -14,7 +14,7 @@ use distlock_core::{
     HoldRecord, InputKind, Leader, LockName, LockRequest, LockStatus, Result, TrustedClock,
     Waiting,
 };
-use distlock_redis::{Attempt, Attempted, ElectionEntry, QueuePlace, RedisConfig, ReleaseWatch};
+use distlock_redis::{Attempt, ElectionEntry, QueuePlace, RedisConfig, ReleaseWatch};
 use futures_util::future::{join_all, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, timeout_at, Instant};
@@ -235,18 +235,6 @@ impl RedlockBackend {
             // counter is kept: a plain SET NX PX per node.
             let attempt = async {
                 let a = match place {
-                    Some(place) if req.kind == HoldKind::Shared => r
-                        .attempt_shared_in_queue(req, fencing, place)
-                        .await
-                        .map(Attempted::from),
-                    Some(place) if req.kind == HoldKind::Leader => r
-                        .attempt_leader_in_queue(req, place)
-                        .await
-                        .map(Attempted::from),
-                    Some(place) if matches!(req.kind, HoldKind::Permits { .. }) => r
-                        .attempt_permit_in_queue(req, fencing, place)
-                        .await
-                        .map(Attempted::from),
                     Some(place) => r.attempt_in_queue(req, how, fencing, place).await,
                     None if fencing => r.attempt_in(req, how).await,
                     None => r.attempt_unfenced_in(req, how).await,

@@ -56,7 +56,7 @@ impl Queued<'_> {
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
-        if self.done || !self.backend.queues(self.req) {
+        if self.done || !self.backend.queued() {
             return;
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -939,7 +939,7 @@ impl SqlBackend {
         #[cfg(feature = "postgres")]
         #[allow(irrefutable_let_patterns)]
         if let Db::Postgres(pg) = &self.inner.db {
-            if pg.queues(req) {
+            if pg.queue.is_some() {
                 if let Err(e) = pg.leave(req).await {
                     tracing::debug!(error = %e, "the queue entry stays until it lapses");
                 }
@@ -949,16 +949,14 @@ impl SqlBackend {
         let _ = req;
     }
 
-    /// Whether `req` waits in a queue on the server.
-    fn queues(&self, req: &LockRequest) -> bool {
+    /// Whether waiters leave a queue entry behind them in the database
+    /// (PostgreSQL with `fifo`, where every kind queues).
+    fn queued(&self) -> bool {
         match &self.inner.db {
             #[cfg(feature = "postgres")]
-            Db::Postgres(pg) => pg.queues(req),
+            Db::Postgres(pg) => pg.queue.is_some(),
             #[allow(unreachable_patterns)]
-            _ => {
-                let _ = req;
-                false
-            }
+            _ => false,
         }
     }
 
@@ -1132,7 +1130,7 @@ impl SqlBackend {
                 // A queued waiter is woken by the notifications addressed
                 // to it alone, and comes back by itself only to renew its
                 // entry.
-                let (signals, key, fallback) = match pg.queue.as_ref().filter(|_| pg.queues(req)) {
+                let (signals, key, fallback) = match pg.queue.as_ref() {
                     Some(q) => (
                         &pg.releases,
                         postgres::queue::Queue::waiter_key(req),
@@ -1153,7 +1151,7 @@ impl SqlBackend {
                 wait_for_grant(name, deadline, pace, &mut wakeups, attempt).await
             }
             #[cfg(feature = "mysql")]
-            Db::MySql(my) => match my.queue.as_ref().filter(|_| my.queues(req)) {
+            Db::MySql(my) => match my.queue.as_ref() {
                 // Queued: woken by the head's sleep inside the server, which
                 // a release interrupts; the timer is only a safety net.
                 Some(queue) => {

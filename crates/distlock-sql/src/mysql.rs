@@ -316,13 +316,6 @@ impl My {
         Ok(Some(tokens))
     }
 
-    /// Whether `req` queues while it waits: with `fifo`, a request of
-    /// every kind does.
-    pub(crate) fn queues(&self, req: &LockRequest) -> bool {
-        let _ = req;
-        self.queue.is_some()
-    }
-
     /// The grant statement for `req`, bound: with `fifo` an exclusive
     /// request's or a campaign's respects the queue.
     fn take_query<'q>(
@@ -331,7 +324,7 @@ impl My {
         owner: &'q str,
         row: &'q str,
     ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
-        let queued = self.queue.as_ref().filter(|_| self.queues(req));
+        let queued = self.queue.as_ref();
         let q = sqlx::query(if queued.is_some() {
             &self.take_queued
         } else {
@@ -371,7 +364,7 @@ impl My {
         if r.rows_affected() == 1 {
             return Ok(Some(FencingToken(1)));
         }
-        if let Some(queue) = self.queue.as_ref().filter(|_| self.queues(req)) {
+        if let Some(queue) = self.queue.as_ref() {
             queue.take_place(req);
         }
         Ok(None)
@@ -401,7 +394,7 @@ impl My {
 
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
         let (row, owner) = (row(req), req.owner.to_string());
-        let queued = self.queues(req);
+        let queued = self.queue.is_some();
         let release = match queued {
             true => sqlx::query(&self.release_queued).bind(row.as_ref()),
             false => sqlx::query(&self.release_live),

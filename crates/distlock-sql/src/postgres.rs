@@ -332,7 +332,7 @@ impl Pg {
     /// statement that grants only while nobody waits).
     pub(crate) async fn attempt(&self, req: &LockRequest, first: bool) -> Result<(Outcome, bool)> {
         checked_for_postgres(value(req))?;
-        if let Some(q) = self.queue.as_ref().filter(|_| self.queues(req)) {
+        if let Some(q) = self.queue.as_ref() {
             let (token, left, readers, behind) = q
                 .attempt(&self.pool, &self.err, req, true, first, &self.channel)
                 .await?;
@@ -436,7 +436,7 @@ impl Pg {
     /// An election's grant also notifies its observers.
     pub(crate) async fn try_acquire(&self, req: &LockRequest) -> Result<Option<FencingToken>> {
         checked_for_postgres(value(req))?;
-        if let Some(q) = self.queue.as_ref().filter(|_| self.queues(req)) {
+        if let Some(q) = self.queue.as_ref() {
             let (mut token, left, ..) = q
                 .attempt(&self.pool, &self.err, req, false, true, &self.channel)
                 .await?;
@@ -567,7 +567,7 @@ impl Pg {
     /// An election's release notifies its observers, and its waiting
     /// campaigners; a lock's, its waiters only if one marked the row.
     pub(crate) async fn release(&self, req: &LockRequest) -> Result<bool> {
-        if let Some(q) = self.queue.as_ref().filter(|_| self.queues(req)) {
+        if let Some(q) = self.queue.as_ref() {
             return q.release(&self.pool, &self.err, req, &self.channel).await;
         }
         let sql = if req.kind == HoldKind::Leader {
@@ -583,13 +583,6 @@ impl Pg {
             .await
             .map_err(|e| self.err.map(e))?;
         Ok(held.is_some_and(|(h, _)| h))
-    }
-
-    /// Whether `req` queues while it waits: with `fifo`, a request of
-    /// every kind does.
-    pub(crate) fn queues(&self, req: &LockRequest) -> bool {
-        let _ = req;
-        self.queue.is_some()
     }
 
     /// Removes `req`'s queue entry, if it queued (a wait that ended
