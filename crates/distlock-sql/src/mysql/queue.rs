@@ -13,8 +13,10 @@
 //!   the refused attempt does keeps the queue's order close to the order of
 //!   arrival.
 //! - Only the head may take the free lock row, or join the readers holding
-//!   it (or anyone, while nobody heads the queue): the grant statement
-//!   compares `IS_USED_LOCK` with the head's connection id. A granted head
+//!   it (or anyone, while nobody heads the queue; a reader also only while
+//!   no refused writer's mark says one is on its way to the queue): the
+//!   grant statement compares `IS_USED_LOCK` with the head's connection
+//!   id. A granted head
 //!   gives its place up, so readers queued one after another take their
 //!   holds one after another.
 //! - The head sleeps inside the server (`SLEEP`) while the row is held (a

@@ -4,7 +4,8 @@
 //! name's holds takes turns on it and each reads what the one before it
 //! committed. With `fifo`, readers queue with the writers (see
 //! `queue.rs`): a shared grant goes only to the queue's head, or to anyone
-//! while nobody heads it.
+//! while nobody heads it and no writer waits (a refused writer marks the
+//! name before its place in the queue is granted).
 
 use distlock_core::wait::Outcome;
 use distlock_core::{HoldRecord, LockRequest, Result};
@@ -36,9 +37,10 @@ pub(crate) struct Statements {
     /// the connection id of the queue's head, as its LAST_INSERT_ID.
     settle_queued: String,
     /// `take` with a wait queue (`fifo`, where readers queue too): granted
-    /// only to the queue's head (the last `?`: the connection id with
-    /// which the request heads it, 0 if it does not), or to anyone while
-    /// nobody heads it; writer marks do not count, the queue's order does.
+    /// to the queue's head (the first and last `?`: the connection id with
+    /// which the request heads it, 0 if it does not), whatever writers
+    /// queue behind it, or to anyone while nobody heads the queue and no
+    /// writer waits (one may be refused but not queued yet).
     take_queued: String,
 }
 
@@ -56,6 +58,9 @@ impl Statements {
         // the OK packet), the row's end raised to the new hold's. MySQL
         // assigns left to right, so `expires_at` goes first, while `owner`
         // is still the old one.
+        let no_marks = format!(
+            "NOT EXISTS (SELECT 1 FROM {writers} w WHERE w.name = ? AND w.expires_at > NOW(6))"
+        );
         let take = |first: &str| {
             format!(
                 "UPDATE {table}
@@ -95,11 +100,9 @@ impl Statements {
                     expires_at DATETIME(6) NOT NULL,
                     PRIMARY KEY (name, owner)) ENGINE=InnoDB"
             ),
-            take: take(&format!(
-                "NOT EXISTS (SELECT 1 FROM {writers} w WHERE w.name = ? AND w.expires_at > NOW(6))"
-            )),
+            take: take(&no_marks),
             take_queued: take(&format!(
-                "IFNULL(IS_USED_LOCK({}), 0) IN (0, ?)",
+                "(? <> 0 OR {no_marks}) AND IFNULL(IS_USED_LOCK({}), 0) IN (0, ?)",
                 super::queue::queue_lock(table)
             )),
             // A name never locked before.
@@ -207,12 +210,17 @@ impl My {
         let ttl = ttl_micros(req.ttl);
         let mut tx = self.pool.begin_with(BEGIN).await?;
         let take = match &self.queue {
-            Some(queue) => sqlx::query(&s.take_queued)
-                .bind(ttl)
-                .bind(ttl)
-                .bind(name)
-                .bind(name)
-                .bind(queue.head_of(req)),
+            Some(queue) => {
+                let head = queue.head_of(req);
+                sqlx::query(&s.take_queued)
+                    .bind(ttl)
+                    .bind(ttl)
+                    .bind(name)
+                    .bind(head)
+                    .bind(name)
+                    .bind(name)
+                    .bind(head)
+            }
             None => sqlx::query(&s.take)
                 .bind(ttl)
                 .bind(ttl)
