@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 mod election;
 mod holders;
+mod semaphores;
 
 /// Where a SQL backend's database comes from.
 pub enum Source {
@@ -167,6 +168,7 @@ pub fn run_suite(
         trials.extend(rw_trials(&f, rt));
         trials.extend(election::trials(&f, rt));
         trials.extend(holders::trials(&f, rt));
+        trials.extend(semaphores::trials(&f, rt));
         trials.extend(extra(&f, rt));
         trials
     })
