@@ -16,9 +16,8 @@
 //!   it (or anyone, while nobody heads the queue; a reader also only while
 //!   no refused writer's mark says one is on its way to the queue): the
 //!   grant statement compares `IS_USED_LOCK` with the head's connection
-//!   id. A granted head
-//!   gives its place up, so readers queued one after another take their
-//!   holds one after another.
+//!   id. A granted head gives its place up, so readers queued one after
+//!   another take their holds one after another.
 //! - The head sleeps inside the server (`SLEEP`) while the row is held (a
 //!   reader's head: held exclusively) and its lease lasts. A release's
 //!   UPDATE frees the row and reads the head's connection id (as its
