@@ -352,6 +352,13 @@ impl My {
             let t = i64::try_from(r.last_insert_id()).unwrap_or(-1);
             return token_from_db(&self.err, t).map(Some);
         }
+        // A refused wait asks for its place before the first-use insert's
+        // round trip: the sooner it asks, the closer the queue's order is
+        // to the order of arrival. A name that turns out new is granted by
+        // the insert, and the place goes with the wait.
+        if let Some(queue) = self.queue.as_ref() {
+            queue.take_place(req);
+        }
         let r = sqlx::query(&self.insert)
             .bind(row.as_ref())
             .bind(&owner)
@@ -363,9 +370,6 @@ impl My {
             .map_err(|e| self.err.map(e))?;
         if r.rows_affected() == 1 {
             return Ok(Some(FencingToken(1)));
-        }
-        if let Some(queue) = self.queue.as_ref() {
-            queue.take_place(req);
         }
         Ok(None)
     }
