@@ -2,15 +2,16 @@
 //! leadership and permits (`fifo=true`; off by default). MySQL has no NOTIFY, so waiters
 //! wait inside the server:
 //!
-//! - A waiting request whose grant statement (and first-use insert) is
-//!   refused asks at once, on a connection of its own (opened ahead of need
-//!   while waits come often), for its row's queue: a user-level lock
-//!   (`GET_LOCK`) named after the row (the lock's, the election's, or
-//!   the semaphore's `<name>@permits`), which
-//!   the server grants to one connection at a time, in the order they
-//!   asked. The connection that holds it is the queue's head; the others
-//!   block inside the server and send nothing. Asking before anything else
-//!   the refused attempt does keeps the queue's order close to the order of
+//! - A waiting request whose grant statement is refused asks at once, on a
+//!   connection of its own (opened ahead of need while waits come often),
+//!   for its row's queue: a user-level lock (`GET_LOCK`) named after the
+//!   row (the lock's, the election's, or the semaphore's
+//!   `<name>@permits`), which the server grants to one connection at a
+//!   time, in the order they asked. The connection that holds it is the
+//!   queue's head; the others block inside the server and send nothing.
+//!   A wait on a row this client had to queue for within the last second
+//!   asks before its first attempt, beside it. Asking before anything else
+//!   the attempt does keeps the queue's order close to the order of
 //!   arrival.
 //! - Only the head may take the free lock row, or join the readers holding
 //!   it (or anyone, while nobody heads the queue; a reader also only while
@@ -62,6 +63,14 @@ const JOIN_TIMEOUT_S: u32 = 24 * 3600;
 /// until the server has ended it.
 const KILL_CHECK_EVERY: Duration = Duration::from_millis(5);
 const KILL_CHECKS: u32 = 200;
+
+/// How long after this client last had to queue for a row a new wait on
+/// it asks for its place before its first attempt.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
+/// How many rows [`Queue::contended`] keeps before it forgets the ones not
+/// contended within [`CONTENDED_FOR`].
+const CONTENDED_ROWS: usize = 256;
 
 /// See [`Queue::recheck`].
 const SAFETY_NET: Duration = Duration::from_secs(30);
@@ -162,6 +171,10 @@ pub(crate) struct Queue {
     doze_permits: String,
     /// This client's waiters' places, by owner.
     turns: Mutex<HashMap<Owner, Arc<TurnShared>>>,
+    /// The rows whose waiters this client last had to queue, and when: a
+    /// wait that begins on one of them within [`CONTENDED_FOR`] asks for
+    /// its place at once (see [`Queue::turn`]).
+    contended: Mutex<HashMap<String, Instant>>,
     /// A queue connection opened ahead of need, its id and when it was
     /// opened: a refused waiter asks for its place without connecting
     /// first.
@@ -239,6 +252,7 @@ impl Queue {
             doze_shared,
             doze_permits,
             turns: Mutex::default(),
+            contended: Mutex::default(),
             spare: Mutex::default(),
             refilling: AtomicBool::new(false),
             last_wait: Mutex::default(),
@@ -260,6 +274,11 @@ impl Queue {
         let shared = lock(&self.turns).get(&req.owner).cloned();
         if let Some(shared) = shared {
             self.start(&shared);
+            let mut contended = lock(&self.contended);
+            if contended.len() >= CONTENDED_ROWS {
+                contended.retain(|_, at| at.elapsed() < CONTENDED_FOR);
+            }
+            contended.insert(shared.row.clone(), Instant::now());
         }
     }
 
@@ -320,6 +339,16 @@ impl Queue {
             left: AtomicBool::new(false),
         });
         lock(&self.turns).insert(req.owner, shared.clone());
+        // A row this client had to queue for a moment ago: the place is
+        // asked for now, beside the first attempt, not after its refusal,
+        // so that the queue's order is closer still to the order of
+        // arrival. A wait granted at once gives it up with the rest.
+        let recent = lock(&self.contended)
+            .get(&shared.row)
+            .is_some_and(|at| at.elapsed() < CONTENDED_FOR);
+        if recent {
+            self.start(&shared);
+        }
         Turn {
             queue: self.clone(),
             owner: req.owner,
