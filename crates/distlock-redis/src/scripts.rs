@@ -142,15 +142,54 @@ pub struct SemaphoreKeys {
 impl SemaphoreKeys {
     /// The keys for the semaphore `name` under `prefix`.
     pub fn new(prefix: &str, name: &LockName) -> Self {
-        let tag = Keys::lock_of(prefix, name);
+        let permits = Self::permits_of(prefix, name);
         Self {
-            permits: format!("{{{tag}}}:semaphore"),
-            limit: format!("{{{tag}}}:semaphore:limit"),
-            fence: format!("{{{tag}}}:semaphore:fence"),
-            channel: format!("{{{tag}}}:semaphore:released"),
-            queue: format!("{{{tag}}}:semaphore:queue"),
-            queue_ends: format!("{{{tag}}}:semaphore:queue:ends"),
+            limit: Self::limit_of(&permits),
+            fence: Self::fence_of(&permits),
+            channel: Self::channel_of(&permits),
+            queue: Self::queue_of(&permits),
+            queue_ends: Self::queue_ends_of(&permits),
+            permits,
         }
+    }
+
+    /// The permits key alone; each other name of the semaphore is this key
+    /// and a suffix, built by the functions below from it (an acquire or a
+    /// release names only the keys it touches).
+    pub fn permits_of(prefix: &str, name: &LockName) -> String {
+        const SUFFIX: &str = "}:semaphore";
+        let name = name.as_str();
+        let mut permits = String::with_capacity(1 + prefix.len() + name.len() + SUFFIX.len());
+        permits.push('{');
+        permits.push_str(prefix);
+        permits.push_str(name);
+        permits.push_str(SUFFIX);
+        permits
+    }
+
+    /// The stored limit of a permits key.
+    pub fn limit_of(permits: &str) -> String {
+        beside(permits, ":limit")
+    }
+
+    /// The fencing counter of a permits key.
+    pub fn fence_of(permits: &str) -> String {
+        beside(permits, ":fence")
+    }
+
+    /// The release channel of a permits key.
+    pub fn channel_of(permits: &str) -> String {
+        beside(permits, ":released")
+    }
+
+    /// The wait queue of a permits key.
+    pub fn queue_of(permits: &str) -> String {
+        beside(permits, ":queue")
+    }
+
+    /// The ends of the wait queue's entries of a permits key.
+    pub fn queue_ends_of(permits: &str) -> String {
+        beside(permits, ":queue:ends")
     }
 
     /// The channel on which `client`'s queued waiters are told their turn
@@ -158,6 +197,14 @@ impl SemaphoreKeys {
     pub fn queue_channel(&self, client: &str) -> String {
         format!("{}:{client}", self.channel)
     }
+}
+
+/// `key` followed by `suffix`, in one allocation of the exact size.
+fn beside(key: &str, suffix: &str) -> String {
+    let mut out = String::with_capacity(key.len() + suffix.len());
+    out.push_str(key);
+    out.push_str(suffix);
+    out
 }
 
 /// The keys and channel of one election (the leadership of
@@ -407,6 +454,30 @@ mod tests {
         }
         let distinct: std::collections::HashSet<_> = all.into_iter().collect();
         assert_eq!(distinct.len(), 4);
+        // The stored layout, which every client of a semaphore shares.
+        assert_eq!(
+            [
+                s.permits.as_str(),
+                &s.limit,
+                &s.fence,
+                &s.channel,
+                &s.queue,
+                &s.queue_ends
+            ],
+            [
+                "{app:pools/db}:semaphore",
+                "{app:pools/db}:semaphore:limit",
+                "{app:pools/db}:semaphore:fence",
+                "{app:pools/db}:semaphore:released",
+                "{app:pools/db}:semaphore:queue",
+                "{app:pools/db}:semaphore:queue:ends"
+            ]
+        );
+        assert_eq!(
+            SemaphoreKeys::permits_of("app:", &name),
+            s.permits,
+            "an acquire names the same key"
+        );
     }
 
     #[test]

@@ -41,6 +41,11 @@ impl RedisBackend {
         SemaphoreKeys::new(&self.inner.config.prefix, name)
     }
 
+    /// The permits key of the semaphore `name` alone.
+    fn permits_key(&self, name: &LockName) -> String {
+        SemaphoreKeys::permits_of(&self.inner.config.prefix, name)
+    }
+
     /// One permit acquire script, outside any wait queue (Redlock's nodes):
     /// the token (token 0 and no counter kept unless `fenced`), or how long
     /// until the earliest permit expires; `LimitMismatch` if another limit
@@ -77,15 +82,25 @@ impl RedisBackend {
         order: Option<u64>,
     ) -> Result<Outcome> {
         let limit = limit_of(req)?;
-        let keys = self.semaphore_keys(&req.name);
-        let mut inv = Scripts::get().permit_acquire.key(&keys.permits);
-        inv.key(&keys.limit)
-            .key(&keys.fence)
+        let permits = self.permits_key(&req.name);
+        let limit_key = SemaphoreKeys::limit_of(&permits);
+        let mut inv = Scripts::get().permit_acquire.key(&permits);
+        inv.key(&limit_key)
+            .key(SemaphoreKeys::fence_of(&permits))
             .arg(owner_arg(req))
             .arg(ttl_ms(req.ttl))
             .arg(limit)
             .arg(if fenced { "1" } else { "0" });
-        let life = self.queue_args(&mut inv, &keys.queue, &keys.queue_ends, req, queue);
+        let life = match queue {
+            QueueUse::None => None,
+            _ => self.queue_args(
+                &mut inv,
+                &SemaphoreKeys::queue_of(&permits),
+                &SemaphoreKeys::queue_ends_of(&permits),
+                req,
+                queue,
+            ),
+        };
         if let (Some(order), Some(_)) = (order, life) {
             inv.arg(order);
         }
@@ -111,7 +126,7 @@ impl RedisBackend {
                     "redis",
                     format!(
                         "the limit key {} holds something other than a permit count; delete it or set_limit again",
-                        keys.limit
+                        limit_key
                     ),
                 )),
             },
@@ -126,7 +141,7 @@ impl RedisBackend {
     pub(crate) async fn extend_permits(&self, reqs: &[&LockRequest]) -> Result<Vec<bool>> {
         let mut inv = Scripts::get().permit_extend.prepare_invoke();
         for req in reqs {
-            inv.key(self.semaphore_keys(&req.name).permits)
+            inv.key(self.permits_key(&req.name))
                 .arg(owner_arg(req))
                 .arg(ttl_ms(req.ttl));
         }
@@ -149,12 +164,15 @@ impl RedisBackend {
         req: &LockRequest,
         what: Removal,
     ) -> Result<bool> {
-        let keys = self.semaphore_keys(&req.name);
-        let mut inv = Scripts::get().permit_release.key(&keys.permits);
+        let permits = self.permits_key(&req.name);
+        let mut inv = Scripts::get().permit_release.key(&permits);
         if !matches!(what, Removal::Hold) {
-            inv.key(&keys.queue).key(&keys.queue_ends).key(&keys.limit);
+            inv.key(SemaphoreKeys::queue_of(&permits))
+                .key(SemaphoreKeys::queue_ends_of(&permits))
+                .key(SemaphoreKeys::limit_of(&permits));
         }
-        inv.arg(owner_arg(req)).arg(&keys.channel);
+        inv.arg(owner_arg(req))
+            .arg(SemaphoreKeys::channel_of(&permits));
         self.removal_args(&mut inv, req, what);
         let n: i64 = self.run(&inv).await?;
         Ok(n == 1)
@@ -209,7 +227,7 @@ impl RedisBackend {
     /// `token` (never lowers it). Redlock's fencing writes its token back
     /// with this.
     pub async fn raise_permit_fence(&self, name: &LockName, token: FencingToken) -> Result<()> {
-        self.raise_counter(&self.semaphore_keys(name).fence, token)
+        self.raise_counter(&SemaphoreKeys::fence_of(&self.permits_key(name)), token)
             .await
     }
 
@@ -217,7 +235,7 @@ impl RedisBackend {
     /// changed limit), each delivered to every watch of this client. The
     /// subscription is confirmed by the server when this returns.
     pub async fn watch_permit_releases(&self, name: &LockName) -> Result<ReleaseWatch> {
-        let channel = self.semaphore_keys(name).channel;
+        let channel = SemaphoreKeys::channel_of(&self.permits_key(name));
         self.watch_channel(channel, Wake::All).await
     }
 
