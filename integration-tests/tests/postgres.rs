@@ -86,6 +86,11 @@ fn main() {
                 "postgres::tls::the_server_refuses_plaintext",
                 tls_plaintext_refused(tls.clone()),
             ),
+            trial(
+                rt,
+                "postgres::a_wrong_password_or_user_is_misconfigured_not_retryable",
+                wrong_credentials(tls.clone()),
+            ),
         ]);
             trials.extend(vec![
                 trial(
@@ -370,6 +375,40 @@ async fn tls_plaintext_refused(f: Arc<SqlFactory>) -> Result<(), Failed> {
         }
         Err(e) => Err(format!("plaintext: expected Misconfigured, got {e:?}").into()),
     }
+}
+
+/// A wrong password, and a user the server does not know, are refused as
+/// `Misconfigured`, not retryable (retrying cannot help), and the message
+/// shows neither password.
+async fn wrong_credentials(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (port, certs) = tls_certs(&f)?;
+    let ca = certs.ca.display();
+    let wrong = "not-the-password-5d1f";
+    for (what, url) in [
+        (
+            "a wrong password",
+            format!("postgres://postgres:{wrong}@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={ca}"),
+        ),
+        (
+            "an unknown user",
+            format!("postgres://nobody_5d1f:{wrong}@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={ca}"),
+        ),
+    ] {
+        match SqlBackend::connect(&url).await {
+            Ok(_) => return Err(format!("{what}: connected").into()),
+            Err(e @ distlock_core::Error::Misconfigured { .. }) => {
+                let text = format!("{e:?}");
+                if text.contains(wrong) || text.contains(pg::TLS_PASSWORD) {
+                    return Err(format!("{what}: the error shows a password: {text}").into());
+                }
+                if e.is_retryable() {
+                    return Err(format!("{what}: counted as retryable: {text}").into());
+                }
+            }
+            Err(e) => return Err(format!("{what}: expected Misconfigured, got {e:?}").into()),
+        }
+    }
+    Ok(())
 }
 
 /// Its own server, since it is stopped and started again.
