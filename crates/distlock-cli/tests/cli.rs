@@ -251,6 +251,12 @@ fn refused(backend: &str, want: i32, what: &str) -> String {
 fn unreachable_backend_gives_69_at_once() {
     for (b, shown) in [
         ("redis://127.0.0.1:1", "127.0.0.1:1"),
+        ("redis+sentinel://127.0.0.1:1/mymaster", "127.0.0.1:1"),
+        ("redis+cluster://127.0.0.1:1", "127.0.0.1:1"),
+        (
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+            "3 unreachable",
+        ),
         ("postgres://u@127.0.0.1:1/db", "127.0.0.1:1"),
         ("postgres:///db?host=127.0.0.1&port=1", "127.0.0.1:1"),
         ("mysql://u@127.0.0.1:1/db", "127.0.0.1:1"),
