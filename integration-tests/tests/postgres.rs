@@ -200,7 +200,7 @@ fn main() {
                 ),
                 trial(
                     rt,
-                    "postgres::a_freed_permit_wakes_one_waiter_of_a_client",
+                    "postgres::a_freed_permit_wakes_one_waiter_of_a_client_and_a_changed_limit_wakes_all",
                     freed_permit_wakes_one(f.clone()),
                 ),
                 trial(

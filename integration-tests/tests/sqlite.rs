@@ -40,7 +40,7 @@ fn main() {
             ),
             trial(
                 rt,
-                "sqlite::a_freed_permit_wakes_one_waiter_of_a_process",
+                "sqlite::a_freed_permit_wakes_one_waiter_of_a_process_and_a_changed_limit_wakes_all",
                 freed_permit_wakes_one(f.clone()),
             ),
             trial(

@@ -295,7 +295,9 @@ pub async fn release_wakes_the_waiter(
 
 /// Four waiters of one client wait for a permit (the backend called
 /// directly, without the client's coalescing in front). One release must
-/// make one of them try again, not all four. `count_attempts` reads a
+/// make one of them try again, not all four; then a changed limit must wake
+/// the other three, each answered at once that another limit is stored.
+/// `count_attempts` reads a
 /// counter that `install_counter` makes the database keep, by triggers
 /// that count each attempt once (each database's test says how).
 /// `config` must keep the waiters from waking by themselves during the
@@ -356,6 +358,30 @@ where
     let woken = attempts().await? - before;
     if woken != 1 {
         return Err(format!("one freed permit made {woken} waiters try again").into());
+    }
+    // A changed limit wakes every waiter: each asks for the old limit and
+    // learns at once that another is stored.
+    let limit = WAITERS as u32;
+    holder.set_limit(&held.name, limit).await?;
+    for i in 1..WAITERS {
+        let answer = tokio::time::timeout(Duration::from_secs(10), granted.recv())
+            .await
+            .map_err(|_| {
+                Failed::from(format!(
+                    "waiter {i} of the rest was not woken by the changed limit"
+                ))
+            })?
+            .ok_or("waiter task ended")?;
+        match answer {
+            Err(distlock_core::Error::LimitMismatch {
+                requested: 1,
+                stored,
+                ..
+            }) if stored == limit => {}
+            other => {
+                return Err(format!("a waiter woken by the changed limit got {other:?}").into())
+            }
+        }
     }
     Ok(())
 }
