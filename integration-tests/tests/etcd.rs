@@ -89,6 +89,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::a_lock_and_a_campaign_of_one_name_on_one_lease_is_invalid_input",
+                lock_and_campaign_one_name(etcd.clone()),
+            ),
+            trial(
+                rt,
                 "etcd::an_election_reads_only_its_own_keys_not_a_longer_names",
                 election_ignores_longer_names(etcd.clone()),
             ),
@@ -868,6 +873,64 @@ async fn distlock_follows_etcdctl_leader(f: Arc<Etcd>) -> Result<(), Failed> {
     }
     l.resign().await?;
     wait_exit(campaigner.take()?, Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// A lock and an election of one name share their keys (Go's layout): one
+/// client, on one lease, holding the lock and campaigning under the same
+/// name gets `InvalidInput` at once (so does the lock after the
+/// campaign), and keeps what it holds; another client's campaign simply
+/// queues behind the lock.
+async fn lock_and_campaign_one_name(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    let other = LockClient::new(EtcdBackend::connect(&url).await?);
+    let name = name();
+    let ttl = Duration::from_secs(10);
+    let held = client.lock(&name).ttl(ttl).acquire().await?;
+    match client
+        .election(&name)
+        .ttl(ttl)
+        .wait(Duration::from_secs(5))
+        .campaign("same lease")
+        .await
+    {
+        Err(Error::InvalidInput { .. }) => {}
+        Err(e) => return Err(format!("the campaign beside the lock answered {e:?}").into()),
+        Ok(_) => return Err("a campaign was elected beside its own client's lock".into()),
+    }
+    match other
+        .election(&name)
+        .ttl(ttl)
+        .wait(Duration::from_millis(500))
+        .campaign("other lease")
+        .await
+    {
+        Err(Error::WaitTimeout { .. }) => {}
+        other => {
+            return Err(
+                format!("another client's campaign beside the lock answered {other:?}").into(),
+            )
+        }
+    }
+    if !held.release().await? {
+        return Err("the lock was lost to the refused campaign".into());
+    }
+    let leads = client.election(&name).ttl(ttl).campaign("leader").await?;
+    match client
+        .lock(&name)
+        .ttl(ttl)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+    {
+        Err(Error::InvalidInput { .. }) => {}
+        Err(e) => return Err(format!("the lock beside the campaign answered {e:?}").into()),
+        Ok(_) => return Err("a lock was granted beside its own client's leadership".into()),
+    }
+    if !leads.resign().await? {
+        return Err("the leadership was lost to the refused lock".into());
+    }
     Ok(())
 }
 
