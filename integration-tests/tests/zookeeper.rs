@@ -946,10 +946,15 @@ async fn curator_holder_excludes_distlock(f: Arc<Zk>, build: CuratorBuild) -> Re
     let mut waiter = distlock_waiter(&client, &lock);
     wait_for_children(&f, &lock, 2).await?;
     distlock_still_waiting(&mut waiter, "Curator held the mutex").await?;
-    // Curator's node is listed as the holder; distlock's queued one is not.
+    // Curator's node is listed as the holder, with the IP address Curator
+    // writes into it as its holder info; distlock's queued one is not.
     let listed = client.list(&lock, 10).await?;
+    let ip = |h: &Option<String>| {
+        h.as_deref()
+            .is_some_and(|h| h.parse::<std::net::IpAddr>().is_ok())
+    };
     match listed.as_slice() {
-        [r] if r.kind == HoldKind::Exclusive && r.token.is_some() => {}
+        [r] if r.kind == HoldKind::Exclusive && r.token.is_some() && ip(&r.holder_info) => {}
         other => return Err(format!("list shows {other:?} while Curator holds").into()),
     }
     curator.release().await?;
