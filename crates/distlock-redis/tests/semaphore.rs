@@ -244,6 +244,77 @@ async fn a_freed_permit_wakes_one_waiter_of_a_client_and_a_changed_limit_wakes_a
     }
 }
 
+/// When the pub/sub connection ends (here the server kills it, as a
+/// restart or a failover would), every waiting request of the client, for a
+/// permit or for a lock, tries again at once rather than at the holder's
+/// expiry 30 s later, and keeps waiting; a release then still reaches them.
+#[tokio::test]
+async fn a_lost_pubsub_connection_wakes_every_waiter() {
+    const WAITERS: usize = 3;
+    let server = Server::start();
+    let holder = RedisBackend::connect(&server.url()).await.unwrap();
+    let waiters = Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let ttl = Duration::from_secs(30);
+    let permit = LockRequest::permit(name("jobs/pubsub-permit"), ttl, 1);
+    let lock = LockRequest::new(name("jobs/pubsub-lock"), ttl);
+    for held in [&permit, &lock] {
+        holder.try_acquire(held).await.unwrap().unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..2 * WAITERS {
+        let (w, tx) = (waiters.clone(), tx.clone());
+        let req = if i < WAITERS {
+            LockRequest::permit(permit.name.clone(), ttl, 1)
+        } else {
+            LockRequest::new(lock.name.clone(), ttl)
+        };
+        tokio::spawn(async move {
+            let got = w.acquire(&req, Some(deadline)).await;
+            let _ = tx.send((req, got));
+        });
+    }
+    // Every waiter has subscribed and tried again: the calls stop rising.
+    let mut before = server.script_calls().await;
+    loop {
+        sleep(Duration::from_millis(300)).await;
+        let now = server.script_calls().await;
+        if now == before && now >= 2 * 2 * WAITERS as u64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the waiters did not settle");
+        before = now;
+    }
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut server.raw().await)
+        .await
+        .unwrap();
+    assert!(killed >= 1, "no pub/sub connection to kill");
+    sleep(Duration::from_secs(1)).await;
+    let tried = server.script_calls().await - before;
+    assert!(
+        tried >= 2 * WAITERS as u64,
+        "{tried} attempts after the pub/sub connection ended; every one of the {} waiters should try again",
+        2 * WAITERS
+    );
+    assert!(
+        granted.try_recv().is_err(),
+        "a held permit or lock was granted"
+    );
+    // Subscribed anew: each release reaches a waiter at once.
+    for held in [&permit, &lock] {
+        assert!(holder.release(held).await.unwrap());
+        let (_, got) = tokio::time::timeout(Duration::from_secs(5), granted.recv())
+            .await
+            .expect("a release after the reconnection reached no waiter")
+            .unwrap();
+        got.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn a_mixed_renewal_batch_answers_for_each_lock_and_permit() {
     let (server, b) = connected().await;
