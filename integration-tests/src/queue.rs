@@ -125,6 +125,75 @@ pub async fn herd<B: CountsWakeups>(
     each_release_wakes_one_waiter(holder, waiters, lock, queue_len).await
 }
 
+/// `n` waiters, each a client of its own at `url`, queue one after another
+/// (each starts once the one before it is in the queue) behind a holder of
+/// the one permit of the semaphore `name`; the releases that follow must
+/// hand the permit on in arrival order, and wake few waiters: two
+/// wake-ups per release (the first waiter's, and the next one's as the
+/// first claims its permit; a herd would wake every waiter behind). `queue_len` counts the semaphore's contenders, holder included.
+/// Answers the wake-ups counted.
+pub async fn semaphore_grants_in_arrival_order<B: CountsWakeups>(
+    url: &str,
+    n: usize,
+    name: &str,
+    queue_len: QueueLen<'_>,
+) -> Result<u64, Failed> {
+    let ttl = Duration::from_secs(30);
+    let holder = LockClient::new(B::connect(url).await?);
+    let held = holder.semaphore(name, 1).ttl(ttl).acquire().await?;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (mut counters, mut tasks) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let b = B::connect(url).await?;
+        let counter = b.clone();
+        counters.push(counter);
+        let (name, order) = (name.to_string(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = LockClient::new(b)
+                .semaphore(&name, 1)
+                .ttl(ttl)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await?;
+            order
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.release().await.map(drop)
+        }));
+        let start = Instant::now();
+        while queue_len().await? < i + 2 {
+            if start.elapsed() > Duration::from_secs(30) {
+                return Err(format!("waiter {i} did not queue").into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let before: u64 = counters.iter().map(CountsWakeups::wakeups).sum();
+    held.release().await?;
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    let order = order
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    if order != (0..n).collect::<Vec<_>>() {
+        return Err(format!("permits out of arrival order: {order:?}").into());
+    }
+    let woken = counters.iter().map(CountsWakeups::wakeups).sum::<u64>() - before;
+    // A few more than two per release are let pass: a spurious watch
+    // event on a loaded machine is not a herd, which would be about n² / 2.
+    let most = 2 * n as u64 + 5;
+    if woken > most {
+        return Err(
+            format!("{n} releases caused {woken} wake-ups; expected at most {most}").into(),
+        );
+    }
+    Ok(woken)
+}
+
 /// [`leader_loss_keeps_exclusion`] on the cluster that `start` starts: the
 /// holder and the waiter connect at `url_of(host:port,host:port,...)`, and
 /// `leader` names the client port of the member to kill.

@@ -89,6 +89,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::semaphore_permits_go_in_arrival_order_waking_few",
+                semaphore_order(etcd.clone()),
+            ),
+            trial(
+                rt,
                 "etcd::a_lock_and_a_campaign_of_one_name_on_one_lease_is_invalid_input",
                 lock_and_campaign_one_name(etcd.clone()),
             ),
@@ -149,6 +154,22 @@ async fn keys_under(url: &str, prefix: &str) -> Result<usize, Failed> {
 
 fn etcd_client_cmd(endpoint: &str) -> Result<Command, Failed> {
     server::etcdctl(endpoint).map_err(|e| Failed::from(e.to_string()))
+}
+
+/// 20 waiters of a semaphore of one permit get it in arrival order, waking
+/// few (see [`queue::semaphore_grants_in_arrival_order`]).
+async fn semaphore_order(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let sem = format!("{}/sem-order", integration_tests::namespace());
+    let (u, prefix) = (url.clone(), format!("/distlock/semaphores/{sem}/@permits"));
+    let queued: QueueLen<'_> = Box::new(move || {
+        let (u, p) = (u.clone(), prefix.clone());
+        Box::pin(async move { keys_under(&u, &p).await })
+    });
+    let woken =
+        queue::semaphore_grants_in_arrival_order::<EtcdBackend>(&url, 20, &sem, queued).await?;
+    eprintln!("etcd: 20 releases of a semaphore, {woken} wake-ups");
+    Ok(())
 }
 
 /// 20 waiters queue behind a holder; every release must wake exactly one.

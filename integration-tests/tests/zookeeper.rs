@@ -60,6 +60,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "zookeeper::semaphore_permits_go_in_arrival_order_waking_few",
+                semaphore_order(zk.clone()),
+            ),
+            trial(
+                rt,
                 "zookeeper::connection_loss_during_create_leaves_no_orphan",
                 create_loss(zk.clone()),
             ),
@@ -137,6 +142,23 @@ fn main() {
 
 fn name() -> String {
     format!("{}/lock", integration_tests::namespace())
+}
+
+/// 20 waiters of a semaphore of one permit get it in arrival order, waking
+/// few (see [`queue::semaphore_grants_in_arrival_order`]).
+async fn semaphore_order(f: Arc<Zk>) -> Result<(), Failed> {
+    let url = format!("zk://{}", f.host_port()?);
+    let sem = format!("{}/sem-order", integration_tests::namespace());
+    let (zk, permits) = (f.clone(), format!("@semaphores/{sem}/@permits"));
+    let queued: QueueLen<'_> = Box::new(move || {
+        let (zk, p) = (zk.clone(), permits.clone());
+        Box::pin(async move { count_children(&zk, &p).await })
+    });
+    let woken =
+        queue::semaphore_grants_in_arrival_order::<ZooKeeperBackend>(&url, 20, &sem, queued)
+            .await?;
+    eprintln!("zookeeper: 20 releases of a semaphore, {woken} wake-ups");
+    Ok(())
 }
 
 /// 20 waiters queue behind a holder; every release must wake exactly one.
