@@ -165,6 +165,11 @@ fn main() {
                 ),
                 trial(
                     rt,
+                    "postgres::fifo::semaphore::a_changed_limit_reaches_queued_waiters_at_their_next_recheck",
+                    fifo_changed_limit(),
+                ),
+                trial(
+                    rt,
                     "postgres::fifo::semaphore::a_cancelled_or_timed_out_waiter_leaves_no_entry",
                     fifo_cancel(sql_support::queued_semaphore_row("fifo/cancel")),
                 ),
@@ -1261,6 +1266,48 @@ async fn fifo_order(
         2 * n as u64 + permits..=2 * n as u64 + permits,
     )
     .await
+}
+
+/// Queued permit waiters (limit 1) learn of a changed limit at their next
+/// re-check, a third of their entries' life (here 500 ms), not at the
+/// holder's expiry a minute later: each gets `LimitMismatch` naming both.
+async fn fifo_changed_limit() -> Result<(), Failed> {
+    use distlock_core::{Error, LockName, LockRequest};
+    let (_server, url) = fifo_server().await?;
+    let url = format!("{url}?fifo=true&queue_lease_ms=1500");
+    let holder = SqlBackend::connect(&url).await?;
+    let name = LockName::new("fifo/changed-limit")?;
+    let held = LockRequest::permit(name.clone(), Duration::from_secs(60), 1);
+    holder
+        .try_acquire(&held)
+        .await?
+        .ok_or("the first permit was refused")?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..2 {
+        let (w, name, tx) = (SqlBackend::connect(&url).await?, name.clone(), tx.clone());
+        tokio::spawn(async move {
+            let req = LockRequest::permit(name, Duration::from_secs(60), 1);
+            let _ = tx.send(w.acquire(&req, Some(deadline)).await);
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if answers.try_recv().is_ok() {
+        return Err("a waiter ended while every permit was held".into());
+    }
+    holder.set_limit(&name, 3).await?;
+    for i in 0..2 {
+        match tokio::time::timeout(Duration::from_secs(10), answers.recv()).await {
+            Ok(Some(Err(Error::LimitMismatch {
+                requested: 1,
+                stored: 3,
+                ..
+            }))) => {}
+            Ok(other) => return Err(format!("waiter {i} answered {other:?}").into()),
+            Err(_) => return Err(format!("waiter {i} did not learn of the new limit").into()),
+        }
+    }
+    Ok(())
 }
 
 async fn fifo_cancel((what, row): (integration_tests::fifo::Queued, String)) -> Result<(), Failed> {
