@@ -151,6 +151,69 @@ impl BackendFactory for SqlFactory {
     }
 }
 
+/// Clients of one server alternately with and without `fifo` (the fifo
+/// ones re-check every 200 ms, since no release of the others tells
+/// them): the conformance suite's safety cases must hold across the mix.
+pub struct MixedFifo {
+    name: &'static str,
+    f: Arc<SqlFactory>,
+}
+
+thread_local! {
+    /// Which kind of client comes next on this thread: each case runs on a
+    /// thread of its own and makes its clients there, so each alternates.
+    static NEXT_IS_FIFO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl MixedFifo {
+    /// The cases whose claims are safety: each runs on clients of both
+    /// kinds.
+    const SAFETY: [&'static str; 6] = [
+        "::mutual_exclusion_under_contention",
+        "::opposite_orders_never_deadlock_or_overlap",
+        "::tokens_increase_across_holders",
+        "::semaphore_never_has_more_than_its_limit_and_fills_it",
+        "::readers_overlap_and_writers_exclude_everyone_under_contention",
+        "::one_leader_at_a_time_among_many_campaigners",
+    ];
+
+    /// The safety cases on `f`'s server, named `<name>::<case>`.
+    pub fn trials(
+        name: &'static str,
+        f: &Arc<SqlFactory>,
+        rt: &tokio::runtime::Runtime,
+    ) -> Vec<Trial> {
+        let mixed = Arc::new(Self { name, f: f.clone() });
+        integration_tests::trials(mixed, rt)
+            .into_iter()
+            .filter(|t| Self::SAFETY.iter().any(|c| t.name().ends_with(c)))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl BackendFactory for MixedFifo {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    async fn client(&self) -> distlock_core::Result<DynBackend> {
+        let fifo = NEXT_IS_FIFO.with(|next| next.replace(!next.get()));
+        let url = if fifo {
+            self.f.url_with("fifo=true&queue_lease_ms=600")
+        } else {
+            self.f.url()
+        }
+        .map_err(|e| distlock_core::Error::unavailable("test", format!("{e:?}"), None))?;
+        Ok(Arc::new(SqlBackend::connect(&url).await?))
+    }
+    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
+        self.f.evict(name).await
+    }
+    fn short_ttl(&self) -> Duration {
+        self.f.short_ttl()
+    }
+}
+
 /// The `main` of a SQL backend's test file: the conformance suite on a
 /// [`SqlFactory`] for `source`, the trials every SQL backend shares, then
 /// `extra`.
