@@ -207,3 +207,74 @@ impl<B: UrlBackend> BackendFactory for ServerFactory<B> {
         self.short_ttl
     }
 }
+
+/// Clients alternately from `a` and from `b`, two factories on the same
+/// servers (with and without `fifo`): the suite's safety cases must hold
+/// across the mix. Each case runs on a thread of its own and makes its
+/// clients there, so each case alternates.
+pub struct Alternating {
+    name: &'static str,
+    a: Arc<dyn BackendFactory>,
+    b: Arc<dyn BackendFactory>,
+}
+
+impl fmt::Debug for Alternating {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Alternating")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+thread_local! {
+    static NEXT_IS_B: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl Alternating {
+    /// The cases whose claims are safety.
+    const SAFETY: [&'static str; 6] = [
+        "::mutual_exclusion_under_contention",
+        "::opposite_orders_never_deadlock_or_overlap",
+        "::tokens_increase_across_holders",
+        "::semaphore_never_has_more_than_its_limit_and_fills_it",
+        "::readers_overlap_and_writers_exclude_everyone_under_contention",
+        "::one_leader_at_a_time_among_many_campaigners",
+    ];
+
+    /// The safety cases on clients alternately of `a` and `b`, named
+    /// `<name>::<case>`; evictions go through `a`.
+    pub fn safety_trials(
+        name: &'static str,
+        a: Arc<dyn BackendFactory>,
+        b: Arc<dyn BackendFactory>,
+        rt: &tokio::runtime::Runtime,
+    ) -> Vec<libtest_mimic::Trial> {
+        crate::trials(Arc::new(Self { name, a, b }), rt)
+            .into_iter()
+            .filter(|t| Self::SAFETY.iter().any(|c| t.name().ends_with(c)))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl BackendFactory for Alternating {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    async fn client(&self) -> distlock_core::Result<DynBackend> {
+        if NEXT_IS_B.with(|next| next.replace(!next.get())) {
+            self.b.client().await
+        } else {
+            self.a.client().await
+        }
+    }
+    async fn evict(&self, name: &LockName) -> Result<(), Failed> {
+        self.a.evict(name).await
+    }
+    fn can_evict(&self) -> bool {
+        self.a.can_evict()
+    }
+    fn short_ttl(&self) -> Duration {
+        self.a.short_ttl().max(self.b.short_ttl())
+    }
+}

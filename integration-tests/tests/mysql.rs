@@ -53,7 +53,7 @@ fn main() {
         move |f, rt| {
             let mut trials = integration_tests::trials(tls.clone(), rt);
             trials.extend(integration_tests::trials(fifo.clone(), rt));
-            trials.extend(sql_support::MixedFifo::trials("mysql::fifo_mixed", f, rt));
+            trials.extend(sql_support::fifo_mixed("mysql::fifo_mixed", f, rt));
             trials.extend([
             trial(
                 rt,

@@ -119,6 +119,12 @@ fn main() {
     integration_tests::run_suite(single.clone(), move |rt| {
         let mut extra = integration_tests::trials(cluster, rt);
         extra.extend(integration_tests::trials(fifo_single, rt));
+        extra.extend(integration_tests::factory::Alternating::safety_trials(
+            "redis::fifo_mixed",
+            single.clone(),
+            Arc::new(single.sharing("redis::fifo_mixed", "?fifo=true&queue_lease_ms=600")),
+            rt,
+        ));
         extra.extend(integration_tests::trials(tls.clone(), rt));
         extra.extend(integration_tests::trials(sentinel_tls.clone(), rt));
         extra.extend(integration_tests::trials(cluster_tls.clone(), rt));

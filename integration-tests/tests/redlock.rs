@@ -39,10 +39,18 @@ fn main() {
     // namespace of their own.
     let fenced = Arc::new(plain.sharing("redlock::fenced", "&fencing=true"));
     let queued = Arc::new(plain.sharing("redlock::fifo_suite", "&fifo=true"));
+    let mixed: Arc<dyn integration_tests::BackendFactory> =
+        Arc::new(plain.sharing("redlock::fifo_mixed", "&fifo=true&queue_lease_ms=600"));
     let plain = Arc::new(plain);
-    integration_tests::run_suite(plain, move |rt| {
+    integration_tests::run_suite(plain.clone(), move |rt| {
         let mut extra = integration_tests::trials(fenced, rt);
         extra.extend(integration_tests::trials(queued, rt));
+        extra.extend(integration_tests::factory::Alternating::safety_trials(
+            "redlock::fifo_mixed",
+            plain,
+            mixed,
+            rt,
+        ));
         extra.extend([
             trial(
                 rt,

@@ -151,67 +151,44 @@ impl BackendFactory for SqlFactory {
     }
 }
 
-/// Clients of one server alternately with and without `fifo` (the fifo
-/// ones re-check every 200 ms, since no release of the others tells
-/// them): the conformance suite's safety cases must hold across the mix.
-pub struct MixedFifo {
-    name: &'static str,
-    f: Arc<SqlFactory>,
-}
-
-thread_local! {
-    /// Which kind of client comes next on this thread: each case runs on a
-    /// thread of its own and makes its clients there, so each alternates.
-    static NEXT_IS_FIFO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-impl MixedFifo {
-    /// The cases whose claims are safety: each runs on clients of both
-    /// kinds.
-    const SAFETY: [&'static str; 6] = [
-        "::mutual_exclusion_under_contention",
-        "::opposite_orders_never_deadlock_or_overlap",
-        "::tokens_increase_across_holders",
-        "::semaphore_never_has_more_than_its_limit_and_fills_it",
-        "::readers_overlap_and_writers_exclude_everyone_under_contention",
-        "::one_leader_at_a_time_among_many_campaigners",
-    ];
-
-    /// The safety cases on `f`'s server, named `<name>::<case>`.
-    pub fn trials(
-        name: &'static str,
-        f: &Arc<SqlFactory>,
-        rt: &tokio::runtime::Runtime,
-    ) -> Vec<Trial> {
-        let mixed = Arc::new(Self { name, f: f.clone() });
-        integration_tests::trials(mixed, rt)
-            .into_iter()
-            .filter(|t| Self::SAFETY.iter().any(|c| t.name().ends_with(c)))
-            .collect()
-    }
-}
+/// The clients of `f`'s server with `fifo` (re-checking every 200 ms,
+/// since no release of a client without it tells them), for
+/// [`Alternating`](integration_tests::factory::Alternating).
+pub struct FifoHalf(pub Arc<SqlFactory>);
 
 #[async_trait]
-impl BackendFactory for MixedFifo {
+impl BackendFactory for FifoHalf {
     fn name(&self) -> &'static str {
-        self.name
+        self.0.name
     }
     async fn client(&self) -> distlock_core::Result<DynBackend> {
-        let fifo = NEXT_IS_FIFO.with(|next| next.replace(!next.get()));
-        let url = if fifo {
-            self.f.url_with("fifo=true&queue_lease_ms=600")
-        } else {
-            self.f.url()
-        }
-        .map_err(|e| distlock_core::Error::unavailable("test", format!("{e:?}"), None))?;
+        let url = self
+            .0
+            .url_with("fifo=true&queue_lease_ms=600")
+            .map_err(|e| distlock_core::Error::unavailable("test", format!("{e:?}"), None))?;
         Ok(Arc::new(SqlBackend::connect(&url).await?))
     }
     async fn evict(&self, name: &LockName) -> Result<(), Failed> {
-        self.f.evict(name).await
+        self.0.evict(name).await
     }
     fn short_ttl(&self) -> Duration {
-        self.f.short_ttl()
+        self.0.short_ttl()
     }
+}
+
+/// The suite's safety cases on `f`'s server, its clients alternately with
+/// and without `fifo`, named `<name>::<case>`.
+pub fn fifo_mixed(
+    name: &'static str,
+    f: &Arc<SqlFactory>,
+    rt: &tokio::runtime::Runtime,
+) -> Vec<Trial> {
+    integration_tests::factory::Alternating::safety_trials(
+        name,
+        f.clone(),
+        Arc::new(FifoHalf(f.clone())),
+        rt,
+    )
 }
 
 /// The `main` of a SQL backend's test file: the conformance suite on a
