@@ -240,36 +240,17 @@ async fn case_sensitive(f: Arc<SqlFactory>) -> Result<(), Failed> {
 }
 
 /// The URL of a [`my::spawn_tls`] server at `host`.
-/// A wrong password, and a user the server does not know, are refused as
-/// `Misconfigured`, not retryable (retrying cannot help), and the message
-/// shows neither password.
+/// See [`sql_support::wrong_credentials_are_misconfigured`].
 async fn wrong_credentials(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let (port, certs) = tls_certs(&f)?;
-    let ca = certs.ca.display();
-    let wrong = "not-the-password-5d1f";
-    for (what, user) in [
-        ("a wrong password", my::TLS_USER),
-        ("an unknown user", "nobody_5d1f"),
-    ] {
-        let url = format!(
-            "mysql://{user}:{wrong}@localhost:{port}/{}?ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}",
+    let ca = certs.ca.display().to_string();
+    sql_support::wrong_credentials_are_misconfigured(my::TLS_USER, my::TLS_PASSWORD, |user, pw| {
+        format!(
+            "mysql://{user}:{pw}@localhost:{port}/{}?ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}",
             my::DATABASE
-        );
-        match SqlBackend::connect(&url).await {
-            Ok(_) => return Err(format!("{what}: connected").into()),
-            Err(e @ distlock_core::Error::Misconfigured { .. }) => {
-                let text = format!("{e:?}");
-                if text.contains(wrong) || text.contains(my::TLS_PASSWORD) {
-                    return Err(format!("{what}: the error shows a password: {text}").into());
-                }
-                if e.is_retryable() {
-                    return Err(format!("{what}: counted as retryable: {text}").into());
-                }
-            }
-            Err(e) => return Err(format!("{what}: expected Misconfigured, got {e:?}").into()),
-        }
-    }
-    Ok(())
+        )
+    })
+    .await
 }
 
 fn tls_url(host: &str, port: u16, ssl_mode: &str, ca: &Path) -> String {

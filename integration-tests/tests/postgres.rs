@@ -383,38 +383,16 @@ async fn tls_plaintext_refused(f: Arc<SqlFactory>) -> Result<(), Failed> {
     }
 }
 
-/// A wrong password, and a user the server does not know, are refused as
-/// `Misconfigured`, not retryable (retrying cannot help), and the message
-/// shows neither password.
+/// See [`sql_support::wrong_credentials_are_misconfigured`].
 async fn wrong_credentials(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let (port, certs) = tls_certs(&f)?;
-    let ca = certs.ca.display();
-    let wrong = "not-the-password-5d1f";
-    for (what, url) in [
-        (
-            "a wrong password",
-            format!("postgres://postgres:{wrong}@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={ca}"),
-        ),
-        (
-            "an unknown user",
-            format!("postgres://nobody_5d1f:{wrong}@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={ca}"),
-        ),
-    ] {
-        match SqlBackend::connect(&url).await {
-            Ok(_) => return Err(format!("{what}: connected").into()),
-            Err(e @ distlock_core::Error::Misconfigured { .. }) => {
-                let text = format!("{e:?}");
-                if text.contains(wrong) || text.contains(pg::TLS_PASSWORD) {
-                    return Err(format!("{what}: the error shows a password: {text}").into());
-                }
-                if e.is_retryable() {
-                    return Err(format!("{what}: counted as retryable: {text}").into());
-                }
-            }
-            Err(e) => return Err(format!("{what}: expected Misconfigured, got {e:?}").into()),
-        }
-    }
-    Ok(())
+    let ca = certs.ca.display().to_string();
+    sql_support::wrong_credentials_are_misconfigured("postgres", pg::TLS_PASSWORD, |user, pw| {
+        format!(
+            "postgres://{user}:{pw}@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={ca}"
+        )
+    })
+    .await
 }
 
 /// Its own server, since it is stopped and started again.

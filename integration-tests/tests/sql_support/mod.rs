@@ -191,6 +191,37 @@ pub fn fifo_mixed(
     )
 }
 
+/// A wrong password and a user the server does not know: `url_of(user,
+/// password)` is the server's URL with them. Each is refused as
+/// `Misconfigured`, not retryable (retrying cannot help), and the message
+/// shows neither the wrong password nor `secret`, the right one.
+pub async fn wrong_credentials_are_misconfigured(
+    user: &str,
+    secret: &str,
+    url_of: impl Fn(&str, &str) -> String,
+) -> Result<(), Failed> {
+    let wrong = "not-the-password-5d1f";
+    for (what, user) in [
+        ("a wrong password", user),
+        ("an unknown user", "nobody_5d1f"),
+    ] {
+        match SqlBackend::connect(&url_of(user, wrong)).await {
+            Ok(_) => return Err(format!("{what}: connected").into()),
+            Err(e @ distlock_core::Error::Misconfigured { .. }) => {
+                let text = format!("{e:?}");
+                if text.contains(wrong) || text.contains(secret) {
+                    return Err(format!("{what}: the error shows a password: {text}").into());
+                }
+                if e.is_retryable() {
+                    return Err(format!("{what}: counted as retryable: {text}").into());
+                }
+            }
+            Err(e) => return Err(format!("{what}: expected Misconfigured, got {e:?}").into()),
+        }
+    }
+    Ok(())
+}
+
 /// The `main` of a SQL backend's test file: the conformance suite on a
 /// [`SqlFactory`] for `source`, the trials every SQL backend shares, then
 /// `extra`.
