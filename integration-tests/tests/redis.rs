@@ -166,12 +166,6 @@ fn main() {
             move || handle.block_on(interop_shared(s)),
         ));
         let handle = rt.handle().clone();
-        let s = single.clone();
-        extra.push(Trial::test(
-            "redis::a_crashed_reader_beside_a_renewing_one_stops_counting_after_its_ttl",
-            move || handle.block_on(crashed_beside_renewing(s)),
-        ));
-        let handle = rt.handle().clone();
         extra.push(Trial::test(
             "redis::uncontended_shared_and_exclusive_holds_are_one_script_call_each_way",
             move || handle.block_on(one_call_each_way()),
@@ -353,53 +347,6 @@ async fn interop_shared(f: Arc<Redis>) -> Result<(), Failed> {
         return Err("a distlock reader got a lock a classic client holds".into());
     }
     raw(&["DEL", &name])?;
-    Ok(())
-}
-
-/// A reader that vanishes stops counting after its own TTL while another
-/// reader keeps renewing: `inspect` then counts one shared hold, and once
-/// the renewing reader releases, a writer is granted at once (the lock
-/// key's expiry followed the live hold, not the vanished one's).
-async fn crashed_beside_renewing(f: Arc<Redis>) -> Result<(), Failed> {
-    use distlock_core::{Backend, HoldKind, LockName, LockRequest};
-    let name = LockName::new(format!("{}/crashed-beside", integration_tests::namespace()))?;
-    let raw = f.backend().await?;
-    let mut crashed = LockRequest::new(name.clone(), Duration::from_millis(600));
-    crashed.kind = HoldKind::Shared;
-    raw.try_acquire(&crashed)
-        .await?
-        .ok_or("the crashed reader was refused")?;
-    let live = LockClient::new(f.backend().await?);
-    let g = live
-        .lock(&name)
-        .shared()
-        .ttl(Duration::from_millis(600))
-        .try_acquire()
-        .await?
-        .ok_or("the renewing reader was refused")?;
-    let s = raw.inspect(&name).await?;
-    if s.shared != Some(2) {
-        return Err(format!("with two readers inspect said {s:?}").into());
-    }
-    tokio::time::sleep(Duration::from_millis(1600)).await;
-    if !g.is_held() {
-        return Err("the renewing reader lost its hold".into());
-    }
-    let s = raw.inspect(&name).await?;
-    if s.shared != Some(1) || !s.held {
-        return Err(format!("a TTL after the crash inspect said {s:?}").into());
-    }
-    let writer = LockClient::new(f.backend().await?);
-    if writer.lock(&name).try_acquire().await?.is_some() {
-        return Err("a writer was granted beside the renewing reader".into());
-    }
-    g.release().await?;
-    let w = writer
-        .lock(&name)
-        .try_acquire()
-        .await?
-        .ok_or("the vanished reader still blocked the writer after the live one left")?;
-    w.release().await?;
     Ok(())
 }
 

@@ -21,6 +21,7 @@ cases![
     a_waiting_writer_holds_back_new_readers,
     a_writer_is_not_starved_by_a_stream_of_readers,
     crashed_reader_stops_blocking_a_writer_after_its_ttl,
+    a_crashed_reader_beside_a_renewing_one_stops_counting_after_its_ttl,
     a_writer_that_gives_up_leaves_no_mark,
     upgrade_is_refused_and_an_exclusive_holder_nests_a_shared_request,
     tokens_rise_across_shared_and_exclusive_holds,
@@ -276,6 +277,50 @@ pub async fn crashed_reader_stops_blocking_a_writer_after_its_ttl(
     let (raw, _) = raw_hold(f, &req).await?;
     drop(raw);
     replaced_after_ttl(req.ttl, || b.lock(&req.name)).await
+}
+
+/// A reader that vanishes stops counting after its own TTL while another
+/// reader keeps renewing: `inspect` then counts one shared hold, a writer
+/// is still refused beside the live reader, and once that reader releases
+/// a writer's single try is granted (nothing of the vanished reader is
+/// left to block it).
+pub async fn a_crashed_reader_beside_a_renewing_one_stops_counting_after_its_ttl(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let ttl = f.short_ttl();
+    let mut crashed = LockRequest::new(name(&ns, "crashed-beside")?, ttl);
+    crashed.kind = HoldKind::Shared;
+    let (raw, _) = raw_hold(f, &crashed).await?;
+    drop(raw);
+    let lock = crashed.name;
+    let live = client(f).await?;
+    let g = live
+        .lock(&lock)
+        .shared()
+        .ttl(ttl)
+        .try_acquire()
+        .await?
+        .ok_or("the renewing reader was refused beside the other reader")?;
+    // The vanished reader's TTL passes twice over, and a second more.
+    tokio::time::sleep(ttl * 2 + Duration::from_secs(1)).await;
+    ensure!(g.is_held(), "the renewing reader lost its hold");
+    let s = live.backend().inspect(&lock).await?;
+    ensure!(
+        s.held && s.shared == Some(1),
+        "past the vanished reader's TTL inspect said {s:?}"
+    );
+    let writer = client(f).await?;
+    ensure!(
+        try_exclusive(&writer, &lock).await?.is_none(),
+        "a writer was granted beside the renewing reader"
+    );
+    g.release().await?;
+    let w = try_exclusive(&writer, &lock)
+        .await?
+        .ok_or("the vanished reader still blocked a writer after the live one left")?;
+    w.release().await?;
+    Ok(Completion::Completed)
 }
 
 /// A writer whose wait runs out, and one whose wait is cancelled, leave
