@@ -210,8 +210,9 @@ impl<B: UrlBackend> BackendFactory for ServerFactory<B> {
 
 /// Clients alternately from `a` and from `b`, two factories on the same
 /// servers (with and without `fifo`): the suite's safety cases must hold
-/// across the mix. Each case runs on a thread of its own and makes its
-/// clients there, so each case alternates.
+/// across the mix. The next kind is kept per thread: each case runs on a
+/// thread of its own and makes its clients there before it spawns its
+/// tasks, so the clients of one case alternate.
 pub struct Alternating {
     name: &'static str,
     a: Arc<dyn BackendFactory>,

@@ -130,8 +130,9 @@ pub async fn herd<B: CountsWakeups>(
 /// the one permit of the semaphore `name`; the releases that follow must
 /// hand the permit on in arrival order, and wake few waiters: two
 /// wake-ups per release (the first waiter's, and the next one's as the
-/// first claims its permit; a herd would wake every waiter behind). `queue_len` counts the semaphore's contenders, holder included.
-/// Answers the wake-ups counted.
+/// first claims its permit; a herd would wake every waiter behind).
+/// `queue_len` counts the semaphore's contenders, holder included. Answers
+/// the wake-ups counted.
 pub async fn semaphore_grants_in_arrival_order<B: CountsWakeups>(
     url: &str,
     n: usize,
