@@ -85,6 +85,10 @@ struct Args {
     /// Clients contending for one name (scenario 4).
     #[arg(long, default_value_t = 8)]
     clients: usize,
+    /// Scenario 3's configurations to run, each TASKSxNAMESxCLIENTS (for
+    /// example `64x64x4`); all of them when not given.
+    #[arg(long, value_delimiter = ',')]
+    throughput: Vec<String>,
     /// Waiter counts for the handoff and herd scenarios.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
     waiters: Vec<usize>,
@@ -798,10 +802,16 @@ async fn scenarios_3_to_6(
     r: &mut Results,
 ) -> Result<(), BoxError> {
     let secs = Duration::from_secs_f64(a.seconds);
-    let throughput: &[(usize, usize, usize)] = if a.only.iter().any(|g| g == "3") {
+    let throughput: Vec<(usize, usize, usize)> = if a.only.iter().any(|g| g == "3") {
         THROUGHPUT
+            .iter()
+            .copied()
+            .filter(|(t, n, c)| {
+                a.throughput.is_empty() || a.throughput.contains(&format!("{t}x{n}x{c}"))
+            })
+            .collect()
     } else {
-        &[]
+        Vec::new()
     };
     if !throughput.is_empty() {
         let _ = writeln!(
@@ -830,7 +840,7 @@ async fn scenarios_3_to_6(
             protos.push(p);
         }
     }
-    for &(tasks, names, clients) in throughput {
+    for &(tasks, names, clients) in &throughput {
         let m = contention::throughput(
             &libs[..clients],
             &raws[..clients],
@@ -2397,6 +2407,21 @@ async fn run() -> Result<(), BoxError> {
     }
     let mut a = Args::parse();
     FIFO.store(a.fifo, std::sync::atomic::Ordering::Relaxed);
+    if let Some(unknown) = a.throughput.iter().find(|c| {
+        !THROUGHPUT
+            .iter()
+            .any(|(t, n, k)| **c == format!("{t}x{n}x{k}"))
+    }) {
+        return Err(format!(
+            "--throughput {unknown}: not one of scenario 3's configurations ({})",
+            THROUGHPUT
+                .iter()
+                .map(|(t, n, k)| format!("{t}x{n}x{k}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+        .into());
+    }
     if a.smoke {
         a.iterations = a.iterations.min(50);
         a.seconds = a.seconds.min(0.3);

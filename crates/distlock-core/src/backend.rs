@@ -119,11 +119,11 @@ impl Grant {
 }
 
 impl LockRequest {
-    /// A request with a fresh random owner.
+    /// A request with a fresh owner.
     pub fn new(name: LockName, ttl: Duration) -> Self {
         Self {
             name,
-            owner: Owner::random(),
+            owner: Owner::unique(),
             ttl,
             kind: HoldKind::Exclusive,
             value: None,
@@ -132,7 +132,7 @@ impl LockRequest {
     }
 
     /// A campaign for the leadership of the election `name`, carrying
-    /// `value`, with a fresh random owner.
+    /// `value`, with a fresh owner.
     pub fn leader(name: LockName, ttl: Duration, value: impl Into<Arc<str>>) -> Self {
         Self {
             kind: HoldKind::Leader,
@@ -141,7 +141,7 @@ impl LockRequest {
         }
     }
 
-    /// A request for one of `limit` permits, with a fresh random owner.
+    /// A request for one of `limit` permits, with a fresh owner.
     pub fn permit(name: LockName, ttl: Duration, limit: u32) -> Self {
         Self {
             kind: HoldKind::Permits { limit },
