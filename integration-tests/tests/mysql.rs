@@ -177,6 +177,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::a_role_with_only_the_listed_rights_serves_every_kind",
+                restricted_user(f.clone()),
+            ),
+            trial(
+                rt,
                 "mysql::a_renewal_committing_at_expiry_keeps_its_permit",
                 renewal_at_expiry(f.clone()),
             ),
@@ -240,6 +245,59 @@ async fn case_sensitive(f: Arc<SqlFactory>) -> Result<(), Failed> {
 }
 
 /// The URL of a [`my::spawn_tls`] server at `host`.
+/// The rights the guarantees list: `SELECT`, `INSERT`, `UPDATE` and
+/// `DELETE` on the tables, `EXECUTE` on the procedures named after the
+/// table. The user has no password.
+async fn restricted_user(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let admin = f.admin_pool::<sqlx::MySql>().await?;
+    let make_user = |table: String, user: String, rights: bool| {
+        let admin = admin.clone();
+        async move {
+            let mut sql = vec![format!("CREATE USER '{user}'@'%'")];
+            if rights {
+                for t in ["", "_sems", "_permits", "_shared", "_writers"] {
+                    sql.push(format!(
+                        "GRANT SELECT, INSERT, UPDATE, DELETE ON {table}{t} TO '{user}'@'%'"
+                    ));
+                }
+                let procedures: Vec<String> = sqlx::query_scalar(
+                    "SELECT ROUTINE_NAME FROM information_schema.ROUTINES
+                      WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME LIKE CONCAT(?, '\\_%')",
+                )
+                .bind(&table)
+                .fetch_all(&admin)
+                .await
+                .map_err(|e| Failed::from(e.to_string()))?;
+                if procedures.is_empty() {
+                    return Err(format!("no procedures named after {table}").into());
+                }
+                for p in procedures {
+                    sql.push(format!("GRANT EXECUTE ON PROCEDURE {p} TO '{user}'@'%'"));
+                }
+            }
+            for statement in sql {
+                sqlx::raw_sql(&statement)
+                    .execute(&admin)
+                    .await
+                    .map_err(|e| Failed::from(format!("{statement}: {e}")))?;
+            }
+            Ok(())
+        }
+    };
+    let url = f.url()?;
+    sql_support::a_role_with_only_the_listed_rights_serves_every_kind(
+        &f,
+        make_user,
+        |user, params| {
+            format!(
+                "{}?{params}",
+                url.replacen("mysql://root@", &format!("mysql://{user}@"), 1)
+            )
+        },
+    )
+    .await
+}
+
 /// See [`sql_support::wrong_credentials_are_misconfigured`].
 async fn wrong_credentials(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let (port, certs) = tls_certs(&f)?;

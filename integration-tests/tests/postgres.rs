@@ -92,6 +92,11 @@ fn main() {
                 "postgres::a_wrong_password_or_user_is_misconfigured_not_retryable",
                 wrong_credentials(tls.clone()),
             ),
+            trial(
+                rt,
+                "postgres::a_role_with_only_the_listed_rights_serves_every_kind",
+                restricted_role(f.clone()),
+            ),
         ]);
             trials.extend(vec![
                 trial(
@@ -392,6 +397,46 @@ async fn wrong_credentials(f: Arc<SqlFactory>) -> Result<(), Failed> {
             "postgres://{user}:{pw}@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={ca}"
         )
     })
+    .await
+}
+
+/// The rights the guarantees list: `SELECT`, `INSERT`, `UPDATE` and
+/// `DELETE` on the tables, `USAGE` on the queue's sequence; `EXECUTE` on
+/// the functions is PostgreSQL's default for every role. The server trusts
+/// every local role, so a role needs no password here.
+async fn restricted_role(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let admin = f.admin_pool::<sqlx::Postgres>().await?;
+    let make_role = |table: String, role: String, rights: bool| {
+        let admin = admin.clone();
+        async move {
+            let mut sql = format!("CREATE ROLE {role} LOGIN;");
+            if rights {
+                sql.push_str(&format!(
+                    "GRANT SELECT, INSERT, UPDATE, DELETE
+                        ON {table}, {table}_sems, {table}_permits, {table}_shared,
+                           {table}_writers, {table}_queue
+                        TO {role};
+                     GRANT USAGE ON SEQUENCE {table}_queue_arrival_seq TO {role};"
+                ));
+            }
+            sqlx::raw_sql(&sql)
+                .execute(&admin)
+                .await
+                .map_err(|e| Failed::from(e.to_string()))?;
+            Ok(())
+        }
+    };
+    let url = f.url()?;
+    sql_support::a_role_with_only_the_listed_rights_serves_every_kind(
+        &f,
+        make_role,
+        |role, params| {
+            format!(
+                "{}?{params}",
+                url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1)
+            )
+        },
+    )
     .await
 }
 

@@ -30,6 +30,13 @@ pub(crate) struct My {
     table: String,
     permit_table: String,
     create: String,
+    /// Counts how many of the tables the creation statements make exist:
+    /// when all of them do, none of those statements runs, so a user allowed
+    /// only to read and write the tables can use tables an administrator
+    /// made.
+    count_tables: String,
+    /// How many tables the creation statements make.
+    tables: i64,
     /// Columns a table created without them gets: (table, column, type).
     added_columns: Vec<(String, &'static str, &'static str)>,
     take: String,
@@ -68,6 +75,19 @@ impl My {
         );
         let permit_tables = PermitTables::for_lock_table(table);
         let rw_tables = RwTables::for_lock_table(table);
+        let names = [
+            table,
+            &permit_tables.semaphores,
+            &permit_tables.permits,
+            &rw_tables.shared,
+            &rw_tables.writers,
+        ];
+        // Validated identifiers, so quoting them is enough.
+        let count_tables = format!(
+            "SELECT COUNT(*) FROM information_schema.tables
+              WHERE table_schema = DATABASE() AND table_name IN ('{}')",
+            names.join("', '")
+        );
         // MySQL has no `ADD COLUMN IF NOT EXISTS` (MariaDB has):
         // `add_column` reads the table's columns first.
         let added_columns = vec![
@@ -174,6 +194,8 @@ impl My {
             take_queued,
             release_queued,
             create,
+            count_tables,
+            tables: names.len() as i64,
             added_columns,
             take,
             insert,
@@ -195,11 +217,17 @@ impl My {
     }
 
     pub(crate) async fn create_table(&self) -> Result<()> {
-        for create in [self.create.as_str()]
+        let there: i64 = sqlx::query_scalar(&self.count_tables)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        // `CREATE TABLE IF NOT EXISTS` needs the CREATE privilege even when
+        // the table exists.
+        let creates = [self.create.as_str()]
             .into_iter()
             .chain(self.permits.creates())
-            .chain(self.shared.creates())
-        {
+            .chain(self.shared.creates());
+        for create in creates.filter(|_| there < self.tables) {
             sqlx::query(create)
                 .execute(&self.pool)
                 .await

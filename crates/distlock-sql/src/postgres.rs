@@ -24,6 +24,10 @@ pub(crate) struct Pg {
     pub(crate) pool: PgPool,
     pub(crate) channel: String,
     create: String,
+    /// Every table and index the creation statements make: when all of them
+    /// exist, none of those statements runs, so a role allowed only to read
+    /// and write the tables can use tables an administrator made.
+    relations: Vec<String>,
     /// Columns a table created without them gets: (table, column, type).
     added_columns: Vec<(String, &'static str, &'static str)>,
     take: String,
@@ -108,7 +112,16 @@ impl Pg {
             (rw_tables.shared.clone(), "token", "BIGINT"),
             (rw_tables.shared.clone(), "holder", "TEXT"),
         ];
+        let mut relations = vec![
+            table.to_owned(),
+            permit_tables.semaphores.clone(),
+            permit_tables.permits.clone(),
+            rw_tables.shared.clone(),
+            rw_tables.writers.clone(),
+        ];
         if fifo.is_some() {
+            relations.push(format!("{table}_queue"));
+            relations.push(format!("{table}_queue_arrival"));
             // Queue tables made by earlier versions of this crate lack it.
             added_columns.push((
                 format!("{table}_queue"),
@@ -267,6 +280,7 @@ impl Pg {
             permit_channel: permit_tables.permits.clone(),
             permit_releases: Arc::default(),
             create,
+            relations,
             added_columns,
             take,
             take_leader,
@@ -303,12 +317,21 @@ impl Pg {
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err.map(e))?;
-        for create in [self.create.as_str()]
+        let all_there: Option<bool> = sqlx::query_scalar(
+            "SELECT bool_and(to_regclass(n) IS NOT NULL) FROM unnest($1::text[]) AS n",
+        )
+        .bind(&self.relations)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| self.err.map(e))?;
+        // `CREATE TABLE IF NOT EXISTS` needs the right to create in the
+        // schema even when the table exists.
+        let creates = [self.create.as_str()]
             .into_iter()
             .chain(self.permits.creates())
             .chain(self.shared.creates())
-            .chain(self.queue.iter().flat_map(|q| q.creates()))
-        {
+            .chain(self.queue.iter().flat_map(|q| q.creates()));
+        for create in creates.filter(|_| all_there != Some(true)) {
             sqlx::query(create)
                 .execute(&mut *tx)
                 .await

@@ -984,10 +984,16 @@ pub async fn the_last_readers_release_wakes_a_queued_writer(
 pub async fn the_longest_table_name_serves_every_kind(f: Arc<SqlFactory>) -> Result<(), Failed> {
     const LONGEST: usize = 54;
     let table = format!("longest_{}", "t".repeat(LONGEST - "longest_".len()));
-    let url = f.url_with(&format!("table={table}&fifo=true"))?;
+    serves_every_kind(&f.url_with(&format!("table={table}&fifo=true"))?).await
+}
+
+/// Two clients at `url` take a lock, a semaphore's permit, a shared hold
+/// and a leadership, each waited for (but the shared one, held by both at
+/// once) and released.
+pub async fn serves_every_kind(url: &str) -> Result<(), Failed> {
     let (a, b) = (
-        LockClient::new(SqlBackend::connect(&url).await?),
-        LockClient::new(SqlBackend::connect(&url).await?),
+        LockClient::new(SqlBackend::connect(url).await?),
+        LockClient::new(SqlBackend::connect(url).await?),
     );
     let wait = Duration::from_secs(10);
     let held = a.lock("longest/lock").acquire().await?;
@@ -1030,4 +1036,49 @@ pub async fn the_longest_table_name_serves_every_kind(f: Arc<SqlFactory>) -> Res
     }
     leader.resign().await?;
     Ok(())
+}
+
+/// A role given only the rights the guarantees list, on tables its
+/// administrator made: `make_role(table, role, rights)` runs the
+/// administrator's statements that make the role and, if `rights`, grant
+/// it those rights; `url_of(role, params)` is the server's URL for that
+/// role. As that role every kind is served, with and without `fifo`; as a
+/// role given no rights a lock is `Misconfigured`, not retryable.
+pub async fn a_role_with_only_the_listed_rights_serves_every_kind<M, MF>(
+    f: &SqlFactory,
+    make_role: M,
+    url_of: impl Fn(&str, &str) -> String,
+) -> Result<(), Failed>
+where
+    M: Fn(String, String, bool) -> MF,
+    MF: std::future::Future<Output = Result<(), Failed>>,
+{
+    let (table, admin) = f.own_table("restricted")?;
+    // The administrator's client makes every table (the queue's too).
+    SqlBackend::connect(&format!("{admin}&fifo=true")).await?;
+    let ns = &integration_tests::namespace()[12..];
+    let role = format!("app_{ns}");
+    make_role(table.clone(), role.clone(), true).await?;
+    for fifo in [false, true] {
+        serves_every_kind(&url_of(&role, &format!("table={table}&fifo={fifo}")))
+            .await
+            .map_err(|e| format!("as {role} with fifo={fifo}: {e:?}"))?;
+    }
+    let none = format!("none_{ns}");
+    make_role(table.clone(), none.clone(), false).await?;
+    // Its connection may be refused already, or its first lock.
+    let tried = match SqlBackend::connect(&url_of(&none, &format!("table={table}"))).await {
+        Ok(backend) => LockClient::new(backend)
+            .lock("restricted/none")
+            .try_acquire()
+            .await
+            .map(|g| g.is_some()),
+        Err(e) => Err(e),
+    };
+    match tried {
+        Err(e @ distlock_core::Error::Misconfigured { .. }) if !e.is_retryable() => Ok(()),
+        other => {
+            Err(format!("a role without rights: expected Misconfigured, got {other:?}").into())
+        }
+    }
 }
