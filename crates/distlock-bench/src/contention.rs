@@ -20,42 +20,82 @@ pub(crate) struct Rate {
     pub(crate) blocks_per_op: f64,
 }
 
+/// What one side did over its slices, summed.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    ops: u64,
+    took: Duration,
+    cpu: Duration,
+    blocks: i64,
+}
+
+impl Tally {
+    fn rate(&self) -> Rate {
+        let n = self.ops.max(1) as f64;
+        Rate {
+            ops_per_sec: n / self.took.as_secs_f64().max(1e-9),
+            cpu_us_per_op: self.cpu.as_secs_f64() * 1e6 / n,
+            blocks_per_op: self.blocks as f64 / n,
+        }
+    }
+}
+
+/// One side's operation: `op(task, i)` for task `task`'s `i`-th.
+type Op = Arc<dyn Fn(usize, u32) -> crate::BoxFut<()> + Send + Sync>;
+
 /// Runs `tasks` tasks for `run_for`, each looping `op(task, i)` where `i`
-/// counts its operations, and measures them together.
-async fn rate<F, Fut>(tasks: usize, run_for: Duration, op: F) -> Result<Rate, BoxError>
-where
-    F: Fn(usize, u32) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<(), BoxError>> + Send,
-{
-    let op = Arc::new(op);
-    let done = Arc::new(AtomicU64::new(0));
+/// counts its operations (going on from `first[task]`), and adds what they
+/// did to `tally`.
+async fn slice(
+    tasks: usize,
+    run_for: Duration,
+    op: &Op,
+    first: &mut [u32],
+    tally: &mut Tally,
+) -> Result<(), BoxError> {
     let (cpu, blocked) = crate::usage();
     let start = Instant::now();
     let end = start + run_for;
     let mut running = Vec::new();
-    for task in 0..tasks {
-        let (op, done) = (op.clone(), done.clone());
+    for (task, from) in first.iter().enumerate().take(tasks) {
+        let (op, mut i) = (op.clone(), *from);
         running.push(tokio::spawn(async move {
-            let mut i = 0u32;
+            let mut done = 0u64;
             while Instant::now() < end {
                 op(task, i).await?;
                 i = i.wrapping_add(1);
-                done.fetch_add(1, Ordering::Relaxed);
+                done += 1;
             }
-            Ok::<(), BoxError>(())
+            Ok::<(u64, u32), BoxError>((done, i))
         }));
     }
-    for t in running {
-        t.await??;
+    for (task, t) in running.into_iter().enumerate() {
+        let (done, next) = t.await??;
+        tally.ops += done;
+        first[task] = next;
     }
-    let took = start.elapsed();
+    tally.took += start.elapsed();
     let (cpu_after, blocked_after) = crate::usage();
-    let n = done.load(Ordering::Relaxed).max(1) as f64;
-    Ok(Rate {
-        ops_per_sec: n / took.as_secs_f64(),
-        cpu_us_per_op: cpu_after.saturating_sub(cpu).as_secs_f64() * 1e6 / n,
-        blocks_per_op: (blocked_after - blocked) as f64 / n,
-    })
+    tally.cpu += cpu_after.saturating_sub(cpu);
+    tally.blocks += blocked_after - blocked;
+    Ok(())
+}
+
+/// How many slices each side of a throughput run is cut into, the sides
+/// taking turns, so that a slow spell of the machine hits every side.
+const SLICES: u32 = 5;
+
+/// Runs every side of `sides` for `run_for` in all, in [`SLICES`] turns
+/// each, and measures each side over its turns.
+async fn rates(tasks: usize, run_for: Duration, sides: &[Op]) -> Result<Vec<Rate>, BoxError> {
+    let mut tallies = vec![Tally::default(); sides.len()];
+    let mut next = vec![vec![0u32; tasks]; sides.len()];
+    for _ in 0..SLICES {
+        for (k, op) in sides.iter().enumerate() {
+            slice(tasks, run_for / SLICES, op, &mut next[k], &mut tallies[k]).await?;
+        }
+    }
+    Ok(tallies.iter().map(Tally::rate).collect())
 }
 
 /// The name slot of a task's `i`-th operation when `tasks` tasks share
@@ -83,8 +123,8 @@ pub(crate) struct Throughput {
 /// Acquire+release throughput of `tasks` tasks on `names` names through
 /// shared distlock clients (`libs`), through the raw sequence on
 /// connections or pools of its own (`raws`, as many), and through
-/// distlock's requests sent raw on those (`protos`, where written), one
-/// after the other. Task `t` goes through client `t % libs.len()` on every
+/// distlock's requests sent raw on those (`protos`, where written), taking
+/// turns in slices. Task `t` goes through client `t % libs.len()` on every
 /// side.
 pub(crate) async fn throughput(
     libs: &[LockClient],
@@ -98,26 +138,27 @@ pub(crate) async fn throughput(
     let names = names.max(tasks);
     let prefix = format!("bench/{tag}/k{tasks}x{names}c{}", libs.len());
     let libs: Arc<[LockClient]> = libs.into();
-    let ours = rate(tasks, run_for, move |task, i| {
+    let ours: Op = Arc::new(move |task, i| {
         let (lib, name) = (
             libs[task % libs.len()].clone(),
             format!("{prefix}/{}", slot(task, i, tasks, names)),
         );
-        async move { crate::cycle(&lib, &name).await }
-    })
-    .await?;
-    let on = |steps: &[Step]| {
+        Box::pin(async move { crate::cycle(&lib, &name).await })
+    });
+    let on = |steps: &[Step]| -> Op {
         let steps: Arc<[Step]> = steps.into();
-        rate(tasks, run_for, move |task, i| {
-            steps[task % steps.len()](i, slot(task, i, tasks, names))
-        })
+        Arc::new(move |task, i| steps[task % steps.len()](i, slot(task, i, tasks, names)))
     };
-    let raw = on(raws).await?;
-    let proto = match protos {
-        Some(p) => Some(on(p).await?),
-        None => None,
-    };
-    Ok(Throughput { ours, raw, proto })
+    let mut sides = vec![ours, on(raws)];
+    if let Some(p) = protos {
+        sides.push(on(p));
+    }
+    let measured = rates(tasks, run_for, &sides).await?;
+    Ok(Throughput {
+        ours: measured[0],
+        raw: measured[1],
+        proto: measured.get(2).copied(),
+    })
 }
 
 /// K clients contending for one name.
