@@ -94,8 +94,8 @@ impl Owner {
     ///
     /// One atomic increment, one `getpid` and a short-held mutex per call:
     /// the operating system's random source is read once per process (and
-    /// once more in a child after a `fork()`), where reading it per
-    /// acquisition cost about half a microsecond of every hold.
+    /// once more in a child after a `fork()`); reading it per acquisition
+    /// cost 130-170 ns of every hold (docs/benchmarks.md).
     pub fn unique() -> Self {
         let count = OWNERS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let bits = seed_of(std::process::id());

@@ -223,15 +223,17 @@ impl My {
             .map_err(|e| self.err.map(e))?;
         // `CREATE TABLE IF NOT EXISTS` needs the CREATE privilege even when
         // the table exists.
-        let creates = [self.create.as_str()]
-            .into_iter()
-            .chain(self.permits.creates())
-            .chain(self.shared.creates());
-        for create in creates.filter(|_| there < self.tables) {
-            sqlx::query(create)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.err.map(e))?;
+        if there < self.tables {
+            for create in [self.create.as_str()]
+                .into_iter()
+                .chain(self.permits.creates())
+                .chain(self.shared.creates())
+            {
+                sqlx::query(create)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| self.err.map(e))?;
+            }
         }
         for (table, column, decl) in &self.added_columns {
             self.add_column(table, column, decl).await?;

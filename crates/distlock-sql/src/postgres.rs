@@ -326,16 +326,18 @@ impl Pg {
         .map_err(|e| self.err.map(e))?;
         // `CREATE TABLE IF NOT EXISTS` needs the right to create in the
         // schema even when the table exists.
-        let creates = [self.create.as_str()]
-            .into_iter()
-            .chain(self.permits.creates())
-            .chain(self.shared.creates())
-            .chain(self.queue.iter().flat_map(|q| q.creates()));
-        for create in creates.filter(|_| all_there != Some(true)) {
-            sqlx::query(create)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err.map(e))?;
+        if all_there != Some(true) {
+            for create in [self.create.as_str()]
+                .into_iter()
+                .chain(self.permits.creates())
+                .chain(self.shared.creates())
+                .chain(self.queue.iter().flat_map(|q| q.creates()))
+            {
+                sqlx::query(create)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err.map(e))?;
+            }
         }
         for (table, column, decl) in &self.added_columns {
             add_column(&mut tx, table, column, decl)
