@@ -583,10 +583,31 @@ impl Drop for ReleaseIfDropped {
         };
         rt.spawn(async move {
             for req in reqs {
-                if let Err(e) = backend.release(&req).await {
-                    tracing::warn!(lock = %req.name, error = %e, "cleanup release after a cancelled or failed acquire failed; the lease will expire after its TTL");
-                }
+                release_until_answered(&backend, &req).await;
             }
         });
+    }
+}
+
+/// Releases `req` by owner, trying again after a retryable error (a
+/// connection cut with the acquire's, which a pool hands out once more)
+/// while the lease could still be live; a lease left behind blocks its
+/// name for the whole TTL.
+async fn release_until_answered(backend: &DynBackend, req: &LockRequest) {
+    let until = Instant::now() + req.ttl;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match backend.release(req).await {
+            Ok(_) => return,
+            Err(e) if e.is_retryable() && Instant::now() + pause < until => {
+                tracing::debug!(lock = %req.name, error = %e, "cleanup release failed; trying again");
+                tokio::time::sleep(crate::wait::jitter(pause)).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => {
+                tracing::warn!(lock = %req.name, error = %e, "cleanup release after a cancelled or failed acquire failed; the lease will expire after its TTL");
+                return;
+            }
+        }
     }
 }

@@ -18,6 +18,8 @@ struct Scripted {
     inner: MemoryBackend,
     fail_extend: AtomicBool,
     lose_acquire_reply: AtomicBool,
+    /// How many of the next releases fail as if the server were unreachable.
+    fail_releases: AtomicUsize,
     extends: AtomicUsize,
     session_end: Arc<Notify>,
 }
@@ -42,6 +44,12 @@ impl Backend for Scripted {
         self.inner.extend(req).await
     }
     async fn release(&self, req: &LockRequest) -> Result<bool> {
+        let failing = self
+            .fail_releases
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if failing.is_ok() {
+            return Err(Error::unavailable("scripted", "connection reset", None));
+        }
         self.inner.release(req).await
     }
     async fn session_lost(&self, _req: &LockRequest) -> LostReason {
@@ -139,6 +147,29 @@ async fn lost_acquire_reply_is_released_not_left_held() {
     assert!(
         b.lock("maybe").try_acquire().await.unwrap().is_some(),
         "lock left held by nobody"
+    );
+}
+
+/// The release that reclaims a maybe-granted hold meets the same broken
+/// connection as the acquire (its pool's sockets were cut with it): it is
+/// tried again until it goes through, well before the TTL.
+#[tokio::test(start_paused = true)]
+async fn a_failing_cleanup_release_is_retried_before_the_ttl() {
+    let (s, a, b) = setup();
+    s.lose_acquire_reply.store(true, Ordering::SeqCst);
+    s.fail_releases.store(3, Ordering::SeqCst);
+    let ttl = Duration::from_secs(60);
+    let r = a.lock("maybe/again").ttl(ttl).try_acquire().await;
+    assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        s.fail_releases.load(Ordering::SeqCst),
+        0,
+        "the cleanup release was not tried again"
+    );
+    assert!(
+        b.lock("maybe/again").try_acquire().await.unwrap().is_some(),
+        "lock left held by nobody after its cleanup release failed"
     );
 }
 
