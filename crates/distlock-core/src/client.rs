@@ -595,14 +595,14 @@ impl Drop for ReleaseIfDropped {
 /// name for the whole TTL.
 async fn release_until_answered(backend: &DynBackend, req: &LockRequest) {
     let until = Instant::now() + req.ttl;
-    let mut pause = Duration::from_millis(20);
-    loop {
+    let backoff = crate::wait::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+    for attempt in 0u32.. {
+        let pause = backoff.delay(attempt);
         match backend.release(req).await {
             Ok(_) => return,
             Err(e) if e.is_retryable() && Instant::now() + pause < until => {
                 tracing::debug!(lock = %req.name, error = %e, "cleanup release failed; trying again");
-                tokio::time::sleep(crate::wait::jitter(pause)).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
+                tokio::time::sleep(pause).await;
             }
             Err(e) => {
                 tracing::warn!(lock = %req.name, error = %e, "cleanup release after a cancelled or failed acquire failed; the lease will expire after its TTL");
