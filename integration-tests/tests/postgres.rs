@@ -264,6 +264,11 @@ fn main() {
                     "postgres::an_observer_listens_until_it_is_dropped",
                     observer_stops_listening(f.clone()),
                 ),
+                trial(
+                    rt,
+                    "postgres::fifo::queued_waiters_listen_on_their_clients_channel_alone",
+                    fifo_waiters_listen_apart(f.clone()),
+                ),
             ]);
             trials
         },
@@ -1218,6 +1223,115 @@ async fn observer_stops_listening(f: Arc<SqlFactory>) -> Result<(), Failed> {
             }
         }
     }
+    Ok(())
+}
+
+/// With `fifo`, a client whose task waits in a queue listens on its own
+/// channel alone: the locks' channel, where an election's observers are told
+/// of each grant and resignation, wakes nothing in it. An observer of the
+/// same client listens there, on a connection of its own, and is still told.
+/// Seen in `pg_stat_activity`: a listening connection's last statement is
+/// its `LISTEN`.
+async fn fifo_waiters_listen_apart(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let app = format!("fifo_listener_{}", &integration_tests::namespace()[12..]);
+    let client = SqlBackend::connect(&f.url_with(&format!(
+        "fifo=true&observe_recheck_ms=60000&application_name={app}"
+    ))?)
+    .await?;
+    let waiter = LockClient::new(client.clone());
+    let holder = SqlBackend::connect(&f.url_with("fifo=true")?).await?;
+    let admin: sqlx::PgPool = f.admin_pool().await?;
+    let listens = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT query FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'",
+        )
+        .bind(&app)
+        .fetch_all(&admin)
+        .await
+        .map_err(|e| Failed::from(e.to_string()))
+    };
+    let until = |want: usize, why: &'static str| async move {
+        let end = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = listens().await?;
+            if now.len() == want {
+                return Ok::<_, Failed>(now);
+            }
+            if tokio::time::Instant::now() > end {
+                return Err(Failed::from(format!("{why}: {now:?}")));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let ns = &integration_tests::namespace()[12..];
+    let name = distlock_core::LockName::new(format!("fifo/listen/{ns}"))?;
+    let ttl = Duration::from_secs(120);
+    let held = distlock_core::LockRequest::new(name.clone(), ttl);
+    holder
+        .try_acquire(&held)
+        .await?
+        .ok_or("the lock was taken before the case")?;
+    let w = {
+        let (waiter, name) = (waiter.clone(), name.to_string());
+        tokio::spawn(async move { waiter.lock(&name).ttl(ttl).acquire().await })
+    };
+    let only = until(1, "a queued waiter's client did not LISTEN once").await?;
+    let queue_channel = "\"distlock_q_";
+    if only[0].matches("LISTEN").count() != 1 || !only[0].contains(queue_channel) {
+        return Err(format!(
+            "a queued waiter's client listens on more than its own channel: {:?}",
+            only[0]
+        )
+        .into());
+    }
+
+    let election = distlock_core::LockName::new(format!("fifo/observed/{ns}"))?;
+    let mut leaders = client
+        .observe_leader(&election)
+        .await?
+        .ok_or("PostgreSQL observes by notification")?;
+    let first = next_change(&mut leaders, &Some("?".into()), Duration::from_secs(5)).await?;
+    if first.is_some() {
+        return Err(format!("a leader before any campaign: {first:?}").into());
+    }
+    let both = until(2, "an observer did not LISTEN apart from the queued waiter").await?;
+    // The pool hands out its connections in any order: told apart by
+    // their channels.
+    let own = both.iter().filter(|q| q.contains(queue_channel)).count();
+    let single = both.iter().all(|q| q.matches("LISTEN").count() == 1);
+    if own != 1 || !single {
+        return Err(format!(
+            "not one connection on the client's own channel and one on the locks': {both:?}"
+        )
+        .into());
+    }
+    let campaign = distlock_core::LockRequest::leader(election.clone(), ttl, "v1");
+    holder
+        .try_acquire(&campaign)
+        .await?
+        .ok_or("nobody led, yet the campaign was refused")?;
+    let seen = next_change(&mut leaders, &first, Duration::from_secs(5)).await?;
+    if seen.as_deref() != Some("v1") {
+        return Err(format!("after the grant the observer saw {seen:?}").into());
+    }
+    holder.release(&campaign).await?;
+    let seen = next_change(&mut leaders, &seen, Duration::from_secs(5)).await?;
+    if seen.is_some() {
+        return Err(format!("after the resignation the observer saw {seen:?}").into());
+    }
+
+    holder.release(&held).await?;
+    let got = tokio::time::timeout(Duration::from_secs(15), w)
+        .await
+        .map_err(|_| Failed::from("the queued waiter was not granted after the release"))?
+        .map_err(|e| e.to_string())??;
+    got.release().await?;
+    drop(leaders);
+    until(
+        0,
+        "LISTEN connections stayed open after the waiter and the observer",
+    )
+    .await?;
     Ok(())
 }
 

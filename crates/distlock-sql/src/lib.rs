@@ -791,7 +791,8 @@ impl Backend for SqlBackend {
     }
 
     /// PostgreSQL: notified. It listens first, through the LISTEN
-    /// connection this backend's waiters and observers share, then reads
+    /// connection on the locks' channel (shared with this backend's
+    /// waiters unless they queue), then reads
     /// the leader; again on each notification about the election's row, at
     /// the leader's lease end, and at least every
     /// [`SqlConfig::observe_recheck`]. SQLite and MySQL offer no stream:
@@ -801,7 +802,7 @@ impl Backend for SqlBackend {
             #[cfg(feature = "postgres")]
             Db::Postgres(pg) => {
                 let row = election::election_row(name);
-                let listening = pg.listen().await?;
+                let listening = pg.listen(postgres::Listener::Observers).await?;
                 let signal = pg.leader_changes.get(&row);
                 let (backend, name) = (self.clone(), name.clone());
                 let read = move || {

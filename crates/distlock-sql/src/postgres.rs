@@ -67,8 +67,9 @@ pub(crate) struct Pg {
     pub(crate) permit_releases: Arc<Signals>,
     /// First come, first served waiting for every kind (`fifo`).
     pub(crate) queue: Option<Box<queue::Queue>>,
-    /// The LISTEN connection, while a task of this backend waits.
-    listener: Mutex<Weak<Listening>>,
+    /// The LISTEN connections, while a task of this backend waits or an
+    /// election of it is observed (see [`Listener`]).
+    listeners: [Mutex<Weak<Listening>>; 2],
     /// Held while one is being started, so that waiters share it.
     starting: tokio::sync::Mutex<()>,
     err: DbError,
@@ -300,7 +301,7 @@ impl Pg {
             releases: Arc::default(),
             leader_changes: Arc::default(),
             queue: fifo.map(|lease| Box::new(queue::Queue::new(table, lease))),
-            listener: Mutex::new(Weak::new()),
+            listeners: Default::default(),
             starting: tokio::sync::Mutex::new(()),
             err,
         }
@@ -708,33 +709,42 @@ impl Pg {
         Ok(removed > 0)
     }
 
-    /// The one LISTEN connection this backend's waiters and election
-    /// observers share, started by the first of them, on the locks' channel
-    /// and the permits'; each notification carries the released lock's or
-    /// semaphore's name (a changed limit: [`LIMIT_CHANGED`] before it), an
-    /// election's row name (released or evicted: its waiters and observers
-    /// wake), or [`LEADER_CHANGED`] and an election's row name (granted or
-    /// proclaimed: only its observers wake). It lives while someone holds
-    /// the returned handle: when the last waiter stops waiting and the last
-    /// observer is dropped it is closed (`UNLISTEN *`, and the connection
-    /// goes back to the pool), so a release's NOTIFY signals only the
-    /// database sessions of clients that wait or observe (each one it
-    /// signals costs the releaser's commit time; docs/benchmarks.md).
-    pub(crate) async fn listen(&self) -> Result<Arc<Listening>> {
-        if let Some(l) = self.listening() {
+    /// The LISTEN connection that `who` needs, started by the first of
+    /// them and shared by the others. Each notification carries the
+    /// released lock's or semaphore's name (a changed limit:
+    /// [`LIMIT_CHANGED`] before it), an election's row name (released or
+    /// evicted: its waiters and observers wake), [`LEADER_CHANGED`] and an
+    /// election's row name (granted or proclaimed: only its observers
+    /// wake), or, on this client's own channel (`fifo`), a queued waiter's
+    /// row and owner. Without `fifo` waiters and observers share one
+    /// connection on the locks' channel and the permits'. With `fifo`
+    /// waiters listen on this client's own channel alone: nothing on the
+    /// others wakes a queued waiter, and each notification delivered costs
+    /// the client a wake-up (on a busy machine enough of them, an
+    /// election's observers' two per turn, reorder the waiters' next
+    /// requests); observers then have a connection of their own on the
+    /// locks' channel. A connection lives while someone holds the returned
+    /// handle: when the last waiter stops waiting and the last observer is
+    /// dropped it is closed (`UNLISTEN *`, and the connection goes back to
+    /// the pool), so a release's NOTIFY signals only the database sessions
+    /// of clients that wait or observe (each one it signals costs the
+    /// releaser's commit time; docs/benchmarks.md).
+    pub(crate) async fn listen(&self, who: Listener) -> Result<Arc<Listening>> {
+        if let Some(l) = self.listening(who) {
             return Ok(l);
         }
         let _starting = self.starting.lock().await;
-        if let Some(l) = self.listening() {
+        if let Some(l) = self.listening(who) {
             return Ok(l);
         }
         let mut l = PgListener::connect_with(&self.pool)
             .await
             .map_err(|e| self.err.map(e))?;
-        let mut channels = vec![self.channel.as_str(), self.permit_channel.as_str()];
-        if let Some(q) = &self.queue {
-            channels.push(&q.channel);
-        }
+        let channels = match (&self.queue, who) {
+            (Some(q), Listener::Waiters) => vec![q.channel.as_str()],
+            (Some(_), Listener::Observers) => vec![self.channel.as_str()],
+            (None, _) => vec![self.channel.as_str(), self.permit_channel.as_str()],
+        };
         l.listen_all(channels).await.map_err(|e| self.err.map(e))?;
         let queue_channel = self.queue.as_ref().map(|q| q.channel.clone());
         let (locks, permits) = (self.releases.clone(), self.permit_releases.clone());
@@ -786,17 +796,34 @@ impl Pg {
             }
         });
         let l = Arc::new(Listening(AbortOnDrop(task)));
-        *self.listener.lock().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&l);
+        *self.slot(who).lock().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&l);
         Ok(l)
     }
 
-    /// The LISTEN connection, if one runs (or lingers) now.
-    pub(crate) fn listening(&self) -> Option<Arc<Listening>> {
-        self.listener
+    /// The LISTEN connection `who` needs, if one runs (or lingers) now.
+    pub(crate) fn listening(&self, who: Listener) -> Option<Arc<Listening>> {
+        self.slot(who)
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .upgrade()
     }
+
+    /// Where `who`'s connection is kept: one for both without `fifo`.
+    fn slot(&self, who: Listener) -> &Mutex<Weak<Listening>> {
+        match (&self.queue, who) {
+            (Some(_), Listener::Observers) => &self.listeners[1],
+            _ => &self.listeners[0],
+        }
+    }
+}
+
+/// Who a LISTEN connection is for (see [`Pg::listen`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Listener {
+    /// Tasks waiting for a lock, a permit, a shared hold or leadership.
+    Waiters,
+    /// Election observers.
+    Observers,
 }
 
 /// A running LISTEN connection; dropping the last handle stops it (the

@@ -11,7 +11,7 @@ mod postgres {
     use distlock_core::wait::{Signal, Signalled, Wakeup, Wakeups};
     use distlock_core::Result;
 
-    use crate::postgres::{Listening, Pg};
+    use crate::postgres::{Listener, Listening, Pg};
 
     /// Woken by PostgreSQL's notifications. The LISTEN connection is
     /// started (or joined) only once an attempt is refused, so an
@@ -57,13 +57,13 @@ mod postgres {
         }
 
         async fn ready(&mut self) -> Result<bool> {
-            self.listening = self.pg.listening();
+            self.listening = self.pg.listening(Listener::Waiters);
             Ok(self.listening.is_some())
         }
 
         async fn prepare(&mut self) -> Result<()> {
             if self.listening.is_none() {
-                self.listening = Some(self.pg.listen().await?);
+                self.listening = Some(self.pg.listen(Listener::Waiters).await?);
             }
             Ok(())
         }

@@ -227,8 +227,8 @@ impl Queue {
         // have been cleared by a grant that missed an entry joining as it
         // ran), and notifies only if there is one: an uncontended release
         // adds one probe of the queue's index. A resignation also tells the
-        // election's observers, on the locks' channel, where queued
-        // campaigners do not listen for the row.
+        // election's observers, on the locks' channel, where no queued
+        // waiter's client listens.
         let tell_head = tell_head(table);
         let release = |tell: &str| {
             format!(
