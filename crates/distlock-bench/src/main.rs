@@ -1997,7 +1997,9 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
             (rtt, raw, raw_permit, raw_shared, Some(client), fresh)
         };
     // PostgreSQL counts statements in `pg_stat_statements` (preloaded by
-    // the harness): those naming distlock's tables are its requests.
+    // the harness): those naming distlock's tables or channels are its
+    // requests (a channel named after the table, or a client's own
+    // `distlock_q_` one: LISTEN and UNLISTEN name their channels).
     let requests: Option<Counter> = if backend == "sqlite" {
         None
     } else {
@@ -2013,7 +2015,8 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
             Box::pin(async move {
                 let n: i64 = sqlx::query_scalar(
                     "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
-                      WHERE query LIKE '%distlock_locks%' AND query NOT LIKE '%pg_stat_statements%'",
+                      WHERE (query LIKE '%distlock_locks%' OR query LIKE '%distlock\\_q\\_%')
+                        AND query NOT LIKE '%pg_stat_statements%'",
                 )
                 .fetch_one(&pool)
                 .await?;
