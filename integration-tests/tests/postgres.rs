@@ -560,6 +560,40 @@ async fn rw_notified(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
     sql_support::rw_waiters_are_woken(holder, giver, waiter, "notified/rw").await
 }
 
+/// The last statements of the application `app`'s listening connections
+/// (in `pg_stat_activity` a listening connection's last statement is its
+/// `LISTEN`).
+async fn listening(admin: &sqlx::PgPool, app: &str) -> Result<Vec<String>, Failed> {
+    sqlx::query_scalar::<_, String>(
+        "SELECT query FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'",
+    )
+    .bind(app)
+    .fetch_all(admin)
+    .await
+    .map_err(|e| Failed::from(e.to_string()))
+}
+
+/// Waits up to 10 s until `app` has `want` listening connections, and
+/// returns their statements; fails with `why` and what it saw otherwise.
+async fn until_listening(
+    admin: &sqlx::PgPool,
+    app: &str,
+    want: usize,
+    why: &str,
+) -> Result<Vec<String>, Failed> {
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = listening(admin, app).await?;
+        if now.len() == want {
+            return Ok(now);
+        }
+        if tokio::time::Instant::now() > end {
+            return Err(format!("{why}: {now:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A client opens its LISTEN connection only when one of its tasks finds the
 /// lock held, and closes it when its last waiter stops waiting, so that a
 /// release's NOTIFY signals only clients that wait. Counted in
@@ -573,32 +607,11 @@ async fn listens_only_while_waiting(f: std::sync::Arc<SqlFactory>) -> Result<(),
     let admin = sqlx::PgPool::connect(&f.url()?)
         .await
         .map_err(|e| e.to_string())?;
-    let listening = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'",
-        )
-        .bind(&app)
-        .fetch_one(&admin)
-        .await
-        .map_err(|e| Failed::from(e.to_string()))
-    };
-    let until = |want: i64, why: &'static str| async move {
-        let end = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let n = listening().await?;
-            if n == want {
-                return Ok::<_, Failed>(());
-            }
-            if tokio::time::Instant::now() > end {
-                return Err(Failed::from(format!("{why} ({n} LISTEN connections)")));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
+    let until = |want: usize, why: &'static str| until_listening(&admin, &app, want, why);
     let name = "listening/probe";
     let g = waiter.lock(name).acquire().await?;
     g.release().await?;
-    let n = listening().await?;
+    let n = listening(&admin, &app).await?.len();
     if n != 0 {
         return Err(format!("an uncontended acquire opened {n} LISTEN connections").into());
     }
@@ -1181,40 +1194,24 @@ async fn observer_stops_listening(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let app = format!("observer_{}", &integration_tests::namespace()[12..]);
     let observer = SqlBackend::connect(&f.url_with(&format!("application_name={app}"))?).await?;
     let admin: sqlx::PgPool = f.admin_pool().await?;
-    let listening = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'",
-        )
-        .bind(&app)
-        .fetch_one(&admin)
-        .await
-        .map_err(|e| Failed::from(e.to_string()))
-    };
     let election = distlock_core::LockName::new("observed/dropped")?;
     let mut leaders = observer
         .observe_leader(&election)
         .await?
         .ok_or("PostgreSQL observes by notification")?;
     next_change(&mut leaders, &Some("?".into()), Duration::from_secs(5)).await?;
-    let n = listening().await?;
+    let n = listening(&admin, &app).await?.len();
     if n != 1 {
         return Err(format!("an observer had {n} LISTEN connections, not 1").into());
     }
     drop(leaders);
-    let end = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let n = listening().await?;
-        if n == 0 {
-            break;
-        }
-        if tokio::time::Instant::now() > end {
-            return Err(format!(
-                "{n} LISTEN connections stayed open after the observer was dropped"
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_listening(
+        &admin,
+        &app,
+        0,
+        "LISTEN connections stayed open after the observer was dropped",
+    )
+    .await?;
     for bad in ["0", "soon"] {
         match SqlBackend::connect(&f.url_with(&format!("observe_recheck_ms={bad}"))?).await {
             Err(distlock_core::Error::InvalidInput { .. }) => {}
@@ -1241,28 +1238,7 @@ async fn fifo_waiters_listen_apart(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let waiter = LockClient::new(client.clone());
     let holder = SqlBackend::connect(&f.url_with("fifo=true")?).await?;
     let admin: sqlx::PgPool = f.admin_pool().await?;
-    let listens = || async {
-        sqlx::query_scalar::<_, String>(
-            "SELECT query FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'",
-        )
-        .bind(&app)
-        .fetch_all(&admin)
-        .await
-        .map_err(|e| Failed::from(e.to_string()))
-    };
-    let until = |want: usize, why: &'static str| async move {
-        let end = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let now = listens().await?;
-            if now.len() == want {
-                return Ok::<_, Failed>(now);
-            }
-            if tokio::time::Instant::now() > end {
-                return Err(Failed::from(format!("{why}: {now:?}")));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
+    let until = |want: usize, why: &'static str| until_listening(&admin, &app, want, why);
     let ns = &integration_tests::namespace()[12..];
     let name = distlock_core::LockName::new(format!("fifo/listen/{ns}"))?;
     let ttl = Duration::from_secs(120);
