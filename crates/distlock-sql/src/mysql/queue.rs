@@ -631,7 +631,7 @@ async fn keep_place(queue: &Arc<Queue>, shared: &TurnShared) -> Result<(), sqlx:
                 }
                 // Slept the cap through while the row stays held: again,
                 // without waking the waiter.
-                Ran::Done(Ok(Some(row))) if row.try_get::<i64, _>(1)? == 0 => continue,
+                Ran::Done(Ok(Some(row))) if slept_the_cap_through(row.try_get(1)?) => continue,
                 // The row free, or the lease over: try.
                 Ran::Done(Ok(_)) => break,
                 Ran::Done(Err(e)) if interrupted(&e) => break,
@@ -645,6 +645,16 @@ async fn keep_place(queue: &Arc<Queue>, shared: &TurnShared) -> Result<(), sqlx:
     shared.head.store(0, Ordering::Release);
     drop(conn);
     Ok(())
+}
+
+/// Whether a head's sleep ran to its cap while the row (or every permit)
+/// stays held: the sleep's second column is 0. A NULL there is a sleep that
+/// a release's `KILL QUERY` interrupted as the statement went on reading
+/// (MariaDB then ends the subquery that counts a semaphore's ended permits
+/// with NULL): the waiter tries, as after any interruption, and keeps its
+/// place.
+fn slept_the_cap_through(ended: Option<i64>) -> bool {
+    ended == Some(0)
 }
 
 fn interrupted(e: &sqlx::Error) -> bool {
@@ -662,5 +672,23 @@ pub(crate) async fn wake_head(pool: &MySqlPool, head: u64) {
         // Without the right to end another user's statements the head still
         // wakes at its sleep's cap.
         tracing::debug!(error = %e, "waking the head of a queue failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slept_the_cap_through;
+
+    #[test]
+    fn only_a_sleep_that_saw_the_row_still_held_sleeps_again() {
+        assert!(slept_the_cap_through(Some(0)), "held through the cap");
+        assert!(
+            !slept_the_cap_through(Some(1)),
+            "a lease or permit ended: try"
+        );
+        assert!(
+            !slept_the_cap_through(None),
+            "interrupted while reading: try, and keep the place"
+        );
     }
 }
