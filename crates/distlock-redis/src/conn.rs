@@ -240,20 +240,26 @@ impl Conn {
     }
 
     /// Runs one command (on the cluster node the first key maps to, if any).
+    /// The Cluster and Sentinel arms are boxed, as in [`script`](Self::script):
+    /// unboxed, the cluster client's future made this one (and every
+    /// Redlock vote around it) about five times larger.
     pub(crate) async fn cmd<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
         match self {
             Conn::Single { manager, .. } => cmd.query_async(&mut manager.clone()).await,
-            Conn::Cluster { conn, .. } => cmd.query_async(&mut conn.clone()).await,
+            Conn::Cluster { conn, .. } => Box::pin(cmd.query_async(&mut conn.clone())).await,
             Conn::Sentinel(s) => {
-                let (_, mut m) = s.current().await?;
-                match cmd.query_async(&mut m).await {
-                    Err(e) if master_moved(&e) => {
-                        s.forget().await;
-                        let (_, mut m) = s.current().await?;
-                        cmd.query_async(&mut m).await
+                Box::pin(async {
+                    let (_, mut m) = s.current().await?;
+                    match cmd.query_async(&mut m).await {
+                        Err(e) if master_moved(&e) => {
+                            s.forget().await;
+                            let (_, mut m) = s.current().await?;
+                            cmd.query_async(&mut m).await
+                        }
+                        r => r,
                     }
-                    r => r,
-                }
+                })
+                .await
             }
         }
     }

@@ -230,7 +230,12 @@ impl RedlockBackend {
         }
         let fencing = self.inner.config.fencing;
         let ask = async {
-            let r = node.redis(protect.is_some()).await?;
+            // Connecting is boxed: its future is large, and every vote
+            // would carry it.
+            let r = match node.connected() {
+                Some(r) => r,
+                None => Box::pin(node.redis(protect.is_some())).await?,
+            };
             // Without fencing the token is declared meaningless, so no
             // counter is kept: a plain SET NX PX per node.
             let attempt = async {
@@ -245,12 +250,16 @@ impl RedlockBackend {
                 // Same multiplexed connection, so both answers come from the
                 // same server incarnation.
                 Some(quarantine) => {
-                    let (attempt, run_id) = tokio::join!(attempt, r.run_id());
-                    let attempt = attempt?;
-                    if !node.observe_run_id(run_id?, quarantine) {
-                        return Ok(Vote::Down);
+                    let checked = Box::pin(async {
+                        let (attempt, run_id) = tokio::join!(attempt, r.run_id());
+                        let attempt = attempt?;
+                        Ok::<_, Error>(node.observe_run_id(run_id?, quarantine).then_some(attempt))
+                    })
+                    .await?;
+                    match checked {
+                        Some(attempt) => Ok(attempt),
+                        None => return Ok(Vote::Down),
                     }
-                    Ok::<_, Error>(attempt)
                 }
                 None => attempt.await,
             }
