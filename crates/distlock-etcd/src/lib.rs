@@ -586,15 +586,20 @@ impl EtcdBackend {
         if let Some(s) = live(secs) {
             return Ok(s);
         }
-        let _starting = self.inner.starting.lock().await;
-        if let Some(s) = live(secs) {
-            return Ok(s);
-        }
-        let s = self
-            .call(|c| async move { Session::start(&c, secs).await })
-            .await?;
-        self.sessions().insert(secs, s.clone());
-        Ok(s)
+        // Starting one is boxed: its future is large (a lease grant and its
+        // keep-alive stream), and every acquire's future would carry it.
+        Box::pin(async {
+            let _starting = self.inner.starting.lock().await;
+            if let Some(s) = live(secs) {
+                return Ok(s);
+            }
+            let s = self
+                .call(|c| async move { Session::start(&c, secs).await })
+                .await?;
+            self.sessions().insert(secs, s.clone());
+            Ok(s)
+        })
+        .await
     }
 
     /// The session `req` was queued in: recorded at enqueue; otherwise every
