@@ -230,12 +230,7 @@ impl RedlockBackend {
         }
         let fencing = self.inner.config.fencing;
         let ask = async {
-            // Connecting is boxed: its future is large, and every vote
-            // would carry it.
-            let r = match node.connected() {
-                Some(r) => r,
-                None => Box::pin(node.redis(protect.is_some())).await?,
-            };
+            let r = node.redis(protect.is_some()).await?;
             // Without fencing the token is declared meaningless, so no
             // counter is kept: a plain SET NX PX per node.
             let attempt = async {

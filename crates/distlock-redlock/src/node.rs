@@ -45,8 +45,16 @@ impl Node {
 
     /// The node's connection, connecting if needed (a node that was down at
     /// start-up joins once it answers). With `track_restarts`, the run id is
-    /// fetched at first contact.
+    /// fetched at first contact. Connecting is boxed: its future is a few
+    /// KiB, and every request to a node would carry it.
     pub(crate) async fn redis(&self, track_restarts: bool) -> Result<&RedisBackend> {
+        match self.redis.get() {
+            Some(r) => Ok(r),
+            None => Box::pin(self.connect(track_restarts)).await,
+        }
+    }
+
+    async fn connect(&self, track_restarts: bool) -> Result<&RedisBackend> {
         self.redis
             .get_or_try_init(|| async {
                 let r = RedisBackend::connect_with(&self.url, self.config.clone()).await?;
