@@ -1334,6 +1334,61 @@ fn redlock_raw(conns: Vec<redis::aio::MultiplexedConnection>) -> Step {
     })
 }
 
+/// The requests an unfenced Redlock lock (the default) sends, on `conns`:
+/// `SET NX PX` on every node, as the raw sequence, with an owner as long as
+/// the backend's; then the backend's release script (compare-and-delete,
+/// and the release message) on every node; each half done at a majority.
+fn redlock_proto(conns: Vec<redis::aio::MultiplexedConnection>) -> Step {
+    let info = distlock::default_holder_info();
+    Arc::new(move |i, slot| {
+        let (c, info) = (conns.clone(), info.clone());
+        Box::pin(async move {
+            let keys = distlock::redis::Keys::new(
+                "",
+                &distlock::LockName::new(format!("bench/proto/{slot}"))?,
+            );
+            let owner = format!("{i:036x} {info}");
+            let mut sets: FuturesUnordered<_> = c
+                .iter()
+                .cloned()
+                .map(|mut c| {
+                    let (key, owner) = (keys.lock.clone(), owner.clone());
+                    async move {
+                        let ok: Option<String> =
+                            set_nx_px(&key, &owner).query_async(&mut c).await?;
+                        Ok::<bool, redis::RedisError>(ok.is_some())
+                    }
+                })
+                .collect();
+            if !majority(&mut sets).await {
+                return Err("proto redlock: no majority".into());
+            }
+            drop(sets);
+            let mut dels: FuturesUnordered<_> = c
+                .into_iter()
+                .map(|mut c| {
+                    let (keys, owner) = (&keys, owner.clone());
+                    async move {
+                        let n: i64 = distlock::redis::Scripts::get()
+                            .release
+                            .key(&keys.lock)
+                            .key(&keys.writers)
+                            .arg(&owner)
+                            .arg(&keys.channel)
+                            .invoke_async(&mut c)
+                            .await?;
+                        Ok::<bool, redis::RedisError>(n == 1)
+                    }
+                })
+                .collect();
+            if !majority(&mut dels).await {
+                return Err("proto redlock: release reached no majority".into());
+            }
+            Ok(())
+        })
+    })
+}
+
 async fn redlock_target() -> Result<Target, BoxError> {
     let mut servers = Vec::new();
     let mut conns = Vec::new();
@@ -1372,6 +1427,7 @@ async fn redlock_target() -> Result<Target, BoxError> {
         })
     });
     let raw = redlock_raw(conns.clone());
+    let proto_conns = conns.clone();
     let fresh: Connect = Arc::new(move || {
         let clients = clients.clone();
         Box::pin(async move {
@@ -1380,8 +1436,8 @@ async fn redlock_target() -> Result<Target, BoxError> {
                 conns.push(client.get_multiplexed_async_connection().await?);
             }
             Ok(Fresh {
-                raw: redlock_raw(conns),
-                proto: None,
+                raw: redlock_raw(conns.clone()),
+                proto: Some(redlock_proto(conns)),
                 client: None,
             })
         })
@@ -1470,7 +1526,7 @@ async fn redlock_target() -> Result<Target, BoxError> {
         url,
         rtt,
         raw,
-        proto: None,
+        proto: Some(redlock_proto(proto_conns)),
         raw_permit,
         raw_shared: Some(raw_shared),
         // The script calls on every node. Not counted: an unfenced lock's
@@ -1546,21 +1602,28 @@ fn redis_raw(conn: redis::aio::MultiplexedConnection) -> Step {
 /// distlock's two scripts on `conn`, with the backend's keys and
 /// arguments.
 fn redis_proto(conn: redis::aio::MultiplexedConnection) -> Step {
+    let info = distlock::default_holder_info();
     Arc::new(move |i, slot| {
-        let mut c = conn.clone();
+        let (mut c, info) = (conn.clone(), info.clone());
         Box::pin(async move {
             let scripts = distlock::redis::Scripts::get();
             let keys = distlock::redis::Keys::new(
                 "",
                 &distlock::LockName::new(format!("bench/proto/{slot}"))?,
             );
-            let owner = format!("{i:032x}");
+            // The same keys and arguments as the backend's `try_acquire`
+            // and `release`: the writer marks' key, the attempt's kind
+            // ('0', a try), and an owner as long as the backend's (36
+            // characters, a space and the client's holder info).
+            let owner = format!("{i:036x} {info}");
             let token: i64 = scripts
                 .acquire
                 .key(&keys.lock)
                 .key(&keys.fence)
+                .key(&keys.writers)
                 .arg(&owner)
                 .arg(30_000)
+                .arg("0")
                 .invoke_async(&mut c)
                 .await?;
             if token < 1 {
@@ -1569,6 +1632,7 @@ fn redis_proto(conn: redis::aio::MultiplexedConnection) -> Step {
             let _: i64 = scripts
                 .release
                 .key(&keys.lock)
+                .key(&keys.writers)
                 .arg(&owner)
                 .arg(&keys.channel)
                 .invoke_async(&mut c)
