@@ -1300,22 +1300,9 @@ fn redlock_raw(conns: Vec<redis::aio::MultiplexedConnection>) -> Step {
             let owner = format!("raw-{i}");
             // Each half returns once a majority has answered yes, as the
             // backend does: the third node's answer cannot change anything.
-            let mut sets: FuturesUnordered<_> = c
-                .iter()
-                .cloned()
-                .map(|mut c| {
-                    let (key, owner) = (key.clone(), owner.clone());
-                    async move {
-                        let ok: Option<String> =
-                            set_nx_px(&key, &owner).query_async(&mut c).await?;
-                        Ok::<bool, redis::RedisError>(ok.is_some())
-                    }
-                })
-                .collect();
-            if !majority(&mut sets).await {
+            if !set_on_a_majority(&c, &key, &owner).await {
                 return Err("raw redlock: no majority".into());
             }
-            drop(sets);
             let mut dels: FuturesUnordered<_> = c
                 .into_iter()
                 .map(|mut c| {
@@ -1334,6 +1321,41 @@ fn redlock_raw(conns: Vec<redis::aio::MultiplexedConnection>) -> Step {
     })
 }
 
+/// `SET key owner NX PX` on every node at once; whether a majority said
+/// yes, waiting no longer than that.
+async fn set_on_a_majority(
+    conns: &[redis::aio::MultiplexedConnection],
+    key: &str,
+    owner: &str,
+) -> bool {
+    let mut sets: FuturesUnordered<_> = conns
+        .iter()
+        .cloned()
+        .map(|mut c| async move {
+            let ok: Option<String> = set_nx_px(key, owner).query_async(&mut c).await?;
+            Ok::<bool, redis::RedisError>(ok.is_some())
+        })
+        .collect();
+    majority(&mut sets).await
+}
+
+/// The Redis backend's release of a lock, with its keys and arguments: 1
+/// when `owner` held it.
+async fn release_as_distlock(
+    c: &mut redis::aio::MultiplexedConnection,
+    keys: &distlock::redis::Keys,
+    owner: &str,
+) -> redis::RedisResult<i64> {
+    distlock::redis::Scripts::get()
+        .release
+        .key(&keys.lock)
+        .key(&keys.writers)
+        .arg(owner)
+        .arg(&keys.channel)
+        .invoke_async(c)
+        .await
+}
+
 /// The requests an unfenced Redlock lock (the default) sends, on `conns`:
 /// `SET NX PX` on every node, as the raw sequence, with an owner as long as
 /// the backend's; then the backend's release script (compare-and-delete,
@@ -1348,36 +1370,17 @@ fn redlock_proto(conns: Vec<redis::aio::MultiplexedConnection>) -> Step {
                 &distlock::LockName::new(format!("bench/proto/{slot}"))?,
             );
             let owner = format!("{i:036x} {info}");
-            let mut sets: FuturesUnordered<_> = c
-                .iter()
-                .cloned()
-                .map(|mut c| {
-                    let (key, owner) = (keys.lock.clone(), owner.clone());
-                    async move {
-                        let ok: Option<String> =
-                            set_nx_px(&key, &owner).query_async(&mut c).await?;
-                        Ok::<bool, redis::RedisError>(ok.is_some())
-                    }
-                })
-                .collect();
-            if !majority(&mut sets).await {
+            if !set_on_a_majority(&c, &keys.lock, &owner).await {
                 return Err("proto redlock: no majority".into());
             }
-            drop(sets);
             let mut dels: FuturesUnordered<_> = c
                 .into_iter()
                 .map(|mut c| {
                     let (keys, owner) = (&keys, owner.clone());
                     async move {
-                        let n: i64 = distlock::redis::Scripts::get()
-                            .release
-                            .key(&keys.lock)
-                            .key(&keys.writers)
-                            .arg(&owner)
-                            .arg(&keys.channel)
-                            .invoke_async(&mut c)
-                            .await?;
-                        Ok::<bool, redis::RedisError>(n == 1)
+                        Ok::<bool, redis::RedisError>(
+                            release_as_distlock(&mut c, keys, &owner).await? == 1,
+                        )
                     }
                 })
                 .collect();
@@ -1629,14 +1632,7 @@ fn redis_proto(conn: redis::aio::MultiplexedConnection) -> Step {
             if token < 1 {
                 return Err("proto lock busy".into());
             }
-            let _: i64 = scripts
-                .release
-                .key(&keys.lock)
-                .key(&keys.writers)
-                .arg(&owner)
-                .arg(&keys.channel)
-                .invoke_async(&mut c)
-                .await?;
+            release_as_distlock(&mut c, &keys, &owner).await?;
             Ok(())
         })
     })

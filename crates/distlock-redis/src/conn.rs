@@ -149,6 +149,24 @@ impl SentinelConn {
     async fn forget(&self) {
         *self.current.lock().await = None;
     }
+
+    /// Runs `f` on the master's connection; after a connection error or a
+    /// READONLY reply (the master moved), once more on the master the
+    /// Sentinels name then.
+    async fn on_master<T, Fut>(&self, f: impl Fn(ConnectionManager) -> Fut) -> RedisResult<T>
+    where
+        Fut: std::future::Future<Output = RedisResult<T>>,
+    {
+        let (_, m) = self.current().await?;
+        match f(m).await {
+            Err(e) if master_moved(&e) => {
+                self.forget().await;
+                let (_, m) = self.current().await?;
+                f(m).await
+            }
+            r => r,
+        }
+    }
 }
 
 impl Conn {
@@ -223,18 +241,7 @@ impl Conn {
             Conn::Single { manager, .. } => inv.invoke_async(&mut manager.clone()).await,
             Conn::Cluster { conn, .. } => Box::pin(inv.invoke_async(&mut conn.clone())).await,
             Conn::Sentinel(s) => {
-                Box::pin(async {
-                    let (_, mut m) = s.current().await?;
-                    match inv.invoke_async(&mut m).await {
-                        Err(e) if master_moved(&e) => {
-                            s.forget().await;
-                            let (_, mut m) = s.current().await?;
-                            inv.invoke_async(&mut m).await
-                        }
-                        r => r,
-                    }
-                })
-                .await
+                Box::pin(s.on_master(|mut m| async move { inv.invoke_async(&mut m).await })).await
             }
         }
     }
@@ -248,18 +255,7 @@ impl Conn {
             Conn::Single { manager, .. } => cmd.query_async(&mut manager.clone()).await,
             Conn::Cluster { conn, .. } => Box::pin(cmd.query_async(&mut conn.clone())).await,
             Conn::Sentinel(s) => {
-                Box::pin(async {
-                    let (_, mut m) = s.current().await?;
-                    match cmd.query_async(&mut m).await {
-                        Err(e) if master_moved(&e) => {
-                            s.forget().await;
-                            let (_, mut m) = s.current().await?;
-                            cmd.query_async(&mut m).await
-                        }
-                        r => r,
-                    }
-                })
-                .await
+                Box::pin(s.on_master(|mut m| async move { cmd.query_async(&mut m).await })).await
             }
         }
     }
