@@ -243,7 +243,8 @@ impl RedlockBackend {
             };
             match protect {
                 // Same multiplexed connection, so both answers come from the
-                // same server incarnation.
+                // same server incarnation. Boxed: inline, the pair would
+                // make every vote's future larger, tracked or not.
                 Some(quarantine) => {
                     let checked = Box::pin(async {
                         let (attempt, run_id) = tokio::join!(attempt, r.run_id());
