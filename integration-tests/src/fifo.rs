@@ -242,7 +242,13 @@ pub async fn grants_in_arrival_order(
         t.await.map_err(|e| e.to_string())??;
     }
     // A release that returns at a majority (Redlock) sends the last node's
-    // call after it; on a loaded machine it lands late.
+    // call after it; on a loaded machine it lands late. So the count waits
+    // for the fewest requests expected (up to 10 s), then 600 ms more for
+    // any beyond them.
+    let settle = Instant::now() + Duration::from_secs(10);
+    while requests()? - before < *expected.start() && Instant::now() < settle {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     tokio::time::sleep(Duration::from_millis(600)).await;
     let asked = requests()? - before;
     let mut order = order.lock().map_err(|_| "poisoned")?.clone();
