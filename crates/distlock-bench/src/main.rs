@@ -1752,6 +1752,51 @@ macro_rules! raw_sql_steps {
     }};
 }
 
+/// distlock's own PostgreSQL requests sent raw: the backend's
+/// `try_acquire` upsert and its release, on its table, with an owner as
+/// long as the backend's and the client's holder info.
+fn postgres_proto(pool: sqlx::PgPool) -> Result<Step, BoxError> {
+    use distlock::sql::requests;
+    let table = distlock::sql::SqlConfig::default().table;
+    let (acquire, release) = (
+        Arc::new(requests::postgres_try_acquire(&table)?),
+        Arc::new(requests::postgres_release(&table)?),
+    );
+    let channel = Arc::new(requests::postgres_channel(&table)?);
+    let info = distlock::default_holder_info();
+    Ok(Arc::new(move |i, slot| {
+        let (p, acquire, release, channel, info) = (
+            pool.clone(),
+            acquire.clone(),
+            release.clone(),
+            channel.clone(),
+            info.clone(),
+        );
+        Box::pin(async move {
+            let (name, owner) = (format!("bench/proto/{slot}"), format!("{i:036x}"));
+            let token: Option<i64> = sqlx::query_scalar(acquire.as_str())
+                .bind(&name)
+                .bind(&owner)
+                .bind(30_000_000i64)
+                .bind(None::<String>)
+                .bind(&*info)
+                .fetch_optional(&p)
+                .await?;
+            token.ok_or("proto lock busy")?;
+            let held: Option<(bool, Option<String>)> = sqlx::query_as(release.as_str())
+                .bind(&name)
+                .bind(&owner)
+                .bind(channel.as_str())
+                .fetch_optional(&p)
+                .await?;
+            if held.map(|(h, _)| h) != Some(true) {
+                return Err("proto release: not held".into());
+            }
+            Ok(())
+        })
+    }))
+}
+
 async fn sql_target(backend: &str) -> Result<Target, BoxError> {
     let (url, server) = if backend == "sqlite" {
         let dir = integration_tests::harness::process::temp_dir("bench-sqlite")?;
@@ -1774,30 +1819,36 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
     // expired holds under the lock row's lock and sets the row's end to the
     // latest live hold's, or frees the row. No wake-up (no NOTIFY), as in
     // the raw lock.
-    let (rtt, raw, raw_permit, raw_shared, client, fresh): (Step, Step, Step, Step, _, Connect) =
-        if backend == "sqlite" {
-            let options =
-                <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)?
-                    .create_if_missing(true)
-                    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-                    .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
-                    .busy_timeout(Duration::from_secs(5));
-            let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                .max_connections(4)
-                .connect_with(options.clone())
-                .await?;
-            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token INTEGER NOT NULL, expires_at INTEGER NOT NULL)").execute(&pool).await?;
-            sqlx::query("CREATE TABLE IF NOT EXISTS raw_permits (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-            let p = pool.clone();
-            // One statement each, as SQLite runs a writing statement under the
-            // file's write lock: the count and the insert see the same rows.
-            // With no data-modifying CTE in SQLite, the release also deletes
-            // the name's expired permits (the acquire counts only live ones).
-            let raw_permit: Step = Arc::new(move |i, slot| {
-                let p = p.clone();
-                Box::pin(async move {
-                    let (name, owner) = (format!("raw-permit/{slot}"), format!("raw-{i}"));
-                    let granted: Option<i32> = sqlx::query_scalar(
+    let (rtt, raw, proto, raw_permit, raw_shared, client, fresh): (
+        Step,
+        Step,
+        Option<Step>,
+        Step,
+        Step,
+        _,
+        Connect,
+    ) = if backend == "sqlite" {
+        let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)?
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.clone())
+            .await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token INTEGER NOT NULL, expires_at INTEGER NOT NULL)").execute(&pool).await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_permits (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        let p = pool.clone();
+        // One statement each, as SQLite runs a writing statement under the
+        // file's write lock: the count and the insert see the same rows.
+        // With no data-modifying CTE in SQLite, the release also deletes
+        // the name's expired permits (the acquire counts only live ones).
+        let raw_permit: Step = Arc::new(move |i, slot| {
+            let p = p.clone();
+            Box::pin(async move {
+                let (name, owner) = (format!("raw-permit/{slot}"), format!("raw-{i}"));
+                let granted: Option<i32> = sqlx::query_scalar(
                     "INSERT INTO raw_permits
                      SELECT ?1, ?2, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 30000
                       WHERE (SELECT count(*) FROM raw_permits WHERE name = ?1
@@ -1809,8 +1860,8 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 .bind(i64::from(UNCONTENDED_LIMIT))
                 .fetch_optional(&p)
                 .await?;
-                    granted.ok_or("raw semaphore full")?;
-                    sqlx::query(
+                granted.ok_or("raw semaphore full")?;
+                sqlx::query(
                     "DELETE FROM raw_permits WHERE name = ?1 AND (owner = ?2
                       OR expires_at <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))",
                 )
@@ -1818,24 +1869,23 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 .bind(&owner)
                 .execute(&p)
                 .await?;
-                    Ok(())
-                })
-            });
-            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-            // Each half one transaction whose first statement is a write, so
-            // that it runs under the file's write lock: the upsert and the
-            // hold's insert; the deletion and the lock row's update.
-            let p = pool.clone();
-            let raw_shared: Step = Arc::new(move |i, slot| {
-                let p = p.clone();
-                Box::pin(async move {
-                    const NOW: &str =
-                        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
-                    let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
-                    let mut tx = p.begin().await?;
-                    let token: Option<i64> = sqlx::query_scalar(&format!(
-                        "INSERT INTO raw_locks VALUES (?1, 'shared', 1, {NOW} + 30000)
+                Ok(())
+            })
+        });
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        // Each half one transaction whose first statement is a write, so
+        // that it runs under the file's write lock: the upsert and the
+        // hold's insert; the deletion and the lock row's update.
+        let p = pool.clone();
+        let raw_shared: Step = Arc::new(move |i, slot| {
+            let p = p.clone();
+            Box::pin(async move {
+                const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+                let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
+                let mut tx = p.begin().await?;
+                let token: Option<i64> = sqlx::query_scalar(&format!(
+                    "INSERT INTO raw_locks VALUES (?1, 'shared', 1, {NOW} + 30000)
                      ON CONFLICT(name) DO UPDATE
                         SET owner = 'shared', token = raw_locks.token + 1,
                             expires_at = max(raw_locks.expires_at, excluded.expires_at)
@@ -1844,31 +1894,31 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                         AND NOT EXISTS (SELECT 1 FROM raw_locks_writers
                                          WHERE name = ?1 AND expires_at > {NOW})
                      RETURNING token"
-                    ))
-                    .bind(&name)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                    if token.is_some() {
-                        sqlx::query(&format!(
-                            "INSERT INTO raw_locks_shared VALUES (?1, ?2, {NOW} + 30000)"
-                        ))
-                        .bind(&name)
-                        .bind(&owner)
-                        .execute(&mut *tx)
-                        .await?;
-                    }
-                    tx.commit().await?;
-                    token.ok_or("raw shared lock busy")?;
-                    let mut tx = p.begin().await?;
+                ))
+                .bind(&name)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if token.is_some() {
                     sqlx::query(&format!(
-                        "DELETE FROM raw_locks_shared
-                      WHERE name = ?1 AND (owner = ?2 OR expires_at <= {NOW})"
+                        "INSERT INTO raw_locks_shared VALUES (?1, ?2, {NOW} + 30000)"
                     ))
                     .bind(&name)
                     .bind(&owner)
                     .execute(&mut *tx)
                     .await?;
-                    sqlx::query(
+                }
+                tx.commit().await?;
+                token.ok_or("raw shared lock busy")?;
+                let mut tx = p.begin().await?;
+                sqlx::query(&format!(
+                    "DELETE FROM raw_locks_shared
+                      WHERE name = ?1 AND (owner = ?2 OR expires_at <= {NOW})"
+                ))
+                .bind(&name)
+                .bind(&owner)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
                     "UPDATE raw_locks
                         SET owner = CASE WHEN EXISTS (SELECT 1 FROM raw_locks_shared WHERE name = ?1)
                                          THEN owner ELSE NULL END,
@@ -1879,11 +1929,11 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 .bind(&name)
                 .execute(&mut *tx)
                 .await?;
-                    tx.commit().await?;
-                    Ok(())
-                })
-            });
-            macro_rules! sqlite_raw {
+                tx.commit().await?;
+                Ok(())
+            })
+        });
+        macro_rules! sqlite_raw {
             ($pool:expr) => {
                 raw_sql_steps!(
                     $pool,
@@ -1892,82 +1942,82 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 )
             };
         }
-            let (rtt, raw) = sqlite_raw!(pool);
-            let fresh: Connect = Arc::new(move || {
-                let options = options.clone();
-                Box::pin(async move {
-                    let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                        .max_connections(4)
-                        .connect_with(options)
-                        .await?;
-                    Ok(Fresh {
-                        raw: sqlite_raw!(pool).1,
-                        proto: None,
-                        client: None,
-                    })
+        let (rtt, raw) = sqlite_raw!(pool);
+        let fresh: Connect = Arc::new(move || {
+            let options = options.clone();
+            Box::pin(async move {
+                let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .connect_with(options)
+                    .await?;
+                Ok(Fresh {
+                    raw: sqlite_raw!(pool).1,
+                    proto: None,
+                    client: None,
                 })
-            });
-            (rtt, raw, raw_permit, raw_shared, None, fresh)
-        } else {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(10)
-                .connect(&url)
-                .await?;
-            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)").execute(&pool).await?;
-            sqlx::query("CREATE TABLE IF NOT EXISTS raw_permits (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-            let p = pool.clone();
-            // Under READ COMMITTED a statement counts from the snapshot it
-            // started with, so concurrent acquirers of a name must take turns
-            // before the counting statement starts: a transaction holding the
-            // name's advisory lock, then one statement that deletes the expired
-            // permits and inserts the owner's if fewer than the limit are live.
-            let raw_permit: Step = Arc::new(move |i, slot| {
-                let p = p.clone();
-                Box::pin(async move {
-                    let (name, owner) = (format!("raw-permit/{slot}"), format!("raw-{i}"));
-                    let mut tx = p.begin().await?;
-                    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-                        .bind(&name)
-                        .execute(&mut *tx)
-                        .await?;
-                    let granted: Option<i32> = sqlx::query_scalar(
-                        "WITH expired AS (
+            })
+        });
+        (rtt, raw, None, raw_permit, raw_shared, None, fresh)
+    } else {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(10)
+            .connect(&url)
+            .await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, owner TEXT, token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)").execute(&pool).await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_permits (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        let p = pool.clone();
+        // Under READ COMMITTED a statement counts from the snapshot it
+        // started with, so concurrent acquirers of a name must take turns
+        // before the counting statement starts: a transaction holding the
+        // name's advisory lock, then one statement that deletes the expired
+        // permits and inserts the owner's if fewer than the limit are live.
+        let raw_permit: Step = Arc::new(move |i, slot| {
+            let p = p.clone();
+            Box::pin(async move {
+                let (name, owner) = (format!("raw-permit/{slot}"), format!("raw-{i}"));
+                let mut tx = p.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                    .bind(&name)
+                    .execute(&mut *tx)
+                    .await?;
+                let granted: Option<i32> = sqlx::query_scalar(
+                    "WITH expired AS (
                         DELETE FROM raw_permits WHERE name = $1 AND expires_at <= now())
                      INSERT INTO raw_permits (name, owner, expires_at)
                      SELECT $1, $2, now() + interval '30 seconds'
                       WHERE (SELECT count(*) FROM raw_permits
                               WHERE name = $1 AND expires_at > now()) < $3
                      RETURNING 1",
-                    )
+                )
+                .bind(&name)
+                .bind(&owner)
+                .bind(i64::from(UNCONTENDED_LIMIT))
+                .fetch_optional(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                granted.ok_or("raw semaphore full")?;
+                sqlx::query("DELETE FROM raw_permits WHERE name = $1 AND owner = $2")
                     .bind(&name)
                     .bind(&owner)
-                    .bind(i64::from(UNCONTENDED_LIMIT))
-                    .fetch_optional(&mut *tx)
+                    .execute(&p)
                     .await?;
-                    tx.commit().await?;
-                    granted.ok_or("raw semaphore full")?;
-                    sqlx::query("DELETE FROM raw_permits WHERE name = $1 AND owner = $2")
-                        .bind(&name)
-                        .bind(&owner)
-                        .execute(&p)
-                        .await?;
-                    Ok(())
-                })
-            });
-            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-            sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
-            // The grant is one statement: the upsert on the lock row (whose row
-            // lock orders it with every other grant of the name) and the hold's
-            // insert in one CTE. So is the release: it deletes the hold and
-            // settles the lock row from the holds its snapshot shows, unless the
-            // row's version (`xmin`) changed meanwhile (a raced release, which a
-            // closed loop on its own names never meets).
-            let p = pool.clone();
-            let raw_shared: Step = Arc::new(move |i, slot| {
-                let p = p.clone();
-                Box::pin(async move {
-                    let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
-                    let token: Option<i64> = sqlx::query_scalar(
+                Ok(())
+            })
+        });
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_shared (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS raw_locks_writers (name TEXT NOT NULL, owner TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (name, owner))").execute(&pool).await?;
+        // The grant is one statement: the upsert on the lock row (whose row
+        // lock orders it with every other grant of the name) and the hold's
+        // insert in one CTE. So is the release: it deletes the hold and
+        // settles the lock row from the holds its snapshot shows, unless the
+        // row's version (`xmin`) changed meanwhile (a raced release, which a
+        // closed loop on its own names never meets).
+        let p = pool.clone();
+        let raw_shared: Step = Arc::new(move |i, slot| {
+            let p = p.clone();
+            Box::pin(async move {
+                let (name, owner) = (format!("raw-shared/{slot}"), uuid_like(i));
+                let token: Option<i64> = sqlx::query_scalar(
                     "WITH granted AS (
                         INSERT INTO raw_locks AS l VALUES ($1, 'shared', 1, now() + interval '30 seconds')
                         ON CONFLICT (name) DO UPDATE
@@ -1986,9 +2036,9 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 .bind(&owner)
                 .fetch_optional(&p)
                 .await?;
-                    token.ok_or("raw shared lock busy")?;
-                    let raced: bool = sqlx::query_scalar(
-                        "WITH gone AS (
+                token.ok_or("raw shared lock busy")?;
+                let raced: bool = sqlx::query_scalar(
+                    "WITH gone AS (
                         DELETE FROM raw_locks_shared
                          WHERE name = $1 AND (owner = $2 OR expires_at <= now())),
                      seen AS (
@@ -2004,25 +2054,25 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                          WHERE l.name = $1 AND l.owner = 'shared' AND l.xmin = seen.version
                         RETURNING 1)
                      SELECT EXISTS (SELECT 1 FROM seen) AND NOT EXISTS (SELECT 1 FROM settled)",
-                    )
-                    .bind(&name)
-                    .bind(&owner)
-                    .fetch_one(&p)
-                    .await?;
-                    if raced {
-                        return Err("raw shared release raced (never in a closed loop)".into());
-                    }
-                    Ok(())
-                })
-            });
-            let client = LockClient::new(
-                distlock::sql::SqlBackend::postgres(
-                    pool.clone(),
-                    distlock::sql::SqlConfig::default().with_fifo(fifo()),
                 )
-                .await?,
-            );
-            macro_rules! postgres_raw {
+                .bind(&name)
+                .bind(&owner)
+                .fetch_one(&p)
+                .await?;
+                if raced {
+                    return Err("raw shared release raced (never in a closed loop)".into());
+                }
+                Ok(())
+            })
+        });
+        let client = LockClient::new(
+            distlock::sql::SqlBackend::postgres(
+                pool.clone(),
+                distlock::sql::SqlConfig::default().with_fifo(fifo()),
+            )
+            .await?,
+        );
+        macro_rules! postgres_raw {
             ($pool:expr) => {
                 raw_sql_steps!(
                     $pool,
@@ -2031,31 +2081,40 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
                 )
             };
         }
-            let (rtt, raw) = postgres_raw!(pool);
-            let fresh_url = url.clone();
-            let fresh: Connect = Arc::new(move || {
-                let url = fresh_url.clone();
-                Box::pin(async move {
-                    let pool = sqlx::postgres::PgPoolOptions::new()
-                        .max_connections(10)
-                        .connect(&url)
-                        .await?;
-                    let client = LockClient::new(
-                        distlock::sql::SqlBackend::postgres(
-                            pool.clone(),
-                            distlock::sql::SqlConfig::default().with_fifo(fifo()),
-                        )
-                        .await?,
-                    );
-                    Ok(Fresh {
-                        raw: postgres_raw!(pool).1,
-                        proto: None,
-                        client: Some(client),
-                    })
+        let proto = postgres_proto(pool.clone())?;
+        let (rtt, raw) = postgres_raw!(pool);
+        let fresh_url = url.clone();
+        let fresh: Connect = Arc::new(move || {
+            let url = fresh_url.clone();
+            Box::pin(async move {
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(10)
+                    .connect(&url)
+                    .await?;
+                let client = LockClient::new(
+                    distlock::sql::SqlBackend::postgres(
+                        pool.clone(),
+                        distlock::sql::SqlConfig::default().with_fifo(fifo()),
+                    )
+                    .await?,
+                );
+                Ok(Fresh {
+                    proto: Some(postgres_proto(pool.clone())?),
+                    raw: postgres_raw!(pool).1,
+                    client: Some(client),
                 })
-            });
-            (rtt, raw, raw_permit, raw_shared, Some(client), fresh)
-        };
+            })
+        });
+        (
+            rtt,
+            raw,
+            Some(proto),
+            raw_permit,
+            raw_shared,
+            Some(client),
+            fresh,
+        )
+    };
     // PostgreSQL counts statements in `pg_stat_statements` (preloaded by
     // the harness): those naming distlock's tables or channels are its
     // requests (a channel named after the table, or a client's own
@@ -2093,7 +2152,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         url,
         rtt,
         raw,
-        proto: None,
+        proto,
         raw_permit,
         raw_shared: Some(raw_shared),
         requests,

@@ -30,6 +30,39 @@ pub use config::SqlConfig;
 /// The sqlx version this crate builds on, for users passing their own pools.
 pub use sqlx;
 
+/// The statements a PostgreSQL lock's `try_acquire` and `release` send
+/// (without `fifo`), for tools that send them without this crate's client,
+/// such as the benchmark's measure of the protocol alone. Each checks the
+/// table name as [`SqlConfig::with_table`] does.
+#[cfg(feature = "postgres")]
+pub mod requests {
+    use distlock_core::Result;
+
+    /// The grant: `$1` name, `$2` owner, `$3` TTL in µs (`BIGINT`), `$4`
+    /// NULL (`TEXT`: an election's value), `$5` holder info (`TEXT`, or
+    /// NULL); answers the new fencing token (`BIGINT`), or no row when the
+    /// lock is held.
+    pub fn postgres_try_acquire(table: &str) -> Result<String> {
+        crate::config::validate_table(table)?;
+        Ok(crate::postgres::take_statement(table, "token"))
+    }
+
+    /// The release: `$1` name, `$2` owner, `$3` [`postgres_channel`];
+    /// answers whether the lock was held (`BOOLEAN`) and its notification
+    /// (`TEXT`, NULL unless a waiter marked the row), or no row when `$2`
+    /// does not own it.
+    pub fn postgres_release(table: &str) -> Result<String> {
+        crate::config::validate_table(table)?;
+        Ok(crate::postgres::release_statement(table))
+    }
+
+    /// The channel `table`'s releases notify.
+    pub fn postgres_channel(table: &str) -> Result<String> {
+        crate::config::validate_table(table)?;
+        Ok(crate::postgres::locks_channel(table))
+    }
+}
+
 use distlock_core::wait::{wait_for_grant, Outcome, Pace};
 use semaphore::{valid_limit, Object};
 
@@ -1275,6 +1308,27 @@ impl SqlBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn the_published_requests_check_the_table_name() {
+        for bad in ["locks; DROP TABLE x", "a.b", ""] {
+            assert!(requests::postgres_try_acquire(bad).is_err(), "{bad:?}");
+            assert!(requests::postgres_release(bad).is_err(), "{bad:?}");
+            assert!(requests::postgres_channel(bad).is_err(), "{bad:?}");
+        }
+        let take = requests::postgres_try_acquire("my_locks").expect("a valid name");
+        assert!(take.starts_with("INSERT INTO my_locks "), "{take}");
+        let release = requests::postgres_release("my_locks").expect("a valid name");
+        assert!(
+            release.contains("UPDATE my_locks SET owner = NULL"),
+            "{release}"
+        );
+        assert_eq!(
+            requests::postgres_channel("my_locks").expect("a valid name"),
+            "distlock_my_locks"
+        );
+    }
 
     #[test]
     fn holder_info_the_tables_cannot_hold_is_refused_before_sending() {

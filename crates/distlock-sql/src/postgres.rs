@@ -141,21 +141,11 @@ impl Pg {
         // An election's grant also notifies (`$6`: the locks' channel)
         // with the row's name after [`LEADER_CHANGED`], evaluated only for
         // the row it grants; a lock's grant notifies nothing.
-        let take_with = |returning: &str| {
-            format!(
-                "INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
-             VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4, $5)
-             ON CONFLICT (name) DO UPDATE
-                SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at,
-                    awaited = false, value = EXCLUDED.value, holder = EXCLUDED.holder
-              WHERE l.owner IS NULL OR l.expires_at <= now()
-             RETURNING {returning}"
-            )
-        };
-        let take = take_with("token");
-        let take_leader = take_with(&format!(
-            "token, pg_notify($6, '{LEADER_CHANGED}' || $1)::text"
-        ));
+        let take = take_statement(table, "token");
+        let take_leader = take_statement(
+            table,
+            &format!("token, pg_notify($6, '{LEADER_CHANGED}' || $1)::text"),
+        );
         // `take` for many rows in one statement, in the order given (the
         // canonical one, so two such statements lock rows in one order), and
         // only if none of them is held as the statement starts. A holder
@@ -221,11 +211,7 @@ impl Pg {
               WHERE l.name = r.name AND l.owner = r.owner AND l.expires_at > now()
              RETURNING l.name, l.owner"
         );
-        let release = format!(
-            "WITH r AS (UPDATE {table} SET owner = NULL WHERE name = $1 AND owner = $2
-                        RETURNING expires_at > now() AS held, awaited)
-             SELECT held, CASE WHEN awaited THEN pg_notify($3, $1)::text END FROM r"
-        );
+        let release = release_statement(table);
         let release_leader = format!(
             "WITH r AS (UPDATE {table} SET owner = NULL WHERE name = $1 AND owner = $2
                         RETURNING expires_at > now() AS held)
@@ -274,7 +260,7 @@ impl Pg {
         );
         Self {
             pool,
-            channel: format!("distlock_{table}"),
+            channel: locks_channel(table),
             permits: permits::Statements::new(table, &permit_tables),
             shared: shared::Statements::new(table, &rw_tables, fifo.is_some()),
             // Named after the table whose rows it announces.
@@ -839,6 +825,38 @@ pub(crate) const LIMIT_CHANGED: &str = "*";
 /// contains): its observers wake, its waiting campaigners do not (a grant
 /// or a new value gives them nothing to try).
 pub(crate) const LEADER_CHANGED: &str = "=";
+
+/// A lock's grant without waiting (`try_acquire`): `$1` name, `$2` owner,
+/// `$3` TTL in µs, `$4` an election's value (NULL for a lock), `$5` holder
+/// info; answers `returning` for a grant, no row for a refusal.
+pub(crate) fn take_statement(table: &str, returning: &str) -> String {
+    format!(
+        "INSERT INTO {table} AS l (name, owner, token, expires_at, value, holder)
+             VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1e6), $4, $5)
+             ON CONFLICT (name) DO UPDATE
+                SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at,
+                    awaited = false, value = EXCLUDED.value, holder = EXCLUDED.holder
+              WHERE l.owner IS NULL OR l.expires_at <= now()
+             RETURNING {returning}"
+    )
+}
+
+/// A lock's release: `$1` name, `$2` owner, `$3` the locks' channel
+/// ([`locks_channel`]); answers whether the lock was held (and the
+/// notification, sent only while a waiter marked the row), no row if `$2`
+/// did not own it.
+pub(crate) fn release_statement(table: &str) -> String {
+    format!(
+        "WITH r AS (UPDATE {table} SET owner = NULL WHERE name = $1 AND owner = $2
+                        RETURNING expires_at > now() AS held, awaited)
+             SELECT held, CASE WHEN awaited THEN pg_notify($3, $1)::text END FROM r"
+    )
+}
+
+/// Where the releases of `table`'s locks are announced.
+pub(crate) fn locks_channel(table: &str) -> String {
+    format!("distlock_{table}")
+}
 
 /// The lock table's upsert of one attempt (the `granted` part of the
 /// attempt statements; `$1` name, `$2` owner, `$3` TTL in µs, `$4` value,
