@@ -27,3 +27,6 @@ cargo test --workspace --all-features --locked
 # noisy for timed assertions). The peers need Python packages from PyPI and
 # run only in the real benchmark (docs/benchmarks.md).
 cargo run -q -p distlock-bench --locked -- --smoke
+# One side of scenario 3 alone, as a profile runs it.
+cargo run -q -p distlock-bench --locked -- --smoke --only 3 --backends postgres \
+  --throughput 8x8x1 --profile-side requests

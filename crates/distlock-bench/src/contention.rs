@@ -85,17 +85,39 @@ async fn slice(
 /// taking turns, so that a slow spell of the machine hits every side.
 const SLICES: u32 = 5;
 
-/// Runs every side of `sides` for `run_for` in all, in [`SLICES`] turns
-/// each, and measures each side over its turns.
-async fn rates(tasks: usize, run_for: Duration, sides: &[Op]) -> Result<Vec<Rate>, BoxError> {
+/// Runs every side of `sides` (only side `only`, if given) for `run_for`
+/// in all, in [`SLICES`] turns each, and measures each side over its turns;
+/// a side not run measures nothing.
+async fn rates(
+    tasks: usize,
+    run_for: Duration,
+    sides: &[Op],
+    only: Option<usize>,
+) -> Result<Vec<Option<Rate>>, BoxError> {
     let mut tallies = vec![Tally::default(); sides.len()];
     let mut next = vec![vec![0u32; tasks]; sides.len()];
+    let runs = |k: usize| only.is_none_or(|o| o == k);
     for _ in 0..SLICES {
-        for (k, op) in sides.iter().enumerate() {
+        for (k, op) in sides.iter().enumerate().filter(|(k, _)| runs(*k)) {
             slice(tasks, run_for / SLICES, op, &mut next[k], &mut tallies[k]).await?;
         }
     }
-    Ok(tallies.iter().map(Tally::rate).collect())
+    Ok(tallies
+        .iter()
+        .enumerate()
+        .map(|(k, t)| runs(k).then(|| t.rate()))
+        .collect())
+}
+
+/// The sides of a throughput run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Side {
+    /// distlock's client.
+    Distlock,
+    /// The raw minimal sequence.
+    Raw,
+    /// distlock's own requests sent raw.
+    Requests,
 }
 
 /// The name slot of a task's `i`-th operation when `tasks` tasks share
@@ -113,10 +135,11 @@ fn slot(task: usize, i: u32, tasks: usize, names: usize) -> usize {
 }
 
 /// What one configuration of scenario 3 measured: distlock, the raw
-/// sequence, and distlock's requests sent raw (where written).
+/// sequence, and distlock's requests sent raw (where written); `None` for a
+/// side that did not run.
 pub(crate) struct Throughput {
-    pub(crate) ours: Rate,
-    pub(crate) raw: Rate,
+    pub(crate) ours: Option<Rate>,
+    pub(crate) raw: Option<Rate>,
     pub(crate) proto: Option<Rate>,
 }
 
@@ -124,16 +147,16 @@ pub(crate) struct Throughput {
 /// shared distlock clients (`libs`), through the raw sequence on
 /// connections or pools of its own (`raws`, as many), and through
 /// distlock's requests sent raw on those (`protos`, where written), taking
-/// turns in slices. Task `t` goes through client `t % libs.len()` on every
-/// side.
+/// turns in slices (or `only` that side). Task `t` goes through client
+/// `t % libs.len()` on every side.
 pub(crate) async fn throughput(
     libs: &[LockClient],
     raws: &[Step],
     protos: Option<&[Step]>,
-    tasks: usize,
-    names: usize,
+    (tasks, names): (usize, usize),
     run_for: Duration,
     tag: &str,
+    only: Option<Side>,
 ) -> Result<Throughput, BoxError> {
     let names = names.max(tasks);
     let prefix = format!("bench/{tag}/k{tasks}x{names}c{}", libs.len());
@@ -153,11 +176,19 @@ pub(crate) async fn throughput(
     if let Some(p) = protos {
         sides.push(on(p));
     }
-    let measured = rates(tasks, run_for, &sides).await?;
+    let only = only.map(|s| match s {
+        Side::Distlock => 0,
+        Side::Raw => 1,
+        Side::Requests => 2,
+    });
+    if only.is_some_and(|k| k >= sides.len()) {
+        return Err("distlock's requests are not sent raw for this backend".into());
+    }
+    let measured = rates(tasks, run_for, &sides, only).await?;
     Ok(Throughput {
         ours: measured[0],
         raw: measured[1],
-        proto: measured.get(2).copied(),
+        proto: measured.get(2).copied().flatten(),
     })
 }
 

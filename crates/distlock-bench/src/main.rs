@@ -89,6 +89,10 @@ struct Args {
     /// example `64x64x4`); all of them when not given.
     #[arg(long, value_delimiter = ',')]
     throughput: Vec<String>,
+    /// Scenario 3 runs only this side, and scenarios 4-6 do not run: for a
+    /// profiler (such as `perf record -g`) watching the process.
+    #[arg(long, value_enum)]
+    profile_side: Option<contention::Side>,
     /// Waiter counts for the handoff and herd scenarios.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
     waiters: Vec<usize>,
@@ -845,10 +849,10 @@ async fn scenarios_3_to_6(
             &libs[..clients],
             &raws[..clients],
             protos.as_deref().map(|p| &p[..clients]),
-            tasks,
-            names,
+            (tasks, names),
             secs,
             t.name,
+            a.profile_side,
         )
         .await
         .map_err(|e| {
@@ -857,38 +861,41 @@ async fn scenarios_3_to_6(
                 t.name
             )
         })?;
-        let proto = m.proto.map_or_else(
-            || "- | -".to_string(),
-            |p| {
-                format!(
-                    "{:.0} | {:.2}",
-                    p.ops_per_sec,
-                    m.ours.ops_per_sec / p.ops_per_sec
-                )
-            },
-        );
-        let (proto_cpu, proto_blocks) = m.proto.map_or_else(
-            || (String::new(), String::new()),
-            |p| {
-                (
-                    format!(" → {:.1}", p.cpu_us_per_op),
-                    format!(" → {:.2}", p.blocks_per_op),
-                )
-            },
-        );
+        // A side that did not run (`--profile-side`) shows as `-`.
+        let show = |r: Option<contention::Rate>, f: fn(&contention::Rate) -> String| {
+            r.as_ref().map_or_else(|| "-".to_string(), f)
+        };
+        let ratio = |a: Option<contention::Rate>, b: Option<contention::Rate>| match (a, b) {
+            (Some(a), Some(b)) => format!("{:.2}", a.ops_per_sec / b.ops_per_sec),
+            _ => "-".to_string(),
+        };
+        let ops = |r: &contention::Rate| format!("{:.0}", r.ops_per_sec);
+        let cpu = |r: &contention::Rate| format!("{:.1}", r.cpu_us_per_op);
+        let blocks = |r: &contention::Rate| format!("{:.2}", r.blocks_per_op);
+        let (proto, proto_cpu, proto_blocks) = match t.proto {
+            Some(_) => (
+                format!("{} | {}", show(m.proto, ops), ratio(m.ours, m.proto)),
+                format!(" → {}", show(m.proto, cpu)),
+                format!(" → {}", show(m.proto, blocks)),
+            ),
+            None => ("- | -".to_string(), String::new(), String::new()),
+        };
         let _ = writeln!(
             r.md,
-            "| {tasks} | {names} | {clients} | {:.0} | {:.0} | **{:.2}** | {proto} | {:.1}{proto_cpu} → {:.1} | {:.2}{proto_blocks} → {:.2} |",
-            m.raw.ops_per_sec,
-            m.ours.ops_per_sec,
-            m.ours.ops_per_sec / m.raw.ops_per_sec,
-            m.raw.cpu_us_per_op,
-            m.ours.cpu_us_per_op,
-            m.raw.blocks_per_op,
-            m.ours.blocks_per_op
+            "| {tasks} | {names} | {clients} | {} | {} | **{}** | {proto} | {}{proto_cpu} → {} | {}{proto_blocks} → {} |",
+            show(m.raw, ops),
+            show(m.ours, ops),
+            ratio(m.ours, m.raw),
+            show(m.raw, cpu),
+            show(m.ours, cpu),
+            show(m.raw, blocks),
+            show(m.ours, blocks),
         );
     }
 
+    if a.profile_side.is_some() {
+        return Ok(());
+    }
     let mut clients = Vec::new();
     for _ in 0..a.clients {
         clients.push(client(t).await?.0);
