@@ -6,7 +6,10 @@
 #   - N idle sessions LISTENing on channels of their own (distlock's waiting
 #     clients with or without `fifo`),
 #   - N sessions sleeping inside a statement (a waiter another session could
-#     wake with `pg_cancel_backend`, as MySQL's waiters sleep in the server).
+#     wake with `pg_cancel_backend`, as MySQL's waiters sleep in the server),
+#   - N sessions waiting for a table lock (`LOCK TABLE ... IN SHARE MODE` in
+#     an open transaction, behind one session holding ROW EXCLUSIVE): a
+#     wait that takes no snapshot of its own.
 # Runs a private server (PostgreSQL 15 binaries, `fsync=off`, as the test
 # harness does) in a temporary directory and removes it. Needs root (the
 # server runs as `postgres`). Usage: scripts/pg-waiting-sessions.sh [N...]
@@ -35,7 +38,7 @@ runuser -u postgres -- "$BIN/pg_ctl" -D "$DIR/data" -w -l "$DIR/log" -o \
   start >/dev/null
 
 psql() { "$BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -qAt "$@"; }
-psql -c "CREATE TABLE t (name text PRIMARY KEY, owner text); INSERT INTO t VALUES ('a', NULL)"
+psql -c "CREATE TABLE t (name text PRIMARY KEY, owner text); INSERT INTO t VALUES ('a', NULL); CREATE TABLE bell ()"
 echo "UPDATE t SET owner = NULL WHERE name = 'a';" >"$DIR/plain.sql"
 echo "UPDATE t SET owner = NULL WHERE name = 'a' RETURNING pg_notify('nobody', 'a');" >"$DIR/notify.sql"
 
@@ -76,5 +79,18 @@ for n in "$@"; do
   until_sessions "$n"
   echo "| $n sleeping inside a statement | $(mean plain) | $(mean notify) |"
   psql -c "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%' AND pid <> pg_backend_pid()" >/dev/null
+  wait 2>/dev/null || true
+  pids=()
+  (echo "BEGIN; LOCK TABLE bell IN ROW EXCLUSIVE MODE;"; sleep "$hold") | psql >/dev/null 2>&1 &
+  pids+=($!)
+  until_sessions 1
+  for i in $(seq "$n"); do
+    (echo "BEGIN; LOCK TABLE bell IN SHARE MODE;"; sleep "$hold") | psql >/dev/null 2>&1 &
+    pids+=($!)
+  done
+  until_sessions $((n + 1))
+  echo "| $n waiting for a table lock | $(mean plain) | $(mean notify) |"
+  kill "${pids[@]}" 2>/dev/null || true
+  psql -c "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query LIKE '%LOCK TABLE bell%' AND pid <> pg_backend_pid()" >/dev/null
   wait 2>/dev/null || true
 done
