@@ -180,6 +180,26 @@ impl LockClient {
     }
 }
 
+/// A TTL the backend can keep: more than zero and within its range.
+pub(crate) fn check_ttl(caps: &Capabilities, ttl: Duration) -> Result<()> {
+    if ttl.is_zero() {
+        return Err(Error::invalid(
+            InputKind::Duration,
+            "TTL must be greater than zero",
+        ));
+    }
+    if ttl < caps.min_ttl || ttl > caps.max_ttl {
+        return Err(Error::invalid(
+            InputKind::Duration,
+            format!(
+                "TTL {:?} is outside {}'s range {:?}..={:?}",
+                ttl, caps.backend, caps.min_ttl, caps.max_ttl
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses a kind the backend does not declare, before anything is sent.
 pub(crate) fn check_kind(caps: &Capabilities, kind: &HoldKind) -> Result<()> {
     if !caps.supports(kind) {
@@ -285,7 +305,8 @@ impl LockBuilder {
         self
     }
 
-    /// How long [`acquire`](Self::acquire) waits (default: forever).
+    /// How long [`acquire`](Self::acquire) waits (default: forever; a wait
+    /// past the clock's range is forever too).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
@@ -334,7 +355,7 @@ impl LockBuilder {
     /// Waits for the lock (see [`wait`](Self::wait)). Dropping the returned
     /// future leaves nothing held or queued.
     pub async fn acquire(self) -> Result<LockGuard> {
-        let deadline = self.wait.map(|w| Instant::now() + w);
+        let deadline = self.wait.and_then(|w| Instant::now().checked_add(w));
         match self.acquire_inner(Mode::Wait(deadline)).await? {
             Some(guard) => Ok(guard),
             // Mode::Wait only returns a guard or an error.
@@ -380,21 +401,7 @@ impl LockBuilder {
         }
         check_kind(caps, &self.kind)?;
         crate::holder::validate_holder_info(&self.holder_info)?;
-        if self.ttl.is_zero() {
-            return Err(Error::invalid(
-                InputKind::Duration,
-                "TTL must be greater than zero",
-            ));
-        }
-        if self.ttl < caps.min_ttl || self.ttl > caps.max_ttl {
-            return Err(Error::invalid(
-                InputKind::Duration,
-                format!(
-                    "TTL {:?} is outside {}'s range {:?}..={:?}",
-                    self.ttl, caps.backend, caps.min_ttl, caps.max_ttl
-                ),
-            ));
-        }
+        check_ttl(caps, self.ttl)?;
         if self.max_hold.is_some_and(|m| m.is_zero()) {
             return Err(Error::invalid(
                 InputKind::Duration,
@@ -441,8 +448,9 @@ impl LockBuilder {
                         holder: holder.clone(),
                     });
                 }
-                hold.nest()?;
-                return Ok(Some(Local::Nested(LockGuard::new(hold))));
+                if hold.nest()? {
+                    return Ok(Some(Local::Nested(LockGuard::new(hold))));
+                }
             }
         }
         let gate = slot.slot.gate.clone();

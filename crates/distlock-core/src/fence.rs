@@ -66,7 +66,8 @@ impl FenceGate {
         let limit = (limit as usize).max(1);
         Self {
             limit,
-            highest: Mutex::new(Vec::with_capacity(limit)),
+            // Grows with the tokens seen, up to `limit`.
+            highest: Mutex::new(Vec::with_capacity(limit.min(64))),
         }
     }
 
@@ -107,9 +108,11 @@ impl FenceGate {
 /// - A write is admitted if its token is at least every token admitted so
 ///   far, reads included: a writer paused past its lease, after which
 ///   readers or another writer were granted the lock, is turned away.
-/// - A read is admitted if its token is above every write's: a reader
+/// - A read is admitted if its token is at least every write's: a reader
 ///   granted before the last writer (so paused past its lease, since the
-///   writer could only be granted once it was gone) is turned away.
+///   writer could only be granted once it was gone) is turned away. The
+///   last writer may read too: a shared request nested in its exclusive
+///   hold carries its token.
 ///
 /// What it does not prove: that a refused holder's lease had really ended
 /// (a write is refused after a newer reader read even if that reader
@@ -145,7 +148,7 @@ impl ReadWriteGate {
     pub fn admit_read(&self, token: FencingToken) -> Result<(), StaleToken> {
         let mut seen = lock(&self.seen);
         let (write, any) = *seen;
-        if write > 0 && token.0 <= write {
+        if token.0 < write {
             return Err(StaleToken {
                 presented: token,
                 highest: FencingToken(write),
@@ -168,6 +171,8 @@ mod tests {
         assert!(g.admit_read(FencingToken(4)).is_ok());
         assert!(g.admit_write(FencingToken(5)).is_ok());
         assert!(g.admit_write(FencingToken(5)).is_ok());
+        // The writer reads through a shared request nested in its hold.
+        assert!(g.admit_read(FencingToken(5)).is_ok());
         // Reader 4, paused past the writer's grant, reads late: refused.
         let e = g.admit_read(FencingToken(4)).unwrap_err();
         assert_eq!(e.highest, FencingToken(5));

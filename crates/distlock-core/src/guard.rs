@@ -10,7 +10,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::error::{Error, LostReason, Result};
-use crate::lease::HoldState;
+use crate::keeper::Keeper;
+use crate::lease::{lock, HoldState, Lease};
 use crate::name::LockName;
 use crate::slot::Hold;
 use crate::token::FencingToken;
@@ -111,23 +112,34 @@ impl LockGuard {
         }
     }
 
-    /// Extends the lease to `ttl` from now. On rejection the guard is marked
-    /// lost and [`Error::LeaseLost`] is returned.
+    /// Extends the lease to `ttl` from now (a TTL the lock could be
+    /// acquired with, else [`Error::InvalidInput`]); renewal, if on, goes on
+    /// before the new deadline with the lock's own TTL. On rejection the
+    /// guard is marked lost and [`Error::LeaseLost`] is returned. An extend
+    /// that fails or is cancelled may still have reached the server, so the
+    /// deadline then moves to the earlier of the old one and this one's.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let Hold { keeper, lease, .. } = &**self.hold();
         self.not_lost()?;
+        crate::client::check_ttl(&keeper.caps, ttl)?;
         let sent = Instant::now();
         let span = tracing::debug_span!("distlock.extend", lock = %lease.req.name, ?ttl);
         let renewal = lease.req.with_ttl(ttl);
-        if keeper.backend.extend(&renewal).instrument(span).await? {
-            if lease.transition(HoldState::Held {
-                deadline: sent + keeper.caps.safe_validity(ttl),
-            }) {
-                keeper.rearm(lease);
+        let out = OutExtend::send(keeper, lease, sent + keeper.caps.safe_validity(ttl));
+        let answer = keeper.backend.extend(&renewal).instrument(span).await;
+        let deadline = out.answered(answer.as_ref().is_ok_and(|granted| *granted));
+        match answer {
+            Ok(true) => {
+                if lease.transition(HoldState::Held { deadline }) {
+                    let mut r = lock(&lease.renewal);
+                    r.next_renew = r.next_renew.min(keeper.first_renewal(sent, ttl));
+                    drop(r);
+                    keeper.rearm(lease);
+                }
+                Ok(())
             }
-            Ok(())
-        } else {
-            Err(self.rejected())
+            Ok(false) => Err(self.rejected()),
+            Err(e) => Err(e),
         }
     }
 
@@ -185,10 +197,88 @@ impl LockGuard {
         let Some(hold) = self.hold.take() else {
             return Ok(false);
         };
-        if hold.unnest() {
-            hold.finish().await
-        } else {
-            Ok(hold.lease.deadline().is_some())
+        if !hold.unnest() {
+            return Ok(hold.lease.deadline().is_some());
+        }
+        // Dropped before the release answers (a timeout around it, say),
+        // the release goes on in the background, as for a dropped guard.
+        let mut unfinished = Unfinished(Some(hold.clone()));
+        let result = hold.finish().await;
+        unfinished.0 = None;
+        result
+    }
+}
+
+/// A hold whose release has not answered yet; dropped so, it is released
+/// in the background.
+struct Unfinished(Option<Arc<Hold>>);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(hold) = self.0.take() {
+            finish_detached(hold);
+        }
+    }
+}
+
+/// Releases `hold` in a task of its own; outside a runtime, ends it here
+/// and leaves its lease to expire.
+fn finish_detached(hold: Arc<Hold>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(async move {
+                let _ = hold.finish().await;
+            });
+        }
+        Err(_) => {
+            tracing::warn!(lock = %hold.lease.req.name, "guard dropped outside a runtime; the lease will expire after its TTL");
+            hold.finish_local();
+        }
+    }
+}
+
+/// A user's extend on its way: counted with the keeper's renewals that
+/// overlap it, and if it fails or is dropped unanswered, the deadline moves
+/// no later than the one it would set.
+struct OutExtend<'a> {
+    keeper: &'a Arc<Keeper>,
+    lease: &'a Arc<Lease>,
+    deadline: Instant,
+    answered: bool,
+}
+
+impl<'a> OutExtend<'a> {
+    fn send(keeper: &'a Arc<Keeper>, lease: &'a Arc<Lease>, deadline: Instant) -> Self {
+        lock(&lease.renewal).sending(deadline);
+        Self {
+            keeper,
+            lease,
+            deadline,
+            answered: false,
+        }
+    }
+
+    /// The deadline a grant sets.
+    fn answered(mut self, granted: bool) -> Instant {
+        self.answered = true;
+        let deadline = lock(&self.lease.renewal).answered(self.deadline);
+        if !granted {
+            self.settle();
+        }
+        deadline
+    }
+
+    fn settle(&self) {
+        self.lease.maybe_extended(self.deadline);
+        self.keeper.rearm(self.lease);
+    }
+}
+
+impl Drop for OutExtend<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            lock(&self.lease.renewal).answered(self.deadline);
+            self.settle();
         }
     }
 }
@@ -196,19 +286,8 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         let Some(hold) = self.hold.take() else { return };
-        if !hold.unnest() {
-            return;
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    let _ = hold.finish().await;
-                });
-            }
-            Err(_) => {
-                tracing::warn!(lock = %hold.lease.req.name, "guard dropped outside a runtime; the lease will expire after its TTL");
-                hold.finish_local();
-            }
+        if hold.unnest() {
+            finish_detached(hold);
         }
     }
 }

@@ -259,6 +259,7 @@ impl Keeper {
             }
         }
         r.in_flight = true;
+        r.sending(now + self.caps.safe_validity(ttl));
         drop(r);
         // The deadline still fires if the renewal never answers.
         self.arm(&lease, deadline);
@@ -275,11 +276,12 @@ impl Keeper {
     ) {
         let mut r = lock(&lease.renewal);
         r.in_flight = false;
+        let sent_for = sent + self.caps.safe_validity(ttl);
+        let deadline = r.answered(sent_for);
         match answer {
             Ok(true) => {
                 r.next_renew = self.first_renewal(sent, lease.req.ttl);
                 r.last_error = None;
-                let deadline = sent + self.caps.safe_validity(ttl);
                 let at = r.wake_at(deadline);
                 drop(r);
                 // A lease that was lost or released meanwhile stays so.
@@ -299,6 +301,7 @@ impl Keeper {
                 let retry = (lease.req.ttl / 3 / 4).max(Duration::from_millis(5));
                 r.next_renew = Instant::now() + crate::wait::jitter(retry);
                 drop(r);
+                lease.maybe_extended(sent_for);
                 self.rearm(&lease);
             }
         }

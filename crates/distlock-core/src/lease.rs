@@ -97,6 +97,19 @@ pub(crate) struct Renewal {
     pub(crate) in_flight: bool,
     pub(crate) last_error: Option<String>,
     pub(crate) capped_by_max_hold: bool,
+    /// Extends out now (the keeper's renewals and the user's own), and
+    /// the earliest deadline any of them would set.
+    extends: Outstanding,
+}
+
+/// The extends of one lease that are out together. The server may apply
+/// them in any order (a pool sends them on different connections), so
+/// while they overlap, a granted one can only promise the earliest of
+/// their deadlines.
+#[derive(Debug, Default)]
+struct Outstanding {
+    count: usize,
+    earliest: Option<Instant>,
 }
 
 impl Renewal {
@@ -107,7 +120,27 @@ impl Renewal {
             in_flight: false,
             last_error: None,
             capped_by_max_hold: false,
+            extends: Outstanding::default(),
         }
+    }
+
+    /// An extend goes out that would set the deadline to `deadline`.
+    pub(crate) fn sending(&mut self, deadline: Instant) {
+        let e = &mut self.extends;
+        e.count += 1;
+        e.earliest = Some(e.earliest.map_or(deadline, |d| d.min(deadline)));
+    }
+
+    /// The extend sent with `deadline` answered: the deadline a grant
+    /// sets (the earliest of the extends out with it).
+    pub(crate) fn answered(&mut self, deadline: Instant) -> Instant {
+        let e = &mut self.extends;
+        let granted = e.earliest.map_or(deadline, |d| d.min(deadline));
+        e.count = e.count.saturating_sub(1);
+        if e.count == 0 {
+            e.earliest = None;
+        }
+        granted
     }
 
     /// When the keeper must look at the lease next.
@@ -174,6 +207,19 @@ impl Lease {
         })
     }
 
+    /// An extend that failed or was cancelled may still have reached the
+    /// server, which then ends the lease at `deadline` (as it was sent) if
+    /// that is earlier: the local deadline moves no later than that.
+    pub(crate) fn maybe_extended(&self, deadline: Instant) {
+        self.state.update_if(|s| match s {
+            HoldState::Held { deadline: d } if deadline < *d => {
+                *d = deadline;
+                true
+            }
+            _ => false,
+        });
+    }
+
     /// The local deadline, or `None` once lost or released.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         match &*self.state.get() {
@@ -205,5 +251,27 @@ impl Lease {
 
     fn free_permit(&self) {
         lock(&self.permit).take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn extends_out_together_promise_the_earliest_of_their_deadlines() {
+        let t0 = Instant::now();
+        let (short, long) = (t0 + Duration::from_secs(1), t0 + Duration::from_secs(30));
+        let mut r = Renewal::new(t0, true);
+        r.sending(long);
+        r.sending(short);
+        // Either may be the one the server applied last.
+        assert_eq!(r.answered(long), short);
+        assert_eq!(r.answered(short), short);
+        // Alone again: a grant promises its own deadline.
+        r.sending(long);
+        assert_eq!(r.answered(long), long);
     }
 }

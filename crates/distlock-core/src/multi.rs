@@ -90,7 +90,7 @@ impl MultiLockBuilder {
     /// Waits until every lock is held (see [`wait`](Self::wait)). Dropping
     /// the returned future leaves nothing held or queued.
     pub async fn acquire(self) -> Result<MultiGuard> {
-        let deadline = self.each.wait.map(|w| Instant::now() + w);
+        let deadline = self.each.wait.and_then(|w| Instant::now().checked_add(w));
         match self.acquire_inner(Mode::Wait(deadline)).await? {
             Some(guard) => Ok(guard),
             None => Err(Error::invalid(

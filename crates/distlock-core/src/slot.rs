@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{HoldKind, LockRequest};
-use crate::error::{Error, LostReason, Result};
+use crate::error::{Error, Result};
 use crate::keeper::Keeper;
 use crate::lease::{lock, HoldState, Lease, Renewal};
 use crate::name::LockName;
@@ -100,12 +100,12 @@ pub(crate) fn slot_ref(table: &Arc<SlotTable>, name: &LockName, kind: HoldKind) 
 }
 
 impl Slot {
-    /// The live hold of `holder` in this slot, if any.
+    /// The live hold of `holder` in this slot, if any; one whose last guard
+    /// is gone (its release is under way) does not count.
     pub(crate) fn held_by(&self, holder: &str) -> Option<Arc<Hold>> {
-        lock(&self.held)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .find(|h| h.holder.as_deref() == Some(holder) && h.lease.deadline().is_some())
+        lock(&self.held).iter().filter_map(Weak::upgrade).find(|h| {
+            h.holder.as_deref() == Some(holder) && h.depth() > 0 && h.lease.deadline().is_some()
+        })
     }
 
     fn add(&self, hold: &Arc<Hold>) {
@@ -158,7 +158,7 @@ impl Hold {
             keeper.first_renewal(sent, req.ttl),
             renew && keeper.caps.extend,
         );
-        let max_hold_until = max_hold.map(|m| sent + m);
+        let max_hold_until = max_hold.and_then(|m| sent.checked_add(m));
         let lease = Arc::new(Lease::new(
             req,
             token,
@@ -179,8 +179,10 @@ impl Hold {
         hold
     }
 
-    /// A nested acquire by the same holder: one more level.
-    pub(crate) fn nest(self: &Arc<Self>) -> Result<()> {
+    /// A nested acquire by the same holder: one more level. `Ok(false)`
+    /// when its last guard went meanwhile (the release is under way): the
+    /// caller acquires anew, as if the hold had ended.
+    pub(crate) fn nest(self: &Arc<Self>) -> Result<bool> {
         if let HoldState::Lost(reason) = &*self.lease.state.get() {
             return Err(Error::LeaseLost {
                 name: self.lease.req.name.clone(),
@@ -189,15 +191,11 @@ impl Hold {
         }
         let mut n = lock(&self.nested);
         if *n == 0 {
-            // Being released right now: behave as if the hold had ended.
-            return Err(Error::LeaseLost {
-                name: self.lease.req.name.clone(),
-                reason: LostReason::RenewalRejected,
-            });
+            return Ok(false);
         }
         *n += 1;
         tracing::debug!(lock = %self.lease.req.name, depth = *n, "nested acquire");
-        Ok(())
+        Ok(true)
     }
 
     pub(crate) fn depth(&self) -> usize {

@@ -21,6 +21,10 @@ struct Scripted {
     /// How many of the next releases fail as if the server were unreachable.
     fail_releases: AtomicUsize,
     extends: AtomicUsize,
+    /// Extends reach the server, and then the reply is lost.
+    extend_reply_lost: AtomicBool,
+    /// How many of the next releases never answer.
+    hang_releases: AtomicUsize,
     session_end: Arc<Notify>,
 }
 
@@ -41,7 +45,11 @@ impl Backend for Scripted {
         if self.fail_extend.load(Ordering::SeqCst) {
             return Err(Error::unavailable("scripted", "server unreachable", None));
         }
-        self.inner.extend(req).await
+        let extended = self.inner.extend(req).await;
+        if self.extend_reply_lost.load(Ordering::SeqCst) {
+            return Err(Error::unavailable("scripted", "reply lost", None));
+        }
+        extended
     }
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         let failing = self
@@ -49,6 +57,12 @@ impl Backend for Scripted {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         if failing.is_ok() {
             return Err(Error::unavailable("scripted", "connection reset", None));
+        }
+        let hanging = self
+            .hang_releases
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if hanging.is_ok() {
+            std::future::pending::<()>().await;
         }
         self.inner.release(req).await
     }
@@ -220,6 +234,101 @@ async fn nested_holder_keeps_lock_until_outermost_release() {
     assert!(b.lock("nest").try_acquire().await.unwrap().is_none());
     assert!(outer.release().await.unwrap());
     assert!(b.lock("nest").try_acquire().await.unwrap().is_some());
+}
+
+/// An extend whose reply is lost may have reached the server: the guard
+/// then counts its lease no longer than that extend would leave it.
+#[tokio::test(start_paused = true)]
+async fn an_extend_answered_with_an_error_may_have_shortened_the_lease() {
+    let (s, a, b) = setup();
+    let g = a
+        .lock("shorter")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    s.extend_reply_lost.store(true, Ordering::SeqCst);
+    assert!(g.extend(Duration::from_secs(1)).await.is_err());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The server ended the lease after the extend's second.
+    assert!(b.lock("shorter").try_acquire().await.unwrap().is_some());
+    assert!(!g.is_held(), "the guard outlived its lease on the server");
+}
+
+/// A TTL no acquire could ask for is refused, and a shorter lease than the
+/// lock's TTL is renewed before it ends.
+#[tokio::test(start_paused = true)]
+async fn extend_checks_its_ttl_and_renews_before_the_new_deadline() {
+    let (_, a, _) = setup();
+    let g = a
+        .lock("extend")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    for ttl in [Duration::ZERO, Duration::MAX] {
+        let e = g.extend(ttl).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidInput { .. }), "{ttl:?}: {e}");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    g.extend(Duration::from_secs(3)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(g.is_held(), "lost after a shorter extend");
+    assert!(
+        tokio::time::timeout(Duration::ZERO, g.lost())
+            .await
+            .is_err(),
+        "lost after a shorter extend"
+    );
+}
+
+/// The last guard dropped and the same holder acquiring at once: a new
+/// hold once the old one's release is done, not an error.
+#[tokio::test(start_paused = true)]
+async fn the_same_holder_acquires_again_right_after_dropping_its_guard() {
+    let (_, a, _) = setup();
+    let g = a.lock("again").holder("h").acquire().await.unwrap();
+    drop(g);
+    let again = a.lock("again").holder("h").acquire().await.unwrap();
+    assert_eq!(again.hold_count(), 1);
+    assert!(again.release().await.unwrap());
+}
+
+/// Durations past the clock's range mean "never", not a panic (and not a
+/// hold left behind by one).
+#[tokio::test(start_paused = true)]
+async fn durations_past_the_clocks_range_do_not_panic() {
+    let (_, a, b) = setup();
+    let g = a
+        .lock("forever")
+        .max_hold(Duration::MAX)
+        .wait(Duration::MAX)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(g.release().await.unwrap());
+    let all = a
+        .lock_all(["forever", "ever"])
+        .wait(Duration::MAX)
+        .max_hold(Duration::MAX)
+        .acquire()
+        .await
+        .unwrap();
+    all.release().await.unwrap();
+    assert!(b.lock("forever").try_acquire().await.unwrap().is_some());
+}
+
+/// A release cut short (a timeout around it) goes on in the background,
+/// as a dropped guard's does.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_release_still_releases() {
+    let (s, a, b) = setup();
+    let g = a.lock("cut").acquire().await.unwrap();
+    s.hang_releases.store(1, Ordering::SeqCst);
+    let cut = tokio::time::timeout(Duration::from_millis(10), g.release()).await;
+    assert!(cut.is_err(), "the first release answered");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(b.lock("cut").try_acquire().await.unwrap().is_some());
 }
 
 /// Found by the fault suite's workload: the deadline of a lock granted
