@@ -190,10 +190,50 @@ fn main() {
                 "mysql::a_stale_grant_routine_is_replaced",
                 stale_grant_routine(f.clone()),
             ),
+            trial(
+                rt,
+                "mysql::a_connection_time_zone_moves_no_lease",
+                time_zones(f.clone()),
+            ),
         ]);
             trials
         },
     )
+}
+
+/// Clients whose connections keep different time zones (`timezone=` in the
+/// URL) judge every lease alike: none of them takes a live one, of any kind.
+async fn time_zones(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (_, base) = f.own_table("tz")?;
+    let mut clients = Vec::new();
+    for zone in ["%2B00:00", "%2B05:00", "-05:00"] {
+        let b = SqlBackend::connect(&format!("{base}&timezone={zone}")).await?;
+        clients.push((zone, LockClient::new(b)));
+    }
+    let ttl = Duration::from_secs(60);
+    for (held_in, holder) in &clients {
+        let lock = holder.lock("tz/lock").ttl(ttl).acquire().await?;
+        let permits = holder.semaphore("tz/sem", 1).ttl(ttl).acquire().await?;
+        let leader = holder.election("tz/elect").ttl(ttl).campaign("v").await?;
+        for (asked_in, other) in &clients {
+            if asked_in == held_in {
+                continue;
+            }
+            if other.lock("tz/lock").try_acquire().await?.is_some()
+                || other.semaphore("tz/sem", 1).try_acquire().await?.is_some()
+                || other.election("tz/elect").try_campaign("w").await?.is_some()
+            {
+                return Err(format!(
+                    "a client in {asked_in} took a live hold of a client in {held_in}"
+                )
+                .into());
+            }
+        }
+        lock.release().await?;
+        permits.release().await?;
+        leader.resign().await?;
+    }
+    Ok(())
 }
 
 /// `Jobs` and `jobs` are two locks, as on every other backend.
@@ -434,8 +474,8 @@ async fn renewal_at_expiry(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let (table, url) = f.own_table("renew")?;
     let admin: sqlx::MySqlPool = f.admin_pool().await?;
     let renew = format!(
-        "UPDATE {table}_permits SET expires_at = NOW(6) + INTERVAL 60 SECOND
-          WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+        "UPDATE {table}_permits SET expires_at = UTC_TIMESTAMP(6) + INTERVAL 60 SECOND
+          WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
     );
     let pool = admin.clone();
     sql_support::renewal_committing_at_expiry_keeps_its_permit(

@@ -105,8 +105,8 @@ impl My {
         // the holder info: every reader of it reads held rows only.
         let take = format!(
             "UPDATE {table} SET owner = ?, token = LAST_INSERT_ID(token + 1),
-                    expires_at = NOW(6) + INTERVAL ? MICROSECOND, value = ?, holder = ?
-              WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6))"
+                    expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, value = ?, holder = ?
+              WHERE name = ? AND (owner IS NULL OR expires_at <= UTC_TIMESTAMP(6))"
         );
         // With `fifo` (see `queue`): the same grant, only to the head of
         // the lock's queue (the last `?`: the connection id with which the
@@ -114,8 +114,8 @@ impl My {
         let q = queue::queue_lock(table);
         let take_queued = format!(
             "UPDATE {table} SET owner = ?, token = LAST_INSERT_ID(token + 1),
-                    expires_at = NOW(6) + INTERVAL ? MICROSECOND, value = ?, holder = ?
-              WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6))
+                    expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, value = ?, holder = ?
+              WHERE name = ? AND (owner IS NULL OR expires_at <= UTC_TIMESTAMP(6))
                 AND IFNULL(IS_USED_LOCK({q}), 0) IN (0, ?)"
         );
         // The release reads the queue's head in the same UPDATE: its
@@ -126,7 +126,7 @@ impl My {
             "UPDATE {table} SET owner = NULL,
                     expires_at = expires_at
                         + INTERVAL 0 * LAST_INSERT_ID(IFNULL(IS_USED_LOCK({q}), 0)) MICROSECOND
-              WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+              WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
         );
         // Only for a name never locked before: the row does not exist yet.
         // IGNORE, not ON DUPLICATE KEY UPDATE: sqlx connects with
@@ -137,14 +137,14 @@ impl My {
         // hides no truncation.
         let insert = format!(
             "INSERT IGNORE INTO {table} (name, owner, token, expires_at, value, holder)
-             VALUES (?, ?, 1, NOW(6) + INTERVAL ? MICROSECOND, ?, ?)"
+             VALUES (?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?)"
         );
         let extend = format!(
-            "UPDATE {table} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
-              WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+            "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+              WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
         );
         let release_live = format!(
-            "UPDATE {table} SET owner = NULL WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+            "UPDATE {table} SET owner = NULL WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
         );
         let release_any = format!("UPDATE {table} SET owner = NULL WHERE name = ? AND owner = ?");
         let evict = format!(
@@ -153,9 +153,9 @@ impl My {
         // The holder info is an exclusive holder's only: not that of
         // shared holds keeping the row, nor an evicted holder's.
         let inspect = format!(
-            "SELECT CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at),
+            "SELECT CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at),
                     CASE WHEN {} THEN holder END
-               FROM {table} WHERE name = ? AND owner IS NOT NULL AND expires_at > NOW(6)",
+               FROM {table} WHERE name = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
             exclusive_owner("owner")
         );
         // An election's: a new value only while the owner's lease is live
@@ -163,23 +163,23 @@ impl My {
         // unchanged); its leader, only while one's is; eviction frees the
         // row at once.
         let proclaim = format!(
-            "UPDATE {table} SET value = ? WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+            "UPDATE {table} SET value = ? WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
         );
         let leader = format!(
-            "SELECT value, CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at),
+            "SELECT value, CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at),
                     holder
-               FROM {table} WHERE name = ? AND owner IS NOT NULL AND expires_at > NOW(6)"
+               FROM {table} WHERE name = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)"
         );
         // Exclusive holds and leaders (see `crate::list`): the election rows
         // ordered by the election's name, after its namesake lock.
         let n = suffix_len();
         let is_election = format!("RIGHT(name, {n}) = '{ELECTION_SUFFIX}'");
         let list = format!(
-            "SELECT name, CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at),
+            "SELECT name, CAST(token AS SIGNED), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at),
                     holder, value
                FROM {table}
               WHERE name >= ? AND name < ? AND owner IS NOT NULL AND {}
-                AND expires_at > NOW(6)
+                AND expires_at > UTC_TIMESTAMP(6)
               ORDER BY CASE WHEN {is_election} THEN LEFT(name, CHAR_LENGTH(name) - {n})
                             ELSE name END, {is_election}
               LIMIT ?",

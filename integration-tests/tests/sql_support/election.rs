@@ -114,7 +114,7 @@ async fn value_written_by_the_grant(f: Arc<SqlFactory>) -> Result<(), Failed> {
              name VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
              owner CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NULL,
              token BIGINT UNSIGNED NOT NULL, expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB;
-         INSERT INTO {t} VALUES ('elect/old', NULL, 7, NOW(6))",
+         INSERT INTO {t} VALUES ('elect/old', NULL, 7, UTC_TIMESTAMP(6))",
         "CREATE TABLE {t} (name TEXT PRIMARY KEY NOT NULL, owner TEXT,
                            token INTEGER NOT NULL, expires_at INTEGER NOT NULL);
          INSERT INTO {t} VALUES ('elect/old', NULL, 7, 0)",

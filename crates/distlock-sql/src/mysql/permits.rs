@@ -98,7 +98,7 @@ impl Statements {
     SELECT 0, NULL, NULL;
   ELSE
     SET bumped = LAST_INSERT_ID();
-    SET judged_at = NOW(6);
+    SET judged_at = UTC_TIMESTAMP(6);
     DELETE FROM {permits}
      WHERE name = p_name AND (expires_at <= judged_at OR owner = p_owner);
     INSERT INTO {permits} (name, owner, token, expires_at, holder)
@@ -177,26 +177,26 @@ END"
             // the same owner (a retry after a lost reply) takes one permit,
             // not two.
             delete_expired: format!(
-                "DELETE FROM {permits} WHERE name = ? AND (expires_at <= NOW(6) OR owner = ?)"
+                "DELETE FROM {permits} WHERE name = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"
             ),
             count_live: format!(
-                "SELECT COUNT(*), TIMESTAMPDIFF(MICROSECOND, NOW(6), MIN(expires_at)) FROM {permits}
-                  WHERE name = ? AND expires_at > NOW(6)"
+                "SELECT COUNT(*), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(expires_at)) FROM {permits}
+                  WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)"
             ),
             bump_token: format!("UPDATE {semaphores} SET token = ? WHERE name = ?"),
             insert_permit: format!(
                 "INSERT INTO {permits} (name, owner, token, expires_at, holder)
-                 VALUES (?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND, ?)"
+                 VALUES (?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)"
             ),
             extend: format!(
-                "UPDATE {permits} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
-                  WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+                "UPDATE {permits} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
             ),
             // Only a live permit, so the rows changed answer "was it still
             // held"; an expired one is free already and the next acquire
             // deletes it.
             release: format!(
-                "DELETE FROM {permits} WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+                "DELETE FROM {permits} WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
             ),
             // With a wait queue a released permit is left ended (the next
             // grant deletes it), so that the release reads the queue's head
@@ -205,21 +205,21 @@ END"
             release_queued: format!(
                 "UPDATE {permits} SET expires_at = TIMESTAMP'2000-01-01 00:00:00'
                         + INTERVAL 0 * LAST_INSERT_ID(IFNULL(IS_USED_LOCK({q}), 0)) MICROSECOND
-                  WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
             ),
             inspect: format!(
                 "SELECT s.permits,
                         (SELECT COUNT(*) FROM {permits} p
-                          WHERE p.name = s.name AND p.expires_at > NOW(6))
+                          WHERE p.name = s.name AND p.expires_at > UTC_TIMESTAMP(6))
                    FROM {semaphores} s WHERE s.name = ?"
             ),
             update_limit: format!("UPDATE {semaphores} SET permits = ? WHERE name = ?"),
             list: format!(
                 "SELECT p.name, CAST(p.token AS SIGNED),
-                        TIMESTAMPDIFF(MICROSECOND, NOW(6), p.expires_at), p.holder,
+                        TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), p.expires_at), p.holder,
                         CAST(s.permits AS SIGNED)
                    FROM {permits} p LEFT JOIN {semaphores} s ON s.name = p.name
-                  WHERE p.name >= ? AND p.name < ? AND p.expires_at > NOW(6)
+                  WHERE p.name >= ? AND p.name < ? AND p.expires_at > UTC_TIMESTAMP(6)
                   ORDER BY p.name, p.token
                   LIMIT ?"
             ),

@@ -206,10 +206,10 @@ impl Queue {
         // whether the lease has ended by then (read after the sleep).
         let doze = |held: &str| {
             format!(
-                "SELECT SLEEP(LEAST(?, TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) / 1e6 + 0.002)),
+                "SELECT SLEEP(LEAST(?, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1e6 + 0.002)),
                     expires_at <= SYSDATE(6)
                FROM {table}
-              WHERE name = ? AND {held} AND expires_at > NOW(6)
+              WHERE name = ? AND {held} AND expires_at > UTC_TIMESTAMP(6)
                 AND IS_USED_LOCK({q}) = CONNECTION_ID()"
             )
         };
@@ -222,14 +222,14 @@ impl Queue {
         // column says whether one of the permits it saw has ended by then.
         // Binds: the cap, the semaphore's name, its queue's row.
         let live = format!(
-            "(SELECT COUNT(*) FROM {permits} p WHERE p.name = s.name AND p.expires_at > NOW(6))"
+            "(SELECT COUNT(*) FROM {permits} p WHERE p.name = s.name AND p.expires_at > UTC_TIMESTAMP(6))"
         );
         let doze_permits = format!(
-            "SELECT SLEEP(LEAST(?, IFNULL(TIMESTAMPDIFF(MICROSECOND, NOW(6),
+            "SELECT SLEEP(LEAST(?, IFNULL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6),
                         (SELECT MIN(p.expires_at) FROM {permits} p
-                          WHERE p.name = s.name AND p.expires_at > NOW(6))) / 1e6 + 0.002, 0))),
+                          WHERE p.name = s.name AND p.expires_at > UTC_TIMESTAMP(6))) / 1e6 + 0.002, 0))),
                     (SELECT COUNT(*) FROM {permits} p
-                      WHERE p.name = s.name AND p.expires_at > NOW(6)
+                      WHERE p.name = s.name AND p.expires_at > UTC_TIMESTAMP(6)
                         AND p.expires_at <= SYSDATE(6)) > 0
                FROM {semaphores} s
               WHERE s.name = ? AND {live} >= s.permits

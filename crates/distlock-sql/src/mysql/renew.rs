@@ -47,13 +47,13 @@ impl My {
             let r = rows(batch.len());
             let update = format!(
                 "UPDATE {table} t JOIN ({r}) r ON t.name = r.name AND t.owner = r.owner
-                    SET t.expires_at = NOW(6) + INTERVAL r.ttl MICROSECOND
-                  WHERE t.expires_at > NOW(6)"
+                    SET t.expires_at = UTC_TIMESTAMP(6) + INTERVAL r.ttl MICROSECOND
+                  WHERE t.expires_at > UTC_TIMESTAMP(6)"
             );
             let read = format!(
                 "SELECT t.name, t.owner FROM {table} t JOIN ({r}) r
                      ON t.name = r.name AND t.owner = r.owner
-                  WHERE t.expires_at > NOW(6)"
+                  WHERE t.expires_at > UTC_TIMESTAMP(6)"
             );
             let mut q = sqlx::query(&update);
             for req in batch {

@@ -50,25 +50,25 @@ impl Statements {
         let s = SHARED_OWNER;
         let name = "VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL";
         let owner = "CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL";
-        let until = "NOW(6) + INTERVAL ? MICROSECOND";
+        let until = "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND";
         let live =
-            format!("EXISTS (SELECT 1 FROM {shared} h WHERE h.name = ? AND h.expires_at > NOW(6))");
+            format!("EXISTS (SELECT 1 FROM {shared} h WHERE h.name = ? AND h.expires_at > UTC_TIMESTAMP(6))");
         // The lock row unless someone holds it exclusively or a writer
         // waits first (`first`: none does): the token bumped (and put in
         // the OK packet), the row's end raised to the new hold's. MySQL
         // assigns left to right, so `expires_at` goes first, while `owner`
         // is still the old one.
         let no_marks = format!(
-            "NOT EXISTS (SELECT 1 FROM {writers} w WHERE w.name = ? AND w.expires_at > NOW(6))"
+            "NOT EXISTS (SELECT 1 FROM {writers} w WHERE w.name = ? AND w.expires_at > UTC_TIMESTAMP(6))"
         );
         let take = |first: &str| {
             format!(
                 "UPDATE {table}
-                    SET expires_at = CASE WHEN owner = '{s}' AND expires_at > NOW(6)
+                    SET expires_at = CASE WHEN owner = '{s}' AND expires_at > UTC_TIMESTAMP(6)
                                           THEN GREATEST(expires_at, {until})
                                           ELSE {until} END,
                         owner = '{s}', token = LAST_INSERT_ID(token + 1)
-                  WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6) OR owner = '{s}')
+                  WHERE name = ? AND (owner IS NULL OR expires_at <= UTC_TIMESTAMP(6) OR owner = '{s}')
                     AND {first}"
             )
         };
@@ -77,7 +77,7 @@ impl Statements {
             format!(
                 "UPDATE {table}
                     SET expires_at = COALESCE((SELECT MAX(h.expires_at) FROM {shared} h
-                                                WHERE h.name = ? AND h.expires_at > NOW(6)),
+                                                WHERE h.name = ? AND h.expires_at > UTC_TIMESTAMP(6)),
                                               expires_at){head},
                         owner = CASE WHEN {live} THEN owner ELSE NULL END
                   WHERE name = ? AND owner = '{s}'"
@@ -121,7 +121,7 @@ impl Statements {
             lock_row: format!("SELECT 1 FROM {table} WHERE name = ? FOR UPDATE"),
             extend_hold: format!(
                 "UPDATE {shared} SET expires_at = {until}
-                  WHERE name = ? AND owner = ? AND expires_at > NOW(6)"
+                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
             ),
             raise: format!(
                 "UPDATE {table} SET expires_at = GREATEST(expires_at, {until})
@@ -131,11 +131,11 @@ impl Statements {
             // under a lock too, so as committed now).
             lock_row_held: format!(
                 "SELECT EXISTS (SELECT 1 FROM {shared} h
-                                 WHERE h.name = ? AND h.owner = ? AND h.expires_at > NOW(6))
+                                 WHERE h.name = ? AND h.owner = ? AND h.expires_at > UTC_TIMESTAMP(6))
                    FROM {table} WHERE name = ? FOR UPDATE"
             ),
             drop_holds: format!(
-                "DELETE FROM {shared} WHERE name = ? AND (owner = ? OR expires_at <= NOW(6))"
+                "DELETE FROM {shared} WHERE name = ? AND (owner = ? OR expires_at <= UTC_TIMESTAMP(6))"
             ),
             // The lock row's end becomes the latest live hold's, or the
             // row is freed if none is left.
@@ -154,22 +154,22 @@ impl Statements {
             mark: format!(
                 "INSERT INTO {writers} (name, owner, expires_at)
                  SELECT ?, ?, {until} FROM {table}
-                  WHERE name = ? AND owner = '{s}' AND expires_at > NOW(6)
+                  WHERE name = ? AND owner = '{s}' AND expires_at > UTC_TIMESTAMP(6)
                  ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
             ),
             unmark: format!(
-                "DELETE FROM {writers} WHERE name = ? AND (owner = ? OR expires_at <= NOW(6))"
+                "DELETE FROM {writers} WHERE name = ? AND (owner = ? OR expires_at <= UTC_TIMESTAMP(6))"
             ),
             status: format!(
-                "SELECT (SELECT COUNT(*) FROM {shared} WHERE name = ? AND expires_at > NOW(6)),
-                        (SELECT COUNT(*) FROM {writers} WHERE name = ? AND expires_at > NOW(6))"
+                "SELECT (SELECT COUNT(*) FROM {shared} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)),
+                        (SELECT COUNT(*) FROM {writers} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6))"
             ),
             evict_holds: format!("DELETE FROM {shared} WHERE name = ?"),
             list: format!(
                 "SELECT name, CAST(token AS SIGNED),
-                        TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), holder
+                        TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), holder
                    FROM {shared}
-                  WHERE name >= ? AND name < ? AND expires_at > NOW(6)
+                  WHERE name >= ? AND name < ? AND expires_at > UTC_TIMESTAMP(6)
                   ORDER BY name, token
                   LIMIT ?"
             ),
