@@ -89,6 +89,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::two_clients_over_one_backend_exclude_each_other",
+                two_clients_one_backend(etcd.clone()),
+            ),
+            trial(
+                rt,
                 "etcd::semaphore_permits_go_in_arrival_order_waking_few",
                 semaphore_order(etcd.clone()),
             ),
@@ -959,6 +964,75 @@ async fn lock_and_campaign_one_name(f: Arc<Etcd>) -> Result<(), Failed> {
 /// and who asks again at once finds its cancelled request's key still
 /// there, not yet released: the new request takes it for a leftover and
 /// waits, never calling it another hold's key.
+/// Two clients over one backend share its leases, and Go's layout names a
+/// lock's key (and a campaign's) after its lease: the second client's
+/// request must wait for the first's hold, not take its key for its own or
+/// for a leftover.
+async fn two_clients_one_backend(f: Arc<Etcd>) -> Result<(), Failed> {
+    let backend: distlock_core::DynBackend = Arc::new(EtcdBackend::connect(&f.url()?).await?);
+    let (a, b) = (
+        LockClient::from_dyn(backend.clone()),
+        LockClient::from_dyn(backend),
+    );
+    let (lock, election) = (
+        name(),
+        format!("{}/election", integration_tests::namespace()),
+    );
+    let ttl = Duration::from_secs(10);
+    let held = a.lock(&lock).ttl(ttl).acquire().await?;
+    let leads = a.election(&election).ttl(ttl).campaign("a").await?;
+    if b.lock(&lock).ttl(ttl).try_acquire().await?.is_some() {
+        return Err("the second client was granted a held lock".into());
+    }
+    if b.lock_all([&lock]).ttl(ttl).try_acquire().await?.is_some() {
+        return Err("the second client's multi-lock took a held lock".into());
+    }
+    if b.election(&election)
+        .ttl(ttl)
+        .try_campaign("b")
+        .await?
+        .is_some()
+    {
+        return Err("the second client was elected beside the leader".into());
+    }
+    let waited = b
+        .lock(&lock)
+        .ttl(ttl)
+        .wait(Duration::from_millis(500))
+        .acquire()
+        .await;
+    if !matches!(waited, Err(Error::WaitTimeout { .. })) {
+        return Err(format!("the second client's wait for a held lock answered {waited:?}").into());
+    }
+    if !held.is_held() || !leads.is_held() {
+        return Err("the first client's hold or leadership was taken".into());
+    }
+    let waiter = {
+        let (b, lock) = (b.clone(), lock.clone());
+        tokio::spawn(async move {
+            b.lock(&lock)
+                .ttl(ttl)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if waiter.is_finished() {
+        return Err("the second client's waiter was granted a held lock".into());
+    }
+    held.release().await?;
+    let g = waiter.await.map_err(|e| e.to_string())??;
+    g.release().await?;
+    leads.resign().await?;
+    let leads = b.election(&election).ttl(ttl).try_campaign("b").await?;
+    leads
+        .ok_or("the second client was not elected after the leader resigned")?
+        .resign()
+        .await?;
+    Ok(())
+}
+
 async fn retried_after_cancel(f: Arc<Etcd>) -> Result<(), Failed> {
     let url = f.url()?;
     let holder = LockClient::new(EtcdBackend::connect(&url).await?);

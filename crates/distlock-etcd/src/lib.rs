@@ -18,12 +18,14 @@ use etcd_client::{
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+mod claims;
 mod creating;
 mod election;
 mod list;
 mod semaphore;
 mod session;
 
+use claims::{Claiming, Claims};
 use session::Session;
 
 /// etcd's default `--max-txn-ops`: the most operations one txn may carry.
@@ -62,6 +64,9 @@ struct Inner {
     /// its owner, so this is how it is known as ours (as Go's `Election`
     /// knows its `leaderRev`).
     campaigns: std::sync::Mutex<HashMap<distlock_core::Owner, (i64, Arc<str>)>>,
+    /// The lock and campaign keys live requests of this backend put or are
+    /// putting (see [`claims`]).
+    claims: Claims,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -202,6 +207,17 @@ fn ttl_secs(ttl: Duration) -> i64 {
 /// appears in a lock name, so no other lock's keys (and no exclusive key,
 /// `<name>/<lease hex>`) fall under it.
 const SHARED: &str = "@r/";
+
+/// What a request claims for `key`: a lock and a campaign of one name share
+/// their key on a lease (Go's layout), and meeting there is a usage error
+/// the enqueue reports, not a wait.
+fn claim_key(key: &str, campaign: bool) -> String {
+    if campaign {
+        format!("{key} campaign")
+    } else {
+        key.to_string()
+    }
+}
 
 /// The key of a shared hold: `<name>/@r/<owner>`. The owner is fresh per
 /// acquisition, so several shared holds (and an exclusive one) on one
@@ -466,6 +482,7 @@ impl EtcdBackend {
                 wakeups: AtomicU64::new(0),
                 creating: Arc::default(),
                 campaigns: Default::default(),
+                claims: Claims::default(),
             }),
         })
     }
@@ -670,9 +687,10 @@ impl EtcdBackend {
         }
     }
 
-    /// Forgets `req`'s session and campaign, once its key is gone.
+    /// Forgets `req`'s session, campaign and claim, once its key is gone.
     fn forget(&self, req: &LockRequest) {
         self.queued().remove(&req.owner);
+        self.inner.claims.unclaim(&req.owner);
         if req.kind == HoldKind::Leader {
             self.campaigns().remove(&req.owner);
         }
@@ -687,9 +705,11 @@ impl EtcdBackend {
 
     /// Puts my key if absent and reads the queue head (for a shared
     /// request: the oldest key that is not shared), in one transaction.
-    async fn enqueue(&self, req: &LockRequest) -> Result<Queued> {
+    /// A lock's or a campaign's key is claimed first, waiting as `how`
+    /// says for another request of this backend that has it; `Ok(None)`:
+    /// refused to a try.
+    async fn enqueue(&self, req: &LockRequest, how: Claiming<'_>) -> Result<Option<Queued>> {
         let session = self.session(req.ttl).await?;
-        self.queued().insert(req.owner, session.clone());
         let prefix = format!("{}/", req.name);
         let shared = req.kind == HoldKind::Shared;
         // Go's Mutex layout for the exclusive key: <name>/<lease id in
@@ -699,10 +719,20 @@ impl EtcdBackend {
         } else {
             format!("{prefix}{:x}", session.lease)
         };
+        let campaign = req.kind == HoldKind::Leader;
+        if !shared
+            && !self
+                .inner
+                .claims
+                .claim(&claim_key(&key, campaign), req.owner, how)
+                .await?
+        {
+            return Ok(None);
+        }
+        self.queued().insert(req.owner, session.clone());
         // A lock's key carries its owner and holder info; compares of the
         // value use the same text.
         let owner = distlock_core::stored_owner(req);
-        let campaign = req.kind == HoldKind::Leader;
         let info_key = leader_info_key(&key);
         let info = req.holder_info.as_deref().unwrap_or_default();
         // A campaign's key carries its value (Go's Election), a lock's its owner.
@@ -749,7 +779,7 @@ impl EtcdBackend {
                     self.campaigns()
                         .insert(req.owner, (header_rev, value.as_str().into()));
                 }
-                return Ok(queued(header_rev, header_rev));
+                return Ok(Some(queued(header_rev, header_rev)));
             }
             let existing = match ops.first() {
                 Some(TxnOpResponse::Get(g)) => g
@@ -760,10 +790,10 @@ impl EtcdBackend {
             };
             match existing {
                 Some((rev, _, _)) if campaign && self.campaign_rev(&req.owner) == Some(rev) => {
-                    return Ok(queued(rev, rev));
+                    return Ok(Some(queued(rev, rev)));
                 }
                 Some((rev, modified, value)) if !campaign && value == owner.as_bytes() => {
-                    return Ok(queued(rev, modified));
+                    return Ok(Some(queued(rev, modified)));
                 }
                 // A key of the other kind that is in use: Go's layout gives
                 // a lock and an election of one name the same key on one
@@ -780,7 +810,8 @@ impl EtcdBackend {
                 }
                 Some((_, _, stale)) => {
                     // Our lease's key from an earlier acquisition that was
-                    // never cleaned up. Reusing it would reuse its create
+                    // never cleaned up (a live request of this backend would
+                    // hold its claim). Reusing it would reuse its create
                     // revision, i.e. its fencing token: delete and requeue.
                     let del = Txn::new()
                         .when([Compare::value(key.as_str(), CompareOp::Equal, stale)])
@@ -954,7 +985,9 @@ impl Backend for EtcdBackend {
         if let HoldKind::Permits { .. } = req.kind {
             return self.try_acquire_permit(req).await;
         }
-        let q = self.enqueue(req).await?;
+        let Some(q) = self.enqueue(req, Claiming::Try).await? else {
+            return Ok(None);
+        };
         if !q.blocked {
             // The lock lives as long as the session's lease: count the
             // holder's deadline from that lease's last keep-alive.
@@ -991,18 +1024,32 @@ impl Backend for EtcdBackend {
                 )
             })
             .collect();
+        let forget = |backend: &Self| {
+            let mut queued = backend.queued();
+            for r in reqs {
+                queued.remove(&r.owner);
+                backend.inner.claims.unclaim(&r.owner);
+            }
+        };
+        // A name another request of this backend has: one at a time.
+        for (r, (key, ..)) in reqs.iter().zip(&locks) {
+            let claim = claim_key(key, false);
+            if !self
+                .inner
+                .claims
+                .claim(&claim, r.owner, Claiming::Try)
+                .await?
+            {
+                forget(self);
+                return Ok(AllAtOnce::NotOffered);
+            }
+        }
         {
             let mut queued = self.queued();
             for r in reqs {
                 queued.insert(r.owner, session.clone());
             }
         }
-        let forget = |backend: &Self| {
-            let mut queued = backend.queued();
-            for r in reqs {
-                queued.remove(&r.owner);
-            }
-        };
         let txn = requests::enqueue_all(&locks, session.lease);
         let resp = self
             .creating_txn(reqs.iter().map(|r| r.name.as_str()), txn)
@@ -1036,7 +1083,10 @@ impl Backend for EtcdBackend {
             return self.acquire_permit(req, deadline).await;
         }
         let clock = WaitClock::start(&req.name, deadline);
-        let q = self.enqueue(req).await?;
+        let Some(q) = self.enqueue(req, Claiming::Wait(&clock)).await? else {
+            // A wait for the claim ends with its key or at the deadline.
+            return Err(clock.timed_out());
+        };
         // First at once: the enqueue txn itself created or found my key and
         // read the queue head, atomically; nothing more to check.
         let mut mine = true;
@@ -1213,11 +1263,20 @@ impl Backend for EtcdBackend {
         let known = req.kind != HoldKind::Leader || self.campaign_rev(&req.owner).is_some();
         for s in self.sessions_of(req) {
             let key = format!("{}/{:x}", req.name, s.lease);
-            released |= if known {
-                self.delete_mine(&key, req).await?
+            let deleted = if known {
+                self.delete_mine(&key, req).await
             } else {
-                self.delete_stray_campaign(&key, req).await?
+                self.delete_stray_campaign(&key, req).await
             };
+            match deleted {
+                Ok(d) => released |= d,
+                Err(e) => {
+                    // A later request finds the key as a leftover and
+                    // deletes it; a retry of this release still can.
+                    self.inner.claims.unclaim(&req.owner);
+                    return Err(e);
+                }
+            }
         }
         self.forget(req);
         Ok(released)
