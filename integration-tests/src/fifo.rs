@@ -440,6 +440,50 @@ pub async fn a_cancelled_or_timed_out_waiter_leaves_no_entry(
     Ok(())
 }
 
+/// A wait dropped while its first attempt is still on its way leaves no
+/// entry: `pause` holds the server back before the attempt and `resume`
+/// lets it go on after the drop, so the attempt joins the queue after the
+/// wait is gone. Entries here outlive their waiters by far more than the
+/// test waits: once the holder releases, another client's try must get the
+/// name at once.
+pub async fn a_wait_dropped_before_its_first_answer_leaves_no_entry(
+    connect: Connect,
+    url: &str,
+    what: impl Into<Queued>,
+    queued: Count,
+    pause: impl Fn() -> Result<(), Failed>,
+    resume: impl Fn() -> Result<(), Failed>,
+) -> Result<(), Failed> {
+    let what = what.into();
+    let holder = connect(url.to_string()).await?;
+    let held = what.hold_all(&holder).await?;
+    let waiter = connect(url.to_string()).await?;
+    pause()?;
+    let wait = {
+        let what = what.clone();
+        tokio::spawn(async move { what.take(&waiter, Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait.abort();
+    let dropped = wait.await;
+    resume()?;
+    if let Ok(r) = dropped {
+        return Err(format!("the wait ended before it was dropped: {r:?}").into());
+    }
+    until(
+        "the dropped waiter's entry going",
+        Duration::from_secs(10),
+        || Ok(queued()? == 0),
+    )
+    .await?;
+    Queued::release_all(held).await?;
+    let other = connect(url.to_string()).await?;
+    match what.try_take(&other).await? {
+        Some(g) => g.release().await.map(|_| ()).map_err(Into::into),
+        None => Err("a free name was refused after the dropped wait".into()),
+    }
+}
+
 /// Behind a writer holding the lock, a reader and a writer queue, each a
 /// client of its own. The holder's release lets the reader in; while it
 /// holds, a shared try from elsewhere must be refused (the writer came

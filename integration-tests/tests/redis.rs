@@ -175,6 +175,11 @@ fn main() {
             "redis::a_multi_lock_of_free_names_is_one_request",
             move || handle.block_on(multi_lock_is_one_request()),
         ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::an_acquire_sent_again_after_its_answer_was_lost_is_granted",
+            move || handle.block_on(sent_again()),
+        ));
         for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
             // The lock's queue (with readers in it: `fifo::shared::*`), a
             // semaphore's (`fifo::semaphore::*`) and an election's
@@ -220,6 +225,14 @@ fn main() {
             "redis::fifo::semaphore::single::permits_freed_at_once_each_reach_a_waiter",
             move || handle.block_on(fifo_freed_at_once()),
         ));
+        for kind in [Kind::Lock, Kind::Shared, Kind::Semaphore, Kind::Election] {
+            let what = kind.prefix();
+            let handle = rt.handle().clone();
+            extra.push(Trial::test(
+                format!("redis::fifo::{what}single::a_wait_dropped_before_its_first_answer_leaves_no_entry"),
+                move || handle.block_on(fifo_dropped_in_flight(kind)),
+            ));
+        }
         // Readers behind a cut-off reader are told with it, so nobody waits
         // for its entry: no case for them.
         for kind in [Kind::Lock, Kind::Semaphore, Kind::Election] {
@@ -614,6 +627,30 @@ async fn fifo_cancel(topology: Topology, kind: Kind) -> Result<(), Failed> {
     .await
 }
 
+/// A wait dropped while its first attempt is on its way (the server is
+/// stopped meanwhile) leaves no entry.
+async fn fifo_dropped_in_flight(kind: Kind) -> Result<(), Failed> {
+    let node = tokio::task::spawn_blocking(|| server::spawn(&[]))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let url = format!(
+        "redis://127.0.0.1:{}?fifo=true&queue_lease_ms=60000",
+        node.port
+    );
+    let (what, queue) = fifo_target("fifo/in-flight", kind);
+    let signal = |sig: &str| node.signal(sig).map_err(|e| Failed::from(e.to_string()));
+    fifo::a_wait_dropped_before_its_first_answer_leaves_no_entry(
+        fifo_connect(),
+        &url,
+        what,
+        fifo_queued(vec![node.port], queue),
+        || signal("STOP"),
+        || signal("CONT"),
+    )
+    .await
+}
+
 async fn fifo_freed_at_once() -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
     let lease = Duration::from_secs(60);
@@ -888,6 +925,67 @@ async fn failover() -> Result<(), Failed> {
 /// call, where one at a time would be four), and a set with one held name is refused in one request with
 /// nothing written. On a server of its own, so that only these commands
 /// are counted.
+/// A request sent again after its answer was lost (a reconnect re-sends
+/// it, and Sentinel's client does after a connection error) finds its own
+/// key: it holds the lock, alone or in a multi-lock, and is granted again
+/// with a newer token, not refused for the whole lease. Another owner is
+/// still refused.
+async fn sent_again() -> Result<(), Failed> {
+    use distlock_core::{AllAtOnce, Backend, LockRequest};
+    let node = tokio::task::spawn_blocking(|| server::spawn(&[]))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    for fifo in [false, true] {
+        let url = format!("redis://127.0.0.1:{}?fifo={fifo}", node.port);
+        let b = RedisBackend::connect(&url).await?;
+        let ttl = Duration::from_secs(30);
+        let req = LockRequest::new(LockName::new(format!("again/{fifo}"))?, ttl);
+        let first = b
+            .try_acquire(&req)
+            .await?
+            .ok_or("a free lock was refused")?;
+        let again = b
+            .try_acquire(&req)
+            .await?
+            .ok_or("the same request sent again was refused")?;
+        if again.token <= first.token {
+            return Err(format!("token {} after {}", again.token, first.token).into());
+        }
+        let other = LockRequest::new(req.name.clone(), ttl);
+        if b.try_acquire(&other).await?.is_some() {
+            return Err("another owner was granted a held lock".into());
+        }
+        if !b.release(&req).await? {
+            return Err("the lock taken again was not held".into());
+        }
+    }
+    let b = RedisBackend::connect(&format!("redis://127.0.0.1:{}", node.port)).await?;
+    let reqs: Vec<LockRequest> = ["again/a", "again/b"]
+        .iter()
+        .map(|n| {
+            Ok(LockRequest::new(
+                LockName::new(*n)?,
+                Duration::from_secs(30),
+            ))
+        })
+        .collect::<Result<_, Error>>()?;
+    for round in ["first", "sent again"] {
+        if !matches!(b.try_acquire_all(&reqs).await?, AllAtOnce::Granted(_)) {
+            return Err(format!("the multi-lock's {round} request was not granted").into());
+        }
+    }
+    let others: Vec<LockRequest> = reqs
+        .iter()
+        .map(|r| LockRequest::new(r.name.clone(), r.ttl))
+        .collect();
+    if !matches!(b.try_acquire_all(&others).await?, AllAtOnce::Refused) {
+        return Err("another owner's multi-lock was not refused".into());
+    }
+    drop(node);
+    Ok(())
+}
+
 async fn multi_lock_is_one_request() -> Result<(), Failed> {
     let node = tokio::task::spawn_blocking(|| server::spawn(&[]))
         .await

@@ -107,7 +107,9 @@ impl RedisConfig {
         self
     }
 
-    pub(crate) fn validate(&self) -> Result<()> {
+    /// The errors [`connect`](crate::RedisBackend::connect) would give for
+    /// this configuration, without connecting.
+    pub fn validate(&self) -> Result<()> {
         if self.prefix.contains(['{', '}']) {
             return Err(Error::invalid(
                 InputKind::Config,

@@ -566,25 +566,22 @@ impl Backend for RedisBackend {
             } else {
                 Attempt::FirstOfWait
             };
+            // Before the attempt: one whose answer is lost, or that is
+            // dropped on the way, may have joined the queue or left a
+            // writer's mark.
+            left.store(true, Ordering::Relaxed);
             let a = if queued {
                 let life = queue_entry_life(self.inner.config.queue_lease, deadline);
                 match req.kind {
-                    HoldKind::Shared => {
-                        // Before the attempt: one whose answer is lost, or
-                        // that is dropped on the way, may have joined.
-                        left.store(true, Ordering::Relaxed);
-                        self.attempt_shared_in(req, true, QueueUse::Wait(life), None)
-                            .await?
-                            .into()
-                    }
+                    HoldKind::Shared => self
+                        .attempt_shared_in(req, true, QueueUse::Wait(life), None)
+                        .await?
+                        .into(),
                     _ => self.attempt_exclusive(req, how, true, Some(life)).await?,
                 }
             } else {
                 self.attempt_in(req, how).await?
             };
-            if a.marked || (queued && a.outcome.token().is_none()) {
-                left.store(true, Ordering::Relaxed);
-            }
             Ok(a.outcome)
         })
         .await;

@@ -142,21 +142,25 @@ pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>
         Some((u, h)) => (format!("{u}@"), h),
         None => (String::new(), authority),
     };
-    let nodes: Vec<String> = hosts
-        .split(',')
-        .filter(|h| !h.is_empty())
-        .map(|h| format!("redis://{creds}{h}"))
-        .collect();
-    if nodes.is_empty() {
-        return Err(bad("no nodes".into()));
-    }
-    let mut seen: Vec<((String, u16), &str)> = Vec::with_capacity(nodes.len());
+    let mut nodes = Vec::new();
+    let mut seen: Vec<((String, u16), &str)> = Vec::new();
     for h in hosts.split(',').filter(|h| !h.is_empty()) {
         let key = host_port(h).ok_or_else(|| bad(format!("node {h:?} is not host:port")))?;
         if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
             return Err(duplicate(h, first));
         }
+        // A node named without its port is reached on 6379.
+        let (host, port) = &key;
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            h.rsplit_once(':').map_or(h, |(name, _)| name).to_string()
+        };
+        nodes.push(format!("redis://{creds}{host}:{port}"));
         seen.push((key, h));
+    }
+    if nodes.is_empty() {
+        return Err(bad("no nodes".into()));
     }
     Ok(nodes)
 }
@@ -202,8 +206,22 @@ pub(crate) fn validate(config: &RedlockConfig) -> Result<()> {
             "delayed_restart must be greater than zero",
         ));
     }
+    if config.drift_ppm >= 1_000_000 {
+        return Err(Error::invalid(
+            InputKind::Config,
+            format!(
+                "drift_ppm {} leaves no validity for any TTL; it must be below 1000000",
+                config.drift_ppm
+            ),
+        ));
+    }
     distlock_core::wait::check_queue_lease(config.queue_lease)?;
-    Ok(())
+    // What each node's own configuration would refuse (a prefix with
+    // braces, say), refused here, not as "nodes down" at every request.
+    distlock_redis::RedisConfig::default()
+        .with_prefix(config.prefix.clone())
+        .with_queue_lease(config.queue_lease)
+        .validate()
 }
 
 #[cfg(test)]
@@ -227,6 +245,9 @@ mod tests {
         assert_eq!(c.delayed_restart, Some(Duration::from_secs(60)));
         assert!(!c.fifo && c.queue_lease == Duration::from_secs(3));
         let mut c = RedlockConfig::default();
+        let nodes = parse("redlock://a,B:2,[::1]:3", &mut c).unwrap();
+        assert_eq!(nodes, ["redis://a:6379", "redis://B:2", "redis://[::1]:3"]);
+        let mut c = RedlockConfig::default();
         parse("redlock://a:1?fifo=true&queue_lease_ms=600", &mut c).unwrap();
         assert!(c.fifo && c.queue_lease == Duration::from_millis(600));
     }
@@ -247,6 +268,9 @@ mod tests {
             "redlock://A:1,a:1",
             "redlock://a,a:6379",
             "redlock://[::1]:1,[::1]:1",
+            "redlock://a:1?prefix={x}",
+            "redlock://a:1?prefix=x}",
+            "redlock://a:1?drift_ppm=1000000",
         ] {
             let mut c = RedlockConfig::default();
             assert!(

@@ -40,8 +40,18 @@ local function granted()
   end
   return redis.call('INCR', KEYS[2])
 end
+-- The caller's own key: this same request sent again after its answer was
+-- lost (a reconnect re-sends it). It holds the lock already: renewed and
+-- granted again, not refused for the whole lease.
+local function again()
+  if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return true
+  end
+  return false
+end
 if not queued then
-  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) or again() then
     return granted()
   end
 end
@@ -58,7 +68,7 @@ if queued then
   end
   local head = redis.call('ZRANGE', queue, 0, 0)[1]
   behind = head ~= nil and head ~= ARGV[6]
-  if not behind and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if (not behind and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])) or again() then
     redis.call('ZREM', queue, ARGV[6])
     redis.call('ZREM', KEYS[5], ARGV[6])
     return granted()

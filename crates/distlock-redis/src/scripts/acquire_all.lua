@@ -2,9 +2,12 @@
 -- each lock's owner and TTL in ms, in pairs. All or nothing: if any lock
 -- is held, nothing is written and the answer is 0; otherwise every lock is
 -- set (with its expiry, as acquire.lua does) and the answer is the tokens,
--- in order. One round trip for the whole set, on one server.
+-- in order. One round trip for the whole set, on one server. A lock that
+-- holds its own owner already is this same request sent again after its
+-- answer was lost (a reconnect re-sends it): taken again, not refused.
 for i = 1, #KEYS, 2 do
-  if redis.call('EXISTS', KEYS[i]) == 1 then
+  local holder = redis.call('GET', KEYS[i])
+  if holder and holder ~= ARGV[i] then
     return 0
   end
 end
