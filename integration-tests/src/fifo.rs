@@ -446,19 +446,23 @@ pub async fn a_cancelled_or_timed_out_waiter_leaves_no_entry(
 /// wait is gone. Entries here outlive their waiters by far more than the
 /// test waits: once the holder releases, another client's try must get the
 /// name at once.
-pub async fn a_wait_dropped_before_its_first_answer_leaves_no_entry(
+pub async fn a_wait_dropped_before_its_first_answer_leaves_no_entry<P, R>(
     connect: Connect,
     url: &str,
     what: impl Into<Queued>,
     queued: Count,
-    pause: impl Fn() -> Result<(), Failed>,
-    resume: impl Fn() -> Result<(), Failed>,
-) -> Result<(), Failed> {
+    pause: impl FnOnce() -> P,
+    resume: impl FnOnce() -> R,
+) -> Result<(), Failed>
+where
+    P: std::future::Future<Output = Result<(), Failed>>,
+    R: std::future::Future<Output = Result<(), Failed>>,
+{
     let what = what.into();
     let holder = connect(url.to_string()).await?;
     let held = what.hold_all(&holder).await?;
     let waiter = connect(url.to_string()).await?;
-    pause()?;
+    pause().await?;
     let wait = {
         let what = what.clone();
         tokio::spawn(async move { what.take(&waiter, Duration::from_secs(30)).await })
@@ -466,7 +470,7 @@ pub async fn a_wait_dropped_before_its_first_answer_leaves_no_entry(
     tokio::time::sleep(Duration::from_millis(300)).await;
     wait.abort();
     let dropped = wait.await;
-    resume()?;
+    resume().await?;
     if let Ok(r) = dropped {
         return Err(format!("the wait ended before it was dropped: {r:?}").into());
     }

@@ -221,7 +221,11 @@ async fn time_zones(f: Arc<SqlFactory>) -> Result<(), Failed> {
             }
             if other.lock("tz/lock").try_acquire().await?.is_some()
                 || other.semaphore("tz/sem", 1).try_acquire().await?.is_some()
-                || other.election("tz/elect").try_campaign("w").await?.is_some()
+                || other
+                    .election("tz/elect")
+                    .try_campaign("w")
+                    .await?
+                    .is_some()
             {
                 return Err(format!(
                     "a client in {asked_in} took a live hold of a client in {held_in}"

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{Backend, LockClient};
+use distlock_core::{Backend, Error, LockClient};
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::harness::postgres as pg;
 use integration_tests::harness::tls::TestCerts;
@@ -94,6 +94,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "postgres::a_pool_too_small_for_a_listener_and_the_statements_is_invalid_input",
+                pool_too_small(f.clone()),
+            ),
+            trial(
+                rt,
                 "postgres::a_role_with_only_the_listed_rights_serves_every_kind",
                 restricted_role(f.clone()),
             ),
@@ -108,6 +113,26 @@ fn main() {
                     rt,
                     "postgres::fifo::a_cancelled_or_timed_out_waiter_leaves_no_entry",
                     fifo_cancel(sql_support::queued_row(false, "fifo/cancel")),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::a_wait_dropped_before_its_first_answer_leaves_no_entry",
+                    fifo_dropped_in_flight(sql_support::queued_row(false, "fifo/in-flight")),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::shared::a_wait_dropped_before_its_first_answer_leaves_no_entry",
+                    fifo_dropped_in_flight(sql_support::queued_shared("fifo/in-flight")),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::semaphore::a_wait_dropped_before_its_first_answer_leaves_no_entry",
+                    fifo_dropped_in_flight(sql_support::queued_semaphore_row("fifo/in-flight")),
+                ),
+                trial(
+                    rt,
+                    "postgres::fifo::election::a_wait_dropped_before_its_first_answer_leaves_no_entry",
+                    fifo_dropped_in_flight(sql_support::queued_row(true, "fifo/in-flight")),
                 ),
                 trial(
                     rt,
@@ -394,6 +419,47 @@ async fn tls_plaintext_refused(f: Arc<SqlFactory>) -> Result<(), Failed> {
 }
 
 /// See [`sql_support::wrong_credentials_are_misconfigured`].
+/// A waiter listens on a connection of the pool while it waits (with
+/// `fifo`, observers on another), so a pool without one more for the
+/// statements would make every contended wait time out: refused at once.
+/// The smallest pool that is accepted serves a wait behind a holder.
+async fn pool_too_small(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    for (params, too_small) in [
+        ("pool_size=1", true),
+        ("pool_size=2&fifo=true", true),
+        ("pool_size=2", false),
+        ("pool_size=3&fifo=true", false),
+    ] {
+        let url = f.url_with(params)?;
+        match SqlBackend::connect(&url).await {
+            Err(Error::InvalidInput { .. }) if too_small => {}
+            Ok(b) if !too_small => {
+                let (holder, waiter) = (
+                    LockClient::new(SqlBackend::connect(&f.url()?).await?),
+                    LockClient::new(b),
+                );
+                let name = format!("small-pool/{}", params.replace(['=', '&'], "-"));
+                let g = holder.lock(&name).acquire().await?;
+                let wait = {
+                    let name = name.clone();
+                    tokio::spawn(async move {
+                        waiter
+                            .lock(&name)
+                            .wait(Duration::from_secs(20))
+                            .acquire()
+                            .await
+                    })
+                };
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                g.release().await?;
+                wait.await.map_err(|e| e.to_string())??.release().await?;
+            }
+            other => return Err(format!("{params}: {other:?}").into()),
+        }
+    }
+    Ok(())
+}
+
 async fn wrong_credentials(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let (port, certs) = tls_certs(&f)?;
     let ca = certs.ca.display().to_string();
@@ -1433,6 +1499,54 @@ async fn fifo_cancel((what, row): (integration_tests::fifo::Queued, String)) -> 
         what,
         lease,
         fifo_queued(&url, &row),
+    )
+    .await
+}
+
+/// A wait dropped while its first attempt is blocked in the server (a
+/// transaction holds the lock tables against writes meanwhile) leaves no
+/// entry, though the attempt joins the queue after the drop.
+async fn fifo_dropped_in_flight(
+    (what, row): (integration_tests::fifo::Queued, String),
+) -> Result<(), Failed> {
+    use sqlx::Connection;
+    let (_server, url) = fifo_server().await?;
+    let (go_on, until_resumed) = tokio::sync::oneshot::channel::<()>();
+    let blocker = tokio::sync::Mutex::new(None);
+    let lease = Duration::from_secs(60);
+    integration_tests::fifo::a_wait_dropped_before_its_first_answer_leaves_no_entry(
+        sql_support::fifo_connect(),
+        &format!("{url}?fifo=true&queue_lease_ms={}", lease.as_millis()),
+        what,
+        fifo_queued(&url, &row),
+        || async {
+            let mut c = sqlx::PgConnection::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            for sql in [
+                "BEGIN",
+                "LOCK TABLE distlock_locks, distlock_locks_sems, distlock_locks_permits \
+                 IN SHARE ROW EXCLUSIVE MODE",
+            ] {
+                sqlx::query(sql)
+                    .execute(&mut c)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            let task = tokio::spawn(async move {
+                let _ = until_resumed.await;
+                sqlx::query("COMMIT").execute(&mut c).await.map(|_| ())
+            });
+            *blocker.lock().await = Some(task);
+            Ok(())
+        },
+        || async {
+            let _ = go_on.send(());
+            let task = blocker.lock().await.take().ok_or("never paused")?;
+            task.await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| Failed::from(e.to_string()))
+        },
     )
     .await
 }

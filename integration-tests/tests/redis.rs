@@ -645,8 +645,8 @@ async fn fifo_dropped_in_flight(kind: Kind) -> Result<(), Failed> {
         &url,
         what,
         fifo_queued(vec![node.port], queue),
-        || signal("STOP"),
-        || signal("CONT"),
+        || async { signal("STOP") },
+        || async { signal("CONT") },
     )
     .await
 }

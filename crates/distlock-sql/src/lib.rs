@@ -482,6 +482,19 @@ impl SqlBackend {
     pub async fn postgres(pool: sqlx::PgPool, config: SqlConfig) -> Result<Self> {
         config::validate_table(&config.table)?;
         config.validate()?;
+        // Waiters listen on a connection of the pool, held while they wait
+        // (with `fifo`, observers on another): the statements need one more.
+        let needed = if config.fifo { 3 } else { 2 };
+        let max = pool.options().get_max_connections();
+        if max < needed {
+            return Err(Error::invalid(
+                InputKind::Config,
+                format!(
+                    "a PostgreSQL pool of {max} connection(s) leaves none for the statements while waiters listen; use pool_size={needed} or more{}",
+                    if config.fifo { " with fifo" } else { "" }
+                ),
+            ));
+        }
         let o = pool.connect_options();
         let err = DbError {
             backend: "postgres",
@@ -929,7 +942,8 @@ impl SqlBackend {
     /// shared holds refuse it, it marks the name as awaited by a writer (or
     /// renews its mark), so that no new shared hold is granted, and comes
     /// back before the mark would lapse; once granted, its mark goes. An
-    /// attempt whose caller stopped waiting removes the mark it placed.
+    /// attempt whose caller stopped waiting removes the mark it placed and
+    /// leaves the queue it joined.
     /// `first`: the first attempt of the wait.
     async fn writer_attempt(&self, req: &LockRequest, first: bool) -> Result<Outcome> {
         let (req, undo) = (req.clone(), req.clone());
@@ -958,8 +972,15 @@ impl SqlBackend {
             move |b, found| async move {
                 match found {
                     Outcome::Granted(_) => b.hand_back(std::slice::from_ref(&undo)).await,
-                    _ if b.inner.marks.contains(&undo) => b.unmark(&undo).await,
-                    _ => {}
+                    _ => {
+                        if b.inner.marks.contains(&undo) {
+                            b.unmark(&undo).await;
+                        }
+                        // Queued by the refusal, after its wait was gone.
+                        if b.queued() {
+                            b.leave_queue(&undo).await;
+                        }
+                    }
                 }
             },
         )
@@ -1116,7 +1137,8 @@ impl SqlBackend {
 
     /// Runs one attempt at `req` to completion (see [`Self::to_completion`]):
     /// a grant that lands after its caller stopped waiting is released at
-    /// once.
+    /// once, and a refusal that queued the caller (PostgreSQL with `fifo`)
+    /// leaves the queue then, after the statement that joined it.
     async fn attempt_to_completion<F, Fut>(&self, req: &LockRequest, attempt: F) -> Result<Outcome>
     where
         F: FnOnce(SqlBackend, LockRequest) -> Fut + Send + 'static,
@@ -1126,8 +1148,10 @@ impl SqlBackend {
         self.to_completion(
             move |b| attempt(b, req),
             move |b, found| async move {
-                if let Outcome::Granted(_) = found {
-                    b.hand_back(std::slice::from_ref(&undo)).await;
+                match found {
+                    Outcome::Granted(_) => b.hand_back(std::slice::from_ref(&undo)).await,
+                    _ if b.queued() => b.leave_queue(&undo).await,
+                    _ => {}
                 }
             },
         )
