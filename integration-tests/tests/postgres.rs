@@ -99,6 +99,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "postgres::waiters_woken_together_on_a_repeatable_read_database_all_get_the_lock",
+                repeatable_read_default(f.clone()),
+            ),
+            trial(
+                rt,
                 "postgres::a_role_with_only_the_listed_rights_serves_every_kind",
                 restricted_role(f.clone()),
             ),
@@ -419,6 +424,48 @@ async fn tls_plaintext_refused(f: Arc<SqlFactory>) -> Result<(), Failed> {
 }
 
 /// See [`sql_support::wrong_credentials_are_misconfigured`].
+/// On a database whose default isolation is REPEATABLE READ, waiters woken
+/// by one release, whose statements meet on the lock's row, all get the
+/// lock in turn: none fails with a serialization error.
+async fn repeatable_read_default(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let admin = f.admin_pool::<sqlx::Postgres>().await?;
+    let db = format!("rr_{}", &integration_tests::namespace()[12..]).to_lowercase();
+    for sql in [
+        format!("CREATE DATABASE {db}"),
+        format!("ALTER DATABASE {db} SET default_transaction_isolation = 'repeatable read'"),
+    ] {
+        sqlx::query(&sql)
+            .execute(&admin)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let url = f.url()?;
+    let (base, query) = url.split_once('?').unwrap_or((&url, ""));
+    let (server, _) = base.rsplit_once('/').ok_or("a URL without a database")?;
+    let url = format!("{server}/{db}?{query}");
+    let holder = LockClient::new(SqlBackend::connect(&url).await?);
+    let g = holder.lock("rr/x").acquire().await?;
+    let mut waiters = Vec::new();
+    for _ in 0..6 {
+        let c = LockClient::new(SqlBackend::connect(&url).await?);
+        waiters.push(tokio::spawn(async move {
+            let g = c
+                .lock("rr/x")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await?;
+            g.release().await?;
+            Ok::<_, Error>(())
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    g.release().await?;
+    for w in waiters {
+        w.await.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}
+
 /// A waiter listens on a connection of the pool while it waits (with
 /// `fifo`, observers on another), so a pool without one more for the
 /// statements would make every contended wait time out: refused at once.

@@ -190,6 +190,17 @@ impl DbError {
                 // SQLite busy/locked; PostgreSQL admin shutdown or lost connection.
                 unavailable("is busy or shutting down", e)
             }
+            sqlx::Error::Database(ref d)
+                if matches!(d.code().as_deref(), Some("40001" | "40P01")) =>
+            {
+                // A serialization failure or a deadlock (a server whose
+                // default isolation is stricter than READ COMMITTED, say):
+                // nothing was written, and the next attempt may go through.
+                unavailable(
+                    "refused the statement as conflicting; trying again may succeed",
+                    e,
+                )
+            }
             other => Error::backend(self.backend, other),
         }
     }
@@ -456,7 +467,11 @@ impl SqlBackend {
             backend: "postgres",
             endpoint,
         };
-        let options = sqlx::postgres::PgConnectOptions::from_str(url).map_err(|e| err.map(e))?;
+        // The statements are written for READ COMMITTED, whatever the
+        // database's default isolation.
+        let options = sqlx::postgres::PgConnectOptions::from_str(url)
+            .map_err(|e| err.map(e))?
+            .options([("default_transaction_isolation", "read\\ committed")]);
         use sqlx::postgres::PgSslMode;
         refuse_tls_without_support(
             "postgres",
