@@ -34,7 +34,8 @@ struct Cli {
     quiet: bool,
     /// Read the backend's password from this file (its first line) and put
     /// it into the backend URL, instead of writing it in the URL.
-    /// (`DISTLOCK_PASSWORD` does the same from the environment.)
+    /// (`DISTLOCK_PASSWORD` does the same from the environment.) A backend
+    /// that takes no password (sqlite://, memory://) refuses one: exit 2.
     #[arg(long, global = true, value_name = "PATH")]
     password_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
@@ -118,17 +119,42 @@ pub(crate) fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// The URL schemes whose backends authenticate with a password in the
+/// URL's userinfo. Any other scheme would read the inserted `user:pw@` as
+/// part of something else (SQLite: a relative directory named after the
+/// password, so two processes in different directories open different
+/// files and both hold the same lock).
+const PASSWORD_SCHEMES: &[&str] = &[
+    "postgres",
+    "postgresql",
+    "mysql",
+    "mariadb",
+    "redis",
+    "rediss",
+    "redis+sentinel",
+    "redis+cluster",
+    "rediss+sentinel",
+    "rediss+cluster",
+    "redlock",
+    "etcd",
+    "etcds",
+    "zk",
+];
+
 /// Puts the password from `--password-file` or `DISTLOCK_PASSWORD` into the
 /// command's backend URL.
 fn apply_password(cli: &mut Cli) -> Result<(), String> {
-    let password = match (&cli.password_file, std::env::var("DISTLOCK_PASSWORD")) {
-        (Some(path), _) => std::fs::read_to_string(path)
-            .map_err(|e| format!("--password-file {}: {e}", path.display()))?
-            .lines()
-            .next()
-            .unwrap_or("")
-            .to_string(),
-        (None, Ok(p)) => p,
+    let (password, source) = match (&cli.password_file, std::env::var("DISTLOCK_PASSWORD")) {
+        (Some(path), _) => (
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("--password-file {}: {e}", path.display()))?
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string(),
+            PasswordSource::File,
+        ),
+        (None, Ok(p)) => (p, PasswordSource::Env),
         (None, Err(_)) => return Ok(()),
     };
     let url = match &mut cli.command {
@@ -141,21 +167,48 @@ fn apply_password(cli: &mut Cli) -> Result<(), String> {
         Command::Conformance(a) => a.backend_mut(),
         Command::Backends => return Ok(()),
     };
-    *url = with_password(url, &password)?;
+    *url = with_password(url, &password, source)?;
     Ok(())
 }
 
-/// `url` with `password` as its userinfo's password (keeping the user).
-pub(crate) fn with_password(url: &str, password: &str) -> Result<String, String> {
+/// Where the password came from, for the error that refuses it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum PasswordSource {
+    /// `DISTLOCK_PASSWORD`.
+    Env,
+    /// `--password-file`.
+    File,
+}
+
+/// `url` with `password` as its userinfo's password (keeping the user). A
+/// URL whose scheme distlock does not know is returned as it is, for
+/// `connect` to refuse by name.
+pub(crate) fn with_password(
+    url: &str,
+    password: &str,
+    source: PasswordSource,
+) -> Result<String, String> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("{:?} is not a URL", distlock::redact(url)))?;
+    if !PASSWORD_SCHEMES.contains(&scheme) {
+        if !distlock::SCHEMES.iter().any(|(s, _)| *s == scheme) {
+            return Ok(url.to_string());
+        }
+        let (given, undo) = match source {
+            PasswordSource::Env => ("DISTLOCK_PASSWORD is set", "unset DISTLOCK_PASSWORD"),
+            PasswordSource::File => ("--password-file is given", "drop --password-file"),
+        };
+        return Err(format!(
+            "{scheme}:// takes no password, but {given}: {undo} or choose a backend that uses one"
+        ));
+    }
     if password.is_empty() {
         return Err("the password given is empty".into());
     }
     if password.contains(['@', '/', '?', '#', ':']) {
         return Err("the password contains one of @ / ? # :, which a URL cannot carry unescaped; percent-encode it in the URL instead".into());
     }
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| format!("{:?} is not a URL", distlock::redact(url)))?;
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     let (user, hosts) = match authority.rsplit_once('@') {

@@ -1363,3 +1363,93 @@ fn bad_list_and_holder_input_exits_2() {
         assert!(err.contains("holder info"), "{err}");
     }
 }
+
+/// A password given for a backend that takes none is refused at once with
+/// exit 2, naming the scheme: put into a SQLite URL it would turn the path
+/// into a relative directory named after it (`sqlite://:pw@/tmp/...`), so
+/// runs started in two directories would each hold the same lock, and the
+/// password would lie on disk as a directory name.
+#[test]
+fn a_password_for_a_backend_without_one_exits_2() {
+    const PW: &str = "Zq9-secret";
+    let dir = scratch("pw-none");
+    let file = dir.join("password");
+    std::fs::write(&file, format!("{PW}\n")).unwrap();
+    let file = file.to_str().unwrap();
+    let sqlite = sqlite_in(&dir);
+    for (backend, scheme) in [(sqlite.as_str(), "sqlite://"), ("memory://", "memory://")] {
+        let run = [
+            "run",
+            "--wait",
+            "0",
+            "--backend",
+            backend,
+            "pw/none",
+            "--",
+            "true",
+        ];
+        let status = ["status", "pw/none", "--backend", backend];
+        let from_file = [&["--password-file", file][..], &run].concat();
+        let runs: [(&[&str], &str); 3] = [
+            (&run, "DISTLOCK_PASSWORD"),
+            (&status, "DISTLOCK_PASSWORD"),
+            (&from_file, "--password-file"),
+        ];
+        for (args, source) in runs {
+            let mut cmd = bin();
+            if source == "DISTLOCK_PASSWORD" {
+                cmd.env("DISTLOCK_PASSWORD", PW);
+            }
+            // Run from the scratch directory, where a relative path lands.
+            let out = cmd.current_dir(&dir).args(args).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.contains(&format!("{scheme} takes no password")) && err.contains(source),
+                "{args:?}: {err}"
+            );
+            assert!(!err.contains(PW), "{args:?} showed the password: {err}");
+        }
+    }
+    let entries: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        entries.iter().all(|e| !e.contains(PW)),
+        "the password is on disk: {entries:?}"
+    );
+}
+
+/// The schemes that take a password still get it: none is refused as
+/// taking none (the servers are not there, so each fails otherwise).
+#[test]
+fn every_backend_with_credentials_takes_the_password() {
+    let forms = [
+        "postgres://app@127.0.0.1:1/db",
+        "postgresql://app@127.0.0.1:1/db",
+        "mysql://app@127.0.0.1:1/db",
+        "mariadb://app@127.0.0.1:1/db",
+        "redis://127.0.0.1:1",
+        "rediss://127.0.0.1:1",
+        "redis+sentinel://127.0.0.1:1/mymaster",
+        "redis+cluster://127.0.0.1:1",
+        "rediss+sentinel://127.0.0.1:1/mymaster",
+        "rediss+cluster://127.0.0.1:1",
+        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+        "etcd://app@127.0.0.1:1",
+        "etcds://app@127.0.0.1:1",
+        "zk://app@127.0.0.1:1",
+    ];
+    for url in forms {
+        let out = bin()
+            .env("DISTLOCK_PASSWORD", "Zq9-secret")
+            .args(["status", "pw/x", "--backend", url])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{url}: {err}");
+        assert!(!err.contains("takes no password"), "{url}: {err}");
+    }
+}
