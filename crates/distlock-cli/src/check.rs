@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use distlock::LockName;
 
+use crate::output::line;
 use crate::{code_for, default_backend, fail, parse_duration, EXIT_USAGE};
 
 #[derive(clap::Args, Debug)]
@@ -117,9 +118,13 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
     match report {
         Err(e) => fail(1, e),
         Ok(r) => {
-            println!("{r}");
+            if let Err(code) = line(&r) {
+                return code;
+            }
             if pause_holder && r.unfenced.violations() == 0 {
-                println!("note: the paused holder's stale write did no harm this time (no other client wrote in between)");
+                if let Err(code) = line("note: the paused holder's stale write did no harm this time (no other client wrote in between)") {
+                    return code;
+                }
             }
             if r.fencing_failed() {
                 ExitCode::FAILURE

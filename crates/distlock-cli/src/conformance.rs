@@ -7,6 +7,7 @@ use std::time::Duration;
 use distlock::{DynBackend, LockName};
 use distlock_conformance::{async_trait, check_deployment, BackendFactory, Failed, Verdict};
 
+use crate::output::line;
 use crate::{code_for, default_backend, fail};
 
 #[derive(clap::Args, Debug)]
@@ -118,7 +119,41 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         .iter()
         .filter(|(_, v)| matches!(v, Verdict::Failed(_)))
         .count();
-    if args.json {
+    let printed = print_report(
+        &verdicts,
+        &findings,
+        failed,
+        caps.backend,
+        &args.backend,
+        args.json,
+    );
+    if let Err(code) = printed {
+        return code;
+    }
+    if verdicts.is_empty() {
+        return fail(
+            crate::EXIT_USAGE,
+            format!("no case matches {:?}", args.only.unwrap_or_default()),
+        );
+    }
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Writes the findings, one line per case and a summary (with `json`, one
+/// JSON document of findings and cases).
+fn print_report(
+    verdicts: &[(&'static str, Verdict)],
+    findings: &[distlock::Finding],
+    failed: usize,
+    backend: &str,
+    url: &str,
+    json: bool,
+) -> Result<(), ExitCode> {
+    if json {
         let lines: Vec<Line<'_>> = verdicts
             .iter()
             .map(|(case, v)| match v {
@@ -166,47 +201,33 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
             findings: settings,
             cases: lines,
         };
-        match serde_json::to_string_pretty(&report) {
-            Ok(text) => println!("{text}"),
-            Err(e) => return fail(1, format!("cannot write JSON: {e}")),
-        }
-    } else {
-        for f in &findings {
-            match (&f.value, &f.warning) {
-                (Ok(v), None) => println!("fine    {}: {v}", f.setting),
-                (Ok(v), Some(w)) => println!("WARNING {}: {v}: {w}", f.setting),
-                (Err(why), _) => println!("unknown {}: {why}", f.setting),
-            }
-        }
-        for (case, v) in &verdicts {
-            match v {
-                Verdict::Ok => println!("ok      {}::{case}", caps.backend),
-                Verdict::Failed(why) => println!("FAILED  {}::{case}: {why}", caps.backend),
-                Verdict::Ignored(why) => println!("ignored {}::{case}: {why}", caps.backend),
-            }
-        }
-        let ignored = verdicts
-            .iter()
-            .filter(|(_, v)| matches!(v, Verdict::Ignored(_)))
-            .count();
-        println!(
-            "{} on {}: {} ok, {failed} failed, {ignored} ignored",
-            distlock::redact(&args.backend),
-            caps.backend,
-            verdicts.len() - failed - ignored
-        );
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| fail(1, format!("cannot write JSON: {e}")))?;
+        return line(text);
     }
-    if verdicts.is_empty() {
-        return fail(
-            crate::EXIT_USAGE,
-            format!("no case matches {:?}", args.only.unwrap_or_default()),
-        );
+    for f in findings {
+        line(match (&f.value, &f.warning) {
+            (Ok(v), None) => format!("fine    {}: {v}", f.setting),
+            (Ok(v), Some(w)) => format!("WARNING {}: {v}: {w}", f.setting),
+            (Err(why), _) => format!("unknown {}: {why}", f.setting),
+        })?;
     }
-    if failed > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+    for (case, v) in verdicts {
+        line(match v {
+            Verdict::Ok => format!("ok      {backend}::{case}"),
+            Verdict::Failed(why) => format!("FAILED  {backend}::{case}: {why}"),
+            Verdict::Ignored(why) => format!("ignored {backend}::{case}: {why}"),
+        })?;
     }
+    let ignored = verdicts
+        .iter()
+        .filter(|(_, v)| matches!(v, Verdict::Ignored(_)))
+        .count();
+    line(format!(
+        "{} on {backend}: {} ok, {failed} failed, {ignored} ignored",
+        distlock::redact(url),
+        verdicts.len() - failed - ignored
+    ))
 }
 
 impl ConformanceArgs {

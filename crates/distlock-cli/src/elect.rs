@@ -1,13 +1,13 @@
 //! `distlock elect` and `distlock observe`: a command run while leading an
 //! election, and the election's leaders as they change.
 
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use distlock::{LockClient, LockName};
 use futures_util::StreamExt;
 
+use crate::output;
 use crate::run::{run_command, Held};
 use crate::{code_for, default_backend, fail, parse_duration, EXIT_NOT_ACQUIRED, EXIT_USAGE};
 
@@ -146,10 +146,10 @@ pub(crate) async fn observe(args: ObserveArgs) -> ExitCode {
     let election = client.election(&name);
     if args.once {
         return match election.leader().await {
-            Ok(Some(l)) => {
-                println!("{}", line(Some(&l), args.json).unwrap_or_default());
-                ExitCode::SUCCESS
-            }
+            Ok(Some(l)) => match output::line(line(Some(&l), args.json).unwrap_or_default()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(code) => code,
+            },
             Ok(None) => fail(
                 EXIT_NOT_ACQUIRED,
                 format!("election `{name}` has no leader"),
@@ -171,10 +171,9 @@ pub(crate) async fn observe(args: ObserveArgs) -> ExitCode {
             next = leaders.next() => match next {
                 Some(Ok(leader)) => {
                     if let Some(l) = line(leader.as_ref(), args.json) {
-                        let mut out = std::io::stdout().lock();
                         // A closed pipe ends the observation.
-                        if writeln!(out, "{l}").and_then(|()| out.flush()).is_err() {
-                            return ExitCode::SUCCESS;
+                        if let Err(code) = output::line(l) {
+                            return code;
                         }
                     }
                 }

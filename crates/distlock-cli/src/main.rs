@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod check;
 mod conformance;
 mod elect;
+mod output;
 mod run;
 mod status;
 

@@ -2,8 +2,9 @@
 
 use std::process::ExitCode;
 
-use distlock::{Consistency, Fencing, HoldKind, LockName, Waiting};
+use distlock::{Consistency, Fencing, HoldKind, LockName, LockStatus, Waiting};
 
+use crate::output::line;
 use crate::{code_for, default_backend, fail, EXIT_USAGE};
 
 #[derive(clap::Args, Debug)]
@@ -39,8 +40,16 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(code_for(&e), e),
     };
+    match print_status(&name, &s, &args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+/// Writes the status `s` of `name` in the form `args` asks for.
+fn print_status(name: &LockName, s: &LockStatus, args: &StatusArgs) -> Result<(), ExitCode> {
     if args.json {
-        let line = StatusJson {
+        let json = StatusJson {
             name: name.as_str(),
             held: s.held,
             token: s.token.map(|t| t.get()),
@@ -52,57 +61,56 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
             writer_waiting: s.writer_waiting,
             holder_info: s.holder_info.as_deref(),
         }
-        .to_line();
-        match line {
-            Ok(line) => println!("{line}"),
-            Err(e) => return fail(1, format!("cannot write the status as JSON: {e}")),
-        }
-    } else if args.semaphore {
-        println!("semaphore: {name}");
-        println!("held:      {} permits", s.holders.unwrap_or(0));
-        println!(
+        .to_line()
+        .map_err(|e| fail(1, format!("cannot write the status as JSON: {e}")))?;
+        return line(json);
+    }
+    if args.semaphore {
+        line(format!("semaphore: {name}"))?;
+        line(format!("held:      {} permits", s.holders.unwrap_or(0)))?;
+        line(format!(
             "limit:     {}",
             s.limit
                 .map_or_else(|| "(none stored yet)".to_string(), |l| l.to_string())
-        );
-        println!("holders:   distlock list {name} --limit N shows each permit's");
-    } else {
-        println!("lock:      {name}");
-        println!("held:      {}", if s.held { "yes" } else { "no" });
-        let unknown = || "(the backend cannot tell)".to_string();
-        if s.held {
-            println!(
-                "token:     {}",
-                s.token.map_or_else(unknown, |t| t.to_string())
-            );
-            println!(
-                "remaining: {}",
-                s.remaining
-                    .map_or_else(unknown, |r| humantime::format_duration(r).to_string())
-            );
-            if let Some(info) = &s.holder_info {
-                println!("holder:    {info}");
-            }
-        }
-        if let Some(shared) = s.shared {
-            println!("shared:    {shared} holders");
-        }
-        if let Some(waiting) = s.writer_waiting {
-            println!(
-                "writer:    {}",
-                if waiting {
-                    "waiting (new shared holds wait behind it)"
-                } else {
-                    "none waiting"
-                }
-            );
-        }
-        println!(
-            "queue:     {}",
-            s.queue_len.map_or_else(unknown, |q| q.to_string())
-        );
+        ))?;
+        return line(format!(
+            "holders:   distlock list {name} --limit N shows each permit's"
+        ));
     }
-    ExitCode::SUCCESS
+    line(format!("lock:      {name}"))?;
+    line(format!("held:      {}", if s.held { "yes" } else { "no" }))?;
+    let unknown = || "(the backend cannot tell)".to_string();
+    if s.held {
+        line(format!(
+            "token:     {}",
+            s.token.map_or_else(unknown, |t| t.to_string())
+        ))?;
+        line(format!(
+            "remaining: {}",
+            s.remaining
+                .map_or_else(unknown, |r| humantime::format_duration(r).to_string())
+        ))?;
+        if let Some(info) = &s.holder_info {
+            line(format!("holder:    {info}"))?;
+        }
+    }
+    if let Some(shared) = s.shared {
+        line(format!("shared:    {shared} holders"))?;
+    }
+    if let Some(waiting) = s.writer_waiting {
+        line(format!(
+            "writer:    {}",
+            if waiting {
+                "waiting (new shared holds wait behind it)"
+            } else {
+                "none waiting"
+            }
+        ))?;
+    }
+    line(format!(
+        "queue:     {}",
+        s.queue_len.map_or_else(unknown, |q| q.to_string())
+    ))
 }
 
 /// The `--json` line. Serialized rather than formatted so that every string
@@ -169,18 +177,24 @@ pub(crate) async fn list(args: ListArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(code_for(&e), e),
     };
-    if !args.json && !records.is_empty() {
-        println!(
+    match print_list(&records, args.json) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+/// Writes one line per hold (after a header, unless `json`).
+fn print_list(records: &[distlock::HoldRecord], json: bool) -> Result<(), ExitCode> {
+    if !json && !records.is_empty() {
+        line(format!(
             "{:<32} {:<10} {:>20} {:>12}  HOLDER",
             "NAME", "KIND", "TOKEN", "REMAINING"
-        );
+        ))?;
     }
-    for r in &records {
-        let line = if args.json {
-            match serde_json::to_string(&RecordJson::of(r)) {
-                Ok(line) => line,
-                Err(e) => return fail(1, format!("cannot write a hold as JSON: {e}")),
-            }
+    for r in records {
+        let text = if json {
+            serde_json::to_string(&RecordJson::of(r))
+                .map_err(|e| fail(1, format!("cannot write a hold as JSON: {e}")))?
         } else {
             let dash = || "-".to_string();
             let mut holder = r.holder_info.clone().unwrap_or_else(dash);
@@ -200,9 +214,9 @@ pub(crate) async fn list(args: ListArgs) -> ExitCode {
                 }),
             )
         };
-        println!("{line}");
+        line(text)?;
     }
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 fn kind_word(kind: &HoldKind) -> &'static str {
@@ -256,7 +270,14 @@ impl ListArgs {
 }
 
 pub(crate) fn backends() -> ExitCode {
-    println!("URL                        FENCING      CAP  WAITING       EXPIRY CLOCK");
+    match print_backends() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+fn print_backends() -> Result<(), ExitCode> {
+    line("URL                        FENCING      CAP  WAITING       EXPIRY CLOCK")?;
     for (url, c) in distlock::declared_backends() {
         let fencing = match c.fencing {
             Fencing::Strong => "strong",
@@ -271,12 +292,12 @@ pub(crate) fn backends() -> ExitCode {
             Waiting::Notification => "notification",
             _ => "polling",
         };
-        println!(
+        line(format!(
             "{url:<26} {fencing:<12} {cap:<4} {waiting:<13} {:?}",
             c.clock
-        );
+        ))?;
     }
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 impl StatusArgs {

@@ -1453,3 +1453,35 @@ fn every_backend_with_credentials_takes_the_password() {
         assert!(!err.contains("takes no password"), "{url}: {err}");
     }
 }
+
+/// A pipe whose reader has gone away: a write to it fails with EPIPE.
+fn closed_pipe() -> Stdio {
+    let mut reader = Command::new("true").stdin(Stdio::piped()).spawn().unwrap();
+    let writer = reader.stdin.take().unwrap();
+    reader.wait().unwrap();
+    Stdio::from(writer)
+}
+
+/// A reader that went away (`distlock list | head -1`) ends each command
+/// that prints quietly with 141 (128 + SIGPIPE), not with a panic.
+#[test]
+fn a_closed_stdout_ends_each_printing_command_with_141() {
+    let b = sqlite("pipe");
+    let mut holder = spawn_holder(&b, "pipe/held", 30);
+    wait_held(&b, "pipe/held");
+    let runs: [&[&str]; 6] = [
+        &["backends"],
+        &["list", "--backend", &b],
+        &["list", "--json", "--backend", &b],
+        &["status", "pipe/held", "--backend", &b],
+        &["status", "pipe/held", "--json", "--backend", &b],
+        &["conformance", "--only", "tokens_increase", "--backend", &b],
+    ];
+    for args in runs {
+        let out = bin().args(args).stdout(closed_pipe()).output().unwrap();
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {out:?}");
+        assert!(out.stderr.is_empty(), "{args:?}: {out:?}");
+    }
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}

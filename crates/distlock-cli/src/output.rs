@@ -1,0 +1,27 @@
+//! Standard output, written by every command through one function so that
+//! a reader that goes away (`distlock list | head -1`) ends the command
+//! quietly instead of panicking as `println!` does.
+
+use std::fmt::Display;
+use std::io::Write;
+use std::process::ExitCode;
+
+use crate::fail;
+
+/// Exit code when the reader of standard output went away: 128 + SIGPIPE,
+/// what a shell reports for a program that SIGPIPE ended (Rust ignores
+/// SIGPIPE, so the write fails instead).
+pub(crate) const EXIT_PIPE_CLOSED: u8 = 141;
+
+/// Writes `text` and a newline to standard output, flushed. When it cannot,
+/// the exit code to end with: [`EXIT_PIPE_CLOSED`], without a message, if
+/// the reader went away; 1, with a message, for any other failure.
+pub(crate) fn line(text: impl Display) -> Result<(), ExitCode> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}")
+        .and_then(|()| out.flush())
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe => ExitCode::from(EXIT_PIPE_CLOSED),
+            _ => fail(1, format!("cannot write to standard output: {e}")),
+        })
+}
