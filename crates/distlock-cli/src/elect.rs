@@ -9,6 +9,7 @@ use futures_util::StreamExt;
 
 use crate::output;
 use crate::run::{run_command, Held};
+use crate::signals::Signals;
 use crate::{code_for, default_backend, fail, parse_duration, EXIT_NOT_ACQUIRED, EXIT_USAGE};
 
 #[derive(clap::Args, Debug)]
@@ -76,34 +77,55 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
     if args.ttl.is_zero() {
         return fail(EXIT_USAGE, "--ttl must be greater than zero");
     }
-    let client = match client(&args.backend).await.and_then(|c| {
-        crate::client_for_command(
-            c.backend().clone(),
-            args.holder_info.as_deref(),
-            &args.command,
-        )
-    }) {
-        Ok(c) => c,
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
         Err(code) => return code,
     };
-    let election = client.election(&name).ttl(args.ttl);
-    let leading = match args.wait {
-        Some(w) if w.is_zero() => match election.try_campaign(args.value.as_str()).await {
-            Ok(Some(l)) => Ok(l),
-            Ok(None) => {
-                return fail(
-                    EXIT_NOT_ACQUIRED,
-                    format!("election `{name}` has another leader or campaigner ahead"),
-                )
-            }
-            Err(e) => Err(e),
-        },
-        Some(w) => election.wait(w).campaign(args.value.as_str()).await,
-        None => election.campaign(args.value.as_str()).await,
+    let wait = async {
+        let client = client(&args.backend).await.and_then(|c| {
+            crate::client_for_command(
+                c.backend().clone(),
+                args.holder_info.as_deref(),
+                &args.command,
+            )
+        })?;
+        let election = client.election(&name).ttl(args.ttl);
+        let leading = match args.wait {
+            Some(w) if w.is_zero() => match election.try_campaign(args.value.as_str()).await {
+                Ok(Some(l)) => Ok(l),
+                Ok(None) => {
+                    return Err(fail(
+                        EXIT_NOT_ACQUIRED,
+                        format!("election `{name}` has another leader or campaigner ahead"),
+                    ))
+                }
+                Err(e) => Err(e),
+            },
+            Some(w) => election.wait(w).campaign(args.value.as_str()).await,
+            None => election.campaign(args.value.as_str()).await,
+        };
+        match leading {
+            Ok(l) => Ok((client, l)),
+            Err(e) => Err(fail(code_for(&e), e)),
+        }
     };
-    let leadership = match leading {
-        Ok(l) => l,
-        Err(e) => return fail(code_for(&e), e),
+    // A signal drops the campaign, and with it the client; dropping them
+    // starts the cleanup that `interrupted` waits for.
+    let outcome = tokio::select! {
+        done = wait => Ok(done),
+        sig = signals.recv() => Err(sig),
+    };
+    let (_client, leadership) = match outcome {
+        Ok(Ok(leading)) => leading,
+        Ok(Err(code)) => return code,
+        Err(sig) => {
+            return crate::signals::interrupted(
+                sig,
+                &format!("leadership of election `{name}`"),
+                &mut signals,
+            )
+            .await
+        }
     };
     run_command(
         Held::Leader(leadership),
@@ -111,6 +133,7 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
         &args.command,
         args.kill_after,
         &[("DISTLOCK_VALUE", args.value.as_str())],
+        signals,
     )
     .await
 }

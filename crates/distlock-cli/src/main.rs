@@ -10,6 +10,7 @@ mod conformance;
 mod elect;
 mod output;
 mod run;
+mod signals;
 mod status;
 
 /// Exit code: the lock was not acquired within `--wait` (EX_TEMPFAIL).
@@ -57,7 +58,8 @@ enum Command {
     /// unreachable; 78 if the backend refused the configuration (wrong
     /// password, no such database, unusable path); 2 for invalid arguments
     /// (also a --limit other than the semaphore's stored one, or a backend
-    /// without semaphores).
+    /// without semaphores); 130 or 143 if SIGINT or SIGTERM ended the wait
+    /// for the lock (while the command runs, both are forwarded to it).
     Run(run::RunArgs),
     /// Run COMMAND while leading the election NAME, campaigning with
     /// --value.
@@ -66,7 +68,8 @@ enum Command {
     /// fencing token), DISTLOCK_VALUE and DISTLOCK_BACKEND. Exit codes as
     /// for `run`: 76 if leadership was lost while the command ran (it gets
     /// SIGTERM, then SIGKILL after --kill-after); 75 if not elected within
-    /// --wait; 2 for a backend without elections or a value over 4096 bytes.
+    /// --wait; 2 for a backend without elections or a value over 4096 bytes;
+    /// 130 or 143 if SIGINT or SIGTERM ended the campaign.
     Elect(elect::ElectArgs),
     /// Print the leader of the election NAME, one line per change (its
     /// value; with --json an object, `null` while nobody leads), until

@@ -7,8 +7,8 @@ use std::time::Duration;
 use distlock::{Leadership, LockClient, LockGuard, LockName, LostReason, MultiGuard};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tokio::signal::unix::{signal, SignalKind};
 
+use crate::signals::Signals;
 use crate::{
     code_for, default_backend, fail, parse_duration, EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_USAGE,
 };
@@ -131,31 +131,62 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         // The default state directory may not exist yet.
         let _ = std::fs::create_dir_all(dir);
     }
-    let backend = match distlock::connect(&args.backend).await {
-        Ok(b) => b,
-        Err(e) => return fail(code_for(&e), e),
-    };
-    let client =
-        match crate::client_for_command(backend, args.holder_info.as_deref(), &args.command) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-    let held = match acquire(&client, &names, &args).await {
-        Ok(h) => h,
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
         Err(code) => return code,
     };
-    run_command(held, &args.backend, &args.command, args.kill_after, &[]).await
+    let wait = async {
+        let backend = distlock::connect(&args.backend)
+            .await
+            .map_err(|e| fail(code_for(&e), e))?;
+        let client =
+            crate::client_for_command(backend, args.holder_info.as_deref(), &args.command)?;
+        let held = acquire(&client, &names, &args).await?;
+        Ok((client, held))
+    };
+    // A signal drops the wait, and with it the client; dropping them
+    // starts the cleanup that `interrupted` waits for.
+    let outcome = tokio::select! {
+        done = wait => Ok(done),
+        sig = signals.recv() => Err(sig),
+    };
+    let (_client, held) = match outcome {
+        Ok(Ok(taken)) => taken,
+        Ok(Err(code)) => return code,
+        Err(sig) => {
+            return crate::signals::interrupted(sig, &waited_for(&names, &args), &mut signals).await
+        }
+    };
+    run_command(
+        held,
+        &args.backend,
+        &args.command,
+        args.kill_after,
+        &[],
+        signals,
+    )
+    .await
+}
+
+/// What `run` waits for, as its messages name it.
+fn waited_for(names: &[LockName], args: &RunArgs) -> String {
+    match (names, args.limit) {
+        ([name], Some(n)) => format!("one of {n} permits of semaphore `{name}`"),
+        ([name], None) => format!("lock `{name}`"),
+        _ => format!("the locks {}", quoted_names(names)),
+    }
 }
 
 /// Runs `command` while `held` lasts, with its names and tokens (and
 /// `env`) in the environment: stops it when the hold may be lost, forwards
-/// SIGINT and SIGTERM, and releases when it exits.
+/// the `signals` caught to it, and releases when it exits.
 pub(crate) async fn run_command(
     held: Held,
     backend: &str,
     command: &[String],
     kill_after: Duration,
     env: &[(&str, &str)],
+    mut signals: Signals,
 ) -> ExitCode {
     let tokens = held.tokens();
     let (name, token) = tokens[0].clone();
@@ -189,13 +220,6 @@ pub(crate) async fn run_command(
         }
     };
     let pid = child.id();
-    let (mut sigint, mut sigterm) = match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(i), Ok(t)) => (i, t),
-        _ => return fail(1, "cannot install signal handlers"),
-    };
 
     let mut lost = false;
     let status = loop {
@@ -215,8 +239,7 @@ pub(crate) async fn run_command(
                     }
                 }
             }
-            _ = sigint.recv() => send(pid, Signal::SIGINT),
-            _ = sigterm.recv() => send(pid, Signal::SIGTERM),
+            sig = signals.recv() => send(pid, sig),
         }
     };
     let released = guard.release().await;

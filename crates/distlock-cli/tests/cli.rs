@@ -1485,3 +1485,105 @@ fn a_closed_stdout_ends_each_printing_command_with_141() {
     holder.kill().unwrap();
     holder.wait().unwrap();
 }
+
+/// Waits up to `limit` for `child` to exit.
+fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("still running {limit:?} after the signal");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `sig` sent to a `distlock run --wait 30s` that waits for `name`, which
+/// `holder` holds, ends it within seconds with 128+sig and one line; then,
+/// once the holder has released, a try takes the lock at once: no entry of
+/// the waiter holds up the queue. With `queued`, the backend reports its
+/// waiters: the waiter is seen queued first, and none is left after it.
+fn signal_while_waiting(
+    backend: &str,
+    name: &str,
+    sig: nix::sys::signal::Signal,
+    holder: Child,
+    queued: bool,
+) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let pid = |c: &Child| Pid::from_raw(i32::try_from(c.id()).unwrap());
+    let mut waiter = bin()
+        .args(["run", "--wait", "30s", "--backend", backend, name])
+        .args(["--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    if queued {
+        while !status_json(backend, name, &[]).contains("\"queue_len\":1") {
+            assert!(start.elapsed() < Duration::from_secs(20), "never queued");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    } else {
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    kill(pid(&waiter), sig).unwrap();
+    let status = exit_within(&mut waiter, Duration::from_secs(8));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(
+        status.code(),
+        Some(128 + sig as i32),
+        "{backend}: {status:?}: {err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{backend}: {err}");
+    assert!(err.contains(sig.as_str()), "{backend}: {err}");
+    if queued {
+        let left = status_json(backend, name, &[]);
+        assert!(left.contains("\"queue_len\":0"), "{backend}: {left}");
+    }
+    // The holder's command gets the SIGTERM, and the lock is released.
+    kill(pid(&holder), Signal::SIGTERM).unwrap();
+    holder.wait_with_output().unwrap();
+    assert_eq!(
+        code(&run(backend, &["--wait", "0"], name, &["true"])),
+        0,
+        "{backend}: the queue stalls behind the signalled waiter"
+    );
+}
+
+/// A signal while `run` waits for its lock cancels the wait: distlock
+/// exits 130 for SIGINT, 143 for SIGTERM, and leaves no waiter behind on
+/// the server (etcd's key, ZooKeeper's node, Redis's queue entry would
+/// otherwise stay until their lease or session ends).
+#[test]
+fn a_signal_while_waiting_exits_128_plus_it_and_leaves_no_waiter() {
+    use integration_tests::harness::{ServerKind, TestServer};
+    use nix::sys::signal::Signal;
+    let b = sqlite("sig-wait");
+    for sig in [Signal::SIGTERM, Signal::SIGINT] {
+        let holder = spawn_holder(&b, "sigwait/lock", 60);
+        wait_held(&b, "sigwait/lock");
+        signal_while_waiting(&b, "sigwait/lock", sig, holder, false);
+    }
+    let zk = TestServer::start(ServerKind::ZooKeeper).unwrap();
+    #[allow(unused_mut)]
+    let mut backends = vec![(zk.url().to_string(), true)];
+    #[cfg(feature = "etcd")]
+    let etcd = etcd();
+    #[cfg(feature = "etcd")]
+    backends.push((etcd.url.clone(), true));
+    #[cfg(feature = "redis")]
+    let redis = redis();
+    #[cfg(feature = "redis")]
+    backends.push((format!("{}?fifo=true", redis.url), false));
+    for (b, queued) in &backends {
+        let holder = spawn_holder(b, "sigwait/lock", 60);
+        wait_held(b, "sigwait/lock");
+        signal_while_waiting(b, "sigwait/lock", Signal::SIGTERM, holder, *queued);
+    }
+}
