@@ -125,7 +125,7 @@ impl LockGuard {
         let sent = Instant::now();
         let span = tracing::debug_span!("distlock.extend", lock = %lease.req.name, ?ttl);
         let renewal = lease.req.with_ttl(ttl);
-        let out = OutExtend::send(keeper, lease, sent + keeper.caps.safe_validity(ttl));
+        let out = OutExtend::send(keeper, lease, sent, sent + keeper.caps.safe_validity(ttl));
         let answer = keeper.backend.extend(&renewal).instrument(span).await;
         let deadline = out.answered(answer.as_ref().is_ok_and(|granted| *granted));
         match answer {
@@ -243,16 +243,23 @@ fn finish_detached(hold: Arc<Hold>) {
 struct OutExtend<'a> {
     keeper: &'a Arc<Keeper>,
     lease: &'a Arc<Lease>,
+    id: u64,
     deadline: Instant,
     answered: bool,
 }
 
 impl<'a> OutExtend<'a> {
-    fn send(keeper: &'a Arc<Keeper>, lease: &'a Arc<Lease>, deadline: Instant) -> Self {
-        lock(&lease.renewal).sending(deadline);
+    fn send(
+        keeper: &'a Arc<Keeper>,
+        lease: &'a Arc<Lease>,
+        sent: Instant,
+        deadline: Instant,
+    ) -> Self {
+        let id = lock(&lease.renewal).sending(sent, deadline);
         Self {
             keeper,
             lease,
+            id,
             deadline,
             answered: false,
         }
@@ -261,7 +268,9 @@ impl<'a> OutExtend<'a> {
     /// The deadline a grant sets.
     fn answered(mut self, granted: bool) -> Instant {
         self.answered = true;
-        let deadline = lock(&self.lease.renewal).answered(self.deadline);
+        let deadline = lock(&self.lease.renewal)
+            .answered(self.id)
+            .unwrap_or(self.deadline);
         if !granted {
             self.settle();
         }
@@ -277,7 +286,7 @@ impl<'a> OutExtend<'a> {
 impl Drop for OutExtend<'_> {
     fn drop(&mut self) {
         if !self.answered {
-            lock(&self.lease.renewal).answered(self.deadline);
+            lock(&self.lease.renewal).answered(self.id);
             self.settle();
         }
     }

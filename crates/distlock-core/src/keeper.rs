@@ -259,7 +259,7 @@ impl Keeper {
             }
         }
         r.in_flight = true;
-        r.sending(now + self.caps.safe_validity(ttl));
+        r.renewal_out = Some(r.sending(now, now + self.caps.safe_validity(ttl)));
         drop(r);
         // The deadline still fires if the renewal never answers.
         self.arm(&lease, deadline);
@@ -277,7 +277,11 @@ impl Keeper {
         let mut r = lock(&lease.renewal);
         r.in_flight = false;
         let sent_for = sent + self.caps.safe_validity(ttl);
-        let deadline = r.answered(sent_for);
+        let deadline = r
+            .renewal_out
+            .take()
+            .and_then(|id| r.answered(id))
+            .unwrap_or(sent_for);
         match answer {
             Ok(true) => {
                 r.next_renew = self.first_renewal(sent, lease.req.ttl);

@@ -97,19 +97,30 @@ pub(crate) struct Renewal {
     pub(crate) in_flight: bool,
     pub(crate) last_error: Option<String>,
     pub(crate) capped_by_max_hold: bool,
-    /// Extends out now (the keeper's renewals and the user's own), and
-    /// the earliest deadline any of them would set.
+    /// The extends out now (the keeper's renewals and the user's own), and
+    /// those answered since one of them was sent.
     extends: Outstanding,
+    /// The keeper's renewal out now, in `extends`.
+    pub(crate) renewal_out: Option<u64>,
 }
 
-/// The extends of one lease that are out together. The server may apply
-/// them in any order (a pool sends them on different connections), so
-/// while they overlap, a granted one can only promise the earliest of
-/// their deadlines.
+/// Extends of one lease that the server may apply in an order this side
+/// cannot see (a pool sends them on different connections): one applied
+/// after another sets the lease's end, so a grant can only promise the
+/// earliest deadline among itself and every extend that may reach the
+/// server after it: one still out, or one answered after it was sent.
 #[derive(Debug, Default)]
 struct Outstanding {
-    count: usize,
-    earliest: Option<Instant>,
+    next: u64,
+    sent: Vec<SentExtend>,
+}
+
+#[derive(Debug)]
+struct SentExtend {
+    id: u64,
+    sent: Instant,
+    deadline: Instant,
+    answered: Option<Instant>,
 }
 
 impl Renewal {
@@ -121,24 +132,48 @@ impl Renewal {
             last_error: None,
             capped_by_max_hold: false,
             extends: Outstanding::default(),
+            renewal_out: None,
         }
     }
 
-    /// An extend goes out that would set the deadline to `deadline`.
-    pub(crate) fn sending(&mut self, deadline: Instant) {
+    /// An extend goes out at `sent` that would set the deadline to
+    /// `deadline`: its id for [`answered`](Self::answered).
+    pub(crate) fn sending(&mut self, sent: Instant, deadline: Instant) -> u64 {
         let e = &mut self.extends;
-        e.count += 1;
-        e.earliest = Some(e.earliest.map_or(deadline, |d| d.min(deadline)));
+        e.next += 1;
+        e.sent.push(SentExtend {
+            id: e.next,
+            sent,
+            deadline,
+            answered: None,
+        });
+        e.next
     }
 
-    /// The extend sent with `deadline` answered: the deadline a grant
-    /// sets (the earliest of the extends out with it).
-    pub(crate) fn answered(&mut self, deadline: Instant) -> Instant {
+    /// The extend `id` answered now: the deadline a grant of it sets (see
+    /// [`Outstanding`]); `None` for an id not out.
+    pub(crate) fn answered(&mut self, id: u64) -> Option<Instant> {
+        let now = Instant::now();
         let e = &mut self.extends;
-        let granted = e.earliest.map_or(deadline, |d| d.min(deadline));
-        e.count = e.count.saturating_sub(1);
-        if e.count == 0 {
-            e.earliest = None;
+        let mine = e
+            .sent
+            .iter_mut()
+            .find(|x| x.id == id && x.answered.is_none())?;
+        mine.answered = Some(now);
+        let sent = mine.sent;
+        // One answered before another was sent came before that one on the
+        // server: it sets the lease's end no more.
+        let last_sent = e.sent.iter().map(|x| x.sent).max().unwrap_or(sent);
+        e.sent.retain(|x| x.answered.is_none_or(|a| a >= last_sent));
+        let granted = e
+            .sent
+            .iter()
+            .filter(|x| x.id == id || x.answered.is_none_or(|a| a > sent))
+            .map(|x| x.deadline)
+            .min();
+        if e.sent.iter().all(|x| x.answered.is_some()) {
+            // The next extend is sent after all of these answered.
+            e.sent.clear();
         }
         granted
     }
@@ -260,18 +295,41 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn extends_out_together_promise_the_earliest_of_their_deadlines() {
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_promises_the_earliest_deadline_of_the_extends_that_may_follow_it() {
         let t0 = Instant::now();
-        let (short, long) = (t0 + Duration::from_secs(1), t0 + Duration::from_secs(30));
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let to = |s: u64| tokio::time::advance(at(s) - Instant::now());
         let mut r = Renewal::new(t0, true);
-        r.sending(long);
-        r.sending(short);
-        // Either may be the one the server applied last.
-        assert_eq!(r.answered(long), short);
-        assert_eq!(r.answered(short), short);
-        // Alone again: a grant promises its own deadline.
-        r.sending(long);
-        assert_eq!(r.answered(long), long);
+        // A renewal and the user's long extend, out together.
+        to(10).await;
+        let renewal = r.sending(at(10), at(40));
+        let long = r.sending(at(10), at(610));
+        to(11).await;
+        assert_eq!(r.answered(renewal), Some(at(40)));
+        // The next renewal, sent after the first answered, while the long
+        // extend is still out: its own deadline, not the first one's.
+        to(20).await;
+        let next = r.sending(at(20), at(50));
+        to(21).await;
+        assert_eq!(r.answered(next), Some(at(50)));
+        // The long one may have reached the server before the second
+        // renewal did.
+        assert_eq!(r.answered(long), Some(at(50)));
+        // Answered in the other order than sent: the later-sent one may
+        // have been applied first, the earlier-sent one after it.
+        to(30).await;
+        let a = r.sending(at(30), at(100));
+        let b = r.sending(at(30), at(60));
+        to(31).await;
+        assert_eq!(r.answered(b), Some(at(60)));
+        assert_eq!(r.answered(a), Some(at(60)));
+        // Alone again: a grant promises its own deadline; an id answered
+        // twice or never sent is unknown.
+        to(40).await;
+        let c = r.sending(at(40), at(70));
+        to(41).await;
+        assert_eq!(r.answered(c), Some(at(70)));
+        assert_eq!(r.answered(c), None);
     }
 }

@@ -25,6 +25,8 @@ struct Scripted {
     extend_reply_lost: AtomicBool,
     /// How many of the next releases never answer.
     hang_releases: AtomicUsize,
+    /// Extends for this TTL (in ms) never answer.
+    hang_extends_ms: AtomicUsize,
     session_end: Arc<Notify>,
 }
 
@@ -44,6 +46,9 @@ impl Backend for Scripted {
         self.extends.fetch_add(1, Ordering::SeqCst);
         if self.fail_extend.load(Ordering::SeqCst) {
             return Err(Error::unavailable("scripted", "server unreachable", None));
+        }
+        if req.ttl.as_millis() == self.hang_extends_ms.load(Ordering::SeqCst) as u128 {
+            std::future::pending::<()>().await;
         }
         let extended = self.inner.extend(req).await;
         if self.extend_reply_lost.load(Ordering::SeqCst) {
@@ -253,6 +258,29 @@ async fn an_extend_answered_with_an_error_may_have_shortened_the_lease() {
     // The server ended the lease after the extend's second.
     assert!(b.lock("shorter").try_acquire().await.unwrap().is_some());
     assert!(!g.is_held(), "the guard outlived its lease on the server");
+}
+
+/// A user's extend that never answers does not hold the keeper's later
+/// renewals to the deadline of one sent beside it: the hold lives on.
+#[tokio::test(start_paused = true)]
+async fn an_extend_that_never_answers_leaves_later_renewals_their_deadlines() {
+    let (s, a, _) = setup();
+    let g = a
+        .lock("hanging")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    s.hang_extends_ms.store(600_000, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(9_990)).await;
+    let hanging =
+        tokio::time::timeout(Duration::from_secs(120), g.extend(Duration::from_secs(600)));
+    let (cut, ()) = tokio::join!(hanging, async {
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert!(g.is_held(), "lost while renewals went through");
+        assert!(s.extends.load(Ordering::SeqCst) >= 10);
+    });
+    assert!(cut.is_err(), "the hanging extend answered");
 }
 
 /// A TTL no acquire could ask for is refused, and a shorter lease than the

@@ -467,11 +467,7 @@ impl SqlBackend {
             backend: "postgres",
             endpoint,
         };
-        // The statements are written for READ COMMITTED, whatever the
-        // database's default isolation.
-        let options = sqlx::postgres::PgConnectOptions::from_str(url)
-            .map_err(|e| err.map(e))?
-            .options([("default_transaction_isolation", "read\\ committed")]);
+        let options = sqlx::postgres::PgConnectOptions::from_str(url).map_err(|e| err.map(e))?;
         use sqlx::postgres::PgSslMode;
         refuse_tls_without_support(
             "postgres",
@@ -487,6 +483,17 @@ impl SqlBackend {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(config.pool_size.unwrap_or(10))
             .acquire_timeout(config.connect_timeout)
+            // The statements are written for READ COMMITTED, whatever the
+            // database's default isolation. A statement, not a startup
+            // parameter: connection poolers such as PgBouncer refuse those.
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query("SET default_transaction_isolation = 'read committed'")
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            })
             .connect_with(options)
             .await
             .map_err(|e| err.map(e))?;

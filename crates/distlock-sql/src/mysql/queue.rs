@@ -203,11 +203,13 @@ impl Queue {
         // Sleeps only while the row is held (`held`), its lease lasts and
         // this connection heads the queue, until the lease ends or the cap
         // (`?`, seconds), whichever is first; the second column says
-        // whether the lease has ended by then (read after the sleep).
+        // whether the lease has ended by then (read after the sleep: UTC
+        // at that moment is the statement's start in UTC plus how long it
+        // has run, whatever the connection's time zone).
         let doze = |held: &str| {
             format!(
                 "SELECT SLEEP(LEAST(?, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1e6 + 0.002)),
-                    expires_at <= SYSDATE(6)
+                    expires_at <= UTC_TIMESTAMP(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) MICROSECOND
                FROM {table}
               WHERE name = ? AND {held} AND expires_at > UTC_TIMESTAMP(6)
                 AND IS_USED_LOCK({q}) = CONNECTION_ID()"
@@ -230,7 +232,7 @@ impl Queue {
                           WHERE p.name = s.name AND p.expires_at > UTC_TIMESTAMP(6))) / 1e6 + 0.002, 0))),
                     (SELECT COUNT(*) FROM {permits} p
                       WHERE p.name = s.name AND p.expires_at > UTC_TIMESTAMP(6)
-                        AND p.expires_at <= SYSDATE(6)) > 0
+                        AND p.expires_at <= UTC_TIMESTAMP(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) MICROSECOND) > 0
                FROM {semaphores} s
               WHERE s.name = ? AND {live} >= s.permits
                 AND IS_USED_LOCK({q}) = CONNECTION_ID()"
