@@ -1030,6 +1030,25 @@ async fn two_clients_one_backend(f: Arc<Etcd>) -> Result<(), Failed> {
         .ok_or("the second client was not elected after the leader resigned")?
         .resign()
         .await?;
+    // A hold an operator removed is lost at its next renewal, and does not
+    // keep the other client out while its guard lives on.
+    let short = Duration::from_secs(3);
+    let held = a.lock(&lock).ttl(short).acquire().await?;
+    EtcdBackend::connect(&f.url()?)
+        .await?
+        .evict(&distlock_core::LockName::new(&lock)?)
+        .await?;
+    tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .map_err(|_| "an evicted hold was not reported lost")?;
+    let g = b
+        .lock(&lock)
+        .ttl(short)
+        .try_acquire()
+        .await?
+        .ok_or("a lost hold's guard kept the other client out")?;
+    g.release().await?;
+    drop(held);
     Ok(())
 }
 

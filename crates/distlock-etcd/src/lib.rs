@@ -729,6 +729,25 @@ impl EtcdBackend {
         {
             return Ok(None);
         }
+        let queued = self.enqueue_claimed(req, session, key, prefix).await;
+        if queued.is_err() {
+            // Whatever it left is a leftover now, which the next request
+            // of the name deletes.
+            self.inner.claims.unclaim(&req.owner);
+        }
+        queued
+    }
+
+    /// [`enqueue`](Self::enqueue) once the key is claimed.
+    async fn enqueue_claimed(
+        &self,
+        req: &LockRequest,
+        session: Arc<Session>,
+        key: String,
+        prefix: String,
+    ) -> Result<Option<Queued>> {
+        let shared = req.kind == HoldKind::Shared;
+        let campaign = req.kind == HoldKind::Leader;
         self.queued().insert(req.owner, session.clone());
         // A lock's key carries its owner and holder info; compares of the
         // value use the same text.
@@ -1230,7 +1249,7 @@ impl Backend for EtcdBackend {
                 .collect::<Vec<_>>()
         }
         .into_iter();
-        Ok(keys
+        let kept: Vec<bool> = keys
             .into_iter()
             .map(|key| {
                 key.is_some_and(|(_, expected, lease)| {
@@ -1243,7 +1262,16 @@ impl Backend for EtcdBackend {
                     })
                 })
             })
-            .collect())
+            .collect();
+        // A hold whose key is gone (evicted, say) is lost, and no release
+        // follows: the name's next request through this backend must not
+        // wait for it.
+        for (r, kept) in reqs.iter().zip(&kept) {
+            if !kept {
+                self.inner.claims.unclaim(&r.owner);
+            }
+        }
+        Ok(kept)
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
