@@ -109,23 +109,10 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
             Err(e) => Err(fail(code_for(&e), e)),
         }
     };
-    // A signal drops the campaign, and with it the client; dropping them
-    // starts the cleanup that `interrupted` waits for.
-    let outcome = tokio::select! {
-        done = wait => Ok(done),
-        sig = signals.recv() => Err(sig),
-    };
-    let (_client, leadership) = match outcome {
-        Ok(Ok(leading)) => leading,
-        Ok(Err(code)) => return code,
-        Err(sig) => {
-            return crate::signals::interrupted(
-                sig,
-                &format!("leadership of election `{name}`"),
-                &mut signals,
-            )
-            .await
-        }
+    let what = format!("leadership of election `{name}`");
+    let (_client, leadership) = match signals.unless_interrupted(&what, wait).await {
+        Ok(leading) => leading,
+        Err(code) => return code,
     };
     run_command(
         Held::Leader(leadership),

@@ -144,18 +144,10 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         let held = acquire(&client, &names, &args).await?;
         Ok((client, held))
     };
-    // A signal drops the wait, and with it the client; dropping them
-    // starts the cleanup that `interrupted` waits for.
-    let outcome = tokio::select! {
-        done = wait => Ok(done),
-        sig = signals.recv() => Err(sig),
-    };
-    let (_client, held) = match outcome {
-        Ok(Ok(taken)) => taken,
-        Ok(Err(code)) => return code,
-        Err(sig) => {
-            return crate::signals::interrupted(sig, &waited_for(&names, &args), &mut signals).await
-        }
+    let what = waited_for(&names, &args);
+    let (_client, held) = match signals.unless_interrupted(&what, wait).await {
+        Ok(taken) => taken,
+        Err(code) => return code,
     };
     run_command(
         held,

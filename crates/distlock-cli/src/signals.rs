@@ -37,6 +37,22 @@ impl Signals {
         }
     }
 
+    /// Runs `wait` (connecting and waiting for `what`) unless a signal
+    /// comes first: then `wait` is dropped, and with it its client, which
+    /// starts the cleanup that [`interrupted`] waits for before the exit
+    /// code it answers.
+    pub(crate) async fn unless_interrupted<T>(
+        &mut self,
+        what: &str,
+        wait: impl std::future::Future<Output = Result<T, ExitCode>>,
+    ) -> Result<T, ExitCode> {
+        let sig = tokio::select! {
+            done = wait => return done,
+            sig = self.recv() => sig,
+        };
+        Err(interrupted(sig, what, self).await)
+    }
+
     /// The next signal caught.
     pub(crate) async fn recv(&mut self) -> Signal {
         tokio::select! {
