@@ -463,6 +463,35 @@ async fn repeatable_read_default(f: Arc<SqlFactory>) -> Result<(), Failed> {
     for w in waiters {
         w.await.map_err(|e| e.to_string())??;
     }
+    // Pools of the user's keep the database's default: a waiter that meets
+    // another on the row may fail, but only with a retryable error.
+    let g = holder.lock("rr/y").acquire().await?;
+    let mut waiters = Vec::new();
+    for _ in 0..6 {
+        let pool = sqlx::PgPool::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let c = LockClient::new(SqlBackend::postgres(pool, SqlConfig::default()).await?);
+        waiters.push(tokio::spawn(async move {
+            let g = c
+                .lock("rr/y")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await?;
+            g.release().await?;
+            Ok::<_, Error>(())
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    g.release().await?;
+    for w in waiters {
+        match w.await.map_err(|e| e.to_string())? {
+            Err(e) if !e.is_retryable() => {
+                return Err(format!("a waiter on a pool of its own failed for good: {e}").into())
+            }
+            _ => {}
+        }
+    }
     Ok(())
 }
 
