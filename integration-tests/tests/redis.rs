@@ -180,6 +180,11 @@ fn main() {
             "redis::an_acquire_sent_again_after_its_answer_was_lost_is_granted",
             move || handle.block_on(sent_again()),
         ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::a_stalled_pubsub_connection_holds_no_wait_past_its_deadline_or_for_ever",
+            move || handle.block_on(stalled_pubsub()),
+        ));
         for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
             // The lock's queue (with readers in it: `fifo::shared::*`), a
             // semaphore's (`fifo::semaphore::*`) and an election's
@@ -982,6 +987,73 @@ async fn sent_again() -> Result<(), Failed> {
     if !matches!(b.try_acquire_all(&others).await?, AllAtOnce::Refused) {
         return Err("another owner's multi-lock was not refused".into());
     }
+    drop(node);
+    Ok(())
+}
+
+/// A waiter's pub/sub connection that the network stops answering without
+/// closing it (and every new one, too) neither keeps a wait past its
+/// deadline nor a wait without one for ever: subscribing, unsubscribing and
+/// opening a connection give up after the client's timeout, and the waiter
+/// re-checks on its timer.
+async fn stalled_pubsub() -> Result<(), Failed> {
+    let node = tokio::task::spawn_blocking(|| server::spawn(&[]))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let proxy = Proxy::start(node.port).map_err(|e| e.to_string())?;
+    let holder =
+        LockClient::new(RedisBackend::connect(&format!("redis://127.0.0.1:{}", node.port)).await?);
+    let proxied = format!("redis://127.0.0.1:{}?timeout_ms=300", proxy.port);
+    let waiter = LockClient::new(RedisBackend::connect(&proxied).await?);
+    // A refused wait opens the waiter's pub/sub connection.
+    let warm = holder.lock("stalled/warm").acquire().await?;
+    let before = proxy.accepted();
+    match waiter
+        .lock("stalled/warm")
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+    {
+        Err(Error::WaitTimeout { .. }) => {}
+        other => return Err(format!("a held lock's wait ended with {other:?}").into()),
+    }
+    let after = proxy.accepted();
+    if after == before {
+        return Err("the refused wait opened no pub/sub connection".into());
+    }
+    for index in before..after {
+        proxy.stall(index);
+    }
+    proxy.set_stall_new(true);
+    let held = holder
+        .lock("stalled/a")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await?;
+    let bound = Duration::from_secs(15);
+    let timed = tokio::time::timeout(
+        bound,
+        waiter
+            .lock("stalled/a")
+            .wait(Duration::from_secs(1))
+            .acquire(),
+    )
+    .await
+    .map_err(|_| format!("a wait of 1 s was still waiting after {bound:?}"))?;
+    if !matches!(timed, Err(Error::WaitTimeout { .. })) {
+        return Err(format!("a wait of 1 s on a held lock ended with {timed:?}").into());
+    }
+    let waiting =
+        tokio::spawn(async move { waiter.lock("stalled/a").wait_forever().acquire().await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    held.release().await?;
+    let got = tokio::time::timeout(bound, waiting)
+        .await
+        .map_err(|_| format!("a wait without a deadline still waited {bound:?} after the release"))?
+        .map_err(|e| e.to_string())??;
+    got.release().await?;
+    warm.release().await?;
     drop(node);
     Ok(())
 }

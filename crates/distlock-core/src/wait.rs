@@ -399,8 +399,10 @@ impl Signals {
 /// [`Wakeups::ready`]); if that was nothing, the first refusal prepares it
 /// (subscribes) and attempts again at once, so an uncontended acquire costs
 /// one attempt and no subscription, and a release between the refusal and
-/// the subscription is not missed. Cancellation-safe: between attempts nothing is held or
-/// queued.
+/// the subscription is not missed. Getting ready to be woken counts against
+/// the deadline like the attempts: a subscription that does not answer ends
+/// the wait there too. Cancellation-safe: between attempts nothing is held
+/// or queued.
 pub async fn wait_for_grant<W, F, Fut>(
     name: &LockName,
     deadline: Option<Instant>,
@@ -414,7 +416,7 @@ where
     Fut: Future<Output = Result<Outcome>>,
 {
     let clock = WaitClock::start(name, deadline);
-    let mut prepared = wakeups.ready().await?;
+    let mut prepared = clock.within(wakeups.ready()).await?;
     let mut armed = wakeups.arm();
     let mut n = 0u32;
     loop {
@@ -429,7 +431,7 @@ where
         let wake = clock.retry_at(Instant::now() + delay)?;
         if armed.is_none() && !prepared {
             prepared = true;
-            wakeups.prepare().await?;
+            clock.within(wakeups.prepare()).await?;
             armed = wakeups.arm();
             if armed.is_some() && matches!(outcome, Outcome::Held(_)) {
                 continue;
@@ -445,7 +447,7 @@ where
         }
         n = n.saturating_add(1);
         if prepared {
-            wakeups.prepare().await?;
+            clock.within(wakeups.prepare()).await?;
         }
         armed = wakeups.arm();
     }
@@ -644,6 +646,40 @@ mod tests {
             || async { Ok(Outcome::Held(None)) },
         )
         .await;
+        assert!(
+            matches!(answer, Err(Error::WaitTimeout { .. })),
+            "{answer:?}"
+        );
+    }
+
+    /// Never gets ready: a subscription whose server does not answer.
+    struct Unanswered;
+
+    impl Wakeups for Unanswered {
+        fn arm(&mut self) -> Option<Wakeup> {
+            None
+        }
+
+        async fn prepare(&mut self) -> Result<()> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_subscription_that_never_answers_ends_at_the_deadline() {
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            wait_for_grant(
+                &name(),
+                Some(deadline),
+                Pace::notified(Duration::from_secs(3600)),
+                &mut Unanswered,
+                || async { Ok(Outcome::Held(None)) },
+            ),
+        )
+        .await
+        .expect("the wait outlived its deadline");
         assert!(
             matches!(answer, Err(Error::WaitTimeout { .. })),
             "{answer:?}"

@@ -90,6 +90,7 @@ impl RedisBackend {
         let conn = Conn::open(&parsed.topology, config.timeout, config.ca_file.as_deref())
             .await
             .map_err(|e| map_err(&endpoint, e))?;
+        let subscriber = Subscriber::new(config.timeout);
         Ok(Self {
             inner: Arc::new(Inner {
                 id: config
@@ -99,7 +100,7 @@ impl RedisBackend {
                 conn,
                 config,
                 endpoint,
-                subscriber: Subscriber::new(),
+                subscriber,
             }),
         })
     }

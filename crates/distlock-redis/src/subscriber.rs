@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use std::future::Future;
+use std::time::Duration;
 
 use distlock_core::wait::{Signal, Signals};
 use futures_util::StreamExt;
@@ -50,6 +51,11 @@ pub(crate) struct Subscriber {
     /// connection that has since died cannot, when dropped, unsubscribe a
     /// waiter that subscribed again on the new one.
     connections: AtomicU64,
+    /// How long opening the connection, a subscription or an unsubscription
+    /// may take before the connection counts as dead: pub/sub replies have
+    /// no timeout of their own, and a connection the network stopped
+    /// answering would otherwise hold every waiter's subscription for ever.
+    timeout: Duration,
 }
 
 struct Live {
@@ -152,13 +158,29 @@ impl Drop for Subscription {
 }
 
 impl Subscriber {
-    pub(crate) fn new() -> Arc<Self> {
+    /// A subscriber whose connection counts as dead when the server takes
+    /// longer than `timeout` to answer it.
+    pub(crate) fn new(timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             live: Mutex::new(None),
             signals: Arc::default(),
             channels: std::sync::atomic::AtomicUsize::new(0),
             connections: AtomicU64::new(0),
+            timeout,
         })
+    }
+
+    /// `request` on the pub/sub connection, or a timeout error once the
+    /// server has taken longer than the subscriber's timeout.
+    async fn in_time<T>(&self, request: impl Future<Output = RedisResult<T>>) -> RedisResult<T> {
+        tokio::time::timeout(self.timeout, request)
+            .await
+            .unwrap_or_else(|_| {
+                Err(redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("pub/sub connection: no answer within {:?}", self.timeout),
+                )))
+            })
     }
 
     /// Subscribes to `channel`; returns once the server has confirmed, so a
@@ -241,12 +263,8 @@ impl Subscriber {
     }
 
     async fn open(&self, conn: &Conn) -> RedisResult<Live> {
-        let (sink, mut stream) = conn
-            .pubsub_client()
-            .await?
-            .get_async_pubsub()
-            .await?
-            .split();
+        let opening = async { conn.pubsub_client().await?.get_async_pubsub().await };
+        let (sink, mut stream) = self.in_time(opening).await?.split();
         let alive = Arc::new(AtomicBool::new(true));
         let (signals, flag) = (self.signals.clone(), alive.clone());
         let task = tokio::spawn(async move {
@@ -304,8 +322,9 @@ impl Subscriber {
     async fn subscribe(self: &Arc<Self>, l: &mut Live, channel: &str) -> RedisResult<Subscription> {
         let n = l.counts.entry(channel.to_string()).or_insert(0);
         if *n == 0 {
-            if let Err(e) = l.sink.subscribe(channel).await {
+            if let Err(e) = self.in_time(l.sink.subscribe(channel)).await {
                 l.counts.remove(channel);
+                self.abandon(l);
                 return Err(e);
             }
             self.channels.fetch_add(1, Ordering::Relaxed);
@@ -335,7 +354,19 @@ impl Subscriber {
         if last {
             l.counts.remove(channel);
             self.channels.fetch_sub(1, Ordering::Relaxed);
-            let _ = l.sink.unsubscribe(channel).await;
+            if self.in_time(l.sink.unsubscribe(channel)).await.is_err() {
+                self.abandon(l);
+            }
         }
+    }
+
+    /// Gives up on a connection that did not answer a subscription change
+    /// in time (the network may have stopped passing its bytes without
+    /// closing it): its waiters wake to re-check and subscribe again, on a
+    /// new connection.
+    fn abandon(&self, l: &mut Live) {
+        l.alive.store(false, Ordering::Release);
+        l.task.abort();
+        self.signals.wake_everyone();
     }
 }

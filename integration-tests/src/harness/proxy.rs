@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::HarnessError;
@@ -19,6 +19,10 @@ pub struct Proxy {
     reply_delay_ms: Arc<AtomicU64>,
     epoch: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    /// Whether connections accepted from now on start stalled.
+    stall_new: Arc<AtomicBool>,
+    /// Per connection in the order accepted, whether it is stalled.
+    stalled: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
 }
 
 impl Proxy {
@@ -35,6 +39,8 @@ impl Proxy {
         let reply_delay_ms = Arc::new(AtomicU64::new(0));
         let epoch = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
+        let stall_new = Arc::new(AtomicBool::new(false));
+        let stalled: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
         let (bh, dr, ep, st, rd) = (
             blackhole.clone(),
             drop_replies.clone(),
@@ -42,6 +48,7 @@ impl Proxy {
             stop.clone(),
             reply_delay_ms.clone(),
         );
+        let (sn, stalls) = (stall_new.clone(), stalled.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 if st.load(Ordering::Acquire) {
@@ -52,6 +59,10 @@ impl Proxy {
                     continue;
                 };
                 let born = ep.load(Ordering::Acquire);
+                let stall = Arc::new(AtomicBool::new(sn.load(Ordering::Acquire)));
+                if let Ok(mut all) = stalls.lock() {
+                    all.push(stall.clone());
+                }
                 let no_delay = Arc::new(AtomicU64::new(0));
                 let directions = [
                     (client.try_clone(), server.try_clone(), bh.clone(), no_delay),
@@ -59,9 +70,10 @@ impl Proxy {
                 ];
                 for (from, to, drop_flag, delay) in directions {
                     if let (Ok(from), Ok(to)) = (from, to) {
-                        let (bh, st, ep) = (bh.clone(), st.clone(), ep.clone());
+                        let (bh, st, ep, stall) =
+                            (bh.clone(), st.clone(), ep.clone(), stall.clone());
                         std::thread::spawn(move || {
-                            pump(from, to, &[&bh, &drop_flag], &delay, &st, &ep, born)
+                            pump(from, to, &[&bh, &drop_flag, &stall], &delay, &st, &ep, born)
                         });
                     }
                 }
@@ -74,7 +86,34 @@ impl Proxy {
             reply_delay_ms,
             epoch,
             stop,
+            stall_new,
+            stalled,
         })
+    }
+
+    /// How many connections the proxy has accepted.
+    pub fn accepted(&self) -> usize {
+        self.stalled.lock().map_or(0, |all| all.len())
+    }
+
+    /// Stalls the connection accepted `index`-th (from 0): it stays open but
+    /// its bytes are dropped both ways, the others pass, as when the network
+    /// stops answering one connection without closing it.
+    pub fn stall(&self, index: usize) {
+        if let Some(c) = self
+            .stalled
+            .lock()
+            .ok()
+            .and_then(|all| all.get(index).cloned())
+        {
+            c.store(true, Ordering::Release);
+        }
+    }
+
+    /// While on, connections accepted are stalled from their first byte;
+    /// those accepted before pass.
+    pub fn set_stall_new(&self, on: bool) {
+        self.stall_new.store(on, Ordering::Release);
     }
 
     /// While on, bytes from the server to the client are dropped: requests
