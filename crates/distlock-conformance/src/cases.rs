@@ -36,6 +36,7 @@ cases![
     local_waiters_coalesce_to_one_backend_request,
     invalid_names_and_ttls_give_typed_errors,
     inspect_reports_the_holder,
+    a_guard_dropped_outside_a_runtime_is_released,
 ];
 
 pub(crate) async fn client(f: &dyn BackendFactory) -> Result<LockClient, Failed> {
@@ -193,6 +194,35 @@ async fn held_and_rivals<const N: usize>(
         .try_into()
         .map_err(|_| Failed::from("made the wrong number of rivals"))?;
     Ok((lock, g, rivals))
+}
+
+/// A guard dropped where no runtime runs (a synchronous caller's thread,
+/// after `block_on` returned) releases its lock on the runtime it was
+/// acquired on: another client is granted it long before its TTL ends.
+pub async fn a_guard_dropped_outside_a_runtime_is_released(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let (lock, g, [b]) = held_and_rivals(f, &ns, "dropped-outside").await?;
+    std::thread::spawn(move || drop(g))
+        .join()
+        .map_err(|_| Failed::from("dropping the guard on a plain thread panicked"))?;
+    let next = b
+        .lock(&lock)
+        .ttl(LONG_TTL)
+        .wait(BOUND)
+        .acquire()
+        .await
+        .map_err(|e| {
+            format!(
+            "the lock was not free {BOUND:?} after its guard was dropped outside a runtime: {e}"
+        )
+        })?;
+    ensure!(
+        next.release().await?,
+        "the next holder's grant was not its own"
+    );
+    Ok(Completion::Completed)
 }
 
 /// A bounded wait on a held lock ends with `WaitTimeout`, no sooner than

@@ -566,12 +566,15 @@ pub(crate) enum Mode {
 /// drops the acquire future mid-flight and an acquire whose reply was lost.
 pub(crate) struct ReleaseIfDropped {
     armed: Option<(DynBackend, Vec<LockRequest>)>,
+    /// The runtime the acquire runs on, for a future dropped outside it.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl ReleaseIfDropped {
     pub(crate) fn arm(backend: DynBackend, reqs: Vec<LockRequest>) -> Self {
         Self {
             armed: Some((backend, reqs)),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
@@ -585,7 +588,11 @@ impl Drop for ReleaseIfDropped {
         let Some((backend, reqs)) = self.armed.take() else {
             return;
         };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        let runtime = self
+            .runtime
+            .take()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        let Some(rt) = runtime else {
             tracing::warn!(locks = reqs.len(), "no runtime to clean up a cancelled acquire; the leases will expire after their TTL");
             return;
         };

@@ -221,16 +221,21 @@ impl Drop for Unfinished {
     }
 }
 
-/// Releases `hold` in a task of its own; outside a runtime, ends it here
-/// and leaves its lease to expire.
+/// Releases `hold` in a task of its own, on the runtime it was acquired on
+/// (or the current one); with neither, ends it here and leaves its lease to
+/// expire. A runtime shut down since runs nothing: the lease expires too.
 fn finish_detached(hold: Arc<Hold>) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
+    let runtime = hold
+        .runtime
+        .clone()
+        .or_else(|| tokio::runtime::Handle::try_current().ok());
+    match runtime {
+        Some(rt) => {
             rt.spawn(async move {
                 let _ = hold.finish().await;
             });
         }
-        Err(_) => {
+        None => {
             tracing::warn!(lock = %hold.lease.req.name, "guard dropped outside a runtime; the lease will expire after its TTL");
             hold.finish_local();
         }

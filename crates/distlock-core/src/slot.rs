@@ -121,6 +121,9 @@ pub(crate) struct Hold {
     pub(crate) lease: Arc<Lease>,
     pub(crate) holder: Option<String>,
     nested: Mutex<usize>,
+    /// The runtime it was acquired on: a guard dropped where none runs (a
+    /// synchronous caller after `block_on` returned) releases there.
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
     // Last: dropped after the lease, so the slot outlives its holds.
     _slot: SlotRef,
 }
@@ -172,6 +175,7 @@ impl Hold {
             lease,
             holder,
             nested: Mutex::new(1),
+            runtime: tokio::runtime::Handle::try_current().ok(),
             _slot: slot,
         });
         hold._slot.slot.add(&hold);
@@ -235,7 +239,7 @@ impl Hold {
         result
     }
 
-    /// Ends the hold on this side only (no runtime to release in).
+    /// Ends the hold on this side only (no live runtime to release in).
     pub(crate) fn finish_local(&self) {
         self.keeper.stop(&self.lease);
         self.lease.end();
