@@ -236,6 +236,11 @@ fn main() {
                 ),
                 trial(
                     rt,
+                    "postgres::clients_spelling_the_table_in_different_cases_wake_each_other",
+                    notified_across_spellings(f.clone()),
+                ),
+                trial(
+                    rt,
                     "postgres::listens_only_while_a_task_waits",
                     listens_only_while_waiting(f.clone()),
                 ),
@@ -689,6 +694,44 @@ async fn notified(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
         "waiter not woken by NOTIFY",
     )
     .await
+}
+
+/// Clients that spell the table's name in different cases use one table
+/// (PostgreSQL folds unquoted names to lower case) and one notification
+/// channel: each is woken by the other's release.
+async fn notified_across_spellings(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let (upper, lower) = ("Mixed_Case_Locks", "mixed_case_locks");
+    for (holder_table, waiter_table, lock, not_woken) in [
+        (
+            upper,
+            lower,
+            "notified/spelled-a",
+            "a waiter spelling the table in lower case not woken",
+        ),
+        (
+            lower,
+            upper,
+            "notified/spelled-b",
+            "a waiter spelling the table in mixed case not woken",
+        ),
+    ] {
+        let mut config = SqlConfig::default().with_table(waiter_table);
+        config.notify_fallback = Duration::from_secs(60);
+        let waiter = LockClient::new(f.connect(config).await?);
+        let holder = LockClient::new(
+            f.connect(SqlConfig::default().with_table(holder_table))
+                .await?,
+        );
+        sql_support::release_wakes_the_waiter(
+            holder,
+            waiter,
+            lock,
+            Duration::from_millis(500),
+            not_woken,
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// A writer behind readers is woken by NOTIFY when the last reader

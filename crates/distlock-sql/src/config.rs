@@ -11,7 +11,7 @@ use distlock_core::{Error, InputKind, Result};
 ///
 /// | parameter | meaning | default |
 /// |---|---|---|
-/// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, at most 54 characters); semaphores live in `<table>_sems` and `<table>_permits`, shared holds in `<table>_shared` and `<table>_writers` | `distlock_locks` |
+/// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, at most 54 characters; PostgreSQL folds it to lower case, as it does every unquoted name, and so do the notification channels named after it); semaphores live in `<table>_sems` and `<table>_permits`, shared holds in `<table>_shared` and `<table>_writers` | `distlock_locks` |
 /// | `pool_size` | connections in the pool the backend builds (PostgreSQL: at least 2, 3 with `fifo`, as waiters listen on one) | 10 (SQLite: 4) |
 /// | `observe_recheck_ms` | PostgreSQL: an election's observer reads the leader at least this often, besides each notification and each lease end | 1000 |
 /// | `fifo` | PostgreSQL: `true` queues waiting exclusive requests, readers, campaigns and semaphore waiters in the table `<table>_queue` and grants them in arrival order, a release, resignation or eviction notifying only the queue's head (a freed permit, only the waiter it is for) (an uncontended acquire then costs more: +0.28 on the uncontended ratio, docs/benchmarks.md). MySQL/MariaDB: `true` queues them inside the server, each waiter on a connection of its own blocked in `GET_LOCK`, and a release wakes only the queue's head, with `KILL QUERY` (the crate docs say what that needs). `false`: PostgreSQL's release notifies every waiter and MySQL's waiters poll; the first to ask wins | `false` |

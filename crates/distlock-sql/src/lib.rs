@@ -501,9 +501,14 @@ impl SqlBackend {
     }
 
     /// Uses a PostgreSQL pool you already have.
-    pub async fn postgres(pool: sqlx::PgPool, config: SqlConfig) -> Result<Self> {
+    pub async fn postgres(pool: sqlx::PgPool, mut config: SqlConfig) -> Result<Self> {
         config::validate_table(&config.table)?;
         config.validate()?;
+        // PostgreSQL folds the unquoted table names to lower case, and the
+        // notification channels named after them must fold the same way, or
+        // clients that spell one table differently miss each other's
+        // wake-ups.
+        config.table.make_ascii_lowercase();
         // Waiters listen on a connection of the pool, held while they wait
         // (with `fifo`, observers on another): the statements need one more.
         let needed = if config.fifo { 3 } else { 2 };
