@@ -95,7 +95,7 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
         w.warmup = args.duration;
         w.cooldown = Duration::ZERO;
     }
-    eprintln!(
+    crate::output::note(format_args!(
         "distlock check: {} clients on {} for {}{}",
         args.clients,
         distlock::redact(&args.backend),
@@ -105,7 +105,7 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
         } else {
             ""
         }
-    );
+    ));
     let pause_holder = args.pause_holder;
     let report = distlock_check::run(&w, |faults| async move {
         if pause_holder {

@@ -119,7 +119,7 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Prints a one-line error and gives its exit code.
 pub(crate) fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("distlock: {msg}");
+    output::note(format_args!("distlock: {msg}"));
     ExitCode::from(code)
 }
 

@@ -1,6 +1,7 @@
 //! Standard output, written by every command through one function so that
 //! a reader that goes away (`distlock list | head -1`) ends the command
-//! quietly instead of panicking as `println!` does.
+//! quietly instead of panicking as `println!` does; standard error likewise,
+//! where a message that cannot be written is dropped.
 
 use std::fmt::Display;
 use std::io::Write;
@@ -24,4 +25,10 @@ pub(crate) fn line(text: impl Display) -> Result<(), ExitCode> {
             std::io::ErrorKind::BrokenPipe => ExitCode::from(EXIT_PIPE_CLOSED),
             _ => fail(1, format!("cannot write to standard output: {e}")),
         })
+}
+
+/// Writes `text` and a newline to standard error. A message nobody can read
+/// any more is dropped: the exit code still tells what happened.
+pub(crate) fn note(text: impl Display) {
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
 }

@@ -1486,6 +1486,31 @@ fn a_closed_stdout_ends_each_printing_command_with_141() {
     holder.wait().unwrap();
 }
 
+/// A reader of standard error that went away (`distlock … 2>&1 | head -0`)
+/// changes no exit code: the message is dropped, not a panic.
+#[test]
+fn a_closed_stderr_keeps_each_errors_exit_code() {
+    let b = sqlite("stderr");
+    type Run<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)]);
+    let runs: [Run<'_>; 3] = [
+        (&["status", "x", "--backend", "nosuch://x"], &[]),
+        (
+            &["status", "x", "--backend", &b],
+            &[("DISTLOCK_PASSWORD", "pw")],
+        ),
+        (&["run", "--limit", "0", "x", "--", "true"], &[]),
+    ];
+    for (args, env) in runs {
+        let out = bin()
+            .args(args)
+            .envs(env.iter().copied())
+            .stderr(closed_pipe())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
+}
+
 /// Waits up to `limit` for `child` to exit.
 fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let start = Instant::now();
