@@ -119,6 +119,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::permit_acquires_cancelled_on_a_slow_member_leave_no_key",
+                cancelled_on_a_slow_member(),
+            ),
+            trial(
+                rt,
                 "etcd::woken_waiter_whose_key_vanished_does_not_claim_the_lock",
                 vanished_waiter(etcd.clone()),
             ),
@@ -356,6 +361,77 @@ async fn leader_killed() -> Result<(), Failed> {
         server::leader,
     )
     .await
+}
+
+/// On a 3-member cluster whose third member is reached over a slow link,
+/// permit acquires cancelled while their first transaction is on its way
+/// leave no key behind: the cleanup's delete, which may go to a fast member,
+/// waits for that transaction instead of landing before it.
+async fn cancelled_on_a_slow_member() -> Result<(), Failed> {
+    use integration_tests::harness::proxy::Proxy;
+    let members = tokio::task::spawn_blocking(|| server::cluster(3))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let slow = Proxy::start(members[2].port).map_err(|e| e.to_string())?;
+    slow.set_request_delay(Duration::from_millis(300));
+    let url = format!(
+        "etcd://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+        members[0].port, members[1].port, slow.port
+    );
+    let direct = format!("etcd://127.0.0.1:{}", members[0].port);
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    let checker = LockClient::new(EtcdBackend::connect(&direct).await?);
+    let ns = integration_tests::namespace();
+    let names: Vec<String> = (0..40).map(|i| format!("{ns}/slow-{i}")).collect();
+    let mut cancelled = 0;
+    for sem in &names {
+        let acquire = client
+            .semaphore(sem, 2)
+            .ttl(Duration::from_secs(20))
+            .acquire();
+        match tokio::time::timeout(Duration::from_millis(40), acquire).await {
+            Ok(granted) => {
+                granted?.release().await?;
+            }
+            Err(_) => cancelled += 1,
+        }
+    }
+    if cancelled == 0 {
+        return Err("no acquire went through the slow member; the case shows nothing".into());
+    }
+    // Every delayed request has landed by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut leaked = Vec::new();
+    for sem in &names {
+        let mut taken = Vec::new();
+        while taken.len() < 2 {
+            match checker
+                .semaphore(sem, 2)
+                .ttl(Duration::from_secs(20))
+                .try_acquire()
+                .await?
+            {
+                Some(g) => taken.push(g),
+                None => break,
+            }
+        }
+        if taken.len() < 2 {
+            leaked.push(sem.clone());
+        }
+        for g in taken {
+            g.release().await?;
+        }
+    }
+    if !leaked.is_empty() {
+        return Err(format!(
+            "{} of {cancelled} cancelled acquires left a permit key taking a place: {leaked:?}",
+            leaked.len()
+        )
+        .into());
+    }
+    drop(members);
+    Ok(())
 }
 
 /// The server is paused longer than the lease: the holder must see lost()

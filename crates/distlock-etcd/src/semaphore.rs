@@ -344,9 +344,13 @@ impl EtcdBackend {
         })
     }
 
-    /// The acquire: one transaction. Sets `c.my_rev`.
+    /// The acquire: one transaction, which creates my key, sent to
+    /// completion even if the caller stops waiting (a delete of the key
+    /// waits for it: [`Self::delete_permit`]). Sets `c.my_rev`.
     async fn join(&self, c: &mut Contender<'_>) -> Result<Joined> {
-        let resp = self.txn(c.join_txn()).await?;
+        let resp = self
+            .creating_txn([c.req.name.as_str()], c.join_txn())
+            .await?;
         let revision = resp.header().map_or(0, |h| h.revision());
         let ops = resp.op_responses();
         let ops = if resp.succeeded() {
@@ -486,8 +490,11 @@ impl EtcdBackend {
         self.txn(txn).await.map(|_| ())
     }
 
-    /// Deletes `req`'s permit key; whether it held a permit.
+    /// Deletes `req`'s permit key; whether it held a permit. Waits first
+    /// for a join of the semaphore still in flight, so that a key it creates
+    /// cannot land after the delete and stay on the live lease.
     async fn delete_permit(&self, req: &LockRequest) -> Result<bool> {
+        self.creates_settled(&req.name).await;
         let key = permit_key(&req.name, &req.owner);
         let resp = self
             .kv(|mut c| {

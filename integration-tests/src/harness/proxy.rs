@@ -17,6 +17,7 @@ pub struct Proxy {
     blackhole: Arc<AtomicBool>,
     drop_replies: Arc<AtomicBool>,
     reply_delay_ms: Arc<AtomicU64>,
+    request_delay_ms: Arc<AtomicU64>,
     epoch: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     /// Whether connections accepted from now on start stalled.
@@ -37,6 +38,7 @@ impl Proxy {
         let blackhole = Arc::new(AtomicBool::new(false));
         let drop_replies = Arc::new(AtomicBool::new(false));
         let reply_delay_ms = Arc::new(AtomicU64::new(0));
+        let request_delay_ms = Arc::new(AtomicU64::new(0));
         let epoch = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let stall_new = Arc::new(AtomicBool::new(false));
@@ -48,7 +50,7 @@ impl Proxy {
             stop.clone(),
             reply_delay_ms.clone(),
         );
-        let (sn, stalls) = (stall_new.clone(), stalled.clone());
+        let (sn, stalls, qd) = (stall_new.clone(), stalled.clone(), request_delay_ms.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 if st.load(Ordering::Acquire) {
@@ -63,9 +65,13 @@ impl Proxy {
                 if let Ok(mut all) = stalls.lock() {
                     all.push(stall.clone());
                 }
-                let no_delay = Arc::new(AtomicU64::new(0));
                 let directions = [
-                    (client.try_clone(), server.try_clone(), bh.clone(), no_delay),
+                    (
+                        client.try_clone(),
+                        server.try_clone(),
+                        bh.clone(),
+                        qd.clone(),
+                    ),
                     (Ok(server), Ok(client), dr.clone(), rd.clone()),
                 ];
                 for (from, to, drop_flag, delay) in directions {
@@ -84,6 +90,7 @@ impl Proxy {
             blackhole,
             drop_replies,
             reply_delay_ms,
+            request_delay_ms,
             epoch,
             stop,
             stall_new,
@@ -126,6 +133,14 @@ impl Proxy {
     /// reply still held when [`Proxy::sever`] is called is never delivered.
     pub fn set_reply_delay(&self, delay: Duration) {
         self.reply_delay_ms
+            .store(delay.as_millis() as u64, Ordering::Release);
+    }
+
+    /// Holds every request for `delay` before passing it on (zero: none),
+    /// as a slow link to one server does: a request sent through it can
+    /// reach the server after a later one sent to another.
+    pub fn set_request_delay(&self, delay: Duration) {
+        self.request_delay_ms
             .store(delay.as_millis() as u64, Ordering::Release);
     }
 
