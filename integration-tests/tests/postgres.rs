@@ -236,6 +236,11 @@ fn main() {
                 ),
                 trial(
                     rt,
+                    "postgres::a_renewal_whose_reply_is_lost_holds_up_no_later_hold",
+                    unanswered_renewal(),
+                ),
+                trial(
+                    rt,
                     "postgres::clients_spelling_the_table_in_different_cases_wake_each_other",
                     notified_across_spellings(f.clone()),
                 ),
@@ -1504,6 +1509,36 @@ async fn fifo_server() -> Result<(integration_tests::harness::ServerProcess, Str
         .map_err(|e| e.to_string())?;
     let url = ServerKind::Postgres.url("127.0.0.1", process.port);
     Ok((process, url))
+}
+
+/// A renewal whose reply the network loses waits for ever in the database
+/// client (it has no read timeout); it is given up at its hold's deadline,
+/// so the renewals of a hold taken after it go out and keep that hold.
+async fn unanswered_renewal() -> Result<(), Failed> {
+    let (server, _) = fifo_server().await?;
+    let proxy =
+        integration_tests::harness::proxy::Proxy::start(server.port).map_err(|e| e.to_string())?;
+    let proxied = ServerKind::Postgres.url("127.0.0.1", proxy.port);
+    let client = LockClient::new(SqlBackend::connect(&proxied).await?);
+    let ttl = Duration::from_secs(3);
+    let first = client.lock("unanswered/a").ttl(ttl).acquire().await?;
+    // Its first renewal goes out a third of the TTL after the grant, or a
+    // little earlier (renewals share a grid): lose that reply.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.set_drop_replies(true);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    proxy.set_drop_replies(false);
+    let later = client.lock("unanswered/b").ttl(ttl).acquire().await?;
+    tokio::time::sleep(ttl * 3).await;
+    if first.is_held() {
+        return Err("the hold whose renewal reply was lost is still held".into());
+    }
+    if !later.is_held() {
+        return Err("a hold taken after an unanswered renewal was lost".into());
+    }
+    later.release().await?;
+    drop(server);
+    Ok(())
 }
 
 /// One value from `psql` at `url`.

@@ -9,6 +9,13 @@
 //! per renewal period instead of M. Each answer goes back to the keeper
 //! through the callback it gave the renewer, so the renewer knows only
 //! leases and the backend.
+//!
+//! A renewal waits for its answer only until its lease's deadline (a
+//! batch's, the earliest among its leases): past it the answer is worth
+//! nothing, and a request the server never answers (its reply lost on a
+//! connection the network stopped serving) must not hold up the renewals
+//! queued behind it. Cut off, it counts as failed, and the leases still held
+//! renew again.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -65,8 +72,11 @@ impl Renewer {
                 let req = lease.req.with_ttl(ttl);
                 let span =
                     tracing::debug_span!("distlock.renew", lock = %req.name, token = %lease.token);
-                let answer = backend.extend(&req).instrument(span).await;
-                answered(lease, sent, ttl, answer.map_err(|e| e.to_string()));
+                let extend = backend.extend(&req).instrument(span);
+                let answer = until_deadline([&lease], extend)
+                    .await
+                    .and_then(|a| a.map_err(|e| e.to_string()));
+                answered(lease, sent, ttl, answer);
             });
             return;
         }
@@ -120,14 +130,16 @@ async fn run(
         }
         let reqs: Vec<LockRequest> = batch.iter().map(|p| p.lease.req.with_ttl(p.ttl)).collect();
         let span = tracing::debug_span!("distlock.renew_batch", size = reqs.len());
-        let answers = match backend.extend_many(&reqs).instrument(span).await {
-            Ok(answers) if answers.len() == reqs.len() => Ok(answers),
-            Ok(answers) => Err(format!(
+        let extend = backend.extend_many(&reqs).instrument(span);
+        let answers = match until_deadline(batch.iter().map(|p| &p.lease), extend).await {
+            Ok(Ok(answers)) if answers.len() == reqs.len() => Ok(answers),
+            Ok(Ok(answers)) => Err(format!(
                 "the backend answered {} renewals for {} requests",
                 answers.len(),
                 reqs.len()
             )),
-            Err(e) => Err(e.to_string()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e),
         };
         for (i, p) in batch.drain(..).enumerate() {
             let answer = match &answers {
@@ -136,6 +148,20 @@ async fn run(
             };
             answered(p.lease, p.sent, p.ttl, answer);
         }
+    }
+}
+
+/// `renewal`'s answer, or an error once the earliest deadline among
+/// `leases` has passed without one.
+async fn until_deadline<'a, T>(
+    leases: impl IntoIterator<Item = &'a Arc<Lease>>,
+    renewal: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
+    match leases.into_iter().filter_map(|l| l.deadline()).min() {
+        Some(deadline) => tokio::time::timeout_at(deadline, renewal)
+            .await
+            .map_err(|_| "the renewal request had not answered by the lease's deadline".into()),
+        None => Ok(renewal.await),
     }
 }
 

@@ -391,6 +391,8 @@ struct Batching {
     batches: AtomicUsize,
     renewed: AtomicUsize,
     largest: AtomicUsize,
+    /// Batches renewing a name under `hung/` never answer.
+    hang: AtomicBool,
 }
 
 const BATCH: usize = 64;
@@ -412,6 +414,11 @@ impl Backend for Batching {
         self.largest.fetch_max(reqs.len(), Ordering::SeqCst);
         if self.fail.load(Ordering::SeqCst) {
             return Err(Error::unavailable("batching", "server unreachable", None));
+        }
+        if self.hang.load(Ordering::SeqCst)
+            && reqs.iter().any(|r| r.name.as_str().starts_with("hung/"))
+        {
+            std::future::pending::<()>().await;
         }
         self.inner.extend_many(reqs).await
     }
@@ -436,6 +443,31 @@ async fn hold_many(
         tokio::time::sleep(spread / n as u32).await;
     }
     Ok(guards)
+}
+
+/// A batch whose request never answers holds up no renewal queued behind
+/// it: it is given up at its lease's deadline (that hold is lost), and the
+/// other holds renew.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_never_answers_holds_up_no_other_hold() {
+    let b = Arc::new(Batching::default());
+    let client = LockClient::from_dyn(b.clone());
+    let ttl = Duration::from_secs(3);
+    let hung = client.lock("hung/a").ttl(ttl).acquire().await.unwrap();
+    b.hang.store(true, Ordering::SeqCst);
+    // The hung hold's first renewal is out and unanswered by now.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let other = client.lock("other/b").ttl(ttl).acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        !hung.is_held(),
+        "a hold whose renewals never answer is held"
+    );
+    assert!(
+        other.is_held(),
+        "a hold lost its lease behind another hold's unanswered renewal"
+    );
+    other.release().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
