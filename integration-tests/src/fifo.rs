@@ -416,6 +416,25 @@ pub async fn a_cancelled_or_timed_out_waiter_leaves_no_entry(
     if left != 0 {
         return Err(format!("a timed-out waiter left {left} queue entries").into());
     }
+    // A wait polled on the runtime and dropped where none runs (a
+    // synchronous caller that gave up on it) leaves on the runtime it ran on.
+    let dropped = connect(url.to_string()).await?;
+    let mut wait = Box::pin(what.take(&dropped, Duration::from_secs(120)));
+    tokio::select! {
+        answer = &mut wait => {
+            return Err(format!("a wait behind a holder answered {answer:?}").into())
+        }
+        queueing = until("a waiter queueing", Duration::from_secs(20), || Ok(queued()? == 1)) => queueing?,
+    }
+    std::thread::scope(|s| {
+        s.spawn(move || drop(wait));
+    });
+    until(
+        "the entry of a wait dropped outside a runtime going",
+        lease / 4,
+        || Ok(queued()? == 0),
+    )
+    .await?;
     let first = queue_up(connect(url.to_string()).await?, &what, 1, &queued).await?;
     let waiting = queue_up(connect(url.to_string()).await?, &what, 2, &queued).await?;
     first.abort();

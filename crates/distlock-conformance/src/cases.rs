@@ -37,6 +37,7 @@ cases![
     invalid_names_and_ttls_give_typed_errors,
     inspect_reports_the_holder,
     a_guard_dropped_outside_a_runtime_is_released,
+    a_wait_dropped_outside_a_runtime_leaves_no_trace,
 ];
 
 pub(crate) async fn client(f: &dyn BackendFactory) -> Result<LockClient, Failed> {
@@ -222,6 +223,27 @@ pub async fn a_guard_dropped_outside_a_runtime_is_released(
         next.release().await?,
         "the next holder's grant was not its own"
     );
+    Ok(Completion::Completed)
+}
+
+/// A waiting acquire polled on the runtime and then dropped where no
+/// runtime runs (a synchronous caller that gave up on it after `block_on`
+/// returned) cleans up on the runtime it ran on: dropping it does not
+/// panic, and it leaves nothing that keeps the lock from the others.
+pub async fn a_wait_dropped_outside_a_runtime_leaves_no_trace(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let (lock, g, [b, c]) = held_and_rivals(f, &ns, "wait-dropped-outside").await?;
+    let mut wait = Box::pin(b.lock(&lock).ttl(LONG_TTL).acquire());
+    let waited = tokio::time::timeout(Duration::from_millis(400), &mut wait).await;
+    ensure!(waited.is_err(), "waiter got a held lock");
+    std::thread::spawn(move || drop(wait))
+        .join()
+        .map_err(|_| Failed::from("dropping a waiting acquire on a plain thread panicked"))?;
+    g.release().await?;
+    takes_in_turn(&c, &lock).await?;
+    takes_in_turn(&b, &lock).await?;
     Ok(Completion::Completed)
 }
 

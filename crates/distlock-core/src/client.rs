@@ -567,14 +567,14 @@ pub(crate) enum Mode {
 pub(crate) struct ReleaseIfDropped {
     armed: Option<(DynBackend, Vec<LockRequest>)>,
     /// The runtime the acquire runs on, for a future dropped outside it.
-    runtime: Option<tokio::runtime::Handle>,
+    runtime: crate::completion::Spawner,
 }
 
 impl ReleaseIfDropped {
     pub(crate) fn arm(backend: DynBackend, reqs: Vec<LockRequest>) -> Self {
         Self {
             armed: Some((backend, reqs)),
-            runtime: tokio::runtime::Handle::try_current().ok(),
+            runtime: crate::completion::Spawner::here(),
         }
     }
 
@@ -588,19 +588,15 @@ impl Drop for ReleaseIfDropped {
         let Some((backend, reqs)) = self.armed.take() else {
             return;
         };
-        let runtime = self
-            .runtime
-            .take()
-            .or_else(|| tokio::runtime::Handle::try_current().ok());
-        let Some(rt) = runtime else {
-            tracing::warn!(locks = reqs.len(), "no runtime to clean up a cancelled acquire; the leases will expire after their TTL");
-            return;
-        };
-        rt.spawn(async move {
+        let n = reqs.len();
+        let spawned = self.runtime.spawn(async move {
             for req in reqs {
                 release_until_answered(&backend, &req).await;
             }
         });
+        if !spawned {
+            tracing::warn!(locks = n, "no runtime to clean up a cancelled acquire; the leases will expire after their TTL");
+        }
     }
 }
 

@@ -8,6 +8,11 @@
 //! nobody holds). Spawning a task for every request instead would cost each
 //! one a hop to another worker thread and back: tens of microseconds on an
 //! idle machine, a tenth of a SQLite acquire.
+//!
+//! [`Spawner`] keeps the runtime a value was made on, for the work its drop
+//! leaves behind (a release, leaving a queue): a value dropped where no
+//! runtime runs, by a synchronous caller after `block_on` returned, still
+//! gets that work done.
 
 use std::fmt;
 use std::future::Future;
@@ -17,11 +22,43 @@ use std::task::{Context, Poll};
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 type Orphaned<T> = Box<dyn FnOnce(T) -> BoxFuture<()> + Send + 'static>;
 
+/// The runtime a value was made on, kept for the work its drop leaves
+/// behind.
+#[derive(Clone, Debug, Default)]
+pub struct Spawner(Option<tokio::runtime::Handle>);
+
+impl Spawner {
+    /// The runtime the caller runs on, if any.
+    pub fn here() -> Self {
+        Self(tokio::runtime::Handle::try_current().ok())
+    }
+
+    /// Runs `work` in a task on the kept runtime, or else on the current
+    /// one; `false` when there is neither and `work` is dropped. A runtime
+    /// shut down since runs nothing.
+    pub fn spawn<F>(&self, work: F) -> bool
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        match self
+            .0
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+        {
+            Some(rt) => {
+                rt.spawn(work);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// `work`, polled by whoever awaits the returned future; if that future is
 /// dropped before `work` finishes (a timeout, a cancelled task), the rest
-/// of `work` runs in a task spawned on the current Tokio runtime and its
-/// answer is passed to `orphaned`. Outside a runtime (nothing can run the
-/// rest) the work is dropped with it.
+/// of `work` runs in a task spawned on the runtime the future was made on
+/// (see [`Spawner`]) and its answer is passed to `orphaned`. With no runtime
+/// to run the rest, the work is dropped with it.
 pub fn to_completion<T, W, O, OF>(work: W, orphaned: O) -> ToCompletion<T>
 where
     T: Send + 'static,
@@ -32,6 +69,7 @@ where
     ToCompletion {
         work: Some(Box::pin(work)),
         orphaned: Some(Box::new(move |t| Box::pin(orphaned(t)))),
+        spawner: Spawner::here(),
     }
 }
 
@@ -40,6 +78,7 @@ where
 pub struct ToCompletion<T: Send + 'static> {
     work: Option<BoxFuture<T>>,
     orphaned: Option<Orphaned<T>>,
+    spawner: Spawner,
 }
 
 impl<T: Send + 'static> fmt::Debug for ToCompletion<T> {
@@ -70,9 +109,8 @@ impl<T: Send + 'static> Drop for ToCompletion<T> {
         let (Some(work), Some(orphaned)) = (self.work.take(), self.orphaned.take()) else {
             return;
         };
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { orphaned(work.await).await });
-        }
+        self.spawner
+            .spawn(async move { orphaned(work.await).await });
     }
 }
 
@@ -82,6 +120,36 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
     use tokio::sync::{oneshot, Notify};
+
+    #[test]
+    fn a_request_dropped_outside_a_runtime_finishes_on_the_one_it_began_on() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (go, wait) = oneshot::channel::<u32>();
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        let entered = rt.enter();
+        let mut request = Box::pin(to_completion(
+            async move { wait.await.unwrap_or(0) },
+            move |t| async move {
+                let _ = tx.send(t);
+            },
+        ));
+        drop(entered);
+        rt.block_on(async {
+            assert!(
+                tokio::time::timeout(Duration::from_millis(10), &mut request)
+                    .await
+                    .is_err()
+            );
+        });
+        // Outside the runtime now.
+        drop(request);
+        go.send(7).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(7));
+    }
 
     #[tokio::test]
     async fn an_awaited_request_answers_and_orphans_nothing() {

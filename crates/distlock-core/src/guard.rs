@@ -225,20 +225,13 @@ impl Drop for Unfinished {
 /// (or the current one); with neither, ends it here and leaves its lease to
 /// expire. A runtime shut down since runs nothing: the lease expires too.
 fn finish_detached(hold: Arc<Hold>) {
-    let runtime = hold
-        .runtime
-        .clone()
-        .or_else(|| tokio::runtime::Handle::try_current().ok());
-    match runtime {
-        Some(rt) => {
-            rt.spawn(async move {
-                let _ = hold.finish().await;
-            });
-        }
-        None => {
-            tracing::warn!(lock = %hold.lease.req.name, "guard dropped outside a runtime; the lease will expire after its TTL");
-            hold.finish_local();
-        }
+    let finishing = hold.clone();
+    let spawned = hold.runtime.spawn(async move {
+        let _ = finishing.finish().await;
+    });
+    if !spawned {
+        tracing::warn!(lock = %hold.lease.req.name, "guard dropped outside a runtime; the lease will expire after its TTL");
+        hold.finish_local();
     }
 }
 

@@ -123,7 +123,7 @@ pub(crate) struct Hold {
     nested: Mutex<usize>,
     /// The runtime it was acquired on: a guard dropped where none runs (a
     /// synchronous caller after `block_on` returned) releases there.
-    pub(crate) runtime: Option<tokio::runtime::Handle>,
+    pub(crate) runtime: crate::completion::Spawner,
     // Last: dropped after the lease, so the slot outlives its holds.
     _slot: SlotRef,
 }
@@ -175,7 +175,7 @@ impl Hold {
             lease,
             holder,
             nested: Mutex::new(1),
-            runtime: tokio::runtime::Handle::try_current().ok(),
+            runtime: crate::completion::Spawner::here(),
             _slot: slot,
         });
         hold._slot.slot.add(&hold);

@@ -826,6 +826,8 @@ pub(crate) struct WaitEnd<'a> {
     /// Whether an attempt may have left a mark or an entry.
     left: &'a AtomicBool,
     done: bool,
+    /// Where the leaving runs if the wait is dropped unfinished.
+    spawner: distlock_core::completion::Spawner,
 }
 
 impl<'a> WaitEnd<'a> {
@@ -839,6 +841,7 @@ impl<'a> WaitEnd<'a> {
             req,
             left,
             done: false,
+            spawner: distlock_core::completion::Spawner::here(),
         }
     }
 
@@ -859,12 +862,10 @@ impl Drop for WaitEnd<'_> {
         if self.done || !self.left.load(Ordering::Relaxed) {
             return;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (backend, req) = (self.backend.clone(), self.req.clone());
-            rt.spawn(async move {
-                let _ = backend.leave_wait(&req).await;
-            });
-        }
+        let (backend, req) = (self.backend.clone(), self.req.clone());
+        self.spawner.spawn(async move {
+            let _ = backend.leave_wait(&req).await;
+        });
     }
 }
 

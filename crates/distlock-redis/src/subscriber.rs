@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::future::Future;
 use std::time::Duration;
 
+use distlock_core::completion::Spawner;
 use distlock_core::wait::{Signal, Signals};
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
@@ -136,6 +137,8 @@ struct Subscription {
     channel: String,
     generation: u64,
     owner: Arc<Subscriber>,
+    /// Where its unsubscription runs, even if dropped outside a runtime.
+    spawner: Spawner,
 }
 
 /// How long a channel stays subscribed after its last waiter stopped
@@ -148,12 +151,10 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         let (owner, channel) = (self.owner.clone(), std::mem::take(&mut self.channel));
         let generation = self.generation;
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                tokio::time::sleep(LINGER).await;
-                owner.unsubscribe(&channel, generation).await
-            });
-        }
+        self.spawner.spawn(async move {
+            tokio::time::sleep(LINGER).await;
+            owner.unsubscribe(&channel, generation).await
+        });
     }
 }
 
@@ -336,6 +337,7 @@ impl Subscriber {
             channel: channel.to_string(),
             generation: l.generation,
             owner: self.clone(),
+            spawner: Spawner::here(),
         })
     }
 

@@ -611,6 +611,7 @@ impl Backend for RedlockBackend {
             req,
             tried,
             done: false,
+            spawner: distlock_core::completion::Spawner::here(),
         };
         let granted = wait_for_grant(&req.name, deadline, pace, &mut wakeups, || async move {
             let how = if tried.swap(true, Ordering::Relaxed) {
@@ -1000,6 +1001,8 @@ struct WaitEnd<'a> {
     /// Whether a round ran, which may have left a mark or an entry.
     tried: &'a AtomicBool,
     done: bool,
+    /// Where the leaving runs if the wait is dropped unfinished.
+    spawner: distlock_core::completion::Spawner,
 }
 
 impl WaitEnd<'_> {
@@ -1021,10 +1024,9 @@ impl Drop for WaitEnd<'_> {
         if self.done || !self.left_something() {
             return;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (backend, req) = (self.backend.clone(), self.req.clone());
-            rt.spawn(async move { backend.unmark_all(&req).await });
-        }
+        let (backend, req) = (self.backend.clone(), self.req.clone());
+        self.spawner
+            .spawn(async move { backend.unmark_all(&req).await });
     }
 }
 

@@ -78,6 +78,8 @@ struct Queued<'a> {
     backend: &'a SqlBackend,
     req: &'a LockRequest,
     done: bool,
+    /// Where the leaving runs if the wait is dropped unfinished.
+    spawner: distlock_core::completion::Spawner,
 }
 
 impl Queued<'_> {
@@ -92,10 +94,9 @@ impl Drop for Queued<'_> {
         if self.done || !self.backend.queued() {
             return;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (backend, req) = (self.backend.clone(), self.req.clone());
-            rt.spawn(async move { backend.leave_queue(&req).await });
-        }
+        let (backend, req) = (self.backend.clone(), self.req.clone());
+        self.spawner
+            .spawn(async move { backend.leave_queue(&req).await });
     }
 }
 
@@ -1103,6 +1104,7 @@ impl SqlBackend {
             backend: self,
             req,
             done: false,
+            spawner: distlock_core::completion::Spawner::here(),
         };
         let tried = std::sync::atomic::AtomicBool::new(false);
         let granted = self

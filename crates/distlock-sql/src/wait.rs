@@ -20,6 +20,9 @@ mod postgres {
         pg: &'a Pg,
         listening: Option<Arc<Listening>>,
         signalled: Signalled,
+        /// Where the listening connection lingers, even if dropped outside
+        /// a runtime.
+        spawner: distlock_core::completion::Spawner,
     }
 
     impl<'a> Listened<'a> {
@@ -28,6 +31,7 @@ mod postgres {
                 pg,
                 listening: None,
                 signalled: Signalled::new(signal),
+                spawner: distlock_core::completion::Spawner::here(),
             }
         }
     }
@@ -39,10 +43,8 @@ mod postgres {
 
     impl Drop for Listened<'_> {
         fn drop(&mut self) {
-            if let (Some(l), Ok(rt)) =
-                (self.listening.take(), tokio::runtime::Handle::try_current())
-            {
-                rt.spawn(async move {
+            if let Some(l) = self.listening.take() {
+                self.spawner.spawn(async move {
                     tokio::time::sleep(LINGER).await;
                     drop(l);
                 });
