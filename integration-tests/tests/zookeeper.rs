@@ -282,7 +282,8 @@ async fn cut_off(f: Arc<Zk>) -> Result<(), Failed> {
 
 /// A hold's TTL is its session's timeout, which the server keeps between
 /// its minSessionTimeout and maxSessionTimeout: a TTL outside them is
-/// refused with both numbers, not served by a session of another length.
+/// refused with both numbers, not served by a session of another length,
+/// and the session opened to learn it is closed again.
 async fn ttl_outside_session_bounds() -> Result<(), Failed> {
     let server = tokio::task::spawn_blocking(|| {
         server::spawn_with("minSessionTimeout=4000\nmaxSessionTimeout=8000\n")
@@ -293,6 +294,11 @@ async fn ttl_outside_session_bounds() -> Result<(), Failed> {
     let client = LockClient::new(
         ZooKeeperBackend::connect(&format!("zk://127.0.0.1:{}", server.port)).await?,
     );
+    let port = server.port;
+    let connections = move || {
+        server::alive_connections(port).ok_or_else(|| Failed::from("mntr gave no connection count"))
+    };
+    let before = connections()?;
     for (ttl, bound, knob) in [
         (Duration::from_secs(2), "4s", "minSessionTimeout"),
         (Duration::from_secs(20), "8s", "maxSessionTimeout"),
@@ -315,6 +321,29 @@ async fn ttl_outside_session_bounds() -> Result<(), Failed> {
                 .into())
             }
         }
+    }
+    // Twenty refused TTLs more, each of its own length.
+    for ms in 1000..1020 {
+        if client
+            .lock(name())
+            .ttl(Duration::from_millis(ms))
+            .try_acquire()
+            .await
+            .is_ok()
+        {
+            return Err(format!("TTL {ms} ms was granted below minSessionTimeout").into());
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while connections()? > before {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} connections open after 22 refused TTLs, {before} before",
+                connections()?
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let g = client
         .lock(name())

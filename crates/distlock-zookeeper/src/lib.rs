@@ -500,6 +500,15 @@ impl ZooKeeperBackend {
         if negotiated == ttl {
             return Ok(c);
         }
+        // Refused: the session serves nobody, so it ends here rather than
+        // staying open for the backend's life.
+        {
+            let mut sessions = self.inner.sessions.lock().await;
+            if sessions.get(&ttl).is_some_and(|s| Arc::ptr_eq(s, &c)) {
+                sessions.remove(&ttl);
+            }
+        }
+        drop(c);
         let (bound, what, change) = if negotiated > ttl {
             (
                 "below the minimum",

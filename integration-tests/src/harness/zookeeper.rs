@@ -71,6 +71,14 @@ pub fn jvm_args() -> Vec<String> {
     .collect()
 }
 
+/// The connections the server has open (`mntr`'s `zk_num_alive_connections`).
+pub fn alive_connections(port: u16) -> Option<u64> {
+    tcp_exchange(port, b"mntr")?.lines().find_map(|l| {
+        l.strip_prefix("zk_num_alive_connections")
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
 /// Whether the server answers `srvr` with a serving mode.
 pub fn serving(port: u16) -> bool {
     tcp_exchange(port, b"srvr").is_some_and(|r| r.contains("Mode: "))
