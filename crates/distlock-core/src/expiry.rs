@@ -17,7 +17,25 @@ use crate::token::Owner;
 /// that ends it once that moment has passed unextended.
 #[derive(Debug, Default)]
 pub struct PermitEnds {
-    ends: Arc<Mutex<HashMap<Owner, Instant>>>,
+    ends: Arc<Mutex<HashMap<Owner, End>>>,
+}
+
+/// One permit's end, and the task that watches it (stopped when the permit
+/// is removed, so a released permit leaves no task asleep until its TTL).
+#[derive(Debug)]
+struct End {
+    at: Instant,
+    task: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for PermitEnds {
+    fn drop(&mut self) {
+        for end in self.lock().values() {
+            if let Some(t) = &end.task {
+                t.abort();
+            }
+        }
+    }
 }
 
 impl PermitEnds {
@@ -38,9 +56,15 @@ impl PermitEnds {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let end = Instant::now() + ttl;
-        self.lock().insert(owner, end);
+        self.lock().insert(
+            owner,
+            End {
+                at: end,
+                task: None,
+            },
+        );
         let weak = Arc::downgrade(&self.ends);
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let mut at = end;
             loop {
                 tokio::time::sleep_until(at).await;
@@ -49,8 +73,8 @@ impl PermitEnds {
                     let mut ends = ends.lock().unwrap_or_else(PoisonError::into_inner);
                     match ends.get(&owner) {
                         None => return,
-                        Some(end) if *end > Instant::now() => {
-                            at = *end;
+                        Some(end) if end.at > Instant::now() => {
+                            at = end.at;
                             continue;
                         }
                         Some(_) => {
@@ -65,6 +89,10 @@ impl PermitEnds {
                 return;
             }
         });
+        match self.lock().get_mut(&owner) {
+            Some(e) if e.task.is_none() => e.task = Some(task.abort_handle()),
+            _ => {}
+        }
     }
 
     /// Moves the end of `owner`'s permit to `ttl` from now; `false` if it
@@ -79,17 +107,19 @@ impl PermitEnds {
         let Some(end) = ends.get_mut(owner) else {
             return false;
         };
-        *end = (*end).max(Instant::now() + ttl);
+        end.at = end.at.max(Instant::now() + ttl);
         true
     }
 
     /// Forgets `owner`'s permit, released by other means: its task stops
     /// without running `expire`.
     pub fn remove(&self, owner: &Owner) {
-        self.lock().remove(owner);
+        if let Some(task) = self.lock().remove(owner).and_then(|e| e.task) {
+            task.abort();
+        }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<Owner, Instant>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Owner, End>> {
         self.ends.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -132,6 +162,23 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 0);
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert_eq!(ran.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_removed_permit_leaves_no_task_behind() {
+        let ends = PermitEnds::new();
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let before = metrics.num_alive_tasks();
+        let owners: Vec<Owner> = (0..100).map(|_| Owner::random()).collect();
+        for o in &owners {
+            counting(&ends, *o, Duration::from_secs(3600));
+        }
+        assert_eq!(metrics.num_alive_tasks(), before + 100);
+        for o in &owners {
+            ends.remove(o);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(metrics.num_alive_tasks(), before);
     }
 
     #[tokio::test(start_paused = true)]
