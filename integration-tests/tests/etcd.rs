@@ -134,6 +134,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::a_multi_lock_of_more_names_than_one_transaction_takes_is_granted",
+                multi_lock_of_many_names(),
+            ),
+            trial(
+                rt,
                 "etcd::uncontended_exclusive_and_shared_holds_take_two_requests_each",
                 uncontended_holds_take_two_requests(),
             ),
@@ -592,6 +597,35 @@ async fn multi_lock_is_one_request() -> Result<(), Failed> {
     if took != 1 {
         return Err(format!("taking four free locks took {took} KV requests").into());
     }
+    Ok(())
+}
+
+/// etcd takes at most 128 operations in a transaction and taking locks
+/// at once puts two in it per name: 64 names are one request, and more are
+/// taken one at a time, granted all the same (not refused by etcd as "too
+/// many operations in txn request").
+async fn multi_lock_of_many_names() -> Result<(), Failed> {
+    let server = tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Etcd))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let client = LockClient::new(EtcdBackend::connect(server.url()).await?);
+    for n in [64, 65, 200] {
+        let names: Vec<String> = (0..n).map(|i| format!("many{n}/{i}")).collect();
+        let m = client
+            .lock_all(&names)
+            .try_acquire()
+            .await?
+            .ok_or_else(|| format!("{n} free locks were refused"))?;
+        m.release().await?;
+        let m = client
+            .lock_all(&names)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await?;
+        m.release().await?;
+    }
+    drop(server);
     Ok(())
 }
 

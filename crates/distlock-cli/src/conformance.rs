@@ -24,7 +24,8 @@ pub(crate) struct ConformanceArgs {
     json: bool,
     /// The TTL of the expiry cases. Default: 600ms, and 2s on etcd and
     /// ZooKeeper (a session backend; a ZooKeeper whose minSessionTimeout is
-    /// above 2 s needs at least that).
+    /// above 2 s needs at least that). A TTL outside the backend's range is
+    /// refused: exit 2.
     #[arg(long, value_parser = crate::parse_duration)]
     short_ttl: Option<Duration>,
 }
@@ -100,19 +101,14 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
     } else {
         args.backend.clone()
     };
+    let short_ttl = match short_ttl(args.short_ttl, &caps) {
+        Ok(t) => t,
+        Err(e) => return fail(crate::EXIT_USAGE, e),
+    };
     let factory = Arc::new(Deployment {
         url,
         backend: caps.backend,
-        // Short enough for the expiry cases, long enough for a session
-        // backend's lease or session to be honoured reliably.
-        short_ttl: args
-            .short_ttl
-            .unwrap_or(if caps.session {
-                Duration::from_secs(2)
-            } else {
-                Duration::from_millis(600)
-            })
-            .clamp(caps.min_ttl, caps.max_ttl),
+        short_ttl,
     });
     let verdicts = check_deployment(&*factory, args.only.as_deref()).await;
     let failed = verdicts
@@ -234,5 +230,50 @@ impl ConformanceArgs {
     /// The backend URL, for the password options to fill in.
     pub(crate) fn backend_mut(&mut self) -> &mut String {
         &mut self.backend
+    }
+}
+
+/// The expiry cases' TTL: `given` if the backend accepts it, or else a
+/// default short enough for the cases and long enough for a session
+/// backend's lease or session to be honoured reliably.
+fn short_ttl(given: Option<Duration>, caps: &distlock::Capabilities) -> Result<Duration, String> {
+    let Some(ttl) = given else {
+        let default = if caps.session {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_millis(600)
+        };
+        return Ok(default.clamp(caps.min_ttl, caps.max_ttl));
+    };
+    if ttl < caps.min_ttl || ttl > caps.max_ttl {
+        return Err(format!(
+            "--short-ttl {} is outside {}'s TTL range, {} to {}",
+            humantime::format_duration(ttl),
+            caps.backend,
+            humantime::format_duration(caps.min_ttl),
+            humantime::format_duration(caps.max_ttl)
+        ));
+    }
+    Ok(ttl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock::Backend as _;
+
+    #[test]
+    fn a_short_ttl_outside_the_backends_range_is_refused() {
+        let caps = distlock::MemoryBackend::new().capabilities();
+        for bad in [Duration::ZERO, caps.max_ttl + Duration::from_secs(1)] {
+            let e = short_ttl(Some(bad), &caps).unwrap_err();
+            assert!(e.starts_with("--short-ttl ") && e.contains("memory"), "{e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+        assert_eq!(short_ttl(Some(caps.min_ttl), &caps).unwrap(), caps.min_ttl);
+        assert_eq!(
+            short_ttl(None, &caps).unwrap(),
+            Duration::from_millis(600).clamp(caps.min_ttl, caps.max_ttl)
+        );
     }
 }

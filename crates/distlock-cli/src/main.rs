@@ -36,8 +36,9 @@ struct Cli {
     quiet: bool,
     /// Read the backend's password from this file (its first line) and put
     /// it into the backend URL, instead of writing it in the URL.
-    /// (`DISTLOCK_PASSWORD` does the same from the environment.) A backend
-    /// that takes no password (sqlite://, memory://) refuses one: exit 2.
+    /// (`DISTLOCK_PASSWORD` does the same from the environment.) It arrives
+    /// as given. A backend that takes no password (sqlite://, memory://),
+    /// and a URL that already carries one, refuse one: exit 2.
     #[arg(long, global = true, value_name = "PATH")]
     password_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
@@ -219,7 +220,51 @@ pub(crate) fn with_password(
         Some((info, hosts)) => (info.split_once(':').map_or(info, |(u, _)| u), hosts),
         None => ("", authority),
     };
+    let in_userinfo = authority
+        .rsplit_once('@')
+        .is_some_and(|(info, _)| info.contains(':'));
+    let in_query = tail.split_once('?').is_some_and(|(_, q)| {
+        q.split('&').any(|p| {
+            p.split_once('=')
+                .map_or(p, |(k, _)| k)
+                .eq_ignore_ascii_case("password")
+        })
+    });
+    if in_userinfo || in_query {
+        let given = match source {
+            PasswordSource::Env => "DISTLOCK_PASSWORD is set",
+            PasswordSource::File => "--password-file is given",
+        };
+        return Err(format!(
+            "the backend URL already carries a password and {given}; give the password in one place only"
+        ));
+    }
+    // These backends read the URL's password as it stands; the others
+    // percent-decode it, so it goes in encoded and arrives as given.
+    let verbatim = matches!(
+        scheme,
+        "etcd" | "etcds" | "zk" | "redis+sentinel" | "rediss+sentinel"
+    );
+    let password = if verbatim {
+        password.to_string()
+    } else {
+        percent_encode(password)
+    };
     Ok(format!("{scheme}://{user}:{password}@{hosts}{tail}"))
+}
+
+/// `text` with every byte but the URL's unreserved characters
+/// (`A-Z a-z 0-9 - . _ ~`) written as `%XX`.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// The exit code for a library error.
@@ -303,4 +348,50 @@ fn main() -> ExitCode {
             Command::Conformance(args) => conformance::conformance(args).await,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_goes_in_percent_encoded_where_the_backend_decodes_it() {
+        let env = PasswordSource::Env;
+        assert_eq!(
+            with_password("postgres://app@h:5432/db", "p%41ss word", env).unwrap(),
+            "postgres://app:p%2541ss%20word@h:5432/db"
+        );
+        assert_eq!(
+            with_password("redis://h:6379/0", "100%", env).unwrap(),
+            "redis://:100%25@h:6379/0"
+        );
+        assert_eq!(
+            with_password("redlock://a:1,b:2,c:3", "x%y", env).unwrap(),
+            "redlock://:x%25y@a:1,b:2,c:3"
+        );
+        // etcd, ZooKeeper and Sentinel read the password as it stands.
+        assert_eq!(
+            with_password("etcd://app@h:2379", "p%41", env).unwrap(),
+            "etcd://app:p%41@h:2379"
+        );
+        assert_eq!(
+            with_password("redis+sentinel://h:1/m", "p%41", env).unwrap(),
+            "redis+sentinel://:p%41@h:1/m"
+        );
+    }
+
+    #[test]
+    fn a_password_given_twice_is_refused() {
+        for (url, source) in [
+            ("postgres://app:inurl@h/db", PasswordSource::Env),
+            ("redis://:inurl@h:6379", PasswordSource::File),
+            ("postgres:///db?host=h&password=inurl", PasswordSource::Env),
+            ("etcd://app:inurl@h:2379", PasswordSource::Env),
+        ] {
+            let e = with_password(url, "other", source).unwrap_err();
+            assert!(e.contains("already carries a password"), "{e}");
+            assert!(!e.contains("inurl") && !e.contains("other"), "{e}");
+        }
+        assert!(with_password("postgres://app@h/db", "pw", PasswordSource::Env).is_ok());
+    }
 }

@@ -9,6 +9,7 @@ pub mod expiry;
 mod fence;
 mod guard;
 mod holder;
+pub mod input;
 mod keeper;
 mod lease;
 mod memory;

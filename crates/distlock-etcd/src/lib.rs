@@ -388,81 +388,33 @@ pub mod requests {
 impl EtcdBackend {
     /// Connects to `etcd://[user:password@]host:port[,host:port...]` (the
     /// client fails over between endpoints), or `etcds://` for TLS (feature
-    /// `tls`). Parameters: `timeout_ms` (connect and request timeout,
-    /// default 5000); `ca_file` (`etcds://` only: PEM file of the CA to
-    /// trust instead of the system roots).
+    /// `tls`). Parameters: `timeout_ms` (connect and request timeout, 1 to
+    /// 3600000, default 5000); `ca_file` (`etcds://` only: PEM file of the
+    /// CA to trust instead of the system roots). An endpoint listed twice,
+    /// an unknown parameter, a parameter given twice and a value out of
+    /// range are [`Error::InvalidInput`].
     pub async fn connect(url: &str) -> Result<Self> {
-        let bad = |why: String| Error::invalid(InputKind::Url, format!("etcd:// URL: {why}"));
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected etcd://host:port[,host:port...]".into()))?;
-        let https = match scheme {
-            "etcd" => false,
-            "etcds" if cfg!(feature = "tls") => true,
-            "etcds" => {
-                return Err(Error::Unsupported {
-                    backend: "etcd",
-                    operation: "TLS (etcds://) without the `tls` cargo feature",
-                })
-            }
-            other => return Err(bad(format!("unknown scheme {other:?}"))),
-        };
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let rest = rest.trim_end_matches('/');
-        let (user, hosts) = match rest.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, rest),
-        };
-        let mut timeout = Duration::from_secs(5);
-        let mut ca_file: Option<&str> = None;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("ca_file", v)) if https => ca_file = Some(v),
-                Some(("ca_file", _)) => {
-                    return Err(bad("ca_file applies to etcds:// (TLS) only".into()))
-                }
-                Some(("timeout_ms", v)) => {
-                    timeout = Duration::from_millis(
-                        v.parse()
-                            .map_err(|_| bad(format!("timeout_ms={v:?} is not a number")))?,
-                    )
-                }
-                _ => return Err(bad(format!("unknown parameter {pair:?}"))),
-            }
-        }
-        let endpoints: Vec<String> = hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| {
-                let ok = h
-                    .rsplit_once(':')
-                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-                if ok {
-                    Ok(format!("{}://{h}", if https { "https" } else { "http" }))
-                } else {
-                    Err(bad(format!("{h:?} is not host:port")))
-                }
-            })
-            .collect::<Result<_>>()?;
-        if endpoints.is_empty() {
-            return Err(bad("no endpoints".into()));
-        }
+        let EtcdUrl {
+            endpoints,
+            user,
+            timeout,
+            ca_file,
+            https,
+            hosts,
+        } = parse_url(url)?;
         let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_timeout(timeout);
-        if let Some(u) = user {
-            let (name, pass) = u
-                .split_once(':')
-                .ok_or_else(|| bad("credentials must be user:password".into()))?;
+        if let Some((name, pass)) = user {
             options = options.with_user(name, pass);
         }
         #[cfg(feature = "tls")]
         if https {
-            options = options.with_tls(tls_options(ca_file)?);
+            options = options.with_tls(tls_options(ca_file.as_deref())?);
         }
         #[cfg(not(feature = "tls"))]
-        let _ = ca_file;
-        let shown = hosts.to_string();
+        let _ = (ca_file, https);
+        let shown = hosts;
         let mut client = Client::connect(&endpoints, Some(options))
             .await
             .map_err(|e| err(&shown, e))?;
@@ -1022,12 +974,14 @@ impl Backend for EtcdBackend {
     /// One transaction puts every lock's key and reads every queue head;
     /// when one is not first, a second deletes all of them. Declined when
     /// the TTLs differ (one lease holds them all) or a key of this lease is
-    /// left from before (the one-at-a-time path cleans it up).
+    /// left from before (the one-at-a-time path cleans it up), and for more
+    /// names than one transaction takes.
     async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
         let ttl = reqs[0].ttl;
-        if reqs
-            .iter()
-            .any(|r| r.kind != HoldKind::Exclusive || r.ttl != ttl)
+        if 2 * reqs.len() > MAX_TXN_OPS
+            || reqs
+                .iter()
+                .any(|r| r.kind != HoldKind::Exclusive || r.ttl != ttl)
         {
             return Ok(AllAtOnce::NotOffered);
         }
@@ -1434,9 +1388,142 @@ impl Backend for EtcdBackend {
     }
 }
 
+/// What an `etcd://` or `etcds://` URL says.
+#[derive(Debug)]
+struct EtcdUrl {
+    endpoints: Vec<String>,
+    user: Option<(String, String)>,
+    timeout: Duration,
+    ca_file: Option<String>,
+    https: bool,
+    /// The hosts as given, for errors.
+    hosts: String,
+}
+
+/// Parses an `etcd://` or `etcds://` URL (see [`EtcdBackend::connect`]).
+fn parse_url(url: &str) -> Result<EtcdUrl> {
+    let bad = |why: String| Error::invalid(InputKind::Url, format!("etcd:// URL: {why}"));
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| bad("expected etcd://host:port[,host:port...]".into()))?;
+    let https = match scheme {
+        "etcd" => false,
+        "etcds" if cfg!(feature = "tls") => true,
+        "etcds" => {
+            return Err(Error::Unsupported {
+                backend: "etcd",
+                operation: "TLS (etcds://) without the `tls` cargo feature",
+            })
+        }
+        other => return Err(bad(format!("unknown scheme {other:?}"))),
+    };
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let rest = rest.trim_end_matches('/');
+    let (user, hosts) = match rest.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, rest),
+    };
+    let mut timeout = Duration::from_secs(5);
+    let mut ca_file: Option<&str> = None;
+    for (k, v) in distlock_core::input::query_pairs(&format!("{scheme}://"), query)? {
+        match k {
+            "ca_file" if https => ca_file = Some(v),
+            "ca_file" => return Err(bad("ca_file applies to etcds:// (TLS) only".into())),
+            "timeout_ms" => {
+                timeout = Duration::from_millis(
+                    v.parse()
+                        .map_err(|_| bad(format!("timeout_ms={v:?} is not a number")))?,
+                )
+            }
+            _ => return Err(bad(format!("unknown parameter {k:?}"))),
+        }
+    }
+    // A timeout of zero fails every request as if etcd were unreachable.
+    distlock_core::input::check_millis(
+        "timeout_ms",
+        timeout,
+        Duration::from_millis(1),
+        distlock_core::input::MAX_TIMEOUT,
+    )?;
+    let mut seen: Vec<(String, &str)> = Vec::new();
+    let mut endpoints = Vec::new();
+    for h in hosts.split(',').filter(|h| !h.is_empty()) {
+        let ok = h
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !ok {
+            return Err(bad(format!("{h:?} is not host:port")));
+        }
+        let same = h.to_ascii_lowercase();
+        if let Some((_, first)) = seen.iter().find(|(k, _)| *k == same) {
+            return Err(bad(format!(
+                "endpoint {h} is listed twice (as {first} and {h}); list each endpoint once"
+            )));
+        }
+        seen.push((same, h));
+        endpoints.push(format!("{}://{h}", if https { "https" } else { "http" }));
+    }
+    if endpoints.is_empty() {
+        return Err(bad("no endpoints".into()));
+    }
+    let user = match user {
+        Some(u) => {
+            let (name, pass) = u
+                .split_once(':')
+                .ok_or_else(|| bad("credentials must be user:password".into()))?;
+            Some((name.to_string(), pass.to_string()))
+        }
+        None => None,
+    };
+    Ok(EtcdUrl {
+        endpoints,
+        user,
+        timeout,
+        ca_file: ca_file.map(str::to_string),
+        https,
+        hosts: hosts.to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn refused(url: &str) -> String {
+        match parse_url(url) {
+            Err(e @ Error::InvalidInput { .. }) => e.to_string(),
+            other => panic!("{url}: expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_timeout_of_zero_or_above_an_hour_is_refused() {
+        for t in ["0", "3600001", "18446744073709551615"] {
+            let text = refused(&format!("etcd://h:1?timeout_ms={t}"));
+            assert!(text.contains(&format!("timeout_ms={t}")), "{text}");
+            assert!(text.contains("3600000"), "{text}");
+        }
+        let u = parse_url("etcd://h:1?timeout_ms=3600000").unwrap();
+        assert_eq!(u.timeout, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn an_endpoint_listed_twice_is_refused() {
+        for url in ["etcd://h:1,h:1", "etcd://u:p@a:2,H:1,h:1"] {
+            let text = refused(url);
+            assert!(text.contains("h:1") && text.contains("twice"), "{text}");
+        }
+        let u = parse_url("etcd://h:1,h:2,g:1").unwrap();
+        assert_eq!(u.endpoints, ["http://h:1", "http://h:2", "http://g:1"]);
+    }
+
+    #[test]
+    fn a_repeated_or_unknown_parameter_is_refused() {
+        let text = refused("etcd://h:1?timeout_ms=100&timeout_ms=9000");
+        assert!(text.contains("timeout_ms is given twice"), "{text}");
+        refused("etcd://h:1?bogus=1");
+        refused("etcd://h:1?ca_file=/x.pem");
+    }
 
     #[test]
     fn a_request_that_ran_out_of_time_during_an_election_is_retryable() {

@@ -11,15 +11,17 @@ use distlock_core::{Error, InputKind, Result};
 /// |---|---|---|
 /// | `prefix` | prepended to every lock key | empty |
 /// | `wait_replicas` | after a grant, `WAIT` for this many replicas; release and fail if fewer acknowledge | 0 (off) |
-/// | `wait_timeout_ms` | the `WAIT` timeout | 100 |
-/// | `timeout_ms` | connect and response timeout | 2000 |
-/// | `observe_recheck_ms` | an election's observer reads the leader at least this often, besides each message on the election's channel and each lease end | 1000 |
+/// | `wait_timeout_ms` | the `WAIT` timeout; 1 to 3600000 | 100 |
+/// | `timeout_ms` | connect and response timeout; 1 to 3600000 (one hour) | 2000 |
+/// | `observe_recheck_ms` | an election's observer reads the leader at least this often, besides each message on the election's channel and each lease end; 1 to 3600000 | 1000 |
 /// | `fifo` | `true`: waiting exclusive and shared requests (and permit requests and campaigns, in a semaphore's or an election's own queue) queue on the server and are granted in arrival order, a release waking only the queue's head (the readers queued together at the head; for a semaphore, only the waiter its freed permit is for) (each uncontended acquire and release then also checks the queue: +0.03-0.04 on the uncontended ratio, docs/benchmarks.md); `false`: a release wakes every waiter and the first to ask wins | `false` |
-/// | `queue_lease_ms` | how long a waiter's queue entry outlives its last attempt (a waiter renews it every third of this): a killed or cut-off waiter holds up the queue at most this long, or until its wait's deadline if that comes first | 3000 |
+/// | `queue_lease_ms` | how long a waiter's queue entry outlives its last attempt (a waiter renews it every third of this): a killed or cut-off waiter holds up the queue at most this long, or until its wait's deadline if that comes first; 30 to 3600000 | 3000 |
 /// | `ca_file` | `rediss://`, `rediss+sentinel://`, `rediss+cluster://`: PEM file of the CA to trust instead of the system roots | system roots |
 ///
-/// Other parameters of a `redis://` URL (such as `protocol`) are passed to
-/// the redis client.
+/// `protocol` (`resp2` or `resp3`) on `redis://` and `rediss://` is passed
+/// to the redis client. Any other parameter, `protocol` on the Sentinel and
+/// Cluster forms, `ca_file` on a form without TLS, a parameter given twice
+/// and a value out of range are [`Error::InvalidInput`].
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct RedisConfig {
@@ -27,9 +29,9 @@ pub struct RedisConfig {
     pub prefix: String,
     /// Replicas that must acknowledge a grant (`WAIT`); 0 switches it off.
     pub wait_replicas: u32,
-    /// How long `WAIT` may take.
+    /// How long `WAIT` may take: 1 ms to 1 hour.
     pub wait_timeout: Duration,
-    /// Connect and per-command response timeout.
+    /// Connect and per-command response timeout: 1 ms to 1 hour.
     pub timeout: Duration,
     /// How often an election's observer reads the leader when its channel
     /// is silent and no lease ends: the bound on the lag after a message
@@ -132,6 +134,15 @@ impl RedisConfig {
             ));
         }
         distlock_core::wait::check_queue_lease(self.queue_lease)?;
+        {
+            use distlock_core::input::{check_millis, MAX_TIMEOUT};
+            let ms = Duration::from_millis(1);
+            check_millis("timeout_ms", self.timeout, ms, MAX_TIMEOUT)?;
+            // `WAIT` with a timeout of 0 blocks for ever.
+            check_millis("wait_timeout_ms", self.wait_timeout, ms, MAX_TIMEOUT)?;
+            check_millis("observe_recheck_ms", self.observe_recheck, ms, MAX_TIMEOUT)?;
+            check_millis("queue_lease_ms", self.queue_lease, ms, MAX_TIMEOUT)?;
+        }
         if let Some(id) = &self.client_id {
             if id.is_empty() || id.contains(char::is_whitespace) {
                 return Err(Error::invalid(
@@ -185,8 +196,7 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
         .ok_or_else(|| bad(url, "expected scheme://host:port"))?;
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
     let mut passthrough = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+    for (k, v) in distlock_core::input::query_pairs(&format!("{scheme}://"), query)? {
         let number = |v: &str| {
             v.parse::<u64>()
                 .map_err(|_| bad(url, format!("{k}={v:?} is not a number")))
@@ -208,8 +218,27 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
                     _ => return Err(bad(url, format!("fifo={v:?} is not true or false"))),
                 }
             }
-            "ca_file" => config.ca_file = Some(v.into()),
-            _ => passthrough.push(pair),
+            "ca_file" if scheme.starts_with("rediss") => config.ca_file = Some(v.into()),
+            "ca_file" => {
+                return Err(bad(
+                    url,
+                    "ca_file applies to the TLS forms only (rediss://, rediss+sentinel://, rediss+cluster://)",
+                ))
+            }
+            // The one parameter the redis client reads from a host:port URL.
+            "protocol" if matches!(scheme, "redis" | "rediss") => passthrough.push(format!("{k}={v}")),
+            "protocol" => {
+                return Err(bad(
+                    url,
+                    format!("protocol={v:?} applies to redis:// and rediss:// only; {scheme}:// does not pass it on"),
+                ))
+            }
+            _ => {
+                return Err(bad(
+                    url,
+                    format!("unknown parameter {k:?}; see the parameters of distlock-redis's RedisConfig"),
+                ))
+            }
         }
     }
     config.validate()?;
@@ -500,6 +529,71 @@ mod tests {
                 "{bad}: {r:?}"
             );
         }
+    }
+
+    fn invalid(url: &str) -> String {
+        match p(url) {
+            Err(e @ Error::InvalidInput { .. }) => e.to_string(),
+            other => panic!("{url}: expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn durations_outside_their_range_are_refused() {
+        for (query, name) in [
+            ("timeout_ms=18446744073709551615", "timeout_ms"),
+            ("timeout_ms=3600001", "timeout_ms"),
+            ("wait_timeout_ms=0", "wait_timeout_ms"),
+            ("wait_timeout_ms=18446744073709551615", "wait_timeout_ms"),
+            (
+                "observe_recheck_ms=18446744073709551615",
+                "observe_recheck_ms",
+            ),
+            ("queue_lease_ms=18446744073709551615", "queue_lease_ms"),
+        ] {
+            let text = invalid(&format!("redis://a:1?{query}"));
+            assert!(text.contains(name), "{text}");
+        }
+        let (_, c) = p("redis://a:1?timeout_ms=3600000").unwrap();
+        assert_eq!(c.timeout, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn a_repeated_parameter_is_refused() {
+        for url in [
+            "redis://a:1?timeout_ms=100&timeout_ms=9000",
+            "redis://a:1?fifo=true&fifo=false",
+            "redis://a:1?protocol=resp3&protocol=resp2",
+            "redis+cluster://a:1?prefix=x&prefix=y",
+        ] {
+            assert!(invalid(url).contains("given twice"), "{url}");
+        }
+    }
+
+    #[test]
+    fn unknown_parameters_and_ca_file_without_tls_are_refused() {
+        for url in [
+            "redis://a:1?bogus=1",
+            "redis+sentinel://a:1/m?bogus=1",
+            "redis+cluster://a:1?bogus=1",
+            "redis+sentinel://a:1/m?protocol=resp3",
+            "redis+cluster://a:1?protocol=resp3",
+        ] {
+            let text = invalid(url);
+            assert!(
+                text.contains("bogus") || text.contains("protocol"),
+                "{text}"
+            );
+        }
+        for url in [
+            "redis://a:1?ca_file=/x.pem",
+            "redis+sentinel://a:1/m?ca_file=/x.pem",
+            "redis+cluster://a:1?ca_file=/x.pem",
+        ] {
+            assert!(invalid(url).contains("ca_file"), "{url}");
+        }
+        let (t, _) = p("redis://a:1?protocol=resp3").unwrap();
+        assert_eq!(t, Topology::Single("redis://a:1?protocol=resp3".into()));
     }
 
     #[test]

@@ -9,14 +9,17 @@ use distlock_core::{Error, InputKind, Result};
 ///
 /// | parameter | meaning | default |
 /// |---|---|---|
-/// | `node_timeout_ms` | per-node timeout of each request | 50 |
-/// | `drift_ppm`, `drift_ms` | clock drift allowance: ppm of the TTL plus a fixed part | 10000 (1%), 2 |
+/// | `node_timeout_ms` | per-node timeout of each request; 1 to 3600000 (one hour) | 50 |
+/// | `drift_ppm`, `drift_ms` | clock drift allowance: ppm of the TTL plus a fixed part; `drift_ppm` below 1000000, and together they must leave some validity for the longest TTL accepted | 10000 (1%), 2 |
 /// | `fencing` | `true`: quorum fencing tokens (one more round trip) | `false` |
-/// | `delayed_restart_ms` | quarantine for a node whose run id changed; also the longest TTL accepted | off |
-/// | `retry_jitter_ms` | random delay added before a retry | 50 |
+/// | `delayed_restart_ms` | quarantine for a node whose run id changed; also the longest TTL accepted (else 24 hours), so at least the shortest, 100 | off |
+/// | `retry_jitter_ms` | random delay added before a retry; at most 3600000 | 50 |
 /// | `prefix` | key prefix, as for the Redis backend | empty |
 /// | `fifo` | `true`: waiting exclusive requests queue on every node in one order (the client's wall-clock time when each wait began) and a release wakes only the head, as the Redis backend's `fifo` does on one server; `false`: a release wakes every waiter | `false` |
-/// | `queue_lease_ms` | how long a waiter's queue entries outlive the waiter's latest round (renewed every third of this): a killed or cut-off waiter holds up the queue at most this long | 3000 |
+/// | `queue_lease_ms` | how long a waiter's queue entries outlive the waiter's latest round (renewed every third of this): a killed or cut-off waiter holds up the queue at most this long; 30 to 3600000 | 3000 |
+///
+/// An unknown parameter, a parameter given twice and a value out of range
+/// are [`Error::InvalidInput`].
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct RedlockConfig {
@@ -105,8 +108,7 @@ pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>
     if authority.contains('/') {
         return Err(bad("no path is allowed after the hosts".into()));
     }
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+    for (k, v) in distlock_core::input::query_pairs("redlock://", query)? {
         let num = |v: &str| {
             v.parse::<u64>()
                 .map_err(|_| bad(format!("{k}={v:?} is not a number")))
@@ -193,17 +195,47 @@ pub(crate) fn duplicate(node: &str, same_as: &str) -> Error {
     )
 }
 
+/// The shortest TTL Redlock accepts.
+pub(crate) const MIN_TTL: Duration = Duration::from_millis(100);
+
+/// The longest TTL Redlock accepts without `delayed_restart`.
+pub(crate) const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
 pub(crate) fn validate(config: &RedlockConfig) -> Result<()> {
+    use distlock_core::input::{check_millis, MAX_TIMEOUT};
     if config.node_timeout.is_zero() {
         return Err(Error::invalid(
             InputKind::Config,
             "node_timeout must be greater than zero",
         ));
     }
+    check_millis(
+        "node_timeout_ms",
+        config.node_timeout,
+        Duration::from_millis(1),
+        MAX_TIMEOUT,
+    )?;
+    check_millis(
+        "retry_jitter_ms",
+        config.retry_jitter,
+        Duration::ZERO,
+        MAX_TIMEOUT,
+    )?;
     if config.delayed_restart.is_some_and(|d| d.is_zero()) {
         return Err(Error::invalid(
             InputKind::Config,
             "delayed_restart must be greater than zero",
+        ));
+    }
+    if let Some(d) = config.delayed_restart.filter(|d| *d < MIN_TTL) {
+        return Err(Error::invalid(
+            InputKind::Config,
+            format!(
+                "delayed_restart_ms={} is below the shortest TTL, {} ms, and is also the longest TTL accepted, so no TTL would be; use {} or more",
+                d.as_millis(),
+                MIN_TTL.as_millis(),
+                MIN_TTL.as_millis()
+            ),
         ));
     }
     if config.drift_ppm >= 1_000_000 {
@@ -212,6 +244,31 @@ pub(crate) fn validate(config: &RedlockConfig) -> Result<()> {
             format!(
                 "drift_ppm {} leaves no validity for any TTL; it must be below 1000000",
                 config.drift_ppm
+            ),
+        ));
+    }
+    // The longest TTL keeps the most validity: if it keeps none, no TTL
+    // does, and every acquire would fail.
+    let longest = config.delayed_restart.unwrap_or(DEFAULT_MAX_TTL);
+    let caps = crate::RedlockBackend::declared_capabilities(config);
+    if caps.safe_validity(longest).is_zero() {
+        return Err(Error::invalid(
+            InputKind::Config,
+            format!(
+                "drift_ms={} with drift_ppm={} leaves no validity for the longest TTL accepted, {} ms ({}); lower drift_ms or drift_ppm{}",
+                config.drift_fixed.as_millis(),
+                config.drift_ppm,
+                longest.as_millis(),
+                if config.delayed_restart.is_some() {
+                    "delayed_restart_ms"
+                } else {
+                    "the default"
+                },
+                if config.delayed_restart.is_some() {
+                    ", or raise delayed_restart_ms"
+                } else {
+                    ""
+                }
             ),
         ));
     }
@@ -227,6 +284,51 @@ pub(crate) fn validate(config: &RedlockConfig) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn refused(url: &str) -> String {
+        match parse(url, &mut RedlockConfig::default()) {
+            Err(e @ Error::InvalidInput { .. }) => e.to_string(),
+            other => panic!("{url}: expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_delayed_restart_below_the_shortest_ttl_is_refused() {
+        let text = refused("redlock://a:1?delayed_restart_ms=99");
+        assert!(text.contains("delayed_restart_ms=99"), "{text}");
+        assert!(text.contains("100 ms"), "{text}");
+        assert!(parse(
+            "redlock://a:1?delayed_restart_ms=100",
+            &mut RedlockConfig::default()
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn a_drift_that_leaves_no_ttl_valid_is_refused() {
+        // 24 h less 1% is 85536000 ms.
+        let text = refused("redlock://a:1?drift_ms=85536000");
+        assert!(text.contains("drift_ms=85536000"), "{text}");
+        assert!(parse(
+            "redlock://a:1?drift_ms=85535999",
+            &mut RedlockConfig::default()
+        )
+        .is_ok());
+        let text = refused("redlock://a:1?delayed_restart_ms=1000&drift_ms=990");
+        assert!(text.contains("delayed_restart_ms"), "{text}");
+        assert!(parse(
+            "redlock://a:1?delayed_restart_ms=1000&drift_ms=989",
+            &mut RedlockConfig::default()
+        )
+        .is_ok());
+        refused("redlock://a:1?drift_ms=18446744073709551615");
+    }
+
+    #[test]
+    fn a_repeated_parameter_is_refused() {
+        let text = refused("redlock://a:1,b:2,c:3?fencing=true&fencing=false");
+        assert!(text.contains("fencing is given twice"), "{text}");
+    }
 
     #[test]
     fn parses_nodes_and_options() {
@@ -271,6 +373,10 @@ mod tests {
             "redlock://a:1?prefix={x}",
             "redlock://a:1?prefix=x}",
             "redlock://a:1?drift_ppm=1000000",
+            "redlock://a:1?fencing=true&fencing=false",
+            "redlock://a:1?node_timeout_ms=18446744073709551615",
+            "redlock://a:1?node_timeout_ms=3600001",
+            "redlock://a:1?retry_jitter_ms=18446744073709551615",
         ] {
             let mut c = RedlockConfig::default();
             assert!(

@@ -142,9 +142,7 @@ impl RedlockBackend {
     /// `distlock backends`): fencing only with `fencing=true`, and the
     /// delayed-restart quarantine as the longest TTL.
     pub fn declared_capabilities(config: &RedlockConfig) -> Capabilities {
-        let max_ttl = config
-            .delayed_restart
-            .unwrap_or(Duration::from_secs(24 * 3600));
+        let max_ttl = config.delayed_restart.unwrap_or(config::DEFAULT_MAX_TTL);
         let fencing = if config.fencing {
             Fencing::BestEffort
         } else {
@@ -157,7 +155,7 @@ impl RedlockBackend {
             Waiting::Notification,
             TrustedClock::Servers,
         )
-        .with_ttl_range(Duration::from_millis(100), max_ttl)
+        .with_ttl_range(config::MIN_TTL, max_ttl)
         .with_drift(config.drift_ppm, config.drift_fixed)
         // A batch is one `extend_many.lua` call per node, all nodes at once.
         .with_extend_batch(512)

@@ -12,10 +12,14 @@ use distlock_core::{Error, InputKind, Result};
 /// | parameter | meaning | default |
 /// |---|---|---|
 /// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, at most 54 characters; PostgreSQL folds it to lower case, as it does every unquoted name, and so do the notification channels named after it); semaphores live in `<table>_sems` and `<table>_permits`, shared holds in `<table>_shared` and `<table>_writers` | `distlock_locks` |
-/// | `pool_size` | connections in the pool the backend builds (PostgreSQL: at least 2, 3 with `fifo`, as waiters listen on one) | 10 (SQLite: 4) |
-/// | `observe_recheck_ms` | PostgreSQL: an election's observer reads the leader at least this often, besides each notification and each lease end | 1000 |
+/// | `pool_size` | connections in the pool the backend builds, at most 1000 (PostgreSQL: at least 2, 3 with `fifo`, as waiters listen on one) | 10 (SQLite: 4) |
+/// | `observe_recheck_ms` | PostgreSQL: an election's observer reads the leader at least this often, besides each notification and each lease end; 1 to 3600000 | 1000 |
 /// | `fifo` | PostgreSQL: `true` queues waiting exclusive requests, readers, campaigns and semaphore waiters in the table `<table>_queue` and grants them in arrival order, a release, resignation or eviction notifying only the queue's head (a freed permit, only the waiter it is for) (an uncontended acquire then costs more: +0.28 on the uncontended ratio, docs/benchmarks.md). MySQL/MariaDB: `true` queues them inside the server, each waiter on a connection of its own blocked in `GET_LOCK`, and a release wakes only the queue's head, with `KILL QUERY` (the crate docs say what that needs). `false`: PostgreSQL's release notifies every waiter and MySQL's waiters poll; the first to ask wins | `false` |
-/// | `queue_lease_ms` | PostgreSQL: how long a waiter's queue entry outlives its last attempt (a waiter renews it every third of this). MySQL/MariaDB: how long the server keeps a waiter's silent queue connection (its `wait_timeout`, whole seconds, at least 1). Either way a killed or cut-off waiter holds up the queue at most about this long | 3000 |
+/// | `queue_lease_ms` | PostgreSQL: how long a waiter's queue entry outlives its last attempt (a waiter renews it every third of this). MySQL/MariaDB: how long the server keeps a waiter's silent queue connection (its `wait_timeout`, whole seconds, at least 1). Either way a killed or cut-off waiter holds up the queue at most about this long; at most 3600000 | 3000 |
+///
+/// `fifo` and `queue_lease_ms` on SQLite, `observe_recheck_ms` on MySQL or
+/// SQLite, a parameter given twice and a value out of range are
+/// [`Error::InvalidInput`].
 ///
 /// Every other parameter is passed to sqlx unchanged: for example `sslmode`
 /// and `sslrootcert` on PostgreSQL, `ssl-mode` and `ssl-ca` on MySQL (TLS
@@ -25,29 +29,32 @@ use distlock_core::{Error, InputKind, Result};
 pub struct SqlConfig {
     /// The lock table; created on first use.
     pub table: String,
-    /// Pool size when the backend builds the pool from a URL.
+    /// Pool size when the backend builds the pool from a URL: 1 to 1000.
     pub pool_size: Option<u32>,
     /// How long to wait for a pooled connection before reporting the
-    /// database unavailable.
+    /// database unavailable: 1 ms to 1 hour.
     pub connect_timeout: Duration,
-    /// SQLite: how long a statement waits for another process's write lock.
+    /// SQLite: how long a statement waits for another process's write
+    /// lock: at most 1 hour.
     pub busy_timeout: Duration,
     /// MySQL and SQLite waiters: backoff between attempts.
     pub poll: Backoff,
     /// PostgreSQL waiters: the longest sleep between attempts when no
-    /// notification arrives (a lost NOTIFY, a reconnecting listener).
+    /// notification arrives (a lost NOTIFY, a reconnecting listener): 1 ms
+    /// to 1 hour.
     pub notify_fallback: Duration,
     /// PostgreSQL: the longest an election's observer goes without reading
     /// the leader when no notification arrives and no lease ends (a
-    /// notification lost while the LISTEN connection reconnects). Greater
-    /// than zero.
+    /// notification lost while the LISTEN connection reconnects). 1 ms to
+    /// 1 hour.
     pub observe_recheck: Duration,
     /// PostgreSQL and MySQL/MariaDB: whether waiting exclusive requests
     /// and campaigns queue, first come, first served.
     pub fifo: bool,
     /// PostgreSQL: how long a waiter's queue entry outlives its last
     /// attempt; at least 30 ms. MySQL/MariaDB: how long the server keeps a
-    /// silent waiter's queue connection (whole seconds, at least one).
+    /// silent waiter's queue connection (whole seconds, at least one). At
+    /// most 1 hour.
     pub queue_lease: Duration,
 }
 
@@ -110,6 +117,7 @@ impl SqlConfig {
 
     /// Refuses settings no backend can work with.
     pub(crate) fn validate(&self) -> Result<()> {
+        use distlock_core::input::{check_millis, MAX_TIMEOUT};
         distlock_core::wait::check_queue_lease(self.queue_lease)?;
         if self.observe_recheck.is_zero() {
             return Err(Error::invalid(
@@ -117,6 +125,27 @@ impl SqlConfig {
                 "observe_recheck must be greater than zero",
             ));
         }
+        match self.pool_size {
+            Some(0) => {
+                return Err(Error::invalid(
+                    InputKind::Config,
+                    "pool_size=0: a pool needs at least one connection",
+                ))
+            }
+            Some(n) if n > MAX_POOL_SIZE => return Err(pool_size_too_large(n, InputKind::Config)),
+            _ => {}
+        }
+        let ms = Duration::from_millis(1);
+        check_millis("connect_timeout", self.connect_timeout, ms, MAX_TIMEOUT)?;
+        check_millis(
+            "busy_timeout",
+            self.busy_timeout,
+            Duration::ZERO,
+            MAX_TIMEOUT,
+        )?;
+        check_millis("notify_fallback", self.notify_fallback, ms, MAX_WAIT)?;
+        check_millis("observe_recheck_ms", self.observe_recheck, ms, MAX_WAIT)?;
+        check_millis("queue_lease_ms", self.queue_lease, ms, MAX_WAIT)?;
         Ok(())
     }
 
@@ -126,9 +155,12 @@ impl SqlConfig {
         let Some((base, query)) = url.split_once('?') else {
             return Ok(url.to_string());
         };
+        distlock_core::input::query_pairs(&shown_scheme(base), query)?;
+        let scheme = base.split_once(':').map_or("", |(s, _)| s);
         let mut rest = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            check_applies(k, scheme)?;
             match k {
                 "table" => self.table = v.to_string(),
                 "pool_size" => {
@@ -138,6 +170,9 @@ impl SqlConfig {
                             format!("pool_size={v:?} is not a positive integer"),
                         )
                     })?;
+                    if n > MAX_POOL_SIZE {
+                        return Err(pool_size_too_large(n, InputKind::Url));
+                    }
                     self.pool_size = Some(n);
                 }
                 "observe_recheck_ms" => {
@@ -179,6 +214,50 @@ impl SqlConfig {
             format!("{base}?{}", rest.join("&"))
         })
     }
+}
+
+/// The largest `pool_size`: sqlx sets a pool's queues up for its size at
+/// once, and a database serves a few hundred connections at most.
+pub(crate) const MAX_POOL_SIZE: u32 = 1000;
+
+/// The longest `observe_recheck_ms`, `queue_lease_ms` and notification
+/// fallback: one hour. These bound how long a lost notification or a dead
+/// waiter can hold others up.
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+fn pool_size_too_large(n: u32, kind: InputKind) -> Error {
+    Error::invalid(
+        kind,
+        format!("pool_size={n} is above the limit of {MAX_POOL_SIZE} connections"),
+    )
+}
+
+/// `scheme://` of a URL, for errors (never the rest, which may hold a
+/// password).
+fn shown_scheme(base: &str) -> String {
+    format!("{}://", base.split_once(':').map_or("", |(s, _)| s))
+}
+
+/// Refuses distlock's parameters on a database they do not apply to, which
+/// would otherwise ignore them.
+fn check_applies(key: &str, scheme: &str) -> Result<()> {
+    let applies_to: &[&str] = match key {
+        "fifo" | "queue_lease_ms" => &["postgres", "postgresql", "mysql", "mariadb"],
+        "observe_recheck_ms" => &["postgres", "postgresql"],
+        _ => return Ok(()),
+    };
+    if applies_to.contains(&scheme) {
+        return Ok(());
+    }
+    let databases = if applies_to.len() == 2 {
+        "PostgreSQL"
+    } else {
+        "PostgreSQL and MySQL/MariaDB"
+    };
+    Err(Error::invalid(
+        InputKind::Url,
+        format!("{key} applies to {databases} only, not to {scheme}://; remove it from the URL"),
+    ))
 }
 
 /// Checks that the certificate and key files a PostgreSQL or MySQL URL names
@@ -337,6 +416,118 @@ mod tests {
             ),
             "{e:?}"
         );
+    }
+
+    fn is_invalid(r: Result<impl std::fmt::Debug>) -> String {
+        match r {
+            Err(e @ Error::InvalidInput { .. }) => e.to_string(),
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_pool_size_above_the_cap_is_refused() {
+        for scheme in ["sqlite://x.db", "postgres://h/db", "mysql://h/db"] {
+            let text = is_invalid(
+                SqlConfig::default().take_url_options(&format!("{scheme}?pool_size=4294967295")),
+            );
+            assert!(text.contains("pool_size=4294967295"), "{text}");
+            assert!(text.contains("1000"), "{text}");
+            let mut c = SqlConfig::default();
+            c.take_url_options(&format!("{scheme}?pool_size=1000"))
+                .unwrap();
+            assert_eq!(c.pool_size, Some(1000));
+        }
+        is_invalid(SqlConfig::default().with_pool_size(1001).validate());
+        is_invalid(SqlConfig::default().with_pool_size(0).validate());
+    }
+
+    #[test]
+    fn durations_outside_their_range_are_refused() {
+        for query in [
+            "queue_lease_ms=18446744073709551615",
+            "queue_lease_ms=3600001",
+            "observe_recheck_ms=18446744073709551615",
+        ] {
+            let mut c = SqlConfig::default();
+            c.take_url_options(&format!("postgres://h/db?{query}"))
+                .unwrap();
+            let text = is_invalid(c.validate());
+            assert!(text.contains(query.split('=').next().unwrap()), "{text}");
+            assert!(text.contains("3600000"), "{text}");
+        }
+        let c = SqlConfig {
+            connect_timeout: Duration::ZERO,
+            ..SqlConfig::default()
+        };
+        assert!(is_invalid(c.validate()).contains("connect_timeout=0"));
+        for c in [
+            SqlConfig {
+                connect_timeout: Duration::from_millis(u64::MAX),
+                ..SqlConfig::default()
+            },
+            SqlConfig {
+                busy_timeout: Duration::from_secs(3601),
+                ..SqlConfig::default()
+            },
+            SqlConfig {
+                notify_fallback: Duration::ZERO,
+                ..SqlConfig::default()
+            },
+        ] {
+            is_invalid(c.validate());
+        }
+        let mut c = SqlConfig {
+            busy_timeout: Duration::ZERO,
+            ..SqlConfig::default()
+        };
+        c.take_url_options("postgres://h/db?queue_lease_ms=3600000&observe_recheck_ms=3600000")
+            .unwrap();
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn a_parameter_of_another_database_is_refused() {
+        for (url, param) in [
+            ("sqlite://x.db?fifo=true", "fifo"),
+            ("sqlite://x.db?fifo=false", "fifo"),
+            ("sqlite://x.db?queue_lease_ms=3000", "queue_lease_ms"),
+            (
+                "sqlite://x.db?observe_recheck_ms=1000",
+                "observe_recheck_ms",
+            ),
+            ("mysql://h/db?observe_recheck_ms=1000", "observe_recheck_ms"),
+            (
+                "mariadb://h/db?observe_recheck_ms=1000",
+                "observe_recheck_ms",
+            ),
+        ] {
+            let text = is_invalid(SqlConfig::default().take_url_options(url));
+            assert!(text.contains(param), "{text}");
+            assert!(text.contains("PostgreSQL"), "{text}");
+        }
+        for ok in [
+            "postgres://h/db?fifo=true&queue_lease_ms=600&observe_recheck_ms=10",
+            "postgresql://h/db?observe_recheck_ms=10",
+            "mysql://h/db?fifo=true&queue_lease_ms=2000",
+            "mariadb://h/db?fifo=true",
+        ] {
+            assert!(SqlConfig::default().take_url_options(ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn a_repeated_parameter_is_refused() {
+        for url in [
+            "postgres://h/db?fifo=true&fifo=false",
+            "sqlite://x.db?table=a&table=b",
+            "mysql://h/db?pool_size=2&ssl-mode=DISABLED&pool_size=3",
+            "postgres://u:hunter2@h/db?sslmode=disable&sslmode=require",
+        ] {
+            let text = is_invalid(SqlConfig::default().take_url_options(url));
+            assert!(text.contains("given twice"), "{text}");
+            assert!(!text.contains("hunter2"), "{text}");
+        }
     }
 
     #[test]

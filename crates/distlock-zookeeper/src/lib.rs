@@ -17,6 +17,7 @@ use zookeeper_client as zk;
 mod election;
 mod list;
 mod semaphore;
+mod url;
 
 /// One ZooKeeper session, shared (not cloned) by every node it holds: a
 /// `zk::Client` clone copies its chroot and session password.
@@ -291,7 +292,7 @@ impl ZooKeeperBackend {
     /// `acl=creator` (the default then: the creator's identity may do
     /// everything, anyone may read); `acl=open` (the default without
     /// credentials, Curator's) lets anyone do everything. Parameters:
-    /// `session_timeout_ms` (default 10000), `root` (the lock root under the
+    /// `session_timeout_ms` (2 to 3600000, default 10000), `root` (the lock root under the
     /// chroot, default `/distlock`), `hold_while_disconnected` (default
     /// `false`: a disconnection counts as lost, Curator's Tech Note 14),
     /// `detached` (default `false`: dropping the client closes the session),
@@ -299,97 +300,26 @@ impl ZooKeeperBackend {
     /// `InterProcessMutex` names them, `_c_<uuid>-lock-<seq>`; `rwlock`: as
     /// the write lock of Curator's `InterProcessReadWriteLock` does,
     /// `_c_<uuid>-__WRIT__<seq>`). Shared nodes are `_c_<uuid>-__READ__<seq>`
-    /// in both.
+    /// in both. A server listed twice, an unknown parameter, a parameter
+    /// given twice and a value out of range are [`Error::InvalidInput`].
     pub async fn connect(url: &str) -> Result<Self> {
-        let bad = |why: String| Error::invalid(InputKind::Url, format!("zk:// URL: {why}"));
-        let rest = url
-            .strip_prefix("zk://")
-            .ok_or_else(|| bad("expected zk://host:port[,host:port...][/chroot]".into()))?;
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, chroot) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-            None => (rest, ""),
+        let url::ZkUrl {
+            hosts,
+            digest,
+            base,
+            layout,
+            session_timeout,
+            hold_while_disconnected,
+            detached,
+            acl,
+        } = url::parse(url)?;
+        let acls = match acl {
+            url::Acl::Creator => zk::Acls::new(&CREATOR_ALL_ANYONE_READ),
+            url::Acl::Open => zk::Acls::anyone_all(),
         };
-        let (digest, hosts) = match authority.rsplit_once('@') {
-            Some((creds, hosts)) => {
-                let (user, password) = creds
-                    .split_once(':')
-                    .filter(|(u, p)| !u.is_empty() && !p.is_empty())
-                    .ok_or_else(|| bad("credentials must be user:password@".into()))?;
-                (Some(format!("{user}:{password}")), hosts)
-            }
-            None => (None, authority),
-        };
-        for h in hosts.split(',') {
-            let ok = h
-                .rsplit_once(':')
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if !ok {
-                return Err(bad(format!("{h:?} is not host:port")));
-            }
-        }
-        let mut session_timeout = Duration::from_secs(10);
-        let mut root = "/distlock".to_string();
-        let mut layout = Layout::Mutex;
-        let (mut hold_while_disconnected, mut detached) = (false, false);
-        let mut acls = if digest.is_some() {
-            zk::Acls::new(&CREATOR_ALL_ANYONE_READ)
-        } else {
-            zk::Acls::anyone_all()
-        };
-        let flag = |k: &str, v: &str| match v {
-            "true" | "1" => Ok(true),
-            "false" | "0" => Ok(false),
-            _ => Err(bad(format!("{k}={v:?}; use true or false"))),
-        };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match k {
-                "session_timeout_ms" => {
-                    session_timeout = Duration::from_millis(
-                        v.parse()
-                            .map_err(|_| bad(format!("{k}={v:?} is not a number")))?,
-                    )
-                }
-                "root" => root = v.to_string(),
-                "layout" => {
-                    layout = match v {
-                        "mutex" => Layout::Mutex,
-                        "rwlock" => Layout::RwLock,
-                        _ => return Err(bad(format!("layout={v:?}; use mutex or rwlock"))),
-                    }
-                }
-                "hold_while_disconnected" => hold_while_disconnected = flag(k, v)?,
-                "detached" => detached = flag(k, v)?,
-                "acl" => {
-                    acls = match v {
-                        "open" => zk::Acls::anyone_all(),
-                        "creator" if digest.is_some() => zk::Acls::new(&CREATOR_ALL_ANYONE_READ),
-                        "creator" => {
-                            return Err(bad(
-                                "acl=creator needs credentials: zk://user:password@host:port"
-                                    .into(),
-                            ))
-                        }
-                        _ => return Err(bad(format!("acl={v:?}; use creator or open"))),
-                    }
-                }
-                _ => return Err(bad(format!("unknown parameter {k:?}"))),
-            }
-        }
-        let base = format!("{chroot}/{}", root.trim_matches('/'));
-        if base
-            .split('/')
-            .skip(1)
-            .any(|s| s.is_empty() || s == "." || s == "..")
-        {
-            return Err(bad(format!(
-                "chroot and root must be plain paths, got {base:?}"
-            )));
-        }
         let backend = Self {
             inner: Arc::new(Inner {
-                hosts: hosts.to_string(),
+                hosts,
                 digest,
                 acls,
                 base,

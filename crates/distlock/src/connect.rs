@@ -26,7 +26,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 ///
 /// | scheme | backend | feature |
 /// |---|---|---|
-/// | `memory://` | in-process table (one process only: demos and tests) | always |
+/// | `memory://` (nothing after it) | in-process table (one process only: demos and tests) | always |
 /// | `sqlite://PATH` | SQLite file | `sqlite` (default) |
 /// | `postgres://`, `postgresql://` | PostgreSQL | `postgres` (with `sql-tls` for `sslmode=require` and stricter) |
 /// | `mysql://`, `mariadb://` | MySQL / MariaDB | `mysql` (with `sql-tls` for `ssl-mode=REQUIRED` and stricter) |
@@ -68,7 +68,16 @@ pub async fn connect(url: &str) -> Result<DynBackend> {
         )
     };
     match scheme {
-        "memory" => Ok(std::sync::Arc::new(distlock_core::MemoryBackend::new())),
+        "memory" if url == "memory://" => {
+            Ok(std::sync::Arc::new(distlock_core::MemoryBackend::new()))
+        }
+        "memory" => Err(Error::invalid(
+            InputKind::Url,
+            format!(
+                "{:?}: memory:// takes no host, path or parameters; use memory://",
+                redact(url)
+            ),
+        )),
         "sqlite" | "postgres" | "postgresql" | "mysql" | "mariadb" => {
             #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
             {
@@ -246,6 +255,32 @@ mod tests {
             redact("etcds://u:pw@a:1?ca_file=/ca.pem"),
             "etcds://u:***@a:1?ca_file=/ca.pem"
         );
+    }
+
+    #[tokio::test]
+    async fn memory_takes_nothing_after_the_scheme() {
+        assert!(connect("memory://").await.is_ok());
+        for bad in [
+            "memory://anything/path?x=1",
+            "memory://host",
+            "memory:///",
+            "memory://?x=1",
+        ] {
+            let Err(e) = connect(bad).await else {
+                panic!("{bad} was accepted");
+            };
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidInput {
+                        kind: InputKind::Url,
+                        ..
+                    }
+                ),
+                "{bad}: {e:?}"
+            );
+            assert!(e.to_string().contains("use memory://"), "{e}");
+        }
     }
 
     #[tokio::test]
