@@ -185,6 +185,11 @@ fn main() {
             "redis::a_stalled_pubsub_connection_holds_no_wait_past_its_deadline_or_for_ever",
             move || handle.block_on(stalled_pubsub()),
         ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::a_stalled_connection_is_replaced_after_a_request_times_out",
+            move || handle.block_on(stalled_connection()),
+        ));
         for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
             // The lock's queue (with readers in it: `fifo::shared::*`), a
             // semaphore's (`fifo::semaphore::*`) and an election's
@@ -986,6 +991,52 @@ async fn sent_again() -> Result<(), Failed> {
         .collect();
     if !matches!(b.try_acquire_all(&others).await?, AllAtOnce::Refused) {
         return Err("another owner's multi-lock was not refused".into());
+    }
+    drop(node);
+    Ok(())
+}
+
+/// The client's connection, stalled by the network without being closed:
+/// the request that times out on it is a retryable error, and the requests
+/// after it go out on a new connection.
+async fn stalled_connection() -> Result<(), Failed> {
+    let node = tokio::task::spawn_blocking(|| server::spawn(&[]))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let proxy = Proxy::start(node.port).map_err(|e| e.to_string())?;
+    let before = proxy.accepted();
+    let url = format!("redis://127.0.0.1:{}?timeout_ms=300", proxy.port);
+    let client = LockClient::new(RedisBackend::connect(&url).await?);
+    client
+        .lock("stalled-conn/a")
+        .try_acquire()
+        .await?
+        .ok_or("a free lock was refused")?
+        .release()
+        .await?;
+    for index in before..proxy.accepted() {
+        proxy.stall(index);
+    }
+    match client.lock("stalled-conn/b").try_acquire().await {
+        Err(e) if e.is_retryable() => {}
+        other => {
+            return Err(format!("a request on a stalled connection answered {other:?}").into())
+        }
+    }
+    let start = std::time::Instant::now();
+    loop {
+        match client.lock("stalled-conn/b").try_acquire().await {
+            Ok(Some(g)) => {
+                g.release().await?;
+                break;
+            }
+            Ok(None) => return Err("a free lock was refused".into()),
+            Err(e) if start.elapsed() > Duration::from_secs(10) => {
+                return Err(format!("requests still fail 10 s after the stall: {e}").into())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
     }
     drop(node);
     Ok(())

@@ -18,17 +18,78 @@ use tokio::sync::Mutex;
 use crate::config::Topology;
 
 /// The connection all locks of one client share.
+// One per backend, behind its `Arc`: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single {
-        client: Client,
-        manager: ConnectionManager,
-    },
+    Single(Arc<SingleConn>),
     Cluster {
         seed: Client,
         conn: ClusterConnection,
     },
     Sentinel(Arc<SentinelConn>),
+}
+
+/// A single server's connection, replaced by a new one after a request on
+/// it times out. The connection manager reconnects only when the socket
+/// reports an error, so a connection the network stopped serving without
+/// closing it would time out every request for as long as TCP keeps it
+/// open (a quarter of an hour on a real network).
+pub(crate) struct SingleConn {
+    client: Client,
+    manager: std::sync::RwLock<ConnectionManager>,
+    timeout: Duration,
+    /// A new connection is being opened: the requests that time out
+    /// together replace the old one once.
+    replacing: std::sync::atomic::AtomicBool,
+}
+
+impl SingleConn {
+    fn manager(&self) -> ConnectionManager {
+        self.manager
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Runs `f` on the current connection; after a timeout, opens a new one
+    /// in the background for the requests that follow.
+    async fn on<T, Fut>(
+        self: &Arc<Self>,
+        f: impl FnOnce(ConnectionManager) -> Fut,
+    ) -> RedisResult<T>
+    where
+        Fut: std::future::Future<Output = RedisResult<T>>,
+    {
+        let result = f(self.manager()).await;
+        if result.as_ref().is_err_and(RedisError::is_timeout) {
+            self.replace();
+        }
+        result
+    }
+
+    fn replace(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        if self.replacing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let config = manager_config(me.timeout);
+            match ConnectionManager::new_with_config(me.client.clone(), config).await {
+                Ok(m) => {
+                    *me.manager
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = m;
+                    tracing::debug!("a request timed out; the connection was replaced");
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "a request timed out and no new connection opened; keeping the old one");
+                }
+            }
+            me.replacing.store(false, Ordering::Release);
+        });
+    }
 }
 
 /// Follows the master of a Sentinel service: on a connection error or a
@@ -181,7 +242,12 @@ impl Conn {
                 let manager =
                     ConnectionManager::new_with_config(client.clone(), manager_config(timeout))
                         .await?;
-                Ok(Conn::Single { client, manager })
+                Ok(Conn::Single(Arc::new(SingleConn {
+                    client,
+                    manager: std::sync::RwLock::new(manager),
+                    timeout,
+                    replacing: std::sync::atomic::AtomicBool::new(false),
+                })))
             }
             Topology::Cluster(nodes) => {
                 let seed = single_client(&nodes[0], ca_file)?;
@@ -238,7 +304,10 @@ impl Conn {
         // Cluster and Sentinel arms are boxed: an async fn's future is as
         // big as its largest arm, and every lock operation carries it.
         match self {
-            Conn::Single { manager, .. } => inv.invoke_async(&mut manager.clone()).await,
+            Conn::Single(s) => {
+                s.on(|mut m| async move { inv.invoke_async(&mut m).await })
+                    .await
+            }
             Conn::Cluster { conn, .. } => Box::pin(inv.invoke_async(&mut conn.clone())).await,
             Conn::Sentinel(s) => {
                 Box::pin(s.on_master(|mut m| async move { inv.invoke_async(&mut m).await })).await
@@ -252,7 +321,10 @@ impl Conn {
     /// instead of 72 bytes, and every Redlock vote around it as much larger.
     pub(crate) async fn cmd<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
         match self {
-            Conn::Single { manager, .. } => cmd.query_async(&mut manager.clone()).await,
+            Conn::Single(s) => {
+                s.on(|mut m| async move { cmd.query_async(&mut m).await })
+                    .await
+            }
             Conn::Cluster { conn, .. } => Box::pin(cmd.query_async(&mut conn.clone())).await,
             Conn::Sentinel(s) => {
                 Box::pin(s.on_master(|mut m| async move { cmd.query_async(&mut m).await })).await
@@ -298,7 +370,7 @@ impl Conn {
     /// reach every node of a cluster, so any node will do.
     pub(crate) async fn pubsub_client(&self) -> RedisResult<Client> {
         match self {
-            Conn::Single { client, .. } => Ok(client.clone()),
+            Conn::Single(s) => Ok(s.client.clone()),
             Conn::Cluster { seed, .. } => Ok(seed.clone()),
             Conn::Sentinel(s) => Ok(s.current().await?.0),
         }
