@@ -23,10 +23,19 @@ pub fn redlock_url(ports: impl IntoIterator<Item = u16>, options: &str) -> Strin
         .into_iter()
         .map(|p| format!("127.0.0.1:{p}"))
         .collect();
-    format!(
-        "redlock://{}?node_timeout_ms={REDLOCK_NODE_TIMEOUT_MS}{options}",
-        hosts.join(",")
-    )
+    // A node timeout among `options` replaces the default (a parameter
+    // given twice is refused).
+    let mut query = Vec::new();
+    if !options.contains("node_timeout_ms=") {
+        query.push(format!("node_timeout_ms={REDLOCK_NODE_TIMEOUT_MS}"));
+    }
+    query.extend(
+        options
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(str::to_string),
+    );
+    format!("redlock://{}?{}", hosts.join(","), query.join("&"))
 }
 
 /// The subjectAltNames of the TLS servers' certificates: clients reach them
