@@ -217,15 +217,27 @@ impl Hold {
     /// next local waiter in.
     pub(crate) async fn finish(&self) -> Result<bool> {
         let lease = &self.lease;
+        // Past the lease's deadline the server has let it go whatever the
+        // release answers: a release the network never answers must not
+        // keep the name from this client's other tasks for ever.
+        let deadline = lease.deadline();
         lease.mark_released();
         let span =
             tracing::debug_span!("distlock.release", lock = %lease.req.name, token = %lease.token);
-        let result = self
-            .keeper
-            .backend
-            .release(&lease.req)
-            .instrument(span)
-            .await;
+        let release = self.keeper.backend.release(&lease.req).instrument(span);
+        let result = match deadline {
+            Some(d) => tokio::time::timeout_at(d, release).await.unwrap_or_else(|_| {
+                Err(Error::unavailable(
+                    "distlock",
+                    format!(
+                        "the release of {} had no answer by the lease's deadline, where the lease ends anyway",
+                        lease.req.name
+                    ),
+                    None,
+                ))
+            }),
+            None => release.await,
+        };
         match &result {
             Ok(true) => tracing::debug!(lock = %lease.req.name, token = %lease.token, "released"),
             Ok(false) => {

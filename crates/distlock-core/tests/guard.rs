@@ -359,6 +359,28 @@ async fn a_cancelled_release_still_releases() {
     assert!(b.lock("cut").try_acquire().await.unwrap().is_some());
 }
 
+/// A release the server never answers ends at the lease's deadline, where
+/// the lease ends anyway: the name is the client's to take again, not
+/// kept from its other tasks for ever.
+#[tokio::test(start_paused = true)]
+async fn a_release_that_never_answers_ends_at_the_leases_deadline() {
+    let (s, a, _) = setup();
+    let ttl = Duration::from_secs(3);
+    let g = a.lock("unanswered").ttl(ttl).acquire().await.unwrap();
+    s.hang_releases.store(usize::MAX, Ordering::SeqCst);
+    let released = tokio::time::timeout(Duration::from_secs(30), g.release()).await;
+    assert!(
+        matches!(released, Ok(Err(Error::Unavailable { .. }))),
+        "{released:?}"
+    );
+    let again = tokio::time::timeout(
+        Duration::from_secs(30),
+        a.lock("unanswered").ttl(ttl).acquire(),
+    )
+    .await;
+    assert!(matches!(again, Ok(Ok(_))), "{again:?}");
+}
+
 /// Found by the fault suite's workload: the deadline of a lock granted
 /// after a long wait was counted from the start of the wait, so a waiter
 /// that waited longer than the TTL was handed a guard already lost.
