@@ -30,6 +30,34 @@ pub fn query_pairs<'a>(what: &str, query: &'a str) -> Result<Vec<(&'a str, &'a s
     Ok(pairs)
 }
 
+/// The `host:port` entries of a comma-separated server list, each checked
+/// (a host and a port number) and none listed twice (compared without case,
+/// as host names are). `what` names an entry in the messages (`"server"`,
+/// `"endpoint"`); each message is passed to `bad` for the backend's error.
+pub fn host_ports<'a>(
+    what: &str,
+    list: &'a str,
+    bad: impl Fn(String) -> Error,
+) -> Result<Vec<&'a str>> {
+    let mut seen: Vec<(String, &str)> = Vec::new();
+    for h in list.split(',') {
+        let ok = h
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !ok {
+            return Err(bad(format!("{h:?} is not host:port")));
+        }
+        let same = h.to_ascii_lowercase();
+        if let Some((_, first)) = seen.iter().find(|(k, _)| *k == same) {
+            return Err(bad(format!(
+                "{what} {h} is listed twice (as {first} and {h}); list each {what} once"
+            )));
+        }
+        seen.push((same, h));
+    }
+    Ok(seen.into_iter().map(|(_, h)| h).collect())
+}
+
 /// Checks a duration option against its range: `name` is the URL
 /// parameter that sets it (in milliseconds), `min` and `max` the range.
 pub fn check_millis(name: &str, value: Duration, min: Duration, max: Duration) -> Result<()> {
@@ -74,6 +102,24 @@ mod tests {
             text.contains("\"true\"") && text.contains("\"false\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_host_list_needs_ports_and_no_host_twice() {
+        let bad = |m: String| Error::invalid(InputKind::Url, m);
+        assert_eq!(
+            host_ports("server", "a:1,b:2", bad).unwrap(),
+            ["a:1", "b:2"]
+        );
+        for (list, says) in [
+            ("a:1,A:1", "server A:1 is listed twice (as a:1 and A:1)"),
+            ("a:1,b", "\"b\" is not host:port"),
+            ("a:1,", "\"\" is not host:port"),
+            (":1", "\":1\" is not host:port"),
+        ] {
+            let e = host_ports("server", list, bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{list}: {e}");
+        }
     }
 
     #[test]

@@ -1445,27 +1445,18 @@ fn parse_url(url: &str) -> Result<EtcdUrl> {
         Duration::from_millis(1),
         distlock_core::input::MAX_TIMEOUT,
     )?;
-    let mut seen: Vec<(String, &str)> = Vec::new();
-    let mut endpoints = Vec::new();
-    for h in hosts.split(',').filter(|h| !h.is_empty()) {
-        let ok = h
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-        if !ok {
-            return Err(bad(format!("{h:?} is not host:port")));
-        }
-        let same = h.to_ascii_lowercase();
-        if let Some((_, first)) = seen.iter().find(|(k, _)| *k == same) {
-            return Err(bad(format!(
-                "endpoint {h} is listed twice (as {first} and {h}); list each endpoint once"
-            )));
-        }
-        seen.push((same, h));
-        endpoints.push(format!("{}://{h}", if https { "https" } else { "http" }));
-    }
-    if endpoints.is_empty() {
+    if hosts.split(',').all(str::is_empty) {
         return Err(bad("no endpoints".into()));
     }
+    let listed: String = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .collect::<Vec<_>>()
+        .join(",");
+    let endpoints: Vec<String> = distlock_core::input::host_ports("endpoint", &listed, bad)?
+        .into_iter()
+        .map(|h| format!("{}://{h}", if https { "https" } else { "http" }))
+        .collect();
     let user = match user {
         Some(u) => {
             let (name, pass) = u

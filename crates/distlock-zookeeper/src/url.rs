@@ -56,22 +56,7 @@ pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
         }
         None => (None, authority),
     };
-    let mut seen: Vec<(String, &str)> = Vec::new();
-    for h in hosts.split(',') {
-        let ok = h
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-        if !ok {
-            return Err(bad(format!("{h:?} is not host:port")));
-        }
-        let same = h.to_ascii_lowercase();
-        if let Some((_, first)) = seen.iter().find(|(k, _)| *k == same) {
-            return Err(bad(format!(
-                "server {h} is listed twice (as {first} and {h}); list each server once"
-            )));
-        }
-        seen.push((same, h));
-    }
+    distlock_core::input::host_ports("server", hosts, bad)?;
     let mut session_timeout = Duration::from_secs(10);
     let mut root = "/distlock".to_string();
     let mut layout = Layout::Mutex;
