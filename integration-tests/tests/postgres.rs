@@ -433,7 +433,34 @@ async fn tls_plaintext_refused(f: Arc<SqlFactory>) -> Result<(), Failed> {
     }
 }
 
-/// See [`sql_support::wrong_credentials_are_misconfigured`].
+/// `holder` holds `lock` while each of `clients` waits for it, then
+/// releases it, waking them together; each waiter's answer (a grant is
+/// released at once).
+async fn woken_together(
+    holder: &LockClient,
+    lock: &'static str,
+    clients: Vec<LockClient>,
+) -> Result<Vec<Result<(), Error>>, Failed> {
+    let g = holder.lock(lock).acquire().await?;
+    let waiters: Vec<_> = clients
+        .into_iter()
+        .map(|c| {
+            tokio::spawn(async move {
+                let g = c.lock(lock).wait(Duration::from_secs(30)).acquire().await?;
+                g.release().await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    g.release().await?;
+    let mut answers = Vec::new();
+    for w in waiters {
+        answers.push(w.await.map_err(|e| e.to_string())?);
+    }
+    Ok(answers)
+}
+
 /// On a database whose default isolation is REPEATABLE READ, waiters woken
 /// by one release, whose statements meet on the lock's row, all get the
 /// lock in turn: none fails with a serialization error.
@@ -454,48 +481,26 @@ async fn repeatable_read_default(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let (server, _) = base.rsplit_once('/').ok_or("a URL without a database")?;
     let url = format!("{server}/{db}?{query}");
     let holder = LockClient::new(SqlBackend::connect(&url).await?);
-    let g = holder.lock("rr/x").acquire().await?;
-    let mut waiters = Vec::new();
+    let mut clients = Vec::new();
     for _ in 0..6 {
-        let c = LockClient::new(SqlBackend::connect(&url).await?);
-        waiters.push(tokio::spawn(async move {
-            let g = c
-                .lock("rr/x")
-                .wait(Duration::from_secs(30))
-                .acquire()
-                .await?;
-            g.release().await?;
-            Ok::<_, Error>(())
-        }));
+        clients.push(LockClient::new(SqlBackend::connect(&url).await?));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    g.release().await?;
-    for w in waiters {
-        w.await.map_err(|e| e.to_string())??;
+    for answer in woken_together(&holder, "rr/x", clients).await? {
+        answer?;
     }
     // Pools of the user's keep the database's default: a waiter that meets
     // another on the row may fail, but only with a retryable error.
-    let g = holder.lock("rr/y").acquire().await?;
-    let mut waiters = Vec::new();
+    let mut clients = Vec::new();
     for _ in 0..6 {
         let pool = sqlx::PgPool::connect(&url)
             .await
             .map_err(|e| e.to_string())?;
-        let c = LockClient::new(SqlBackend::postgres(pool, SqlConfig::default()).await?);
-        waiters.push(tokio::spawn(async move {
-            let g = c
-                .lock("rr/y")
-                .wait(Duration::from_secs(30))
-                .acquire()
-                .await?;
-            g.release().await?;
-            Ok::<_, Error>(())
-        }));
+        clients.push(LockClient::new(
+            SqlBackend::postgres(pool, SqlConfig::default()).await?,
+        ));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    g.release().await?;
-    for w in waiters {
-        match w.await.map_err(|e| e.to_string())? {
+    for answer in woken_together(&holder, "rr/y", clients).await? {
+        match answer {
             Err(e) if !e.is_retryable() => {
                 return Err(format!("a waiter on a pool of its own failed for good: {e}").into())
             }
@@ -546,6 +551,7 @@ async fn pool_too_small(f: Arc<SqlFactory>) -> Result<(), Failed> {
     Ok(())
 }
 
+/// See [`sql_support::wrong_credentials_are_misconfigured`].
 async fn wrong_credentials(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let (port, certs) = tls_certs(&f)?;
     let ca = certs.ca.display().to_string();
