@@ -9,7 +9,7 @@
 //!   `containers`) runs them in Docker.
 //! - [`factory`]: a [`BackendFactory`] for every backend on a harness server.
 //! - [`faults`], [`queue`]: the fault suite's runs and the queue backends'
-//!   own cases.
+//!   own cases; [`stall`]: cases on a server that stops answering.
 //!
 //! A backend's test file is one factory and one call to [`run_suite`]; see
 //! `tests/memory.rs`.
@@ -21,3 +21,4 @@ pub mod faults;
 pub mod fifo;
 pub mod harness;
 pub mod queue;
+pub mod stall;

@@ -54,6 +54,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::a_wait_on_a_server_that_stops_answering_ends_by_its_deadline",
+                stalled_wait(etcd.clone()),
+            ),
+            trial(
+                rt,
                 "etcd::etcdctl_lock_excludes_distlock",
                 etcdctl_holds(etcd.clone()),
             ),
@@ -365,6 +370,14 @@ async fn leader_killed() -> Result<(), Failed> {
         Duration::from_secs(5),
         server::leader,
     )
+    .await
+}
+
+/// See [`integration_tests::stall::a_wait_ends_by_its_deadline`].
+async fn stalled_wait(f: Arc<Etcd>) -> Result<(), Failed> {
+    integration_tests::stall::a_wait_ends_by_its_deadline(f.url()?, |url| async move {
+        EtcdBackend::connect(&url).await
+    })
     .await
 }
 

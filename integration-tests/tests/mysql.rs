@@ -57,6 +57,11 @@ fn main() {
             trials.extend([
             trial(
                 rt,
+                "mysql::a_wait_on_a_server_that_stops_answering_ends_by_its_deadline",
+                stalled_wait(f.clone()),
+            ),
+            trial(
+                rt,
                 "mysql::fifo::grants_in_arrival_order_waking_only_the_head",
                 fifo_order(sql_support::queued_row(false, "fifo/order"), 1),
             ),
@@ -700,5 +705,13 @@ async fn fifo_cut((what, row): (integration_tests::fifo::Queued, String)) -> Res
         SqlConfig::default().queue_lease,
         fifo_queued(server.port, &row),
     )
+    .await
+}
+
+/// See [`integration_tests::stall::a_wait_ends_by_its_deadline`].
+async fn stalled_wait(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    integration_tests::stall::a_wait_ends_by_its_deadline(f.url()?, |url| async move {
+        SqlBackend::connect(&url).await
+    })
     .await
 }

@@ -59,6 +59,11 @@ fn main() {
             trials.extend([
             trial(
                 rt,
+                "postgres::a_wait_on_a_server_that_stops_answering_ends_by_its_deadline",
+                stalled_wait(f.clone()),
+            ),
+            trial(
+                rt,
                 "postgres::the_longest_table_name_serves_every_kind",
                 sql_support::the_longest_table_name_serves_every_kind(f.clone()),
             ),
@@ -1840,5 +1845,13 @@ async fn fifo_cut((what, row): (integration_tests::fifo::Queued, String)) -> Res
         SqlConfig::default().queue_lease,
         fifo_queued(&url, &row),
     )
+    .await
+}
+
+/// See [`integration_tests::stall::a_wait_ends_by_its_deadline`].
+async fn stalled_wait(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    integration_tests::stall::a_wait_ends_by_its_deadline(f.url()?, |url| async move {
+        SqlBackend::connect(&url).await
+    })
     .await
 }

@@ -196,6 +196,11 @@ fn main() {
             "redis::a_stalled_connection_is_replaced_after_a_request_times_out",
             move || handle.block_on(stalled_connection()),
         ));
+        extra.push(integration_tests::trial(
+            rt,
+            "redis::a_wait_on_a_server_that_stops_answering_ends_by_its_deadline",
+            stalled_wait(single.clone()),
+        ));
         for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
             // The lock's queue (with readers in it: `fifo::shared::*`), a
             // semaphore's (`fifo::semaphore::*`) and an election's
@@ -1227,4 +1232,12 @@ async fn outside_the_rule(f: Arc<Redis>) -> Result<(), Failed> {
         Some(g) => g.release().await.map(|_| ()).map_err(Failed::from),
         None => Err("a free name inside the user's keys was refused".into()),
     }
+}
+
+/// See [`integration_tests::stall::a_wait_ends_by_its_deadline`].
+async fn stalled_wait(f: Arc<Redis>) -> Result<(), Failed> {
+    integration_tests::stall::a_wait_ends_by_its_deadline(f.url()?, |url| async move {
+        RedisBackend::connect(&url).await
+    })
+    .await
 }

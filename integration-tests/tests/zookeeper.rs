@@ -50,6 +50,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "zookeeper::a_wait_on_a_server_that_stops_answering_ends_by_its_deadline",
+                stalled_wait(zk.clone()),
+            ),
+            trial(
+                rt,
                 "zookeeper::leader_killed_during_hold_and_wait_keeps_exclusion",
                 leader_killed(),
             ),
@@ -213,6 +218,14 @@ async fn leader_killed() -> Result<(), Failed> {
                 .map(|m| m.port)
         },
     )
+    .await
+}
+
+/// See [`integration_tests::stall::a_wait_ends_by_its_deadline`].
+async fn stalled_wait(f: Arc<Zk>) -> Result<(), Failed> {
+    integration_tests::stall::a_wait_ends_by_its_deadline(f.url()?, |url| async move {
+        ZooKeeperBackend::connect(&url).await
+    })
     .await
 }
 

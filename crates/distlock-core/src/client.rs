@@ -306,7 +306,10 @@ impl LockBuilder {
     }
 
     /// How long [`acquire`](Self::acquire) waits (default: forever; a wait
-    /// past the clock's range is forever too).
+    /// past the clock's range is forever too). At the end it fails with
+    /// [`Error::WaitTimeout`]; a server that has not answered a request by
+    /// then gets [`ANSWER_GRACE`] more, and then the acquire fails with
+    /// [`Error::Unavailable`].
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
@@ -530,12 +533,27 @@ impl ClientInner {
     /// future be dropped, or the backend fail after it may have granted (a
     /// lost reply), the owner is released in the background, so nothing is
     /// left held by nobody.
+    ///
+    /// A wait ends at its deadline even where the backend's own steps do
+    /// not: a request still unanswered [`ANSWER_GRACE`] after the deadline
+    /// is abandoned with [`Error::Unavailable`] (the server did not answer
+    /// in time) and, since it may have been granted, released in the
+    /// background like a dropped acquire.
     pub(crate) async fn ask(&self, req: &LockRequest, mode: Mode) -> Result<Option<Grant>> {
         let backend = &self.keeper.backend;
         let mut cleanup = ReleaseIfDropped::arm(backend.clone(), vec![req.clone()]);
         let granted = match mode {
             Mode::Once => backend.try_acquire(req).await,
-            Mode::Wait(deadline) => backend.acquire(req, deadline).await.map(Some),
+            Mode::Wait(deadline) => {
+                let waited = backend.acquire(req, deadline);
+                match deadline.and_then(|d| d.checked_add(ANSWER_GRACE)) {
+                    Some(cut) => tokio::time::timeout_at(cut, waited)
+                        .await
+                        .unwrap_or_else(|_| Err(self.unanswered(req)))
+                        .map(Some),
+                    None => waited.await.map(Some),
+                }
+            }
         };
         if granted.as_ref().is_ok() || granted.as_ref().is_err_and(grants_nothing) {
             cleanup.disarm();
@@ -545,7 +563,25 @@ impl ClientInner {
         }
         granted
     }
+
+    /// The error of a wait whose backend had not answered by
+    /// [`ANSWER_GRACE`] after its deadline.
+    fn unanswered(&self, req: &LockRequest) -> Error {
+        Error::unavailable(
+            self.keeper.caps.backend,
+            format!(
+                "no answer for {} within {:?} of the wait's deadline; the request is abandoned and whatever it may have taken is released in the background",
+                req.name, ANSWER_GRACE
+            ),
+            None,
+        )
+    }
 }
+
+/// How long after a wait's deadline a request in flight may still answer
+/// (a grant, or the backend's own `WaitTimeout` after its clean-up) before
+/// the wait ends without it. Long enough for a busy server's round trip.
+pub const ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// Errors after which the server cannot have granted anything.
 pub(crate) fn grants_nothing(e: &Error) -> bool {

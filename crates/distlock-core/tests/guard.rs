@@ -27,6 +27,9 @@ struct Scripted {
     hang_releases: AtomicUsize,
     /// Extends for this TTL (in ms) never answer.
     hang_extends_ms: AtomicUsize,
+    /// Acquires reach the server (and may be granted), and the reply never
+    /// comes.
+    hang_acquire_replies: AtomicBool,
     session_end: Arc<Notify>,
 }
 
@@ -39,6 +42,9 @@ impl Backend for Scripted {
         let granted = self.inner.try_acquire(req).await?;
         if self.lose_acquire_reply.load(Ordering::SeqCst) {
             return Err(Error::unavailable("scripted", "reply lost", None));
+        }
+        if self.hang_acquire_replies.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
         }
         Ok(granted)
     }
@@ -379,6 +385,32 @@ async fn a_release_that_never_answers_ends_at_the_leases_deadline() {
     )
     .await;
     assert!(matches!(again, Ok(Ok(_))), "{again:?}");
+}
+
+/// A wait whose request is never answered ends shortly after its deadline
+/// with `Unavailable`, not when the backend gives up, and what the request
+/// took on the server is released.
+#[tokio::test(start_paused = true)]
+async fn a_wait_whose_request_never_answers_ends_after_its_deadline() {
+    let (s, a, b) = setup();
+    s.hang_acquire_replies.store(true, Ordering::SeqCst);
+    let start = Instant::now();
+    let wait = Duration::from_secs(2);
+    let r = tokio::time::timeout(
+        Duration::from_secs(600),
+        a.lock("unanswered-wait").wait(wait).acquire(),
+    )
+    .await;
+    assert!(
+        matches!(r, Ok(Err(Error::Unavailable { .. }))),
+        "{:?}",
+        r.map(|r| r.map(|_| "granted"))
+    );
+    assert_eq!(start.elapsed(), wait + distlock_core::ANSWER_GRACE);
+    s.hang_acquire_replies.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let other = b.lock("unanswered-wait").try_acquire().await.unwrap();
+    assert!(other.is_some(), "the unanswered grant was never released");
 }
 
 /// Found by the fault suite's workload: the deadline of a lock granted

@@ -113,8 +113,31 @@ fn err(hosts: &str, e: zk::Error) -> Error {
             format!("ZooKeeper at {hosts} refused: {e}; every client of a lock needs the credentials (user:password@ in the URL) of the client that created its nodes"),
             Some(Box::new(e)),
         ),
+        // The client reports a connection that stopped answering, or failed
+        // reading or writing, as an error of its own kind: retryable too.
+        other if connection_failed(&other) => Error::unavailable(
+            "zookeeper",
+            format!("ZooKeeper at {hosts}: {other}"),
+            Some(Box::new(other)),
+        ),
         other => Error::backend("zookeeper", other),
     }
+}
+
+/// Whether `e` is the client's report of a failed connection (no answer
+/// within the session's timeout, or an I/O error) rather than a refusal.
+fn connection_failed(e: &zk::Error) -> bool {
+    if !matches!(e, zk::Error::Custom(_)) || distlock_core::tls_refusal(e).is_some() {
+        return false;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<std::io::Error>() {
+            return true;
+        }
+        source = s.source();
+    }
+    e.to_string().starts_with("no response from connection")
 }
 
 /// The marker of an exclusive node in the `mutex` layout (Curator's
