@@ -59,31 +59,30 @@ impl Claims {
             }
             gate
         };
-        let waited = match how {
-            Claiming::Try => None,
-            Claiming::Wait(clock) => Some(
-                clock
-                    .within(async {
-                        // The gate is never closed.
-                        Ok(gate.clone().acquire_owned().await.ok())
-                    })
-                    .await,
-            ),
+        let awaiting = Awaiting {
+            claims: self,
+            key,
+            gate: Some(gate),
         };
-        drop(gate);
-        match waited {
-            Some(Ok(Some(permit))) => {
+        let waited = match (how, &awaiting.gate) {
+            (Claiming::Wait(clock), Some(gate)) => {
+                let gate = gate.clone();
+                clock
+                    .within(async move {
+                        // The gate is never closed.
+                        Ok(gate.acquire_owned().await.ok())
+                    })
+                    .await
+            }
+            _ => Ok(None),
+        };
+        drop(awaiting);
+        match waited? {
+            Some(permit) => {
                 self.state().held.insert(owner, (key.to_string(), permit));
                 Ok(true)
             }
-            Some(Err(e)) => {
-                self.prune(key);
-                Err(e)
-            }
-            _ => {
-                self.prune(key);
-                Ok(false)
-            }
+            None => Ok(false),
         }
     }
 
@@ -98,6 +97,22 @@ impl Claims {
 
     fn prune(&self, key: &str) {
         prune(&mut self.state(), key);
+    }
+}
+
+/// A request's share of a key's gate while it looks at it or waits for
+/// it; letting go forgets the gate if nobody else holds or awaits it, also
+/// when the wait is dropped half-way.
+struct Awaiting<'a> {
+    claims: &'a Claims,
+    key: &'a str,
+    gate: Option<Arc<Semaphore>>,
+}
+
+impl Drop for Awaiting<'_> {
+    fn drop(&mut self) {
+        drop(self.gate.take());
+        self.claims.prune(self.key);
     }
 }
 
@@ -138,6 +153,28 @@ mod tests {
         claims.unclaim(&a);
         assert!(waiter.await.unwrap().unwrap());
         claims.unclaim(&b);
+        assert!(claims.state().keys.is_empty() && claims.state().held.is_empty());
+    }
+
+    /// A wait dropped after the claim it waited for was given up, before
+    /// it could take it, leaves no gate behind.
+    #[tokio::test]
+    async fn a_wait_dropped_after_the_key_was_given_up_leaves_no_gate() {
+        let claims = Arc::new(Claims::default());
+        let (a, b) = (owner(), owner());
+        assert!(claims.claim("k", a, Claiming::Try).await.unwrap());
+        let waiter = {
+            let claims = claims.clone();
+            tokio::spawn(async move {
+                let name = distlock_core::LockName::new("x").unwrap();
+                let clock = WaitClock::start(&name, None);
+                claims.claim("k", b, Claiming::Wait(&clock)).await
+            })
+        };
+        tokio::task::yield_now().await;
+        claims.unclaim(&a);
+        waiter.abort();
+        assert!(waiter.await.is_err_and(|e| e.is_cancelled()));
         assert!(claims.state().keys.is_empty() && claims.state().held.is_empty());
     }
 }
