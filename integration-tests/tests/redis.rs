@@ -193,6 +193,11 @@ fn main() {
         ));
         let handle = rt.handle().clone();
         extra.push(Trial::test(
+            "redis::a_wait_dropped_while_its_subscription_is_confirmed_leaves_the_channel_unsubscribed",
+            move || handle.block_on(subscribe_dropped()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
             "redis::a_stalled_connection_is_replaced_after_a_request_times_out",
             move || handle.block_on(stalled_connection()),
         ));
@@ -1116,6 +1121,65 @@ async fn stalled_pubsub() -> Result<(), Failed> {
         .map_err(|e| e.to_string())??;
     got.release().await?;
     warm.release().await?;
+    drop(node);
+    Ok(())
+}
+
+/// A waiter dropped after its `SUBSCRIBE` reached the server, before the
+/// confirmation came back (the proxy holds every reply for a second),
+/// leaves the channel unsubscribed once it is gone, not subscribed on the
+/// client's pub/sub connection with nobody counted on it.
+async fn subscribe_dropped() -> Result<(), Failed> {
+    let node = tokio::task::spawn_blocking(|| server::spawn(&[]))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let port = node.port;
+    let proxy = Proxy::start(port).map_err(|e| e.to_string())?;
+    let holder =
+        LockClient::new(RedisBackend::connect(&format!("redis://127.0.0.1:{port}")).await?);
+    // The waiter's client outlives its wait: closing its pub/sub
+    // connection would unsubscribe everything.
+    let waiter = LockClient::new(
+        RedisBackend::connect(&format!("redis://127.0.0.1:{}?timeout_ms=5000", proxy.port)).await?,
+    );
+    let lock = "unconfirmed/a";
+    let held = holder
+        .lock(lock)
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await?;
+    let subscribed = move || {
+        server::command(port, &["PUBSUB", "CHANNELS", "*unconfirmed/a*"])
+            .is_some_and(|reply| reply.contains(lock))
+    };
+    proxy.set_reply_delay(Duration::from_secs(1));
+    let w = waiter.clone();
+    let waiting =
+        tokio::spawn(async move { w.lock(lock).wait(Duration::from_secs(60)).acquire().await });
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !subscribed() {
+        if tokio::time::Instant::now() > until {
+            return Err("the waiter never subscribed".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waiting.abort();
+    if !waiting.await.is_err_and(|e| e.is_cancelled()) {
+        return Err("the wait ended before it was dropped; the case shows nothing".into());
+    }
+    proxy.set_reply_delay(Duration::ZERO);
+    let until = tokio::time::Instant::now() + Duration::from_secs(15);
+    while subscribed() {
+        if tokio::time::Instant::now() > until {
+            return Err(
+                "the channel stays subscribed 15 s after its only waiter was dropped".into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    held.release().await?;
+    drop(waiter);
     drop(node);
     Ok(())
 }

@@ -139,6 +139,20 @@ struct Subscription {
     owner: Arc<Subscriber>,
     /// Where its unsubscription runs, even if dropped outside a runtime.
     spawner: Spawner,
+    gives_back: GiveBack,
+}
+
+/// What dropping a [`Subscription`] gives back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum GiveBack {
+    /// Its count, after the linger; the last one unsubscribes.
+    Count,
+    /// A subscription the server has not confirmed yet, whose caller went
+    /// away: the channel may be subscribed with nobody counted, so it is
+    /// unsubscribed unless someone counts on it by then.
+    Unconfirmed,
+    /// Nothing: the connection was abandoned.
+    Nothing,
 }
 
 /// How long a channel stays subscribed after its last waiter stopped
@@ -151,10 +165,16 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         let (owner, channel) = (self.owner.clone(), std::mem::take(&mut self.channel));
         let generation = self.generation;
-        self.spawner.spawn(async move {
-            tokio::time::sleep(LINGER).await;
-            owner.unsubscribe(&channel, generation).await
-        });
+        match self.gives_back {
+            GiveBack::Count => self.spawner.spawn(async move {
+                tokio::time::sleep(LINGER).await;
+                owner.unsubscribe(&channel, generation).await
+            }),
+            GiveBack::Unconfirmed => self
+                .spawner
+                .spawn(async move { owner.unsubscribe_uncounted(&channel, generation).await }),
+            GiveBack::Nothing => true,
+        };
     }
 }
 
@@ -321,11 +341,19 @@ impl Subscriber {
     /// Counts one more subscriber of `channel`, subscribing on the server
     /// for the first.
     async fn subscribe(self: &Arc<Self>, l: &mut Live, channel: &str) -> RedisResult<Subscription> {
+        let mut subscription = Subscription {
+            channel: channel.to_string(),
+            generation: l.generation,
+            owner: self.clone(),
+            spawner: Spawner::here(),
+            gives_back: GiveBack::Unconfirmed,
+        };
         let n = l.counts.entry(channel.to_string()).or_insert(0);
         if *n == 0 {
             if let Err(e) = self.in_time(l.sink.subscribe(channel)).await {
                 l.counts.remove(channel);
                 self.abandon(l);
+                subscription.gives_back = GiveBack::Nothing;
                 return Err(e);
             }
             self.channels.fetch_add(1, Ordering::Relaxed);
@@ -333,12 +361,24 @@ impl Subscriber {
         if let Some(n) = l.counts.get_mut(channel) {
             *n += 1;
         }
-        Ok(Subscription {
-            channel: channel.to_string(),
-            generation: l.generation,
-            owner: self.clone(),
-            spawner: Spawner::here(),
-        })
+        subscription.gives_back = GiveBack::Count;
+        Ok(subscription)
+    }
+
+    /// Unsubscribes `channel`, which a caller that went away may have left
+    /// subscribed on the server, unless a subscriber counts on it by now.
+    async fn unsubscribe_uncounted(&self, channel: &str, generation: u64) {
+        let mut live = self.live.lock().await;
+        let Some(l) = live.as_mut().filter(|l| l.generation == generation) else {
+            return;
+        };
+        if l.counts.get(channel).is_some_and(|n| *n > 0) {
+            return;
+        }
+        l.counts.remove(channel);
+        if self.in_time(l.sink.unsubscribe(channel)).await.is_err() {
+            self.abandon(l);
+        }
     }
 
     async fn unsubscribe(&self, channel: &str, generation: u64) {
