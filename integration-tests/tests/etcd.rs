@@ -152,6 +152,11 @@ fn main() {
                 "etcd::grants_after_waiting_get_tokens_above_the_holds_they_waited_for",
                 waited_grants_tokens_rise(etcd.clone()),
             ),
+            trial(
+                rt,
+                "etcd::a_hold_and_a_wait_outlive_their_stalled_connections",
+                stalled_connections(etcd.clone()),
+            ),
         ]);
         extra
     })
@@ -1267,5 +1272,69 @@ async fn election_ignores_longer_names(f: Arc<Etcd>) -> Result<(), Failed> {
         return Err(format!("observe began with {first:?}, a lock of a longer name").into());
     }
     sub.release().await?;
+    Ok(())
+}
+
+/// The holder's and the waiter's connections to etcd stall: the network
+/// drops their bytes both ways without closing them. Each client's HTTP/2
+/// PING goes unanswered, so it closes its connection and opens another, on
+/// which the session renews the hold (TTL 10 s) for two TTLs; the hold is
+/// released as still held, and the waiter, whose watch was on a stalled
+/// connection, gets the lock.
+async fn stalled_connections(f: Arc<Etcd>) -> Result<(), Failed> {
+    use integration_tests::harness::proxy::Proxy;
+    let url = f.url()?;
+    let port = integration_tests::harness::host_port(&url)
+        .ok_or("no endpoint")?
+        .1;
+    let proxy = Proxy::start(port).map_err(|e| e.to_string())?;
+    let proxied = format!("etcd://127.0.0.1:{}", proxy.port);
+    let holder = LockClient::new(EtcdBackend::connect(&proxied).await?);
+    let waiter = LockClient::new(EtcdBackend::connect(&proxied).await?);
+    let lock = name();
+    let ttl = Duration::from_secs(10);
+    let held = holder.lock(&lock).ttl(ttl).acquire().await?;
+    let l2 = lock.clone();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock(&l2)
+            .ttl(ttl)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    let start = Instant::now();
+    while keys_under(&url, &lock).await? < 2 {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err("the waiter did not queue within 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The waiter's watch follows its queued key at once.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stalled = proxy.accepted();
+    for index in 0..stalled {
+        proxy.stall(index);
+    }
+    if let Ok(reason) = tokio::time::timeout(ttl * 2, held.lost()).await {
+        return Err(format!("the hold was lost while its connection stalled: {reason}").into());
+    }
+    if proxy.accepted() == stalled {
+        return Err("no client opened a new connection; the case shows nothing".into());
+    }
+    let token = held.token();
+    if !held.release().await? {
+        return Err("the release found the hold gone".into());
+    }
+    let got = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .map_err(|_| Failed::from("the waiter did not get the lock within 30 s of the release"))?
+        .map_err(|e| e.to_string())??;
+    if got.token() <= token {
+        return Err("the waiter's token did not rise above the holder's".into());
+    }
+    if !got.release().await? {
+        return Err("the waiter's release found its hold gone".into());
+    }
     Ok(())
 }

@@ -197,6 +197,27 @@ mod tonic_code {
     pub(crate) const PERMISSION_DENIED: Code = Code::PermissionDenied;
 }
 
+/// The HTTP/2 keep-alive of the client's connections: after `PING_EVERY`
+/// without a frame from etcd a PING goes out, and unanswered within the
+/// request timeout (at most 1 s: the answer is one round trip, no Raft) the
+/// connection is closed and the next request opens another. A connection
+/// the network stopped serving without closing it is so given up within
+/// 6 s of its last frame, in time to renew a lease of 7 s or more.
+///
+/// Not sooner: etcd closes a connection (GOAWAY "too_many_pings") on the
+/// fourth ping in a row without a reply in between that comes sooner than
+/// `--grpc-keepalive-min-time` (5 s by default) after the one before, as a
+/// connection quiet between a long lease's keep-alives would send them,
+/// breaking its watches. Nor while no stream is open (etcd allows one ping
+/// in 2 h then): a request opens one, and is pinged at once on a
+/// connection quiet for the interval. Lease keep-alives and watches are
+/// open streams.
+const PING_EVERY: Duration = Duration::from_secs(5);
+
+fn keep_alive(timeout: Duration) -> (Duration, Duration) {
+    (PING_EVERY, timeout.min(Duration::from_secs(1)))
+}
+
 /// Whole seconds of a TTL, rounded up: the lease never ends before the TTL.
 fn ttl_secs(ttl: Duration) -> i64 {
     let s = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
@@ -402,9 +423,12 @@ impl EtcdBackend {
             https,
             hosts,
         } = parse_url(url)?;
+        let (ping_every, ping_timeout) = keep_alive(timeout);
         let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
-            .with_timeout(timeout);
+            .with_timeout(timeout)
+            .with_keep_alive(ping_every, ping_timeout)
+            .with_keep_alive_while_idle(false);
         if let Some((name, pass)) = user {
             options = options.with_user(name, pass);
         }
