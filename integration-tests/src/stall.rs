@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use distlock_core::{Backend, Error, LockClient, ANSWER_GRACE};
+use distlock_core::{Backend, Error, LockClient, LockName, ANSWER_GRACE};
 use libtest_mimic::Failed;
 use tokio::time::Instant;
 
@@ -15,8 +15,8 @@ use crate::harness::{host_port, proxy::Proxy};
 /// every connection, those open and those to come. A wait of one second ends
 /// within the wait and [`ANSWER_GRACE`] (and scheduling slack), with
 /// `Unavailable` or `WaitTimeout`, however long the backend's own retries
-/// or the operating system's TCP timeouts would take; a try then ends with
-/// an error that is retryable.
+/// or the operating system's TCP timeouts would take; a try and a status
+/// call then end with an error that is retryable.
 pub async fn a_wait_ends_by_its_deadline<B, F, Fut>(url: String, connect: F) -> Result<(), Failed>
 where
     B: Backend,
@@ -72,15 +72,35 @@ where
     )
     .await;
     match tried {
-        Err(_) => Err("the try had not ended 120 s later".into()),
-        Ok(Ok(g)) => Err(format!(
-            "a try through a connection that passes nothing answered ({})",
-            if g.is_some() { "granted" } else { "refused" }
+        Err(_) => return Err("the try had not ended 120 s later".into()),
+        Ok(Ok(g)) => {
+            return Err(format!(
+                "a try through a connection that passes nothing answered ({})",
+                if g.is_some() { "granted" } else { "refused" }
+            )
+            .into())
+        }
+        Ok(Err(e)) if e.is_retryable() => {}
+        Ok(Err(e)) => {
+            return Err(
+                format!("a try on a server that stopped answering failed for good: {e}").into(),
+            )
+        }
+    }
+    // Nor does a status call report the lock free: it fails, retryably.
+    let name = LockName::new(format!("{ns}/stalled"))?;
+    let status =
+        tokio::time::timeout(Duration::from_secs(120), client.backend().inspect(&name)).await;
+    match status {
+        Err(_) => Err("the status call had not ended 120 s later".into()),
+        Ok(Ok(s)) => Err(format!(
+            "a status call through a connection that passes nothing answered {s:?}"
         )
         .into()),
         Ok(Err(e)) if e.is_retryable() => Ok(()),
-        Ok(Err(e)) => {
-            Err(format!("a try on a server that stopped answering failed for good: {e}").into())
-        }
+        Ok(Err(e)) => Err(format!(
+            "a status call on a server that stopped answering failed for good: {e}"
+        )
+        .into()),
     }
 }

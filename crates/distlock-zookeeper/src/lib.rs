@@ -90,10 +90,14 @@ impl fmt::Debug for ZooKeeperBackend {
 
 fn err(hosts: &str, e: zk::Error) -> Error {
     match e {
+        // A server under load throttles requests; one cut off from its
+        // quorum serves only reads until it is back.
         zk::Error::ConnectionLoss
         | zk::Error::Timeout
         | zk::Error::NoHosts
-        | zk::Error::SessionMoved => Error::unavailable(
+        | zk::Error::SessionMoved
+        | zk::Error::Throttled
+        | zk::Error::NotReadOnly => Error::unavailable(
             "zookeeper",
             format!("ZooKeeper at {hosts}: {e}"),
             Some(Box::new(e)),
@@ -1032,10 +1036,12 @@ impl Backend for ZooKeeperBackend {
     async fn inspect(&self, name: &LockName) -> Result<distlock_core::LockStatus> {
         let client = self.client().await?;
         let parent = self.parent(name);
-        let queue = match self.queue(&client, &parent, HoldKind::Exclusive).await {
-            Ok(q) => q,
-            Err(Error::Backend { .. }) => Vec::new(),
-            Err(e) => return Err(e),
+        // No parent node: nobody has ever queued for the name. Any other
+        // failure says nothing about the lock, so it is no answer either.
+        let queue = match client.list_children(&parent).await {
+            Ok(children) => in_queue_order(children, HoldKind::Exclusive),
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(self.err(e)),
         };
         // The holders: an exclusive head alone, or the shared nodes ahead
         // of the first exclusive one. Any exclusive node behind the head
