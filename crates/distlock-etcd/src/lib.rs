@@ -144,6 +144,21 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
                 Some(Box::new(e)),
             )
         }
+        // An auth token that expired (etcd's simple tokens end
+        // `--auth-token-ttl`, 300 s by default, after their last use) or
+        // that a restarted member no longer knows: the client logs in again
+        // when its request is refused so, and a retry goes out with the new
+        // token.
+        E::GRpcStatus(ref s)
+            if s.code() == tonic_code::UNAUTHENTICATED
+                && s.message().contains("invalid auth token") =>
+        {
+            Error::unavailable(
+                "etcd",
+                format!("etcd at {endpoints}: {}", s.message()),
+                Some(Box::new(e)),
+            )
+        }
         E::GRpcStatus(ref s)
             if matches!(
                 s.code(),
@@ -430,7 +445,10 @@ impl EtcdBackend {
             .with_keep_alive(ping_every, ping_timeout)
             .with_keep_alive_while_idle(false);
         if let Some((name, pass)) = user {
-            options = options.with_user(name, pass);
+            // etcd's auth tokens end after a while (simple tokens 300 s
+            // after their last use, by default): a request refused for its
+            // token logs in again and is sent once more.
+            options = options.with_user(name, pass).with_auto_token_refresh(true);
         }
         #[cfg(feature = "tls")]
         if https {
