@@ -823,9 +823,9 @@ fn enable_auth(endpoint: &str, ca: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-/// A wrong password, and a user whose role does not cover the lock's
-/// name, are `Error::Misconfigured` naming the credentials, not a retryable
-/// "unavailable"; the password appears in neither.
+/// A wrong password, no user at all, and a user whose role does not cover
+/// the lock's name, are `Error::Misconfigured` naming the credentials, not a
+/// retryable "unavailable"; the password appears in none.
 async fn refused_credentials(f: Arc<Etcd>) -> Result<(), Failed> {
     let url = f.url()?;
     let endpoint = url.rsplit_once('@').ok_or("no credentials in the URL")?.1;
@@ -841,6 +841,18 @@ async fn refused_credentials(f: Arc<Etcd>) -> Result<(), Failed> {
     match wrong {
         Err(Error::Misconfigured { message, .. }) if !message.contains("not-it") => {}
         other => return Err(format!("a wrong password gave {other:?}").into()),
+    }
+    let anonymous = match EtcdBackend::connect(&format!("etcds://{endpoint}")).await {
+        Ok(b) => LockClient::new(b)
+            .lock("conformance-x/job")
+            .try_acquire()
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    match anonymous {
+        Err(Error::Misconfigured { .. }) => {}
+        other => return Err(format!("a client without a user gave {other:?}").into()),
     }
     let nobody = LockClient::new(
         EtcdBackend::connect(&format!("etcds://nobody:nobody-pw@{endpoint}")).await?,
