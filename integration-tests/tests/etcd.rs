@@ -46,6 +46,11 @@ fn main() {
             "etcd::auth::a_server_certificate_from_another_ca_is_a_typed_error",
             refused_certificate(auth),
         ));
+        extra.push(trial(
+            rt,
+            "etcd::auth::a_client_idle_past_its_tokens_ttl_logs_in_again",
+            expired_token(),
+        ));
         extra.extend(vec![
             trial(
                 rt,
@@ -818,9 +823,9 @@ fn enable_auth(endpoint: &str, ca: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-/// A wrong password, and a user whose role does not cover the lock's
-/// name, are `Error::Misconfigured` naming the credentials, not a retryable
-/// "unavailable"; the password appears in neither.
+/// A wrong password, no user at all, and a user whose role does not cover
+/// the lock's name, are `Error::Misconfigured` naming the credentials, not a
+/// retryable "unavailable"; the password appears in none.
 async fn refused_credentials(f: Arc<Etcd>) -> Result<(), Failed> {
     let url = f.url()?;
     let endpoint = url.rsplit_once('@').ok_or("no credentials in the URL")?.1;
@@ -837,6 +842,18 @@ async fn refused_credentials(f: Arc<Etcd>) -> Result<(), Failed> {
         Err(Error::Misconfigured { message, .. }) if !message.contains("not-it") => {}
         other => return Err(format!("a wrong password gave {other:?}").into()),
     }
+    let anonymous = match EtcdBackend::connect(&format!("etcds://{endpoint}")).await {
+        Ok(b) => LockClient::new(b)
+            .lock("conformance-x/job")
+            .try_acquire()
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    match anonymous {
+        Err(Error::Misconfigured { .. }) => {}
+        other => return Err(format!("a client without a user gave {other:?}").into()),
+    }
     let nobody = LockClient::new(
         EtcdBackend::connect(&format!("etcds://nobody:nobody-pw@{endpoint}")).await?,
     );
@@ -849,6 +866,43 @@ async fn refused_credentials(f: Arc<Etcd>) -> Result<(), Failed> {
         Err(Error::Misconfigured { .. }) => {}
         other => return Err(format!("a name outside the role's prefix gave {other:?}").into()),
     }
+    Ok(())
+}
+
+/// A client idle for longer than its auth token lives (etcd's
+/// `--auth-token-ttl`, 300 s by default, 2 s on this member) logs in again
+/// on its next request, which succeeds.
+async fn expired_token() -> Result<(), Failed> {
+    let (member, ca) =
+        tokio::task::spawn_blocking(|| server::spawn_tls_with(&["--auth-token-ttl=2"]))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    let endpoint = format!("127.0.0.1:{}", member.port);
+    let (ep, ca_file) = (endpoint.clone(), ca.clone());
+    tokio::task::spawn_blocking(move || enable_auth(&ep, &ca_file))
+        .await
+        .map_err(|e| e.to_string())??;
+    let url = format!("etcds://app:app-pw@{endpoint}?ca_file={}", ca.display());
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    let lock = name();
+    client
+        .lock(&lock)
+        .try_acquire()
+        .await?
+        .ok_or("the lock was taken on a fresh member")?
+        .release()
+        .await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    match client.lock(&lock).try_acquire().await {
+        Ok(Some(g)) => {
+            g.release().await?;
+        }
+        other => {
+            return Err(format!("a try_acquire after the token expired gave {other:?}").into())
+        }
+    }
+    drop(member);
     Ok(())
 }
 

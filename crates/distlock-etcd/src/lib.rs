@@ -144,11 +144,37 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
                 Some(Box::new(e)),
             )
         }
+        // An auth token that expired (etcd's simple tokens end
+        // `--auth-token-ttl`, 300 s by default, after their last use) or
+        // that a restarted member no longer knows: the client logs in again
+        // when its request is refused so, and a retry goes out with the new
+        // token. etcd sheds load with "too many requests" while its
+        // applied index lags far behind the committed one: a retry is
+        // served once it catches up. Not every ResourceExhausted: tonic
+        // gives that code to a message too large, and etcd to a database
+        // out of space, which retrying does not fix.
+        E::GRpcStatus(ref s)
+            if (s.code() == tonic_code::UNAUTHENTICATED
+                && s.message().contains("invalid auth token"))
+                || (s.code() == tonic_code::RESOURCE_EXHAUSTED
+                    && s.message().contains("too many requests")) =>
+        {
+            Error::unavailable(
+                "etcd",
+                format!("etcd at {endpoints}: {}", s.message()),
+                Some(Box::new(e)),
+            )
+        }
+        // A wrong password ("authentication failed"), a role without the
+        // key, and a request without a user on a cluster with
+        // authentication enabled ("user name is empty").
         E::GRpcStatus(ref s)
             if matches!(
                 s.code(),
                 tonic_code::UNAUTHENTICATED | tonic_code::PERMISSION_DENIED
-            ) || s.message().contains("authentication failed") =>
+            ) || s.message().contains("authentication failed")
+                || (s.code() == tonic_code::INVALID_ARGUMENT
+                    && s.message().contains("user name is empty")) =>
         {
             Error::misconfigured(
                 "etcd",
@@ -195,6 +221,8 @@ mod tonic_code {
     pub(crate) const UNKNOWN: Code = Code::Unknown;
     pub(crate) const UNAUTHENTICATED: Code = Code::Unauthenticated;
     pub(crate) const PERMISSION_DENIED: Code = Code::PermissionDenied;
+    pub(crate) const RESOURCE_EXHAUSTED: Code = Code::ResourceExhausted;
+    pub(crate) const INVALID_ARGUMENT: Code = Code::InvalidArgument;
 }
 
 /// The HTTP/2 keep-alive of the client's connections: after `PING_EVERY`
@@ -430,7 +458,10 @@ impl EtcdBackend {
             .with_keep_alive(ping_every, ping_timeout)
             .with_keep_alive_while_idle(false);
         if let Some((name, pass)) = user {
-            options = options.with_user(name, pass);
+            // etcd's auth tokens end after a while (simple tokens 300 s
+            // after their last use, by default): a request refused for its
+            // token logs in again and is sent once more.
+            options = options.with_user(name, pass).with_auto_token_refresh(true);
         }
         #[cfg(feature = "tls")]
         if https {
@@ -1558,6 +1589,42 @@ mod tests {
             matches!(refused, Error::Misconfigured { .. }),
             "{refused:?}"
         );
+    }
+
+    #[test]
+    fn a_request_refused_for_load_or_an_expired_token_is_retryable() {
+        use tonic::{Code, Status};
+        let mapped = |code, message: &str| {
+            err(
+                "a:1",
+                etcd_client::Error::GRpcStatus(Status::new(code, message)),
+            )
+        };
+        for (code, message) in [
+            (Code::ResourceExhausted, "etcdserver: too many requests"),
+            (Code::Unauthenticated, "etcdserver: invalid auth token"),
+        ] {
+            let e = mapped(code, message);
+            assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+        }
+        // The same code for a message too large or a full database is not.
+        for message in [
+            "grpc: received message larger than max (5000000 vs. 4194304)",
+            "etcdserver: mvcc: database space exceeded",
+        ] {
+            let e = mapped(Code::ResourceExhausted, message);
+            assert!(!e.is_retryable(), "{e:?}");
+        }
+        for (code, message) in [
+            (Code::InvalidArgument, "etcdserver: user name is empty"),
+            (
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
+        ] {
+            let e = mapped(code, message);
+            assert!(matches!(e, Error::Misconfigured { .. }), "{e:?}");
+        }
     }
 
     #[test]

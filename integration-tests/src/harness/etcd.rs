@@ -71,6 +71,12 @@ pub fn cluster(n: usize) -> Result<Vec<ServerProcess>, HarnessError> {
 /// the member and the CA's PEM file. `/health` stays on a plain metrics
 /// port, for the readiness probe.
 pub fn spawn_tls() -> Result<(ServerProcess, PathBuf), HarnessError> {
+    spawn_tls_with(&[])
+}
+
+/// [`spawn_tls`] with `flags` added to the member's command line (such as
+/// `--auth-token-ttl=2`).
+pub fn spawn_tls_with(flags: &[&str]) -> Result<(ServerProcess, PathBuf), HarnessError> {
     let bin = find_binary("etcd", &[], INSTALL)?;
     let (client, peer, metrics) = (free_port()?, free_port()?, free_port()?);
     let dir = temp_dir("etcd-tls")?;
@@ -81,6 +87,7 @@ pub fn spawn_tls() -> Result<(ServerProcess, PathBuf), HarnessError> {
         "--listen-metrics-urls",
         &format!("http://127.0.0.1:{metrics}"),
     ]);
+    cmd.args(flags);
     let member = ServerProcess::start(
         "etcd member (TLS)",
         cmd,
