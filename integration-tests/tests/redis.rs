@@ -201,6 +201,11 @@ fn main() {
             "redis::a_stalled_connection_is_replaced_after_a_request_times_out",
             move || handle.block_on(stalled_connection()),
         ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::a_master_its_sentinel_flags_down_is_unavailable",
+            move || handle.block_on(sentinel_master_down()),
+        ));
         extra.push(integration_tests::trial(
             rt,
             "redis::a_wait_on_a_server_that_stops_answering_ends_by_its_deadline",
@@ -870,6 +875,27 @@ async fn failover() -> Result<(), Failed> {
 
     master.signal("KILL").map_err(|e| e.to_string())?;
     let (replica_port, s0) = (replica.port, sentinels[0].port);
+    // Between the Sentinels flagging the master down and promoting the
+    // replica they name no master: a request then is retryable.
+    tokio::task::spawn_blocking(move || {
+        wait_for(
+            "the sentinels to flag the master down",
+            Duration::from_secs(20),
+            || {
+                server::command(s0, &["SENTINEL", "MASTER", "m"])
+                    .is_some_and(|r| r.contains("s_down"))
+            },
+        )
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    match client.lock("failover/during").ttl(ttl).try_acquire().await {
+        Ok(g) => drop(g),
+        Err(e) if e.is_retryable() => {}
+        Err(e) => {
+            return Err(format!("an acquire during the failover is not retryable: {e:?}").into())
+        }
+    }
     tokio::task::spawn_blocking(move || {
         wait_for(
             "the sentinels to promote the replica",
@@ -1009,6 +1035,83 @@ async fn sent_again() -> Result<(), Failed> {
         return Err("another owner's multi-lock was not refused".into());
     }
     drop(node);
+    Ok(())
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Failed> + Send + 'static,
+) -> Result<T, Failed> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Failed::from(e.to_string()))?
+}
+
+fn spawned(extra: &'static [&'static str]) -> impl FnOnce() -> Result<ServerProcess, Failed> {
+    move || server::spawn(extra).map_err(|e| Failed::from(e.to_string()))
+}
+
+/// `what` must have failed as `Unavailable` (retryable, exit 69).
+fn unavailable<T: std::fmt::Debug>(what: &str, r: Result<T, Error>) -> Result<(), Failed> {
+    match r {
+        Err(e @ Error::Unavailable { .. }) if e.is_retryable() => Ok(()),
+        other => Err(format!("{what}: expected Unavailable, got {other:?}").into()),
+    }
+}
+
+/// A master its one Sentinel flags down and cannot replace (a quorum of 2
+/// is never reached, and there is no replica): the Sentinel names no
+/// master, as during a failover before the replica is promoted. Each
+/// request and a new connection fail as retryable, not as a permanent
+/// backend error. A service the Sentinel does not monitor at all is
+/// `Misconfigured` at connect.
+async fn sentinel_master_down() -> Result<(), Failed> {
+    let master = blocking(spawned(&[])).await?;
+    let master_port = master.port;
+    let sentinel = blocking(move || {
+        server::sentinel(master_port, "m").map_err(|e| Failed::from(e.to_string()))
+    })
+    .await?;
+    // A service the Sentinel does not monitor is a wrong URL.
+    let unknown = format!("redis+sentinel://127.0.0.1:{}/nosuch", sentinel.port);
+    match RedisBackend::connect(&unknown).await {
+        Err(e @ Error::Misconfigured { .. }) if e.to_string().contains("service name") => {}
+        other => return Err(format!("an unknown service gave {other:?}").into()),
+    }
+    let url = format!("redis+sentinel://127.0.0.1:{}/m", sentinel.port);
+    let client = LockClient::new(RedisBackend::connect(&url).await?);
+    client
+        .lock("sentinel-down")
+        .try_acquire()
+        .await?
+        .ok_or("a free lock was refused")?
+        .release()
+        .await?;
+    master.signal("KILL").map_err(|e| e.to_string())?;
+    let s = sentinel.port;
+    blocking(move || {
+        wait_for(
+            "the Sentinel to flag the master down",
+            Duration::from_secs(20),
+            || {
+                server::command(s, &["SENTINEL", "MASTER", "m"])
+                    .is_some_and(|r| r.contains("s_down"))
+            },
+        )
+    })
+    .await?;
+    // The first request meets the closed connection and asks the Sentinel
+    // again; the next ones ask it at once.
+    for attempt in ["first", "second"] {
+        unavailable(
+            &format!("the {attempt} acquire with the master flagged down"),
+            client.lock("sentinel-down").try_acquire().await,
+        )?;
+    }
+    unavailable(
+        "a connection with the master flagged down",
+        RedisBackend::connect(&url).await,
+    )?;
+    drop(sentinel);
     Ok(())
 }
 
