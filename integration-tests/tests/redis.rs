@@ -203,6 +203,16 @@ fn main() {
         ));
         let handle = rt.handle().clone();
         extra.push(Trial::test(
+            "redis::too_few_replicas_for_min_replicas_to_write_is_unavailable",
+            move || handle.block_on(too_few_replicas()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::a_script_running_past_the_busy_threshold_is_unavailable",
+            move || handle.block_on(busy_script()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
             "redis::a_master_its_sentinel_flags_down_is_unavailable",
             move || handle.block_on(sentinel_master_down()),
         ));
@@ -1056,6 +1066,84 @@ fn unavailable<T: std::fmt::Debug>(what: &str, r: Result<T, Error>) -> Result<()
         Err(e @ Error::Unavailable { .. }) if e.is_retryable() => Ok(()),
         other => Err(format!("{what}: expected Unavailable, got {other:?}").into()),
     }
+}
+
+/// A server with `min-replicas-to-write 1` and no replica refuses every
+/// script that writes with NOREPLICAS until a replica connects: an acquire
+/// is retryable, not a permanent backend error.
+async fn too_few_replicas() -> Result<(), Failed> {
+    let node = blocking(spawned(&[])).await?;
+    let client =
+        LockClient::new(RedisBackend::connect(&format!("redis://127.0.0.1:{}", node.port)).await?);
+    server::command(node.port, &["CONFIG", "SET", "min-replicas-to-write", "1"])
+        .filter(|r| r.starts_with("+OK"))
+        .ok_or("CONFIG SET min-replicas-to-write failed")?;
+    unavailable(
+        "an acquire without enough replicas",
+        client.lock("noreplicas").try_acquire().await,
+    )?;
+    server::command(node.port, &["CONFIG", "SET", "min-replicas-to-write", "0"]);
+    client
+        .lock("noreplicas")
+        .try_acquire()
+        .await?
+        .ok_or("the lock was held after a refused acquire")?
+        .release()
+        .await?;
+    Ok(())
+}
+
+/// Another client's script runs past `busy-reply-threshold`: the server
+/// answers BUSY to everything else until it ends or is killed, and an
+/// acquire meanwhile is retryable, not a permanent backend error.
+async fn busy_script() -> Result<(), Failed> {
+    use std::io::{Read, Write};
+    let node = blocking(spawned(&["--busy-reply-threshold", "100"])).await?;
+    let port = node.port;
+    let client =
+        LockClient::new(RedisBackend::connect(&format!("redis://127.0.0.1:{port}")).await?);
+    let script = "local i=0 while i<3e9 do i=i+1 end return i";
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    conn.write_all(
+        format!(
+            "*3\r\n$4\r\nEVAL\r\n${}\r\n{script}\r\n$1\r\n0\r\n",
+            script.len()
+        )
+        .as_bytes(),
+    )?;
+    // The script's answer, once SCRIPT KILL ends it.
+    let runner = std::thread::spawn(move || {
+        let mut reply = [0u8; 256];
+        let n = conn.read(&mut reply).unwrap_or(0);
+        String::from_utf8_lossy(&reply[..n]).into_owned()
+    });
+    let busy = blocking(move || {
+        wait_for("the server to answer BUSY", Duration::from_secs(10), || {
+            server::command(port, &["PING"]).is_some_and(|r| r.starts_with("-BUSY"))
+        })
+    })
+    .await;
+    let during = client.lock("busy").try_acquire().await;
+    let killed = server::command(port, &["SCRIPT", "KILL"]);
+    let ended = blocking(move || {
+        runner
+            .join()
+            .map_err(|_| Failed::from("the script's reader panicked"))
+    })
+    .await?;
+    busy?;
+    if !killed.is_some_and(|r| r.starts_with("+OK")) || !ended.contains("killed") {
+        return Err(format!("the script did not end by SCRIPT KILL: {ended}").into());
+    }
+    unavailable("an acquire while a script runs", during)?;
+    client
+        .lock("busy")
+        .try_acquire()
+        .await?
+        .ok_or("the lock was held after a refused acquire")?
+        .release()
+        .await?;
+    Ok(())
 }
 
 /// A master its one Sentinel flags down and cannot replace (a quorum of 2

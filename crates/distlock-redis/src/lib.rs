@@ -445,7 +445,11 @@ fn map_err(endpoint: &str, e: RedisError) -> Error {
             // knows is told apart at connect (`refused_configuration`).
             | ErrorKind::MasterNameNotFoundBySentinel
             | ErrorKind::NoValidReplicasFoundBySentinel
-        );
+        )
+        // Another client's script runs past busy-reply-threshold
+        // (lua-time-limit), or fewer replicas than min-replicas-to-write
+        // are connected: both pass without anything changing here.
+        || matches!(e.code(), Some("BUSY" | "NOREPLICAS"));
     if let Some(what) = refused_configuration(&e) {
         return Error::misconfigured(
             "redis",
