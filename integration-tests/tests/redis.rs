@@ -216,6 +216,11 @@ fn main() {
             "redis::a_master_its_sentinel_flags_down_is_unavailable",
             move || handle.block_on(sentinel_master_down()),
         ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::cluster_with_every_node_down_is_unavailable",
+            move || handle.block_on(cluster_down()),
+        ));
         extra.push(integration_tests::trial(
             rt,
             "redis::a_wait_on_a_server_that_stops_answering_ends_by_its_deadline",
@@ -1200,6 +1205,46 @@ async fn sentinel_master_down() -> Result<(), Failed> {
         RedisBackend::connect(&url).await,
     )?;
     drop(sentinel);
+    Ok(())
+}
+
+/// Every node of a cluster is gone: an acquire is retryable.
+async fn cluster_down() -> Result<(), Failed> {
+    let nodes = blocking(|| server::cluster(3).map_err(|e| Failed::from(e.to_string()))).await?;
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let client = LockClient::new(
+        RedisBackend::connect(&format!("redis+cluster://{}", hosts.join(","))).await?,
+    );
+    client
+        .lock("cluster-down")
+        .try_acquire()
+        .await?
+        .ok_or("a free lock was refused")?
+        .release()
+        .await?;
+    for n in &nodes {
+        n.signal("KILL").map_err(|e| e.to_string())?;
+    }
+    for attempt in ["first", "second"] {
+        let r = tokio::time::timeout(
+            Duration::from_secs(30),
+            client.lock("cluster-down").try_acquire(),
+        )
+        .await
+        .map_err(|_| format!("the {attempt} acquire hung"))?;
+        match r {
+            Err(e) if e.is_retryable() => {}
+            other => {
+                return Err(format!(
+                    "the {attempt} acquire with every node down: expected a retryable error, got {other:?}"
+                )
+                .into())
+            }
+        }
+    }
     Ok(())
 }
 

@@ -445,6 +445,8 @@ fn map_err(endpoint: &str, e: RedisError) -> Error {
             // knows is told apart at connect (`refused_configuration`).
             | ErrorKind::MasterNameNotFoundBySentinel
             | ErrorKind::NoValidReplicasFoundBySentinel
+            // The cluster client holds no connection to the slot's node.
+            | ErrorKind::ClusterConnectionNotFound
         )
         // Another client's script runs past busy-reply-threshold
         // (lua-time-limit), or fewer replicas than min-replicas-to-write
