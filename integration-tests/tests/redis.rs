@@ -201,6 +201,26 @@ fn main() {
             "redis::a_stalled_connection_is_replaced_after_a_request_times_out",
             move || handle.block_on(stalled_connection()),
         ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::too_few_replicas_for_min_replicas_to_write_is_unavailable",
+            move || handle.block_on(too_few_replicas()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::a_script_running_past_the_busy_threshold_is_unavailable",
+            move || handle.block_on(busy_script()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::a_master_its_sentinel_flags_down_is_unavailable",
+            move || handle.block_on(sentinel_master_down()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::cluster_with_every_node_down_is_unavailable",
+            move || handle.block_on(cluster_down()),
+        ));
         extra.push(integration_tests::trial(
             rt,
             "redis::a_wait_on_a_server_that_stops_answering_ends_by_its_deadline",
@@ -870,6 +890,27 @@ async fn failover() -> Result<(), Failed> {
 
     master.signal("KILL").map_err(|e| e.to_string())?;
     let (replica_port, s0) = (replica.port, sentinels[0].port);
+    // Between the Sentinels flagging the master down and promoting the
+    // replica they name no master: a request then is retryable.
+    tokio::task::spawn_blocking(move || {
+        wait_for(
+            "the sentinels to flag the master down",
+            Duration::from_secs(20),
+            || {
+                server::command(s0, &["SENTINEL", "MASTER", "m"])
+                    .is_some_and(|r| r.contains("s_down"))
+            },
+        )
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    match client.lock("failover/during").ttl(ttl).try_acquire().await {
+        Ok(g) => drop(g),
+        Err(e) if e.is_retryable() => {}
+        Err(e) => {
+            return Err(format!("an acquire during the failover is not retryable: {e:?}").into())
+        }
+    }
     tokio::task::spawn_blocking(move || {
         wait_for(
             "the sentinels to promote the replica",
@@ -1009,6 +1050,201 @@ async fn sent_again() -> Result<(), Failed> {
         return Err("another owner's multi-lock was not refused".into());
     }
     drop(node);
+    Ok(())
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Failed> + Send + 'static,
+) -> Result<T, Failed> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Failed::from(e.to_string()))?
+}
+
+fn spawned(extra: &'static [&'static str]) -> impl FnOnce() -> Result<ServerProcess, Failed> {
+    move || server::spawn(extra).map_err(|e| Failed::from(e.to_string()))
+}
+
+/// `what` must have failed as `Unavailable` (retryable, exit 69).
+fn unavailable<T: std::fmt::Debug>(what: &str, r: Result<T, Error>) -> Result<(), Failed> {
+    match r {
+        Err(e @ Error::Unavailable { .. }) if e.is_retryable() => Ok(()),
+        other => Err(format!("{what}: expected Unavailable, got {other:?}").into()),
+    }
+}
+
+/// A server with `min-replicas-to-write 1` and no replica refuses every
+/// script that writes with NOREPLICAS until a replica connects: an acquire
+/// is retryable, not a permanent backend error.
+async fn too_few_replicas() -> Result<(), Failed> {
+    let node = blocking(spawned(&[])).await?;
+    let client =
+        LockClient::new(RedisBackend::connect(&format!("redis://127.0.0.1:{}", node.port)).await?);
+    server::command(node.port, &["CONFIG", "SET", "min-replicas-to-write", "1"])
+        .filter(|r| r.starts_with("+OK"))
+        .ok_or("CONFIG SET min-replicas-to-write failed")?;
+    unavailable(
+        "an acquire without enough replicas",
+        client.lock("noreplicas").try_acquire().await,
+    )?;
+    server::command(node.port, &["CONFIG", "SET", "min-replicas-to-write", "0"]);
+    client
+        .lock("noreplicas")
+        .try_acquire()
+        .await?
+        .ok_or("the lock was held after a refused acquire")?
+        .release()
+        .await?;
+    Ok(())
+}
+
+/// Another client's script runs past `busy-reply-threshold`: the server
+/// answers BUSY to everything else until it ends or is killed, and an
+/// acquire meanwhile is retryable, not a permanent backend error.
+async fn busy_script() -> Result<(), Failed> {
+    use std::io::{Read, Write};
+    let node = blocking(spawned(&["--busy-reply-threshold", "100"])).await?;
+    let port = node.port;
+    let client =
+        LockClient::new(RedisBackend::connect(&format!("redis://127.0.0.1:{port}")).await?);
+    let script = "local i=0 while i<3e9 do i=i+1 end return i";
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    conn.write_all(
+        format!(
+            "*3\r\n$4\r\nEVAL\r\n${}\r\n{script}\r\n$1\r\n0\r\n",
+            script.len()
+        )
+        .as_bytes(),
+    )?;
+    // The script's answer, once SCRIPT KILL ends it.
+    let runner = std::thread::spawn(move || {
+        let mut reply = [0u8; 256];
+        let n = conn.read(&mut reply).unwrap_or(0);
+        String::from_utf8_lossy(&reply[..n]).into_owned()
+    });
+    let busy = blocking(move || {
+        wait_for("the server to answer BUSY", Duration::from_secs(10), || {
+            server::command(port, &["PING"]).is_some_and(|r| r.starts_with("-BUSY"))
+        })
+    })
+    .await;
+    let during = client.lock("busy").try_acquire().await;
+    let killed = server::command(port, &["SCRIPT", "KILL"]);
+    let ended = blocking(move || {
+        runner
+            .join()
+            .map_err(|_| Failed::from("the script's reader panicked"))
+    })
+    .await?;
+    busy?;
+    if !killed.is_some_and(|r| r.starts_with("+OK")) || !ended.contains("killed") {
+        return Err(format!("the script did not end by SCRIPT KILL: {ended}").into());
+    }
+    unavailable("an acquire while a script runs", during)?;
+    client
+        .lock("busy")
+        .try_acquire()
+        .await?
+        .ok_or("the lock was held after a refused acquire")?
+        .release()
+        .await?;
+    Ok(())
+}
+
+/// A master its one Sentinel flags down and cannot replace (a quorum of 2
+/// is never reached, and there is no replica): the Sentinel names no
+/// master, as during a failover before the replica is promoted. Each
+/// request and a new connection fail as retryable, not as a permanent
+/// backend error. A service the Sentinel does not monitor at all is
+/// `Misconfigured` at connect.
+async fn sentinel_master_down() -> Result<(), Failed> {
+    let master = blocking(spawned(&[])).await?;
+    let master_port = master.port;
+    let sentinel = blocking(move || {
+        server::sentinel(master_port, "m").map_err(|e| Failed::from(e.to_string()))
+    })
+    .await?;
+    // A service the Sentinel does not monitor is a wrong URL.
+    let unknown = format!("redis+sentinel://127.0.0.1:{}/nosuch", sentinel.port);
+    match RedisBackend::connect(&unknown).await {
+        Err(e @ Error::Misconfigured { .. }) if e.to_string().contains("service name") => {}
+        other => return Err(format!("an unknown service gave {other:?}").into()),
+    }
+    let url = format!("redis+sentinel://127.0.0.1:{}/m", sentinel.port);
+    let client = LockClient::new(RedisBackend::connect(&url).await?);
+    client
+        .lock("sentinel-down")
+        .try_acquire()
+        .await?
+        .ok_or("a free lock was refused")?
+        .release()
+        .await?;
+    master.signal("KILL").map_err(|e| e.to_string())?;
+    let s = sentinel.port;
+    blocking(move || {
+        wait_for(
+            "the Sentinel to flag the master down",
+            Duration::from_secs(20),
+            || {
+                server::command(s, &["SENTINEL", "MASTER", "m"])
+                    .is_some_and(|r| r.contains("s_down"))
+            },
+        )
+    })
+    .await?;
+    // The first request meets the closed connection and asks the Sentinel
+    // again; the next ones ask it at once.
+    for attempt in ["first", "second"] {
+        unavailable(
+            &format!("the {attempt} acquire with the master flagged down"),
+            client.lock("sentinel-down").try_acquire().await,
+        )?;
+    }
+    unavailable(
+        "a connection with the master flagged down",
+        RedisBackend::connect(&url).await,
+    )?;
+    drop(sentinel);
+    Ok(())
+}
+
+/// Every node of a cluster is gone: an acquire is retryable.
+async fn cluster_down() -> Result<(), Failed> {
+    let nodes = blocking(|| server::cluster(3).map_err(|e| Failed::from(e.to_string()))).await?;
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let client = LockClient::new(
+        RedisBackend::connect(&format!("redis+cluster://{}", hosts.join(","))).await?,
+    );
+    client
+        .lock("cluster-down")
+        .try_acquire()
+        .await?
+        .ok_or("a free lock was refused")?
+        .release()
+        .await?;
+    for n in &nodes {
+        n.signal("KILL").map_err(|e| e.to_string())?;
+    }
+    for attempt in ["first", "second"] {
+        let r = tokio::time::timeout(
+            Duration::from_secs(30),
+            client.lock("cluster-down").try_acquire(),
+        )
+        .await
+        .map_err(|_| format!("the {attempt} acquire hung"))?;
+        match r {
+            Err(e) if e.is_retryable() => {}
+            other => {
+                return Err(format!(
+                    "the {attempt} acquire with every node down: expected a retryable error, got {other:?}"
+                )
+                .into())
+            }
+        }
+    }
     Ok(())
 }
 

@@ -150,6 +150,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "redlock::a_wrong_password_is_misconfigured_not_a_quorum_error",
+                wrong_password(),
+            ),
+            trial(
+                rt,
                 "redlock::paused_node_costs_at_most_its_timeout",
                 paused_node(),
             ),
@@ -402,6 +407,71 @@ async fn three_down() -> Result<(), Failed> {
         }
     }
     Ok(())
+}
+
+/// Three password-protected nodes, the first with another password than
+/// the others. A password every node refuses is `Misconfigured` (exit 78 in
+/// the CLI), not a retryable `QuorumNotReached`, and shows no password. The
+/// others' password is refused by one node only: a quorum remains and locks
+/// are granted; once a second node is down, the refusing node and the down
+/// one leave no quorum, and the refusal is the error.
+async fn wrong_password() -> Result<(), Failed> {
+    const PASSWORD: &str = "redlock-node-pw";
+    const WRONG: &str = "redlock-wrong-pw";
+    let nodes = blocking(|| {
+        ["first-node-pw", PASSWORD, PASSWORD]
+            .into_iter()
+            .map(|pw| {
+                server::spawn(&["--requirepass", pw]).map_err(|e| Failed::from(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await?;
+    let with_password =
+        |pw: &str| url(&nodes, "").replacen("redlock://", &format!("redlock://:{pw}@"), 1);
+    let refused = |what: &str, r: Result<(), Error>| -> Result<(), Failed> {
+        match r {
+            Err(e @ Error::Misconfigured { .. }) => {
+                let text = format!("{e} {e:?}");
+                if e.is_retryable() || !text.contains("password") {
+                    return Err(format!("{what}: unclear or retryable: {text}").into());
+                }
+                if text.contains(WRONG) || text.contains(PASSWORD) {
+                    return Err(format!("{what}: the error shows a password: {text}").into());
+                }
+                Ok(())
+            }
+            other => Err(format!("{what}: expected Misconfigured, got {other:?}").into()),
+        }
+    };
+    // Connecting already fails; should a node not answer in time there,
+    // the first acquire reports it.
+    let every_node = match RedlockBackend::connect(&with_password(WRONG)).await {
+        Ok(backend) => LockClient::new(backend)
+            .lock("wrong-password")
+            .try_acquire()
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    refused("a password every node refuses", every_node)?;
+
+    let client = LockClient::new(RedlockBackend::connect(&with_password(PASSWORD)).await?);
+    let g = client
+        .lock("wrong-password")
+        .try_acquire()
+        .await?
+        .ok_or("a free lock was refused with one node refusing the password")?;
+    g.release().await?;
+    nodes[1].signal("KILL").map_err(|e| e.to_string())?;
+    refused(
+        "one node refusing and one down",
+        client
+            .lock("wrong-password-2")
+            .try_acquire()
+            .await
+            .map(|_| ()),
+    )
 }
 
 async fn paused_node() -> Result<(), Failed> {

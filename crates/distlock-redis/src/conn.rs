@@ -180,6 +180,39 @@ fn sentinel_client(
     builder.build()
 }
 
+/// The description of the error for a service no Sentinel monitors.
+pub(crate) const UNKNOWN_SERVICE: &str = "no Sentinel monitors the service";
+
+/// Whether the Sentinels that answer all say they monitor no service
+/// `service` (`SENTINEL GET-MASTER-ADDR-BY-NAME` answers nil), as opposed to
+/// naming a master that is down: the service name is wrong, and asking again
+/// cannot help. `false` when no Sentinel answers.
+async fn unknown_service(
+    sentinels: &[String],
+    service: &str,
+    timeout: Duration,
+    ca_file: Option<&Path>,
+) -> bool {
+    let mut answered = false;
+    for url in sentinels {
+        let ask = async {
+            let client = single_client(url, ca_file)?;
+            let mut c = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(service)
+                .query_async::<Option<(String, u16)>>(&mut c)
+                .await
+        };
+        match tokio::time::timeout(timeout, ask).await {
+            Ok(Ok(None)) => answered = true,
+            Ok(Ok(Some(_))) => return false,
+            _ => {}
+        }
+    }
+    answered
+}
+
 /// Errors after which the master may have moved.
 fn master_moved(e: &RedisError) -> bool {
     e.is_io_error()
@@ -285,8 +318,20 @@ impl Conn {
                     current: Mutex::new(None),
                     timeout,
                 });
-                conn.current().await?;
-                Ok(Conn::Sentinel(conn))
+                match conn.current().await {
+                    Err(e)
+                        if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel
+                            && unknown_service(sentinels, service, timeout, ca_file).await =>
+                    {
+                        Err(RedisError::from((
+                            redis::ErrorKind::MasterNameNotFoundBySentinel,
+                            UNKNOWN_SERVICE,
+                            service.clone(),
+                        )))
+                    }
+                    Err(e) => Err(e),
+                    Ok(_) => Ok(Conn::Sentinel(conn)),
+                }
             }
         }
     }

@@ -440,7 +440,18 @@ fn map_err(endpoint: &str, e: RedisError) -> Error {
                     | ServerErrorKind::ClusterDown
                     | ServerErrorKind::BusyLoading
             )
-        );
+            // The Sentinels name no master that is up: it is down and not
+            // replaced yet (a failover is due). A service name no Sentinel
+            // knows is told apart at connect (`refused_configuration`).
+            | ErrorKind::MasterNameNotFoundBySentinel
+            | ErrorKind::NoValidReplicasFoundBySentinel
+            // The cluster client holds no connection to the slot's node.
+            | ErrorKind::ClusterConnectionNotFound
+        )
+        // Another client's script runs past busy-reply-threshold
+        // (lua-time-limit), or fewer replicas than min-replicas-to-write
+        // are connected: both pass without anything changing here.
+        || matches!(e.code(), Some("BUSY" | "NOREPLICAS"));
     if let Some(what) = refused_configuration(&e) {
         return Error::misconfigured(
             "redis",
@@ -474,6 +485,11 @@ fn refused_configuration(e: &RedisError) -> Option<&'static str> {
             Some("check the user and password in the URL")
         }
         (_, Some("NOAUTH")) => Some("the server requires a password: put it in the URL"),
+        (ErrorKind::MasterNameNotFoundBySentinel, _)
+            if e.to_string().contains(conn::UNKNOWN_SERVICE) =>
+        {
+            Some("check the service name in the URL against `sentinel monitor` in sentinel.conf")
+        }
         (ErrorKind::Server(ServerErrorKind::NoPerm), _) => {
             Some("grant the user the commands and keys in the backend's README")
         }

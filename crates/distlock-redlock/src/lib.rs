@@ -66,6 +66,9 @@ enum Vote {
     Held(Option<Duration>),
     /// The node stores another limit for this semaphore.
     Mismatch(u32),
+    /// The node refused the configuration (a wrong password, missing ACL
+    /// rights): `Error::Misconfigured`, which waiting cannot change.
+    Refused(Error),
     Down,
 }
 
@@ -108,10 +111,11 @@ impl RedlockBackend {
             }),
         };
         // Connect eagerly (and learn run ids) where nodes answer; the others
-        // are retried on every request.
+        // are retried on every request. Nodes that are down may come up, but
+        // when every node refuses the configuration no request can succeed.
         let track = backend.inner.config.delayed_restart.is_some();
         let t = backend.connect_timeout();
-        join_all(
+        let connected = join_all(
             backend
                 .inner
                 .nodes
@@ -119,7 +123,14 @@ impl RedlockBackend {
                 .map(|n| timeout(t, n.redis(track))),
         )
         .await;
-        Ok(backend)
+        let mut refusals = Vec::new();
+        for c in connected {
+            match c {
+                Ok(Err(e @ Error::Misconfigured { .. })) => refusals.push(e),
+                _ => return Ok(backend),
+            }
+        }
+        Err(refused_by(refusals, 0, backend.inner.nodes.len()))
     }
 
     /// The nodes at `urls`, not connected yet. With `fifo`, every node
@@ -266,6 +277,10 @@ impl RedlockBackend {
         match ask.await {
             Ok(v) => v,
             Err(Error::LimitMismatch { stored, .. }) => Vote::Mismatch(stored),
+            Err(e @ Error::Misconfigured { .. }) => {
+                tracing::debug!(node = %node.endpoint, error = %e, "redlock node refused the configuration");
+                Vote::Refused(e)
+            }
             Err(e) => {
                 tracing::debug!(node = %node.endpoint, error = %e, "redlock node failed");
                 Vote::Down
@@ -305,11 +320,14 @@ impl RedlockBackend {
             .collect();
         let mut tokens = Vec::new();
         let mut mismatched = Vec::new();
+        let mut refusals = Vec::new();
         // The nodes whose script ran and refused: nothing to give back there.
         let mut refused = vec![false; self.inner.nodes.len()];
+        let mut answered = vec![false; self.inner.nodes.len()];
         let (mut down, mut held, mut left): (usize, usize, Option<Duration>) = (0, 0, None);
         let counted = timeout_at(start + t, async {
             while let Some((i, v)) = votes.next().await {
+                answered[i] = true;
                 match v {
                     Vote::Granted(t) => tokens.push(t),
                     Vote::Held(l) => {
@@ -321,6 +339,9 @@ impl RedlockBackend {
                         mismatched.push(stored);
                         refused[i] = true;
                     }
+                    // Its script may have run in part before the refused
+                    // command: the rollback goes there too.
+                    Vote::Refused(e) => refusals.push(e),
                     Vote::Down => down += 1,
                 }
                 if tokens.len() >= quorum {
@@ -335,8 +356,15 @@ impl RedlockBackend {
         })
         .await;
         if counted.is_err() {
-            // The nodes that did not answer in time count as down.
-            down += votes.len();
+            // The nodes that did not answer in time count as down, but for
+            // those that refused the configuration at their last attempt to
+            // connect: they are still connecting, to be refused again.
+            for (node, _) in self.inner.nodes.iter().zip(&answered).filter(|(_, a)| !**a) {
+                match node.refusal() {
+                    Some(e) => refusals.push(e),
+                    None => down += 1,
+                }
+            }
             tracing::debug!(
                 slow = votes.len(),
                 "redlock nodes did not answer within {t:?}"
@@ -371,6 +399,11 @@ impl RedlockBackend {
         // keeps its place on every node.
         self.rollback(req, place, &refused).await;
         let total = self.inner.nodes.len();
+        if !refusals.is_empty() && refusals.len() + down > total - quorum {
+            // Too few nodes are up and accept the configuration for a
+            // quorum to form: waiting cannot help, fixing it can.
+            return Err(refused_by(refusals, down, total));
+        }
         if !mismatched.is_empty() && mismatched.len() + down > total - quorum {
             // Too few nodes are up and store this limit for a quorum to
             // form: waiting cannot help, set_limit can.
@@ -564,6 +597,24 @@ async fn count_until<F: std::future::Future<Output = bool>>(
     })
     .await;
     yes
+}
+
+/// The error for a Redlock client whose configuration `refusals` (each an
+/// `Error::Misconfigured` from one node), with `down` nodes down, keep from
+/// a quorum of its `total` nodes: the first node's, saying how many refused.
+fn refused_by(refusals: Vec<Error>, down: usize, total: usize) -> Error {
+    let count = refusals.len();
+    match refusals.into_iter().next() {
+        Some(Error::Misconfigured {
+            message, source, ..
+        }) => Error::misconfigured(
+            "redlock",
+            format!("{count} of {total} nodes refused the configuration ({down} down), too many for a quorum; {message}"),
+            source,
+        ),
+        Some(other) => other,
+        None => Error::misconfigured("redlock", "no node accepted the configuration", None),
+    }
 }
 
 fn min_opt(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {

@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use distlock_core::Result;
+use distlock_core::{Error, Result};
 use distlock_redis::{RedisBackend, RedisConfig};
 use tokio::time::Instant;
 
@@ -15,6 +15,11 @@ pub(crate) struct Node {
     /// reconnects by itself); reading it is one atomic load.
     redis: tokio::sync::OnceCell<RedisBackend>,
     run_id: Mutex<Option<String>>,
+    /// The node refused the configuration at the last connection attempt
+    /// that ended: its message. A refusal comes after the redis client's
+    /// retry, often later than a round's node timeout, so a round that times
+    /// out on the node counts it refused rather than down.
+    refused: Mutex<Option<String>>,
     quarantined_until: Mutex<Option<Instant>>,
     /// The node's Redis options: the key prefix, and with `fifo` the queue
     /// and the client id every node of one Redlock client shares.
@@ -38,6 +43,7 @@ impl Node {
             url,
             redis: tokio::sync::OnceCell::new(),
             run_id: Mutex::new(None),
+            refused: Mutex::new(None),
             quarantined_until: Mutex::new(None),
             config,
         }
@@ -57,7 +63,12 @@ impl Node {
     async fn connect(&self, track_restarts: bool) -> Result<&RedisBackend> {
         self.redis
             .get_or_try_init(|| async {
-                let r = RedisBackend::connect_with(&self.url, self.config.clone()).await?;
+                let r = RedisBackend::connect_with(&self.url, self.config.clone()).await;
+                *lock(&self.refused) = match &r {
+                    Err(Error::Misconfigured { message, .. }) => Some(message.clone()),
+                    _ => None,
+                };
+                let r = r?;
                 if track_restarts {
                     let id = r.run_id().await?;
                     lock(&self.run_id).get_or_insert(id);
@@ -65,6 +76,16 @@ impl Node {
                 Ok(r)
             })
             .await
+    }
+
+    /// The refusal of the configuration at the node's last connection
+    /// attempt that ended, while it has no connection.
+    pub(crate) fn refusal(&self) -> Option<Error> {
+        if self.redis.initialized() {
+            return None;
+        }
+        let message = lock(&self.refused).clone()?;
+        Some(Error::misconfigured("redis", message, None))
     }
 
     /// The node's connection if it has one, without connecting.
