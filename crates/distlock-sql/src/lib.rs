@@ -171,6 +171,13 @@ impl DbError {
                     Some(Box::new(e)),
                 );
             }
+            #[cfg(feature = "mysql")]
+            if let Some(what) = d
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .and_then(|my| mysql_transient(my.number(), my.code()))
+            {
+                return unavailable(what, e);
+            }
         }
         match e {
             sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => {
@@ -204,6 +211,32 @@ impl DbError {
             }
             other => Error::backend(self.backend, other),
         }
+    }
+}
+
+/// Why trying again may succeed after MySQL's or MariaDB's error `number`
+/// (with its SQLSTATE, which an error sent before the handshake lacks), or
+/// `None`. The SQLSTATE alone does not tell: a lock wait that timed out is
+/// HY000, as are many permanent errors.
+#[cfg(feature = "mysql")]
+fn mysql_transient(number: u16, sqlstate: Option<&str>) -> Option<&'static str> {
+    match number {
+        // ER_LOCK_WAIT_TIMEOUT: another transaction held a row longer than
+        // innodb_lock_wait_timeout.
+        1205 => Some("waited too long for a row another transaction holds"),
+        // ER_CON_COUNT_ERROR: max_connections reached. ER_TOO_MANY_USER_CONNECTIONS
+        // and ER_USER_LIMIT_REACHED: the user's own limit (of connections,
+        // or of statements an hour), which a closed connection or the next
+        // hour lifts.
+        1040 | 1203 | 1226 => Some("has reached a connection or resource limit"),
+        // ER_SERVER_SHUTDOWN; MariaDB's ER_CONNECTION_KILLED (KILL, or
+        // the server shutting down).
+        1053 | 1927 => Some("is shutting down or ended the connection"),
+        // Class 08: the connection failed or was lost.
+        _ if sqlstate.is_some_and(|s| s.starts_with("08")) => {
+            Some("lost or refused the connection")
+        }
+        _ => None,
     }
 }
 
@@ -1441,6 +1474,38 @@ mod tests {
             assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
         }
         assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_errors_another_moment_can_mend_are_told_by_number() {
+        for (number, sqlstate) in [
+            (1205, Some("HY000")),
+            (1040, None),
+            (1040, Some("08004")),
+            (1203, Some("42000")),
+            (1226, Some("42000")),
+            (1053, Some("08S01")),
+            (1927, Some("70100")),
+            (2013, Some("08S01")),
+        ] {
+            assert!(
+                mysql_transient(number, sqlstate).is_some(),
+                "{number} {sqlstate:?}"
+            );
+        }
+        for (number, sqlstate) in [
+            (1062, Some("23000")),
+            (1146, Some("42S02")),
+            (1064, Some("42000")),
+            (1366, Some("HY000")),
+            (1105, None),
+        ] {
+            assert!(
+                mysql_transient(number, sqlstate).is_none(),
+                "{number} {sqlstate:?}"
+            );
+        }
     }
 
     #[test]
