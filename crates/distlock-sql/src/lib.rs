@@ -171,11 +171,7 @@ impl DbError {
                     Some(Box::new(e)),
                 );
             }
-            #[cfg(feature = "mysql")]
-            if let Some(what) = d
-                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                .and_then(|my| mysql_transient(my.number(), my.code()))
-            {
+            if let Some(what) = self.transient(d.as_ref()) {
                 return unavailable(what, e);
             }
         }
@@ -189,37 +185,47 @@ impl DbError {
                 InputKind::Url,
                 format!("{} URL for {}: {c}", self.backend, self.endpoint),
             ),
-            sqlx::Error::Database(ref d)
-                if matches!(
-                    d.code().as_deref(),
-                    Some("5" | "6" | "57P01" | "57P02" | "57P03" | "08006" | "08003" | "08001")
-                ) =>
-            {
-                // SQLite busy/locked; PostgreSQL admin shutdown or lost connection.
-                unavailable("is busy or shutting down", e)
-            }
-            sqlx::Error::Database(ref d)
-                if matches!(d.code().as_deref(), Some("40001" | "40P01")) =>
-            {
-                // A serialization failure or a deadlock (a server whose
-                // default isolation is stricter than READ COMMITTED, say):
-                // nothing was written, and the next attempt may go through.
-                unavailable(
-                    "refused the statement as conflicting; trying again may succeed",
-                    e,
-                )
-            }
             other => Error::backend(self.backend, other),
+        }
+    }
+
+    /// Why trying again may succeed after the database's error `d`, or
+    /// `None` when the same request would meet the same error.
+    fn transient(&self, d: &dyn sqlx::error::DatabaseError) -> Option<&'static str> {
+        #[cfg(feature = "mysql")]
+        if let Some(my) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+            if let Some(what) = mysql_transient(my.number()) {
+                return Some(what);
+            }
+        }
+        match d.code()?.as_ref() {
+            // SQLite busy or locked.
+            "5" | "6" if self.backend == "sqlite" => Some("is busy"),
+            // A serialization failure or a deadlock (a server whose default
+            // isolation is stricter than READ COMMITTED, say): nothing was
+            // written, and the next attempt may go through.
+            "40001" | "40P01" => {
+                Some("refused the statement as conflicting; trying again may succeed")
+            }
+            // PostgreSQL: too many connections, the server's or a role's or
+            // a database's CONNECTION LIMIT; a closed connection lifts it.
+            "53300" => Some("has reached a connection limit"),
+            // PostgreSQL: shutting down (admin, crash) or starting up.
+            "57P01" | "57P02" | "57P03" => Some("is shutting down or starting up"),
+            // Class 08, PostgreSQL's and MySQL's: the connection failed or
+            // was lost.
+            c if c.starts_with("08") => Some("lost or refused the connection"),
+            _ => None,
         }
     }
 }
 
-/// Why trying again may succeed after MySQL's or MariaDB's error `number`
-/// (with its SQLSTATE, which an error sent before the handshake lacks), or
-/// `None`. The SQLSTATE alone does not tell: a lock wait that timed out is
-/// HY000, as are many permanent errors.
+/// Why trying again may succeed after MySQL's or MariaDB's error `number`,
+/// or `None` to judge it by its SQLSTATE. The SQLSTATE alone does not tell:
+/// a lock wait that timed out is HY000, as are many permanent errors, and an
+/// error sent before the handshake has none.
 #[cfg(feature = "mysql")]
-fn mysql_transient(number: u16, sqlstate: Option<&str>) -> Option<&'static str> {
+fn mysql_transient(number: u16) -> Option<&'static str> {
     match number {
         // ER_LOCK_WAIT_TIMEOUT: another transaction held a row longer than
         // innodb_lock_wait_timeout.
@@ -232,10 +238,6 @@ fn mysql_transient(number: u16, sqlstate: Option<&str>) -> Option<&'static str> 
         // ER_SERVER_SHUTDOWN; MariaDB's ER_CONNECTION_KILLED (KILL, or
         // the server shutting down).
         1053 | 1927 => Some("is shutting down or ended the connection"),
-        // Class 08: the connection failed or was lost.
-        _ if sqlstate.is_some_and(|s| s.starts_with("08")) => {
-            Some("lost or refused the connection")
-        }
         _ => None,
     }
 }
@@ -1479,32 +1481,71 @@ mod tests {
     #[cfg(feature = "mysql")]
     #[test]
     fn mysql_errors_another_moment_can_mend_are_told_by_number() {
-        for (number, sqlstate) in [
-            (1205, Some("HY000")),
-            (1040, None),
-            (1040, Some("08004")),
-            (1203, Some("42000")),
-            (1226, Some("42000")),
-            (1053, Some("08S01")),
-            (1927, Some("70100")),
-            (2013, Some("08S01")),
-        ] {
-            assert!(
-                mysql_transient(number, sqlstate).is_some(),
-                "{number} {sqlstate:?}"
-            );
+        for number in [1205, 1040, 1203, 1226, 1053, 1927] {
+            assert!(mysql_transient(number).is_some(), "{number}");
         }
-        for (number, sqlstate) in [
-            (1062, Some("23000")),
-            (1146, Some("42S02")),
-            (1064, Some("42000")),
-            (1366, Some("HY000")),
-            (1105, None),
+        for number in [1062, 1146, 1064, 1366, 1105] {
+            assert!(mysql_transient(number).is_none(), "{number}");
+        }
+    }
+
+    /// A database error with only a code, as a driver reports it.
+    #[derive(Debug)]
+    struct Coded(&'static str);
+
+    impl fmt::Display for Coded {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "error {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Coded {}
+
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            "error"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    /// Whether `backend` maps the database error `code` as retryable.
+    fn retryable(backend: &'static str, code: &'static str) -> bool {
+        let err = DbError {
+            backend,
+            endpoint: "db".into(),
+        };
+        let e = err.map(sqlx::Error::Database(Box::new(Coded(code))));
+        assert!(
+            matches!(e, Error::Unavailable { .. } | Error::Backend { .. }),
+            "{code}: {e:?}"
+        );
+        e.is_retryable()
+    }
+
+    #[test]
+    fn postgres_errors_another_moment_can_mend_are_retryable() {
+        for code in [
+            "53300", "57P01", "57P02", "57P03", "08000", "08001", "08003", "08004", "08006",
+            "08P01", "40001", "40P01",
         ] {
-            assert!(
-                mysql_transient(number, sqlstate).is_none(),
-                "{number} {sqlstate:?}"
-            );
+            assert!(retryable("postgres", code), "{code}");
+        }
+        for code in ["23505", "42P01", "22001", "53100", "5", "6"] {
+            assert!(!retryable("postgres", code), "{code}");
         }
     }
 
