@@ -199,8 +199,8 @@ impl DbError {
             }
         }
         match d.code()?.as_ref() {
-            // SQLite busy or locked.
-            "5" | "6" if self.backend == "sqlite" => Some("is busy"),
+            // SQLite busy or locked, with their extended codes.
+            c if self.backend == "sqlite" && sqlite_busy(c) => Some("is busy"),
             // A serialization failure or a deadlock (a server whose default
             // isolation is stricter than READ COMMITTED, say): nothing was
             // written, and the next attempt may go through.
@@ -218,6 +218,14 @@ impl DbError {
             _ => None,
         }
     }
+}
+
+/// Whether SQLite's result `code` (as sqlx reports it, the extended code)
+/// is SQLITE_BUSY or SQLITE_LOCKED, which another connection's transaction
+/// ending lifts: their extended codes (SQLITE_BUSY_SNAPSHOT, 517, say) keep
+/// the primary code in the low byte.
+pub(crate) fn sqlite_busy(code: &str) -> bool {
+    code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
 }
 
 /// Why trying again may succeed after MySQL's or MariaDB's error `number`,
@@ -1546,6 +1554,20 @@ mod tests {
         }
         for code in ["23505", "42P01", "22001", "53100", "5", "6"] {
             assert!(!retryable("postgres", code), "{code}");
+        }
+    }
+
+    #[test]
+    fn sqlite_busy_and_locked_are_retryable_with_their_extended_codes() {
+        // SQLITE_BUSY, _RECOVERY, _SNAPSHOT, _TIMEOUT; SQLITE_LOCKED,
+        // _SHAREDCACHE, _VTAB.
+        for code in ["5", "261", "517", "773", "6", "262", "518"] {
+            assert!(retryable("sqlite", code), "{code}");
+        }
+        // SQLITE_ERROR, SQLITE_CONSTRAINT_UNIQUE, SQLITE_READONLY,
+        // SQLITE_IOERR_WRITE, SQLITE_FULL.
+        for code in ["1", "2067", "8", "778", "13"] {
+            assert!(!retryable("sqlite", code), "{code}");
         }
     }
 
