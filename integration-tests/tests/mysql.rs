@@ -5,10 +5,11 @@ mod sql_support;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use distlock_core::LockClient;
-use distlock_sql::{sqlx, SqlBackend, SqlConfig};
+use distlock_core::{Backend, LockClient, LockName, LockRequest};
+use distlock_sql::sqlx::{self, Connection};
+use distlock_sql::{SqlBackend, SqlConfig};
 use integration_tests::harness::mariadb as my;
 use integration_tests::harness::tls::TestCerts;
 use integration_tests::harness::ServerKind;
@@ -149,6 +150,16 @@ fn main() {
                 rt,
                 "mysql::lock_names_are_case_sensitive",
                 case_sensitive(f.clone()),
+            ),
+            trial(
+                rt,
+                "mysql::a_lock_wait_timeout_is_unavailable",
+                lock_wait_timeout(),
+            ),
+            trial(
+                rt,
+                "mysql::a_connection_limit_is_unavailable",
+                connection_limit(),
             ),
             trial(
                 rt,
@@ -532,7 +543,157 @@ async fn stale_grant_routine(f: Arc<SqlFactory>) -> Result<(), Failed> {
     .await
 }
 
-/// A server of its own, so that only a case's statements are counted.
+/// A statement that waits for a lock's row longer than
+/// `innodb_lock_wait_timeout` (error 1205, SQLSTATE HY000) is `Unavailable`:
+/// the transaction holding the row ends, and the next try goes through. On a
+/// server of its own, whose global wait it lowers to 1 s.
+async fn lock_wait_timeout() -> Result<(), Failed> {
+    let (_server, url) = fifo_server().await?;
+    let admin = sqlx::MySqlPool::connect(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let sql = |statement: &'static str| {
+        let admin = admin.clone();
+        async move {
+            sqlx::raw_sql(statement)
+                .execute(&admin)
+                .await
+                .map(|_| ())
+                .map_err(|e| Failed::from(format!("{statement}: {e}")))
+        }
+    };
+    sql("SET GLOBAL innodb_lock_wait_timeout = 1").await?;
+    let result = async {
+        // Connected after the change: its connections wait 1 s.
+        let backend = SqlBackend::connect(&url).await?;
+        let req = LockRequest::new(LockName::new("wait/row")?, Duration::from_secs(60));
+        // The row exists from now on.
+        backend
+            .try_acquire(&req)
+            .await?
+            .ok_or("the free lock was refused")?;
+        backend.release(&req).await?;
+        let mut tx = admin.begin().await.map_err(|e| e.to_string())?;
+        sqlx::query("SELECT name FROM distlock_locks WHERE name = 'wait/row' FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| format!("locking the row: {e}"))?;
+        let start = Instant::now();
+        let waited = backend.try_acquire(&req).await;
+        let took = start.elapsed();
+        tx.rollback().await.map_err(|e| e.to_string())?;
+        match waited {
+            Err(e @ distlock_core::Error::Unavailable { .. }) if e.is_retryable() => {
+                eprintln!("after {took:?}: {e}");
+            }
+            other => {
+                return Err(format!(
+                    "a timed-out row wait: expected Unavailable, got {other:?} after {took:?}"
+                )
+                .into())
+            }
+        }
+        backend
+            .try_acquire(&req)
+            .await?
+            .ok_or("the lock was refused once the row was free")?;
+        Ok::<_, Failed>(())
+    }
+    .await;
+    sql("SET GLOBAL innodb_lock_wait_timeout = DEFAULT").await?;
+    result
+}
+
+/// A user at its limit of connections (`MAX_USER_CONNECTIONS 1`, with one
+/// open) and a server at `max_connections` (error 1040) refuse a client's
+/// connect as `Unavailable`: a connection that closes lets the next try in.
+/// On a server of its own, whose limit it lowers.
+async fn connection_limit() -> Result<(), Failed> {
+    let (_server, url) = fifo_server().await?;
+    let admin = sqlx::MySqlPool::connect(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let user = "one_conn";
+    sqlx::raw_sql(&format!(
+        "CREATE USER '{user}'@'%' WITH MAX_USER_CONNECTIONS 1;
+         GRANT ALL ON {}.* TO '{user}'@'%'",
+        my::DATABASE
+    ))
+    .execute(&admin)
+    .await
+    .map_err(|e| e.to_string())?;
+    let user_url = url.replacen("mysql://root@", &format!("mysql://{user}@"), 1);
+    let refused = |what: &'static str| {
+        let user_url = user_url.clone();
+        async move {
+            match SqlBackend::connect(&user_url).await {
+                Err(e @ distlock_core::Error::Unavailable { .. }) if e.is_retryable() => {
+                    eprintln!("{what}: {e}");
+                    Ok(())
+                }
+                other => Err(Failed::from(format!(
+                    "{what}: expected Unavailable, got {other:?}"
+                ))),
+            }
+        }
+    };
+    let held = sqlx::MySqlConnection::connect(&user_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    refused("the user's one connection open").await?;
+    held.close().await.map_err(|e| e.to_string())?;
+    // The server counts the closed connection out soon after.
+    let start = Instant::now();
+    loop {
+        match sqlx::MySqlConnection::connect(&user_url).await {
+            Ok(c) => {
+                c.close().await.map_err(|e| e.to_string())?;
+                break;
+            }
+            Err(e) if start.elapsed() > Duration::from_secs(5) => {
+                return Err(format!("the user's connection closed, still refused: {e}").into())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    // MariaDB's max_connections is at least 10: the administrator opens
+    // that many, and the limit is set to the connections open, which
+    // leaves none for a user without administrative rights.
+    let connected = || async {
+        sqlx::query_as::<_, (String, String)>("SHOW GLOBAL STATUS LIKE 'Threads_connected'")
+            .fetch_one(&admin)
+            .await
+            .map_err(|e| Failed::from(e.to_string()))?
+            .1
+            .parse::<u32>()
+            .map_err(|e| Failed::from(e.to_string()))
+    };
+    let mut open = Vec::new();
+    while connected().await? < 10 {
+        open.push(
+            sqlx::MySqlConnection::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    sqlx::raw_sql(&format!(
+        "SET GLOBAL max_connections = {}",
+        connected().await?
+    ))
+    .execute(&admin)
+    .await
+    .map_err(|e| e.to_string())?;
+    let result = refused("the server's connections all taken").await;
+    sqlx::raw_sql("SET GLOBAL max_connections = DEFAULT")
+        .execute(&admin)
+        .await
+        .map_err(|e| e.to_string())?;
+    drop(open);
+    result
+}
+
+/// A server of its own, so that only a case's statements are counted, or
+/// for a case that changes the server's settings.
 async fn fifo_server() -> Result<(integration_tests::harness::ServerProcess, String), Failed> {
     let process = tokio::task::spawn_blocking(my::spawn)
         .await

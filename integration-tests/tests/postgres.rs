@@ -99,6 +99,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "postgres::a_role_at_its_connection_limit_is_unavailable",
+                connection_limit(f.clone()),
+            ),
+            trial(
+                rt,
                 "postgres::a_pool_too_small_for_a_listener_and_the_statements_is_invalid_input",
                 pool_too_small(f.clone()),
             ),
@@ -606,6 +611,34 @@ async fn restricted_role(f: Arc<SqlFactory>) -> Result<(), Failed> {
         },
     )
     .await
+}
+
+/// A role at its `CONNECTION LIMIT` (SQLSTATE 53300, too many
+/// connections) is refused at connect as `Unavailable`: a connection that
+/// closes lets the next try in.
+async fn connection_limit(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    use sqlx::Connection;
+    let admin = f.admin_pool::<sqlx::Postgres>().await?;
+    let role = format!("one_conn_{}", &integration_tests::namespace()[12..]);
+    sqlx::raw_sql(&format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 1"))
+        .execute(&admin)
+        .await
+        .map_err(|e| e.to_string())?;
+    let url = f
+        .url()?
+        .replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    let held = sqlx::PgConnection::connect(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let refused = SqlBackend::connect(&url).await;
+    held.close().await.map_err(|e| e.to_string())?;
+    match refused {
+        Err(e @ Error::Unavailable { .. }) if e.is_retryable() => {
+            eprintln!("{e}");
+            Ok(())
+        }
+        other => Err(format!("a role at its limit: expected Unavailable, got {other:?}").into()),
+    }
 }
 
 /// Its own server, since it is stopped and started again.

@@ -171,6 +171,9 @@ impl DbError {
                     Some(Box::new(e)),
                 );
             }
+            if let Some(what) = self.transient(d.as_ref()) {
+                return unavailable(what, e);
+            }
         }
         match e {
             sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => {
@@ -182,28 +185,68 @@ impl DbError {
                 InputKind::Url,
                 format!("{} URL for {}: {c}", self.backend, self.endpoint),
             ),
-            sqlx::Error::Database(ref d)
-                if matches!(
-                    d.code().as_deref(),
-                    Some("5" | "6" | "57P01" | "57P02" | "57P03" | "08006" | "08003" | "08001")
-                ) =>
-            {
-                // SQLite busy/locked; PostgreSQL admin shutdown or lost connection.
-                unavailable("is busy or shutting down", e)
-            }
-            sqlx::Error::Database(ref d)
-                if matches!(d.code().as_deref(), Some("40001" | "40P01")) =>
-            {
-                // A serialization failure or a deadlock (a server whose
-                // default isolation is stricter than READ COMMITTED, say):
-                // nothing was written, and the next attempt may go through.
-                unavailable(
-                    "refused the statement as conflicting; trying again may succeed",
-                    e,
-                )
-            }
             other => Error::backend(self.backend, other),
         }
+    }
+
+    /// Why trying again may succeed after the database's error `d`, or
+    /// `None` when the same request would meet the same error.
+    fn transient(&self, d: &dyn sqlx::error::DatabaseError) -> Option<&'static str> {
+        #[cfg(feature = "mysql")]
+        if let Some(my) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+            if let Some(what) = mysql_transient(my.number()) {
+                return Some(what);
+            }
+        }
+        match d.code()?.as_ref() {
+            // SQLite busy or locked, with their extended codes.
+            c if self.backend == "sqlite" && sqlite_busy(c) => Some("is busy"),
+            // A serialization failure or a deadlock (a server whose default
+            // isolation is stricter than READ COMMITTED, say): nothing was
+            // written, and the next attempt may go through.
+            "40001" | "40P01" => {
+                Some("refused the statement as conflicting; trying again may succeed")
+            }
+            // PostgreSQL: too many connections, the server's or a role's or
+            // a database's CONNECTION LIMIT; a closed connection lifts it.
+            "53300" => Some("has reached a connection limit"),
+            // PostgreSQL: shutting down (admin, crash) or starting up.
+            "57P01" | "57P02" | "57P03" => Some("is shutting down or starting up"),
+            // Class 08, PostgreSQL's and MySQL's: the connection failed or
+            // was lost.
+            c if c.starts_with("08") => Some("lost or refused the connection"),
+            _ => None,
+        }
+    }
+}
+
+/// Whether SQLite's result `code` (as sqlx reports it, the extended code)
+/// is SQLITE_BUSY or SQLITE_LOCKED, which another connection's transaction
+/// ending lifts: their extended codes (SQLITE_BUSY_SNAPSHOT, 517, say) keep
+/// the primary code in the low byte.
+pub(crate) fn sqlite_busy(code: &str) -> bool {
+    code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+/// Why trying again may succeed after MySQL's or MariaDB's error `number`,
+/// or `None` to judge it by its SQLSTATE. The SQLSTATE alone does not tell:
+/// a lock wait that timed out is HY000, as are many permanent errors, and an
+/// error sent before the handshake has none.
+#[cfg(feature = "mysql")]
+fn mysql_transient(number: u16) -> Option<&'static str> {
+    match number {
+        // ER_LOCK_WAIT_TIMEOUT: another transaction held a row longer than
+        // innodb_lock_wait_timeout.
+        1205 => Some("waited too long for a row another transaction holds"),
+        // ER_CON_COUNT_ERROR: max_connections reached. ER_TOO_MANY_USER_CONNECTIONS
+        // and ER_USER_LIMIT_REACHED: the user's own limit (of connections,
+        // or of statements an hour), which a closed connection or the next
+        // hour lifts.
+        1040 | 1203 | 1226 => Some("has reached a connection or resource limit"),
+        // ER_SERVER_SHUTDOWN; MariaDB's ER_CONNECTION_KILLED (KILL, or
+        // the server shutting down).
+        1053 | 1927 => Some("is shutting down or ended the connection"),
+        _ => None,
     }
 }
 
@@ -1441,6 +1484,91 @@ mod tests {
             assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
         }
         assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_errors_another_moment_can_mend_are_told_by_number() {
+        for number in [1205, 1040, 1203, 1226, 1053, 1927] {
+            assert!(mysql_transient(number).is_some(), "{number}");
+        }
+        for number in [1062, 1146, 1064, 1366, 1105] {
+            assert!(mysql_transient(number).is_none(), "{number}");
+        }
+    }
+
+    /// A database error with only a code, as a driver reports it.
+    #[derive(Debug)]
+    struct Coded(&'static str);
+
+    impl fmt::Display for Coded {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "error {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Coded {}
+
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            "error"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    /// Whether `backend` maps the database error `code` as retryable.
+    fn retryable(backend: &'static str, code: &'static str) -> bool {
+        let err = DbError {
+            backend,
+            endpoint: "db".into(),
+        };
+        let e = err.map(sqlx::Error::Database(Box::new(Coded(code))));
+        assert!(
+            matches!(e, Error::Unavailable { .. } | Error::Backend { .. }),
+            "{code}: {e:?}"
+        );
+        e.is_retryable()
+    }
+
+    #[test]
+    fn postgres_errors_another_moment_can_mend_are_retryable() {
+        for code in [
+            "53300", "57P01", "57P02", "57P03", "08000", "08001", "08003", "08004", "08006",
+            "08P01", "40001", "40P01",
+        ] {
+            assert!(retryable("postgres", code), "{code}");
+        }
+        for code in ["23505", "42P01", "22001", "53100", "5", "6"] {
+            assert!(!retryable("postgres", code), "{code}");
+        }
+    }
+
+    #[test]
+    fn sqlite_busy_and_locked_are_retryable_with_their_extended_codes() {
+        // SQLITE_BUSY, _RECOVERY, _SNAPSHOT, _TIMEOUT; SQLITE_LOCKED,
+        // _SHAREDCACHE, _VTAB.
+        for code in ["5", "261", "517", "773", "6", "262", "518"] {
+            assert!(retryable("sqlite", code), "{code}");
+        }
+        // SQLITE_ERROR, SQLITE_CONSTRAINT_UNIQUE, SQLITE_READONLY,
+        // SQLITE_IOERR_WRITE, SQLITE_FULL.
+        for code in ["1", "2067", "8", "778", "13"] {
+            assert!(!retryable("sqlite", code), "{code}");
+        }
     }
 
     #[test]

@@ -479,8 +479,7 @@ const BUSY_RETRY_FOR: Duration = Duration::from_secs(10);
 pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|d| d.code())
-        .and_then(|c| c.parse::<i32>().ok())
-        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+        .is_some_and(|c| crate::sqlite_busy(&c))
 }
 
 fn ttl_millis(req: &LockRequest) -> i64 {
