@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{Backend, Error, LockClient};
+use distlock_core::{Backend, Error, LockClient, LockName, LockRequest};
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::harness::postgres as pg;
 use integration_tests::harness::tls::TestCerts;
@@ -101,6 +101,11 @@ fn main() {
                 rt,
                 "postgres::a_role_at_its_connection_limit_is_unavailable",
                 connection_limit(f.clone()),
+            ),
+            trial(
+                rt,
+                "postgres::a_row_lock_past_the_lock_timeout_is_unavailable",
+                lock_timeout(f.clone()),
             ),
             trial(
                 rt,
@@ -638,6 +643,37 @@ async fn connection_limit(f: Arc<SqlFactory>) -> Result<(), Failed> {
             Ok(())
         }
         other => Err(format!("a role at its limit: expected Unavailable, got {other:?}").into()),
+    }
+}
+
+/// A row another transaction keeps locked past the connection's
+/// `lock_timeout` (SQLSTATE 55P03) is `Unavailable`: the statement was
+/// rolled back, and the row may be free a moment later.
+async fn lock_timeout(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (table, url) = f.own_table("lock_timeout")?;
+    let backend = SqlBackend::connect(&format!("{url}&options[lock_timeout]=300")).await?;
+    let name = LockName::new("timeout/row")?;
+    let holder = LockRequest::new(name.clone(), Duration::from_secs(60));
+    backend
+        .try_acquire(&holder)
+        .await?
+        .ok_or("the free lock was refused")?;
+    let admin = f.admin_pool::<sqlx::Postgres>().await?;
+    let mut tx = admin.begin().await.map_err(|e| e.to_string())?;
+    sqlx::query(&format!("SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE"))
+        .bind(name.as_str())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| format!("locking the row: {e}"))?;
+    let other = LockRequest::new(name, Duration::from_secs(60));
+    let waited = backend.try_acquire(&other).await;
+    tx.rollback().await.map_err(|e| e.to_string())?;
+    backend.release(&holder).await?;
+    match waited {
+        Err(e @ Error::Unavailable { .. }) if e.is_retryable() => Ok(()),
+        other => {
+            Err(format!("a row lock past lock_timeout: expected Unavailable, got {other:?}").into())
+        }
     }
 }
 

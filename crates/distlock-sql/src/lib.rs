@@ -212,6 +212,13 @@ impl DbError {
             "53300" => Some("has reached a connection limit"),
             // PostgreSQL: shutting down (admin, crash) or starting up.
             "57P01" | "57P02" | "57P03" => Some("is shutting down or starting up"),
+            // PostgreSQL: a row lock waited past the role's or database's
+            // `lock_timeout`, or a statement ran past `statement_timeout`
+            // (or was cancelled): rolled back, and a later moment may be
+            // less busy.
+            "55P03" | "57014" => {
+                Some("gave up on the statement after its lock or statement timeout")
+            }
             // Class 08, PostgreSQL's and MySQL's: the connection failed or
             // was lost.
             c if c.starts_with("08") => Some("lost or refused the connection"),
@@ -360,8 +367,13 @@ impl DbError {
             Some("42000") if message.contains("denied") => {
                 Some("grant the user the privileges in the backend's README")
             }
-            // SQLite: cannot open the file (a directory, no permission).
-            Some("14") => Some("the path must name a file in a directory this process can write"),
+            // SQLite: cannot open the file (a directory, no permission), by
+            // any of its extended codes (SQLITE_CANTOPEN_ISDIR, 526, say).
+            Some(c)
+                if self.backend == "sqlite" && c.parse::<i32>().is_ok_and(|c| c & 0xff == 14) =>
+            {
+                Some("the path must name a file in a directory this process can write")
+            }
             _ => None,
         }
     }
@@ -1548,12 +1560,25 @@ mod tests {
     fn postgres_errors_another_moment_can_mend_are_retryable() {
         for code in [
             "53300", "57P01", "57P02", "57P03", "08000", "08001", "08003", "08004", "08006",
-            "08P01", "40001", "40P01",
+            "08P01", "40001", "40P01", "55P03", "57014",
         ] {
             assert!(retryable("postgres", code), "{code}");
         }
         for code in ["23505", "42P01", "22001", "53100", "5", "6"] {
             assert!(!retryable("postgres", code), "{code}");
+        }
+    }
+
+    #[test]
+    fn a_sqlite_file_that_cannot_be_opened_is_misconfigured_by_any_extended_code() {
+        // SQLITE_CANTOPEN, _NOTEMPDIR, _ISDIR, _FULLPATH, _CONVPATH.
+        for code in ["14", "270", "526", "782", "1038"] {
+            let err = DbError {
+                backend: "sqlite",
+                endpoint: "x.db".into(),
+            };
+            let e = err.map(sqlx::Error::Database(Box::new(Coded(code))));
+            assert!(matches!(e, Error::Misconfigured { .. }), "{code}: {e:?}");
         }
     }
 
