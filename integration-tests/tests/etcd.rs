@@ -64,6 +64,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::a_user_for_a_cluster_without_authentication_is_misconfigured",
+                user_without_auth(etcd.clone()),
+            ),
+            trial(
+                rt,
                 "etcd::etcdctl_lock_excludes_distlock",
                 etcdctl_holds(etcd.clone()),
             ),
@@ -381,6 +386,26 @@ async fn leader_killed() -> Result<(), Failed> {
         server::leader,
     )
     .await
+}
+
+/// A URL that names a user for a member with authentication off is a
+/// refused configuration (exit 78), not an error to retry.
+async fn user_without_auth(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let endpoint = url.split_once("://").ok_or("no scheme in the URL")?.1;
+    let with_user = format!("etcd://app:app-pw@{endpoint}");
+    let tried = match EtcdBackend::connect(&with_user).await {
+        Ok(b) => LockClient::new(b)
+            .lock("conformance-x/job")
+            .try_acquire()
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    match tried {
+        Err(Error::Misconfigured { message, .. }) if !message.contains("app-pw") => Ok(()),
+        other => Err(format!("a user for a cluster without authentication gave {other:?}").into()),
+    }
 }
 
 /// See [`integration_tests::stall::a_wait_ends_by_its_deadline`].

@@ -185,6 +185,17 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
                 Some(Box::new(e)),
             )
         }
+        // A URL with a user for a cluster that has authentication off.
+        E::GRpcStatus(ref s) if s.message().contains("authentication is not enabled") => {
+            Error::misconfigured(
+                "etcd",
+                format!(
+                    "etcd at {endpoints}: {}; drop the user and password from the URL, or enable authentication on the cluster",
+                    s.message()
+                ),
+                Some(Box::new(e)),
+            )
+        }
         E::InvalidArgs(_) | E::InvalidUri(_) => {
             Error::invalid(InputKind::Url, format!("etcd at {endpoints}: {e}"))
         }
