@@ -59,7 +59,7 @@ where
         Ok(Err(Error::Unavailable { .. } | Error::WaitTimeout { .. })) => {}
         Ok(Err(e)) => return Err(format!("expected Unavailable or WaitTimeout, got {e}").into()),
     }
-    let bound = wait + ANSWER_GRACE + Duration::from_secs(2);
+    let bound = wait + ANSWER_GRACE + Duration::from_secs(1);
     if took > bound {
         return Err(format!("the wait of {wait:?} ended after {took:?} (bound {bound:?})").into());
     }

@@ -307,9 +307,10 @@ impl LockBuilder {
 
     /// How long [`acquire`](Self::acquire) waits (default: forever; a wait
     /// past the clock's range is forever too). At the end it fails with
-    /// [`Error::WaitTimeout`]; a server that has not answered a request by
-    /// then gets [`ANSWER_GRACE`] more, and then the acquire fails with
-    /// [`Error::Unavailable`].
+    /// [`Error::WaitTimeout`]; a backend still busy then (a request the
+    /// server has not answered, its clean-up) gets [`ANSWER_GRACE`] more,
+    /// and what a request cut there may have taken is released in the
+    /// background.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
@@ -535,25 +536,36 @@ impl ClientInner {
     /// left held by nobody.
     ///
     /// A wait ends at its deadline even where the backend's own steps do
-    /// not: a request still unanswered [`ANSWER_GRACE`] after the deadline
-    /// is abandoned with [`Error::Unavailable`] (the server did not answer
-    /// in time) and, since it may have been granted, released in the
-    /// background like a dropped acquire.
+    /// not: a backend still busy [`ANSWER_GRACE`] after the deadline (a
+    /// request the server never answers, a retry of its own, its clean-up)
+    /// is dropped, the wait fails with [`Error::WaitTimeout`], and since a
+    /// request in flight may have been granted, the owner is released in
+    /// the background like a dropped acquire's.
     pub(crate) async fn ask(&self, req: &LockRequest, mode: Mode) -> Result<Option<Grant>> {
         let backend = &self.keeper.backend;
         let mut cleanup = ReleaseIfDropped::arm(backend.clone(), vec![req.clone()]);
-        let granted = match mode {
-            Mode::Once => backend.try_acquire(req).await,
+        let start = Instant::now();
+        let answered = match mode {
+            Mode::Once => Some(backend.try_acquire(req).await),
             Mode::Wait(deadline) => {
                 let waited = backend.acquire(req, deadline);
                 match deadline.and_then(|d| d.checked_add(ANSWER_GRACE)) {
                     Some(cut) => tokio::time::timeout_at(cut, waited)
                         .await
-                        .unwrap_or_else(|_| Err(self.unanswered(req)))
-                        .map(Some),
-                    None => waited.await.map(Some),
+                        .ok()
+                        .map(|r| r.map(Some)),
+                    None => Some(waited.await.map(Some)),
                 }
             }
+        };
+        let Some(granted) = answered else {
+            tracing::debug!(
+                "the backend was still busy {ANSWER_GRACE:?} after the wait's deadline; releasing in the background"
+            );
+            return Err(Error::WaitTimeout {
+                name: req.name.clone(),
+                waited: start.elapsed(),
+            });
         };
         if granted.as_ref().is_ok() || granted.as_ref().is_err_and(grants_nothing) {
             cleanup.disarm();
@@ -563,24 +575,11 @@ impl ClientInner {
         }
         granted
     }
-
-    /// The error of a wait whose backend had not answered by
-    /// [`ANSWER_GRACE`] after its deadline.
-    fn unanswered(&self, req: &LockRequest) -> Error {
-        Error::unavailable(
-            self.keeper.caps.backend,
-            format!(
-                "no answer for {} within {:?} of the wait's deadline; the request is abandoned and whatever it may have taken is released in the background",
-                req.name, ANSWER_GRACE
-            ),
-            None,
-        )
-    }
 }
 
-/// How long after a wait's deadline a request in flight may still answer
-/// (a grant, or the backend's own `WaitTimeout` after its clean-up) before
-/// the wait ends without it. Long enough for a busy server's round trip.
+/// How long after a wait's deadline the backend may still be busy (a
+/// request in flight that may yet grant, the clean-up after its own
+/// timeout) before the wait ends without it.
 pub const ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// Errors after which the server cannot have granted anything.

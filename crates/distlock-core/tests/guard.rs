@@ -388,7 +388,7 @@ async fn a_release_that_never_answers_ends_at_the_leases_deadline() {
 }
 
 /// A wait whose request is never answered ends shortly after its deadline
-/// with `Unavailable`, not when the backend gives up, and what the request
+/// with `WaitTimeout`, not when the backend gives up, and what the request
 /// took on the server is released.
 #[tokio::test(start_paused = true)]
 async fn a_wait_whose_request_never_answers_ends_after_its_deadline() {
@@ -402,7 +402,7 @@ async fn a_wait_whose_request_never_answers_ends_after_its_deadline() {
     )
     .await;
     assert!(
-        matches!(r, Ok(Err(Error::Unavailable { .. }))),
+        matches!(r, Ok(Err(Error::WaitTimeout { .. }))),
         "{:?}",
         r.map(|r| r.map(|_| "granted"))
     );
