@@ -463,6 +463,24 @@ async fn wrong_password() -> Result<(), Failed> {
         .await?
         .ok_or("a free lock was refused with one node refusing the password")?;
     g.release().await?;
+    // The second node stores another limit for this semaphore: with the
+    // first refusing the password, no quorum of two can form.
+    let second = distlock_redis::RedisBackend::connect(&format!(
+        "redis://:{PASSWORD}@127.0.0.1:{}",
+        nodes[1].port
+    ))
+    .await?;
+    LockClient::new(second)
+        .set_semaphore_limit("wrong-password-sem", 2)
+        .await?;
+    refused(
+        "one node refusing and one storing another limit",
+        client
+            .semaphore("wrong-password-sem", 1)
+            .try_acquire()
+            .await
+            .map(|_| ()),
+    )?;
     nodes[1].signal("KILL").map_err(|e| e.to_string())?;
     refused(
         "one node refusing and one down",

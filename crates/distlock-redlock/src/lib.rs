@@ -399,12 +399,15 @@ impl RedlockBackend {
         // keeps its place on every node.
         self.rollback(req, place, &refused).await;
         let total = self.inner.nodes.len();
-        if !refusals.is_empty() && refusals.len() + down > total - quorum {
-            // Too few nodes are up and accept the configuration for a
-            // quorum to form: waiting cannot help, fixing it can.
-            return Err(refused_by(refusals, down, total));
+        // Nodes that refuse the configuration and nodes that store another
+        // limit grant nothing whatever the wait: with the nodes that are
+        // down, too many of them leave no quorum, and the error names what
+        // to fix (the configuration first).
+        let barred = refusals.len() + mismatched.len() + down;
+        if !refusals.is_empty() && barred > total - quorum {
+            return Err(refused_by(refusals, down + mismatched.len(), total));
         }
-        if !mismatched.is_empty() && mismatched.len() + down > total - quorum {
+        if !mismatched.is_empty() && barred > total - quorum {
             // Too few nodes are up and store this limit for a quorum to
             // form: waiting cannot help, set_limit can.
             return Err(Error::LimitMismatch {
@@ -600,16 +603,17 @@ async fn count_until<F: std::future::Future<Output = bool>>(
 }
 
 /// The error for a Redlock client whose configuration `refusals` (each an
-/// `Error::Misconfigured` from one node), with `down` nodes down, keep from
-/// a quorum of its `total` nodes: the first node's, saying how many refused.
-fn refused_by(refusals: Vec<Error>, down: usize, total: usize) -> Error {
+/// `Error::Misconfigured` from one node), with `others` nodes down or
+/// storing another limit, keep from a quorum of its `total` nodes: the
+/// first node's, saying how many refused.
+fn refused_by(refusals: Vec<Error>, others: usize, total: usize) -> Error {
     let count = refusals.len();
     match refusals.into_iter().next() {
         Some(Error::Misconfigured {
             message, source, ..
         }) => Error::misconfigured(
             "redlock",
-            format!("{count} of {total} nodes refused the configuration ({down} down), too many for a quorum; {message}"),
+            format!("{count} of {total} nodes refused the configuration ({others} more down or storing another limit), too many for a quorum; {message}"),
             source,
         ),
         Some(other) => other,
