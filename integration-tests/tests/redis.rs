@@ -1362,7 +1362,7 @@ async fn stalled_pubsub() -> Result<(), Failed> {
 }
 
 /// A waiter dropped after its `SUBSCRIBE` reached the server, before the
-/// confirmation came back (the proxy holds every reply for a second),
+/// confirmation came back (the proxy holds every reply for 3 s),
 /// leaves the channel unsubscribed once it is gone, not subscribed on the
 /// client's pub/sub connection with nobody counted on it.
 async fn subscribe_dropped() -> Result<(), Failed> {
@@ -1377,7 +1377,11 @@ async fn subscribe_dropped() -> Result<(), Failed> {
     // The waiter's client outlives its wait: closing its pub/sub
     // connection would unsubscribe everything.
     let waiter = LockClient::new(
-        RedisBackend::connect(&format!("redis://127.0.0.1:{}?timeout_ms=5000", proxy.port)).await?,
+        RedisBackend::connect(&format!(
+            "redis://127.0.0.1:{}?timeout_ms=10000",
+            proxy.port
+        ))
+        .await?,
     );
     let lock = "unconfirmed/a";
     let held = holder
@@ -1389,7 +1393,9 @@ async fn subscribe_dropped() -> Result<(), Failed> {
         server::command(port, &["PUBSUB", "CHANNELS", "*unconfirmed/a*"])
             .is_some_and(|reply| reply.contains(lock))
     };
-    proxy.set_reply_delay(Duration::from_secs(1));
+    // Long enough that the drop below lands before the confirmation even
+    // on a busy machine, short of the subscriber's timeout.
+    proxy.set_reply_delay(Duration::from_secs(3));
     let w = waiter.clone();
     let waiting =
         tokio::spawn(async move { w.lock(lock).wait(Duration::from_secs(60)).acquire().await });

@@ -369,7 +369,11 @@ impl Subscriber {
     /// subscribed on the server, unless a subscriber counts on it by now.
     async fn unsubscribe_uncounted(&self, channel: &str, generation: u64) {
         let mut live = self.live.lock().await;
-        let Some(l) = live.as_mut().filter(|l| l.generation == generation) else {
+        // A connection given up takes its subscriptions with it.
+        let Some(l) = live
+            .as_mut()
+            .filter(|l| l.generation == generation && l.alive.load(Ordering::Acquire))
+        else {
             return;
         };
         if l.counts.get(channel).is_some_and(|n| *n > 0) {
