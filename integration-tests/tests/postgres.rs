@@ -637,6 +637,10 @@ async fn connection_limit(f: Arc<SqlFactory>) -> Result<(), Failed> {
         .map_err(|e| e.to_string())?;
     let refused = SqlBackend::connect(&url).await;
     held.close().await.map_err(|e| e.to_string())?;
+    sqlx::raw_sql(&format!("DROP ROLE {role}"))
+        .execute(&admin)
+        .await
+        .map_err(|e| e.to_string())?;
     match refused {
         Err(e @ Error::Unavailable { .. }) if e.is_retryable() => {
             eprintln!("{e}");

@@ -197,6 +197,11 @@ impl DbError {
             if let Some(what) = mysql_transient(my.number()) {
                 return Some(what);
             }
+            // ER_NOT_SUPPORTED_AUTH_MODE (08004): the server asks for an
+            // authentication method this client lacks, on every attempt.
+            if my.number() == 1251 {
+                return None;
+            }
         }
         match d.code()?.as_ref() {
             // SQLite busy or locked, with their extended codes.
@@ -220,8 +225,9 @@ impl DbError {
                 Some("gave up on the statement after its lock or statement timeout")
             }
             // Class 08, PostgreSQL's and MySQL's: the connection failed or
-            // was lost.
-            c if c.starts_with("08") => Some("lost or refused the connection"),
+            // was lost; not a protocol violation (08P01), which the next
+            // connection meets again.
+            c if c.starts_with("08") && c != "08P01" => Some("lost or refused the connection"),
             _ => None,
         }
     }
@@ -1560,11 +1566,11 @@ mod tests {
     fn postgres_errors_another_moment_can_mend_are_retryable() {
         for code in [
             "53300", "57P01", "57P02", "57P03", "08000", "08001", "08003", "08004", "08006",
-            "08P01", "40001", "40P01", "55P03", "57014",
+            "40001", "40P01", "55P03", "57014",
         ] {
             assert!(retryable("postgres", code), "{code}");
         }
-        for code in ["23505", "42P01", "22001", "53100", "5", "6"] {
+        for code in ["23505", "42P01", "22001", "53100", "5", "6", "08P01"] {
             assert!(!retryable("postgres", code), "{code}");
         }
     }
