@@ -238,7 +238,7 @@ mod tonic_code {
 
 /// The HTTP/2 keep-alive of the client's connections: after `PING_EVERY`
 /// without a frame from etcd a PING goes out, and unanswered within the
-/// request timeout (at most 1 s: the answer is one round trip, no Raft) the
+/// request timeout (within 500 ms to 1 s: the answer is one round trip, no Raft) the
 /// connection is closed and the next request opens another. A connection
 /// the network stopped serving without closing it is so given up within
 /// 6 s of its last frame, in time to renew a lease of 7 s or more.
@@ -254,7 +254,12 @@ mod tonic_code {
 const PING_EVERY: Duration = Duration::from_secs(5);
 
 fn keep_alive(timeout: Duration) -> (Duration, Duration) {
-    (PING_EVERY, timeout.min(Duration::from_secs(1)))
+    // Not below 500 ms either, whatever `timeout_ms`: a PING answered late
+    // by a busy member would close a live connection and its watches.
+    (
+        PING_EVERY,
+        timeout.clamp(Duration::from_millis(500), Duration::from_secs(1)),
+    )
 }
 
 /// Whole seconds of a TTL, rounded up: the lease never ends before the TTL.
