@@ -22,3 +22,14 @@ pub mod fifo;
 pub mod harness;
 pub mod queue;
 pub mod stall;
+
+/// Runs `f`, which blocks (starting or stopping a server process), on
+/// tokio's blocking pool, so that the test's runtime keeps serving the
+/// clients meanwhile.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, libtest_mimic::Failed> + Send + 'static,
+) -> Result<T, libtest_mimic::Failed> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| libtest_mimic::Failed::from(e.to_string()))?
+}

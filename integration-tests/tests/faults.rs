@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_check::{CheckError, Faults, Workload};
+use integration_tests::blocking;
 use integration_tests::faults::{
     print_matrix, verify, verify_late_release, verify_permits, Expect,
 };
@@ -103,12 +104,6 @@ impl Env {
 
 fn failed(e: impl std::fmt::Display) -> Failed {
     Failed::from(e.to_string())
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, Failed> + Send + 'static,
-) -> Result<T, Failed> {
-    tokio::task::spawn_blocking(f).await.map_err(failed)?
 }
 
 /// Starts private servers for `b` (fault tests stop, kill and restart them).

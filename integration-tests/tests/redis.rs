@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use distlock_core::{Error, HoldKind, LockClient, LockName, LostReason};
 use distlock_redis::{RedisBackend, RedisConfig};
+use integration_tests::blocking;
 use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::fifo;
 use integration_tests::harness::proxy::Proxy;
@@ -1051,14 +1052,6 @@ async fn sent_again() -> Result<(), Failed> {
     }
     drop(node);
     Ok(())
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, Failed> + Send + 'static,
-) -> Result<T, Failed> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Failed::from(e.to_string()))?
 }
 
 fn spawned(extra: &'static [&'static str]) -> impl FnOnce() -> Result<ServerProcess, Failed> {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use distlock_core::{Error, LockClient, LockName};
 use distlock_redlock::RedlockBackend;
+use integration_tests::blocking;
 use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::fifo;
 use integration_tests::harness::proxy::Proxy;
@@ -191,14 +192,6 @@ fn main() {
         ]);
         extra
     })
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, Failed> + Send + 'static,
-) -> Result<T, Failed> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Failed::from(e.to_string()))?
 }
 
 async fn two_down() -> Result<(), Failed> {
