@@ -219,6 +219,11 @@ fn main() {
         ));
         let handle = rt.handle().clone();
         extra.push(Trial::test(
+            "redis::a_sentinel_that_stops_answering_costs_one_timeout",
+            move || handle.block_on(sentinel_stalled()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
             "redis::cluster_with_every_node_down_is_unavailable",
             move || handle.block_on(cluster_down()),
         ));
@@ -1198,6 +1203,66 @@ async fn sentinel_master_down() -> Result<(), Failed> {
         RedisBackend::connect(&url).await,
     )?;
     drop(sentinel);
+    Ok(())
+}
+
+/// The first Sentinel of a URL stops answering (its connections pass
+/// nothing): a connection, through the Sentinel that answers, takes at most
+/// about one `timeout_ms`, as does finding out that no Sentinel monitors a
+/// service, however many Sentinels stall.
+async fn sentinel_stalled() -> Result<(), Failed> {
+    let master = blocking(spawned(&[])).await?;
+    let master_port = master.port;
+    let sentinel = blocking(move || {
+        server::sentinel(master_port, "m").map_err(|e| Failed::from(e.to_string()))
+    })
+    .await?;
+    let stalled: Vec<Proxy> = (0..2)
+        .map(|_| Proxy::start(sentinel.port))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    for p in &stalled {
+        p.set_stall_new(true);
+    }
+    let hosts = format!(
+        "127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+        stalled[0].port, stalled[1].port, sentinel.port
+    );
+    let timeout = Duration::from_millis(1000);
+    let bound = Duration::from_millis(2500);
+    for (service, misconfigured) in [("m", false), ("nosuch", true)] {
+        let url = format!(
+            "redis+sentinel://{hosts}/{service}?timeout_ms={}",
+            timeout.as_millis()
+        );
+        let start = std::time::Instant::now();
+        let connected = tokio::time::timeout(Duration::from_secs(60), RedisBackend::connect(&url))
+            .await
+            .map_err(|_| format!("connecting to service {service} hung"))?;
+        let took = start.elapsed();
+        if took > bound {
+            return Err(
+                format!("connecting to service {service} took {took:?} (bound {bound:?})").into(),
+            );
+        }
+        match (connected, misconfigured) {
+            (Ok(backend), false) => {
+                LockClient::new(backend)
+                    .lock("sentinel-stalled")
+                    .try_acquire()
+                    .await?
+                    .ok_or("a free lock was refused")?
+                    .release()
+                    .await?;
+            }
+            (Err(Error::Misconfigured { .. }), true) => {}
+            (other, _) => {
+                return Err(
+                    format!("service {service} gave {:?}", other.map(|_| "a backend")).into(),
+                )
+            }
+        }
+    }
     Ok(())
 }
 

@@ -186,16 +186,16 @@ pub(crate) const UNKNOWN_SERVICE: &str = "no Sentinel monitors the service";
 /// Whether the Sentinels that answer all say they monitor no service
 /// `service` (`SENTINEL GET-MASTER-ADDR-BY-NAME` answers nil), as opposed to
 /// naming a master that is down: the service name is wrong, and asking again
-/// cannot help. `false` when no Sentinel answers.
+/// cannot help. `false` when no Sentinel answers. The Sentinels are asked
+/// all at once, so unreachable ones cost one `timeout` in all.
 async fn unknown_service(
     sentinels: &[String],
     service: &str,
     timeout: Duration,
     ca_file: Option<&Path>,
 ) -> bool {
-    let mut answered = false;
-    for url in sentinels {
-        let ask = async {
+    let asks = sentinels.iter().map(|url| {
+        let ask = async move {
             let client = single_client(url, ca_file)?;
             let mut c = client.get_multiplexed_async_connection().await?;
             redis::cmd("SENTINEL")
@@ -204,7 +204,12 @@ async fn unknown_service(
                 .query_async::<Option<(String, u16)>>(&mut c)
                 .await
         };
-        match tokio::time::timeout(timeout, ask).await {
+        tokio::time::timeout(timeout, ask)
+    });
+    let answers = futures_util::future::join_all(asks).await;
+    let mut answered = false;
+    for answer in answers {
+        match answer {
             Ok(Ok(None)) => answered = true,
             Ok(Ok(Some(_))) => return false,
             _ => {}
