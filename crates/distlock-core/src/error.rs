@@ -108,7 +108,7 @@ pub enum Error {
     },
 
     /// The backend could not be reached or is not serving; retrying later may work.
-    #[error("{backend} unavailable: {message}; is the server running and reachable? Retrying later may succeed")]
+    #[error("{backend} unavailable: {message}; retrying later may succeed")]
     Unavailable {
         /// Which backend.
         backend: &'static str,
