@@ -51,6 +51,11 @@ fn main() {
             "etcd::auth::a_client_idle_past_its_tokens_ttl_logs_in_again",
             expired_token(),
         ));
+        extra.push(trial(
+            rt,
+            "etcd::auth::a_client_whose_token_predates_a_change_of_users_logs_in_again",
+            old_auth_revision(),
+        ));
         extra.extend(vec![
             trial(
                 rt,
@@ -927,6 +932,93 @@ async fn expired_token() -> Result<(), Failed> {
             return Err(format!("a try_acquire after the token expired gave {other:?}").into())
         }
     }
+    drop(member);
+    Ok(())
+}
+
+/// A change of users or roles (here a user added) makes every JWT token
+/// issued before it stale (a JWT token carries the auth store's revision):
+/// etcd refuses it with "revision of auth store is old".
+/// A client logs in again and goes on: a hold taken before the change is
+/// still held and released, and new acquisitions succeed.
+async fn old_auth_revision() -> Result<(), Failed> {
+    let (member, ca) = tokio::task::spawn_blocking(server::spawn_tls_jwt)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let endpoint = format!("127.0.0.1:{}", member.port);
+    let (ep, ca_file) = (endpoint.clone(), ca.clone());
+    tokio::task::spawn_blocking(move || enable_auth(&ep, &ca_file))
+        .await
+        .map_err(|e| e.to_string())??;
+    let url = format!("etcds://app:app-pw@{endpoint}?ca_file={}", ca.display());
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    let waiter = LockClient::new(EtcdBackend::connect(&url).await?);
+    let held_name = name();
+    let held = client
+        .lock(&held_name)
+        .ttl(Duration::from_secs(5))
+        .try_acquire()
+        .await?
+        .ok_or("the lock was taken on a fresh member")?;
+    let (ep, ca_file) = (endpoint.clone(), ca.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        server::etcdctl(&format!("https://{ep}"))
+            .map_err(|e| e.to_string())?
+            .arg(format!("--cacert={}", ca_file.display()))
+            .args([
+                "--user=root:root-pw",
+                "user",
+                "add",
+                "other",
+                "--new-user-password=x",
+            ])
+            .output()
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    if !out.status.success() {
+        return Err(format!("etcdctl user add: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    for attempt in ["first", "second"] {
+        match client.lock(name()).try_acquire().await {
+            Ok(Some(g)) => {
+                g.release().await?;
+            }
+            other => {
+                return Err(format!(
+                    "the {attempt} try_acquire after a user was added gave {other:?}"
+                )
+                .into())
+            }
+        }
+    }
+    // A client whose first request since the change is a wait queues,
+    // watches and is granted at the release. Renewals went on through the
+    // change (the hold's lease is 5 s).
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock(held_name)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+    });
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    if !held.is_held() {
+        return Err("the hold taken before the change was lost".into());
+    }
+    if !held.release().await? {
+        return Err("the hold taken before the change was not held at its release".into());
+    }
+    let granted = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .map_err(|_| "the waiter was not granted after the release")?
+        .map_err(|e| e.to_string())?;
+    granted
+        .map_err(|e| format!("the waiter's wait after the change gave {e}"))?
+        .release()
+        .await?;
     drop(member);
     Ok(())
 }

@@ -67,6 +67,9 @@ struct Inner {
     /// The lock and campaign keys live requests of this backend put or are
     /// putting (see [`claims`]).
     claims: Claims,
+    /// A log-in is on its way after a request was refused for a stale token
+    /// (see [`EtcdBackend::err`]).
+    logging_in: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -111,6 +114,17 @@ enum Step {
     Again,
 }
 
+/// Whether etcd refused a request's token as issued before the last change
+/// of users, roles or permissions ("revision of auth store is old": a JWT
+/// token carries the auth store's revision). Logging in again gives a token
+/// of the current revision; etcd-client does so by itself only for tokens
+/// that expired.
+fn stale_token(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic_code::INVALID_ARGUMENT
+            && s.message().contains("revision of auth store is old"))
+}
+
 fn err(endpoints: &str, e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
     // A refused certificate comes back as "unavailable", but every retry
@@ -153,6 +167,11 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
         // served once it catches up. Not every ResourceExhausted: tonic
         // gives that code to a message too large, and etcd to a database
         // out of space, which retrying does not fix.
+        _ if stale_token(&e) => Error::unavailable(
+            "etcd",
+            format!("etcd at {endpoints}: the auth token predates a change of users or roles; logging in again"),
+            Some(Box::new(e)),
+        ),
         E::GRpcStatus(ref s)
             if (s.code() == tonic_code::UNAUTHENTICATED
                 && s.message().contains("invalid auth token"))
@@ -503,6 +522,7 @@ impl EtcdBackend {
                 queued: Default::default(),
                 permit_ends: Default::default(),
                 wakeups: AtomicU64::new(0),
+                logging_in: std::sync::atomic::AtomicBool::new(false),
                 creating: Arc::default(),
                 campaigns: Default::default(),
                 claims: Claims::default(),
@@ -511,6 +531,15 @@ impl EtcdBackend {
     }
 
     fn err(&self, e: etcd_client::Error) -> Error {
+        if stale_token(&e) && !self.inner.logging_in.swap(true, Ordering::AcqRel) {
+            let this = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = this.inner.client.refresh_token().await {
+                    tracing::warn!(error = %e, "etcd: logging in again failed");
+                }
+                this.inner.logging_in.store(false, Ordering::Release);
+            });
+        }
         err(&self.inner.endpoints, e)
     }
 

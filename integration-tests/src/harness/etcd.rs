@@ -77,6 +77,17 @@ pub fn spawn_tls() -> Result<(ServerProcess, PathBuf), HarnessError> {
 /// [`spawn_tls`] with `flags` added to the member's command line (such as
 /// `--auth-token-ttl=2`).
 pub fn spawn_tls_with(flags: &[&str]) -> Result<(ServerProcess, PathBuf), HarnessError> {
+    spawn_tls_member(flags, false)
+}
+
+/// [`spawn_tls`] with JWT auth tokens (`--auth-token=jwt,…`, RS256, signed
+/// with the server certificate's key), which carry the auth store's
+/// revision they were issued at.
+pub fn spawn_tls_jwt() -> Result<(ServerProcess, PathBuf), HarnessError> {
+    spawn_tls_member(&[], true)
+}
+
+fn spawn_tls_member(flags: &[&str], jwt: bool) -> Result<(ServerProcess, PathBuf), HarnessError> {
     let bin = find_binary("etcd", &[], INSTALL)?;
     let (client, peer, metrics) = (free_port()?, free_port()?, free_port()?);
     let dir = temp_dir("etcd-tls")?;
@@ -88,6 +99,23 @@ pub fn spawn_tls_with(flags: &[&str]) -> Result<(ServerProcess, PathBuf), Harnes
         &format!("http://127.0.0.1:{metrics}"),
     ]);
     cmd.args(flags);
+    if jwt {
+        let public = dir.join("jwt.pub");
+        let mut derive = Command::new(find_binary("openssl", &[], "apt-get install openssl")?);
+        derive
+            .arg("rsa")
+            .arg("-in")
+            .arg(&certs.key)
+            .arg("-pubout")
+            .arg("-out")
+            .arg(&public);
+        super::process::run_client(derive).map_err(|e| HarnessError::start("openssl", e))?;
+        cmd.arg(format!(
+            "--auth-token=jwt,pub-key={},priv-key={},sign-method=RS256",
+            public.display(),
+            certs.key.display()
+        ));
+    }
     let member = ServerProcess::start(
         "etcd member (TLS)",
         cmd,
