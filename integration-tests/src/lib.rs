@@ -12,7 +12,7 @@
 //!   own cases; [`stall`]: cases on a server that stops answering.
 //!
 //! A backend's test file is one factory and one call to [`run_suite`]; see
-//! `tests/memory.rs`.
+//! `crates/distlock-conformance/tests/memory.rs`.
 
 pub use distlock_conformance::*;
 

@@ -305,7 +305,8 @@ fn main() {
 }
 
 /// Classic clients (`SET name value NX PX`, compare-and-delete) and distlock
-/// exclude each other on the same key, and `list` shows a classic lock.
+/// exclude each other on the same key, and `list` and `inspect` show a
+/// classic lock.
 async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
     let url = f.url()?;
     let port = integration_tests::harness::host_port(&url)
@@ -332,6 +333,11 @@ async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
             && r.token.is_none()
             && r.remaining.is_some() => {}
         _ => return Err(format!("list shows the classic lock as {listed:#?}").into()),
+    }
+    // A status call shows it held, with no holder info.
+    let status = client.backend().inspect(&LockName::new(&name)?).await?;
+    if !status.held || status.holder_info.is_some() || status.remaining.is_none() {
+        return Err(format!("inspect shows the classic lock as {status:#?}").into());
     }
     let cad = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
     let reply = raw(&["EVAL", cad, "1", &name, "classic-owner"])?;

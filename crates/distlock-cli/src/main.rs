@@ -267,7 +267,6 @@ fn percent_encode(text: &str) -> String {
     out
 }
 
-/// The exit code for a library error.
 /// A client over `backend` whose holds carry `given` as their holder info,
 /// or else the default (host name and process id) followed by the command
 /// line, cut to the bound. An invalid `given` is a usage error.
@@ -288,6 +287,7 @@ pub(crate) fn client_for_command(
         .map_err(|e| fail(EXIT_USAGE, e))
 }
 
+/// The exit code for a library error.
 pub(crate) fn code_for(e: &distlock::Error) -> u8 {
     match e {
         distlock::Error::InvalidInput { .. }

@@ -246,7 +246,7 @@ fn refused(backend: &str, want: i32, what: &str) -> String {
 
 /// Nothing listens: the OS refuses the connection at once, and so does
 /// distlock, naming the address it tried. The bound is generous for a
-/// loaded machine; the pool's retries used to take 5-10 s.
+/// loaded machine; a pool's retries would take 5-10 s.
 #[test]
 fn unreachable_backend_gives_69_at_once() {
     for (b, shown) in [

@@ -943,7 +943,7 @@ impl EtcdBackend {
     }
 
     /// One step: one transaction that, if my key still carries my owner
-    /// value (etcd#11456 / Jepsen etcd 3.4.3 ask for that check after
+    /// value (the Jepsen etcd 3.4.3 analysis asks for that check after
     /// waking), reads the nearest key ahead that keeps me out and rewrites
     /// my key. With nothing ahead, that rewrite is the grant, and its
     /// revision the token: every grant after a wait is a write made after
@@ -1184,7 +1184,7 @@ impl Backend for EtcdBackend {
                 }
             }
         }
-        // etcd issue 11456 / Jepsen etcd 3.4.3: after waking, make sure my
+        // The Jepsen etcd 3.4.3 analysis: after waking, make sure my
         // key (and so my lease) still exists before claiming the lock. The
         // hold's deadline counts from the lease's last keep-alive, so it is
         // never later than the lease's own end.

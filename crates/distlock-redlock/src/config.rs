@@ -40,8 +40,8 @@ pub struct RedlockConfig {
     pub retry_jitter: Duration,
     /// Key prefix on every node.
     pub prefix: String,
-    /// Whether waiting exclusive requests queue on every node, first come,
-    /// first served.
+    /// Whether waits (exclusive and shared, semaphore permits, campaigns)
+    /// queue on every node, first come, first served.
     pub fifo: bool,
     /// How long a waiter's queue entries outlive the waiter's latest round.
     pub queue_lease: Duration,
@@ -76,8 +76,8 @@ impl RedlockConfig {
         self
     }
 
-    /// Sets whether waiting exclusive requests queue on every node, first
-    /// come, first served.
+    /// Sets whether waits (exclusive and shared, semaphore permits,
+    /// campaigns) queue on every node, first come, first served.
     pub fn with_fifo(mut self, fifo: bool) -> Self {
         self.fifo = fifo;
         self
