@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{Error, HoldKind, LockClient};
+use distlock_core::{Error, HoldKind, LockClient, LockName};
 use distlock_etcd::EtcdBackend;
 use integration_tests::factory::{ServerFactory, Servers};
 use integration_tests::harness::{etcd as server, ServerKind, TestServer};
@@ -71,6 +71,11 @@ fn main() {
                 rt,
                 "etcd::a_user_for_a_cluster_without_authentication_is_misconfigured",
                 user_without_auth(etcd.clone()),
+            ),
+            trial(
+                rt,
+                "etcd::a_name_and_the_longer_names_below_it_are_independent",
+                nested_names(etcd.clone()),
             ),
             trial(
                 rt,
@@ -391,6 +396,135 @@ async fn leader_killed() -> Result<(), Failed> {
         server::leader,
     )
     .await
+}
+
+/// Lock `<ns>/t` and lock `<ns>/t/q` share the key prefix `<ns>/t/` in Go's
+/// layout, yet are independent as on every backend: holds and campaigns of
+/// `t/q` keep no request of `t` out (a try, a shared hold, a try of several
+/// names, a campaign), a wait on `t` queued behind both a holder of `t` and
+/// one of `t/q` is granted at the release of the first, and the status, the
+/// listing and an eviction of `t` see only `t`'s keys.
+async fn nested_names(f: Arc<Etcd>) -> Result<(), Failed> {
+    let ns = integration_tests::namespace();
+    let (t, below) = (format!("{ns}/t"), format!("{ns}/t/q"));
+    let (a, b) = (
+        LockClient::new(f.backend().await?),
+        LockClient::new(f.backend().await?),
+    );
+    let ttl = Duration::from_secs(10);
+    let held_below = a
+        .lock(&below)
+        .ttl(ttl)
+        .try_acquire()
+        .await?
+        .ok_or("a free lock was refused")?;
+    // A lock and an election of one name share their keys (Go's layout):
+    // the election is another name below `t`.
+    let d = LockClient::new(f.backend().await?);
+    let leading_below = d
+        .election(format!("{t}/e"))
+        .ttl(ttl)
+        .try_campaign("below")
+        .await?
+        .ok_or("a free election was refused")?;
+    if b.backend().inspect(&LockName::new(&t)?).await?.held {
+        return Err(format!("{t} is reported held while only {below} is").into());
+    }
+    b.lock(&t)
+        .ttl(ttl)
+        .try_acquire()
+        .await?
+        .ok_or_else(|| format!("{t} was refused while only {below} was held"))?
+        .release()
+        .await?;
+    b.lock(&t)
+        .shared()
+        .ttl(ttl)
+        .try_acquire()
+        .await?
+        .ok_or_else(|| format!("a shared hold of {t} was refused while only {below} was held"))?
+        .release()
+        .await?;
+    b.lock_all([t.clone(), format!("{ns}/other")])
+        .ttl(ttl)
+        .try_acquire()
+        .await?
+        .ok_or_else(|| format!("{t} and another name were refused while only {below} was held"))?
+        .release()
+        .await?;
+    b.election(&t)
+        .ttl(ttl)
+        .try_campaign("t")
+        .await?
+        .ok_or_else(|| format!("a campaign for {t} was refused while {below} had a leader"))?
+        .resign()
+        .await?;
+    // A wait on `t` whose nearest key ahead is `t/q`'s: granted at the
+    // release of `t`'s holder, with `t/q` still held.
+    let holder = b
+        .lock(&t)
+        .ttl(ttl)
+        .try_acquire()
+        .await?
+        .ok_or("a free lock was refused")?;
+    let c = LockClient::new(f.backend().await?);
+    let below_second = c
+        .lock(format!("{below}/deeper"))
+        .ttl(ttl)
+        .try_acquire()
+        .await?
+        .ok_or("a free lock was refused")?;
+    let c2 = LockClient::new(f.backend().await?);
+    let below2 = below.clone();
+    let waiting_campaign = tokio::spawn(async move {
+        c2.election(format!("{below2}/e"))
+            .ttl(ttl)
+            .campaign("second")
+            .await
+    });
+    let waiter = LockClient::new(f.backend().await?);
+    let t2 = t.clone();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock(&t2)
+            .ttl(ttl)
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let listed = b.list(&t, 100).await?;
+    let of_t: Vec<_> = listed.iter().filter(|r| r.name.as_str() == t).collect();
+    if of_t.len() != 1 || of_t[0].kind != HoldKind::Exclusive {
+        return Err(format!("list of {t} shows {listed:#?}").into());
+    }
+    if !holder.release().await? {
+        return Err(format!("the holder of {t} was not held at its release").into());
+    }
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .map_err(|_| format!("the wait on {t} was not granted at its holder's release"))?
+        .map_err(|e| e.to_string())??;
+    // An eviction of `t` leaves `t/q` and the keys below it held.
+    if !f.backend().await?.evict(&LockName::new(&t)?).await? {
+        return Err(format!("the eviction of {t} found no key").into());
+    }
+    tokio::time::timeout(Duration::from_secs(10), granted.lost())
+        .await
+        .map_err(|_| format!("the evicted holder of {t} was not lost"))?;
+    if !held_below.is_held() || !below_second.is_held() {
+        return Err(format!("holds below {t} were lost at its eviction").into());
+    }
+    if !held_below.release().await? || !below_second.release().await? {
+        return Err(format!("holds below {t} were gone at their release").into());
+    }
+    leading_below.resign().await?;
+    waiting_campaign
+        .await
+        .map_err(|e| e.to_string())??
+        .resign()
+        .await?;
+    Ok(())
 }
 
 /// A URL that names a user for a member with authentication off is a

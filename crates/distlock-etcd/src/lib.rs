@@ -89,8 +89,9 @@ struct Queued {
     my_rev: i64,
     /// The revision of my key's last write: the token of a grant now.
     token_rev: i64,
-    /// Whether a key that keeps me out sits ahead of mine: any key for an
-    /// exclusive request, a key that is not shared for a shared one.
+    /// Whether a key that keeps me out sits ahead of mine: any key of the
+    /// name for an exclusive request, a key that is not shared for a shared
+    /// one.
     blocked: bool,
     /// Whether my key is a shared hold's.
     shared: bool,
@@ -102,6 +103,17 @@ enum Expect {
     Value(Vec<u8>),
     /// This create revision (a campaign, whose value `proclaim` changes).
     Created(i64),
+}
+
+/// What one read of the keys ahead of mine found.
+enum Ahead {
+    /// None of the name's keys keeps me out; my key was rewritten at this
+    /// revision (a campaign's: its create revision), the grant's token.
+    Clear(i64),
+    /// This key, the nearest ahead, keeps me out; read at this revision.
+    Behind(Vec<u8>, i64),
+    /// My key is gone or no longer mine.
+    Vanished,
 }
 
 /// What one look at the keys ahead of mine found.
@@ -308,6 +320,20 @@ fn claim_key(key: &str, campaign: bool) -> String {
 /// lease never share a key.
 fn shared_key(name: &distlock_core::LockName, owner: &distlock_core::Owner) -> String {
     format!("{name}/{SHARED}{owner}")
+}
+
+/// Whether `key`, found under lock or election `prefix` (`<name>/`), is
+/// one of that name's own keys (`<name>/<lease id>`, or a shared hold's
+/// `<name>/@r/<owner>`), not a key of a longer name below it such as
+/// `<name>/db/<lease id>`. Go's `Mutex` counts those too, so there lock
+/// `jobs` waits for lock `jobs/nightly`; here, as on every backend, the
+/// two are independent. Reads of a name's keys that come back with keys
+/// of longer names skip them.
+fn own_key(key: &[u8], prefix: &str) -> bool {
+    key.strip_prefix(prefix.as_bytes()).is_some_and(|rest| {
+        let rest = rest.strip_prefix(SHARED.as_bytes()).unwrap_or(rest);
+        !rest.is_empty() && !rest.contains(&b'/')
+    })
 }
 
 /// Whether `key`, under lock `prefix`, is a shared hold's.
@@ -625,20 +651,42 @@ impl EtcdBackend {
     /// Deletes every key of lock or election `name` (holder and queue, and
     /// campaigns' holder info), as an operator would; the holder's next
     /// renewal is rejected. Returns whether any existed.
+    /// Longer names' keys under `<name>/` stay (see [`own_key`]).
     pub async fn evict(&self, name: &distlock_core::LockName) -> Result<bool> {
-        let under = |root: &str| {
-            TxnOp::delete(
-                format!("{root}{name}/"),
-                Some(etcd_client::DeleteOptions::new().with_prefix()),
+        let prefixes = [format!("{name}/"), format!("{LEADER_INFO_ROOT}{name}/")];
+        let read = |prefix: &String| {
+            TxnOp::get(
+                prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
             )
         };
         let resp = self
-            .txn(Txn::new().and_then([under(""), under(LEADER_INFO_ROOT)]))
+            .txn(Txn::new().and_then([read(&prefixes[0]), read(&prefixes[1])]))
             .await?;
-        Ok(matches!(
-            resp.op_responses().first(),
-            Some(TxnOpResponse::Delete(d)) if d.deleted() > 0
-        ))
+        let keys: Vec<Vec<Vec<u8>>> = resp
+            .op_responses()
+            .into_iter()
+            .zip(&prefixes)
+            .map(|(op, prefix)| match op {
+                TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .iter()
+                    .filter(|kv| own_key(kv.key(), prefix))
+                    .map(|kv| kv.key().to_vec())
+                    .collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let existed = keys.first().is_some_and(|k| !k.is_empty());
+        let all: Vec<Vec<u8>> = keys.into_iter().flatten().collect();
+        for chunk in all.chunks(MAX_TXN_OPS) {
+            let deletes: Vec<TxnOp> = chunk
+                .iter()
+                .map(|key| TxnOp::delete(key.clone(), None))
+                .collect();
+            self.txn(Txn::new().and_then(deletes)).await?;
+        }
+        Ok(existed)
     }
 
     /// How many times a waiter of this client was woken by its predecessor's
@@ -828,29 +876,43 @@ impl EtcdBackend {
             let resp = self.creating_txn([req.name.as_str()], txn).await?;
             let header_rev = resp.header().map_or(0, |h| h.revision());
             let ops = resp.op_responses();
-            let oldest = ops
+            // The oldest key of each range read, and whether it is the
+            // name's own (not a longer name's).
+            let heads: Vec<(i64, bool)> = ops
                 .iter()
                 .skip(1)
                 .filter_map(|op| match op {
-                    TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
+                    TxnOpResponse::Get(g) => g
+                        .kvs()
+                        .first()
+                        .map(|kv| (kv.create_revision(), own_key(kv.key(), &prefix))),
                     _ => None,
                 })
-                .min();
-            let queued = |my_rev: i64, token_rev: i64| Queued {
-                session: session.clone(),
-                key: key.clone(),
-                prefix: prefix.clone(),
-                my_rev,
-                token_rev,
-                blocked: oldest.is_some_and(|r| r < my_rev),
-                shared,
+                .collect();
+            let queued = |my_rev: i64, token_rev: i64| {
+                let ahead = |own: bool| heads.iter().any(|&(r, o)| o == own && r < my_rev);
+                let q = Queued {
+                    session: session.clone(),
+                    key: key.clone(),
+                    prefix: prefix.clone(),
+                    my_rev,
+                    token_rev,
+                    blocked: ahead(true),
+                    shared,
+                };
+                // A longer name's key is the oldest: the name's own keys
+                // ahead of mine, if any, are behind it.
+                (q, ahead(false))
             };
             if resp.succeeded() {
                 if campaign {
                     self.campaigns()
                         .insert(req.owner, (header_rev, value.as_str().into()));
                 }
-                return Ok(Some(queued(header_rev, header_rev)));
+                return self
+                    .settle(queued(header_rev, header_rev), req)
+                    .await
+                    .map(Some);
             }
             let existing = match ops.first() {
                 Some(TxnOpResponse::Get(g)) => g
@@ -861,10 +923,10 @@ impl EtcdBackend {
             };
             match existing {
                 Some((rev, _, _)) if campaign && self.campaign_rev(&req.owner) == Some(rev) => {
-                    return Ok(Some(queued(rev, rev)));
+                    return self.settle(queued(rev, rev), req).await.map(Some);
                 }
                 Some((rev, modified, value)) if !campaign && value == owner.as_bytes() => {
-                    return Ok(Some(queued(rev, modified)));
+                    return self.settle(queued(rev, modified), req).await.map(Some);
                 }
                 // A key of the other kind that is in use: Go's layout gives
                 // a lock and an election of one name the same key on one
@@ -942,65 +1004,95 @@ impl EtcdBackend {
         }
     }
 
-    /// One step: one transaction that, if my key still carries my owner
-    /// value (the Jepsen etcd 3.4.3 analysis asks for that check after
-    /// waking), reads the nearest key ahead that keeps me out and rewrites
-    /// my key. With nothing ahead, that rewrite is the grant, and its
-    /// revision the token: every grant after a wait is a write made after
-    /// the lock was seen free, so tokens rise in grant order across shared
-    /// and exclusive holds. Otherwise it watches that key's deletion.
-    async fn wait_one_predecessor(&self, q: &Queued, req: &LockRequest) -> Result<Step> {
-        let ahead = |start: String, end: Option<String>| {
-            let opts = GetOptions::new()
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_max_create_revision(q.my_rev - 1)
-                .with_limit(1);
-            let opts = match end {
-                Some(end) => opts.with_range(end),
-                None => opts.with_prefix(),
+    /// `q` as the enqueue found it, with `unsure` when a longer name's key
+    /// was the oldest read: then one [look](Self::look_ahead) past such
+    /// keys says whether the name's own keys keep me out.
+    async fn settle(&self, (mut q, unsure): (Queued, bool), req: &LockRequest) -> Result<Queued> {
+        if unsure && !q.blocked {
+            match self.look_ahead(&q, req).await? {
+                Ahead::Clear(token) => q.token_rev = token,
+                Ahead::Behind(..) | Ahead::Vanished => q.blocked = true,
+            }
+        }
+        Ok(q)
+    }
+
+    /// One transaction that, if my key still carries my owner value (the
+    /// Jepsen etcd 3.4.3 analysis asks for that check after waking), reads
+    /// the nearest key ahead that keeps me out and rewrites my key. With
+    /// nothing ahead, that rewrite is the grant, and its revision the
+    /// token: every grant after a wait is a write made after the lock was
+    /// seen free, so tokens rise in grant order across shared and
+    /// exclusive holds. A longer name's key found nearest is passed over:
+    /// the next transaction reads below its create revision (keys created
+    /// later never sit ahead of mine, so what lies between stays empty).
+    async fn look_ahead(&self, q: &Queued, req: &LockRequest) -> Result<Ahead> {
+        let mut below = q.my_rev - 1;
+        loop {
+            let ahead = |start: String, end: Option<String>| {
+                let opts = GetOptions::new()
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_max_create_revision(below)
+                    .with_limit(1);
+                let opts = match end {
+                    Some(end) => opts.with_range(end),
+                    None => opts.with_prefix(),
+                };
+                TxnOp::get(start, Some(opts))
             };
-            TxnOp::get(start, Some(opts))
-        };
-        let mut ops: Vec<TxnOp> = if q.shared {
-            exclusive_ranges(&q.prefix)
+            let mut ops: Vec<TxnOp> = if q.shared {
+                exclusive_ranges(&q.prefix)
+                    .into_iter()
+                    .map(|(start, end)| ahead(start, Some(end)))
+                    .collect()
+            } else {
+                vec![ahead(q.prefix.clone(), None)]
+            };
+            let campaign = req.kind == HoldKind::Leader;
+            if !campaign {
+                ops.push(TxnOp::put(
+                    q.key.as_str(),
+                    distlock_core::stored_owner(req),
+                    Some(PutOptions::new().with_lease(q.session.lease)),
+                ));
+            }
+            let txn = Txn::new()
+                .when([self.still_mine(&q.key, req)])
+                .and_then(ops);
+            let resp = self.txn(txn).await?;
+            if !resp.succeeded() {
+                return Ok(Ahead::Vanished);
+            }
+            // A campaign's token is its key's create revision, as Go's
+            // `leaderRev`: leaders take over in create order, so it rises.
+            let rev = resp.header().map_or(0, |h| h.revision());
+            let token = if campaign { q.my_rev } else { rev };
+            let nearest = resp
+                .op_responses()
                 .into_iter()
-                .map(|(start, end)| ahead(start, Some(end)))
-                .collect()
-        } else {
-            vec![ahead(q.prefix.clone(), None)]
-        };
-        let campaign = req.kind == HoldKind::Leader;
-        if !campaign {
-            ops.push(TxnOp::put(
-                q.key.as_str(),
-                distlock_core::stored_owner(req),
-                Some(PutOptions::new().with_lease(q.session.lease)),
-            ));
+                .filter_map(|op| match op {
+                    TxnOpResponse::Get(g) => g
+                        .kvs()
+                        .first()
+                        .map(|kv| (kv.create_revision(), kv.key().to_vec())),
+                    _ => None,
+                })
+                .max();
+            match nearest {
+                None => return Ok(Ahead::Clear(token)),
+                Some((_, key)) if own_key(&key, &q.prefix) => return Ok(Ahead::Behind(key, rev)),
+                Some((created, _)) => below = created - 1,
+            }
         }
-        let txn = Txn::new()
-            .when([self.still_mine(&q.key, req)])
-            .and_then(ops);
-        let resp = self.txn(txn).await?;
-        if !resp.succeeded() {
-            return Ok(Step::Vanished);
-        }
-        // A campaign's token is its key's create revision, as Go's
-        // `leaderRev`: leaders take over in create order, so it rises.
-        let rev = resp.header().map_or(0, |h| h.revision());
-        let token = if campaign { q.my_rev } else { rev };
-        let pred = resp
-            .op_responses()
-            .into_iter()
-            .filter_map(|op| match op {
-                TxnOpResponse::Get(g) => g
-                    .kvs()
-                    .first()
-                    .map(|kv| (kv.create_revision(), kv.key().to_vec())),
-                _ => None,
-            })
-            .max();
-        let Some((_, pred_key)) = pred else {
-            return Ok(Step::Granted(token));
+    }
+
+    /// One step of the wait: [look ahead](Self::look_ahead), and watch the
+    /// deletion of the nearest key that keeps me out.
+    async fn wait_one_predecessor(&self, q: &Queued, req: &LockRequest) -> Result<Step> {
+        let (pred_key, rev) = match self.look_ahead(q, req).await? {
+            Ahead::Clear(token) => return Ok(Step::Granted(token)),
+            Ahead::Vanished => return Ok(Step::Vanished),
+            Ahead::Behind(key, rev) => (key, rev),
         };
         let mut stream = self
             .client()
@@ -1133,11 +1225,19 @@ impl Backend for EtcdBackend {
         }
         let rev = resp.header().map_or(0, |h| h.revision());
         let ops = resp.op_responses();
-        let first = ops[reqs.len()..].iter().all(|op| match op {
-            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()) == Some(rev),
-            _ => false,
-        });
-        if first && ops.len() == 2 * reqs.len() {
+        let heads: Vec<Option<(i64, bool)>> = ops[reqs.len()..]
+            .iter()
+            .zip(&locks)
+            .map(|(op, (_, prefix, _))| match op {
+                TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .first()
+                    .map(|kv| (kv.create_revision(), own_key(kv.key(), prefix))),
+                _ => None,
+            })
+            .collect();
+        let first = heads.iter().all(|h| h.is_some_and(|(r, _)| r == rev));
+        if first && heads.len() == reqs.len() {
             let began = session.lease_began();
             let token = FencingToken(rev as u64);
             return Ok(AllAtOnce::Granted(
@@ -1148,6 +1248,11 @@ impl Backend for EtcdBackend {
         let txn = requests::delete_all(&mine);
         self.txn(txn).await?;
         forget(self);
+        // A longer name's key read as a queue's oldest hides whether the
+        // name's own keys keep it out: the names are taken one at a time.
+        if heads.iter().flatten().any(|&(r, own)| !own && r != rev) {
+            return Ok(AllAtOnce::NotOffered);
+        }
         Ok(AllAtOnce::Refused)
     }
 
@@ -1397,7 +1502,11 @@ impl Backend for EtcdBackend {
                 async move { c.get(prefix, Some(opts)).await }
             })
             .await?;
-        let kvs = resp.kvs();
+        let kvs: Vec<&etcd_client::KeyValue> = resp
+            .kvs()
+            .iter()
+            .filter(|kv| own_key(kv.key(), &prefix))
+            .collect();
         let Some(first) = kvs.first() else {
             return Ok(distlock_core::LockStatus::new(false).with_shared(0, false));
         };

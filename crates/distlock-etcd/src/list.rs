@@ -26,7 +26,7 @@ use etcd_client::{GetOptions, KeyValue};
 use futures_util::{StreamExt, TryStreamExt};
 
 use crate::election::leader_info;
-use crate::{is_shared, leader_info_key, lock_holder_info, semaphore, EtcdBackend};
+use crate::{is_shared, leader_info_key, lock_holder_info, own_key, semaphore, EtcdBackend};
 use crate::{LEADER_INFO_ROOT, SHARED};
 
 /// Keys per range request.
@@ -121,16 +121,19 @@ fn held_by_name(
         .collect();
     let mut held = Vec::new();
     for name in names {
-        // Every key under `<name>/`, longer names' included: all of them
-        // queue for the lock, as in Go's `Mutex`.
+        // The name's own keys under `<name>/`, not longer names' (see
+        // `own_key`).
         let under = format!("{name}/");
         let start = kvs.partition_point(|kv| kv.key() < under.as_bytes());
         let end = kvs.partition_point(|kv| kv.key() < prefix_end(&under).as_slice());
-        let keys = &kvs[start..end];
+        let keys: Vec<&KeyValue> = kvs[start..end]
+            .iter()
+            .filter(|kv| own_key(kv.key(), &under))
+            .collect();
         let first_created = |of: &dyn Fn(&KeyValue) -> bool| {
             keys.iter()
                 .filter(|kv| of(kv))
-                .map(KeyValue::create_revision)
+                .map(|kv| kv.create_revision())
                 .min()
         };
         let first_any = first_created(&|_| true);
