@@ -74,7 +74,7 @@ fn main() {
             ),
             trial(
                 rt,
-                "etcd::a_name_and_the_longer_names_below_it_are_independent",
+                "etcd::keys_of_longer_names_hold_back_no_kind_and_no_eviction",
                 nested_names(etcd.clone()),
             ),
             trial(

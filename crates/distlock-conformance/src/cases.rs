@@ -36,6 +36,7 @@ cases![
     local_waiters_coalesce_to_one_backend_request,
     invalid_names_and_ttls_give_typed_errors,
     inspect_reports_the_holder,
+    a_name_and_the_longer_names_below_it_are_independent,
     a_guard_dropped_outside_a_runtime_is_released,
     a_wait_dropped_outside_a_runtime_leaves_no_trace,
 ];
@@ -924,6 +925,72 @@ pub async fn inspect_reports_the_holder(f: &dyn BackendFactory, ns: String) -> C
     g.release().await?;
     let after = raw.inspect(&lock).await?;
     ensure!(!after.held, "a released lock reported held: {after:?}");
+    Ok(Completion::Completed)
+}
+
+/// Lock `<ns>/nest` and the longer names below it (`<ns>/nest/q`,
+/// `<ns>/nest/q/r`) are different locks: holders of the longer names keep
+/// nobody from `nest`, a wait on `nest` queued behind its holder and a
+/// holder of a longer name is granted at the first's release, and
+/// `nest`'s status reflects only its own holder.
+pub async fn a_name_and_the_longer_names_below_it_are_independent(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let (nest, below, deeper) = (
+        name(&ns, "nest")?,
+        name(&ns, "nest/q")?,
+        name(&ns, "nest/q/r")?,
+    );
+    let (a, b, c) = (client(f).await?, client(f).await?, client(f).await?);
+    let held_below = a
+        .lock(&below)
+        .ttl(LONG_TTL)
+        .try_acquire()
+        .await?
+        .ok_or("a free lock was refused")?;
+    match f.client().await?.inspect(&nest).await {
+        Err(Error::Unsupported { .. }) => {}
+        status => ensure!(
+            !status?.held,
+            "{nest} reported held while only {below} is held"
+        ),
+    }
+    let holder = b
+        .lock(&nest)
+        .ttl(LONG_TTL)
+        .try_acquire()
+        .await?
+        .ok_or_else(|| format!("{nest} was refused while only {below} was held"))?;
+    let held_deeper = a
+        .lock(&deeper)
+        .ttl(LONG_TTL)
+        .try_acquire()
+        .await?
+        .ok_or_else(|| format!("{deeper} was refused while {nest} and {below} were held"))?;
+    let waiting = {
+        let nest = nest.clone();
+        tokio::spawn(async move { c.lock(&nest).ttl(LONG_TTL).wait(BOUND).acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ensure!(holder.release().await?, "the holder of {nest} lost it");
+    let granted = waiting
+        .await
+        .map_err(|e| format!("the waiter on {nest} panicked: {e}"))?
+        .map_err(|e| format!("the wait on {nest} behind its holder, with {below} held: {e}"))?;
+    ensure!(
+        held_below.is_held() && held_deeper.is_held(),
+        "holds of {below} and {deeper} ended when {nest} changed hands"
+    );
+    granted.release().await?;
+    ensure!(
+        held_below.release().await?,
+        "{below} was not held at its release"
+    );
+    ensure!(
+        held_deeper.release().await?,
+        "{deeper} was not held at its release"
+    );
     Ok(Completion::Completed)
 }
 
