@@ -177,6 +177,11 @@ fn main() {
                 "etcd::a_hold_and_a_wait_outlive_their_stalled_connections",
                 stalled_connections(etcd.clone()),
             ),
+            trial(
+                rt,
+                "etcd::a_release_that_fails_goes_on_in_the_background_until_the_key_is_gone",
+                failed_release(etcd.clone()),
+            ),
         ]);
         extra
     })
@@ -1586,6 +1591,51 @@ async fn election_ignores_longer_names(f: Arc<Etcd>) -> Result<(), Failed> {
 /// which the session renews the hold (TTL 10 s) for two TTLs; the hold is
 /// released as still held, and the waiter, whose watch was on a stalled
 /// connection, gets the lock.
+/// A release that fails (the network drops every byte past its retries)
+/// leaves the key on a lease the session keeps alive; once the network
+/// passes again, the backend deletes it in the background, and another
+/// client gets the lock long before its 30 s TTL, where without that the
+/// key would stay as long as the process.
+async fn failed_release(f: Arc<Etcd>) -> Result<(), Failed> {
+    use integration_tests::harness::proxy::Proxy;
+    let url = f.url()?;
+    let port = integration_tests::harness::host_port(&url)
+        .ok_or("no endpoint")?
+        .1;
+    let proxy = Proxy::start(port).map_err(|e| e.to_string())?;
+    let proxied = format!("etcd://127.0.0.1:{}?timeout_ms=1000", proxy.port);
+    let holder = LockClient::new(EtcdBackend::connect(&proxied).await?);
+    let other = LockClient::new(f.backend().await?);
+    let lock = name();
+    let held = holder
+        .lock(&lock)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    proxy.set_blackhole(true);
+    match held.release().await {
+        Err(e) if e.is_retryable() => {}
+        other => return Err(format!("a release through a dead network answered {other:?}").into()),
+    }
+    proxy.set_blackhole(false);
+    let start = Instant::now();
+    other
+        .lock(&lock)
+        .wait(Duration::from_secs(15))
+        .acquire()
+        .await
+        .map_err(|e| format!("the lock whose release failed was not freed: {e}"))?
+        .release()
+        .await?;
+    // The holder's session is still alive: its lease, not its end, freed
+    // nothing.
+    if start.elapsed() > Duration::from_secs(15) {
+        return Err("the key went only with its lease".into());
+    }
+    drop(holder);
+    Ok(())
+}
+
 async fn stalled_connections(f: Arc<Etcd>) -> Result<(), Failed> {
     use integration_tests::harness::proxy::Proxy;
     let url = f.url()?;

@@ -70,6 +70,9 @@ struct Inner {
     /// A log-in is on its way after a request was refused for a stale token
     /// (see [`EtcdBackend::err`]).
     logging_in: std::sync::atomic::AtomicBool,
+    /// Owners whose failed release goes on in the background (see
+    /// [`EtcdBackend::release_later`]).
+    releasing: std::sync::Mutex<std::collections::HashSet<distlock_core::Owner>>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -549,6 +552,7 @@ impl EtcdBackend {
                 permit_ends: Default::default(),
                 wakeups: AtomicU64::new(0),
                 logging_in: std::sync::atomic::AtomicBool::new(false),
+                releasing: Default::default(),
                 creating: Arc::default(),
                 campaigns: Default::default(),
                 claims: Claims::default(),
@@ -1120,6 +1124,91 @@ impl EtcdBackend {
 }
 
 impl EtcdBackend {
+    /// Deletes a lock's, shared hold's or campaign's key if it is still
+    /// `req`'s.
+    async fn release_key(&self, req: &LockRequest) -> Result<bool> {
+        self.creates_settled(&req.name).await;
+        if req.kind == HoldKind::Shared {
+            // Named by its owner: no session to look it up in.
+            let released = self
+                .delete_mine(&shared_key(&req.name, &req.owner), req)
+                .await?;
+            self.forget(req);
+            return Ok(released);
+        }
+        let mut released = false;
+        let known = req.kind != HoldKind::Leader || self.campaign_rev(&req.owner).is_some();
+        for s in self.sessions_of(req) {
+            let key = format!("{}/{:x}", req.name, s.lease);
+            let deleted = if known {
+                self.delete_mine(&key, req).await
+            } else {
+                self.delete_stray_campaign(&key, req).await
+            };
+            match deleted {
+                Ok(d) => released |= d,
+                Err(e) => {
+                    // A later request finds the key as a leftover and
+                    // deletes it; a retry of this release still can.
+                    self.inner.claims.unclaim(&req.owner);
+                    return Err(e);
+                }
+            }
+        }
+        self.forget(req);
+        Ok(released)
+    }
+
+    /// After a release failed for a reason that clears by itself: a key
+    /// lives as long as its session's lease, which the session keeps alive
+    /// whether or not anything is held, so a key left behind would keep its
+    /// name held for the life of the process. Keeps deleting it in the
+    /// background, backing off to 5 s, until a delete answers or the
+    /// session ends (its lease, and the key with it, are then gone); one
+    /// such task per owner.
+    fn release_later(&self, req: &LockRequest) {
+        if !self.releasing().insert(req.owner) {
+            return;
+        }
+        let (this, req) = (self.clone(), req.clone());
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(250);
+            loop {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+                if this.sessions_of(&req).iter().all(|s| s.is_lost()) {
+                    this.forget(&req);
+                    break;
+                }
+                match this.release_key(&req).await {
+                    Ok(_) => {
+                        tracing::info!(lock = %req.name, "a release that had failed went through");
+                        break;
+                    }
+                    Err(e) if e.is_retryable() => {
+                        tracing::debug!(lock = %req.name, error = %e, "release failed again; retrying");
+                    }
+                    Err(e) => {
+                        tracing::warn!(lock = %req.name, error = %e, "release failed; the key stays until its session ends");
+                        break;
+                    }
+                }
+            }
+            this.releasing().remove(&req.owner);
+        });
+    }
+
+    fn releasing(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashSet<distlock_core::Owner>> {
+        self.inner
+            .releasing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl EtcdBackend {
     /// What this backend declares, without connecting (for `distlock backends`).
     pub fn declared_capabilities() -> Capabilities {
         Capabilities::new(
@@ -1437,36 +1526,11 @@ impl Backend for EtcdBackend {
         if let HoldKind::Permits { .. } = req.kind {
             return self.release_permit(req).await;
         }
-        self.creates_settled(&req.name).await;
-        if req.kind == HoldKind::Shared {
-            // Named by its owner: no session to look it up in.
-            let released = self
-                .delete_mine(&shared_key(&req.name, &req.owner), req)
-                .await?;
-            self.forget(req);
-            return Ok(released);
+        let released = self.release_key(req).await;
+        if matches!(&released, Err(e) if e.is_retryable()) {
+            self.release_later(req);
         }
-        let mut released = false;
-        let known = req.kind != HoldKind::Leader || self.campaign_rev(&req.owner).is_some();
-        for s in self.sessions_of(req) {
-            let key = format!("{}/{:x}", req.name, s.lease);
-            let deleted = if known {
-                self.delete_mine(&key, req).await
-            } else {
-                self.delete_stray_campaign(&key, req).await
-            };
-            match deleted {
-                Ok(d) => released |= d,
-                Err(e) => {
-                    // A later request finds the key as a leftover and
-                    // deletes it; a retry of this release still can.
-                    self.inner.claims.unclaim(&req.owner);
-                    return Err(e);
-                }
-            }
-        }
-        self.forget(req);
-        Ok(released)
+        released
     }
 
     async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {

@@ -275,10 +275,16 @@ impl Subscriber {
         live: &'a mut Option<Live>,
         conn: &Conn,
     ) -> RedisResult<&'a mut Live> {
-        let current = live.take().filter(|l| l.alive.load(Ordering::Acquire));
-        let l = match current {
-            Some(l) => l,
-            None => self.open(conn).await?,
+        let l = match live.take() {
+            Some(l) if l.alive.load(Ordering::Acquire) => l,
+            dead => {
+                // Its subscriptions went with it: they count no more.
+                if let Some(d) = dead {
+                    let counted = d.counts.values().filter(|n| **n > 0).count();
+                    self.channels.fetch_sub(counted, Ordering::Relaxed);
+                }
+                self.open(conn).await?
+            }
         };
         Ok(live.insert(l))
     }
