@@ -75,6 +75,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "zookeeper::a_lock_or_election_whose_name_is_the_parent_of_another_works",
+                parent_and_child_locks(zk.clone()),
+            ),
+            trial(
+                rt,
                 "zookeeper::connection_loss_during_create_leaves_no_orphan",
                 create_loss(zk.clone()),
             ),
@@ -235,6 +240,83 @@ async fn parent_and_child_semaphores(f: Arc<Zk>) -> Result<(), Failed> {
         return Err(format!("semaphore {parent}: set_limit found an old limit {old:?}").into());
     }
     use_semaphore(&client, &parent, 4).await?;
+    Ok(())
+}
+
+/// Lock, shared hold and election of `name`, each taken and given back at
+/// once.
+async fn use_every_kind(client: &LockClient, name: &str) -> Result<(), Failed> {
+    let what = |kind: &str, e: String| Failed::from(format!("{kind} {name}: {e}"));
+    let free = |kind: &str| Failed::from(format!("{kind} {name}: refused, though nobody held it"));
+    let lock = client.lock(name).try_acquire().await;
+    lock.map_err(|e| what("lock", e.to_string()))?
+        .ok_or_else(|| free("lock"))?
+        .release()
+        .await?;
+    let shared = client.lock(name).shared().try_acquire().await;
+    shared
+        .map_err(|e| what("shared hold", e.to_string()))?
+        .ok_or_else(|| free("shared hold"))?
+        .release()
+        .await?;
+    let campaign = client.election(name).try_campaign("v").await;
+    campaign
+        .map_err(|e| what("election", e.to_string()))?
+        .ok_or_else(|| free("election"))?
+        .resign()
+        .await?;
+    Ok(())
+}
+
+/// The node of lock `x` is also the parent of lock `x/y`'s, and an
+/// election's node is its lock's: locks, shared holds and elections of
+/// both names work in either order, and while `x/y` is held or led,
+/// `x` shows no holder and no leader and `list` names `x/y`. The same
+/// for child names that end like a queue node (`db-lock-0`,
+/// `a-__READ__0`, `x-latch-0`) without being one.
+async fn parent_and_child_locks(f: Arc<Zk>) -> Result<(), Failed> {
+    let client = distlock_client(&f).await?;
+    let ns = integration_tests::namespace();
+    for (parent, child) in [
+        ("t", "t/q"),
+        ("u", "u/db-lock-0"),
+        ("v", "v/a-__READ__0"),
+        ("w", "w/x-latch-0"),
+    ] {
+        let (parent, child) = (format!("{ns}/{parent}"), format!("{ns}/{child}"));
+        for name in [&child, &parent, &child] {
+            use_every_kind(&client, name).await?;
+        }
+        let parent_name = LockName::new(&parent).map_err(|e| e.to_string())?;
+        let held = client.lock(&child).acquire().await?;
+        let led = client.election(&child).campaign("child").await?;
+        let status = client.backend().inspect(&parent_name).await?;
+        if status.held {
+            return Err(format!("{parent} shows a holder while only {child} is held").into());
+        }
+        if let Some(leader) = client.election(&parent).leader().await? {
+            return Err(
+                format!("{parent} shows a leader while only {child} is led: {leader:?}").into(),
+            );
+        }
+        let listed: Vec<(String, HoldKind)> = client
+            .list(&format!("{parent}/"), 10)
+            .await?
+            .into_iter()
+            .map(|r| (r.name, r.kind))
+            .collect();
+        if listed
+            != [
+                (child.clone(), HoldKind::Exclusive),
+                (child.clone(), HoldKind::Leader),
+            ]
+        {
+            return Err(format!("holding and leading {child}, list says {listed:?}").into());
+        }
+        use_every_kind(&client, &parent).await?;
+        led.resign().await?;
+        held.release().await?;
+    }
     Ok(())
 }
 
