@@ -70,6 +70,16 @@ fn main() {
             ),
             trial(
                 rt,
+                "zookeeper::a_semaphore_whose_name_is_the_parent_of_another_works",
+                parent_and_child_semaphores(zk.clone()),
+            ),
+            trial(
+                rt,
+                "zookeeper::a_lock_or_election_whose_name_is_the_parent_of_another_works",
+                parent_and_child_locks(zk.clone()),
+            ),
+            trial(
+                rt,
                 "zookeeper::connection_loss_during_create_leaves_no_orphan",
                 create_loss(zk.clone()),
             ),
@@ -163,6 +173,150 @@ async fn semaphore_order(f: Arc<Zk>) -> Result<(), Failed> {
         queue::semaphore_grants_in_arrival_order::<ZooKeeperBackend>(&url, 20, &sem, queued)
             .await?;
     eprintln!("zookeeper: 20 releases of a semaphore, {woken} wake-ups");
+    Ok(())
+}
+
+/// One permit of semaphore `name` of `limit`, taken and given back; while
+/// it is held, the semaphore's status shows one holder of `limit`.
+async fn use_semaphore(client: &LockClient, name: &str, limit: u32) -> Result<(), Failed> {
+    let g = client
+        .semaphore(name, limit)
+        .try_acquire()
+        .await
+        .map_err(|e| format!("semaphore {name}: {e}"))?
+        .ok_or_else(|| format!("semaphore {name}: no permit free, though nobody held one"))?;
+    let lock_name = LockName::new(name).map_err(|e| e.to_string())?;
+    let status = client.backend().inspect_permits(&lock_name).await?;
+    if status.holders != Some(1) || status.limit != Some(limit) {
+        return Err(format!(
+            "semaphore {name} held once with limit {limit}: status says {:?} holders of {:?}",
+            status.holders, status.limit
+        )
+        .into());
+    }
+    if !g.release().await? {
+        return Err(format!("semaphore {name}: the release found no permit").into());
+    }
+    Ok(())
+}
+
+/// Semaphore `x/y` makes the node of semaphore `x` as its parent, with no
+/// limit and no `@permits` node: `x` still works afterwards (and while
+/// `x/y` is held), with its own limit, as it does in the other order and
+/// beside a lock named `x`. A limit set on such a node is the one used.
+async fn parent_and_child_semaphores(f: Arc<Zk>) -> Result<(), Failed> {
+    let client = distlock_client(&f).await?;
+    let ns = integration_tests::namespace();
+    // The child first; the parent after it, then while the child is held.
+    let (parent, child) = (format!("{ns}/x"), format!("{ns}/x/y"));
+    use_semaphore(&client, &child, 1).await?;
+    let status = client
+        .backend()
+        .inspect_permits(&LockName::new(&parent).map_err(|e| e.to_string())?)
+        .await?;
+    if status.held || status.limit.is_some() {
+        return Err(format!(
+            "semaphore {parent}, never used, only the parent of {child}: status says held {} with limit {:?}",
+            status.held, status.limit
+        )
+        .into());
+    }
+    use_semaphore(&client, &parent, 2).await?;
+    let child_held = client.semaphore(&child, 1).acquire().await?;
+    use_semaphore(&client, &parent, 2).await?;
+    child_held.release().await?;
+    // The parent first, then the child, beside a lock named like the parent.
+    let (parent, child) = (format!("{ns}/r"), format!("{ns}/r/y"));
+    use_semaphore(&client, &parent, 3).await?;
+    let lock = client.lock(&parent).acquire().await?;
+    use_semaphore(&client, &child, 1).await?;
+    use_semaphore(&client, &parent, 3).await?;
+    lock.release().await?;
+    // A limit set on a node made only as a parent, then used.
+    let (parent, child) = (format!("{ns}/s"), format!("{ns}/s/y"));
+    use_semaphore(&client, &child, 1).await?;
+    let old = client.set_semaphore_limit(&parent, 4).await?;
+    if old.is_some() {
+        return Err(format!("semaphore {parent}: set_limit found an old limit {old:?}").into());
+    }
+    use_semaphore(&client, &parent, 4).await?;
+    Ok(())
+}
+
+/// Lock, shared hold and election of `name`, each taken and given back at
+/// once.
+async fn use_every_kind(client: &LockClient, name: &str) -> Result<(), Failed> {
+    let what = |kind: &str, e: String| Failed::from(format!("{kind} {name}: {e}"));
+    let free = |kind: &str| Failed::from(format!("{kind} {name}: refused, though nobody held it"));
+    let lock = client.lock(name).try_acquire().await;
+    lock.map_err(|e| what("lock", e.to_string()))?
+        .ok_or_else(|| free("lock"))?
+        .release()
+        .await?;
+    let shared = client.lock(name).shared().try_acquire().await;
+    shared
+        .map_err(|e| what("shared hold", e.to_string()))?
+        .ok_or_else(|| free("shared hold"))?
+        .release()
+        .await?;
+    let campaign = client.election(name).try_campaign("v").await;
+    campaign
+        .map_err(|e| what("election", e.to_string()))?
+        .ok_or_else(|| free("election"))?
+        .resign()
+        .await?;
+    Ok(())
+}
+
+/// The node of lock `x` is also the parent of lock `x/y`'s, and an
+/// election's node is its lock's: locks, shared holds and elections of
+/// both names work in either order, and while `x/y` is held or led,
+/// `x` shows no holder and no leader and `list` names `x/y`. The same
+/// for child names that end like a queue node (`db-lock-0`,
+/// `a-__READ__0`, `x-latch-0`) without being one.
+async fn parent_and_child_locks(f: Arc<Zk>) -> Result<(), Failed> {
+    let client = distlock_client(&f).await?;
+    let ns = integration_tests::namespace();
+    for (parent, child) in [
+        ("t", "t/q"),
+        ("u", "u/db-lock-0"),
+        ("v", "v/a-__READ__0"),
+        ("w", "w/x-latch-0"),
+    ] {
+        let (parent, child) = (format!("{ns}/{parent}"), format!("{ns}/{child}"));
+        for name in [&child, &parent, &child] {
+            use_every_kind(&client, name).await?;
+        }
+        let parent_name = LockName::new(&parent).map_err(|e| e.to_string())?;
+        let held = client.lock(&child).acquire().await?;
+        let led = client.election(&child).campaign("child").await?;
+        let status = client.backend().inspect(&parent_name).await?;
+        if status.held {
+            return Err(format!("{parent} shows a holder while only {child} is held").into());
+        }
+        if let Some(leader) = client.election(&parent).leader().await? {
+            return Err(
+                format!("{parent} shows a leader while only {child} is led: {leader:?}").into(),
+            );
+        }
+        let listed: Vec<(String, HoldKind)> = client
+            .list(&format!("{parent}/"), 10)
+            .await?
+            .into_iter()
+            .map(|r| (r.name, r.kind))
+            .collect();
+        if listed
+            != [
+                (child.clone(), HoldKind::Exclusive),
+                (child.clone(), HoldKind::Leader),
+            ]
+        {
+            return Err(format!("holding and leading {child}, list says {listed:?}").into());
+        }
+        use_every_kind(&client, &parent).await?;
+        led.resign().await?;
+        held.release().await?;
+    }
     Ok(())
 }
 

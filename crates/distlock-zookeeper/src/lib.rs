@@ -175,6 +175,19 @@ enum Role {
     Write,
 }
 
+/// The sequence number at the end of `child` after `marker`, if it is
+/// written as ZooKeeper writes a sequential node's (see [`SeqSuffix`]):
+/// ten digits, or nineteen. A lock's node also has the nodes of longer
+/// names as children (`db-lock-1` for the lock `jobs/db-lock-1`), which
+/// must not count as queue nodes.
+fn suffix_sequence(child: &str, marker: &str) -> Option<i64> {
+    let (_, seq) = child.rsplit_once(marker)?;
+    if !matches!(seq.len(), 10 | 19) || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    seq.parse().ok()
+}
+
 /// A lock child's sequence number and role. Every marker counts, whatever
 /// this client's layout: distlock clients of both layouts queue in one line.
 fn parse_child(child: &str) -> Option<(i64, Role)> {
@@ -184,13 +197,7 @@ fn parse_child(child: &str) -> Option<(i64, Role)> {
         (MUTEX_MARKER, Role::Write),
     ]
     .into_iter()
-    .find_map(|(marker, role)| {
-        let (_, seq) = child.rsplit_once(marker)?;
-        if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        seq.parse().ok().map(|seq| (seq, role))
-    })
+    .find_map(|(marker, role)| suffix_sequence(child, marker).map(|seq| (seq, role)))
 }
 
 /// The sequence number a lock child ends with: the queue's order.
@@ -200,13 +207,9 @@ fn sequence(child: &str) -> Option<i64> {
 
 /// The sequence number a campaign's node ends with, after its last
 /// `latch-` (where Curator's `LeaderLatch` sorts it): `None` for any other
-/// child, lock nodes included.
+/// child, lock nodes and the nodes of longer names included.
 fn latch_sequence(child: &str) -> Option<i64> {
-    let (_, seq) = child.rsplit_once(LATCH_MARKER)?;
-    if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    seq.parse().ok()
+    suffix_sequence(child, LATCH_MARKER)
 }
 
 /// The sequence number of a child in the queue of `kind`: a campaign's
@@ -1211,6 +1214,22 @@ mod tests {
     }
 
     #[test]
+    fn the_nodes_of_longer_names_are_not_in_the_queue() {
+        for segment in ["db-lock-1", "a-__READ__0", "b-__WRIT__42", "x-latch-7"] {
+            assert_eq!(parse_child(segment), None, "{segment}");
+            assert_eq!(latch_sequence(segment), None, "{segment}");
+        }
+        assert_eq!(sequence("_c_0a1b-lock-0000000002147483648"), Some(1 << 31));
+        assert_eq!(
+            in_queue_order(
+                vec!["db-lock-0".into(), "_c_a-lock-0000000003".into()],
+                HoldKind::Exclusive
+            ),
+            ["_c_a-lock-0000000003"]
+        );
+    }
+
+    #[test]
     fn campaigns_queue_by_the_sequence_after_latch_and_ignore_lock_nodes() {
         assert_eq!(latch_sequence("_c_0a1b-latch-0000000042"), Some(42));
         assert_eq!(latch_sequence("latch-0000000007"), Some(7));
@@ -1236,11 +1255,11 @@ mod tests {
     #[test]
     fn a_reader_waits_for_the_nearest_writer_ahead_and_a_writer_for_its_predecessor() {
         let q: Vec<String> = [
-            "__READ__01",
-            "__WRIT__02",
-            "__READ__03",
-            "__WRIT__04",
-            "__READ__05",
+            "__READ__0000000001",
+            "__WRIT__0000000002",
+            "__READ__0000000003",
+            "__WRIT__0000000004",
+            "__READ__0000000005",
         ]
         .map(|c| format!("_c_x-{c}"))
         .to_vec();
@@ -1250,7 +1269,10 @@ mod tests {
         assert_eq!(blocker(&q, 4, HoldKind::Shared), Some((3, false)));
         assert_eq!(blocker(&q, 1, HoldKind::Exclusive), Some((0, true)));
         assert_eq!(blocker(&q, 3, HoldKind::Exclusive), Some((2, false)));
-        let readers: Vec<String> = vec!["_c_a-__READ__01".into(), "_c_b-__READ__02".into()];
+        let readers: Vec<String> = vec![
+            "_c_a-__READ__0000000001".into(),
+            "_c_b-__READ__0000000002".into(),
+        ];
         assert_eq!(blocker(&readers, 1, HoldKind::Shared), None);
     }
 

@@ -328,6 +328,8 @@ mod tests {
     fn segments_are_neither_holds_nor_internal_nodes() {
         assert!(is_segment("jobs"));
         assert!(is_segment("a-b.c:d_e"));
+        assert!(is_segment("db-lock-1"));
+        assert!(is_segment("x-latch-7"));
         assert!(!is_segment("@semaphores"));
         assert!(!is_segment("@permits"));
         assert!(!is_segment("_c_x-lock-0000000001"));

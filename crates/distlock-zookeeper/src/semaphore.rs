@@ -4,7 +4,9 @@
 //!
 //! - `<base>/@semaphores/<name>`: the semaphore; its data is the limit in
 //!   decimal (empty: none stored yet, as when the node was made as the
-//!   parent of another semaphore's node).
+//!   parent of another semaphore's node, `x` for `x/y`; such a node has no
+//!   `@permits` child either until the first acquire of its own name makes
+//!   one: `store_limit_if_absent`).
 //! - `<base>/@semaphores/<name>/@permits/_c_<owner>-permit-<seq>`: one
 //!   ephemeral sequential child per contender, in the session of its TTL;
 //!   its data is its state, `held` or `waiting`, then a space and its
@@ -248,10 +250,18 @@ impl ZooKeeperBackend {
         })
     }
 
-    /// Stores `c.limit` if the semaphore has none, making its nodes if need
-    /// be; a stored limit is left as it is.
+    /// Makes whichever of the semaphore's node and its `@permits` node is
+    /// missing, and stores `c.limit` if the semaphore has none; a stored
+    /// limit is left as it is. The semaphore's node alone may exist, with
+    /// no data, when it was made as the parent of another semaphore's node
+    /// (`x` for `x/y`): that node is completed here.
     async fn store_limit_if_absent(&self, c: &Contender<'_>) -> Result<()> {
         let dirs = zk::CreateMode::Persistent.with_acls(self.inner.acls);
+        // `mkdir -p`: nodes that exist already are left as they are.
+        c.client
+            .mkdir(&c.permits, &dirs)
+            .await
+            .map_err(|e| self.err(e))?;
         for _ in 0..10 {
             match c.client.get_data(&c.node).await {
                 Err(zk::Error::NoNode) => {
