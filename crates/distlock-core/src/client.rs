@@ -145,8 +145,7 @@ impl LockClient {
         name: impl AsRef<str>,
         limit: u32,
     ) -> Result<Option<u32>> {
-        let name =
-            LockName::new(name).map_err(|e| Error::invalid(InputKind::LockName, e.to_string()))?;
+        let name = LockName::new(name)?;
         check_kind(&self.inner.keeper.caps, &HoldKind::Permits { limit })?;
         self.inner.keeper.backend.set_limit(&name, limit).await
     }
@@ -391,7 +390,7 @@ impl LockBuilder {
     fn validate(&self) -> Result<LockName> {
         let name = match &self.name {
             Ok(n) => n.clone(),
-            Err(e) => return Err(Error::invalid(InputKind::LockName, e.to_string())),
+            Err(e) => return Err(e.input_again()),
         };
         self.validate_options()?;
         Ok(name)

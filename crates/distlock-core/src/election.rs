@@ -124,8 +124,7 @@ impl Election {
     }
 
     fn checked(&self) -> Result<(LockName, &DynBackend)> {
-        let name = LockName::new(&self.name)
-            .map_err(|e| Error::invalid(InputKind::LockName, e.to_string()))?;
+        let name = LockName::new(&self.name)?;
         crate::client::check_kind(&self.client.keeper.caps, &HoldKind::Leader)?;
         Ok((name, &self.client.keeper.backend))
     }

@@ -1,0 +1,38 @@
+//! Bad input to the client's builders: a typed error at once, saying what
+//! is wrong once.
+
+use distlock_core::{Error, InputKind, LockClient, MemoryBackend};
+
+fn client() -> LockClient {
+    LockClient::new(MemoryBackend::new())
+}
+
+fn assert_invalid(e: Error, kind: InputKind, says: &str) {
+    let text = e.to_string();
+    assert!(
+        matches!(&e, Error::InvalidInput { kind: k, .. } if *k == kind),
+        "{e:?}"
+    );
+    assert!(text.contains(says), "{text}");
+}
+
+/// Every way a lock name reaches the client reports its error once, as
+/// the name's own check words it.
+#[tokio::test]
+async fn a_bad_lock_name_is_reported_once() {
+    let c = client();
+    let errors = [
+        c.lock("bad name").acquire().await.unwrap_err(),
+        c.lock("bad name").try_acquire().await.unwrap_err(),
+        c.semaphore("bad name", 2).acquire().await.unwrap_err(),
+        c.lock_all(["ok", "bad name"]).acquire().await.unwrap_err(),
+        c.set_semaphore_limit("bad name", 2).await.unwrap_err(),
+        c.election("bad name").leader().await.unwrap_err(),
+        c.election("bad name").campaign("v").await.unwrap_err(),
+    ];
+    for e in errors {
+        let text = e.to_string();
+        assert_eq!(text.matches("invalid lock name").count(), 1, "{text}");
+        assert_invalid(e, InputKind::LockName, "\"bad name\"");
+    }
+}
