@@ -36,3 +36,27 @@ async fn a_bad_lock_name_is_reported_once() {
         assert_invalid(e, InputKind::LockName, "\"bad name\"");
     }
 }
+
+/// An empty holder would make every empty-holder request nest into one
+/// hold; it is refused on every builder that takes a holder.
+#[tokio::test]
+async fn an_empty_holder_is_refused() {
+    let c = client();
+    let errors = [
+        c.lock("h").holder("").acquire().await.unwrap_err(),
+        c.lock("h").holder("").try_acquire().await.unwrap_err(),
+        c.lock("h").shared().holder("").acquire().await.unwrap_err(),
+        c.semaphore("h2", 2).holder("").acquire().await.unwrap_err(),
+        c.lock_all(["h3", "h4"])
+            .holder("")
+            .acquire()
+            .await
+            .unwrap_err(),
+    ];
+    for e in errors {
+        assert_invalid(e, InputKind::Config, "holder is empty");
+    }
+    // Nothing was taken: another holder gets each at once.
+    let g = c.lock("h").holder("a").try_acquire().await.unwrap();
+    assert!(g.is_some());
+}
