@@ -60,3 +60,35 @@ async fn an_empty_holder_is_refused() {
     let g = c.lock("h").holder("a").try_acquire().await.unwrap();
     assert!(g.is_some());
 }
+
+/// `distlock observe` prints a leader's value on one line: an empty value,
+/// or one with a newline or another control character, is refused when
+/// campaigning and when proclaiming.
+#[tokio::test]
+async fn an_empty_or_multi_line_election_value_is_refused() {
+    let c = client();
+    let e = c.election("svc");
+    for (bad, says) in [
+        ("", "election value is empty"),
+        ("a\nb", "control character '\\n'"),
+        ("a\rb", "control character '\\r'"),
+        ("a\u{1b}[31m", "control character '\\u{1b}'"),
+    ] {
+        assert_invalid(e.campaign(bad).await.unwrap_err(), InputKind::Config, says);
+        assert_invalid(
+            e.try_campaign(bad).await.unwrap_err(),
+            InputKind::Config,
+            says,
+        );
+    }
+    assert!(e.leader().await.unwrap().is_none());
+    let leader = e.campaign("host:1").await.unwrap();
+    for bad in ["", "two\nlines"] {
+        assert_invalid(
+            leader.proclaim(bad).await.unwrap_err(),
+            InputKind::Config,
+            "election value",
+        );
+    }
+    assert_eq!(e.leader().await.unwrap().unwrap().value, "host:1");
+}
