@@ -633,6 +633,28 @@ fn check_rejects_bad_input_with_usage_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown backend scheme"));
 }
 
+/// A `--ttl` outside the backend's TTL range is refused at once, in one
+/// line, before any client starts (no overflow, no run to the end).
+#[test]
+fn check_refuses_a_ttl_outside_the_backends_range() {
+    let db = sqlite("check-ttl");
+    for ttl in ["18446744073709551615s", "3000000000000000000s", "1ms"] {
+        let started = Instant::now();
+        let out = bin()
+            .args(["check", "--backend", &db, "--duration", "5s", "--ttl", ttl])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--ttl {ttl}: {err}");
+        assert!(
+            err.starts_with("distlock: --ttl ") && err.contains("outside sqlite's TTL range"),
+            "--ttl {ttl}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "--ttl {ttl}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(4), "--ttl {ttl}");
+    }
+}
+
 /// `distlock run a b` and `distlock run b a` at once: every command
 /// finishes (no deadlock), no two run together, and each sees both tokens
 /// in sorted name order.
