@@ -179,7 +179,10 @@ fn apply_password(cli: &mut Cli) -> Result<(), String> {
             PasswordSource::File,
         ),
         (None, Ok(p)) => (p, PasswordSource::Env),
-        (None, Err(_)) => return Ok(()),
+        (None, Err(std::env::VarError::NotPresent)) => return Ok(()),
+        (None, Err(std::env::VarError::NotUnicode(_))) => {
+            return Err("DISTLOCK_PASSWORD is not valid UTF-8; a password must be text".into())
+        }
     };
     let url = match &mut cli.command {
         Command::Run(a) => a.backend_mut(),

@@ -655,6 +655,27 @@ fn check_refuses_a_ttl_outside_the_backends_range() {
     }
 }
 
+/// A `DISTLOCK_PASSWORD` that is not UTF-8 is refused, not taken as unset.
+#[test]
+fn a_password_that_is_not_utf8_exits_2() {
+    use std::os::unix::ffi::OsStrExt;
+    let out = bin()
+        .env(
+            "DISTLOCK_PASSWORD",
+            std::ffi::OsStr::from_bytes(b"s3cr\xffet"),
+        )
+        .args(["run", "--backend", "memory://", "pw/utf8", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with("distlock: DISTLOCK_PASSWORD is not valid UTF-8"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
 /// `distlock run a b` and `distlock run b a` at once: every command
 /// finishes (no deadlock), no two run together, and each sees both tokens
 /// in sorted name order.
