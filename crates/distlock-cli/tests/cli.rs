@@ -481,7 +481,11 @@ fn bad_input_exits_2_with_a_clear_message() {
         "redlock://127.0.0.1:1,127.0.0.1:1,127.0.0.1:2",
         "redlock://localhost:1,127.0.0.1:1,127.0.0.1:2",
         "redis+sentinel://a:1",
+        "redis+sentinel://127.0.0.1:1,127.0.0.1:1/m",
+        "redis+sentinel://127.0.0.1:1/m/-5/extra",
         "sqlite:///tmp/x.db?table=bad;name",
+        // A parameter sqlx would ignore: this one would connect without TLS.
+        "mysql://u@127.0.0.1:1/db?ssl_mode=REQUIRED",
     ];
     let mut cases: Vec<Vec<&str>> = names.iter().map(|n| vec!["run", n, "--", "true"]).collect();
     cases.extend(
@@ -1298,6 +1302,26 @@ fn elect_with_an_oversized_value_exits_2() {
         .unwrap();
     assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("4096"));
+}
+
+/// `observe` prints one line per leader: an empty value, or one with a
+/// newline, exits 2 before campaigning.
+#[test]
+fn elect_with_an_empty_or_multi_line_value_exits_2() {
+    let b = sqlite("linevalue");
+    for (value, says) in [("", "is empty"), ("a\nb", "control character")] {
+        let out = bin()
+            .args(["elect", "--backend", &b, "--value", value, "svc/leader"])
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{value:?}: {err}");
+        assert!(
+            err.contains(says) && err.lines().count() == 1,
+            "{value:?}: {err}"
+        );
+    }
 }
 
 /// `status` and `list` show who holds what: the holder info a run sets, or
