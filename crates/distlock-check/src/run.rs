@@ -149,7 +149,10 @@ impl Faults {
 
     async fn reach_pause_point(&self, worker: usize, what: Instruction) -> Result<u64, CheckError> {
         self.reg.arm(worker, what);
-        let limit = self.ttl * 10 + Duration::from_secs(30);
+        let limit = self
+            .ttl
+            .saturating_mul(10)
+            .saturating_add(Duration::from_secs(30));
         tokio::time::timeout(
             limit,
             self.reg.wait_for(|log| log.paused.get(&worker).copied()),
@@ -188,7 +191,10 @@ impl Faults {
     /// there. [`Faults::open_gate`] lets it go.
     pub async fn gate(&self, worker: usize) -> Result<(), CheckError> {
         self.reg.close_gate(worker);
-        let limit = self.ttl * 10 + Duration::from_secs(30);
+        let limit = self
+            .ttl
+            .saturating_mul(10)
+            .saturating_add(Duration::from_secs(30));
         tokio::time::timeout(
             limit,
             self.reg.wait_for(|log| log.paused.get(&worker).copied()),

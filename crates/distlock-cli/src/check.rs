@@ -23,7 +23,7 @@ pub(crate) struct CheckArgs {
     /// How long the workload runs.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     duration: Duration,
-    /// The lock's TTL.
+    /// The lock's TTL, within the backend's TTL range.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     ttl: Duration,
     /// Contend for one of N permits of a semaphore instead of the lock; the
@@ -77,8 +77,12 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
         );
     }
     // Fail here, with the usual exit codes, rather than in every worker.
-    if let Err(e) = distlock::connect(&args.backend).await {
-        return fail(code_for(&e), e);
+    let caps = match distlock::connect(&args.backend).await {
+        Ok(b) => b.capabilities(),
+        Err(e) => return fail(code_for(&e), e),
+    };
+    if let Err(e) = crate::ttl_in_range("--ttl", args.ttl, &caps) {
+        return fail(EXIT_USAGE, e);
     }
     let mut w = match distlock_check::Workload::new(&args.backend, args.clients) {
         Ok(w) => w,
@@ -87,10 +91,16 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
     w.lock = args.lock;
     w.ttl = args.ttl;
     w.limit = args.limit;
-    let pause = args.ttl * 2 + Duration::from_millis(500);
+    let pause = args
+        .ttl
+        .saturating_mul(2)
+        .saturating_add(Duration::from_millis(500));
     if args.pause_holder {
         w.warmup = args.duration / 3;
-        w.cooldown = args.duration.saturating_sub(w.warmup + pause).max(args.ttl);
+        w.cooldown = args
+            .duration
+            .saturating_sub(w.warmup.saturating_add(pause))
+            .max(args.ttl);
     } else {
         w.warmup = args.duration;
         w.cooldown = Duration::ZERO;

@@ -245,15 +245,7 @@ fn short_ttl(given: Option<Duration>, caps: &distlock::Capabilities) -> Result<D
         };
         return Ok(default.clamp(caps.min_ttl, caps.max_ttl));
     };
-    if ttl < caps.min_ttl || ttl > caps.max_ttl {
-        return Err(format!(
-            "--short-ttl {} is outside {}'s TTL range, {} to {}",
-            humantime::format_duration(ttl),
-            caps.backend,
-            humantime::format_duration(caps.min_ttl),
-            humantime::format_duration(caps.max_ttl)
-        ));
-    }
+    crate::ttl_in_range("--short-ttl", ttl, caps)?;
     Ok(ttl)
 }
 

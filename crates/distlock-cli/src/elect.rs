@@ -18,7 +18,8 @@ pub(crate) struct ElectArgs {
     #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
     backend: String,
     /// The value to campaign with: what `observe` and `etcdctl elect -l`
-    /// print while this command leads (at most 4096 bytes).
+    /// print while this command leads (one line of printable text, at most
+    /// 4096 bytes).
     #[arg(long)]
     value: String,
     /// Leadership lease TTL, renewed at a third of it.

@@ -124,6 +124,25 @@ pub(crate) fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// Refuses a TTL option (`flag`) outside the backend's TTL range, in one
+/// line that names the range.
+pub(crate) fn ttl_in_range(
+    flag: &str,
+    ttl: Duration,
+    caps: &distlock::Capabilities,
+) -> Result<(), String> {
+    if ttl < caps.min_ttl || ttl > caps.max_ttl {
+        return Err(format!(
+            "{flag} {} is outside {}'s TTL range, {} to {}",
+            humantime::format_duration(ttl),
+            caps.backend,
+            humantime::format_duration(caps.min_ttl),
+            humantime::format_duration(caps.max_ttl)
+        ));
+    }
+    Ok(())
+}
+
 /// The URL schemes whose backends authenticate with a password in the
 /// URL's userinfo. Any other scheme would read the inserted `user:pw@` as
 /// part of something else (SQLite: a relative directory named after the
@@ -160,7 +179,10 @@ fn apply_password(cli: &mut Cli) -> Result<(), String> {
             PasswordSource::File,
         ),
         (None, Ok(p)) => (p, PasswordSource::Env),
-        (None, Err(_)) => return Ok(()),
+        (None, Err(std::env::VarError::NotPresent)) => return Ok(()),
+        (None, Err(std::env::VarError::NotUnicode(_))) => {
+            return Err("DISTLOCK_PASSWORD is not valid UTF-8; a password must be text".into())
+        }
     };
     let url = match &mut cli.command {
         Command::Run(a) => a.backend_mut(),

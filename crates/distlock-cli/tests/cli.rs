@@ -481,7 +481,11 @@ fn bad_input_exits_2_with_a_clear_message() {
         "redlock://127.0.0.1:1,127.0.0.1:1,127.0.0.1:2",
         "redlock://localhost:1,127.0.0.1:1,127.0.0.1:2",
         "redis+sentinel://a:1",
+        "redis+sentinel://127.0.0.1:1,127.0.0.1:1/m",
+        "redis+sentinel://127.0.0.1:1/m/-5/extra",
         "sqlite:///tmp/x.db?table=bad;name",
+        // A parameter sqlx would ignore: this one would connect without TLS.
+        "mysql://u@127.0.0.1:1/db?ssl_mode=REQUIRED",
     ];
     let mut cases: Vec<Vec<&str>> = names.iter().map(|n| vec!["run", n, "--", "true"]).collect();
     cases.extend(
@@ -631,6 +635,49 @@ fn check_rejects_bad_input_with_usage_errors() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown backend scheme"));
+}
+
+/// A `--ttl` outside the backend's TTL range is refused at once, in one
+/// line, before any client starts (no overflow, no run to the end).
+#[test]
+fn check_refuses_a_ttl_outside_the_backends_range() {
+    let db = sqlite("check-ttl");
+    for ttl in ["18446744073709551615s", "3000000000000000000s", "1ms"] {
+        let started = Instant::now();
+        let out = bin()
+            .args(["check", "--backend", &db, "--duration", "5s", "--ttl", ttl])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--ttl {ttl}: {err}");
+        assert!(
+            err.starts_with("distlock: --ttl ") && err.contains("outside sqlite's TTL range"),
+            "--ttl {ttl}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "--ttl {ttl}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(4), "--ttl {ttl}");
+    }
+}
+
+/// A `DISTLOCK_PASSWORD` that is not UTF-8 is refused, not taken as unset.
+#[test]
+fn a_password_that_is_not_utf8_exits_2() {
+    use std::os::unix::ffi::OsStrExt;
+    let out = bin()
+        .env(
+            "DISTLOCK_PASSWORD",
+            std::ffi::OsStr::from_bytes(b"s3cr\xffet"),
+        )
+        .args(["run", "--backend", "memory://", "pw/utf8", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with("distlock: DISTLOCK_PASSWORD is not valid UTF-8"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
 
 /// `distlock run a b` and `distlock run b a` at once: every command
@@ -1255,6 +1302,26 @@ fn elect_with_an_oversized_value_exits_2() {
         .unwrap();
     assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("4096"));
+}
+
+/// `observe` prints one line per leader: an empty value, or one with a
+/// newline, exits 2 before campaigning.
+#[test]
+fn elect_with_an_empty_or_multi_line_value_exits_2() {
+    let b = sqlite("linevalue");
+    for (value, says) in [("", "is empty"), ("a\nb", "control character")] {
+        let out = bin()
+            .args(["elect", "--backend", &b, "--value", value, "svc/leader"])
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{value:?}: {err}");
+        assert!(
+            err.contains(says) && err.lines().count() == 1,
+            "{value:?}: {err}"
+        );
+    }
 }
 
 /// `status` and `list` show who holds what: the holder info a run sets, or

@@ -145,8 +145,7 @@ impl LockClient {
         name: impl AsRef<str>,
         limit: u32,
     ) -> Result<Option<u32>> {
-        let name =
-            LockName::new(name).map_err(|e| Error::invalid(InputKind::LockName, e.to_string()))?;
+        let name = LockName::new(name)?;
         check_kind(&self.inner.keeper.caps, &HoldKind::Permits { limit })?;
         self.inner.keeper.backend.set_limit(&name, limit).await
     }
@@ -340,7 +339,8 @@ impl LockBuilder {
     /// Names who holds the lock in your program. A second acquire with the
     /// same holder while the first is held nests (a hold count) instead of
     /// deadlocking; the backend lock is released when the last nested guard
-    /// is released. Not tied to threads, so it works across `.await`.
+    /// is released. Not tied to threads, so it works across `.await`. An
+    /// empty holder is [`Error::InvalidInput`] when acquired.
     pub fn holder(mut self, holder: impl Into<String>) -> Self {
         self.holder = Some(holder.into());
         self
@@ -391,7 +391,7 @@ impl LockBuilder {
     fn validate(&self) -> Result<LockName> {
         let name = match &self.name {
             Ok(n) => n.clone(),
-            Err(e) => return Err(Error::invalid(InputKind::LockName, e.to_string())),
+            Err(e) => return Err(e.input_again()),
         };
         self.validate_options()?;
         Ok(name)
@@ -404,6 +404,12 @@ impl LockBuilder {
             return Err(Error::invalid(InputKind::Config, misuse));
         }
         check_kind(caps, &self.kind)?;
+        if self.holder.as_deref() == Some("") {
+            return Err(Error::invalid(
+                InputKind::Config,
+                "holder is empty; name the holder, or leave it unset for no reentrancy",
+            ));
+        }
         crate::holder::validate_holder_info(&self.holder_info)?;
         check_ttl(caps, self.ttl)?;
         if self.max_hold.is_some_and(|m| m.is_zero()) {

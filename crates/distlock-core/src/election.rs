@@ -11,7 +11,7 @@ use futures_util::stream::{self, StreamExt};
 
 use crate::backend::{DynBackend, HoldKind, Leader, LeaderStream};
 use crate::client::{ClientInner, LockBuilder};
-use crate::error::{Error, InputKind, LostReason, Result};
+use crate::error::{LostReason, Result};
 use crate::guard::LockGuard;
 use crate::lease::lock;
 use crate::name::LockName;
@@ -22,17 +22,16 @@ use crate::token::FencingToken;
 /// a port and a version.
 pub const MAX_VALUE_LEN: usize = 4096;
 
-/// A value a leader may carry, or [`Error::InvalidInput`] saying why not.
+/// A value a leader may carry (1 to [`MAX_VALUE_LEN`] bytes of printable
+/// text, which observers print on one line), or [`Error::InvalidInput`](crate::Error::InvalidInput)
+/// saying why not.
 fn checked_value(value: String) -> Result<String> {
-    if value.len() > MAX_VALUE_LEN {
-        return Err(Error::invalid(
-            InputKind::Config,
-            format!(
-                "an election value is at most {MAX_VALUE_LEN} bytes; this one has {}",
-                value.len()
-            ),
-        ));
-    }
+    crate::holder::check_one_line(
+        "the election value",
+        &value,
+        MAX_VALUE_LEN,
+        "give the leader's address or name",
+    )?;
     Ok(value)
 }
 
@@ -84,7 +83,7 @@ impl Election {
     }
 
     /// How long [`campaign`](Self::campaign) waits to become leader
-    /// (default: forever); past it, [`Error::WaitTimeout`].
+    /// (default: forever); past it, [`Error::WaitTimeout`](crate::Error::WaitTimeout).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
@@ -124,8 +123,7 @@ impl Election {
     }
 
     fn checked(&self) -> Result<(LockName, &DynBackend)> {
-        let name = LockName::new(&self.name)
-            .map_err(|e| Error::invalid(InputKind::LockName, e.to_string()))?;
+        let name = LockName::new(&self.name)?;
         crate::client::check_kind(&self.client.keeper.caps, &HoldKind::Leader)?;
         Ok((name, &self.client.keeper.backend))
     }
@@ -252,7 +250,7 @@ impl Leadership {
     }
 
     /// Runs `fut` while leading; if leadership may be lost first, drops
-    /// `fut` and returns [`Error::LeaseLost`].
+    /// `fut` and returns [`Error::LeaseLost`](crate::Error::LeaseLost).
     pub async fn run_until_lost<F: std::future::Future>(&self, fut: F) -> Result<F::Output> {
         self.guard.run_until_lost(fut).await
     }
@@ -269,7 +267,7 @@ impl Leadership {
     }
 
     /// Replaces the value this leader carries, only while it still leads.
-    /// Once leadership is lost, [`Error::LeaseLost`] and nothing changes.
+    /// Once leadership is lost, [`Error::LeaseLost`](crate::Error::LeaseLost) and nothing changes.
     pub async fn proclaim(&self, value: impl Into<String>) -> Result<()> {
         let value = checked_value(value.into())?;
         self.guard.proclaim(&value).await?;

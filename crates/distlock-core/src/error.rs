@@ -221,6 +221,16 @@ impl Error {
         }
     }
 
+    /// A copy of a stored [`Error::InvalidInput`] (a builder keeps its
+    /// name's error until acquired, and may be asked more than once); any
+    /// other error, which a name check never makes, is kept as its text.
+    pub(crate) fn input_again(&self) -> Self {
+        match self {
+            Error::InvalidInput { kind, message } => Error::invalid(*kind, message.clone()),
+            other => Error::invalid(InputKind::LockName, other.to_string()),
+        }
+    }
+
     /// Shorthand for [`Error::Backend`].
     pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
         Error::Backend {

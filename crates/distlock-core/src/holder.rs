@@ -16,25 +16,34 @@ pub const MAX_HOLDER_INFO_LEN: usize = 256;
 /// text (no control characters, so it prints on one line and needs no
 /// escaping in any backend's layout).
 pub fn validate_holder_info(info: &str) -> Result<()> {
-    if info.is_empty() {
+    check_one_line(
+        "holder info",
+        info,
+        MAX_HOLDER_INFO_LEN,
+        "leave it unset for the default (host name and process id)",
+    )
+}
+
+/// Checks a text that is stored on the server and printed on one line
+/// (`what` names it in the messages): 1 to `max` bytes, no control
+/// characters. `if_empty` says what to do instead of giving it empty.
+pub(crate) fn check_one_line(what: &str, text: &str, max: usize, if_empty: &str) -> Result<()> {
+    if text.is_empty() {
         return Err(Error::invalid(
             InputKind::Config,
-            "holder info is empty; leave it unset for the default (host name and process id)",
+            format!("{what} is empty; {if_empty}"),
         ));
     }
-    if info.len() > MAX_HOLDER_INFO_LEN {
+    if text.len() > max {
         return Err(Error::invalid(
             InputKind::Config,
-            format!(
-                "holder info is {} bytes long; the limit is {MAX_HOLDER_INFO_LEN}",
-                info.len()
-            ),
+            format!("{what} is {} bytes long; the limit is {max}", text.len()),
         ));
     }
-    if let Some(c) = info.chars().find(|c| c.is_control()) {
+    if let Some(c) = text.chars().find(|c| c.is_control()) {
         return Err(Error::invalid(
             InputKind::Config,
-            format!("holder info contains the control character {c:?}; use printable text"),
+            format!("{what} contains the control character {c:?}; use printable text"),
         ));
     }
     Ok(())

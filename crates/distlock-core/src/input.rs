@@ -31,23 +31,23 @@ pub fn query_pairs<'a>(what: &str, query: &'a str) -> Result<Vec<(&'a str, &'a s
 }
 
 /// The `host:port` entries of a comma-separated server list, each checked
-/// (a host and a port number) and none listed twice (compared without case,
-/// as host names are). `what` names an entry in the messages (`"server"`,
-/// `"endpoint"`); each message is passed to `bad` for the backend's error.
+/// (a host and a port number) and none listed twice. Entries are compared
+/// as the server sees them: the port as a number (`1` and `01` are one
+/// port), an IP address as an address (`[::1]` and `[0:0::1]` are one), a
+/// host name without case. Two names for one address are not caught here
+/// (that needs a DNS lookup). `what` names an entry in the messages
+/// (`"server"`, `"endpoint"`); each message is passed to `bad` for the
+/// backend's error.
 pub fn host_ports<'a>(
     what: &str,
     list: &'a str,
     bad: impl Fn(String) -> Error,
 ) -> Result<Vec<&'a str>> {
-    let mut seen: Vec<(String, &str)> = Vec::new();
+    let mut seen: Vec<((String, u16), &str)> = Vec::new();
     for h in list.split(',') {
-        let ok = h
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-        if !ok {
+        let Some(same) = server_key(h) else {
             return Err(bad(format!("{h:?} is not host:port")));
-        }
-        let same = h.to_ascii_lowercase();
+        };
         if let Some((_, first)) = seen.iter().find(|(k, _)| *k == same) {
             return Err(bad(format!(
                 "{what} {h} is listed twice (as {first} and {h}); list each {what} once"
@@ -56,6 +56,26 @@ pub fn host_ports<'a>(
         seen.push((same, h));
     }
     Ok(seen.into_iter().map(|(_, h)| h).collect())
+}
+
+/// `host:port` as the server it names: the host (an IP address in its
+/// canonical form, a name in lower case) and the port; `None` if it is
+/// not `host:port`.
+fn server_key(entry: &str) -> Option<(String, u16)> {
+    let (host, port) = entry.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?;
+    if host.is_empty() {
+        return None;
+    }
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let host = match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.to_string(),
+        Err(_) => host.to_ascii_lowercase(),
+    };
+    Some((host, port))
 }
 
 /// Checks a duration option against its range: `name` is the URL
@@ -111,8 +131,19 @@ mod tests {
             host_ports("server", "a:1,b:2", bad).unwrap(),
             ["a:1", "b:2"]
         );
+        // Other ports, other addresses: different servers.
+        assert_eq!(
+            host_ports("server", "a:1,a:10,[::1]:1,[::2]:1,127.0.0.1:1", bad).unwrap(),
+            ["a:1", "a:10", "[::1]:1", "[::2]:1", "127.0.0.1:1"]
+        );
         for (list, says) in [
             ("a:1,A:1", "server A:1 is listed twice (as a:1 and A:1)"),
+            (
+                "127.0.0.1:1,127.0.0.1:01",
+                "server 127.0.0.1:01 is listed twice (as 127.0.0.1:1 and 127.0.0.1:01)",
+            ),
+            ("h:2379,b:1,H:002379", "server H:002379 is listed twice"),
+            ("[::1]:1,[0:0::1]:1", "server [0:0::1]:1 is listed twice"),
             ("a:1,b", "\"b\" is not host:port"),
             ("a:1,", "\"\" is not host:port"),
             (":1", "\":1\" is not host:port"),

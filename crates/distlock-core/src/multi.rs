@@ -125,7 +125,7 @@ impl MultiLockBuilder {
         for n in &self.names {
             match n {
                 Ok(n) => names.push(n.clone()),
-                Err(e) => return Err(Error::invalid(InputKind::LockName, e.to_string())),
+                Err(e) => return Err(e.input_again()),
             }
         }
         if names.is_empty() {

@@ -247,18 +247,12 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
         Some((u, h)) => (Some(u), h),
         None => (None, authority),
     };
-    let hosts: Vec<&str> = hosts.split(',').filter(|h| !h.is_empty()).collect();
     if hosts.is_empty() {
         return Err(bad(url, "no host"));
     }
-    for h in &hosts {
-        let ok = h
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-        if !ok {
-            return Err(bad(url, format!("{h:?} is not host:port")));
-        }
-    }
+    // Each entry host:port, none empty, none twice: a Sentinel or seed
+    // node listed twice would be asked twice and counted twice.
+    let hosts = distlock_core::input::host_ports("server", hosts, |why| bad(url, why))?;
     let endpoint = hosts.join(",");
     let creds = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
     // The TLS forms name the same topologies with `rediss` in front.
@@ -300,19 +294,26 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
             Topology::Single(format!("{scheme}://{creds}{}{p}{q}", hosts[0]))
         }
         "redis+sentinel" => {
-            let mut parts = path.split('/').filter(|p| !p.is_empty());
-            let service = parts.next().ok_or_else(|| {
-                bad(
-                    url,
-                    "missing the service name: redis+sentinel://host:port/SERVICE[/DB]",
-                )
+            let form = "redis+sentinel://host:port/SERVICE[/DB]";
+            let mut parts = path.split('/');
+            let service = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| {
+                bad(url, format!("missing the service name: {form}"))
             })?;
             let db = match parts.next() {
-                Some(d) => d
-                    .parse()
-                    .map_err(|_| bad(url, format!("database {d:?} is not a number")))?,
+                Some(d) => d.parse::<u32>().map_err(|_| {
+                    bad(
+                        url,
+                        format!("database {d:?} is not a number from 0 up: {form}"),
+                    )
+                })?,
                 None => 0,
             };
+            if let Some(extra) = parts.next() {
+                return Err(bad(
+                    url,
+                    format!("{extra:?} follows the database in the path: {form}"),
+                ));
+            }
             let (username, password) = match userinfo {
                 Some(u) => match u.split_once(':') {
                     Some((user, pass)) => (
@@ -329,7 +330,7 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
                     .map(|h| format!("{node_scheme}://{h}"))
                     .collect(),
                 service: service.to_string(),
-                db,
+                db: i64::from(db),
                 username,
                 password,
                 tls,
@@ -338,6 +339,12 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
         "redis+cluster" => {
             if config.wait_replicas > 0 {
                 return Err(bad(url, "wait_replicas is not supported on Redis Cluster"));
+            }
+            if !path.is_empty() {
+                return Err(bad(
+                    url,
+                    "a cluster has no database or path: redis+cluster://host:port[,host:port...]",
+                ));
             }
             Topology::Cluster(
                 hosts
@@ -429,6 +436,21 @@ mod tests {
             "redis+sentinel://a:1",
             "redis+sentinel://a:1/m/notadb",
             "redis://a:1?wait_replicas=x",
+            // A server listed twice, in any spelling of its port or name.
+            "redis+sentinel://127.0.0.1:1,127.0.0.1:1/m",
+            "redis+sentinel://a:1,A:01/m",
+            "redis+cluster://a:1,b:2,a:1",
+            // Empty entries, extra path segments, a negative database.
+            "redis+sentinel://a:1,,/m",
+            "redis+sentinel://a:1,b:2,/m",
+            "redis+cluster://,a:1",
+            "redis://a:1,",
+            "redis+sentinel://a:1/m/-5",
+            "redis+sentinel://a:1/m/-5/extra",
+            "redis+sentinel://a:1/m/3/extra",
+            "redis+sentinel://a:1/m/",
+            "redis+sentinel://a:1//3",
+            "redis+cluster://a:1/0",
             "redis://a:1?prefix={x}",
             "redis://a:1?fifo=maybe",
             "redis://a:1?queue_lease_ms=0",

@@ -205,7 +205,10 @@ impl SqlConfig {
                     })?;
                     self.queue_lease = Duration::from_millis(ms);
                 }
-                _ => rest.push(pair),
+                _ => {
+                    check_sqlx_key(k, scheme)?;
+                    rest.push(pair);
+                }
             }
         }
         Ok(if rest.is_empty() {
@@ -257,6 +260,85 @@ fn check_applies(key: &str, scheme: &str) -> Result<()> {
     Err(Error::invalid(
         InputKind::Url,
         format!("{key} applies to {databases} only, not to {scheme}://; remove it from the URL"),
+    ))
+}
+
+/// The query parameters sqlx 0.8.6 reads from a URL of each scheme (its
+/// `options/parse.rs`). PostgreSQL's also include `options[NAME]`.
+/// sqlx ignores any other on MySQL and only logs it on PostgreSQL, so a
+/// misspelt `ssl-mode` would connect without the TLS it asks for.
+fn sqlx_keys(scheme: &str) -> &'static [&'static str] {
+    match scheme {
+        "postgres" | "postgresql" => &[
+            "sslmode",
+            "ssl-mode",
+            "sslrootcert",
+            "ssl-root-cert",
+            "ssl-ca",
+            "sslcert",
+            "ssl-cert",
+            "sslkey",
+            "ssl-key",
+            "statement-cache-capacity",
+            "host",
+            "hostaddr",
+            "port",
+            "dbname",
+            "user",
+            "password",
+            "application_name",
+            "options",
+        ],
+        "mysql" | "mariadb" => &[
+            "sslmode",
+            "ssl-mode",
+            "sslca",
+            "ssl-ca",
+            "charset",
+            "collation",
+            "sslcert",
+            "ssl-cert",
+            "sslkey",
+            "ssl-key",
+            "statement-cache-capacity",
+            "socket",
+            "timezone",
+            "time-zone",
+        ],
+        "sqlite" => &["mode", "cache", "immutable", "vfs"],
+        _ => &[],
+    }
+}
+
+/// Refuses a parameter that is neither distlock's nor one sqlx reads for
+/// `scheme` (compared as sqlx reads it, percent-decoded).
+fn check_sqlx_key(key: &str, scheme: &str) -> Result<()> {
+    let decoded = percent_decode(key);
+    let keys = sqlx_keys(scheme);
+    let pg_option = matches!(scheme, "postgres" | "postgresql")
+        && decoded
+            .strip_prefix("options[")
+            .and_then(|k| k.strip_suffix(']'))
+            .is_some_and(|k| !k.is_empty());
+    if pg_option || keys.contains(&decoded.as_str()) {
+        return Ok(());
+    }
+    let own = match scheme {
+        "postgres" | "postgresql" => "table, pool_size, observe_recheck_ms, fifo, queue_lease_ms",
+        "mysql" | "mariadb" => "table, pool_size, fifo, queue_lease_ms",
+        _ => "table, pool_size",
+    };
+    let extra = if matches!(scheme, "postgres" | "postgresql") {
+        ", options[NAME]"
+    } else {
+        ""
+    };
+    Err(Error::invalid(
+        InputKind::Url,
+        format!(
+            "{scheme}:// URL: unknown parameter {decoded:?}; the parameters are {own}, {}{extra}",
+            keys.join(", ")
+        ),
     ))
 }
 
@@ -526,6 +608,37 @@ mod tests {
         ] {
             let text = is_invalid(SqlConfig::default().take_url_options(url));
             assert!(text.contains("given twice"), "{text}");
+            assert!(!text.contains("hunter2"), "{text}");
+        }
+    }
+
+    /// Each scheme takes distlock's parameters and those sqlx reads for
+    /// it; a misspelt one (which sqlx would ignore) is refused by name.
+    #[test]
+    fn a_parameter_neither_distlock_nor_sqlx_reads_is_refused() {
+        for ok in [
+            "mysql://h/db?ssl-mode=REQUIRED&sslmode=DISABLED&ssl-ca=/a&sslca=/a&charset=utf8mb4&collation=x&time-zone=%2B00:00&timezone=UTC&socket=/s&statement-cache-capacity=9&sslcert=/c&ssl-key=/k",
+            "mariadb://h/db?fifo=true&queue_lease_ms=5000&ssl%2Dmode=DISABLED",
+            "postgres://h/db?sslmode=disable&ssl-root-cert=/a&host=h&hostaddr=127.0.0.1&port=1&dbname=d&user=u&password=p&application_name=a&options=-c%20x%3D1&options[search_path]=s",
+            "postgresql://h/db?observe_recheck_ms=9&ssl-ca=/a&sslkey=/k",
+            "sqlite://x.db?mode=rwc&cache=shared&immutable=false&vfs=unix&table=t",
+        ] {
+            assert!(SqlConfig::default().take_url_options(ok).is_ok(), "{ok}");
+        }
+        for (url, key) in [
+            ("mysql://u:hunter2@h/db?ssl_mode=REQUIRED", "\"ssl_mode\""),
+            ("mariadb://h/db?sslrootcert=/ca.pem", "\"sslrootcert\""),
+            ("mysql://h/db?application_name=x", "\"application_name\""),
+            ("postgres://h/db?ssl_mode=require", "\"ssl_mode\""),
+            ("postgres://h/db?charset=utf8", "\"charset\""),
+            ("postgres://h/db?options[]=x", "\"options[]\""),
+            ("postgresql://h/db?sslmode=require&tls", "\"tls\""),
+            ("sqlite://x.db?mdoe=ro", "\"mdoe\""),
+        ] {
+            let text = is_invalid(SqlConfig::default().take_url_options(url));
+            assert!(text.starts_with("invalid backend URL: "), "{text}");
+            assert!(text.contains(&format!("unknown parameter {key}")), "{text}");
+            assert!(text.contains("table, pool_size"), "{text}");
             assert!(!text.contains("hunter2"), "{text}");
         }
     }
