@@ -373,6 +373,20 @@ pub async fn a_cut_off_waiter_holds_up_the_queue_only_until_its_entry_lapses(
         g.release().await?;
         return Err("a try took the turn of a queued waiter whose entry still lives".into());
     }
+    // Nor does a multi-lock that takes the name with another.
+    if what.limit.is_none() && !what.shared && !what.election {
+        let all = other
+            .lock_all([what.name.clone(), format!("{}-other", what.name)])
+            .ttl(TTL)
+            .try_acquire()
+            .await?;
+        if let Some(g) = all {
+            g.release().await?;
+            return Err(
+                "a multi-lock took the turn of a queued waiter whose entry still lives".into(),
+            );
+        }
+    }
     let bound = lease + lease / 3 + Duration::from_secs(5);
     let got = tokio::time::timeout(bound, waiting)
         .await

@@ -607,9 +607,13 @@ impl Backend for RedisBackend {
     }
 
     /// One script for every lock, on a single server or Sentinel's master;
-    /// not in Cluster, where the locks' keys live in different slots.
+    /// not in Cluster, where the locks' keys live in different slots, nor
+    /// with `fifo`, whose queues only the single acquire reads.
     async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
-        if self.inner.conn.is_cluster() || reqs.iter().any(|r| r.kind != HoldKind::Exclusive) {
+        if self.inner.conn.is_cluster()
+            || self.inner.config.fifo
+            || reqs.iter().any(|r| r.kind != HoldKind::Exclusive)
+        {
             return Ok(AllAtOnce::NotOffered);
         }
         let began = Instant::now();

@@ -847,7 +847,15 @@ impl Backend for SqlBackend {
     /// PostgreSQL: one statement; SQLite and MySQL: one transaction; each
     /// run to completion in a task of its own.
     async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
-        if reqs.iter().any(|r| r.kind != HoldKind::Exclusive) {
+        // PostgreSQL's wait queue (`fifo`) is read by the single acquire
+        // alone: there a multi-lock takes its names one at a time.
+        let queued = match &self.inner.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(db) => db.queue.is_some(),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        };
+        if queued || reqs.iter().any(|r| r.kind != HoldKind::Exclusive) {
             return Ok(AllAtOnce::NotOffered);
         }
         for r in reqs {
