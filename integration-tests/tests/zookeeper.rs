@@ -282,6 +282,9 @@ async fn parent_and_child_locks(f: Arc<Zk>) -> Result<(), Failed> {
         ("u", "u/db-lock-0"),
         ("v", "v/a-__READ__0"),
         ("w", "w/x-latch-0"),
+        // Ending in a marker and a sequence as ZooKeeper writes it.
+        ("y", "y/db-lock-0000000001"),
+        ("z", "z/x-latch-0000000001"),
     ] {
         let (parent, child) = (format!("{ns}/{parent}"), format!("{ns}/{child}"));
         for name in [&child, &parent, &child] {

@@ -175,13 +175,19 @@ enum Role {
     Write,
 }
 
-/// The sequence number at the end of `child` after `marker`, if it is
-/// written as ZooKeeper writes a sequential node's (see [`SeqSuffix`]):
-/// ten digits, or nineteen. A lock's node also has the nodes of longer
-/// names as children (`db-lock-1` for the lock `jobs/db-lock-1`), which
-/// must not count as queue nodes.
+/// The sequence number of `child` if it is named as Curator's protected
+/// nodes are, and distlock's: `_c_<36-character id>-<marker><sequence>`
+/// (or an unprotected `<marker><sequence>`), the sequence written as ZooKeeper writes a sequential node's (see
+/// [`SeqSuffix`]): ten digits, or nineteen. A lock's node also has the
+/// nodes of longer names as children (`db-lock-0000000001` for the lock
+/// `jobs/db-lock-0000000001`), which must not count as queue nodes.
 fn suffix_sequence(child: &str, marker: &str) -> Option<i64> {
-    let (_, seq) = child.rsplit_once(marker)?;
+    let named = match child.strip_prefix("_c_") {
+        Some(rest) => rest.get(36..)?.strip_prefix('-')?,
+        // An unprotected node: the marker alone before the sequence.
+        None => child,
+    };
+    let seq = named.strip_prefix(marker)?;
     if !matches!(seq.len(), 10 | 19) || !seq.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -1172,33 +1178,45 @@ mod tests {
 
     #[test]
     fn children_sort_by_their_sequence() {
-        assert_eq!(sequence("_c_0a1b-lock-0000000042"), Some(42));
-        assert_eq!(sequence("x-lock-0000000001"), Some(1));
+        assert_eq!(
+            sequence("_c_0a1b00000000000000000000000000000000-lock-0000000042"),
+            Some(42)
+        );
+        assert_eq!(sequence("lock-0000000001"), Some(1));
+        // A longer name's node that ends like one is no queue node.
+        assert_eq!(sequence("x-lock-0000000001"), None);
+        assert_eq!(sequence("_c_short-lock-0000000001"), None);
         assert_eq!(sequence("lease-x"), None);
     }
 
     #[test]
     fn children_of_every_marker_queue_by_sequence() {
         assert_eq!(
-            parse_child("_c_0a1b-__READ__0000000007"),
+            parse_child("_c_0a1b00000000000000000000000000000000-__READ__0000000007"),
             Some((7, Role::Read))
         );
         assert_eq!(
-            parse_child("_c_0a1b-__WRIT__0000000008"),
+            parse_child("_c_0a1b00000000000000000000000000000000-__WRIT__0000000008"),
             Some((8, Role::Write))
         );
         assert_eq!(
-            parse_child("_c_0a1b-lock-0000000009"),
+            parse_child("_c_0a1b00000000000000000000000000000000-lock-0000000009"),
             Some((9, Role::Write))
         );
-        assert_eq!(parse_child("_c_0a1b-__READ__"), None);
-        assert_eq!(parse_child("_c_0a1b-lock-+9"), None);
+        assert_eq!(
+            parse_child("_c_0a1b00000000000000000000000000000000-__READ__"),
+            None
+        );
+        assert_eq!(
+            parse_child("_c_0a1b00000000000000000000000000000000-lock-+9"),
+            None
+        );
         let queue = in_queue_order(
             vec![
-                "_c_c-lock-0000000003".into(),
-                "_c_b-__READ__0000000002".into(),
-                "_c_a-__WRIT__0000000001".into(),
-                "_c_d-latch-0000000000".into(),
+                "_c_c00000000000000000000000000000000000-lock-0000000003".into(),
+                "_c_b00000000000000000000000000000000000-__READ__0000000002".into(),
+                "_c_a00000000000000000000000000000000000-__WRIT__0000000001".into(),
+                "_c_d00000000000000000000000000000000000-latch-0000000000".into(),
                 "leader".into(),
             ],
             HoldKind::Exclusive,
@@ -1206,9 +1224,9 @@ mod tests {
         assert_eq!(
             queue,
             [
-                "_c_a-__WRIT__0000000001",
-                "_c_b-__READ__0000000002",
-                "_c_c-lock-0000000003"
+                "_c_a00000000000000000000000000000000000-__WRIT__0000000001",
+                "_c_b00000000000000000000000000000000000-__READ__0000000002",
+                "_c_c00000000000000000000000000000000000-lock-0000000003"
             ]
         );
     }
@@ -1219,36 +1237,60 @@ mod tests {
             assert_eq!(parse_child(segment), None, "{segment}");
             assert_eq!(latch_sequence(segment), None, "{segment}");
         }
-        assert_eq!(sequence("_c_0a1b-lock-0000000002147483648"), Some(1 << 31));
+        assert_eq!(
+            sequence("_c_0a1b00000000000000000000000000000000-lock-0000000002147483648"),
+            Some(1 << 31)
+        );
         assert_eq!(
             in_queue_order(
-                vec!["db-lock-0".into(), "_c_a-lock-0000000003".into()],
+                vec![
+                    "db-lock-0".into(),
+                    "_c_a00000000000000000000000000000000000-lock-0000000003".into()
+                ],
                 HoldKind::Exclusive
             ),
-            ["_c_a-lock-0000000003"]
+            ["_c_a00000000000000000000000000000000000-lock-0000000003"]
         );
     }
 
     #[test]
     fn campaigns_queue_by_the_sequence_after_latch_and_ignore_lock_nodes() {
-        assert_eq!(latch_sequence("_c_0a1b-latch-0000000042"), Some(42));
+        assert_eq!(
+            latch_sequence("_c_0a1b00000000000000000000000000000000-latch-0000000042"),
+            Some(42)
+        );
         assert_eq!(latch_sequence("latch-0000000007"), Some(7));
-        assert_eq!(latch_sequence("_c_0a1b-lock-0000000042"), None);
-        assert_eq!(latch_sequence("_c_0a1b-latch-"), None);
-        assert_eq!(sequence("_c_0a1b-latch-0000000042"), None);
+        assert_eq!(
+            latch_sequence("_c_0a1b00000000000000000000000000000000-lock-0000000042"),
+            None
+        );
+        assert_eq!(
+            latch_sequence("_c_0a1b00000000000000000000000000000000-latch-"),
+            None
+        );
+        assert_eq!(
+            sequence("_c_0a1b00000000000000000000000000000000-latch-0000000042"),
+            None
+        );
         let children: Vec<String> = vec![
-            "_c_a-lock-0000000001".into(),
-            "_c_b-latch-0000000004".into(),
-            "_c_c-__READ__0000000002".into(),
-            "_c_d-latch-0000000003".into(),
+            "_c_a00000000000000000000000000000000000-lock-0000000001".into(),
+            "_c_b00000000000000000000000000000000000-latch-0000000004".into(),
+            "_c_c00000000000000000000000000000000000-__READ__0000000002".into(),
+            "_c_d00000000000000000000000000000000000-latch-0000000003".into(),
         ];
         assert_eq!(
             in_queue_order(children.clone(), HoldKind::Leader),
-            ["_c_d-latch-0000000003", "_c_b-latch-0000000004"]
+            [
+                "_c_d00000000000000000000000000000000000-latch-0000000003",
+                "_c_b00000000000000000000000000000000000-latch-0000000004"
+            ]
         );
         assert_eq!(
             in_queue_order(children, HoldKind::Exclusive),
-            ["_c_a-lock-0000000001", "_c_c-__READ__0000000002"]
+            [
+                "_c_a00000000000000000000000000000000000-lock-0000000001",
+                "_c_c00000000000000000000000000000000000-__READ__0000000002"
+            ]
         );
     }
 
@@ -1261,7 +1303,7 @@ mod tests {
             "__WRIT__0000000004",
             "__READ__0000000005",
         ]
-        .map(|c| format!("_c_x-{c}"))
+        .map(|c| format!("_c_x00000000000000000000000000000000000-{c}"))
         .to_vec();
         assert_eq!(blocker(&q, 0, HoldKind::Shared), None);
         assert_eq!(blocker(&q, 0, HoldKind::Exclusive), None);
@@ -1270,8 +1312,8 @@ mod tests {
         assert_eq!(blocker(&q, 1, HoldKind::Exclusive), Some((0, true)));
         assert_eq!(blocker(&q, 3, HoldKind::Exclusive), Some((2, false)));
         let readers: Vec<String> = vec![
-            "_c_a-__READ__0000000001".into(),
-            "_c_b-__READ__0000000002".into(),
+            "_c_a00000000000000000000000000000000000-__READ__0000000001".into(),
+            "_c_b00000000000000000000000000000000000-__READ__0000000002".into(),
         ];
         assert_eq!(blocker(&readers, 1, HoldKind::Shared), None);
     }
@@ -1281,9 +1323,18 @@ mod tests {
         assert_eq!(SeqSuffix(42).to_string(), "0000000042");
         assert_eq!(SeqSuffix(i64::from(i32::MAX)).to_string(), "2147483647");
         assert_eq!(SeqSuffix(1 << 31).to_string(), "0000000002147483648");
-        for child in ["_c_x-lock-0000000042", "_c_x-lock-0000000002147483648"] {
+        for child in [
+            "_c_x00000000000000000000000000000000000-lock-0000000042",
+            "_c_x00000000000000000000000000000000000-lock-0000000002147483648",
+        ] {
             let seq = sequence(child).unwrap();
-            assert_eq!(format!("_c_x-lock-{}", SeqSuffix(seq)), child);
+            assert_eq!(
+                format!(
+                    "_c_x00000000000000000000000000000000000-lock-{}",
+                    SeqSuffix(seq)
+                ),
+                child
+            );
         }
     }
 }

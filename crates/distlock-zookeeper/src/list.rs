@@ -332,8 +332,14 @@ mod tests {
         assert!(is_segment("x-latch-7"));
         assert!(!is_segment("@semaphores"));
         assert!(!is_segment("@permits"));
-        assert!(!is_segment("_c_x-lock-0000000001"));
-        assert!(!is_segment("_c_x-latch-0000000001"));
-        assert!(!is_segment("_c_x-__READ__0000000001"));
+        assert!(!is_segment(
+            "_c_x00000000000000000000000000000000000-lock-0000000001"
+        ));
+        assert!(!is_segment(
+            "_c_x00000000000000000000000000000000000-latch-0000000001"
+        ));
+        assert!(!is_segment(
+            "_c_x00000000000000000000000000000000000-__READ__0000000001"
+        ));
     }
 }
