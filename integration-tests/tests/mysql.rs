@@ -63,6 +63,17 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::tls_demanded_of_a_server_without_it_is_misconfigured",
+                {
+                    let f = f.clone();
+                    async move {
+                        sql_support::tls_demanded_of_a_plain_server(&f.url()?, "ssl-mode=REQUIRED")
+                            .await
+                    }
+                },
+            ),
+            trial(
+                rt,
                 "mysql::fifo::grants_in_arrival_order_waking_only_the_head",
                 fifo_order(sql_support::queued_row(false, "fifo/order"), 1),
             ),

@@ -64,6 +64,17 @@ fn main() {
             ),
             trial(
                 rt,
+                "postgres::tls_demanded_of_a_server_without_it_is_misconfigured",
+                {
+                    let f = f.clone();
+                    async move {
+                        sql_support::tls_demanded_of_a_plain_server(&f.url()?, "sslmode=require")
+                            .await
+                    }
+                },
+            ),
+            trial(
+                rt,
                 "postgres::the_longest_table_name_serves_every_kind",
                 sql_support::the_longest_table_name_serves_every_kind(f.clone()),
             ),

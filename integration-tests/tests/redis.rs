@@ -1038,6 +1038,10 @@ async fn sent_again() -> Result<(), Failed> {
         if !b.release(&req).await? {
             return Err("the lock taken again was not held".into());
         }
+        // The release sent again: the first one freed it.
+        if b.release(&req).await? {
+            return Err("a release sent again answered held".into());
+        }
     }
     let b = RedisBackend::connect(&format!("redis://127.0.0.1:{}", node.port)).await?;
     let reqs: Vec<LockRequest> = ["again/a", "again/b"]

@@ -404,6 +404,7 @@ mod tests {
         assert_eq!((c.prefix.as_str(), c.wait_replicas), ("app:", 1));
         assert_eq!(c.observe_recheck, Duration::from_secs(60));
         assert!(!c.fifo && c.queue_lease == Duration::from_secs(3));
+        assert!(p("redis://a:1?fifo=true&queue_lease_ms=30").is_ok());
         let (_, c) = p("redis://a:1?fifo=true&queue_lease_ms=600").unwrap();
         assert!(c.fifo && c.queue_lease == Duration::from_millis(600));
         let (t, _) = p("redis+sentinel://a:26379,b:26380/mymaster/3").unwrap();
@@ -454,6 +455,9 @@ mod tests {
             "redis://a:1?prefix={x}",
             "redis://a:1?fifo=maybe",
             "redis://a:1?queue_lease_ms=0",
+            "redis://a:1?queue_lease_ms=29",
+            "redis://a:1?timeout_ms=0",
+            "redis://a:1?observe_recheck_ms=0",
             "memcached://a:1",
         ] {
             assert!(

@@ -524,6 +524,18 @@ mod tests {
         is_invalid(SqlConfig::default().with_pool_size(0).validate());
     }
 
+    /// A waiter renews its queue entry every third of `queue_lease_ms`:
+    /// 30 ms is the least that leaves it 10.
+    #[test]
+    fn a_queue_lease_below_30_ms_is_refused() {
+        for (ms, ok) in [(29, false), (30, true)] {
+            let mut c = SqlConfig::default();
+            c.take_url_options(&format!("postgres://h/db?fifo=true&queue_lease_ms={ms}"))
+                .unwrap();
+            assert_eq!(c.validate().is_ok(), ok, "queue_lease_ms={ms}");
+        }
+    }
+
     #[test]
     fn durations_outside_their_range_are_refused() {
         for query in [

@@ -1082,3 +1082,15 @@ where
         }
     }
 }
+
+/// A URL that demands TLS of a server that speaks none (`param` added to
+/// the plain server's URL) is `Misconfigured` at connect, not retryable.
+pub async fn tls_demanded_of_a_plain_server(url: &str, param: &str) -> Result<(), Failed> {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{sep}{param}");
+    match SqlBackend::connect(&url).await {
+        Ok(_) => Err(format!("{param} connected to a server without TLS").into()),
+        Err(e @ distlock_core::Error::Misconfigured { .. }) if !e.is_retryable() => Ok(()),
+        Err(e) => Err(format!("{param} to a server without TLS gave {e:?}").into()),
+    }
+}
