@@ -905,7 +905,21 @@ async fn listens_only_while_waiting(f: std::sync::Arc<SqlFactory>) -> Result<(),
         .ttl(Duration::from_secs(120))
         .acquire()
         .await?;
-    let w = {
+    // Three tasks wait, on two names: one listening connection for all.
+    let others = ["listening/other", "listening/third"];
+    let held_others = [
+        holder
+            .lock(others[0])
+            .ttl(Duration::from_secs(120))
+            .acquire()
+            .await?,
+        holder
+            .lock(others[1])
+            .ttl(Duration::from_secs(120))
+            .acquire()
+            .await?,
+    ];
+    let wait = |name: &'static str| {
         let waiter = waiter.clone();
         tokio::spawn(async move {
             waiter
@@ -915,18 +929,36 @@ async fn listens_only_while_waiting(f: std::sync::Arc<SqlFactory>) -> Result<(),
                 .await
         })
     };
+    let w = wait(name);
+    let waits = [wait(others[0]), wait(others[1])];
     until(1, "a waiting acquire did not LISTEN").await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let n = listening(&admin, &app).await?.len();
+    if n != 1 {
+        return Err(
+            format!("three waiting tasks of one backend hold {n} LISTEN connections").into(),
+        );
+    }
     h.release().await?;
     let got = tokio::time::timeout(Duration::from_secs(15), w)
         .await
         .map_err(|_| Failed::from("waiter not woken by NOTIFY"))?
         .map_err(|e| e.to_string())??;
+    got.release().await?;
+    for (held, w) in held_others.into_iter().zip(waits) {
+        held.release().await?;
+        tokio::time::timeout(Duration::from_secs(15), w)
+            .await
+            .map_err(|_| Failed::from("waiter not woken by NOTIFY"))?
+            .map_err(|e| e.to_string())??
+            .release()
+            .await?;
+    }
     until(
         0,
         "the LISTEN connection stayed open after its last waiter got the lock",
     )
     .await?;
-    got.release().await?;
     Ok(())
 }
 
