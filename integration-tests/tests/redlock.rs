@@ -967,14 +967,15 @@ async fn fifo_order(
         fifo_queue_len(ports, queue),
         requests,
         // The holder's `holds` releases, 20 rounds and 20 releases, of 3
-        // calls each; the last release returns once a quorum answered, so
-        // its third call may come after the count. A head woken by one
+        // calls each. A release or round returns once a quorum answered,
+        // and its third node's call, still unsent when the node timeout
+        // passes (a loaded machine), is dropped: at least 2 calls each. A head woken by one
         // node's message that waits out the others' (a loaded machine)
         // tries once too early: a round and its rollback, 6 calls more.
         // Readers told `together` all go round at once, and any of them
         // may be that early once. A waiter other than the head asking at a
         // handoff would cost 6 calls per waiter woken, at every handoff.
-        6 * n as u64 + 3 * holds - 1..=early * n as u64 + 3 * holds,
+        4 * n as u64 + 2 * holds..=early * n as u64 + 3 * holds,
     )
     .await
 }

@@ -60,6 +60,7 @@ pub mod cases;
 pub mod election;
 pub mod holder;
 pub mod multi;
+pub mod names;
 pub mod rwlock;
 pub mod self_check;
 pub mod semaphore;
@@ -118,6 +119,7 @@ fn all_cases() -> impl Iterator<Item = (&'static str, CaseFn, Needs)> {
     let exclusive = cases::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
     let multi = multi::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
     let holders = holder::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
+    let names = names::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
     let permits = semaphore::ALL
         .iter()
         .map(|(n, f)| (*n, *f, Needs::Semaphore));
@@ -128,6 +130,7 @@ fn all_cases() -> impl Iterator<Item = (&'static str, CaseFn, Needs)> {
     exclusive
         .chain(multi)
         .chain(holders)
+        .chain(names)
         .chain(permits)
         .chain(shared)
         .chain(elections)

@@ -176,18 +176,14 @@ enum Role {
 }
 
 /// The sequence number of `child` if it is named as Curator's protected
-/// nodes are, and distlock's: `_c_<36-character id>-<marker><sequence>`
-/// (or an unprotected `<marker><sequence>`), the sequence written as ZooKeeper writes a sequential node's (see
+/// nodes are, and distlock's: `_c_<36-character id>-<marker><sequence>`,
+/// the sequence written as ZooKeeper writes a sequential node's (see
 /// [`SeqSuffix`]): ten digits, or nineteen. A lock's node also has the
 /// nodes of longer names as children (`db-lock-0000000001` for the lock
 /// `jobs/db-lock-0000000001`), which must not count as queue nodes.
 fn suffix_sequence(child: &str, marker: &str) -> Option<i64> {
-    let named = match child.strip_prefix("_c_") {
-        Some(rest) => rest.get(36..)?.strip_prefix('-')?,
-        // An unprotected node: the marker alone before the sequence.
-        None => child,
-    };
-    let seq = named.strip_prefix(marker)?;
+    let rest = child.strip_prefix("_c_")?;
+    let seq = rest.get(36..)?.strip_prefix('-')?.strip_prefix(marker)?;
     if !matches!(seq.len(), 10 | 19) || !seq.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -1182,8 +1178,8 @@ mod tests {
             sequence("_c_0a1b00000000000000000000000000000000-lock-0000000042"),
             Some(42)
         );
-        assert_eq!(sequence("lock-0000000001"), Some(1));
         // A longer name's node that ends like one is no queue node.
+        assert_eq!(sequence("lock-0000000001"), None);
         assert_eq!(sequence("x-lock-0000000001"), None);
         assert_eq!(sequence("_c_short-lock-0000000001"), None);
         assert_eq!(sequence("lease-x"), None);
@@ -1259,7 +1255,7 @@ mod tests {
             latch_sequence("_c_0a1b00000000000000000000000000000000-latch-0000000042"),
             Some(42)
         );
-        assert_eq!(latch_sequence("latch-0000000007"), Some(7));
+        assert_eq!(latch_sequence("latch-0000000007"), None);
         assert_eq!(
             latch_sequence("_c_0a1b00000000000000000000000000000000-lock-0000000042"),
             None
