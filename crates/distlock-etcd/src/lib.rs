@@ -1013,7 +1013,9 @@ impl EtcdBackend {
     /// keys says whether the name's own keys keep me out.
     async fn settle(&self, (mut q, unsure): (Queued, bool), req: &LockRequest) -> Result<Queued> {
         if unsure && !q.blocked {
-            match self.look_ahead(&q, req).await? {
+            // Boxed: off the common path, and the enqueue's future would
+            // otherwise carry a transaction's future in every acquire.
+            match Box::pin(self.look_ahead(&q, req)).await? {
                 Ahead::Clear(token) => q.token_rev = token,
                 Ahead::Behind(..) | Ahead::Vanished => q.blocked = true,
             }
