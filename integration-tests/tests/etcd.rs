@@ -1000,21 +1000,46 @@ async fn refused_credentials(f: Arc<Etcd>) -> Result<(), Failed> {
     Ok(())
 }
 
-/// A client idle for longer than its auth token lives (etcd's
-/// `--auth-token-ttl`, 300 s by default, 2 s on this member) logs in again
-/// on its next request, which succeeds.
-async fn expired_token() -> Result<(), Failed> {
-    let (member, ca) =
-        tokio::task::spawn_blocking(|| server::spawn_tls_with(&["--auth-token-ttl=2"]))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+/// A TLS member started by `spawn`, with authentication turned on as
+/// [`enable_auth`] does: the member, the URL of its user `app`, and its CA.
+async fn auth_member<F>(
+    spawn: F,
+) -> Result<
+    (
+        integration_tests::harness::ServerProcess,
+        String,
+        std::path::PathBuf,
+    ),
+    Failed,
+>
+where
+    F: FnOnce() -> Result<
+            (
+                integration_tests::harness::ServerProcess,
+                std::path::PathBuf,
+            ),
+            integration_tests::harness::HarnessError,
+        > + Send
+        + 'static,
+{
+    let (member, ca) = tokio::task::spawn_blocking(spawn)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
     let endpoint = format!("127.0.0.1:{}", member.port);
     let (ep, ca_file) = (endpoint.clone(), ca.clone());
     tokio::task::spawn_blocking(move || enable_auth(&ep, &ca_file))
         .await
         .map_err(|e| e.to_string())??;
     let url = format!("etcds://app:app-pw@{endpoint}?ca_file={}", ca.display());
+    Ok((member, url, ca))
+}
+
+/// A client idle for longer than its auth token lives (etcd's
+/// `--auth-token-ttl`, 300 s by default, 2 s on this member) logs in again
+/// on its next request, which succeeds.
+async fn expired_token() -> Result<(), Failed> {
+    let (member, url, _) = auth_member(|| server::spawn_tls_with(&["--auth-token-ttl=2"])).await?;
     let client = LockClient::new(EtcdBackend::connect(&url).await?);
     let lock = name();
     client
@@ -1043,16 +1068,8 @@ async fn expired_token() -> Result<(), Failed> {
 /// A client logs in again and goes on: a hold taken before the change is
 /// still held and released, and new acquisitions succeed.
 async fn old_auth_revision() -> Result<(), Failed> {
-    let (member, ca) = tokio::task::spawn_blocking(server::spawn_tls_jwt)
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let (member, url, ca) = auth_member(server::spawn_tls_jwt).await?;
     let endpoint = format!("127.0.0.1:{}", member.port);
-    let (ep, ca_file) = (endpoint.clone(), ca.clone());
-    tokio::task::spawn_blocking(move || enable_auth(&ep, &ca_file))
-        .await
-        .map_err(|e| e.to_string())??;
-    let url = format!("etcds://app:app-pw@{endpoint}?ca_file={}", ca.display());
     let client = LockClient::new(EtcdBackend::connect(&url).await?);
     let waiter = LockClient::new(EtcdBackend::connect(&url).await?);
     let held_name = name();
