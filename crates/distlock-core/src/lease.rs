@@ -284,7 +284,9 @@ impl Lease {
         self.free_permit();
     }
 
-    fn free_permit(&self) {
+    /// Lets the next local waiter in (the lease is over, whatever the
+    /// server still has to answer about it).
+    pub(crate) fn free_permit(&self) {
         lock(&self.permit).take();
     }
 }

@@ -218,24 +218,39 @@ impl Hold {
     pub(crate) async fn finish(&self) -> Result<bool> {
         let lease = &self.lease;
         // Past the lease's deadline the server has let it go whatever the
-        // release answers: a release the network never answers must not
-        // keep the name from this client's other tasks for ever.
+        // release answers: a release the network has not answered by then
+        // no longer keeps the name from this client's other tasks. Its
+        // answer (owner-checked: a late release is refused, not applied to
+        // a later holder) is still awaited for one TTL more, so a release
+        // that starts late, as from a holder paused past its deadline,
+        // gets the server's word rather than a timeout.
         let deadline = lease.deadline();
         lease.mark_released();
         let span =
             tracing::debug_span!("distlock.release", lock = %lease.req.name, token = %lease.token);
         let release = self.keeper.backend.release(&lease.req).instrument(span);
         let result = match deadline {
-            Some(d) => tokio::time::timeout_at(d, release).await.unwrap_or_else(|_| {
-                Err(Error::unavailable(
-                    "distlock",
-                    format!(
-                        "the release of {} had no answer by the lease's deadline, where the lease ends anyway",
-                        lease.req.name
-                    ),
-                    None,
-                ))
-            }),
+            Some(d) => {
+                tokio::pin!(release);
+                match tokio::time::timeout_at(d, &mut release).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        lease.free_permit();
+                        tokio::time::timeout(lease.req.ttl, release)
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(Error::unavailable(
+                                    "distlock",
+                                    format!(
+                                        "the release of {} had no answer one TTL past the lease's deadline, where the lease ended anyway",
+                                        lease.req.name
+                                    ),
+                                    None,
+                                ))
+                            })
+                    }
+                }
+            }
             None => release.await,
         };
         match &result {
