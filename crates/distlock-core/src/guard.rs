@@ -115,9 +115,13 @@ impl LockGuard {
     /// Extends the lease to `ttl` from now (a TTL the lock could be
     /// acquired with, else [`Error::InvalidInput`]); renewal, if on, goes on
     /// before the new deadline with the lock's own TTL. On rejection the
-    /// guard is marked lost and [`Error::LeaseLost`] is returned. An extend
+    /// guard is marked lost and [`Error::LeaseLost`] is returned, as it is
+    /// when the guard was reported lost before the answer came. An extend
     /// that fails or is cancelled may still have reached the server, so the
-    /// deadline then moves to the earlier of the old one and this one's.
+    /// deadline then moves to the earlier of the old one and this one's;
+    /// one cancelled may land later still, so every renewal after it
+    /// promises no more than this TTL past its own sending (a short one
+    /// cancelled on a long lease ends the hold at its next deadline).
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let Hold { keeper, lease, .. } = &**self.hold();
         self.not_lost()?;
@@ -136,7 +140,9 @@ impl LockGuard {
                     drop(r);
                     keeper.rearm(lease);
                 }
-                Ok(())
+                // Reported lost while the answer was on its way (and
+                // released on the server since): the extend holds nothing.
+                self.not_lost()
             }
             Ok(false) => Err(self.rejected()),
             Err(e) => Err(e),
@@ -184,7 +190,9 @@ impl LockGuard {
             .instrument(span)
             .await?
         {
-            Ok(())
+            // Lost while the answer was on its way: the value went with a
+            // leadership already given up.
+            self.not_lost()
         } else {
             Err(self.rejected())
         }
@@ -282,9 +290,10 @@ impl<'a> OutExtend<'a> {
 }
 
 impl Drop for OutExtend<'_> {
+    /// Given up unanswered: the extend stays out in the lease's count (it
+    /// may still land, after any later one).
     fn drop(&mut self) {
         if !self.answered {
-            lock(&self.lease.renewal).answered(self.id);
             self.settle();
         }
     }

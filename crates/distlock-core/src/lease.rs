@@ -36,13 +36,20 @@ pub(crate) enum HoldState {
 /// anyone.
 pub(crate) struct StateCell {
     now: Mutex<HoldState>,
+    /// The deadline of the last Held state, kept once the lease leaves it.
+    last_deadline: Mutex<Option<Instant>>,
     settled: Notify,
 }
 
 impl StateCell {
     fn new(state: HoldState) -> Self {
+        let last = match state {
+            HoldState::Held { deadline } => Some(deadline),
+            _ => None,
+        };
         Self {
             now: Mutex::new(state),
+            last_deadline: Mutex::new(last),
             settled: Notify::new(),
         }
     }
@@ -57,6 +64,9 @@ impl StateCell {
     fn update_if(&self, f: impl FnOnce(&mut HoldState) -> bool) -> bool {
         let mut s = lock(&self.now);
         let changed = f(&mut s);
+        if let HoldState::Held { deadline } = *s {
+            *lock(&self.last_deadline) = Some(deadline);
+        }
         let settled = changed && !matches!(*s, HoldState::Held { .. });
         drop(s);
         if settled {
@@ -108,7 +118,9 @@ pub(crate) struct Renewal {
 /// cannot see (a pool sends them on different connections): one applied
 /// after another sets the lease's end, so a grant can only promise the
 /// earliest deadline among itself and every extend that may reach the
-/// server after it: one still out, or one answered after it was sent.
+/// server after it: one still out, or one answered after it was sent. An
+/// extend whose caller gave up on it stays out for the lease's life: it
+/// may still land at any time.
 #[derive(Debug, Default)]
 struct Outstanding {
     next: u64,
@@ -165,11 +177,20 @@ impl Renewal {
         // server: it sets the lease's end no more.
         let last_sent = e.sent.iter().map(|x| x.sent).max().unwrap_or(sent);
         e.sent.retain(|x| x.answered.is_none_or(|a| a >= last_sent));
+        // Another one still out, or answered after this one was sent, may
+        // reach the server after this one, and no earlier than this one
+        // was sent: its TTL from then at the earliest.
         let granted = e
             .sent
             .iter()
             .filter(|x| x.id == id || x.answered.is_none_or(|a| a > sent))
-            .map(|x| x.deadline)
+            .map(|x| {
+                if x.id == id {
+                    x.deadline
+                } else {
+                    x.deadline + sent.saturating_duration_since(x.sent)
+                }
+            })
             .min();
         if e.sent.iter().all(|x| x.answered.is_some()) {
             // The next extend is sent after all of these answered.
@@ -263,6 +284,13 @@ impl Lease {
         }
     }
 
+    /// The local deadline, or once lost or released the deadline it had
+    /// last: where the lease ends on the server at the earliest.
+    pub(crate) fn last_deadline(&self) -> Option<Instant> {
+        let _state = self.state.get();
+        *lock(&self.state.last_deadline)
+    }
+
     /// Reports the lease lost and lets the next local waiter in: a lost
     /// lease can protect nothing, so it must not keep the client's other
     /// tasks from acquiring anew.
@@ -333,5 +361,25 @@ mod tests {
         to(41).await;
         assert_eq!(r.answered(c), Some(at(70)));
         assert_eq!(r.answered(c), None);
+    }
+
+    /// An extend given up unanswered may land after any later one: every
+    /// later grant promises no more than its TTL from the later one's
+    /// sending.
+    #[tokio::test(start_paused = true)]
+    async fn an_extend_given_up_bounds_every_later_grant_by_its_ttl() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let to = |s: u64| tokio::time::advance(at(s) - Instant::now());
+        let mut r = Renewal::new(t0, true);
+        let _cut = r.sending(at(0), at(3));
+        to(1).await;
+        let renewal = r.sending(at(1), at(31));
+        to(2).await;
+        assert_eq!(r.answered(renewal), Some(at(4)));
+        to(10).await;
+        let next = r.sending(at(10), at(40));
+        to(11).await;
+        assert_eq!(r.answered(next), Some(at(13)));
     }
 }

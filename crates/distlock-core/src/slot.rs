@@ -224,7 +224,9 @@ impl Hold {
         // a later holder) is still awaited for one TTL more, so a release
         // that starts late, as from a holder paused past its deadline,
         // gets the server's word rather than a timeout.
-        let deadline = lease.deadline();
+        // A lease already lost, or released by a release cut short, has
+        // its last deadline still: the wait is bounded all the same.
+        let deadline = lease.last_deadline();
         lease.mark_released();
         let span =
             tracing::debug_span!("distlock.release", lock = %lease.req.name, token = %lease.token);

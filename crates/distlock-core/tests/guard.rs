@@ -29,6 +29,13 @@ struct Scripted {
     slow_releases_ms: AtomicUsize,
     /// Extends for this TTL (in ms) never answer.
     hang_extends_ms: AtomicUsize,
+    /// Extends reach the server at once, and the reply takes this many
+    /// milliseconds.
+    slow_extend_replies_ms: AtomicUsize,
+    /// Extends for this TTL (in ms) reach the server 600 ms later, from a
+    /// task of their own (so even when their caller gave up), and never
+    /// answer.
+    straggle_extends_ms: AtomicUsize,
     /// Acquires reach the server (and may be granted), and the reply never
     /// comes.
     hang_acquire_replies: AtomicBool,
@@ -55,10 +62,22 @@ impl Backend for Scripted {
         if self.fail_extend.load(Ordering::SeqCst) {
             return Err(Error::unavailable("scripted", "server unreachable", None));
         }
+        if req.ttl.as_millis() == self.straggle_extends_ms.load(Ordering::SeqCst) as u128 {
+            let (inner, req) = (self.inner.clone(), req.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                let _ = inner.extend(&req).await;
+            });
+            std::future::pending::<()>().await;
+        }
         if req.ttl.as_millis() == self.hang_extends_ms.load(Ordering::SeqCst) as u128 {
             std::future::pending::<()>().await;
         }
         let extended = self.inner.extend(req).await;
+        let slow = self.slow_extend_replies_ms.load(Ordering::SeqCst) as u64;
+        if slow > 0 {
+            tokio::time::sleep(Duration::from_millis(slow)).await;
+        }
         if self.extend_reply_lost.load(Ordering::SeqCst) {
             return Err(Error::unavailable("scripted", "reply lost", None));
         }
@@ -396,6 +415,138 @@ async fn a_release_that_never_answers_frees_the_name_at_the_leases_deadline() {
         "{released:?}"
     );
     assert!(started.elapsed() <= ttl * 2, "{:?}", started.elapsed());
+}
+
+/// A `release()` cut short (a timeout around it) goes on in the
+/// background; when that release does not answer either, it still frees
+/// the name for the client's other tasks at the lease's deadline, as an
+/// uncut release does.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_release_that_never_answers_frees_the_name_at_the_deadline() {
+    let (s, a, _) = setup();
+    let ttl = Duration::from_secs(3);
+    let g = a.lock("cut/unanswered").ttl(ttl).acquire().await.unwrap();
+    // The network is gone: the user's release and the background one hang.
+    s.hang_releases.store(2, Ordering::SeqCst);
+    let cut = tokio::time::timeout(Duration::from_millis(10), g.release()).await;
+    assert!(cut.is_err(), "the first release answered");
+    let again = tokio::time::timeout(
+        Duration::from_secs(30),
+        a.lock("cut/unanswered").ttl(ttl).acquire(),
+    )
+    .await;
+    assert!(
+        matches!(again, Ok(Ok(_))),
+        "the name is still kept from the client's other tasks 30 s after a 3 s lease ended: {again:?}"
+    );
+}
+
+/// `run` after a loss releases the lost guard; a release the network never
+/// answers does not keep `run` from returning the loss.
+#[tokio::test(start_paused = true)]
+async fn run_returns_a_loss_even_when_the_release_never_answers() {
+    let (s, a, _) = setup();
+    let ttl = Duration::from_secs(3);
+    // A partition: renewals fail, releases never answer.
+    s.fail_extend.store(true, Ordering::SeqCst);
+    s.hang_releases.store(usize::MAX, Ordering::SeqCst);
+    let ran = tokio::time::timeout(
+        Duration::from_secs(60),
+        a.lock("run/partitioned")
+            .ttl(ttl)
+            .run(std::future::pending::<()>()),
+    )
+    .await;
+    assert!(
+        matches!(ran, Ok(Err(Error::LeaseLost { .. }))),
+        "run had not returned 60 s after a 3 s lease was lost: {ran:?}"
+    );
+}
+
+/// An extend answered after the keeper reported the hold lost (and
+/// released it) does not report success.
+#[tokio::test(start_paused = true)]
+async fn an_extend_answered_after_the_loss_does_not_report_success() {
+    let (s, a, b) = setup();
+    let ttl = Duration::from_secs(3);
+    let g = a
+        .lock("extend/late")
+        .ttl(ttl)
+        .no_renew()
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert!(g.is_held());
+    // Applied by the server at once; its reply arrives a second later,
+    // after the local deadline.
+    s.slow_extend_replies_ms.store(1_000, Ordering::SeqCst);
+    let extended = g.extend(ttl).await;
+    let lost = tokio::time::timeout(Duration::ZERO, g.lost()).await;
+    let other = b.lock("extend/late").try_acquire().await.unwrap();
+    assert!(
+        extended.is_err() || (g.is_held() && lost.is_err() && other.is_none()),
+        "extend answered {extended:?}, yet is_held = {}, lost = {lost:?}, another client acquired = {}",
+        g.is_held(),
+        other.is_some()
+    );
+}
+
+/// An extend cut short may still reach the server, after an extend sent
+/// later; the later one's grant then promises no more than the cut one
+/// leaves.
+#[tokio::test(start_paused = true)]
+async fn a_cut_extend_that_lands_late_still_bounds_later_grants() {
+    let (s, a, b) = setup();
+    let g = a
+        .lock("extend/straggler")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    s.straggle_extends_ms.store(3_000, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Cut by the caller; it reaches the server at 0.7 s and ends the lease
+    // at 3.7 s.
+    let cut =
+        tokio::time::timeout(Duration::from_millis(10), g.extend(Duration::from_secs(3))).await;
+    assert!(cut.is_err(), "the straggling extend answered");
+    tokio::time::sleep(Duration::from_millis(90)).await;
+    // Sent after the cut one, answered at once.
+    g.extend(Duration::from_secs(30)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let other = b.lock("extend/straggler").try_acquire().await.unwrap();
+    assert!(
+        !(other.is_some() && g.is_held()),
+        "another client holds the lock while the guard reports it held until {:?} from now",
+        g.deadline().map(|d| d - Instant::now())
+    );
+}
+
+/// A wait whose request is never answered ends shortly after its deadline
+/// with `WaitTimeout`, not when the backend gives up, and what the request
+/// took on the server is released.
+#[tokio::test(start_paused = true)]
+async fn a_wait_whose_request_never_answers_ends_after_its_deadline() {
+    let (s, a, b) = setup();
+    s.hang_acquire_replies.store(true, Ordering::SeqCst);
+    let start = Instant::now();
+    let wait = Duration::from_secs(2);
+    let r = tokio::time::timeout(
+        Duration::from_secs(600),
+        a.lock("unanswered-wait").wait(wait).acquire(),
+    )
+    .await;
+    assert!(
+        matches!(r, Ok(Err(Error::WaitTimeout { .. }))),
+        "{:?}",
+        r.map(|r| r.map(|_| "granted"))
+    );
+    assert_eq!(start.elapsed(), wait + distlock_core::ANSWER_GRACE);
+    s.hang_acquire_replies.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let other = b.lock("unanswered-wait").try_acquire().await.unwrap();
+    assert!(other.is_some(), "the unanswered grant was never released");
 }
 
 /// A release the server answers only after the lease's deadline (as one
