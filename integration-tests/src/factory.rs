@@ -278,4 +278,7 @@ impl BackendFactory for Alternating {
     fn short_ttl(&self) -> Duration {
         self.a.short_ttl().max(self.b.short_ttl())
     }
+    fn renewed_ttl(&self) -> Duration {
+        self.a.renewed_ttl().max(self.b.renewed_ttl())
+    }
 }

@@ -234,9 +234,9 @@ pub async fn grants_in_arrival_order(
         )
         .await?;
     }
-    // Each waiter subscribes after its first refusal and asks once more.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = requests()?;
+    // Each waiter subscribes after its first refusal and asks once more:
+    // the count starts once those have landed.
+    let before = settled(&requests).await?;
     Queued::release_all(held).await?;
     for t in tasks {
         t.await.map_err(|e| e.to_string())??;
@@ -287,6 +287,20 @@ pub async fn grants_in_arrival_order(
         return Err(format!("{} queue entries left after every grant", queued()?).into());
     }
     Ok(())
+}
+
+/// What `requests` counts once it has not moved for 600 ms (at most 10 s
+/// of waiting): the requests still in flight have landed.
+pub async fn settled(requests: &Count) -> Result<u64, Failed> {
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    let (mut last, mut quiet) = (requests()?, 0);
+    while quiet < 3 && tokio::time::Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = requests()?;
+        quiet = if now == last { quiet + 1 } else { 0 };
+        last = now;
+    }
+    Ok(last)
 }
 
 /// As many waiters as the semaphore `what` has permits queue one after
@@ -537,11 +551,13 @@ pub async fn readers_never_pass_a_queued_writer(
     let holder = connect(url.to_string()).await?;
     let held = writer.hold_all(&holder).await?;
     let (granted, first_in) = tokio::sync::oneshot::channel();
+    // The first reader holds until the third waiter has queued.
+    let (done, release_first) = tokio::sync::oneshot::channel::<()>();
     let first = queue_up(connect(url.to_string()).await?, &reader, 1, &queued).await?;
     let first = tokio::spawn(async move {
         let g = first.await.map_err(|e| e.to_string())??;
         let _ = granted.send(());
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(30), release_first).await;
         let token = g.token();
         g.release().await?;
         Ok::<_, Failed>(token)
@@ -558,6 +574,7 @@ pub async fn readers_never_pass_a_queued_writer(
         return Err("a shared try passed a writer queued before it".into());
     }
     let third = queue_up(connect(url.to_string()).await?, &reader, 2, &queued).await?;
+    let _ = done.send(());
     let mut tokens = Vec::new();
     tokens.push(first.await.map_err(|e| e.to_string())??);
     for w in [second, third] {

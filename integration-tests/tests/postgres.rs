@@ -747,7 +747,9 @@ async fn terminated(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
         SqlBackend::connect(&f.url_with(&format!("application_name={app}"))?).await?,
     );
     let other = LockClient::new(f.connect(SqlConfig::default()).await?);
-    let ttl = Duration::from_millis(900);
+    // Long enough for the renewal after the kill to connect afresh (TCP
+    // and SCRAM) on a loaded machine before the deadline.
+    let ttl = Duration::from_secs(2);
     let g = victim.lock("terminated/conn").ttl(ttl).acquire().await?;
     let admin = sqlx::PgPool::connect(&f.url()?)
         .await
@@ -1315,12 +1317,18 @@ async fn notifies_only_while_awaited(f: Arc<SqlFactory>) -> Result<(), Failed> {
             .map_err(|_| "the waiter was not granted")?
             .map_err(|e| e.to_string())??;
         backend.release(&waiter).await?;
-        let notified = notified_within(&mut listener, quiet).await?;
         // An exclusive grant clears the mark; a shared one leaves it (a
         // writer refused by the readers would still wait), so the reader's
-        // release, freeing the row, notifies.
-        if waiter_kind == distlock_core::HoldKind::Exclusive && notified {
-            return Err("the release after the exclusive waiter's grant notified".into());
+        // release, freeing the row, notifies (awaited in full, so that it
+        // cannot land in the check after this one).
+        if waiter_kind == distlock_core::HoldKind::Exclusive {
+            if notified_within(&mut listener, quiet).await? {
+                return Err("the release after the exclusive waiter's grant notified".into());
+            }
+        } else if !notified_within(&mut listener, Duration::from_secs(5)).await? {
+            return Err(
+                "the release of the shared waiter's hold, freeing the row, did not notify".into(),
+            );
         }
         let next = exclusive();
         backend.try_acquire(&next).await?.ok_or("refused")?;
@@ -1650,10 +1658,11 @@ async fn unanswered_renewal() -> Result<(), Failed> {
     let ttl = Duration::from_secs(3);
     let first = client.lock("unanswered/a").ttl(ttl).acquire().await?;
     // Its first renewal goes out a third of the TTL after the grant, or a
-    // little earlier (renewals share a grid): lose that reply.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // little earlier (renewals share a grid): lose that reply, and only
+    // that one (nothing else is sent until then; the renewal's timer fires
+    // before this sleep's even if the process stalls).
     proxy.set_drop_replies(true);
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    tokio::time::sleep(Duration::from_millis(1600)).await;
     proxy.set_drop_replies(false);
     let later = client.lock("unanswered/b").ttl(ttl).acquire().await?;
     tokio::time::sleep(ttl * 3).await;

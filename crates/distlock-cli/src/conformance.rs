@@ -22,9 +22,9 @@ pub(crate) struct ConformanceArgs {
     /// instead of one line each.
     #[arg(long)]
     json: bool,
-    /// The TTL of the expiry cases. Default: 600ms, and 2s on etcd and
+    /// The TTL of the expiry cases. Default: 1s, and 3s on etcd and
     /// ZooKeeper (a session backend; a ZooKeeper whose minSessionTimeout is
-    /// above 2 s needs at least that). A TTL outside the backend's range is
+    /// above 3 s needs at least that). A TTL outside the backend's range is
     /// refused: exit 2.
     #[arg(long, value_parser = crate::parse_duration)]
     short_ttl: Option<Duration>,
@@ -238,10 +238,13 @@ impl ConformanceArgs {
 /// backend's lease or session to be honoured reliably.
 fn short_ttl(given: Option<Duration>, caps: &distlock::Capabilities) -> Result<Duration, String> {
     let Some(ttl) = given else {
+        // ZooKeeper's client drops a connection silent for 8 ticks of a
+        // twentieth of the session (1.2 s at 3 s): a shorter session is
+        // reported lost by a stall of a loaded machine.
         let default = if caps.session {
-            Duration::from_secs(2)
+            Duration::from_secs(3)
         } else {
-            Duration::from_millis(600)
+            Duration::from_secs(1)
         };
         return Ok(default.clamp(caps.min_ttl, caps.max_ttl));
     };
@@ -265,7 +268,7 @@ mod tests {
         assert_eq!(short_ttl(Some(caps.min_ttl), &caps).unwrap(), caps.min_ttl);
         assert_eq!(
             short_ttl(None, &caps).unwrap(),
-            Duration::from_millis(600).clamp(caps.min_ttl, caps.max_ttl)
+            Duration::from_secs(1).clamp(caps.min_ttl, caps.max_ttl)
         );
     }
 }

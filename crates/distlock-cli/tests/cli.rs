@@ -1211,27 +1211,45 @@ fn observe_prints_each_leader_and_a_lost_leadership_exits_76() {
             let _ = tx.send(line);
         }
     });
-    for value in ["first", "second"] {
-        let out = bin()
-            .args([
-                "elect",
-                "--backend",
-                &etcd.url,
-                "--value",
-                value,
-                "jobs/leader",
-                "--",
-                "sleep",
-                "1",
-            ])
-            .output()
-            .unwrap();
-        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
-    }
-    let seen: Vec<String> = (0..2)
-        .map(|_| rx.recv_timeout(Duration::from_secs(20)).unwrap())
-        .collect();
-    assert_eq!(seen, ["first", "second"]);
+    // The first leads until the observer has printed it (however late the
+    // observer starts), then is stopped and resigns; the second follows.
+    let first = bin()
+        .args([
+            "elect",
+            "--backend",
+            &etcd.url,
+            "--value",
+            "first",
+            "jobs/leader",
+            "--",
+            "sleep",
+            "30",
+        ])
+        .spawn()
+        .unwrap();
+    let seen_first = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    Command::new("kill")
+        .args(["-TERM", &first.id().to_string()])
+        .status()
+        .unwrap();
+    first.wait_with_output().unwrap();
+    let out = bin()
+        .args([
+            "elect",
+            "--backend",
+            &etcd.url,
+            "--value",
+            "second",
+            "jobs/leader",
+            "--",
+            "sleep",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let seen_second = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!([seen_first, seen_second], ["first", "second"]);
     observer.kill().unwrap();
     observer.wait().unwrap();
     // Leadership taken away on the server (its key deleted, as an

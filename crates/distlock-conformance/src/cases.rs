@@ -364,9 +364,9 @@ pub async fn vanished_holder_is_replaced_within_ttl_plus_one_second(
     // Connected first: a slow connect (TLS, password hashing) must not
     // count towards the TTL that the wait measures.
     let b = client(f).await?;
-    let (raw, _) = raw_hold(f, &req).await?;
+    let (raw, grant) = raw_hold(f, &req).await?;
     drop(raw);
-    replaced_after_ttl(req.ttl, || b.lock(&req.name)).await
+    replaced_after_ttl(req.ttl, grant.began, || b.lock(&req.name)).await
 }
 
 /// A raw client of `f` (no guard, no renewal) that holds `req`, and its
@@ -382,9 +382,12 @@ pub(crate) async fn raw_hold(
 
 /// What a vanished holder's replacement must see: `hold()` is refused at
 /// once, then granted after the vanished hold's `ttl` (not before half of
-/// it), and no later than a second past it.
+/// it since the vanished hold's request `began`, an instant no later than
+/// its grant, so a stall of the test cannot pass for an early end), and
+/// no later than a second past it.
 pub(crate) async fn replaced_after_ttl(
     ttl: Duration,
+    began: Instant,
     hold: impl Fn() -> distlock_core::LockBuilder,
 ) -> CaseResult {
     let start = Instant::now();
@@ -394,9 +397,10 @@ pub(crate) async fn replaced_after_ttl(
     );
     let g = hold().ttl(LONG_TTL).wait(ttl + BOUND).acquire().await?;
     let took = start.elapsed();
+    let lived = began.elapsed();
     ensure!(
-        took >= ttl / 2,
-        "freed after {took:?}, well before the vanished holder's {ttl:?} TTL"
+        lived >= ttl / 2,
+        "freed {lived:?} after the vanished hold was asked for, well before its {ttl:?} TTL"
     );
     ensure!(
         took <= ttl + Duration::from_secs(1),
@@ -461,7 +465,8 @@ pub async fn auto_renewal_keeps_lock_for_several_ttls(
     f: &dyn BackendFactory,
     ns: String,
 ) -> CaseResult {
-    with_extend(f, &ns, "renew", |lock, ttl| async move {
+    with_extend(f, &ns, "renew", |lock, _| async move {
+        let ttl = f.renewed_ttl();
         let (a, b) = (client(f).await?, client(f).await?);
         let g = a.lock(&lock).ttl(ttl).acquire().await?;
         tokio::time::sleep(ttl * 7 / 2).await;
@@ -546,6 +551,7 @@ pub async fn batched_renewal_answers_for_each_hold(
     backend.release(&mine[2]).await?;
 
     let client = LockClient::from_dyn(backend);
+    let ttl = f.renewed_ttl();
     let mut guards = Vec::new();
     for i in 0..40 {
         let lock = name(&ns, &format!("renewed{i}"))?;

@@ -99,6 +99,14 @@ pub trait BackendFactory: Send + Sync + 'static {
     fn short_ttl(&self) -> Duration {
         Duration::from_millis(600)
     }
+
+    /// The TTL of the cases in which a hold outlives several TTLs by its
+    /// renewals: a renewal goes out a third of the way through and must be
+    /// answered before the end, so the TTL must outlast a stall of the
+    /// machine or the server. At least [`short_ttl`](Self::short_ttl).
+    fn renewed_ttl(&self) -> Duration {
+        self.short_ttl().max(Duration::from_millis(1500))
+    }
 }
 
 /// A random lock-name namespace, so cases run in parallel on one server

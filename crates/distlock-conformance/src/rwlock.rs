@@ -274,9 +274,9 @@ pub async fn crashed_reader_stops_blocking_a_writer_after_its_ttl(
     let mut req = LockRequest::new(name(&ns, "crashed-reader")?, f.short_ttl());
     req.kind = HoldKind::Shared;
     let b = client(f).await?;
-    let (raw, _) = raw_hold(f, &req).await?;
+    let (raw, grant) = raw_hold(f, &req).await?;
     drop(raw);
-    replaced_after_ttl(req.ttl, || b.lock(&req.name)).await
+    replaced_after_ttl(req.ttl, grant.began, || b.lock(&req.name)).await
 }
 
 /// A reader that vanishes stops counting after its own TTL while another
@@ -288,7 +288,7 @@ pub async fn a_crashed_reader_beside_a_renewing_one_stops_counting_after_its_ttl
     f: &dyn BackendFactory,
     ns: String,
 ) -> CaseResult {
-    let ttl = f.short_ttl();
+    let ttl = f.renewed_ttl();
     let mut crashed = LockRequest::new(name(&ns, "crashed-beside")?, ttl);
     crashed.kind = HoldKind::Shared;
     let (raw, _) = raw_hold(f, &crashed).await?;
@@ -497,7 +497,7 @@ pub async fn shared_hold_is_renewed_and_sees_lost_when_evicted(
     ns: String,
 ) -> CaseResult {
     let lock = name(&ns, "renewed")?;
-    let ttl = f.short_ttl();
+    let ttl = f.renewed_ttl();
     let (a, b) = (client(f).await?, client(f).await?);
     let g = a.lock(&lock).shared().ttl(ttl).acquire().await?;
     tokio::time::sleep(ttl * 3).await;

@@ -129,17 +129,20 @@ pub async fn crashed_permit_holder_returns_its_permit_after_its_ttl(
     // Connected first: a slow connect (TLS, password hashing) must not
     // count towards the TTL that the wait below measures.
     let b = client(f).await?;
+    let mut began = None;
     for _ in 0..2 {
         let req = LockRequest::permit(sem.clone(), ttl, 2);
-        ensure!(
-            raw.try_acquire(&req).await?.is_some(),
-            "raw permit not granted"
-        );
+        let grant = raw
+            .try_acquire(&req)
+            .await?
+            .ok_or("raw permit not granted")?;
+        began.get_or_insert(grant.began);
     }
     drop(raw);
     // Both permits were the crashed holder's: a third is refused until
-    // one of them expires.
-    replaced_after_ttl(ttl, || b.semaphore(&sem, 2)).await
+    // the first of them expires.
+    let began = began.ok_or("no permit taken")?;
+    replaced_after_ttl(ttl, began, || b.semaphore(&sem, 2)).await
 }
 
 /// A holder that stops renewing (paused) is reported lost at its deadline,

@@ -174,6 +174,9 @@ impl BackendFactory for FifoHalf {
     fn short_ttl(&self) -> Duration {
         self.0.short_ttl()
     }
+    fn renewed_ttl(&self) -> Duration {
+        self.0.renewed_ttl()
+    }
 }
 
 /// The suite's safety cases on `f`'s server, its clients alternately with
@@ -416,8 +419,16 @@ where
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = attempts().await?;
+    // A waiter that starts listening asks once more: the count starts
+    // once it has not moved for 600 ms.
+    let (mut before, mut quiet) = (attempts().await?, 0);
+    let end = Instant::now() + Duration::from_secs(10);
+    while quiet < 3 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = attempts().await?;
+        quiet = if now == before { quiet + 1 } else { 0 };
+        before = now;
+    }
     if !holder.release(&held).await? {
         return Err("the holder's permit was not held".into());
     }
@@ -625,7 +636,7 @@ fn rw_trials(f: &Arc<SqlFactory>, rt: &tokio::runtime::Runtime) -> Vec<Trial> {
 /// the vanished reader's TTL ran out long before. The lock row's end
 /// follows the live holds, not the latest any reader ever had.
 async fn crashed_reader_beside_a_renewed_one(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let ttl = f.short_ttl();
+    let ttl = f.renewed_ttl();
     let lock = LockName::new(format!(
         "{}/rw-crashed-beside",
         integration_tests::namespace()
