@@ -149,8 +149,10 @@ impl Keeper {
         self.arm(lease, at);
     }
 
-    /// Arms `lease` at `at`, replacing its previous timer.
+    /// Arms `lease` at `at` (at its maximum hold time at the latest),
+    /// replacing its previous timer.
     fn arm(self: &Arc<Self>, lease: &Arc<Lease>, at: Instant) {
+        let at = lease.max_hold_until.map_or(at, |until| at.min(until));
         let mut t = lock(&self.timers);
         let mut key_slot = lock(&lease.timer);
         if let Some(old) = key_slot.take() {
@@ -223,6 +225,13 @@ impl Keeper {
         let Some(deadline) = lease.deadline() else {
             return;
         };
+        if lease.max_hold_until.is_some_and(|until| now >= until) {
+            // A bound shorter than the renewals' period (or than the TTL,
+            // without renewal): the hold ends there, on the server too.
+            self.lose(&lease, LostReason::MaxHoldReached);
+            self.release_after_loss(lease);
+            return;
+        }
         let mut r = lock(&lease.renewal);
         if now >= deadline {
             let reason = match r.last_error.take() {

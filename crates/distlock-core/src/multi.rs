@@ -13,12 +13,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::select_all;
+use futures_util::future::{join_all, select_all};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{AllAtOnce, Backend, LockRequest};
-use crate::client::{grants_nothing, Local, LockBuilder, Mode, ReleaseIfDropped};
+use crate::client::{grants_nothing, Local, LockBuilder, Mode, ReleaseIfDropped, ANSWER_GRACE};
 use crate::error::{Error, InputKind, LostReason, Result};
 use crate::guard::LockGuard;
 use crate::lease::HoldState;
@@ -152,11 +152,36 @@ impl MultiLockBuilder {
             locks = names.len(),
             backend = self.each.client.keeper.caps.backend
         );
-        self.acquire_validated(names, mode).instrument(span).await
+        let start = Instant::now();
+        async {
+            loop {
+                let Some(m) = self.acquire_validated(names.clone(), mode).await? else {
+                    return Ok(None);
+                };
+                if m.is_held() {
+                    return Ok(Some(m));
+                }
+                // A name taken first was lost while a later one was waited
+                // for: all are given back, and (time allowing) taken anew.
+                let _ = m.release().await;
+                match mode {
+                    Mode::Once => return Ok(None),
+                    Mode::Wait(Some(d)) if Instant::now() >= d => {
+                        return Err(Error::WaitTimeout {
+                            name: names[0].clone(),
+                            waited: start.elapsed(),
+                        })
+                    }
+                    Mode::Wait(_) => {}
+                }
+            }
+        }
+        .instrument(span)
+        .await
     }
 
     async fn acquire_validated(
-        self,
+        &self,
         names: Vec<LockName>,
         mode: Mode,
     ) -> Result<Option<MultiGuard>> {
@@ -180,7 +205,28 @@ impl MultiLockBuilder {
             let reqs: Vec<LockRequest> = pending.iter().map(|(r, ..)| r.clone()).collect();
             let backend = &each.client.keeper.backend;
             let mut cleanup = ReleaseIfDropped::arm(backend.clone(), reqs.clone());
-            let answer = backend.try_acquire_all(&reqs).await;
+            // A wait's one request is bounded as a single lock's is: by the
+            // deadline and the grace after it (a try has no deadline).
+            let start = Instant::now();
+            let all = backend.try_acquire_all(&reqs);
+            let cut = match mode {
+                Mode::Wait(deadline) => deadline.and_then(|d| d.checked_add(ANSWER_GRACE)),
+                Mode::Once => None,
+            };
+            let answer = match cut {
+                Some(cut) => match tokio::time::timeout_at(cut, all).await {
+                    Ok(answer) => answer,
+                    // Whatever the request took is released in the
+                    // background, as for a cancelled acquire.
+                    Err(_) => {
+                        return Err(Error::WaitTimeout {
+                            name: reqs[0].name.clone(),
+                            waited: start.elapsed(),
+                        })
+                    }
+                },
+                None => all.await,
+            };
             if answer.as_ref().is_ok() || answer.as_ref().is_err_and(grants_nothing) {
                 cleanup.disarm();
             }
@@ -292,13 +338,20 @@ impl MultiGuard {
     }
 
     /// Resolves when any of the locks may no longer be held, with its name
-    /// and why.
+    /// and why: the lock lost first, not one released with it.
     pub async fn lost(&self) -> (LockName, LostReason) {
         let each = self
             .guards
             .iter()
             .map(|g| Box::pin(async move { (g.name().clone(), g.lost().await) }));
-        select_all(each).await.0
+        let (name, reason) = select_all(each).await.0;
+        if let LostReason::WithOther(first) = &reason {
+            // Lost before this one was released with it: resolves at once.
+            if let Some(g) = self.guards.iter().find(|g| g.name() == first) {
+                return (first.clone(), g.lost().await);
+            }
+        }
+        (name, reason)
     }
 
     /// Runs `fut` while every lock is held; if any may be lost first, drops
@@ -311,16 +364,21 @@ impl MultiGuard {
         }
     }
 
-    /// Releases every lock (nested ones lower their hold count). Returns
-    /// whether the backend still had all of them as ours.
+    /// Releases every lock (nested ones lower their hold count), all at
+    /// once: a release the network does not answer costs the time of one.
+    /// Returns whether the backend still had all of them as ours.
     pub async fn release(mut self) -> Result<bool> {
         if let Some(w) = self.watch.take() {
             w.abort();
         }
         let mut all = true;
         let mut first_error = None;
-        for g in std::mem::take(&mut self.guards).into_iter().rev() {
-            match g.release().await {
+        let releases = std::mem::take(&mut self.guards)
+            .into_iter()
+            .rev()
+            .map(LockGuard::release);
+        for released in join_all(releases).await {
+            match released {
                 Ok(held) => all &= held,
                 Err(e) => {
                     all = false;
