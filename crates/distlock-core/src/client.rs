@@ -448,20 +448,8 @@ impl LockBuilder {
     pub(crate) async fn take_local(&self, name: &LockName, mode: Mode) -> Result<Option<Local>> {
         let start = Instant::now();
         let slot = slot_ref(&self.client.slots, name, self.kind);
-        if let Some(holder) = &self.holder {
-            if let Some(hold) = slot.slot.held_by(holder) {
-                // An exclusive hold covers a shared request; the reverse
-                // would be an upgrade.
-                if hold.lease.req.kind == HoldKind::Shared && self.kind == HoldKind::Exclusive {
-                    return Err(Error::UpgradeRefused {
-                        name: name.clone(),
-                        holder: holder.clone(),
-                    });
-                }
-                if hold.nest()? {
-                    return Ok(Some(Local::Nested(LockGuard::new(hold))));
-                }
-            }
+        if let Some(nested) = self.nest_in_own_hold(&slot, name)? {
+            return Ok(Some(nested));
         }
         let gate = slot.slot.gate.clone();
         let share = local_share(self.kind);
@@ -471,15 +459,38 @@ impl LockBuilder {
                 Err(_) => return Ok(None),
             },
             Mode::Wait(deadline) => {
-                let wait = gate.acquire_many_owned(share);
+                let wait = async {
+                    let gate_wait = gate.acquire_many_owned(share);
+                    if self.holder.is_none() {
+                        return Ok(Gated::Permit(gate_wait.await));
+                    }
+                    tokio::pin!(gate_wait);
+                    loop {
+                        // The holder's own acquire granted meanwhile (both
+                        // started together): nest in its hold instead of
+                        // waiting for its release.
+                        let added = slot.slot.added.notified();
+                        tokio::pin!(added);
+                        added.as_mut().enable();
+                        if let Some(nested) = self.nest_in_own_hold(&slot, name)? {
+                            return Ok(Gated::Nested(nested));
+                        }
+                        tokio::select! {
+                            permit = &mut gate_wait => return Ok(Gated::Permit(permit)),
+                            () = &mut added => {}
+                        }
+                    }
+                };
                 let acquired = match deadline {
                     None => Ok(wait.await),
                     Some(d) => tokio::time::timeout_at(d, wait).await,
                 };
                 match acquired {
-                    Ok(Ok(p)) => p,
+                    Ok(Ok(Gated::Permit(Ok(p)))) => p,
+                    Ok(Ok(Gated::Nested(nested))) => return Ok(Some(nested)),
+                    Ok(Err(e)) => return Err(e),
                     // The gate is never closed; both arms mean we ran out of time.
-                    _ => {
+                    Ok(Ok(Gated::Permit(Err(_)))) | Err(_) => {
                         return Err(Error::WaitTimeout {
                             name: name.clone(),
                             waited: start.elapsed(),
@@ -489,6 +500,26 @@ impl LockBuilder {
             }
         };
         Ok(Some(Local::Gate(slot, permit)))
+    }
+
+    /// A nested guard in the hold this builder's holder already has of
+    /// `name`, if it has one.
+    fn nest_in_own_hold(&self, slot: &SlotRef, name: &LockName) -> Result<Option<Local>> {
+        let Some(holder) = &self.holder else {
+            return Ok(None);
+        };
+        let Some(hold) = slot.slot.held_by(holder) else {
+            return Ok(None);
+        };
+        // An exclusive hold covers a shared request; the reverse would be
+        // an upgrade.
+        if hold.lease.req.kind == HoldKind::Shared && self.kind == HoldKind::Exclusive {
+            return Err(Error::UpgradeRefused {
+                name: name.clone(),
+                holder: holder.clone(),
+            });
+        }
+        Ok(hold.nest()?.then(|| Local::Nested(LockGuard::new(hold))))
     }
 
     /// The backend request for `name` with this builder's kind and TTL.
@@ -601,6 +632,12 @@ pub(crate) fn grants_nothing(e: &Error) -> bool {
 pub(crate) enum Mode {
     Once,
     Wait(Option<Instant>),
+}
+
+/// What a wait at a name's local gate ends with.
+enum Gated {
+    Permit(std::result::Result<OwnedSemaphorePermit, tokio::sync::AcquireError>),
+    Nested(Local),
 }
 
 /// Releases requests' owners if dropped while armed: covers a caller that

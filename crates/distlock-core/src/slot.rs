@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -54,6 +54,9 @@ pub(crate) struct Slot {
     /// The holds of this slot, for reentrant acquires; ended ones are
     /// skipped and pruned.
     held: Mutex<Vec<Weak<Hold>>>,
+    /// Told when a hold is added: a holder's acquire waiting at the gate
+    /// nests in the hold its own earlier acquire has just been granted.
+    pub(crate) added: Notify,
 }
 
 /// A reference to a [`Slot`] that removes the slot from its table when the
@@ -89,6 +92,7 @@ pub(crate) fn slot_ref(table: &Arc<SlotTable>, name: &LockName, kind: HoldKind) 
             Arc::new(Slot {
                 gate: Arc::new(Semaphore::new(permits as usize)),
                 held: Mutex::new(Vec::new()),
+                added: Notify::new(),
             })
         })
         .clone();
@@ -112,6 +116,8 @@ impl Slot {
         let mut held = lock(&self.held);
         held.retain(|h| h.upgrade().is_some_and(|h| h.lease.deadline().is_some()));
         held.push(Arc::downgrade(hold));
+        drop(held);
+        self.added.notify_waiters();
     }
 }
 

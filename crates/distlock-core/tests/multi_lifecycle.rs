@@ -26,6 +26,16 @@ struct Wrapped {
     fail_extend: AtomicBool,
     /// Releases never answer.
     hang_releases: AtomicBool,
+    /// Acquires take a round trip of 10 ms.
+    slow_acquires: AtomicBool,
+}
+
+impl Wrapped {
+    async fn round_trip(&self) {
+        if self.slow_acquires.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 #[async_trait]
@@ -34,9 +44,11 @@ impl Backend for Wrapped {
         self.inner.capabilities()
     }
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
+        self.round_trip().await;
         self.inner.try_acquire(req).await
     }
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
+        self.round_trip().await;
         self.inner.acquire(req, deadline).await
     }
     async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
@@ -432,4 +444,35 @@ async fn nesting_of_permits_and_shared_holds() {
     drop((s1, s2));
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert!(b.lock("rw").try_acquire().await.unwrap().is_some());
+}
+
+/// Two acquires of one holder started together: the first takes the local
+/// gate and asks the server; the second, waiting at the gate, nests in the
+/// first's hold once it is granted instead of waiting for its release.
+#[tokio::test(start_paused = true)]
+async fn two_acquires_of_one_holder_started_together_both_get_guards() {
+    let (w, a, _) = setup();
+    w.slow_acquires.store(true, Ordering::SeqCst);
+    let both = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(
+            a.lock("join").holder("h").acquire(),
+            a.lock("join").holder("h").acquire()
+        )
+    })
+    .await;
+    let (g1, g2) = both.expect("the holder's second acquire waited for its first one's release");
+    let (g1, g2) = (g1.expect("granted"), g2.expect("granted"));
+    assert_eq!(g1.hold_count(), 2);
+    assert_eq!(g1.token(), g2.token());
+    // Another holder still waits for both to go.
+    let other = a
+        .lock("join")
+        .holder("other")
+        .try_acquire()
+        .await
+        .expect("answered");
+    assert!(
+        other.is_none(),
+        "another holder was granted beside the nested holds"
+    );
 }
