@@ -244,8 +244,22 @@ pub(crate) async fn run_command(
             ),
         );
     }
-    if let Err(e) = released {
-        tracing::warn!(error = %e, "release failed; the lease will expire after its TTL");
+    match released {
+        // Taken away after the last renewal, before anything here noticed:
+        // the command did not run under the lock to its end.
+        Ok(false) => {
+            return fail(
+                EXIT_LEASE_LOST,
+                format!(
+                    "the lease on {} was no longer held when the command ended (it expired or was taken while the command ran)",
+                    quoted(&tokens)
+                ),
+            )
+        }
+        Ok(true) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "release failed; the lease will expire after its TTL");
+        }
     }
     match status {
         Ok(s) => exit_of(s),

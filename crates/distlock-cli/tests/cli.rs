@@ -296,6 +296,28 @@ fn refused_configuration_gives_78() {
     }
 }
 
+/// A lock taken away while the command runs, before a renewal could notice
+/// (here the command deletes its own lock row), is found by the release
+/// after it: exit 76, not the command's 0.
+#[test]
+fn a_lock_taken_away_before_the_release_exits_76() {
+    let b = sqlite("taken-away");
+    let path = b.strip_prefix("sqlite://").unwrap();
+    let script = format!(
+        "import sqlite3; c = sqlite3.connect({path:?}); \
+         c.execute(\"DELETE FROM distlock_locks WHERE name = 'taken/away'\"); c.commit()"
+    );
+    let out = run(
+        &b,
+        &["--ttl", "30s"],
+        "taken/away",
+        &["python3", "-c", &script],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 76, "{stderr}");
+    assert!(stderr.contains("no longer held"), "{stderr}");
+}
+
 /// SIGTERM to distlock reaches the command; the lock is released after.
 #[test]
 fn sigterm_is_forwarded_and_the_lock_released() {

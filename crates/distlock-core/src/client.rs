@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Backend, Capabilities, DynBackend, Grant, HoldKind, LockRequest};
-use crate::error::{Error, InputKind, Result};
+use crate::error::{Error, InputKind, LostReason, Result};
 use crate::guard::LockGuard;
 use crate::keeper::Keeper;
 use crate::lease::lock;
@@ -379,12 +379,22 @@ impl LockBuilder {
     /// Acquires, runs `fut` while the lock is held, and releases. If the lock
     /// may have been lost first, `fut` is dropped (cancelled) and
     /// [`Error::LeaseLost`] is returned, the way `consul lock` stops its child.
+    /// A release that finds the lock no longer held (taken away after the
+    /// last renewal, before anything here could notice) is
+    /// [`Error::LeaseLost`] with [`LostReason::ReleaseRejected`] too: `fut`
+    /// finished, but not under the lock throughout.
     pub async fn run<F: Future>(self, fut: F) -> Result<F::Output> {
         let guard = self.acquire().await?;
+        let name = guard.name().clone();
         let out = guard.run_until_lost(fut).await;
         let released = guard.release().await;
         let out = out?;
-        released?;
+        if !released? {
+            return Err(Error::LeaseLost {
+                name,
+                reason: LostReason::ReleaseRejected,
+            });
+        }
         Ok(out)
     }
 

@@ -57,6 +57,10 @@ pub enum LostReason {
     /// Another lock taken with this one (a multi-lock) may be lost, so this
     /// one was released with it.
     WithOther(LockName),
+    /// The release that ended the hold found it no longer ours: the lease
+    /// expired or was taken away after the last renewal, so the work done
+    /// under it (by `run`) may not have been protected to the end.
+    ReleaseRejected,
 }
 
 impl fmt::Display for LostReason {
@@ -77,6 +81,9 @@ impl fmt::Display for LostReason {
             LostReason::WithOther(name) => write!(
                 f,
                 "`{name}`, taken with it, may be lost, so it was released too"
+            ),
+            LostReason::ReleaseRejected => f.write_str(
+                "the release found the lock no longer held (it expired or was taken after the last renewal)",
             ),
         }
     }

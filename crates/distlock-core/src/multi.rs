@@ -108,13 +108,20 @@ impl MultiLockBuilder {
 
     /// Acquires all, runs `fut` while they are held, and releases them. If
     /// any may have been lost first, `fut` is dropped and
-    /// [`Error::LeaseLost`] is returned.
+    /// [`Error::LeaseLost`] is returned; so it is, with
+    /// [`LostReason::ReleaseRejected`], when a release finds one of them no
+    /// longer held.
     pub async fn run<F: Future>(self, fut: F) -> Result<F::Output> {
         let guard = self.acquire().await?;
         let out = guard.run_until_lost(fut).await;
-        let released = guard.release().await;
+        let released = guard.release_each().await;
         let out = out?;
-        released?;
+        if let Some(name) = released? {
+            return Err(Error::LeaseLost {
+                name,
+                reason: LostReason::ReleaseRejected,
+            });
+        }
         Ok(out)
     }
 
@@ -367,28 +374,35 @@ impl MultiGuard {
     /// Releases every lock (nested ones lower their hold count), all at
     /// once: a release the network does not answer costs the time of one.
     /// Returns whether the backend still had all of them as ours.
-    pub async fn release(mut self) -> Result<bool> {
+    pub async fn release(self) -> Result<bool> {
+        Ok(self.release_each().await?.is_none())
+    }
+
+    /// Releases every lock, as [`release`](Self::release); the first lock
+    /// (in canonical order) the backend no longer had as ours.
+    async fn release_each(mut self) -> Result<Option<LockName>> {
         if let Some(w) = self.watch.take() {
             w.abort();
         }
-        let mut all = true;
+        let guards = std::mem::take(&mut self.guards);
+        let names: Vec<LockName> = guards.iter().map(|g| g.name().clone()).collect();
+        let mut not_held = None;
         let mut first_error = None;
-        let releases = std::mem::take(&mut self.guards)
-            .into_iter()
-            .rev()
-            .map(LockGuard::release);
-        for released in join_all(releases).await {
+        let released = join_all(guards.into_iter().map(LockGuard::release)).await;
+        for (name, released) in names.into_iter().zip(released) {
             match released {
-                Ok(held) => all &= held,
+                Ok(true) => {}
+                Ok(false) => {
+                    not_held.get_or_insert(name);
+                }
                 Err(e) => {
-                    all = false;
                     first_error.get_or_insert(e);
                 }
             }
         }
         match first_error {
             Some(e) => Err(e),
-            None => Ok(all),
+            None => Ok(not_held),
         }
     }
 }

@@ -476,3 +476,46 @@ async fn two_acquires_of_one_holder_started_together_both_get_guards() {
         "another holder was granted beside the nested holds"
     );
 }
+
+/// `run` reports a loss when the release that ends it says the lock was no
+/// longer ours (taken away on the server while the future ran, before the
+/// next renewal could notice): the future finished, but not under the lock.
+#[tokio::test(start_paused = true)]
+async fn run_does_not_report_success_for_a_hold_the_server_took_away() {
+    let (w, a, _) = setup();
+    let r = a
+        .lock("run/evicted")
+        .ttl(Duration::from_secs(30))
+        .run(async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert!(w.inner.evict(&name("run/evicted")));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        })
+        .await;
+    assert!(
+        matches!(
+            r,
+            Err(Error::LeaseLost {
+                reason: LostReason::ReleaseRejected,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // The same for a multi-lock, naming the lock taken away.
+    let r = a
+        .lock_all(["run/a", "run/b"])
+        .ttl(Duration::from_secs(30))
+        .run(async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert!(w.inner.evict(&name("run/b")));
+        })
+        .await;
+    match r {
+        Err(Error::LeaseLost {
+            name,
+            reason: LostReason::ReleaseRejected,
+        }) => assert_eq!(name.as_str(), "run/b"),
+        other => panic!("{other:?}"),
+    }
+}
