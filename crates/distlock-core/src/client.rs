@@ -18,7 +18,7 @@ use crate::guard::LockGuard;
 use crate::keeper::Keeper;
 use crate::lease::lock;
 use crate::name::LockName;
-use crate::slot::{local_share, slot_ref, Acquired, Hold, SlotRef, SlotTable};
+use crate::slot::{local_share, slot_ref, Acquired, Claim, Hold, SlotRef, SlotTable};
 
 /// The default lease TTL: long enough to survive a slow renewal round trip,
 /// short enough that a crashed holder frees the lock within half a minute.
@@ -439,28 +439,54 @@ impl LockBuilder {
 
     async fn acquire_validated(self, name: LockName, mode: Mode) -> Result<Option<LockGuard>> {
         let start = Instant::now();
-        let (slot, permit) = match self.take_local(&name, mode).await? {
+        let gate = match self.take_local(&name, mode).await? {
             None => return Ok(None),
             Some(Local::Nested(guard)) => return Ok(Some(guard)),
-            Some(Local::Gate(slot, permit)) => (slot, permit),
+            Some(Local::Gate(gate)) => gate,
         };
         let req = self.request(name);
         let Some(grant) = self.client.ask(&req, mode).await? else {
             return Ok(None);
         };
         tracing::debug!(token = %grant.token, waited = ?start.elapsed(), "acquired");
-        Ok(Some(self.start(slot, permit, req, grant)))
+        Ok(Some(self.start(gate, req, grant)))
     }
 
     /// The local side of `name`: a nested guard if this builder's holder
-    /// holds it already, else the slot's local permit (waited for in `mode`;
-    /// `None`: not free at once, or the wait ran out in [`Mode::Once`]).
+    /// holds it already (or is granted it by an acquire of its own under
+    /// way, which this one waits for), else the slot's local permit (waited
+    /// for in `mode`; `None`: not free at once, or the wait ran out in
+    /// [`Mode::Once`]).
     pub(crate) async fn take_local(&self, name: &LockName, mode: Mode) -> Result<Option<Local>> {
         let start = Instant::now();
+        let timed_out = || Error::WaitTimeout {
+            name: name.clone(),
+            waited: start.elapsed(),
+        };
         let slot = slot_ref(&self.client.slots, name, self.kind);
-        if let Some(nested) = self.nest_in_own_hold(&slot, name)? {
-            return Ok(Some(nested));
-        }
+        let claim = match &self.holder {
+            None => None,
+            Some(holder) => loop {
+                let changed = slot.slot.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if let Some(nested) = self.nest_in_own_hold(&slot, name)? {
+                    return Ok(Some(nested));
+                }
+                if let Some(claim) = slot.slot.claim(holder) {
+                    break Some(claim);
+                }
+                // The holder's own acquire is under way: its hold, once
+                // granted, is nested in rather than a second one taken.
+                match mode {
+                    Mode::Once => return Ok(None),
+                    Mode::Wait(None) => changed.await,
+                    Mode::Wait(Some(d)) => tokio::time::timeout_at(d, changed)
+                        .await
+                        .map_err(|_| timed_out())?,
+                }
+            },
+        };
         let gate = slot.slot.gate.clone();
         let share = local_share(self.kind);
         let permit = match mode {
@@ -469,47 +495,23 @@ impl LockBuilder {
                 Err(_) => return Ok(None),
             },
             Mode::Wait(deadline) => {
-                let wait = async {
-                    let gate_wait = gate.acquire_many_owned(share);
-                    if self.holder.is_none() {
-                        return Ok(Gated::Permit(gate_wait.await));
-                    }
-                    tokio::pin!(gate_wait);
-                    loop {
-                        // The holder's own acquire granted meanwhile (both
-                        // started together): nest in its hold instead of
-                        // waiting for its release.
-                        let added = slot.slot.added.notified();
-                        tokio::pin!(added);
-                        added.as_mut().enable();
-                        if let Some(nested) = self.nest_in_own_hold(&slot, name)? {
-                            return Ok(Gated::Nested(nested));
-                        }
-                        tokio::select! {
-                            permit = &mut gate_wait => return Ok(Gated::Permit(permit)),
-                            () = &mut added => {}
-                        }
-                    }
-                };
+                let wait = gate.acquire_many_owned(share);
                 let acquired = match deadline {
                     None => Ok(wait.await),
                     Some(d) => tokio::time::timeout_at(d, wait).await,
                 };
                 match acquired {
-                    Ok(Ok(Gated::Permit(Ok(p)))) => p,
-                    Ok(Ok(Gated::Nested(nested))) => return Ok(Some(nested)),
-                    Ok(Err(e)) => return Err(e),
+                    Ok(Ok(p)) => p,
                     // The gate is never closed; both arms mean we ran out of time.
-                    Ok(Ok(Gated::Permit(Err(_)))) | Err(_) => {
-                        return Err(Error::WaitTimeout {
-                            name: name.clone(),
-                            waited: start.elapsed(),
-                        })
-                    }
+                    Ok(Err(_)) | Err(_) => return Err(timed_out()),
                 }
             }
         };
-        Ok(Some(Local::Gate(slot, permit)))
+        Ok(Some(Local::Gate(Gate {
+            claim,
+            slot,
+            permit,
+        })))
     }
 
     /// A nested guard in the hold this builder's holder already has of
@@ -542,13 +544,12 @@ impl LockBuilder {
     }
 
     /// Starts the hold behind a grant and returns its guard.
-    pub(crate) fn start(
-        &self,
-        slot: SlotRef,
-        permit: OwnedSemaphorePermit,
-        req: LockRequest,
-        grant: Grant,
-    ) -> LockGuard {
+    pub(crate) fn start(&self, gate: Gate, req: LockRequest, grant: Grant) -> LockGuard {
+        let Gate {
+            claim,
+            slot,
+            permit,
+        } = gate;
         // The deadline counts from when the backend says the lease began:
         // before the granting request was sent, so it is conservative.
         let hold = Hold::start(
@@ -564,6 +565,8 @@ impl LockBuilder {
                 holder: self.holder.clone(),
             },
         );
+        // In the slot now: the holder's other acquires nest in it.
+        drop(claim);
         LockGuard::new(hold)
     }
 }
@@ -573,7 +576,16 @@ pub(crate) enum Local {
     /// Held already by the same holder: one more nesting level.
     Nested(LockGuard),
     /// The name's slot and its local permit, kept for the whole hold.
-    Gate(SlotRef, OwnedSemaphorePermit),
+    Gate(Gate),
+}
+
+/// A name's local side, taken for an acquire of the backend.
+pub(crate) struct Gate {
+    /// The holder's acquire under way (with a holder set). First, so it
+    /// ends before the slot reference goes.
+    claim: Option<Claim>,
+    slot: SlotRef,
+    permit: OwnedSemaphorePermit,
 }
 
 impl ClientInner {
@@ -642,12 +654,6 @@ pub(crate) fn grants_nothing(e: &Error) -> bool {
 pub(crate) enum Mode {
     Once,
     Wait(Option<Instant>),
-}
-
-/// What a wait at a name's local gate ends with.
-enum Gated {
-    Permit(std::result::Result<OwnedSemaphorePermit, tokio::sync::AcquireError>),
-    Nested(Local),
 }
 
 /// Releases requests' owners if dropped while armed: covers a caller that

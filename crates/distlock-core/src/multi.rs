@@ -201,15 +201,15 @@ impl MultiLockBuilder {
             match each.take_local(&name, mode).await? {
                 None => return Ok(None),
                 Some(Local::Nested(g)) => guards.push(Taken::Nested(g)),
-                Some(Local::Gate(slot, permit)) => {
-                    pending.push((each.request(name), slot, permit));
+                Some(Local::Gate(gate)) => {
+                    pending.push((each.request(name), gate));
                     guards.push(Taken::Pending);
                 }
             }
         }
         let mut started = Vec::with_capacity(pending.len());
         if pending.len() >= 2 {
-            let reqs: Vec<LockRequest> = pending.iter().map(|(r, ..)| r.clone()).collect();
+            let reqs: Vec<LockRequest> = pending.iter().map(|(r, _)| r.clone()).collect();
             let backend = &each.client.keeper.backend;
             let mut cleanup = ReleaseIfDropped::arm(backend.clone(), reqs.clone());
             // A wait's one request is bounded as a single lock's is: by the
@@ -239,8 +239,8 @@ impl MultiLockBuilder {
             }
             match answer? {
                 AllAtOnce::Granted(grants) if grants.len() == pending.len() => {
-                    for ((req, slot, permit), grant) in pending.drain(..).zip(grants) {
-                        started.push(each.start(slot, permit, req, grant));
+                    for ((req, gate), grant) in pending.drain(..).zip(grants) {
+                        started.push(each.start(gate, req, grant));
                     }
                 }
                 AllAtOnce::Granted(grants) => {
@@ -262,11 +262,11 @@ impl MultiLockBuilder {
         }
         // One at a time, in canonical order; a guard started here is
         // released again if a later name fails or the future is dropped.
-        for (req, slot, permit) in pending {
+        for (req, gate) in pending {
             let Some(grant) = each.client.ask(&req, mode).await? else {
                 return Ok(None);
             };
-            started.push(each.start(slot, permit, req, grant));
+            started.push(each.start(gate, req, grant));
         }
         let mut started = started.into_iter();
         let guards = guards

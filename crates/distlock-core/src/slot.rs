@@ -54,9 +54,32 @@ pub(crate) struct Slot {
     /// The holds of this slot, for reentrant acquires; ended ones are
     /// skipped and pruned.
     held: Mutex<Vec<Weak<Hold>>>,
-    /// Told when a hold is added: a holder's acquire waiting at the gate
-    /// nests in the hold its own earlier acquire has just been granted.
-    pub(crate) added: Notify,
+    /// The holders with an acquire under way here (past the nesting check,
+    /// not yet holding): a second acquire of the same holder waits for the
+    /// first to end, then nests in its hold or, if it got none, takes its
+    /// place. Without it two acquires of one holder started together would
+    /// take two permits of a semaphore, or two shared holds.
+    claims: Mutex<Vec<String>>,
+    /// Told when a hold is added or a claim ends.
+    pub(crate) changed: Notify,
+}
+
+/// A holder's acquire under way in a slot ([`Slot::claim`]); dropped once
+/// its hold is in the slot or the acquire ended without one.
+pub(crate) struct Claim {
+    slot: Arc<Slot>,
+    holder: String,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut claims = lock(&self.slot.claims);
+        if let Some(i) = claims.iter().position(|h| *h == self.holder) {
+            claims.swap_remove(i);
+        }
+        drop(claims);
+        self.slot.changed.notify_waiters();
+    }
 }
 
 /// A reference to a [`Slot`] that removes the slot from its table when the
@@ -92,7 +115,8 @@ pub(crate) fn slot_ref(table: &Arc<SlotTable>, name: &LockName, kind: HoldKind) 
             Arc::new(Slot {
                 gate: Arc::new(Semaphore::new(permits as usize)),
                 held: Mutex::new(Vec::new()),
-                added: Notify::new(),
+                claims: Mutex::new(Vec::new()),
+                changed: Notify::new(),
             })
         })
         .clone();
@@ -117,7 +141,20 @@ impl Slot {
         held.retain(|h| h.upgrade().is_some_and(|h| h.lease.deadline().is_some()));
         held.push(Arc::downgrade(hold));
         drop(held);
-        self.added.notify_waiters();
+        self.changed.notify_waiters();
+    }
+
+    /// Marks an acquire of `holder` under way here, unless one is already.
+    pub(crate) fn claim(self: &Arc<Self>, holder: &str) -> Option<Claim> {
+        let mut claims = lock(&self.claims);
+        if claims.iter().any(|h| h == holder) {
+            return None;
+        }
+        claims.push(holder.to_owned());
+        Some(Claim {
+            slot: self.clone(),
+            holder: holder.to_owned(),
+        })
     }
 }
 

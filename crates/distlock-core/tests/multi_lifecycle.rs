@@ -477,6 +477,91 @@ async fn two_acquires_of_one_holder_started_together_both_get_guards() {
     );
 }
 
+/// The same for a semaphore: the holder's second acquire nests in the
+/// permit its first one is granted instead of taking a second permit.
+#[tokio::test(start_paused = true)]
+async fn two_acquires_of_one_holder_started_together_take_one_permit() {
+    let (w, a, b) = setup();
+    w.slow_acquires.store(true, Ordering::SeqCst);
+    let (g1, g2) = tokio::join!(
+        a.semaphore("join/permits", 2).holder("h").acquire(),
+        a.semaphore("join/permits", 2).holder("h").acquire()
+    );
+    let (g1, g2) = (g1.expect("granted"), g2.expect("granted"));
+    assert_eq!(g1.hold_count(), 2);
+    assert_eq!(g1.token(), g2.token());
+    let other = b
+        .semaphore("join/permits", 2)
+        .holder("other")
+        .try_acquire()
+        .await
+        .expect("answered");
+    assert!(
+        other.is_some(),
+        "one holder's two acquires took both permits of a semaphore of 2"
+    );
+}
+
+/// And for shared holds: one holder, one shared hold on the server.
+#[tokio::test(start_paused = true)]
+async fn two_shared_acquires_of_one_holder_started_together_take_one_hold() {
+    let (w, a, _) = setup();
+    w.slow_acquires.store(true, Ordering::SeqCst);
+    let (g1, g2) = tokio::join!(
+        a.lock("join/shared").shared().holder("h").acquire(),
+        a.lock("join/shared").shared().holder("h").acquire()
+    );
+    let (g1, g2) = (g1.expect("granted"), g2.expect("granted"));
+    assert_eq!(g1.hold_count(), 2);
+    assert_eq!(g1.token(), g2.token());
+    let status = w
+        .inner
+        .inspect(&name("join/shared"))
+        .await
+        .expect("inspected");
+    assert_eq!(status.shared, Some(1), "{status:?}");
+}
+
+/// A try by a holder whose own acquire is under way does not take a second
+/// hold beside it: it answers "not free" until that acquire is granted,
+/// then nests.
+#[tokio::test(start_paused = true)]
+async fn a_try_beside_the_holders_own_acquire_under_way_takes_nothing() {
+    let (w, a, b) = setup();
+    w.slow_acquires.store(true, Ordering::SeqCst);
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { a.semaphore("join/try", 2).holder("h").acquire().await }
+    });
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let tried = a
+        .semaphore("join/try", 2)
+        .holder("h")
+        .try_acquire()
+        .await
+        .expect("answered");
+    assert!(
+        tried.is_none(),
+        "a try beside the holder's acquire under way took a permit"
+    );
+    let g1 = first.await.expect("joined").expect("granted");
+    let g2 = a
+        .semaphore("join/try", 2)
+        .holder("h")
+        .try_acquire()
+        .await
+        .expect("answered")
+        .expect("nested once the first was granted");
+    assert_eq!(g1.token(), g2.token());
+    let other = b
+        .semaphore("join/try", 2)
+        .holder("other")
+        .try_acquire()
+        .await
+        .expect("answered");
+    assert!(other.is_some(), "the holder's acquires took both permits");
+}
+
 /// `run` reports a loss when the release that ends it says the lock was no
 /// longer ours (taken away on the server while the future ran, before the
 /// next renewal could notice): the future finished, but not under the lock.
