@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use distlock_core::wait::Signals;
@@ -49,9 +49,9 @@ pub(crate) struct Lite {
 
 /// The waiters of every backend in this process that uses the same file and
 /// table, so a release in this process wakes them without polling (other
-/// processes' waiters poll).
+/// processes' waiters poll). An entry lasts while a backend uses it.
 fn releases_for(file: &Path, objects: &str) -> Arc<Signals> {
-    static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<Signals>>>> = OnceLock::new();
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Weak<Signals>>>> = OnceLock::new();
     let key = format!(
         "{}#{objects}",
         std::fs::canonicalize(file)
@@ -62,7 +62,13 @@ fn releases_for(file: &Path, objects: &str) -> Arc<Signals> {
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    map.entry(key).or_default().clone()
+    if let Some(signals) = map.get(&key).and_then(Weak::upgrade) {
+        return signals;
+    }
+    map.retain(|_, s| s.strong_count() > 0);
+    let signals = Arc::new(Signals::default());
+    map.insert(key, Arc::downgrade(&signals));
+    signals
 }
 
 impl Lite {
@@ -484,4 +490,28 @@ pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
 
 fn ttl_millis(req: &LockRequest) -> i64 {
     i64::try_from(req.ttl.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backends_on_one_file_share_its_signals_and_none_are_kept_after_them() {
+        let file = Path::new("/nonexistent/distlock-signals-test.db");
+        let a = releases_for(file, "locks");
+        let b = releases_for(file, "locks");
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "two backends of one file and table wake apart"
+        );
+        let other = releases_for(file, "others");
+        assert!(!Arc::ptr_eq(&a, &other), "another table shares the signals");
+        let kept = Arc::downgrade(&a);
+        drop((a, b));
+        assert!(
+            kept.upgrade().is_none(),
+            "the registry keeps a file's signals after its last backend"
+        );
+    }
 }
