@@ -77,7 +77,7 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
         );
     }
     // Fail here, with the usual exit codes, rather than in every worker.
-    let caps = match distlock::connect(&args.backend).await {
+    let caps = match crate::connect(&args.backend).await {
         Ok(b) => b.capabilities(),
         Err(e) => return fail(code_for(&e), e),
     };

@@ -45,7 +45,7 @@ impl BackendFactory for Deployment {
         self.backend
     }
     async fn client(&self) -> distlock::Result<DynBackend> {
-        distlock::connect(&self.url).await
+        crate::connect(&self.url).await
     }
     async fn evict(&self, name: &LockName) -> Result<(), Failed> {
         Err(format!("{name}: distlock conformance does not evict on a deployment").into())
@@ -83,7 +83,7 @@ struct Line<'a> {
 }
 
 pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
-    let probe = match distlock::connect(&args.backend).await {
+    let probe = match crate::connect(&args.backend).await {
         Ok(b) => b,
         Err(e) => return fail(code_for(&e), e),
     };

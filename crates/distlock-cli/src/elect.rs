@@ -60,7 +60,7 @@ pub(crate) struct ObserveArgs {
 }
 
 async fn client(backend: &str) -> Result<LockClient, ExitCode> {
-    distlock::connect(backend)
+    crate::connect(backend)
         .await
         .map(LockClient::from_dyn)
         .map_err(|e| fail(code_for(&e), e))

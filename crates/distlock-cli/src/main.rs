@@ -103,14 +103,40 @@ enum Command {
 /// The backend when neither --backend nor DISTLOCK_BACKEND is given: a
 /// SQLite file in the per-user state directory.
 pub(crate) fn default_backend() -> String {
-    let dir = std::env::var_os("XDG_STATE_HOME")
+    format!(
+        "sqlite://{}",
+        default_state_dir().join("locks.db").display()
+    )
+}
+
+fn default_state_dir() -> std::path::PathBuf {
+    std::env::var_os("XDG_STATE_HOME")
         .map(std::path::PathBuf::from)
         .or_else(|| {
             std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".local/state"))
         })
         .unwrap_or_else(std::env::temp_dir)
-        .join("distlock");
-    format!("sqlite://{}", dir.join("locks.db").display())
+        .join("distlock")
+}
+
+/// Connects to `url`; for the default backend, the state directory is
+/// made first (a fresh machine has none). A SQLite file the user named in a
+/// directory that does not exist is refused by the backend, not created.
+pub(crate) async fn connect(url: &str) -> distlock::Result<distlock::DynBackend> {
+    if url == default_backend() {
+        let dir = default_state_dir();
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return Err(distlock::Error::misconfigured(
+                "sqlite",
+                format!(
+                    "the state directory {} cannot be made; set XDG_STATE_HOME or --backend",
+                    dir.display()
+                ),
+                Some(Box::new(e)),
+            ));
+        }
+    }
+    distlock::connect(url).await
 }
 
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {

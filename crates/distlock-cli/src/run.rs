@@ -123,20 +123,12 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     if args.shared && names.len() > 1 {
         return fail(EXIT_USAGE, "--shared takes one lock name");
     }
-    if let Some(dir) = args
-        .backend
-        .strip_prefix("sqlite://")
-        .and_then(|p| std::path::Path::new(p.split('?').next()?).parent())
-    {
-        // The default state directory may not exist yet.
-        let _ = std::fs::create_dir_all(dir);
-    }
     let mut signals = match Signals::install() {
         Ok(s) => s,
         Err(code) => return code,
     };
     let wait = async {
-        let backend = distlock::connect(&args.backend)
+        let backend = crate::connect(&args.backend)
             .await
             .map_err(|e| fail(code_for(&e), e))?;
         let client =

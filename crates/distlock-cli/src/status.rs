@@ -28,7 +28,7 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
         Ok(n) => n,
         Err(e) => return fail(EXIT_USAGE, e),
     };
-    let backend = match distlock::connect(&args.backend).await {
+    let backend = match crate::connect(&args.backend).await {
         Ok(b) => b,
         Err(e) => return fail(code_for(&e), e),
     };
@@ -160,7 +160,7 @@ pub(crate) struct ListArgs {
     json: bool,
     /// At most this many holds (the first in name order). What a listing
     /// costs the server depends on the backend: see its README.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     limit: usize,
 }
 
@@ -168,7 +168,7 @@ pub(crate) async fn list(args: ListArgs) -> ExitCode {
     if let Err(e) = distlock::validate_prefix(&args.prefix) {
         return fail(EXIT_USAGE, e);
     }
-    let backend = match distlock::connect(&args.backend).await {
+    let backend = match crate::connect(&args.backend).await {
         Ok(b) => b,
         Err(e) => return fail(code_for(&e), e),
     };

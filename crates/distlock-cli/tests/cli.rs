@@ -296,6 +296,45 @@ fn refused_configuration_gives_78() {
     }
 }
 
+/// Every command works on the default backend of a machine without a state
+/// directory yet (it is made), while a SQLite file the user names in a
+/// directory that does not exist is refused with 78 and nothing is made.
+#[test]
+fn the_default_backend_works_on_a_fresh_machine_and_a_named_file_is_not_guessed() {
+    let home = scratch("fresh");
+    let state = home.join("state");
+    let fresh = |args: &[&str]| {
+        let _ = std::fs::remove_dir_all(&state);
+        let out = bin()
+            .env("XDG_STATE_HOME", &state)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            code(&out),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for args in [
+        &["list"][..],
+        &["status", "fresh/x"],
+        &["run", "fresh/x", "--", "true"],
+    ] {
+        let (c, err) = fresh(args);
+        assert_eq!(c, 0, "{args:?} on a fresh machine exited {c}: {err}");
+        assert!(state.join("distlock/locks.db").exists(), "{args:?}");
+    }
+    let (c, err) = fresh(&["observe", "--once", "fresh/x"]);
+    assert_eq!(c, 75, "observe of an election nobody leads: {err}");
+    let missing = home.join("typo/dir");
+    let out = run(&sqlite_in(&missing), &[], "fresh/x", &["true"]);
+    assert_eq!(code(&out), 78, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        !missing.exists(),
+        "a directory the user did not ask for was made"
+    );
+}
+
 /// A lock taken away while the command runs, before a renewal could notice
 /// (here the command deletes its own lock row), is found by the release
 /// after it: exit 76, not the command's 0.
@@ -523,6 +562,7 @@ fn bad_input_exits_2_with_a_clear_message() {
     cases.extend([
         vec!["run", "x"],
         vec!["status", "bad name"],
+        vec!["list", "--limit", "0"],
         vec!["frobnicate"],
     ]);
     assert!(cases.len() >= 20);
