@@ -65,6 +65,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "zookeeper::hold_while_disconnected_keeps_a_hold_through_a_reconnect_and_without_it_the_hold_is_lost",
+                hold_while_disconnected(zk.clone()),
+            ),
+            trial(
+                rt,
                 "zookeeper::semaphore_permits_go_in_arrival_order_waking_few",
                 semaphore_order(zk.clone()),
             ),
@@ -445,6 +450,86 @@ async fn cut_off(f: Arc<Zk>) -> Result<(), Failed> {
         )
         .into());
     }
+    g2.release().await?;
+    drop(proxy);
+    Ok(())
+}
+
+/// With `hold_while_disconnected=true` a hold outlives a connection the
+/// client re-establishes within its session: `lost()` does not fire, nobody
+/// else is granted the lock, and the release finds it still the holder's.
+/// Without the option the same disconnection reports the hold lost (the
+/// session may expire unseen), and the lock is free once the server
+/// expires the session or the node goes.
+async fn hold_while_disconnected(f: Arc<Zk>) -> Result<(), Failed> {
+    let port = integration_tests::harness::host_port(&format!("zk://{}", f.host_port()?))
+        .ok_or("no port")?
+        .1;
+    let proxy = Proxy::start(port).map_err(|e| e.to_string())?;
+    let through = |hold: bool| {
+        format!(
+            "zk://127.0.0.1:{}/conformance?hold_while_disconnected={hold}",
+            proxy.port
+        )
+    };
+    let other = LockClient::new(
+        ZooKeeperBackend::connect(&format!("zk://{}/conformance", f.host_port()?)).await?,
+    );
+    let ttl = Duration::from_secs(6);
+    // Cuts the connections and waits for the client to connect again.
+    let sever = || async {
+        let before = proxy.accepted();
+        proxy.sever();
+        let start = Instant::now();
+        while proxy.accepted() <= before {
+            if start.elapsed() > Duration::from_secs(20) {
+                return Err(Failed::from("the client never connected again"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    };
+
+    let keeping = LockClient::new(ZooKeeperBackend::connect(&through(true)).await?);
+    let lock = name();
+    let g = keeping.lock(&lock).ttl(ttl).acquire().await?;
+    sever().await?;
+    if let Ok(reason) = tokio::time::timeout(Duration::from_secs(2), g.lost()).await {
+        return Err(
+            format!("lost() fired through a reconnect within the session: {reason}").into(),
+        );
+    }
+    if !g.is_held() {
+        return Err("the hold no longer counts as held after the reconnect".into());
+    }
+    if other.lock(&lock).try_acquire().await?.is_some() {
+        return Err("another client was granted the lock the reconnected holder keeps".into());
+    }
+    if !g.release().await? {
+        return Err("the release after the reconnect found the lock no longer held".into());
+    }
+
+    let plain = LockClient::new(ZooKeeperBackend::connect(&through(false)).await?);
+    let lock = name();
+    let g = plain.lock(&lock).ttl(ttl).acquire().await?;
+    sever().await?;
+    let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .map_err(|_| {
+            Failed::from(
+                "without hold_while_disconnected a disconnection did not report the hold lost",
+            )
+        })?;
+    if g.is_held() {
+        return Err(format!("reported lost ({reason}) but still held").into());
+    }
+    drop(g);
+    let g2 = other
+        .lock(&lock)
+        .wait(ttl * 3)
+        .acquire()
+        .await
+        .map_err(|e| format!("the lock given up after the disconnection was never free: {e}"))?;
     g2.release().await?;
     drop(proxy);
     Ok(())
