@@ -12,7 +12,7 @@ use crate::{code_for, default_backend, fail, parse_duration, EXIT_USAGE};
 #[derive(clap::Args, Debug)]
 pub(crate) struct CheckArgs {
     /// Backend URL.
-    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value_t = default_backend())]
     backend: String,
     /// The lock the clients contend for (use a name nothing else uses).
     #[arg(long, default_value = "distlock-check")]
@@ -75,6 +75,12 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
             EXIT_USAGE,
             "--duration must be positive: an empty run proves nothing",
         );
+    }
+    if let Some(why) = crate::one_process_only(
+        &args.backend,
+        "check runs its clients as processes of their own",
+    ) {
+        return fail(EXIT_USAGE, why);
     }
     // Fail here, with the usual exit codes, rather than in every worker.
     let caps = match crate::connect(&args.backend).await {

@@ -13,7 +13,7 @@ use crate::{code_for, default_backend, fail};
 #[derive(clap::Args, Debug)]
 pub(crate) struct ConformanceArgs {
     /// Backend URL, as for `distlock run`.
-    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value_t = default_backend())]
     backend: String,
     /// Run only the cases whose name contains this.
     #[arg(long, value_name = "PATTERN")]
@@ -83,6 +83,12 @@ struct Line<'a> {
 }
 
 pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
+    if let Some(why) = crate::one_process_only(
+        &args.backend,
+        "the suite connects a client of its own for each client of a case",
+    ) {
+        return fail(crate::EXIT_USAGE, why);
+    }
     let probe = match crate::connect(&args.backend).await {
         Ok(b) => b,
         Err(e) => return fail(code_for(&e), e),

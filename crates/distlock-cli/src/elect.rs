@@ -15,7 +15,7 @@ use crate::{code_for, default_backend, fail, parse_duration, EXIT_NOT_ACQUIRED, 
 #[derive(clap::Args, Debug)]
 pub(crate) struct ElectArgs {
     /// Backend URL (as for `run`).
-    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value_t = default_backend())]
     backend: String,
     /// The value to campaign with: what `observe` and `etcdctl elect -l`
     /// print while this command leads (one line of printable text, at most
@@ -46,7 +46,7 @@ pub(crate) struct ElectArgs {
 #[derive(clap::Args, Debug)]
 pub(crate) struct ObserveArgs {
     /// Backend URL (as for `run`).
-    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value_t = default_backend())]
     backend: String,
     /// One JSON object per line (value, token, remaining_ms, holder_info), `null` while
     /// nobody leads.

@@ -109,14 +109,29 @@ pub(crate) fn default_backend() -> String {
     )
 }
 
+/// `$XDG_STATE_HOME/distlock`, else `$HOME/.local/state/distlock`; an empty
+/// or relative value counts as unset (the XDG base directory rules), so
+/// two processes in different working directories never pick different
+/// files.
 fn default_state_dir() -> std::path::PathBuf {
-    std::env::var_os("XDG_STATE_HOME")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".local/state"))
-        })
+    let absolute = |var: &str| {
+        std::env::var_os(var)
+            .map(std::path::PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    absolute("XDG_STATE_HOME")
+        .or_else(|| absolute("HOME").map(|h| h.join(".local/state")))
         .unwrap_or_else(std::env::temp_dir)
         .join("distlock")
+}
+
+/// Why `url` cannot serve `what` (several clients that must share the
+/// backend's state): `memory://` keeps its state in the one client that
+/// opened it.
+pub(crate) fn one_process_only(url: &str, what: &str) -> Option<String> {
+    url.starts_with("memory:").then(|| {
+        format!("{url} keeps its locks inside the one client that opens it, and {what}: use sqlite:// or a server")
+    })
 }
 
 /// Connects to `url`; for the default backend, the state directory is

@@ -17,7 +17,7 @@ use crate::{
 pub(crate) struct RunArgs {
     /// Backend URL (sqlite://, postgres://, mysql://, redis://, redlock://,
     /// etcd://, zk://, memory://).
-    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value_t = default_backend())]
     backend: String,
     /// Lease TTL, renewed at a third of it (humantime: 500ms, 10s, 2m).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -60,6 +60,25 @@ pub(crate) struct RunArgs {
 fn send(pid: Option<u32>, sig: Signal) {
     if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
         let _ = kill(Pid::from_raw(-pid), sig);
+    }
+}
+
+/// Waits until the command's process group is empty or `grace` ends, then
+/// kills what is left of it.
+async fn stop_group(pid: Option<u32>, grace: &mut std::pin::Pin<&mut tokio::time::Sleep>) {
+    let Some(group) = pid.and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw) else {
+        return;
+    };
+    let alive = || nix::sys::signal::killpg(group, None).is_ok();
+    while alive() {
+        tokio::select! {
+            () = grace.as_mut() => {
+                tracing::error!("the command's process group outlived its SIGTERM; killing it");
+                let _ = nix::sys::signal::killpg(group, Signal::SIGKILL);
+                return;
+            }
+            () = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
     }
 }
 
@@ -188,6 +207,8 @@ pub(crate) async fn run_command(
         .env("DISTLOCK_TOKEN", token.to_string())
         .env("DISTLOCK_TOKENS", &all_tokens)
         .env("DISTLOCK_BACKEND", distlock::redact(backend))
+        // The password stays with distlock, as it does in DISTLOCK_BACKEND.
+        .env_remove("DISTLOCK_PASSWORD")
         .envs(env.iter().copied())
         .process_group(0)
         .spawn()
@@ -216,7 +237,12 @@ pub(crate) async fn run_command(
                 let grace = tokio::time::sleep(kill_after);
                 tokio::pin!(grace);
                 tokio::select! {
-                    status = child.wait() => break status,
+                    status = child.wait() => {
+                        // What the command started in its group (a shell's
+                        // children) must not outlive it unprotected either.
+                        stop_group(pid, &mut grace).await;
+                        break status;
+                    }
                     () = &mut grace => {
                         tracing::error!("the command ignored SIGTERM for {kill_after:?}; killing it");
                         send(pid, Signal::SIGKILL);

@@ -1,6 +1,9 @@
-//! SIGINT and SIGTERM for `run` and `elect`, handled from before the wait
-//! until the command exits: a signal during the wait cancels it, one while
-//! the command runs is forwarded to the command.
+//! SIGINT, SIGTERM, SIGHUP and SIGQUIT for `run` and `elect`, handled from
+//! before the wait until the command exits: a signal during the wait
+//! cancels it, one while the command runs is forwarded to the command (in
+//! a process group of its own, it gets no terminal's signals directly: a
+//! closed terminal must not leave it running unprotected after distlock
+//! went).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,26 +18,28 @@ use crate::fail;
 /// cleanup that the cancellation started to reach the servers.
 const CLEANUP_GRACE: Duration = Duration::from_secs(5);
 
-/// SIGINT and SIGTERM, caught: while this lives neither ends distlock by
-/// its default action.
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT, caught: while this lives none
+/// ends distlock by its default action.
 #[derive(Debug)]
 pub(crate) struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
 }
 
 impl Signals {
-    /// Catches SIGINT and SIGTERM from now on; exit code 1 if it cannot.
+    /// Catches the four from now on; exit code 1 if it cannot.
     pub(crate) fn install() -> Result<Self, ExitCode> {
-        let installed = signal(SignalKind::interrupt())
-            .and_then(|interrupt| Ok((interrupt, signal(SignalKind::terminate())?)));
-        match installed {
-            Ok((interrupt, terminate)) => Ok(Self {
-                interrupt,
-                terminate,
-            }),
-            Err(e) => Err(fail(1, format!("cannot install signal handlers: {e}"))),
-        }
+        let installed = (|| {
+            Ok::<_, std::io::Error>(Self {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+                hangup: signal(SignalKind::hangup())?,
+                quit: signal(SignalKind::quit())?,
+            })
+        })();
+        installed.map_err(|e| fail(1, format!("cannot install signal handlers: {e}")))
     }
 
     /// Runs `wait` (connecting and waiting for `what`) unless a signal
@@ -58,6 +63,8 @@ impl Signals {
         tokio::select! {
             _ = self.interrupt.recv() => Signal::SIGINT,
             _ = self.terminate.recv() => Signal::SIGTERM,
+            _ = self.hangup.recv() => Signal::SIGHUP,
+            _ = self.quit.recv() => Signal::SIGQUIT,
         }
     }
 }

@@ -12,7 +12,7 @@ pub(crate) struct StatusArgs {
     /// The lock name.
     name: String,
     /// Backend URL.
-    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value_t = default_backend())]
     backend: String,
     /// Print JSON.
     #[arg(long)]
@@ -153,7 +153,7 @@ pub(crate) struct ListArgs {
     #[arg(default_value = "")]
     prefix: String,
     /// Backend URL.
-    #[arg(long, env = "DISTLOCK_BACKEND", default_value_t = default_backend())]
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value_t = default_backend())]
     backend: String,
     /// One JSON object per line.
     #[arg(long)]

@@ -216,6 +216,38 @@ fn lost_lease_stops_the_child_with_76() {
     }
 }
 
+/// After a lost lease the command's whole process group goes: a process
+/// the command started that ignores SIGTERM is killed after --kill-after
+/// even when the command itself exited at once, before distlock exits.
+#[test]
+fn a_lost_lease_kills_what_the_command_started_too() {
+    let b = sqlite("lost-group");
+    let marker = scratch("group").join("ran");
+    let started = Instant::now();
+    let out = run(
+        &b,
+        &["--ttl", "1s", "--no-renew", "--kill-after", "1s"],
+        "lost/group",
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "(trap '' TERM; sleep 4; touch {}) & sleep 20",
+                marker.display()
+            ),
+        ],
+    );
+    assert_eq!(code(&out), 76, "{}", String::from_utf8_lossy(&out.stderr));
+    // Well past when the ignored SIGTERM would have let it finish.
+    std::thread::sleep(
+        (started + Duration::from_secs(6)).saturating_duration_since(Instant::now()),
+    );
+    assert!(
+        !marker.exists(),
+        "a process of the command's group outlived the lost lease"
+    );
+}
+
 /// A command that ignores SIGTERM is killed after --kill-after.
 #[test]
 fn child_ignoring_sigterm_is_killed_after_grace() {
@@ -335,6 +367,68 @@ fn the_default_backend_works_on_a_fresh_machine_and_a_named_file_is_not_guessed(
     );
 }
 
+/// No `--help` shows the backend URL taken from the environment, whose
+/// password it may carry.
+#[test]
+fn help_never_shows_the_environments_backend_url() {
+    for cmd in [
+        "run",
+        "elect",
+        "observe",
+        "status",
+        "list",
+        "check",
+        "conformance",
+    ] {
+        let out = bin()
+            .env("DISTLOCK_BACKEND", "redis://:topsecret@127.0.0.1:1")
+            .args([cmd, "--help"])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{cmd} --help: {out:?}");
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(!shown.contains("topsecret"), "{cmd} --help: {shown}");
+    }
+}
+
+/// An empty or relative XDG_STATE_HOME counts as unset, as the XDG rules
+/// say: the default file is under HOME, the same from every working
+/// directory, not a file relative to each (two of which would each grant
+/// the same lock).
+#[test]
+fn an_empty_or_relative_xdg_state_home_falls_back_to_home() {
+    let root = scratch("xdg");
+    let home = root.join("home");
+    let want = format!(
+        "sqlite://{}",
+        home.join(".local/state/distlock/locks.db").display()
+    );
+    for (i, xdg) in ["", "relative/state"].into_iter().enumerate() {
+        let cwd = root.join(format!("cwd{i}"));
+        std::fs::create_dir_all(&cwd).unwrap();
+        let out = bin()
+            .current_dir(&cwd)
+            .env("XDG_STATE_HOME", xdg)
+            .env("HOME", &home)
+            .args([
+                "run",
+                "xdg/x",
+                "--",
+                "sh",
+                "-c",
+                "printf %s \"$DISTLOCK_BACKEND\"",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "XDG_STATE_HOME={xdg:?}: {out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            want,
+            "XDG_STATE_HOME={xdg:?}"
+        );
+    }
+}
+
 /// A lock taken away while the command runs, before a renewal could notice
 /// (here the command deletes its own lock row), is found by the release
 /// after it: exit 76, not the command's 0.
@@ -357,29 +451,32 @@ fn a_lock_taken_away_before_the_release_exits_76() {
     assert!(stderr.contains("no longer held"), "{stderr}");
 }
 
-/// SIGTERM to distlock reaches the command; the lock is released after.
+/// SIGTERM, SIGHUP (a closed terminal) and SIGQUIT to distlock reach the
+/// command, in its process group of its own; the lock is released after.
 #[test]
-fn sigterm_is_forwarded_and_the_lock_released() {
+fn signals_are_forwarded_and_the_lock_released() {
     let b = sqlite("signal");
-    let child = spawn_run(
-        &b,
-        &[],
-        "sig/lock",
-        &["sh", "-c", "trap 'exit 9' TERM; sleep 30 & wait"],
-    );
-    wait_held(&b, "sig/lock");
-    std::thread::sleep(Duration::from_millis(200));
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(9));
-    assert_eq!(
-        code(&run(&b, &["--wait", "0"], "sig/lock", &["true"])),
-        0,
-        "the lock was not released"
-    );
+    for sig in ["TERM", "HUP", "QUIT"] {
+        let child = spawn_run(
+            &b,
+            &[],
+            "sig/lock",
+            &["sh", "-c", &format!("trap 'exit 9' {sig}; sleep 30 & wait")],
+        );
+        wait_held(&b, "sig/lock");
+        std::thread::sleep(Duration::from_millis(200));
+        Command::new("kill")
+            .args([&format!("-{sig}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(9), "SIG{sig}: {out:?}");
+        assert_eq!(
+            code(&run(&b, &["--wait", "0"], "sig/lock", &["true"])),
+            0,
+            "SIG{sig}: the lock was not released"
+        );
+    }
 }
 
 /// The maximum overlap of `start`/`end` lines appended in time order.
@@ -563,6 +660,8 @@ fn bad_input_exits_2_with_a_clear_message() {
         vec!["run", "x"],
         vec!["status", "bad name"],
         vec!["list", "--limit", "0"],
+        vec!["check", "--backend", "memory://"],
+        vec!["conformance", "--backend", "memory://"],
         vec!["frobnicate"],
     ]);
     assert!(cases.len() >= 20);
@@ -996,7 +1095,12 @@ fn the_password_comes_from_the_environment_or_a_file() {
     let r = redis();
     let bare = r.url.replace(":s3cret@", "");
     assert!(!bare.contains("s3cret"), "{bare}");
-    let echo = ["--", "sh", "-c", "echo \"$DISTLOCK_BACKEND\""];
+    let echo = [
+        "--",
+        "sh",
+        "-c",
+        "echo \"$DISTLOCK_BACKEND\" \"${DISTLOCK_PASSWORD-unset}\"",
+    ];
     let out = bin()
         .env("DISTLOCK_PASSWORD", "s3cret")
         .args(["run", "--backend", &bare, "pw/env"])
@@ -1006,8 +1110,8 @@ fn the_password_comes_from_the_environment_or_a_file() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(
-        !shown.contains("s3cret") && shown.contains("***"),
-        "{shown}"
+        !shown.contains("s3cret") && shown.contains("***") && shown.contains("unset"),
+        "the password reached the command: {shown}"
     );
     let file = scratch("pw").join("password");
     std::fs::write(&file, "s3cret\n").unwrap();
