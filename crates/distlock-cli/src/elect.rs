@@ -49,7 +49,8 @@ pub(crate) struct ObserveArgs {
     #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value_t = default_backend())]
     backend: String,
     /// One JSON object per line (value, token, remaining_ms, holder_info), `null` while
-    /// nobody leads.
+    /// nobody leads. Without it each line is the leader's value, an empty
+    /// line while nobody leads.
     #[arg(long)]
     json: bool,
     /// Print the current leader and exit (75 if nobody leads).
@@ -126,22 +127,20 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
     .await
 }
 
-/// One line for `leader`: its value, or with `json` an object (`null`
-/// when nobody leads); `None` for no line.
-fn line(leader: Option<&distlock::Leader>, json: bool) -> Option<String> {
+/// One line for `leader`: its value, or with `json` an object; while
+/// nobody leads an empty line (a value is never empty), or `null`.
+fn line(leader: Option<&distlock::Leader>, json: bool) -> String {
     match (leader, json) {
-        (Some(l), true) => Some(
-            serde_json::json!({
-                "value": l.value,
-                "token": l.token.get(),
-                "remaining_ms": l.remaining.map(|r| r.as_millis() as u64),
-                "holder_info": l.holder_info,
-            })
-            .to_string(),
-        ),
-        (None, true) => Some("null".into()),
-        (Some(l), false) => Some(l.value.clone()),
-        (None, false) => None,
+        (Some(l), true) => serde_json::json!({
+            "value": l.value,
+            "token": l.token.get(),
+            "remaining_ms": l.remaining.map(|r| r.as_millis() as u64),
+            "holder_info": l.holder_info,
+        })
+        .to_string(),
+        (None, true) => "null".into(),
+        (Some(l), false) => l.value.clone(),
+        (None, false) => String::new(),
     }
 }
 
@@ -157,7 +156,7 @@ pub(crate) async fn observe(args: ObserveArgs) -> ExitCode {
     let election = client.election(&name);
     if args.once {
         return match election.leader().await {
-            Ok(Some(l)) => match output::line(line(Some(&l), args.json).unwrap_or_default()) {
+            Ok(Some(l)) => match output::line(line(Some(&l), args.json)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(code) => code,
             },
@@ -181,11 +180,9 @@ pub(crate) async fn observe(args: ObserveArgs) -> ExitCode {
         tokio::select! {
             next = leaders.next() => match next {
                 Some(Ok(leader)) => {
-                    if let Some(l) = line(leader.as_ref(), args.json) {
-                        // A closed pipe ends the observation.
-                        if let Err(code) = output::line(l) {
-                            return code;
-                        }
+                    // A closed pipe ends the observation.
+                    if let Err(code) = output::line(line(leader.as_ref(), args.json)) {
+                        return code;
                     }
                 }
                 Some(Err(e)) => tracing::warn!(error = %e, "observing the election failed; retrying"),

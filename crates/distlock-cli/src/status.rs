@@ -48,11 +48,16 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
 
 /// Writes the status `s` of `name` in the form `args` asks for.
 fn print_status(name: &LockName, s: &LockStatus, args: &StatusArgs) -> Result<(), ExitCode> {
+    // Held shared, no one token is the holder's: each shared hold has its
+    // own, and the backend's is the newest grant's, whose hold may have
+    // ended while older ones last.
+    let shared_held = s.shared.is_some_and(|n| n > 0);
+    let token = s.token.filter(|_| !shared_held);
     if args.json {
         let json = StatusJson {
             name: name.as_str(),
             held: s.held,
-            token: s.token.map(|t| t.get()),
+            token: token.map(|t| t.get()),
             remaining_ms: s.remaining.map(|r| r.as_millis()),
             queue_len: s.queue_len,
             holders: s.holders,
@@ -83,7 +88,11 @@ fn print_status(name: &LockName, s: &LockStatus, args: &StatusArgs) -> Result<()
     if s.held {
         line(format!(
             "token:     {}",
-            s.token.map_or_else(unknown, |t| t.to_string())
+            if shared_held {
+                format!("one per shared hold: distlock list {name} shows each")
+            } else {
+                token.map_or_else(unknown, |t| t.to_string())
+            }
         ))?;
         line(format!(
             "remaining: {}",

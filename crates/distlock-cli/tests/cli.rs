@@ -1251,6 +1251,50 @@ fn shared_runs_overlap_and_exclusive_runs_are_alone() {
     assert!(most_readers >= 2, "shared commands never overlapped");
 }
 
+/// `distlock status` of a lock held shared names no single token: the
+/// newest shared hold may have ended while an older one lasts, and its
+/// token is nobody's.
+#[test]
+fn status_of_a_lock_held_shared_shows_no_one_token() {
+    let b = sqlite("status-shared");
+    let mut older = spawn_run(&b, &["--shared"], "rw/status", &["sleep", "20"]);
+    wait_held(&b, "rw/status");
+    let newer = run(
+        &b,
+        &["--shared"],
+        "rw/status",
+        &["sh", "-c", "echo $DISTLOCK_TOKEN"],
+    );
+    assert_eq!(
+        code(&newer),
+        0,
+        "{}",
+        String::from_utf8_lossy(&newer.stderr)
+    );
+    let newer_token = String::from_utf8_lossy(&newer.stdout).trim().to_string();
+    assert!(newer_token.parse::<u64>().is_ok(), "{newer_token}");
+    let json = status_json(&b, "rw/status", &[]);
+    assert!(
+        json.contains("\"held\":true")
+            && json.contains("\"token\":null")
+            && json.contains("\"shared\":1"),
+        "{json}"
+    );
+    let out = bin()
+        .args(["status", "rw/status", "--backend", &b])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let token_line = text.lines().find(|l| l.starts_with("token:"));
+    assert_eq!(
+        token_line,
+        Some("token:     one per shared hold: distlock list rw/status shows each"),
+        "{text}"
+    );
+    older.kill().unwrap();
+    older.wait().unwrap();
+}
+
 /// An etcd member for one test, stopped when dropped.
 #[cfg(feature = "etcd")]
 struct Etcd {
@@ -1359,18 +1403,34 @@ fn elect_runs_the_command_while_leading_and_observe_prints_the_leader() {
     leader.wait().unwrap();
 }
 
-/// `distlock observe` prints each leader's value as it changes, and a
-/// leadership lost on the server stops `elect`'s command with 76.
+/// A child process killed when dropped, also when a test fails first
+/// (one that never exits would otherwise outlive the test).
+#[cfg(feature = "etcd")]
+struct Stopped(Child);
+
+#[cfg(feature = "etcd")]
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `distlock observe` prints each leader's value as it changes and an
+/// empty line while nobody leads, and a leadership lost on the server stops
+/// `elect`'s command with 76.
 #[cfg(feature = "etcd")]
 #[test]
 fn observe_prints_each_leader_and_a_lost_leadership_exits_76() {
     let etcd = etcd();
-    let mut observer = bin()
-        .args(["observe", "--backend", &etcd.url, "jobs/leader"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = observer.stdout.take().unwrap();
+    let mut observer = Stopped(
+        bin()
+            .args(["observe", "--backend", &etcd.url, "jobs/leader"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = observer.0.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in std::io::BufRead::lines(std::io::BufReader::new(lines)).map_while(Result::ok) {
@@ -1393,7 +1453,11 @@ fn observe_prints_each_leader_and_a_lost_leadership_exits_76() {
         ])
         .spawn()
         .unwrap();
-    let seen_first = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    // An observer that starts before the first leads sees nobody lead.
+    let mut seen_first = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    if seen_first.is_empty() {
+        seen_first = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    }
     Command::new("kill")
         .args(["-TERM", &first.id().to_string()])
         .status()
@@ -1414,10 +1478,12 @@ fn observe_prints_each_leader_and_a_lost_leadership_exits_76() {
         .output()
         .unwrap();
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    // The second campaigns only once the first has exited: in between
+    // nobody leads.
+    let seen_gap = rx.recv_timeout(Duration::from_secs(20)).unwrap();
     let seen_second = rx.recv_timeout(Duration::from_secs(20)).unwrap();
-    assert_eq!([seen_first, seen_second], ["first", "second"]);
-    observer.kill().unwrap();
-    observer.wait().unwrap();
+    assert_eq!([seen_first, seen_gap, seen_second], ["first", "", "second"]);
+    drop(observer);
     // Leadership taken away on the server (its key deleted, as an
     // operator would): the renewal finds it gone, the command gets SIGTERM
     // and elect exits 76.

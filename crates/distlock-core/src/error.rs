@@ -96,8 +96,9 @@ impl fmt::Display for LostReason {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The wait ran out while another holder kept the lock.
-    #[error("gave up on lock `{name}` after waiting {waited:?}: another holder kept it; wait longer or find out who holds it")]
+    /// The wait ran out while others kept what it waited for: the lock,
+    /// the semaphore's permits or the election's leadership.
+    #[error("gave up on `{name}` after waiting {waited:?}: others kept it held; wait longer or find out who holds it")]
     WaitTimeout {
         /// The lock.
         name: LockName,
