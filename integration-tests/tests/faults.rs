@@ -605,7 +605,7 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Resul
 /// F3: Redlock over 5 nodes. The faulted client reaches nodes 3 and 4
 /// through proxies that drop everything, so its grant lands on nodes 0-2
 /// only; it stalls; node 2 restarts empty: nodes 2-4 are a free majority
-/// for everyone else (the seed's ABC / CDE case). With delayed-restart
+/// for everyone else (Kleppmann's ABC / CDE case). With delayed-restart
 /// protection node 2 sits out for a TTL instead.
 async fn f3_redlock_restart(protected: bool) -> Result<(), Failed> {
     // Without protection the double grant needs the contender to reach the
@@ -640,7 +640,7 @@ async fn f3_attempt(protected: bool) -> Result<(), Failed> {
     urls[0] = redis_server::redlock_url(via, &format!("&fencing=true{options}"));
     let mut w = workload(urls, ttl)?;
     // Clients keep arriving: a waiter gives up after 300 ms and tries
-    // afresh, as the seed's client B does, instead of sleeping until the
+    // afresh, as client B of that case does, instead of sleeping until the
     // holder's TTL.
     w.wait = Duration::from_millis(300);
     let stall = Duration::from_secs(7);

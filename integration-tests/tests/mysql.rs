@@ -209,6 +209,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::a_shared_renewal_after_its_lock_row_was_freed_leaves_nothing",
+                shared_renewal_after_freed(f.clone()),
+            ),
+            trial(
+                rt,
                 "mysql::a_renewal_committing_at_expiry_keeps_its_permit",
                 renewal_at_expiry(f.clone()),
             ),
@@ -888,5 +893,21 @@ async fn stalled_wait(f: Arc<SqlFactory>) -> Result<(), Failed> {
     integration_tests::stall::a_wait_ends_by_its_deadline(f.url()?, |url| async move {
         SqlBackend::connect(&url).await
     })
+    .await
+}
+
+/// See [`sql_support::a_shared_renewal_after_its_lock_row_was_freed_leaves_nothing`].
+async fn shared_renewal_after_freed(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let admin: sqlx::MySqlPool = f.admin_pool().await?;
+    sql_support::a_shared_renewal_after_its_lock_row_was_freed_leaves_nothing(
+        f,
+        |table, name| async move {
+            let done = sqlx::query(&format!("UPDATE {table} SET owner = NULL WHERE name = ?"))
+                .bind(name)
+                .execute(&admin)
+                .await?;
+            Ok(done.rows_affected())
+        },
+    )
     .await
 }

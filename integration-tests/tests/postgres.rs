@@ -292,6 +292,11 @@ fn main() {
                 ),
                 trial(
                     rt,
+                    "postgres::a_shared_renewal_after_its_lock_row_was_freed_leaves_nothing",
+                    shared_renewal_after_freed(f.clone()),
+                ),
+                trial(
+                    rt,
                     "postgres::a_renewal_committing_at_expiry_keeps_its_permit",
                     renewal_at_expiry(f.clone()),
                 ),
@@ -1910,8 +1915,8 @@ async fn fifo_last_reader() -> Result<(), Failed> {
 }
 
 /// With `old_table`, the queue table exists already without the column
-/// that tells shared entries apart (as earlier versions of the crate made
-/// it): the first client adds it.
+/// that tells shared entries apart (a table made by a client that predates
+/// the column): the first client adds it.
 async fn fifo_readers(old_table: bool) -> Result<(), Failed> {
     let (_server, url) = fifo_server().await?;
     if old_table {
@@ -1978,5 +1983,21 @@ async fn stalled_wait(f: Arc<SqlFactory>) -> Result<(), Failed> {
     integration_tests::stall::a_wait_ends_by_its_deadline(f.url()?, |url| async move {
         SqlBackend::connect(&url).await
     })
+    .await
+}
+
+/// See [`sql_support::a_shared_renewal_after_its_lock_row_was_freed_leaves_nothing`].
+async fn shared_renewal_after_freed(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let admin: sqlx::PgPool = f.admin_pool().await?;
+    sql_support::a_shared_renewal_after_its_lock_row_was_freed_leaves_nothing(
+        f,
+        |table, name| async move {
+            let done = sqlx::query(&format!("UPDATE {table} SET owner = NULL WHERE name = $1"))
+                .bind(name)
+                .execute(&admin)
+                .await?;
+            Ok(done.rows_affected())
+        },
+    )
     .await
 }

@@ -574,7 +574,7 @@ async fn majority_first(options: &'static str) -> Result<(), Failed> {
     }
 }
 
-/// The seed's scenario: A holds the lock on nodes 0, 1, 2; node 2 restarts
+/// Kleppmann's ABC / CDE case: A holds the lock on nodes 0, 1, 2; node 2 restarts
 /// empty; B then finds nodes 2, 3, 4 free.
 async fn restart(protected: bool) -> Result<(), Failed> {
     let mut nodes = blocking(five_nodes).await?;

@@ -35,6 +35,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "sqlite::a_shared_renewal_after_its_lock_row_was_freed_leaves_nothing",
+                shared_renewal_after_freed(f.clone()),
+            ),
+            trial(
+                rt,
                 "sqlite::same_process_waiter_is_woken_on_release",
                 woken_in_process(f.clone()),
             ),
@@ -211,6 +216,24 @@ async fn freed_permit_wakes_one(f: std::sync::Arc<SqlFactory>) -> Result<(), Fai
             Ok(())
         },
         || async { sqlx::query_scalar(&count).fetch_one(&admin).await },
+    )
+    .await
+}
+
+/// See [`sql_support::a_shared_renewal_after_its_lock_row_was_freed_leaves_nothing`].
+async fn shared_renewal_after_freed(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let file = f.clone();
+    sql_support::a_shared_renewal_after_its_lock_row_was_freed_leaves_nothing(
+        f,
+        |table, name| async move {
+            // Opened once the backend has made the file.
+            let admin: sqlx::SqlitePool = file.admin_pool().await?;
+            let done = sqlx::query(&format!("UPDATE {table} SET owner = NULL WHERE name = ?1"))
+                .bind(name)
+                .execute(&admin)
+                .await?;
+            Ok(done.rows_affected())
+        },
     )
     .await
 }

@@ -260,13 +260,18 @@ impl MultiLockBuilder {
                 AllAtOnce::Refused | AllAtOnce::NotOffered => {}
             }
         }
-        // One at a time, in canonical order; a guard started here is
-        // released again if a later name fails or the future is dropped.
+        // One at a time, in canonical order. If a later name is refused or
+        // fails, the guards started here are released before the answer,
+        // so that a caller that exits at once leaves none of them held; if
+        // the future is dropped, they release themselves in the background.
         for (req, gate) in pending {
-            let Some(grant) = each.client.ask(&req, mode).await? else {
-                return Ok(None);
-            };
-            started.push(each.start(gate, req, grant));
+            match each.client.ask(&req, mode).await {
+                Ok(Some(grant)) => started.push(each.start(gate, req, grant)),
+                refused_or_failed => {
+                    join_all(started.into_iter().map(LockGuard::release)).await;
+                    return refused_or_failed.map(|_| None);
+                }
+            }
         }
         let mut started = started.into_iter();
         let guards = guards

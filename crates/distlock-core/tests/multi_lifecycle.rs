@@ -28,6 +28,8 @@ struct Wrapped {
     hang_releases: AtomicBool,
     /// Acquires take a round trip of 10 ms.
     slow_acquires: AtomicBool,
+    /// Releases take a round trip of 10 ms.
+    slow_releases: AtomicBool,
 }
 
 impl Wrapped {
@@ -72,6 +74,9 @@ impl Backend for Wrapped {
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         if self.hang_releases.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
+        }
+        if self.slow_releases.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         self.inner.release(req).await
     }
@@ -305,6 +310,43 @@ async fn a_multi_lock_cancelled_midway_releases_what_it_took() {
             .collect::<Vec<_>>(),
         ["cancel/a", "cancel/b", "cancel/c"]
     );
+}
+
+/// A multi-lock taken one name at a time that gives up (its wait ran out,
+/// or a try found a later name held) has released the names it took by
+/// the time it answers, not in the background: a caller that exits at
+/// once (`distlock run A B` exiting 75) leaves none of them held.
+#[tokio::test(start_paused = true)]
+async fn a_multi_lock_that_gives_up_has_released_what_it_took_when_it_answers() {
+    let (w, a, b) = setup();
+    w.decline_all.store(true, Ordering::SeqCst);
+    w.slow_releases.store(true, Ordering::SeqCst);
+    let _held = b
+        .lock("give/b")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let waited = a
+        .lock_all(["give/a", "give/b"])
+        .ttl(Duration::from_secs(60))
+        .wait(Duration::from_millis(100))
+        .acquire()
+        .await;
+    assert!(
+        matches!(waited, Err(Error::WaitTimeout { .. })),
+        "{waited:?}"
+    );
+    let left = w.inner.inspect(&name("give/a")).await.unwrap();
+    assert!(!left.held, "give/a still held when the wait answered");
+    let tried = a
+        .lock_all(["give/a", "give/b"])
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await;
+    assert!(matches!(tried, Ok(None)), "{tried:?}");
+    let left = w.inner.inspect(&name("give/a")).await.unwrap();
+    assert!(!left.held, "give/a still held when the try answered");
 }
 
 /// One name lost: the others are released on the server and report

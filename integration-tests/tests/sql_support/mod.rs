@@ -1105,3 +1105,52 @@ pub async fn tls_demanded_of_a_plain_server(url: &str, param: &str) -> Result<()
         Err(e) => Err(format!("{param} to a server without TLS gave {e:?}").into()),
     }
 }
+
+/// A shared hold whose lock row is no longer shared is not renewed, and not
+/// left behind: `free(table, name)` frees the lock row by hand and leaves
+/// the hold's row (as a release that judged the hold ended does while the
+/// hold's renewal is on its way), answering the rows it changed. The
+/// renewal answers not held; a later reader then comes and goes, and a
+/// writer is granted at once: an extended hold row would count as live and
+/// keep the lock shared for its TTL.
+pub async fn a_shared_renewal_after_its_lock_row_was_freed_leaves_nothing<F, FF>(
+    f: Arc<SqlFactory>,
+    free: F,
+) -> Result<(), Failed>
+where
+    F: FnOnce(String, String) -> FF,
+    FF: std::future::Future<Output = Result<u64, Failed>>,
+{
+    let (table, url) = f.own_table("freed")?;
+    let backend = SqlBackend::connect(&url).await?;
+    let name = "rw/freed";
+    let ttl = Duration::from_secs(60);
+    let mut reader = LockRequest::new(LockName::new(name)?, ttl);
+    reader.kind = distlock_core::HoldKind::Shared;
+    backend
+        .try_acquire(&reader)
+        .await?
+        .ok_or("the reader was refused")?;
+    if free(table, name.to_string()).await? != 1 {
+        return Err("the lock row was not freed by hand".into());
+    }
+    if backend.extend(&reader).await? {
+        return Err("a shared hold whose lock row is free was renewed".into());
+    }
+    let client = LockClient::new(backend);
+    let later = client
+        .lock(name)
+        .shared()
+        .ttl(ttl)
+        .try_acquire()
+        .await?
+        .ok_or("a later reader was refused")?;
+    later.release().await?;
+    match client.lock(name).ttl(ttl).try_acquire().await? {
+        Some(w) => Ok(w.release().await.map(|_| ())?),
+        None => Err(
+            "a writer was refused once every live reader had released: the renewal left its hold's row live"
+                .into(),
+        ),
+    }
+}

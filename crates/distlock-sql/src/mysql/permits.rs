@@ -6,8 +6,10 @@
 //! permits, the permit's insert if one is free, the commit. When the insert
 //! finds every permit held, it answers when the earliest live one ends; the
 //! token it bumped stays unused (tokens rise, with gaps). When the bump
-//! changes nothing, the transaction is rolled back and a second one says
-//! why: it creates the semaphore, or finds another limit in force.
+//! changes nothing, the transaction is rolled back and the client creates
+//! the semaphore with its limit unless it exists: another limit in force is
+//! a `LimitMismatch`, else the procedure is called again. Every grant is
+//! the procedure's, so every grant judges the permits' ends alike.
 //!
 //! READ COMMITTED because each statement then reads what was committed
 //! before it, in particular the permits of the acquirer that held the row
@@ -18,7 +20,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use distlock_core::{HoldRecord, LockName, LockRequest, LockStatus, Result};
+use distlock_core::{Error, HoldRecord, LockName, LockRequest, LockStatus, Result};
 
 use super::procedure::{mysql_error_number, Procedure};
 use super::queue::queue_lock;
@@ -45,14 +47,9 @@ pub(crate) struct Statements {
     grant_queued_proc: Procedure,
     grant: String,
     grant_queued: String,
-    /// The queue's head (with a wait queue), for a grant's transaction.
-    queue_head: String,
     select_semaphore: String,
     insert_semaphore: String,
-    delete_expired: String,
-    count_live: String,
-    bump_token: String,
-    insert_permit: String,
+    stored_limit: String,
     extend: String,
     release: String,
     release_queued: String,
@@ -151,7 +148,6 @@ END"
             ),
             grant: format!("CALL {grant_proc}(?, ?, ?, ?, ?)"),
             grant_queued: format!("CALL {grant_queued_proc}(?, ?, ?, ?, ?, ?, ?)"),
-            queue_head: format!("SELECT CAST(IFNULL(IS_USED_LOCK({q}), 0) AS UNSIGNED)"),
             create_semaphores: format!(
                 "CREATE TABLE IF NOT EXISTS {semaphores} (
                     name {name} PRIMARY KEY,
@@ -173,21 +169,7 @@ END"
             insert_semaphore: format!(
                 "INSERT INTO {semaphores} (name, permits, token) VALUES (?, ?, 0)"
             ),
-            // The owner's own earlier permit goes too: asking again with
-            // the same owner (a retry after a lost reply) takes one permit,
-            // not two.
-            delete_expired: format!(
-                "DELETE FROM {permits} WHERE name = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"
-            ),
-            count_live: format!(
-                "SELECT COUNT(*), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(expires_at)) FROM {permits}
-                  WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)"
-            ),
-            bump_token: format!("UPDATE {semaphores} SET token = ? WHERE name = ?"),
-            insert_permit: format!(
-                "INSERT INTO {permits} (name, owner, token, expires_at, holder)
-                 VALUES (?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)"
-            ),
+            stored_limit: format!("SELECT permits FROM {semaphores} WHERE name = ?"),
             extend: format!(
                 "UPDATE {permits} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
                   WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
@@ -281,17 +263,35 @@ impl My {
 
     /// One attempt at a permit. With a wait queue only the queue's head is
     /// granted one (or anyone while nobody heads it), and a waiting
-    /// request that is refused asks for its place.
+    /// request that is refused asks for its place. Every grant is a call of
+    /// the grant procedure; a name's first acquire creates the semaphore
+    /// before it.
     pub(crate) async fn permit_attempt(&self, req: &LockRequest, limit: u32) -> Result<Outcome> {
         let owner = req.owner.to_string();
-        let found = match self
-            .retrying(|| self.permit_grant(req, &owner, limit))
-            .await?
-        {
-            Some(found) => found,
-            None => {
-                self.retrying(|| self.permit_transaction(req, &owner, limit))
-                    .await?
+        let mut created = 0;
+        let found = loop {
+            if let Some(found) = self
+                .retrying(|| self.permit_grant(req, &owner, limit))
+                .await?
+            {
+                break found;
+            }
+            // No semaphore with this limit: none yet, or another limit.
+            if let Some(stored) = self.retrying(|| self.permit_create(req, limit)).await? {
+                break stored;
+            }
+            // Created, or there with this limit: the grant runs again,
+            // unless the limit keeps changing between the two.
+            created += 1;
+            if created > RETRIES {
+                return Err(Error::unavailable(
+                    self.err.backend,
+                    format!(
+                        "the limit of semaphore `{}` changed under each of {created} attempts",
+                        req.name
+                    ),
+                    None,
+                ));
             }
         };
         if let (PermitAttempt::Full(_), Some(queue)) = (&found, &self.queue) {
@@ -339,78 +339,32 @@ impl My {
         }))
     }
 
-    /// The semaphore row locked (or created with the requested limit), the
-    /// limit checked, expired permits deleted, the live ones counted, and,
-    /// if one is free, the counter bumped and the permit inserted with the
-    /// new token.
-    async fn permit_transaction(
+    /// Creates the semaphore `req` names with `limit` unless it exists:
+    /// the stored limit if it is another (nothing changed), else `None`.
+    async fn permit_create(
         &self,
         req: &LockRequest,
-        owner: &str,
         limit: u32,
-    ) -> Result<PermitAttempt, sqlx::Error> {
+    ) -> Result<Option<PermitAttempt>, sqlx::Error> {
         let s = &self.permits;
         let name = req.name.as_str();
-        let mut tx = self.pool.begin_with(BEGIN).await?;
-        let row: Option<(u32, u64)> = sqlx::query_as(&s.select_semaphore)
+        let created = sqlx::query(&s.insert_semaphore)
             .bind(name)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let (stored, token) = match row {
-            Some(row) => row,
-            None => {
-                sqlx::query(&s.insert_semaphore)
-                    .bind(name)
-                    .bind(limit)
-                    .execute(&mut *tx)
-                    .await?;
-                (limit, 0)
+            .bind(limit)
+            .execute(&self.pool)
+            .await;
+        match created {
+            // Another client created it first.
+            Err(e) if mysql_error_number(&e) == Some(1062) => {}
+            other => {
+                other?;
             }
-        };
-        if stored != limit {
-            tx.rollback().await?;
-            return Ok(PermitAttempt::LimitIs(i64::from(stored)));
         }
-        sqlx::query(&s.delete_expired)
+        let stored: u32 = sqlx::query_scalar(&s.stored_limit)
             .bind(name)
-            .bind(owner)
-            .execute(&mut *tx)
+            .fetch_one(&self.pool)
             .await?;
-        let (live, left): (i64, Option<i64>) = sqlx::query_as(&s.count_live)
-            .bind(name)
-            .fetch_one(&mut *tx)
-            .await?;
-        let behind = match self.permit_head(req) {
-            Some(head) => {
-                let heading: u64 = sqlx::query_scalar(&s.queue_head)
-                    .bind(queue_row(req))
-                    .fetch_one(&mut *tx)
-                    .await?;
-                heading != 0 && heading != head
-            }
-            None => false,
-        };
-        if live >= i64::from(stored) || behind {
-            // Keeps the expired permits' deletion.
-            tx.commit().await?;
-            return Ok(PermitAttempt::Full(remaining_micros(left)));
-        }
-        let token = token + 1;
-        sqlx::query(&s.bump_token)
-            .bind(token)
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(&s.insert_permit)
-            .bind(name)
-            .bind(owner)
-            .bind(token)
-            .bind(ttl_micros(req.ttl))
-            .bind(holder(req))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(PermitAttempt::Granted(i64::try_from(token).unwrap_or(-1)))
+        Ok((stored != limit).then(|| PermitAttempt::LimitIs(i64::from(stored))))
     }
 
     /// The live permits whose names fall in `range`, at most `limit`.

@@ -245,7 +245,11 @@ impl Queue {
             &format!("UPDATE {table} SET owner = NULL WHERE name = p_row AND owner IS NOT NULL"),
         );
         Self {
-            options: (*pool.connect_options()).clone(),
+            // Their statements block by design (`GET_LOCK`, `SLEEP`): not
+            // logged as slow.
+            options: (*pool.connect_options())
+                .clone()
+                .disable_statement_logging(),
             pool: pool.clone(),
             evict_leader,
             lease,

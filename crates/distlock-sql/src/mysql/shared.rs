@@ -27,6 +27,7 @@ pub(crate) struct Statements {
     raise: String,
     lock_row_held: String,
     drop_holds: String,
+    forget_hold: String,
     settle: String,
     mark: String,
     unmark: String,
@@ -137,6 +138,7 @@ impl Statements {
             drop_holds: format!(
                 "DELETE FROM {shared} WHERE name = ? AND (owner = ? OR expires_at <= UTC_TIMESTAMP(6))"
             ),
+            forget_hold: format!("DELETE FROM {shared} WHERE name = ? AND owner = ?"),
             // The lock row's end becomes the latest live hold's, or the
             // row is freed if none is left.
             settle: settle(""),
@@ -259,7 +261,9 @@ impl My {
     }
 
     /// The row lock, the hold's row, then the lock row's end raised to it
-    /// (never lowered: other holds may end later); held if both moved.
+    /// (never lowered: other holds may end later); held if both moved. A
+    /// hold whose lock row is no longer shared is deleted (see SQLite's
+    /// `shared_extend`).
     async fn shared_extend_transaction(
         &self,
         req: &LockRequest,
@@ -289,6 +293,13 @@ impl My {
                 .await?
                 .rows_affected()
                 == 1;
+        if moved && !raised {
+            sqlx::query(&s.forget_hold)
+                .bind(name)
+                .bind(owner)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         Ok(raised)
     }

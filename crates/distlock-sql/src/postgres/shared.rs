@@ -22,6 +22,7 @@ pub(crate) struct Statements {
     attempt: String,
     try_take: String,
     extend: String,
+    forget_hold: String,
     release_unless_raced: String,
     lock_row: String,
     release: String,
@@ -161,6 +162,7 @@ impl Statements {
                  UPDATE {table} l SET expires_at = greatest(l.expires_at, e.expires_at)
                    FROM e WHERE l.name = $1 AND l.owner = '{s}'"
             ),
+            forget_hold: format!("DELETE FROM {shared} WHERE name = $1 AND owner = $2"),
             // The release in one statement, if no one changes the lock row
             // meanwhile: the hold's row and expired ones go, and the lock
             // row's end is set from the holds this statement's snapshot
@@ -288,8 +290,22 @@ impl Pg {
         })
     }
 
+    /// The renewal in one statement. A hold whose lock row is no longer
+    /// shared (freed by a release that judged the hold ended, or taken
+    /// since) answers not held, and its row, which the statement may have
+    /// extended, is deleted: it would count as live to later releases and
+    /// keep the lock shared for a TTL more.
     pub(crate) async fn shared_extend(&self, req: &LockRequest) -> Result<bool> {
-        self.extend_row(&self.shared.extend, req).await
+        if self.extend_row(&self.shared.extend, req).await? {
+            return Ok(true);
+        }
+        sqlx::query(&self.shared.forget_hold)
+            .bind(req.name.as_str())
+            .bind(req.owner.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err.map(e))?;
+        Ok(false)
     }
 
     /// One round trip; four more (`BEGIN`, the row lock, the release,

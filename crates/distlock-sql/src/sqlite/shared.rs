@@ -18,6 +18,7 @@ pub(crate) struct Statements {
     extend_hold: String,
     raise: String,
     release_hold: String,
+    forget_hold: String,
     drop_expired: String,
     settle: String,
     readers_hold: String,
@@ -85,6 +86,7 @@ impl Statements {
             release_hold: format!(
                 "DELETE FROM {shared} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
             ),
+            forget_hold: format!("DELETE FROM {shared} WHERE name = ?1 AND owner = ?2"),
             // The expired holds go, and the lock row's end becomes the
             // latest live hold's, or the row is freed if none is left.
             drop_expired: format!(
@@ -165,7 +167,10 @@ impl Lite {
     }
 
     /// The hold's row, then the lock row's end raised to it (never lowered:
-    /// other holds may end later); held if both moved.
+    /// other holds may end later); held if both moved. A hold whose lock row
+    /// is no longer shared (freed by a release that judged the hold ended,
+    /// or taken since) is deleted: extended, it would count as live to
+    /// later releases and keep the lock shared for a TTL more.
     pub(crate) async fn shared_extend(&self, req: &LockRequest) -> Result<bool> {
         let s = &self.shared;
         let (name, owner) = (req.name.as_str(), req.owner.to_string());
@@ -187,6 +192,13 @@ impl Lite {
                     .await?
                     .rows_affected()
                     == 1;
+            if moved && !raised {
+                sqlx::query(&s.forget_hold)
+                    .bind(name)
+                    .bind(&owner)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             tx.commit().await?;
             Ok(raised)
         })
