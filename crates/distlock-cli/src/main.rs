@@ -84,6 +84,11 @@ enum Command {
     /// lease and holder info, one per line (with --json one object per
     /// line), at most --limit of them in name order.
     List(status::ListArgs),
+    /// Change the limit stored with the semaphore NAME to LIMIT (creating
+    /// it if need be) and print the one it had. Permits held stay held;
+    /// with a lower limit new ones wait until fewer than LIMIT are held.
+    /// `run --limit` with another limit then exits 2.
+    SetLimit(status::SetLimitArgs),
     /// List the compiled-in backends and what each guarantees.
     Backends,
     /// Run K client processes that contend for one lock and update a shared
@@ -231,6 +236,7 @@ fn apply_password(cli: &mut Cli) -> Result<(), String> {
         Command::Observe(a) => a.backend_mut(),
         Command::Status(a) => a.backend_mut(),
         Command::List(a) => a.backend_mut(),
+        Command::SetLimit(a) => a.backend_mut(),
         Command::Check(a) => a.backend_mut(),
         Command::Conformance(a) => a.backend_mut(),
         Command::Backends => return Ok(()),
@@ -274,9 +280,6 @@ pub(crate) fn with_password(
     if password.is_empty() {
         return Err("the password given is empty".into());
     }
-    if password.contains(['@', '/', '?', '#', ':']) {
-        return Err("the password contains one of @ / ? # :, which a URL cannot carry unescaped; percent-encode it in the URL instead".into());
-    }
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     let (user, hosts) = match authority.rsplit_once('@') {
@@ -308,10 +311,12 @@ pub(crate) fn with_password(
         scheme,
         "etcd" | "etcds" | "zk" | "redis+sentinel" | "rediss+sentinel"
     );
-    let password = if verbatim {
-        password.to_string()
-    } else {
+    let password = if !verbatim {
         percent_encode(password)
+    } else if password.contains(['@', '/', '?', '#', ':']) {
+        return Err(format!("the password contains one of @ / ? # :, which a {scheme}:// URL cannot carry: it reads the password as written"));
+    } else {
+        password.to_string()
     };
     Ok(format!("{scheme}://{user}:{password}@{hosts}{tail}"))
 }
@@ -406,6 +411,7 @@ fn main() -> ExitCode {
             Command::Observe(args) => elect::observe(args).await,
             Command::Status(args) => status::status(args).await,
             Command::List(args) => status::list(args).await,
+            Command::SetLimit(args) => status::set_limit(args).await,
             Command::Backends => status::backends(),
             Command::Check(args) => check::check(args).await,
             Command::Conformance(args) => conformance::conformance(args).await,

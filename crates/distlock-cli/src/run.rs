@@ -292,7 +292,13 @@ async fn acquire(
     names: &[LockName],
     args: &RunArgs,
 ) -> Result<Held, ExitCode> {
-    let failed = |e: distlock::Error| fail(code_for(&e), e);
+    let failed = |e: distlock::Error| match &e {
+        distlock::Error::LimitMismatch { name, stored, .. } => fail(
+            code_for(&e),
+            format!("{e} (here: --limit {stored}, or `distlock set-limit {name} N`)"),
+        ),
+        _ => fail(code_for(&e), e),
+    };
     if names.len() > 1 {
         let mut all = client.lock_all(names).ttl(args.ttl);
         if args.no_renew {

@@ -309,6 +309,45 @@ fn print_backends() -> Result<(), ExitCode> {
     Ok(())
 }
 
+#[derive(clap::Args, Debug)]
+pub(crate) struct SetLimitArgs {
+    /// The semaphore's name.
+    name: String,
+    /// The new limit, 1 or more.
+    #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+    limit: u32,
+    /// Backend URL.
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value_t = default_backend())]
+    backend: String,
+}
+
+pub(crate) async fn set_limit(args: SetLimitArgs) -> ExitCode {
+    let backend = match crate::connect(&args.backend).await {
+        Ok(b) => b,
+        Err(e) => return fail(code_for(&e), e),
+    };
+    let client = distlock::LockClient::from_dyn(backend);
+    let old = match client.set_semaphore_limit(&args.name, args.limit).await {
+        Ok(old) => old,
+        Err(e) => return fail(code_for(&e), e),
+    };
+    let old = old.map_or_else(|| "none stored".to_string(), |l| l.to_string());
+    match line(format!(
+        "semaphore {}: limit {} (was {old})",
+        args.name, args.limit
+    )) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+impl SetLimitArgs {
+    /// The backend URL, for the password options to fill in.
+    pub(crate) fn backend_mut(&mut self) -> &mut String {
+        &mut self.backend
+    }
+}
+
 impl StatusArgs {
     /// The backend URL, for the password options to fill in.
     pub(crate) fn backend_mut(&mut self) -> &mut String {

@@ -493,6 +493,35 @@ fn most_at_once(log: &str) -> usize {
     most
 }
 
+/// A `--limit` other than the semaphore's stored one exits 2 and says how
+/// to change it; `distlock set-limit` does, and prints the old limit.
+#[test]
+fn set_limit_changes_a_semaphores_stored_limit() {
+    let b = sqlite("set-limit");
+    assert_eq!(code(&run(&b, &["--limit", "3"], "pool/db", &["true"])), 0);
+    let refused = run(&b, &["--limit", "2"], "pool/db", &["true"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(code(&refused), 2, "{err}");
+    assert!(err.contains("distlock set-limit pool/db N"), "{err}");
+    let set = |limit: &str| {
+        bin()
+            .args(["set-limit", "--backend", &b, "pool/db", limit])
+            .output()
+            .unwrap()
+    };
+    let changed = set("2");
+    assert_eq!(code(&changed), 0, "{changed:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&changed.stdout).trim(),
+        "semaphore pool/db: limit 2 (was 3)"
+    );
+    assert_eq!(code(&run(&b, &["--limit", "2"], "pool/db", &["true"])), 0);
+    assert!(status_json(&b, "pool/db", &["--semaphore"]).contains("\"limit\":2"));
+    for bad in ["0", "-1", "many"] {
+        assert_eq!(code(&set(bad)), 2, "set-limit {bad}");
+    }
+}
+
 /// Eight `distlock run --limit 3` at once: never more than three commands
 /// run together, and three do at least once.
 #[test]
@@ -1088,7 +1117,8 @@ fn conformance_reports_a_postgres_without_durable_commits() {
 
 /// The password can come from `DISTLOCK_PASSWORD` or `--password-file`
 /// instead of the URL; it reaches the server, not the command's
-/// environment; a wrong one exits 78, one a URL cannot carry 2.
+/// environment, whatever characters it has; a wrong one exits 78, one the
+/// backend's URL cannot carry 2.
 #[cfg(feature = "redis")]
 #[test]
 fn the_password_comes_from_the_environment_or_a_file() {
@@ -1138,9 +1168,35 @@ fn the_password_comes_from_the_environment_or_a_file() {
         !String::from_utf8_lossy(&out.stderr).contains("wrong"),
         "{out:?}"
     );
+    // Any password reaches a backend that percent-decodes the URL's: it
+    // goes in encoded.
+    const ODD: &str = "p@ss:w/r?d#%x y";
+    let odd = integration_tests::harness::redis::spawn(&["--requirepass", ODD])
+        .expect("redis-server must start; run scripts/test.sh to install it");
+    let out = bin()
+        .env("DISTLOCK_PASSWORD", ODD)
+        .args([
+            "run",
+            "--backend",
+            &format!("redis://127.0.0.1:{}", odd.port),
+            "pw/odd",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // One that reads it as written cannot carry these.
     let out = bin()
         .env("DISTLOCK_PASSWORD", "a@b")
-        .args(["run", "--backend", &bare, "pw/bad", "--", "true"])
+        .args([
+            "run",
+            "--backend",
+            "zk://127.0.0.1:1",
+            "pw/bad",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
@@ -1295,6 +1351,76 @@ fn status_of_a_lock_held_shared_shows_no_one_token() {
     older.wait().unwrap();
 }
 
+/// On PostgreSQL and MySQL/MariaDB a lease's end is judged by the
+/// database's clock alone: a client whose wall clock is three hours off,
+/// either way, takes a lease that a client with the right clock finds held,
+/// ending a TTL from now (judged by the client's clock, it would read as
+/// three hours long, or as over already).
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+#[test]
+fn a_client_clock_hours_off_moves_no_lease_on_postgres_or_mysql() {
+    use integration_tests::harness::{mariadb, postgres, ServerKind};
+    let pg = postgres::spawn().expect("postgres must start; run scripts/test.sh to install it");
+    let my = mariadb::spawn().expect("mariadbd must start; run scripts/test.sh to install it");
+    let urls = [
+        ServerKind::Postgres.url("127.0.0.1", pg.port),
+        ServerKind::MariaDb.url("127.0.0.1", my.port),
+    ];
+    for url in &urls {
+        for offset in ["+3h", "-3h"] {
+            let name = if offset.starts_with('+') {
+                "clock/ahead"
+            } else {
+                "clock/behind"
+            };
+            let mut holder = Command::new("faketime")
+                // The wall clock only: the monotonic one times the TTL.
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .env("RUST_LOG", "error")
+                .args(["-f", offset, env!("CARGO_BIN_EXE_distlock")])
+                .args(["run", "--backend", url, "--ttl", "20s", name, "--"])
+                .args(["sleep", "4"])
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("faketime must run; run scripts/test.sh to install it");
+            wait_held(url, name);
+            let json: serde_json::Value =
+                serde_json::from_str(status_json(url, name, &[]).trim()).unwrap();
+            let remaining = json["remaining_ms"].as_u64().unwrap_or(0);
+            assert!(
+                (10_000..=20_000).contains(&remaining),
+                "{url}, client clock {offset}: {json}"
+            );
+            assert!(holder.wait().unwrap().success(), "{url}, {offset}");
+        }
+    }
+}
+
+/// A queued wait on MySQL/MariaDB (`fifo=true`) blocks inside the server
+/// by design (`GET_LOCK`, then `SLEEP` until the release): none of it is
+/// reported as a slow statement.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_queued_wait_on_mysql_prints_nothing() {
+    let server = integration_tests::harness::mariadb::spawn()
+        .expect("mariadbd must start; run scripts/test.sh to install it");
+    let url = format!(
+        "{}?fifo=true",
+        integration_tests::harness::ServerKind::MariaDb.url("127.0.0.1", server.port)
+    );
+    let mut holder = spawn_holder(&url, "queue/quiet", 3);
+    wait_held(&url, "queue/quiet");
+    // At the CLI's own log level, not the tests' `error`.
+    let out = run_command(&url, &["--wait", "30s"], "queue/quiet", &["true"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 0, "{err}");
+    assert!(err.trim().is_empty(), "the wait printed:\n{err}");
+    assert!(holder.wait().unwrap().success());
+}
+
 /// An etcd member for one test, stopped when dropped.
 #[cfg(feature = "etcd")]
 struct Etcd {
@@ -1405,10 +1531,8 @@ fn elect_runs_the_command_while_leading_and_observe_prints_the_leader() {
 
 /// A child process killed when dropped, also when a test fails first
 /// (one that never exits would otherwise outlive the test).
-#[cfg(feature = "etcd")]
 struct Stopped(Child);
 
-#[cfg(feature = "etcd")]
 impl Drop for Stopped {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -1907,11 +2031,51 @@ fn a_signal_while_waiting_exits_128_plus_it_and_leaves_no_waiter() {
     use integration_tests::harness::{ServerKind, TestServer};
     use nix::sys::signal::Signal;
     let b = sqlite("sig-wait");
-    for sig in [Signal::SIGTERM, Signal::SIGINT] {
+    for sig in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
         let holder = spawn_holder(&b, "sigwait/lock", 60);
         wait_held(&b, "sigwait/lock");
         signal_while_waiting(&b, "sigwait/lock", sig, holder, false);
     }
+    // `elect`'s wait for leadership ends the same way.
+    let elect = |value: &str, wait: &[&str], secs: &str| {
+        bin()
+            .args(["elect", "--backend", &b, "--value", value])
+            .args(wait)
+            .args(["sigwait/leader", "--", "sleep", secs])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let leader = Stopped(elect("first", &[], "60"));
+    let start = Instant::now();
+    while observe_once(&b, "sigwait/leader", &[]).0 != 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "never led");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for sig in [Signal::SIGHUP, Signal::SIGTERM] {
+        let mut waiter = elect("second", &["--wait", "30s"], "0");
+        std::thread::sleep(Duration::from_millis(700));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(waiter.id()).unwrap()),
+            sig,
+        )
+        .unwrap();
+        let status = exit_within(&mut waiter, Duration::from_secs(8));
+        assert_eq!(status.code(), Some(128 + sig as i32), "elect: {status:?}");
+    }
+    // Its command gets the SIGTERM and ends.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(leader.0.id()).unwrap()),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut leader = leader;
+    exit_within(&mut leader.0, Duration::from_secs(8));
     let zk = TestServer::start(ServerKind::ZooKeeper).unwrap();
     #[allow(unused_mut)]
     let mut backends = vec![(zk.url().to_string(), true)];
