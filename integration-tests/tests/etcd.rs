@@ -89,6 +89,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::etcdctl_lock_of_a_name_waits_for_a_distlock_holder_of_a_longer_one",
+                distlock_holds_longer_name(etcd.clone()),
+            ),
+            trial(
+                rt,
                 "etcd::etcdctl_lock_excludes_a_distlock_reader",
                 etcdctl_holds_against_reader(etcd.clone()),
             ),
@@ -328,6 +333,32 @@ async fn distlock_holds(f: Arc<Etcd>) -> Result<(), Failed> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     if child.try_wait().map_err(|e| e.to_string())?.is_some() {
         return Err("etcdctl lock ran its command while distlock held the lock".into());
+    }
+    g.release().await?;
+    let out = wait_exit(child, Duration::from_secs(10)).await?;
+    if !out.contains("etcdctl-got-it") {
+        return Err(format!("etcdctl did not run its command after the release: {out:?}").into());
+    }
+    Ok(())
+}
+
+/// distlock holds `<lock>/nightly`: `etcdctl lock <lock>` waits for it,
+/// as Go's `Mutex` counts every key under `<lock>/` as queued ahead, and
+/// runs its command once it is released (distlock keeps the two names
+/// apart; etcdctl does not).
+async fn distlock_holds_longer_name(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let lock = name();
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    let g = client
+        .lock(format!("{lock}/nightly"))
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await?;
+    let mut child = spawn_etcdctl_lock(&url, &lock, &["echo", "etcdctl-got-it"])?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+        return Err("etcdctl lock ran its command while distlock held a longer name".into());
     }
     g.release().await?;
     let out = wait_exit(child, Duration::from_secs(10)).await?;
@@ -1679,6 +1710,24 @@ async fn stalled_connections(f: Arc<Etcd>) -> Result<(), Failed> {
     }
     if !got.release().await? {
         return Err("the waiter's release found its hold gone".into());
+    }
+    // A TTL shorter than the time the client takes to give a stalled
+    // connection up: no renewal reaches a new connection in time, and the
+    // hold reports `lost()`.
+    let short = LockClient::new(EtcdBackend::connect(&proxied).await?);
+    let brief = short
+        .lock(format!("{lock}-brief"))
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await?;
+    for index in 0..proxy.accepted() {
+        proxy.stall(index);
+    }
+    if tokio::time::timeout(Duration::from_secs(20), brief.lost())
+        .await
+        .is_err()
+    {
+        return Err("a 3 s hold did not report lost() across its stalled connection".into());
     }
     Ok(())
 }
