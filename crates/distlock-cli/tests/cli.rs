@@ -1396,6 +1396,82 @@ fn a_client_clock_hours_off_moves_no_lease_on_postgres_or_mysql() {
     }
 }
 
+/// Redlock with `fifo=true` places each wait in the nodes' queues by the
+/// client's wall clock: processes an hour ahead and an hour behind take
+/// turns with the others, and no two commands ever run at once.
+#[cfg(feature = "redlock")]
+#[test]
+fn redlock_fifo_with_client_clocks_hours_apart_admits_one_at_a_time() {
+    let nodes: Vec<_> = (0..3)
+        .map(|_| {
+            integration_tests::harness::redis::spawn(&[])
+                .expect("redis-server must start; run scripts/test.sh to install it")
+        })
+        .collect();
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let url = format!("redlock://{}?fifo=true", hosts.join(","));
+    let dir = scratch("skew");
+    let d = dir.display();
+    // Each command marks itself inside, counts who is, and leaves.
+    let script = format!(
+        "touch {d}/in.$$; sleep 0.2; ls {d} | grep -c '^in\\.' > {d}/seen.$$; rm {d}/in.$$"
+    );
+    let offsets = [
+        None,
+        Some("+1h"),
+        Some("-1h"),
+        None,
+        Some("+1h"),
+        Some("-1h"),
+    ];
+    let children: Vec<Child> = offsets
+        .iter()
+        .map(|offset| {
+            let mut c = match offset {
+                Some(o) => {
+                    let mut c = Command::new("faketime");
+                    // The wall clock only: the monotonic one times leases.
+                    c.env("FAKETIME_DONT_FAKE_MONOTONIC", "1").args([
+                        "-f",
+                        o,
+                        env!("CARGO_BIN_EXE_distlock"),
+                    ]);
+                    c
+                }
+                None => Command::new(env!("CARGO_BIN_EXE_distlock")),
+            };
+            c.env_remove("DISTLOCK_BACKEND")
+                .env("RUST_LOG", "error")
+                .stdin(Stdio::null())
+                .args(["run", "--backend", &url, "--wait", "60s", "skew/job", "--"])
+                .args(["sh", "-c", &script])
+                .spawn()
+                .expect("faketime must run; run scripts/test.sh to install it")
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("seen.")
+        {
+            seen += 1;
+            let inside = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(inside.trim(), "1", "{} commands ran at once", inside.trim());
+        }
+    }
+    assert_eq!(seen, offsets.len(), "not every command ran");
+}
+
 /// A queued wait on MySQL/MariaDB (`fifo=true`) blocks inside the server
 /// by design (`GET_LOCK`, then `SLEEP` until the release): none of it is
 /// reported as a slow statement.
