@@ -321,44 +321,34 @@ async fn etcdctl_holds_against(f: Arc<Etcd>, shared: bool) -> Result<(), Failed>
 }
 
 async fn distlock_holds(f: Arc<Etcd>) -> Result<(), Failed> {
-    let url = f.url()?;
     let lock = name();
-    let client = LockClient::new(EtcdBackend::connect(&url).await?);
-    let g = client
-        .lock(&lock)
-        .ttl(Duration::from_secs(10))
-        .acquire()
-        .await?;
-    let mut child = spawn_etcdctl_lock(&url, &lock, &["echo", "etcdctl-got-it"])?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    if child.try_wait().map_err(|e| e.to_string())?.is_some() {
-        return Err("etcdctl lock ran its command while distlock held the lock".into());
-    }
-    g.release().await?;
-    let out = wait_exit(child, Duration::from_secs(10)).await?;
-    if !out.contains("etcdctl-got-it") {
-        return Err(format!("etcdctl did not run its command after the release: {out:?}").into());
-    }
-    Ok(())
+    etcdctl_waits_for(f, &lock, &lock).await
 }
 
 /// distlock holds `<lock>/nightly`: `etcdctl lock <lock>` waits for it,
-/// as Go's `Mutex` counts every key under `<lock>/` as queued ahead, and
-/// runs its command once it is released (distlock keeps the two names
-/// apart; etcdctl does not).
+/// as Go's `Mutex` counts every key under `<lock>/` as queued ahead
+/// (distlock keeps the two names apart; etcdctl does not).
 async fn distlock_holds_longer_name(f: Arc<Etcd>) -> Result<(), Failed> {
-    let url = f.url()?;
     let lock = name();
+    etcdctl_waits_for(f, &format!("{lock}/nightly"), &lock).await
+}
+
+/// distlock holds `held`: `etcdctl lock <asked>` does not run its command
+/// until distlock releases, then does.
+async fn etcdctl_waits_for(f: Arc<Etcd>, held: &str, asked: &str) -> Result<(), Failed> {
+    let url = f.url()?;
     let client = LockClient::new(EtcdBackend::connect(&url).await?);
     let g = client
-        .lock(format!("{lock}/nightly"))
+        .lock(held)
         .ttl(Duration::from_secs(10))
         .acquire()
         .await?;
-    let mut child = spawn_etcdctl_lock(&url, &lock, &["echo", "etcdctl-got-it"])?;
+    let mut child = spawn_etcdctl_lock(&url, asked, &["echo", "etcdctl-got-it"])?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     if child.try_wait().map_err(|e| e.to_string())?.is_some() {
-        return Err("etcdctl lock ran its command while distlock held a longer name".into());
+        return Err(
+            format!("etcdctl lock {asked} ran its command while distlock held {held}").into(),
+        );
     }
     g.release().await?;
     let out = wait_exit(child, Duration::from_secs(10)).await?;

@@ -1122,9 +1122,10 @@ impl SqlBackend {
         }
     }
 
-    /// A renewal batch with shared holds in it: those one by one (each is
-    /// a transaction of its own, or a statement on PostgreSQL), the others
-    /// as one batch.
+    /// A renewal batch with shared holds in it: the others as one batch,
+    /// then the shared ones side by side (each is a transaction of its own,
+    /// or a statement on PostgreSQL, as many at once as the pool serves),
+    /// so that many shared holds renew in about the time of one.
     async fn extend_shared_apart(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
         let (shared, others): (Vec<_>, Vec<_>) = reqs
             .iter()
@@ -1137,8 +1138,14 @@ impl SqlBackend {
                 answers[*i] = held;
             }
         }
-        for (i, r) in shared {
-            answers[i] = self.extend(r).await?;
+        let renewed = futures_util::future::join_all(
+            shared
+                .iter()
+                .map(|(i, r)| async move { (*i, self.extend(r).await) }),
+        )
+        .await;
+        for (i, held) in renewed {
+            answers[i] = held?;
         }
         Ok(answers)
     }
