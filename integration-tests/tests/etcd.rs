@@ -94,6 +94,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::a_lock_held_ahead_of_the_campaigns_is_no_leader",
+                lock_ahead_of_campaigns(etcd.clone()),
+            ),
+            trial(
+                rt,
                 "etcd::etcdctl_lock_excludes_a_distlock_reader",
                 etcdctl_holds_against_reader(etcd.clone()),
             ),
@@ -356,6 +361,68 @@ async fn etcdctl_waits_for(f: Arc<Etcd>, held: &str, asked: &str) -> Result<(), 
         return Err(format!("etcdctl did not run its command after the release: {out:?}").into());
     }
     Ok(())
+}
+
+/// A lock and an election of one name share their keys (Go's layout):
+/// a lock's key held ahead of the campaigns, distlock's or `etcdctl
+/// lock`'s, keeps them waiting, and `leader()` and `observe()` report
+/// nobody leading, not the lock's holder; once it is released the waiting
+/// campaign leads.
+async fn lock_ahead_of_campaigns(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let lock = name();
+    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
+    let campaigner = LockClient::new(EtcdBackend::connect(&url).await?);
+    let e = campaigner.election(&lock);
+    let nobody_leads = |what: &str| {
+        let (e, what) = (e.clone(), what.to_string());
+        async move {
+            if let Some(l) = e.leader().await? {
+                return Err(Failed::from(format!(
+                    "leader() reports {l:?} while {what} holds"
+                )));
+            }
+            let mut seen = e.observe().await?;
+            let first = futures_util::StreamExt::next(&mut seen)
+                .await
+                .ok_or("observe ended")??;
+            if first.is_some() {
+                return Err(format!("observe() began with {first:?} while {what} holds").into());
+            }
+            Ok::<(), Failed>(())
+        }
+    };
+    let g = holder
+        .lock(&lock)
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await?;
+    let waiting = {
+        let e = e.clone();
+        tokio::spawn(async move { e.wait(Duration::from_secs(30)).campaign("next").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nobody_leads("a distlock lock").await?;
+    g.release().await?;
+    let leading = waiting.await.map_err(|e| e.to_string())??;
+    match e.leader().await? {
+        Some(l) if l.value == "next" => {}
+        other => return Err(format!("after the lock's release leader() reports {other:?}").into()),
+    }
+    leading.resign().await?;
+    // Go's `Mutex` writes an empty value.
+    let mut child = spawn_etcdctl_lock(&url, &lock, &["sleep", "3"])?;
+    let start = Instant::now();
+    while keys_under(&url, &lock).await? < 1 {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err("etcdctl lock never created its key".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let checked = nobody_leads("etcdctl lock").await;
+    let _ = child.kill();
+    let _ = child.wait();
+    checked
 }
 
 /// A distlock reader holds: `etcdctl lock` waits for it, and its queued
@@ -1595,17 +1662,12 @@ async fn election_ignores_longer_names(f: Arc<Etcd>) -> Result<(), Failed> {
     Ok(())
 }
 
-/// The holder's and the waiter's connections to etcd stall: the network
-/// drops their bytes both ways without closing them. Each client's HTTP/2
-/// PING goes unanswered, so it closes its connection and opens another, on
-/// which the session renews the hold (TTL 10 s) for two TTLs; the hold is
-/// released as still held, and the waiter, whose watch was on a stalled
-/// connection, gets the lock.
 /// A release that fails (the network drops every byte past its retries)
 /// leaves the key on a lease the session keeps alive; once the network
 /// passes again, the backend deletes it in the background, and another
-/// client gets the lock long before its 30 s TTL, where without that the
-/// key would stay as long as the process.
+/// client gets the lock (and then a semaphore's one permit) long before
+/// its 30 s TTL, where without that the key would stay as long as the
+/// process.
 async fn failed_release(f: Arc<Etcd>) -> Result<(), Failed> {
     use integration_tests::harness::proxy::Proxy;
     let url = f.url()?;
@@ -1642,10 +1704,44 @@ async fn failed_release(f: Arc<Etcd>) -> Result<(), Failed> {
     if start.elapsed() > Duration::from_secs(15) {
         return Err("the key went only with its lease".into());
     }
+    let pool = format!("{lock}-pool");
+    let permit = holder
+        .semaphore(&pool, 1)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    proxy.set_blackhole(true);
+    match permit.release().await {
+        Err(e) if e.is_retryable() => {}
+        other => {
+            return Err(
+                format!("a permit's release through a dead network answered {other:?}").into(),
+            )
+        }
+    }
+    proxy.set_blackhole(false);
+    let start = Instant::now();
+    other
+        .semaphore(&pool, 1)
+        .wait(Duration::from_secs(15))
+        .acquire()
+        .await
+        .map_err(|e| format!("the permit whose release failed was not freed: {e}"))?
+        .release()
+        .await?;
+    if start.elapsed() > Duration::from_secs(15) {
+        return Err("the permit's key went only with its lease".into());
+    }
     drop(holder);
     Ok(())
 }
 
+/// The holder's and the waiter's connections to etcd stall: the network
+/// drops their bytes both ways without closing them. Each client's HTTP/2
+/// PING goes unanswered, so it closes its connection and opens another, on
+/// which the session renews the hold (TTL 10 s) for two TTLs; the hold is
+/// released as still held, and the waiter, whose watch was on a stalled
+/// connection, gets the lock.
 async fn stalled_connections(f: Arc<Etcd>) -> Result<(), Failed> {
     use integration_tests::harness::proxy::Proxy;
     let url = f.url()?;

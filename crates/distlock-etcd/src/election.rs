@@ -27,6 +27,10 @@ struct Campaign {
     /// holds (`None` for a campaign of another client, such as `etcdctl
     /// elect`, which writes none).
     info: Option<Option<String>>,
+    /// A lock's key, not a campaign's: Go's `Mutex` writes an empty value,
+    /// distlock's lock its owner. Held first, it keeps every campaign out,
+    /// and nobody leads.
+    lock: bool,
 }
 
 /// The campaign keys under an election's prefix, by create revision.
@@ -40,9 +44,9 @@ fn direct_child(key: &[u8], prefix: &str) -> bool {
         .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
 }
 
-/// The leader among `keys`: the one created first.
+/// The leader among `keys`: the one created first, if it is a campaign.
 fn first(keys: &Campaigns) -> Option<Leader> {
-    keys.iter().next().map(|(rev, c)| {
+    keys.iter().next().filter(|(_, c)| !c.lock).map(|(rev, c)| {
         Leader::new(
             String::from_utf8_lossy(&c.value).into_owned(),
             FencingToken(*rev as u64),
@@ -57,6 +61,7 @@ fn campaign(kv: &etcd_client::KeyValue) -> Campaign {
         key: kv.key().to_vec(),
         lease: kv.lease(),
         info: None,
+        lock: kv.value().is_empty() || crate::list::looks_like_owner(kv.value()),
     }
 }
 
@@ -94,7 +99,7 @@ impl EtcdBackend {
     /// `Election.Leader`), and how long its lease still runs.
     pub(crate) async fn current_leader(&self, name: &LockName) -> Result<Option<Leader>> {
         let (keys, _) = self.campaign_keys(&format!("{name}/")).await?;
-        let Some((rev, first)) = keys.into_iter().next() else {
+        let Some((rev, first)) = keys.into_iter().next().filter(|(_, c)| !c.lock) else {
             return Ok(None);
         };
         let lease = first.lease;
@@ -165,7 +170,11 @@ impl EtcdBackend {
     /// a campaign seen first in a watch event (its holder info key is
     /// written in the same transaction, outside the watched prefix).
     async fn fill_first_info(&self, keys: &mut Campaigns) -> Result<()> {
-        let Some((_, c)) = keys.iter_mut().next().filter(|(_, c)| c.info.is_none()) else {
+        let Some((_, c)) = keys
+            .iter_mut()
+            .next()
+            .filter(|(_, c)| c.info.is_none() && !c.lock)
+        else {
             return Ok(());
         };
         let info_key = leader_info_key(&String::from_utf8_lossy(&c.key));

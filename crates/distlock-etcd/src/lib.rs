@@ -929,8 +929,14 @@ impl EtcdBackend {
                 Some((rev, _, _)) if campaign && self.campaign_rev(&req.owner) == Some(rev) => {
                     return self.settle(queued(rev, rev), req).await.map(Some);
                 }
-                Some((rev, modified, value)) if !campaign && value == owner.as_bytes() => {
-                    return self.settle(queued(rev, modified), req).await.map(Some);
+                // My key, from an attempt whose answer was lost and that
+                // `retrying` sent again. Whether a key was ahead when it was
+                // created is unknown, so neither of its revisions is a token
+                // above every earlier grant: one look ahead rewrites it, and
+                // the rewrite's revision is the token (or it waits).
+                Some((rev, _, value)) if !campaign && value == owner.as_bytes() => {
+                    let (q, _) = queued(rev, rev);
+                    return self.settle((q, true), req).await.map(Some);
                 }
                 // A key of the other kind that is in use: Go's layout gives
                 // a lock and an election of one name the same key on one
@@ -1161,6 +1167,15 @@ impl EtcdBackend {
         Ok(released)
     }
 
+    /// Deletes `req`'s key: a permit's, or a lock's, shared hold's or
+    /// campaign's.
+    async fn delete_hold(&self, req: &LockRequest) -> Result<bool> {
+        match req.kind {
+            HoldKind::Permits { .. } => self.release_permit(req).await,
+            _ => self.release_key(req).await,
+        }
+    }
+
     /// After a release failed for a reason that clears by itself: a key
     /// lives as long as its session's lease, which the session keeps alive
     /// whether or not anything is held, so a key left behind would keep its
@@ -1182,7 +1197,7 @@ impl EtcdBackend {
                     this.forget(&req);
                     break;
                 }
-                match this.release_key(&req).await {
+                match this.delete_hold(&req).await {
                     Ok(_) => {
                         tracing::info!(lock = %req.name, "a release that had failed went through");
                         break;
@@ -1525,10 +1540,7 @@ impl Backend for EtcdBackend {
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
-        if let HoldKind::Permits { .. } = req.kind {
-            return self.release_permit(req).await;
-        }
-        let released = self.release_key(req).await;
+        let released = self.delete_hold(req).await;
         if matches!(&released, Err(e) if e.is_retryable()) {
             self.release_later(req);
         }

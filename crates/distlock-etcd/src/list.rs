@@ -64,7 +64,7 @@ fn name_ranges(prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
 
 /// Whether `value` starts with an owner as distlock writes it (36 lowercase
 /// hex digits and dashes, 8-4-4-4-12), as a lock's value does.
-fn looks_like_owner(value: &[u8]) -> bool {
+pub(crate) fn looks_like_owner(value: &[u8]) -> bool {
     let Some(owner) = value.get(..36) else {
         return false;
     };

@@ -749,11 +749,18 @@ impl EtcdBackend {
             let Some(inner) = inner.upgrade() else { return };
             let backend = EtcdBackend { inner };
             tracing::debug!(semaphore = %req.name, "a permit reached its TTL unextended; deleting it");
-            if let Err(e) = backend.delete_permit(&req).await {
-                // The lease ends it at the latest when this client does.
-                tracing::warn!(semaphore = %req.name, error = %e, "could not delete an expired permit");
+            match backend.delete_permit(&req).await {
+                Ok(_) => {
+                    backend.queued().remove(&req.owner);
+                }
+                // The session keeps the lease, and the key, alive: deleting
+                // it goes on in the background.
+                Err(e) if e.is_retryable() => backend.release_later(&req),
+                Err(e) => {
+                    tracing::warn!(semaphore = %req.name, error = %e, "could not delete an expired permit; it stays until its session ends");
+                    backend.queued().remove(&req.owner);
+                }
             }
-            backend.queued().remove(&req.owner);
         });
     }
 
