@@ -113,16 +113,8 @@ impl RedlockBackend {
         // Connect eagerly (and learn run ids) where nodes answer; the others
         // are retried on every request. Nodes that are down may come up, but
         // when every node refuses the configuration no request can succeed.
-        let track = backend.inner.config.delayed_restart.is_some();
         let t = backend.connect_timeout();
-        let connected = join_all(
-            backend
-                .inner
-                .nodes
-                .iter()
-                .map(|n| timeout(t, n.redis(track))),
-        )
-        .await;
+        let connected = join_all(backend.inner.nodes.iter().map(|n| timeout(t, n.redis()))).await;
         let mut refusals = Vec::new();
         for c in connected {
             match c {
@@ -145,7 +137,7 @@ impl RedlockBackend {
             node = node.with_client_id(distlock_core::Owner::random().to_string());
         }
         urls.into_iter()
-            .map(|u| Node::new(u, node.clone()))
+            .map(|u| Node::new(u, node.clone(), config.delayed_restart.is_some()))
             .collect()
     }
 
@@ -214,7 +206,7 @@ impl RedlockBackend {
             self.inner
                 .nodes
                 .iter()
-                .map(|n| async move { n.redis(false).await?.evict(name).await }),
+                .map(|n| async move { n.redis().await?.evict(name).await }),
         )
         .await;
         Ok(results
@@ -239,7 +231,7 @@ impl RedlockBackend {
         }
         let fencing = self.inner.config.fencing;
         let ask = async {
-            let r = node.redis(protect.is_some()).await?;
+            let r = node.redis().await?;
             // Without fencing the token is declared meaningless, so no
             // counter is kept: a plain SET NX PX per node.
             let attempt = async {
@@ -487,7 +479,7 @@ impl RedlockBackend {
     ) -> Vec<distlock_redis::ReleaseWatch> {
         let t = self.connect_timeout();
         join_all(self.inner.nodes.iter().map(|n| async move {
-            let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
+            let r = timeout(t, n.redis()).await.ok()?.ok()?;
             timeout(t, r.watch_for(req, queued)).await.ok()?.ok()
         }))
         .await
@@ -514,7 +506,7 @@ impl RedlockBackend {
             .iter()
             .map(|n| async move {
                 let raise = async {
-                    let r = n.redis(false).await?;
+                    let r = n.redis().await?;
                     match req.kind {
                         HoldKind::Permits { .. } => {
                             r.raise_permit_fence(&req.name, token).await.map(|()| true)
@@ -549,7 +541,7 @@ impl RedlockBackend {
         let nodes = self.inner.nodes.iter().zip(refused);
         join_all(nodes.filter(|(_, no)| !**no).map(|(n, _)| async move {
             let rel = async {
-                let r = n.redis(false).await?;
+                let r = n.redis().await?;
                 match place {
                     Some(place) => r.rollback_in_queue(req, place).await,
                     None => r.rollback(req).await,
@@ -566,7 +558,7 @@ impl RedlockBackend {
     async fn unmark_all(&self, req: &LockRequest) {
         let t = self.inner.config.node_timeout;
         join_all(self.inner.nodes.iter().map(|n| async move {
-            let unmark = async { n.redis(false).await?.leave_queue(req).await };
+            let unmark = async { n.redis().await?.leave_queue(req).await };
             let _ = timeout(t, unmark).await;
         }))
         .await;
@@ -704,7 +696,7 @@ impl Backend for RedlockBackend {
         let start = Instant::now();
         let t = self.inner.config.node_timeout;
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
-            let ext = async { n.redis(false).await?.extend(req).await };
+            let ext = async { n.redis().await?.extend(req).await };
             timeout(t, ext).await.ok().and_then(Result::ok)
         }))
         .await;
@@ -726,7 +718,7 @@ impl Backend for RedlockBackend {
         let start = Instant::now();
         let t = self.inner.config.node_timeout;
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
-            let ext = async { n.redis(false).await?.extend_many(reqs).await };
+            let ext = async { n.redis().await?.extend_many(reqs).await };
             timeout(t, ext)
                 .await
                 .ok()
@@ -758,10 +750,13 @@ impl Backend for RedlockBackend {
         Ok(out)
     }
 
-    /// Returns once a quorum has released. The other nodes' releases
-    /// finish in a background task: a node that restarted answers the
-    /// script call with NOSCRIPT and needs the script sent again, which a
-    /// dropped request would never do, leaving the key there until its TTL.
+    /// Returns once a quorum has released (held), or too many nodes said
+    /// it was not theirs for a quorum to hold it (not held); too few
+    /// answers either way within the node timeout is `QuorumNotReached`,
+    /// not "not held". The other nodes' releases finish in a background
+    /// task: a node that restarted answers the script call with NOSCRIPT
+    /// and needs the script sent again, which a dropped request would
+    /// never do, leaving the key there until its TTL.
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         let deadline = Instant::now() + self.inner.config.node_timeout;
         let quorum = self.quorum(&req.kind);
@@ -772,7 +767,7 @@ impl Backend for RedlockBackend {
                 async move {
                     let (inner, req) = &*shared;
                     let rel = async {
-                        let r = inner.nodes[i].redis(false).await?;
+                        let r = inner.nodes[i].redis().await?;
                         // With `fifo` the waiter's entry may stay on a
                         // node that refused its last round.
                         if inner.config.fifo {
@@ -781,18 +776,34 @@ impl Backend for RedlockBackend {
                             r.release_outside_queue(req).await
                         }
                     };
-                    matches!(rel.await, Ok(true))
+                    rel.await.ok()
                 }
             })
             .collect();
-        let released = count_until(&mut answers, quorum, deadline).await;
+        let total = self.inner.nodes.len();
+        let mut said = Vec::with_capacity(total);
+        let _in_time = timeout_at(deadline, async {
+            while let Some(answer) = answers.next().await {
+                said.push(answer);
+                let count = |v: bool| said.iter().filter(|a| **a == Some(v)).count();
+                if count(true) >= quorum || count(false) > total - quorum {
+                    break;
+                }
+            }
+        })
+        .await;
         // Answers already in need no task (on loopback the last node's
         // usually is); the rest finish in one, within the same deadline.
         while let Some(Some(_)) = answers.next().now_or_never() {}
         if !answers.is_empty() {
             tokio::spawn(timeout_at(deadline, answers.for_each(|_| async {})));
         }
-        Ok(released >= quorum)
+        self.verdict(
+            &said,
+            &req.kind,
+            true,
+            "the release could not reach a majority; the lease ends by its TTL on the nodes it did not reach",
+        )
     }
 
     /// Held when a majority of nodes hold the key (exclusively or shared);
@@ -802,7 +813,7 @@ impl Backend for RedlockBackend {
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         let t = self.connect_timeout();
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
-            let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
+            let r = timeout(t, n.redis()).await.ok()?.ok()?;
             timeout(t, r.lock_holders(name)).await.ok()?.ok()
         }))
         .await;
@@ -855,7 +866,7 @@ impl Backend for RedlockBackend {
     async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {
         let t = self.connect_timeout();
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
-            let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
+            let r = timeout(t, n.redis()).await.ok()?.ok()?;
             timeout(t, r.permit_holders(name)).await.ok()?.ok()
         }))
         .await;
@@ -894,7 +905,7 @@ impl Backend for RedlockBackend {
     async fn proclaim(&self, req: &LockRequest, value: &str) -> Result<bool> {
         let t = self.inner.config.node_timeout;
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
-            let said = async { n.redis(false).await?.proclaim(req, value).await };
+            let said = async { n.redis().await?.proclaim(req, value).await };
             timeout(t, said).await.ok().and_then(Result::ok)
         }))
         .await;
@@ -920,7 +931,7 @@ impl Backend for RedlockBackend {
     async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
         let t = self.connect_timeout();
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
-            let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
+            let r = timeout(t, n.redis()).await.ok()?.ok()?;
             timeout(t, r.election_entry(name)).await.ok()?.ok()
         }))
         .await;
@@ -1000,7 +1011,7 @@ impl Backend for RedlockBackend {
         }
         let t = self.connect_timeout();
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
-            let set = async { n.redis(false).await?.set_limit(name, limit).await };
+            let set = async { n.redis().await?.set_limit(name, limit).await };
             timeout(t, set).await.ok()?.ok()
         }))
         .await;
@@ -1194,7 +1205,7 @@ mod tests {
             )
             .unwrap()
             .into_iter()
-            .map(|u| Node::new(u, RedisConfig::default()))
+            .map(|u| Node::new(u, RedisConfig::default(), false))
             .collect::<Vec<_>>()
         )
         .await

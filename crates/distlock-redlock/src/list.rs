@@ -43,7 +43,7 @@ impl RedlockBackend {
         let found = join_all(self.inner.nodes.iter().map(|n| async move {
             // The SCAN itself is bounded by the connection's own timeout
             // per call: a large keyspace takes many calls.
-            let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
+            let r = timeout(t, n.redis()).await.ok()?.ok()?;
             r.hold_names(prefix).await.ok()
         }))
         .await;
@@ -53,7 +53,7 @@ impl RedlockBackend {
         let mut records = Vec::new();
         for batch in names.chunks(LIST_BATCH) {
             let read = join_all(self.inner.nodes.iter().map(|n| async move {
-                let r = timeout(t, n.redis(false)).await.ok()?.ok()?;
+                let r = timeout(t, n.redis()).await.ok()?.ok()?;
                 r.holds_of(batch).await.ok()
             }))
             .await;

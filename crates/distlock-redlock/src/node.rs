@@ -21,6 +21,9 @@ pub(crate) struct Node {
     /// out on the node counts it refused rather than down.
     refused: Mutex<Option<String>>,
     quarantined_until: Mutex<Option<Instant>>,
+    /// Delayed-restart protection is on: the run id is fetched whenever a
+    /// connection is made, whatever request makes it.
+    track_restarts: bool,
     /// The node's Redis options: the key prefix, and with `fifo` the queue
     /// and the client id every node of one Redlock client shares.
     config: RedisConfig,
@@ -31,7 +34,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Node {
-    pub(crate) fn new(url: String, config: RedisConfig) -> Self {
+    pub(crate) fn new(url: String, config: RedisConfig, track_restarts: bool) -> Self {
         let endpoint = url
             .rsplit('@')
             .next()
@@ -45,22 +48,25 @@ impl Node {
             run_id: Mutex::new(None),
             refused: Mutex::new(None),
             quarantined_until: Mutex::new(None),
+            track_restarts,
             config,
         }
     }
 
     /// The node's connection, connecting if needed (a node that was down at
-    /// start-up joins once it answers). With `track_restarts`, the run id is
-    /// fetched at first contact. Connecting is boxed: its future is a few
-    /// KiB, and every request to a node would carry it.
-    pub(crate) async fn redis(&self, track_restarts: bool) -> Result<&RedisBackend> {
+    /// start-up joins once it answers). With delayed-restart protection the
+    /// run id is fetched at first contact, by whichever request makes it: a
+    /// renewal or a release may reach a node before any acquire does.
+    /// Connecting is boxed: its future is a few KiB, and every request to a
+    /// node would carry it.
+    pub(crate) async fn redis(&self) -> Result<&RedisBackend> {
         match self.redis.get() {
             Some(r) => Ok(r),
-            None => Box::pin(self.connect(track_restarts)).await,
+            None => Box::pin(self.connect()).await,
         }
     }
 
-    async fn connect(&self, track_restarts: bool) -> Result<&RedisBackend> {
+    async fn connect(&self) -> Result<&RedisBackend> {
         self.redis
             .get_or_try_init(|| async {
                 let r = RedisBackend::connect_with(&self.url, self.config.clone()).await;
@@ -69,7 +75,7 @@ impl Node {
                     _ => None,
                 };
                 let r = r?;
-                if track_restarts {
+                if self.track_restarts {
                     let id = r.run_id().await?;
                     lock(&self.run_id).get_or_insert(id);
                 }
