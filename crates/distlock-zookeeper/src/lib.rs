@@ -761,6 +761,81 @@ impl ZooKeeperBackend {
         ))
     }
 
+    /// Deletes `req`'s node: a permit's, or a lock's, shared hold's or
+    /// campaign's, found by its owner if this client does not know it.
+    async fn delete_hold(&self, req: &LockRequest) -> Result<bool> {
+        if let HoldKind::Permits { .. } = req.kind {
+            return self.release_permit(req).await;
+        }
+        if self.nodes().contains_key(&req.owner) {
+            return self.delete_node(req).await;
+        }
+        // Released before the create's reply arrived (a cancelled acquire):
+        // find the node by its owner value, on the hold's own session when
+        // it has one, so that a create still in flight there is answered
+        // before this list.
+        let hold_session = self.inner.sessions.lock().await.get(&req.ttl).cloned();
+        let client = match hold_session {
+            Some(s) => s,
+            None => self.client().await?,
+        };
+        let parent = self.parent(&req.name);
+        let prefix = node_prefix(&req.owner, self.marker(req.kind));
+        match self.find_mine(&client, &parent, &prefix).await? {
+            Some(node) => match tokio::join!(
+                client.delete(&format!("{parent}/{node}"), None),
+                self.delete_leader_info(&client, req)
+            )
+            .0
+            {
+                Ok(()) => Ok(true),
+                Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(false),
+                Err(e) => Err(self.err(e)),
+            },
+            None => {
+                // A campaign's holder info is created ahead of its node,
+                // which may have failed or gone with an expired session.
+                self.delete_leader_info(&client, req).await;
+                Ok(false)
+            }
+        }
+    }
+
+    /// After a release failed for a reason that clears by itself (the
+    /// network stalled past the request timeout): the node is ephemeral,
+    /// but its session outlives the stall if the connection comes back
+    /// within the session timeout, and the session lives as long as this
+    /// client, so a node left behind would keep its name (or a permit)
+    /// held for the life of the process. Keeps deleting it in the
+    /// background, backing off to 5 s, until a delete answers, the session
+    /// has ended (the node with it) or the client is dropped.
+    fn release_later(&self, req: &LockRequest) {
+        let inner = Arc::downgrade(&self.inner);
+        let req = req.clone();
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(250);
+            loop {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+                let Some(inner) = inner.upgrade() else { return };
+                let backend = ZooKeeperBackend { inner };
+                match backend.delete_hold(&req).await {
+                    Ok(_) => {
+                        tracing::info!(lock = %req.name, "a release that had failed went through");
+                        return;
+                    }
+                    Err(e) if e.is_retryable() => {
+                        tracing::debug!(lock = %req.name, error = %e, "release failed again; retrying");
+                    }
+                    Err(e) => {
+                        tracing::warn!(lock = %req.name, error = %e, "release failed; the node stays until its session ends");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
     async fn delete_node(&self, req: &LockRequest) -> Result<bool> {
         let entry = self.nodes().remove(&req.owner);
         let Some(Node { seq, session }) = entry else {
@@ -1001,41 +1076,11 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn release(&self, req: &LockRequest) -> Result<bool> {
-        if let HoldKind::Permits { .. } = req.kind {
-            return self.release_permit(req).await;
+        let released = self.delete_hold(req).await;
+        if matches!(&released, Err(e) if e.is_retryable()) {
+            self.release_later(req);
         }
-        if self.nodes().contains_key(&req.owner) {
-            return self.delete_node(req).await;
-        }
-        // Released before the create's reply arrived (a cancelled acquire):
-        // find the node by its owner value, on the hold's own session when
-        // it has one, so that a create still in flight there is answered
-        // before this list.
-        let hold_session = self.inner.sessions.lock().await.get(&req.ttl).cloned();
-        let client = match hold_session {
-            Some(s) => s,
-            None => self.client().await?,
-        };
-        let parent = self.parent(&req.name);
-        let prefix = node_prefix(&req.owner, self.marker(req.kind));
-        match self.find_mine(&client, &parent, &prefix).await? {
-            Some(node) => match tokio::join!(
-                client.delete(&format!("{parent}/{node}"), None),
-                self.delete_leader_info(&client, req)
-            )
-            .0
-            {
-                Ok(()) => Ok(true),
-                Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(false),
-                Err(e) => Err(self.err(e)),
-            },
-            None => {
-                // A campaign's holder info is created ahead of its node,
-                // which may have failed or gone with an expired session.
-                self.delete_leader_info(&client, req).await;
-                Ok(false)
-            }
-        }
+        released
     }
 
     async fn inspect(&self, name: &LockName) -> Result<distlock_core::LockStatus> {

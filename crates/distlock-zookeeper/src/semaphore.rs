@@ -657,9 +657,14 @@ impl ZooKeeperBackend {
             let Some(inner) = inner.upgrade() else { return };
             let backend = ZooKeeperBackend { inner };
             tracing::debug!(semaphore = %req.name, "a permit reached its TTL unextended; deleting it");
-            if let Err(e) = backend.delete_node(&req).await {
-                // Its session ends it at the latest when this client does.
-                tracing::warn!(semaphore = %req.name, error = %e, "could not delete an expired permit");
+            match backend.delete_node(&req).await {
+                Ok(_) => {}
+                // Its session lives as long as this client: deleting it
+                // goes on in the background.
+                Err(e) if e.is_retryable() => backend.release_later(&req),
+                Err(e) => {
+                    tracing::warn!(semaphore = %req.name, error = %e, "could not delete an expired permit; it stays until its session ends");
+                }
             }
         });
     }
