@@ -750,13 +750,13 @@ impl Backend for RedlockBackend {
         Ok(out)
     }
 
-    /// Returns once a quorum has released (held), or too many nodes said
-    /// it was not theirs for a quorum to hold it (not held); too few
-    /// answers either way within the node timeout is `QuorumNotReached`,
-    /// not "not held". The other nodes' releases finish in a background
-    /// task: a node that restarted answers the script call with NOSCRIPT
-    /// and needs the script sent again, which a dropped request would
-    /// never do, leaving the key there until its TTL.
+    /// Returns once a quorum has released. The other nodes' releases
+    /// finish in a background task: a node that restarted answers the
+    /// script call with NOSCRIPT and needs the script sent again, which a
+    /// dropped request would never do, leaving the key there until its TTL.
+    /// Fewer than a quorum confirming it, reachable or not, is "not held":
+    /// the nodes it did reach have freed the key, and the others let it
+    /// lapse by its TTL.
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         let deadline = Instant::now() + self.inner.config.node_timeout;
         let quorum = self.quorum(&req.kind);
@@ -776,34 +776,18 @@ impl Backend for RedlockBackend {
                             r.release_outside_queue(req).await
                         }
                     };
-                    rel.await.ok()
+                    matches!(rel.await, Ok(true))
                 }
             })
             .collect();
-        let total = self.inner.nodes.len();
-        let mut said = Vec::with_capacity(total);
-        let _in_time = timeout_at(deadline, async {
-            while let Some(answer) = answers.next().await {
-                said.push(answer);
-                let count = |v: bool| said.iter().filter(|a| **a == Some(v)).count();
-                if count(true) >= quorum || count(false) > total - quorum {
-                    break;
-                }
-            }
-        })
-        .await;
+        let released = count_until(&mut answers, quorum, deadline).await;
         // Answers already in need no task (on loopback the last node's
         // usually is); the rest finish in one, within the same deadline.
         while let Some(Some(_)) = answers.next().now_or_never() {}
         if !answers.is_empty() {
             tokio::spawn(timeout_at(deadline, answers.for_each(|_| async {})));
         }
-        self.verdict(
-            &said,
-            &req.kind,
-            true,
-            "the release could not reach a majority; the lease ends by its TTL on the nodes it did not reach",
-        )
+        Ok(released >= quorum)
     }
 
     /// Held when a majority of nodes hold the key (exclusively or shared);
