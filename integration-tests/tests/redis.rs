@@ -232,6 +232,11 @@ fn main() {
             "redis::a_wait_on_a_server_that_stops_answering_ends_by_its_deadline",
             stalled_wait(single.clone()),
         ));
+        extra.push(integration_tests::trial(
+            rt,
+            "redis::an_eviction_wakes_the_locks_waiters",
+            eviction_wakes_waiters(),
+        ));
         for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
             // The lock's queue (with readers in it: `fifo::shared::*`), a
             // semaphore's (`fifo::semaphore::*`) and an election's
@@ -707,6 +712,56 @@ async fn fifo_dropped_in_flight(kind: Kind) -> Result<(), Failed> {
         || async { signal("CONT") },
     )
     .await
+}
+
+/// An operator's eviction of a held lock wakes its waiter as a release
+/// does, without and with a wait queue: the waiter holds the lock within
+/// milliseconds, not at its next poll (seconds: 9.5 s and 2.9 s measured
+/// without the wake-up).
+async fn eviction_wakes_waiters() -> Result<(), Failed> {
+    let (url, _ports, _servers) = fifo_servers(Topology::Single).await?;
+    for url in [url.clone(), format!("{url}?fifo=true&queue_lease_ms=60000")] {
+        let name = "evicted/wakes";
+        let holder = LockClient::new(RedisBackend::connect(&url).await?);
+        let waiter = LockClient::new(RedisBackend::connect(&url).await?);
+        let held = holder
+            .lock(name)
+            .ttl(Duration::from_secs(60))
+            .acquire()
+            .await?;
+        let waiting = tokio::spawn(async move {
+            let g = waiter
+                .lock(name)
+                .ttl(Duration::from_secs(60))
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await?;
+            g.release().await
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let evicted = std::time::Instant::now();
+        if !RedisBackend::connect(&url)
+            .await?
+            .evict(&LockName::new(name)?)
+            .await?
+        {
+            return Err(format!("{url}: nothing to evict").into());
+        }
+        // Woken, it holds in milliseconds; unwoken, at its next poll,
+        // seconds later.
+        tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .map_err(|_| {
+                format!("{url}: the waiter did not hold the lock within 2 s of the eviction")
+            })?
+            .map_err(|e| e.to_string())??;
+        eprintln!(
+            "{url}: the waiter held the lock {:?} after the eviction",
+            evicted.elapsed()
+        );
+        drop(held);
+    }
+    Ok(())
 }
 
 async fn fifo_freed_at_once() -> Result<(), Failed> {

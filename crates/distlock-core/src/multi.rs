@@ -261,14 +261,16 @@ impl MultiLockBuilder {
             }
         }
         // One at a time, in canonical order. If a later name is refused or
-        // fails, the guards started here are released before the answer,
-        // so that a caller that exits at once leaves none of them held; if
-        // the future is dropped, they release themselves in the background.
+        // fails, the guards started here are released before the answer
+        // (for `ANSWER_GRACE` at most, then in the background), so that a
+        // caller that exits at once leaves none of them held; if the future
+        // is dropped, they release themselves in the background.
         for (req, gate) in pending {
             match each.client.ask(&req, mode).await {
                 Ok(Some(grant)) => started.push(each.start(gate, req, grant)),
                 refused_or_failed => {
-                    join_all(started.into_iter().map(LockGuard::release)).await;
+                    let releases = join_all(started.into_iter().map(LockGuard::release));
+                    let _ = tokio::time::timeout(ANSWER_GRACE, releases).await;
                     return refused_or_failed.map(|_| None);
                 }
             }

@@ -347,16 +347,19 @@ impl RedisBackend {
 
     /// Deletes the lock key, the shared holds and the election's leader
     /// whoever holds them, as an operator would (the fencing counters
-    /// stay), and tells the election's campaigners and observers. Returns
-    /// whether any existed.
+    /// stay), and tells the lock's waiters as a release does and the
+    /// election's campaigners and observers. Returns whether any existed.
     pub async fn evict(&self, name: &LockName) -> Result<bool> {
         let keys = self.keys(name);
-        let n: i64 = self
-            .inner
-            .conn
-            .cmd(redis::cmd("DEL").arg(&keys.lock).arg(&keys.readers))
-            .await
-            .map_err(|e| self.err(e))?;
+        let mut inv = Scripts::get().evict.key(&keys.lock);
+        inv.key(&keys.readers);
+        if self.inner.config.fifo {
+            inv.key(&keys.queue)
+                .key(&keys.queue_ends)
+                .key(&keys.queue_shared);
+        }
+        inv.arg(&keys.channel);
+        let n: i64 = self.run(&inv).await?;
         let led = self.evict_leader(name).await?;
         Ok(n >= 1 || led)
     }

@@ -286,6 +286,9 @@ pub struct Scripts {
     /// `shared_release.lua`: ZREM the owner's shared hold; the last one
     /// deletes the lock key and PUBLISHes.
     pub shared_release: Script,
+    /// `evict.lua`: DEL the lock key and its shared holds whoever holds
+    /// them, and tell the waiters as a release does.
+    pub evict: Script,
     /// `inspect.lua`: the lock key's PTTL and value, the fence, and the
     /// owners of the live shared holds and writer marks.
     pub inspect: Script,
@@ -359,6 +362,10 @@ impl Scripts {
             shared_release: Script::new(concat!(
                 include_str!("scripts/announce.lua"),
                 include_str!("scripts/shared_release.lua")
+            )),
+            evict: Script::new(concat!(
+                include_str!("scripts/announce.lua"),
+                include_str!("scripts/evict.lua")
             )),
             inspect: Script::new(include_str!("scripts/inspect.lua")),
             list: Script::new(include_str!("scripts/list.lua")),
