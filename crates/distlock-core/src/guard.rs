@@ -206,7 +206,7 @@ impl LockGuard {
             return Ok(false);
         };
         if !hold.unnest() {
-            return Ok(hold.lease.deadline().is_some());
+            return Ok(hold.is_live());
         }
         // Dropped before the release answers (a timeout around it, say),
         // the release goes on in the background, as for a dropped guard.

@@ -169,8 +169,9 @@ impl MultiLockBuilder {
                     return Ok(Some(m));
                 }
                 // A name taken first was lost while a later one was waited
-                // for: all are given back, and (time allowing) taken anew.
-                let _ = m.release().await;
+                // for: all are given back (for `ANSWER_GRACE` at most, then
+                // in the background), and (time allowing) taken anew.
+                let _ = tokio::time::timeout(ANSWER_GRACE, m.release()).await;
                 match mode {
                     Mode::Once => return Ok(None),
                     Mode::Wait(Some(d)) if Instant::now() >= d => {

@@ -152,7 +152,8 @@ async fn run(
 }
 
 /// `renewal`'s answer, or an error once the earliest deadline among
-/// `leases` has passed without one.
+/// `leases` has passed without one. Not sent at all when every lease has
+/// ended (released or lost) before it goes: nothing would bound its wait.
 async fn until_deadline<'a, T>(
     leases: impl IntoIterator<Item = &'a Arc<Lease>>,
     renewal: impl std::future::Future<Output = T>,
@@ -161,7 +162,7 @@ async fn until_deadline<'a, T>(
         Some(deadline) => tokio::time::timeout_at(deadline, renewal)
             .await
             .map_err(|_| "the renewal request had not answered by the lease's deadline".into()),
-        None => Ok(renewal.await),
+        None => Err("the lease ended before its renewal was sent".into()),
     }
 }
 

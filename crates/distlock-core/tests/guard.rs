@@ -870,3 +870,101 @@ async fn dropping_the_client_stops_its_session_watchers() {
         "a session watcher outlived its client"
     );
 }
+
+/// A task that blocks its thread past its hold's deadline keeps the keeper
+/// from marking the hold lost; a nested acquire of the same holder then
+/// takes a fresh hold instead of nesting in the ended one.
+#[tokio::test]
+async fn a_nested_acquire_into_a_hold_past_its_deadline_takes_a_fresh_hold() {
+    let c = LockClient::new(MemoryBackend::new());
+    let short = Duration::from_millis(100);
+    let outer = c
+        .lock("expired")
+        .holder("h")
+        .ttl(short)
+        .acquire()
+        .await
+        .unwrap();
+    std::thread::sleep(3 * short);
+    assert!(!outer.is_held());
+    let again = tokio::time::timeout(
+        Duration::from_secs(10),
+        c.lock("expired")
+            .holder("h")
+            .ttl(Duration::from_secs(10))
+            .acquire(),
+    )
+    .await
+    .expect("the acquire did not answer")
+    .unwrap();
+    assert!(
+        again.is_held() && again.hold_count() == 1,
+        "nested in the ended hold: held {}, count {}",
+        again.is_held(),
+        again.hold_count()
+    );
+    assert!(again.release().await.unwrap());
+}
+
+/// The same for a multi-lock of a holder whose holds of both names passed
+/// their deadlines: it answers with fresh holds (it nested in the ended
+/// ones, found them not held, gave them back and nested again, never
+/// yielding to the keeper).
+#[test]
+fn a_multi_lock_of_holds_past_their_deadlines_takes_fresh_holds() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let answer = rt.block_on(async {
+            let c = LockClient::new(MemoryBackend::new());
+            let short = Duration::from_millis(100);
+            let mut outer = Vec::new();
+            for name in ["a", "b"] {
+                outer.push(c.lock(name).holder("h").ttl(short).acquire().await?);
+            }
+            std::thread::sleep(3 * short);
+            let m = c
+                .lock_all(["a", "b"])
+                .holder("h")
+                .ttl(Duration::from_secs(10))
+                .acquire()
+                .await?;
+            Ok::<_, Error>(m.is_held())
+        });
+        let _ = tx.send(answer);
+    });
+    let held = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("lock_all never answered")
+        .unwrap();
+    assert!(held, "lock_all answered with holds not held");
+}
+
+/// A holder nests in its permit after the semaphore's limit was changed
+/// and it asks with the new one: no second permit is taken.
+#[tokio::test]
+async fn a_holder_nests_in_its_permit_across_a_change_of_limit() {
+    let c = LockClient::new(MemoryBackend::new());
+    let outer = c.semaphore("pool", 3).holder("h").acquire().await.unwrap();
+    assert_eq!(c.set_semaphore_limit("pool", 5).await.unwrap(), Some(3));
+    let inner = c.semaphore("pool", 5).holder("h").acquire().await.unwrap();
+    assert_eq!(inner.hold_count(), 2, "a second permit was taken");
+    assert_eq!(inner.token(), outer.token());
+    let name = distlock_core::LockName::new("pool").unwrap();
+    let status = c.backend().inspect_permits(&name).await.unwrap();
+    assert_eq!(status.holders, Some(1), "{status:?}");
+    // With the new limit, four other tasks of the client hold at once.
+    let mut others = Vec::new();
+    for _ in 0..4 {
+        let g = tokio::time::timeout(Duration::from_secs(5), c.semaphore("pool", 5).acquire())
+            .await
+            .expect("the gate kept the old limit")
+            .unwrap();
+        others.push(g);
+    }
+    inner.release().await.unwrap();
+    outer.release().await.unwrap();
+}
