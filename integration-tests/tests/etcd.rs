@@ -99,6 +99,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::a_campaign_whose_value_looks_like_a_lock_leads",
+                lock_shaped_campaign_values(etcd.clone()),
+            ),
+            trial(
+                rt,
                 "etcd::etcdctl_lock_excludes_a_distlock_reader",
                 etcdctl_holds_against_reader(etcd.clone()),
             ),
@@ -423,6 +428,49 @@ async fn lock_ahead_of_campaigns(f: Arc<Etcd>) -> Result<(), Failed> {
     let _ = child.kill();
     let _ = child.wait();
     checked
+}
+
+/// A campaign's value may be anything, also shaped like the owner a lock's
+/// key carries: `leader()` and `observe()` (which sees the
+/// campaign arrive in its watch) report it as the leader all the same.
+async fn lock_shaped_campaign_values(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    for value in [
+        "0b6f5c3e-9d2a-4c1b-8e7f-1a2b3c4d5e6f",
+        "0b6f5c3e-9d2a-4c1b-8e7f-1a2b3c4d5e6f web-1",
+    ] {
+        let e = client.election(name());
+        let mut seen = e.observe().await?;
+        let first = futures_util::StreamExt::next(&mut seen)
+            .await
+            .ok_or("observe ended")??;
+        if first.is_some() {
+            return Err(format!("observe() began with {first:?} before any campaign").into());
+        }
+        let leading = e.campaign(value).await?;
+        match e.leader().await? {
+            Some(l) if l.value == value => {}
+            other => {
+                return Err(format!("leading with {value:?}, leader() reports {other:?}").into())
+            }
+        }
+        let next = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures_util::StreamExt::next(&mut seen),
+        )
+        .await
+        .map_err(|_| format!("observe() saw no leader with {value:?} in 10 s"))?
+        .ok_or("observe ended")??;
+        match next {
+            Some(l) if l.value == value => {}
+            other => {
+                return Err(format!("leading with {value:?}, observe() reports {other:?}").into())
+            }
+        }
+        leading.resign().await?;
+    }
+    Ok(())
 }
 
 /// A distlock reader holds: `etcdctl lock` waits for it, and its queued

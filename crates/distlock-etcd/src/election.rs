@@ -29,7 +29,9 @@ struct Campaign {
     info: Option<Option<String>>,
     /// A lock's key, not a campaign's: Go's `Mutex` writes an empty value,
     /// distlock's lock its owner. Held first, it keeps every campaign out,
-    /// and nobody leads.
+    /// and nobody leads. Judged by the value's shape until the holder info
+    /// key is read: a distlock campaign always writes one, so a campaign
+    /// whose value is empty or shaped like an owner is one still.
     lock: bool,
 }
 
@@ -159,7 +161,9 @@ impl EtcdBackend {
             .map(|kv| {
                 let mut c = campaign(kv);
                 let info_key = leader_info_key(&String::from_utf8_lossy(kv.key()));
-                c.info = Some(infos.get(info_key.as_bytes()).and_then(|v| leader_info(v)));
+                let info = infos.get(info_key.as_bytes());
+                c.lock &= info.is_none();
+                c.info = Some(info.and_then(|v| leader_info(v)));
                 (kv.create_revision(), c)
             })
             .collect();
@@ -168,13 +172,10 @@ impl EtcdBackend {
 
     /// Reads the holder info of the first of `keys` if it is not known yet:
     /// a campaign seen first in a watch event (its holder info key is
-    /// written in the same transaction, outside the watched prefix).
+    /// written in the same transaction, outside the watched prefix). A key
+    /// that has one is a campaign, whatever its value looks like.
     async fn fill_first_info(&self, keys: &mut Campaigns) -> Result<()> {
-        let Some((_, c)) = keys
-            .iter_mut()
-            .next()
-            .filter(|(_, c)| c.info.is_none() && !c.lock)
-        else {
+        let Some((_, c)) = keys.iter_mut().next().filter(|(_, c)| c.info.is_none()) else {
             return Ok(());
         };
         let info_key = leader_info_key(&String::from_utf8_lossy(&c.key));
@@ -184,7 +185,9 @@ impl EtcdBackend {
                 async move { kv.get(info_key, None).await }
             })
             .await?;
-        c.info = Some(resp.kvs().first().and_then(|kv| leader_info(kv.value())));
+        let info = resp.kvs().first();
+        c.lock &= info.is_none();
+        c.info = Some(info.and_then(|kv| leader_info(kv.value())));
         Ok(())
     }
 
@@ -266,10 +269,13 @@ impl EtcdBackend {
                 match event.event_type() {
                     _ if !direct_child(kv.key(), prefix) => {}
                     EventType::Put => {
-                        // A proclamation keeps the campaign's holder info.
+                        // A proclamation keeps what is known of the
+                        // campaign: its holder info, and that it is one.
                         let mut c = campaign(kv);
-                        let known = keys.get(&kv.create_revision());
-                        c.info = known.and_then(|k| k.info.clone());
+                        if let Some(known) = keys.get(&kv.create_revision()) {
+                            c.info = known.info.clone();
+                            c.lock = known.lock;
+                        }
                         keys.insert(kv.create_revision(), c);
                     }
                     EventType::Delete => keys.retain(|_, c| c.key.as_slice() != kv.key()),
