@@ -54,6 +54,44 @@ impl Spawner {
     }
 }
 
+/// Sends a release again until the server answers it, in a task of its
+/// own: for a release that failed for a reason that clears by itself (a
+/// stall past the request timeout), whose key or node would otherwise stay
+/// for as long as its session lives. `attempt` makes one try, or `None`
+/// when there is nothing left to release (the client is gone, the session
+/// that held the key has ended); it is called after 250 ms, then at
+/// intervals doubling to 5 s. The task ends at the first answer, held or
+/// not, or at an error that is not retryable; `done` runs at its end.
+pub fn release_in_background<A, F, D>(name: crate::LockName, mut attempt: A, done: D)
+where
+    A: FnMut() -> Option<F> + Send + 'static,
+    F: Future<Output = crate::Result<bool>> + Send,
+    D: FnOnce() + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut pause = std::time::Duration::from_millis(250);
+        loop {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(5));
+            let Some(release) = attempt() else { break };
+            match release.await {
+                Ok(_) => {
+                    tracing::info!(lock = %name, "a release that had failed went through");
+                    break;
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(lock = %name, error = %e, "release failed again; retrying");
+                }
+                Err(e) => {
+                    tracing::warn!(lock = %name, error = %e, "release failed; the hold stays until its session ends");
+                    break;
+                }
+            }
+        }
+        done();
+    });
+}
+
 /// `work`, polled by whoever awaits the returned future; if that future is
 /// dropped before `work` finishes (a timeout, a cancelled task), the rest
 /// of `work` runs in a task spawned on the runtime the future was made on

@@ -1188,31 +1188,21 @@ impl EtcdBackend {
             return;
         }
         let (this, req) = (self.clone(), req.clone());
-        tokio::spawn(async move {
-            let mut pause = Duration::from_millis(250);
-            loop {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
+        let (after, owner) = (self.clone(), req.owner);
+        distlock_core::completion::release_in_background(
+            req.name.clone(),
+            move || {
                 if this.sessions_of(&req).iter().all(|s| s.is_lost()) {
                     this.forget(&req);
-                    break;
+                    return None;
                 }
-                match this.delete_hold(&req).await {
-                    Ok(_) => {
-                        tracing::info!(lock = %req.name, "a release that had failed went through");
-                        break;
-                    }
-                    Err(e) if e.is_retryable() => {
-                        tracing::debug!(lock = %req.name, error = %e, "release failed again; retrying");
-                    }
-                    Err(e) => {
-                        tracing::warn!(lock = %req.name, error = %e, "release failed; the key stays until its session ends");
-                        break;
-                    }
-                }
-            }
-            this.releasing().remove(&req.owner);
-        });
+                let (this, req) = (this.clone(), req.clone());
+                Some(async move { this.delete_hold(&req).await })
+            },
+            move || {
+                after.releasing().remove(&owner);
+            },
+        );
     }
 
     fn releasing(

@@ -1,6 +1,6 @@
 #![doc = include_str!("../README.md")]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -68,6 +68,9 @@ struct Inner {
     /// When each granted permit ends unless extended (see `semaphore`).
     permit_ends: distlock_core::expiry::PermitEnds,
     wakeups: AtomicU64,
+    /// The owners whose failed release goes on in the background (see
+    /// [`ZooKeeperBackend::release_later`]).
+    releasing: Mutex<HashSet<Owner>>,
 }
 
 /// A live acquisition's node. Only its sequence number is kept: the rest of
@@ -363,6 +366,7 @@ impl ZooKeeperBackend {
                 nodes: Mutex::new(HashMap::new()),
                 permit_ends: Default::default(),
                 wakeups: AtomicU64::new(0),
+                releasing: Mutex::default(),
             }),
         };
         // Fail at once when no server answers, rather than retrying for a
@@ -808,32 +812,36 @@ impl ZooKeeperBackend {
     /// client, so a node left behind would keep its name (or a permit)
     /// held for the life of the process. Keeps deleting it in the
     /// background, backing off to 5 s, until a delete answers, the session
-    /// has ended (the node with it) or the client is dropped.
+    /// has ended (the node with it) or the client is dropped; one such task
+    /// per owner.
     fn release_later(&self, req: &LockRequest) {
-        let inner = Arc::downgrade(&self.inner);
-        let req = req.clone();
-        tokio::spawn(async move {
-            let mut pause = Duration::from_millis(250);
-            loop {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-                let Some(inner) = inner.upgrade() else { return };
-                let backend = ZooKeeperBackend { inner };
-                match backend.delete_hold(&req).await {
-                    Ok(_) => {
-                        tracing::info!(lock = %req.name, "a release that had failed went through");
-                        return;
-                    }
-                    Err(e) if e.is_retryable() => {
-                        tracing::debug!(lock = %req.name, error = %e, "release failed again; retrying");
-                    }
-                    Err(e) => {
-                        tracing::warn!(lock = %req.name, error = %e, "release failed; the node stays until its session ends");
-                        return;
-                    }
+        if !self.releasing().insert(req.owner) {
+            return;
+        }
+        let (inner, req) = (Arc::downgrade(&self.inner), req.clone());
+        let (this, owner) = (inner.clone(), req.owner);
+        distlock_core::completion::release_in_background(
+            req.name.clone(),
+            move || {
+                let backend = ZooKeeperBackend {
+                    inner: inner.upgrade()?,
+                };
+                let req = req.clone();
+                Some(async move { backend.delete_hold(&req).await })
+            },
+            move || {
+                if let Some(inner) = this.upgrade() {
+                    ZooKeeperBackend { inner }.releasing().remove(&owner);
                 }
-            }
-        });
+            },
+        );
+    }
+
+    fn releasing(&self) -> MutexGuard<'_, HashSet<Owner>> {
+        self.inner
+            .releasing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     async fn delete_node(&self, req: &LockRequest) -> Result<bool> {
