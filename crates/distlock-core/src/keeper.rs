@@ -283,6 +283,10 @@ impl Keeper {
         ttl: Duration,
         answer: Result<bool, String>,
     ) {
+        // Released or lost meanwhile: nothing to renew, nothing to report.
+        let Some(current) = lease.deadline() else {
+            return;
+        };
         let mut r = lock(&lease.renewal);
         r.in_flight = false;
         let sent_for = sent + self.caps.safe_validity(ttl);
@@ -292,6 +296,19 @@ impl Keeper {
             .and_then(|id| r.answered(id))
             .unwrap_or(sent_for);
         match answer {
+            // Answered, but only after the deadline the lease had: it is
+            // lost there, as the timer would have found had it run first,
+            // so that `is_held` never turns true again once false.
+            Ok(true) if Instant::now() >= current => {
+                drop(r);
+                self.lose(
+                    &lease,
+                    LostReason::RenewalFailed(
+                        "the renewal was answered only after the lease's deadline".into(),
+                    ),
+                );
+                self.release_after_loss(lease);
+            }
             Ok(true) => {
                 r.next_renew = self.first_renewal(sent, lease.req.ttl);
                 r.last_error = None;

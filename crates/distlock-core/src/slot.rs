@@ -51,9 +51,6 @@ pub(crate) struct Slot {
     /// than there are holds it could get. Tokio's semaphore is FIFO, so
     /// local waiters are served in arrival order.
     pub(crate) gate: Arc<Semaphore>,
-    /// How many permits the gate was made with or resized to: a
-    /// semaphore's slot follows the limit its latest request asked for.
-    size: Mutex<u32>,
     /// The holds of this slot, for reentrant acquires; ended ones are
     /// skipped and pruned.
     held: Mutex<Vec<Weak<Hold>>>,
@@ -104,29 +101,25 @@ impl Drop for SlotRef {
     }
 }
 
-/// The slot for `name` and the object of `kind`, made on first use. A
-/// semaphore has one slot whatever limit is asked for, so that a holder
-/// nests in its permit across a change of limit; its gate is resized to
-/// each request's limit.
+/// The slot for `name` and the object of `kind`, made on first use.
 pub(crate) fn slot_ref(table: &Arc<SlotTable>, name: &LockName, kind: HoldKind) -> SlotRef {
-    let (object, permits) = match kind.object() {
-        HoldKind::Permits { limit } => (HoldKind::Permits { limit: 0 }, limit),
-        object => (object, LOCK_GATE),
-    };
+    let object = kind.object();
     let key = (name.clone(), object);
+    let permits = match object {
+        HoldKind::Permits { limit } => limit,
+        _ => LOCK_GATE,
+    };
     let slot = lock(table)
         .entry(key.clone())
         .or_insert_with(|| {
             Arc::new(Slot {
                 gate: Arc::new(Semaphore::new(permits as usize)),
-                size: Mutex::new(permits),
                 held: Mutex::new(Vec::new()),
                 claims: Mutex::new(Vec::new()),
                 changed: Notify::new(),
             })
         })
         .clone();
-    slot.resize(permits);
     SlotRef {
         table: table.clone(),
         key,
@@ -135,21 +128,6 @@ pub(crate) fn slot_ref(table: &Arc<SlotTable>, name: &LockName, kind: HoldKind) 
 }
 
 impl Slot {
-    /// Makes the gate `permits` large: grown at once; shrunk by as many of
-    /// the permits not taken as there are (the rest stay until a later
-    /// resize: the gate only spares the server waiters, the server keeps
-    /// the limit).
-    fn resize(&self, permits: u32) {
-        let mut size = lock(&self.size);
-        if permits > *size {
-            self.gate.add_permits((permits - *size) as usize);
-            *size = permits;
-        } else if permits < *size {
-            let forgotten = self.gate.forget_permits((*size - permits) as usize);
-            *size -= forgotten as u32;
-        }
-    }
-
     /// The live hold of `holder` in this slot, if any; one whose last guard
     /// is gone (its release is under way) does not count, nor one whose
     /// deadline has passed before the keeper could mark it lost (a task
