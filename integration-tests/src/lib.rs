@@ -16,6 +16,61 @@
 
 pub use distlock_conformance::*;
 
+use std::sync::Arc;
+
+/// The conformance trials for `factory` (see [`distlock_conformance::trials`])
+/// and [`declares_every_kind`]'s.
+pub fn trials(factory: Arc<dyn BackendFactory>, rt: &tokio::runtime::Runtime) -> Vec<Trial> {
+    let mut all = distlock_conformance::trials(factory.clone(), rt);
+    all.push(declares_every_kind(factory, rt));
+    all
+}
+
+/// [`distlock_conformance::run_suite`] with [`declares_every_kind`]'s trial.
+pub fn run_suite(
+    factory: Arc<dyn BackendFactory>,
+    extra: impl FnOnce(&tokio::runtime::Runtime) -> Vec<Trial>,
+) -> ! {
+    let check = factory.clone();
+    distlock_conformance::run_suite(factory, move |rt| {
+        let mut all = vec![declares_every_kind(check, rt)];
+        all.extend(extra(rt));
+        all
+    })
+}
+
+/// `<backend>::declares_every_kind`: every backend of this repository
+/// grants semaphores, shared holds and elections and renews. A case whose
+/// kind its backend does not declare is reported ignored, so a declaration
+/// dropped by mistake fails here instead of ignoring that kind's cases.
+fn declares_every_kind(factory: Arc<dyn BackendFactory>, rt: &tokio::runtime::Runtime) -> Trial {
+    let handle = rt.handle().clone();
+    Trial::test(
+        format!("{}::declares_every_kind", factory.name()),
+        move || {
+            let caps = handle.block_on(factory.client())?.capabilities();
+            let missing: Vec<&str> = [
+                ("semaphores", caps.semaphore),
+                ("shared holds", caps.shared),
+                ("elections", caps.elections),
+                ("renewal", caps.extend),
+            ]
+            .into_iter()
+            .filter(|(_, declared)| !declared)
+            .map(|(what, _)| what)
+            .collect();
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(Failed::from(format!(
+                    "{} does not declare {missing:?}",
+                    caps.backend
+                )))
+            }
+        },
+    )
+}
+
 pub mod factory;
 pub mod faults;
 pub mod fifo;

@@ -716,8 +716,7 @@ async fn fifo_dropped_in_flight(kind: Kind) -> Result<(), Failed> {
 
 /// An operator's eviction of a held lock wakes its waiter as a release
 /// does, without and with a wait queue: the waiter holds the lock within
-/// milliseconds, not at its next poll (seconds: 9.5 s and 2.9 s measured
-/// without the wake-up).
+/// milliseconds, not at its next poll, which comes seconds later.
 async fn eviction_wakes_waiters() -> Result<(), Failed> {
     let (url, _ports, _servers) = fifo_servers(Topology::Single).await?;
     for url in [url.clone(), format!("{url}?fifo=true&queue_lease_ms=60000")] {

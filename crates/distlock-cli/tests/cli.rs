@@ -367,6 +367,28 @@ fn the_default_backend_works_on_a_fresh_machine_and_a_named_file_is_not_guessed(
     );
 }
 
+/// The README's first command, run twice on the default backend: the
+/// second run's token is above the first's.
+#[test]
+fn the_quick_start_run_twice_on_the_default_backend_raises_the_token() {
+    let state = scratch("quick-start").join("state");
+    let token = || {
+        let out = bin()
+            .env("XDG_STATE_HOME", &state)
+            .args(["run", "jobs/demo", "--", "sh", "-c", "echo $DISTLOCK_TOKEN"])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap_or_else(|e| panic!("DISTLOCK_TOKEN {:?}: {e}", out.stdout))
+    };
+    let (first, second) = (token(), token());
+    assert!(second > first, "tokens {first} then {second}");
+    assert!(state.join("distlock/locks.db").exists());
+}
+
 /// No `--help` shows the backend URL taken from the environment, whose
 /// password it may carry.
 #[test]
@@ -530,7 +552,7 @@ fn limit_3_runs_at_most_three_commands_at_once() {
     let b = sqlite_in(&dir);
     let log = dir.join("intervals.log");
     let script = format!(
-        "echo start >> {0}; sleep 0.4; echo end >> {0}; echo $DISTLOCK_TOKEN >> {0}.tokens",
+        "echo start >> {0}; sleep 1.5; echo end >> {0}; echo $DISTLOCK_TOKEN >> {0}.tokens",
         log.display()
     );
     let limit = ["--limit", "3", "--wait", "60s"];

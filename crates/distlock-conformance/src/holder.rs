@@ -399,13 +399,12 @@ pub async fn holder_info_is_bounded(f: &dyn BackendFactory, ns: String) -> CaseR
         .try_acquire()
         .await?
         .ok_or("a free lock was refused")?;
-    if let Ok(status) = f.client().await?.inspect(&lock).await {
-        ensure!(
-            status.holder_info.as_deref() == Some(fits.as_str()),
-            "holder info of exactly {MAX_HOLDER_INFO_LEN} bytes did not round-trip: {:?}",
-            status.holder_info.map(|s| s.len())
-        );
-    }
+    let status = f.client().await?.inspect(&lock).await?;
+    ensure!(
+        status.holder_info.as_deref() == Some(fits.as_str()),
+        "holder info of exactly {MAX_HOLDER_INFO_LEN} bytes did not round-trip: {:?}",
+        status.holder_info.map(|s| s.len())
+    );
     g.release().await?;
     for bad in ["/abs", "a//b", "sp ace", "{tag}"] {
         let listed = a.list(bad, ROWS).await;

@@ -154,7 +154,7 @@ pub async fn opposite_orders_never_deadlock_or_overlap(
                 if inside.swap(true, Ordering::SeqCst) {
                     return Err(Failed::from("two multi-locks of the same names overlapped"));
                 }
-                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(2)).await;
                 inside.store(false, Ordering::SeqCst);
                 m.release().await?;
                 done.fetch_add(1, Ordering::Relaxed);

@@ -21,8 +21,6 @@ cases![
     longer_names_shaped_like_queue_nodes_hold_back_nothing,
 ];
 
-const SHORT: Duration = Duration::from_secs(2);
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Lock,
@@ -166,6 +164,24 @@ fn short(records: &[HoldRecord]) -> Vec<String> {
         .iter()
         .map(|r| format!("{}:{:?}", r.name, r.kind))
         .collect()
+}
+
+/// `r`'s value; an error goes to `bad` (with `what` it was asked of) and
+/// gives `None`.
+fn checked<T>(
+    bad: &mut Vec<String>,
+    what: impl FnOnce() -> String,
+    r: Result<T, Error>,
+) -> Option<T> {
+    r.map_err(|e| bad.push(format!("{}: {e}", what()))).ok()
+}
+
+/// A release that must answer held; anything else goes to `bad`.
+async fn released(bad: &mut Vec<String>, what: impl FnOnce() -> String, h: Held) {
+    match h.release().await {
+        Ok(true) => {}
+        other => bad.push(format!("release of {}: {other:?}", what())),
+    }
 }
 
 fn finish(backend: &str, bad: Vec<String>) -> CaseResult {
@@ -387,10 +403,6 @@ pub async fn names_differing_in_case_or_punctuation_are_different(
                 )),
                 Err(e) => bad.push(format!("{kind:?} {n}: error {e}")),
             }
-            if kind == Kind::Lock || kind == Kind::Shared {
-                // And an exclusive try of the other client on a fresh
-                // variant must not see it.
-            }
         }
         // Each status reflects its own name.
         for (n, kind, _) in &held {
@@ -401,11 +413,11 @@ pub async fn names_differing_in_case_or_punctuation_are_different(
                 }
             }
             if let Kind::Sem(limit) = kind {
-                if let Ok(s) = obs
+                let s = obs
                     .backend()
                     .inspect_permits(&distlock_core::LockName::new(n)?)
-                    .await
-                {
+                    .await;
+                if let Some(s) = checked(&mut bad, || format!("inspect_permits({n})"), s) {
                     if s.holders != Some(1) || s.limit != Some(*limit) {
                         bad.push(format!("inspect_permits({n}) = {s:?}; 1 of {limit} held"));
                     }
@@ -434,7 +446,7 @@ pub async fn names_differing_in_case_or_punctuation_are_different(
         // Release one spelling: the others stay held.
         let mut it = held.into_iter();
         if let Some((n0, k0, h0)) = it.next() {
-            let _ = h0.release().await;
+            released(&mut bad, || format!("{k0:?} {n0}"), h0).await;
             for (n, k, h) in it {
                 let ok = match &h {
                     Held::Guard(g) => g.is_held(),
@@ -490,7 +502,9 @@ pub async fn longer_names_below_a_name_for_every_kind(
             // Exclusive kinds: b is refused each name.
             if kind != Kind::Shared {
                 for (n, _) in &held {
-                    if let Ok(Some(h)) = try_take(&b, kind, n).await {
+                    let second = try_take(&b, kind, n).await;
+                    let what = || format!("{kind:?} {n} by a second client ({order})");
+                    if let Some(Some(h)) = checked(&mut bad, what, second) {
                         bad.push(format!("{kind:?} {n} granted twice ({order})"));
                         let _ = h.release().await;
                     }
@@ -542,7 +556,7 @@ pub async fn longer_names_below_a_name_for_every_kind(
                     )
                 };
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                let _ = hx.release().await;
+                released(&mut bad, || format!("{kind:?} {x}"), hx).await;
                 match waiter.await {
                     Ok(Ok(h)) => {
                         let _ = h.release().await;
@@ -575,7 +589,6 @@ pub async fn longer_names_below_a_name_for_every_kind(
             }
         }
     }
-    let _ = SHORT;
     finish(caps.backend, bad)
 }
 
@@ -691,7 +704,8 @@ pub async fn list_prefix_forms_list_the_same_holds(
         }
     }
     // The namespace without its slash.
-    if let Ok(Some(list)) = listing(&obs, &ns).await {
+    let list = listing(&obs, &ns).await;
+    if let Some(Some(list)) = checked(&mut bad, || format!("list({ns})"), list) {
         if list.len() != held.len() {
             bad.push(format!(
                 "list({ns}) shows {} holds, {} held",
@@ -751,7 +765,8 @@ pub async fn longer_names_shaped_like_queue_nodes_hold_back_nothing(
                     )),
                     Err(e) => bad.push(format!("{kind:?} {x} beside {below}: {e}")),
                 }
-                if let Ok(s) = status(&b, kind, &x).await {
+                let s = status(&b, kind, &x).await;
+                if let Some(s) = checked(&mut bad, || format!("{kind:?} status of {x}"), s) {
                     if !is_free_status(&s) {
                         bad.push(format!(
                             "{kind:?} status of {x} says {s} while only {below_kind:?} {below} is held"
@@ -760,7 +775,7 @@ pub async fn longer_names_shaped_like_queue_nodes_hold_back_nothing(
                 }
             }
             if let Some(h) = hb {
-                let _ = h.release().await;
+                released(&mut bad, || format!("{below_kind:?} {below}"), h).await;
             }
             // Released: still nothing in the way.
             for kind in kinds(&caps, 1) {
@@ -776,7 +791,8 @@ pub async fn longer_names_shaped_like_queue_nodes_hold_back_nothing(
             }
         }
     }
-    if let Ok(Some(list)) = listing(&b, &format!("{ns}/")).await {
+    let list = listing(&b, &format!("{ns}/")).await;
+    if let Some(Some(list)) = checked(&mut bad, || format!("list({ns}/)"), list) {
         if !list.is_empty() {
             bad.push(format!(
                 "after everything was released list shows {:?}",
