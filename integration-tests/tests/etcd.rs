@@ -104,6 +104,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::a_lock_beside_holder_info_left_by_a_deleted_campaign_is_no_leader",
+                info_left_by_a_deleted_campaign(etcd.clone()),
+            ),
+            trial(
+                rt,
                 "etcd::etcdctl_lock_excludes_a_distlock_reader",
                 etcdctl_holds_against_reader(etcd.clone()),
             ),
@@ -204,6 +209,18 @@ fn main() {
 
 fn name() -> String {
     format!("{}/lock", integration_tests::namespace())
+}
+
+/// What `etcdctl ARGS` prints.
+async fn etcdctl_out(url: &str, args: &[&str]) -> Result<String, Failed> {
+    let ep = integration_tests::harness::host_port(url).ok_or("no endpoint")?;
+    let mut c = etcd_client_cmd(&format!("{}:{}", ep.0, ep.1))?;
+    c.args(args);
+    Ok(
+        tokio::task::spawn_blocking(move || integration_tests::harness::process::run_client(c))
+            .await
+            .map_err(|e| e.to_string())??,
+    )
 }
 
 async fn keys_under(url: &str, prefix: &str) -> Result<usize, Failed> {
@@ -470,6 +487,60 @@ async fn lock_shaped_campaign_values(f: Arc<Etcd>) -> Result<(), Failed> {
         }
         leading.resign().await?;
     }
+    Ok(())
+}
+
+/// A campaign key deleted by hand (`etcdctl del`) leaves its holder info
+/// key on the lease; a lock of the same name by the same client then
+/// writes the same `<name>/<lease>` key. That key is a lock's: `leader()`
+/// and `observe()` report nobody, and `list` a lock.
+async fn info_left_by_a_deleted_campaign(f: Arc<Etcd>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let lock = name();
+    let client = LockClient::new(EtcdBackend::connect(&url).await?);
+    let ttl = Duration::from_secs(10);
+    let e = client.election(&lock);
+    let leading = e.clone().ttl(ttl).campaign("v").await?;
+    let under = format!("{lock}/");
+    let keys = etcdctl_out(&url, &["get", "--prefix", "--keys-only", &under]).await?;
+    let key = keys
+        .lines()
+        .map(str::trim)
+        .find(|k| !k.is_empty())
+        .ok_or("no campaign key")?
+        .to_string();
+    etcdctl_out(&url, &["del", &key]).await?;
+    let _ = leading.resign().await;
+    let info_key = format!("/distlock/leaders/{key}");
+    if etcdctl_out(&url, &["get", "--keys-only", &info_key])
+        .await?
+        .trim()
+        != info_key
+    {
+        return Err(format!("no holder info key {info_key} left: the case proves nothing").into());
+    }
+    let g = client.lock(&lock).ttl(ttl).acquire().await?;
+    let keys = etcdctl_out(&url, &["get", "--prefix", "--keys-only", &under]).await?;
+    if !keys.lines().any(|k| k.trim() == key) {
+        return Err(
+            format!("the lock's key is not {key} ({keys:?}): the case proves nothing").into(),
+        );
+    }
+    if let Some(l) = e.leader().await? {
+        return Err(format!("leader() reports {l:?} while a lock holds").into());
+    }
+    let mut seen = e.observe().await?;
+    let first = futures_util::StreamExt::next(&mut seen)
+        .await
+        .ok_or("observe ended")??;
+    if first.is_some() {
+        return Err(format!("observe() began with {first:?} while a lock holds").into());
+    }
+    let listed = client.list(&lock, 10).await?;
+    if listed.len() != 1 || listed[0].kind != distlock_core::HoldKind::Exclusive {
+        return Err(format!("list({lock}) shows {listed:?}, not one lock").into());
+    }
+    g.release().await?;
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::{Backend, Error, LockClient, LockName, LockRequest};
+use distlock_core::{Backend, Error, FencingToken, LockClient, LockName, LockRequest};
 use distlock_sql::{sqlx, SqlBackend, SqlConfig};
 use integration_tests::harness::postgres as pg;
 use integration_tests::harness::tls::TestCerts;
@@ -107,6 +107,11 @@ fn main() {
                 rt,
                 "postgres::a_wrong_password_or_user_is_misconfigured_not_retryable",
                 wrong_credentials(tls.clone()),
+            ),
+            trial(
+                rt,
+                "postgres::the_fencing_updates_in_the_docs_refuse_a_paused_holders_writes",
+                fencing_updates(f.clone()),
             ),
             trial(
                 rt,
@@ -637,6 +642,102 @@ async fn restricted_role(f: Arc<SqlFactory>) -> Result<(), Failed> {
 /// A role at its `CONNECTION LIMIT` (SQLSTATE 53300, too many
 /// connections) is refused at connect as `Unavailable`: a connection that
 /// closes lets the next try in.
+/// docs/fencing.md's two conditional updates, as written there: a holder
+/// paused past its TTL writes with its old token after a newer holder has
+/// written, and no row changes; the newer holder may write again, and a
+/// job is claimed once per token.
+async fn fencing_updates(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (table, _) = f.own_table("fenced")?;
+    let db: sqlx::PgPool = f.admin_pool().await?;
+    let (accounts, jobs) = (format!("{table}_accounts"), format!("{table}_jobs"));
+    for ddl in [
+        format!("CREATE TABLE {accounts} (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL)"),
+        format!("ALTER TABLE {accounts} ADD COLUMN fence BIGINT NOT NULL DEFAULT 0"),
+        format!("INSERT INTO {accounts} (id, balance) VALUES (1, 0)"),
+        format!("CREATE TABLE {jobs} (id BIGINT PRIMARY KEY, state TEXT NOT NULL, fence BIGINT NOT NULL DEFAULT 0)"),
+        format!("INSERT INTO {jobs} (id, state) VALUES (1, 'queued')"),
+    ] {
+        sqlx::query(&ddl).execute(&db).await?;
+    }
+    let write =
+        format!("UPDATE {accounts} SET balance = $1, fence = $2 WHERE id = $3 AND fence <= $2");
+    let claim =
+        format!("UPDATE {jobs} SET state = 'running', fence = $1 WHERE id = $2 AND fence < $1");
+    let wrote = |balance: i64, token: FencingToken| {
+        let (db, write) = (db.clone(), write.clone());
+        async move {
+            Ok::<u64, Failed>(
+                sqlx::query(&write)
+                    .bind(balance)
+                    .bind(token.0 as i64)
+                    .bind(1_i64)
+                    .execute(&db)
+                    .await?
+                    .rows_affected(),
+            )
+        }
+    };
+    let claimed = |token: FencingToken| {
+        let (db, claim) = (db.clone(), claim.clone());
+        async move {
+            Ok::<u64, Failed>(
+                sqlx::query(&claim)
+                    .bind(token.0 as i64)
+                    .bind(1_i64)
+                    .execute(&db)
+                    .await?
+                    .rows_affected(),
+            )
+        }
+    };
+    let (a, b) = (
+        LockClient::new(f.connect(SqlConfig::default()).await?),
+        LockClient::new(f.connect(SqlConfig::default()).await?),
+    );
+    let (lock, ttl) = (format!("fenced/{table}"), Duration::from_millis(500));
+    let old = a.lock(&lock).ttl(ttl).no_renew().acquire().await?;
+    if wrote(10, old.token()).await? != 1 || wrote(11, old.token()).await? != 1 {
+        return Err("the holder could not write twice with its token".into());
+    }
+    // Paused past its TTL: a newer holder takes over and writes.
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    let new = b
+        .lock(&lock)
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await?;
+    if new.token() <= old.token() {
+        return Err(format!("token {} after {}", new.token(), old.token()).into());
+    }
+    if wrote(20, new.token()).await? != 1 || wrote(21, new.token()).await? != 1 {
+        return Err("the newer holder could not write twice with its token".into());
+    }
+    if wrote(12, old.token()).await? != 0 {
+        return Err("the paused holder's write with its old token changed the row".into());
+    }
+    let balance: i64 = sqlx::query_scalar(&format!("SELECT balance FROM {accounts} WHERE id = 1"))
+        .fetch_one(&db)
+        .await?;
+    if balance != 21 {
+        return Err(format!("balance {balance}, not the newer holder's 21").into());
+    }
+    if claimed(old.token()).await? != 1 {
+        return Err("the first claim of the job was refused".into());
+    }
+    if claimed(old.token()).await? != 0 {
+        return Err("a second claim with the same token was accepted".into());
+    }
+    if claimed(new.token()).await? != 1 || claimed(old.token()).await? != 0 {
+        return Err(
+            "the newer token's claim was refused, or the older one's accepted after it".into(),
+        );
+    }
+    new.release().await?;
+    let _ = old.release().await;
+    Ok(())
+}
+
 async fn connection_limit(f: Arc<SqlFactory>) -> Result<(), Failed> {
     use sqlx::Connection;
     let admin = f.admin_pool::<sqlx::Postgres>().await?;

@@ -30,8 +30,9 @@ struct Campaign {
     /// A lock's key, not a campaign's: Go's `Mutex` writes an empty value,
     /// distlock's lock its owner. Held first, it keeps every campaign out,
     /// and nobody leads. Judged by the value's shape until the holder info
-    /// key is read: a distlock campaign always writes one, so a campaign
-    /// whose value is empty or shaped like an owner is one still.
+    /// key is read: a distlock campaign always writes one in the
+    /// transaction that creates its key ([`is_campaigns_info`]), so a
+    /// campaign whose value is shaped like an owner is one still.
     lock: bool,
 }
 
@@ -65,6 +66,14 @@ fn campaign(kv: &etcd_client::KeyValue) -> Campaign {
         info: None,
         lock: kv.value().is_empty() || crate::list::looks_like_owner(kv.value()),
     }
+}
+
+/// Whether a holder info key last written at `info_mod` belongs to the key
+/// created at `created`: the campaign's transaction writes both, and only
+/// it writes the info key, so one left by a campaign key deleted by hand
+/// is older than a lock's key made later on the same lease.
+pub(crate) fn is_campaigns_info(info_mod: i64, created: i64) -> bool {
+    info_mod >= created
 }
 
 /// The holder info a holder info key's value carries (empty: none).
@@ -148,11 +157,11 @@ impl EtcdBackend {
                 None,
             ));
         };
-        let infos: HashMap<&[u8], &[u8]> = infos
+        let infos: HashMap<&[u8], &etcd_client::KeyValue> = infos
             .kvs()
             .iter()
             .filter(|kv| direct_child(kv.key(), &info_prefix))
-            .map(|kv| (kv.key(), kv.value()))
+            .map(|kv| (kv.key(), kv))
             .collect();
         let keys = campaigns
             .kvs()
@@ -161,9 +170,11 @@ impl EtcdBackend {
             .map(|kv| {
                 let mut c = campaign(kv);
                 let info_key = leader_info_key(&String::from_utf8_lossy(kv.key()));
-                let info = infos.get(info_key.as_bytes());
+                let info = infos
+                    .get(info_key.as_bytes())
+                    .filter(|i| is_campaigns_info(i.mod_revision(), kv.create_revision()));
                 c.lock &= info.is_none();
-                c.info = Some(info.and_then(|v| leader_info(v)));
+                c.info = Some(info.and_then(|i| leader_info(i.value())));
                 (kv.create_revision(), c)
             })
             .collect();
@@ -175,7 +186,7 @@ impl EtcdBackend {
     /// written in the same transaction, outside the watched prefix). A key
     /// that has one is a campaign, whatever its value looks like.
     async fn fill_first_info(&self, keys: &mut Campaigns) -> Result<()> {
-        let Some((_, c)) = keys.iter_mut().next().filter(|(_, c)| c.info.is_none()) else {
+        let Some((&created, c)) = keys.iter_mut().next().filter(|(_, c)| c.info.is_none()) else {
             return Ok(());
         };
         let info_key = leader_info_key(&String::from_utf8_lossy(&c.key));
@@ -185,7 +196,10 @@ impl EtcdBackend {
                 async move { kv.get(info_key, None).await }
             })
             .await?;
-        let info = resp.kvs().first();
+        let info = resp
+            .kvs()
+            .first()
+            .filter(|i| is_campaigns_info(i.mod_revision(), created));
         c.lock &= info.is_none();
         c.info = Some(info.and_then(|kv| leader_info(kv.value())));
         Ok(())

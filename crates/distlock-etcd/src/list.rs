@@ -25,7 +25,7 @@ use distlock_core::{FencingToken, HoldKind, HoldRecord, LockName, Result};
 use etcd_client::{GetOptions, KeyValue};
 use futures_util::{StreamExt, TryStreamExt};
 
-use crate::election::leader_info;
+use crate::election::{is_campaigns_info, leader_info};
 use crate::{is_shared, leader_info_key, lock_holder_info, own_key, semaphore, EtcdBackend};
 use crate::{LEADER_INFO_ROOT, SHARED};
 
@@ -105,11 +105,11 @@ impl NameKey<'_> {
 
 /// The locks, shared holds and leaderships held among `kvs` (the name
 /// ranges' keys, sorted by key) whose names start with `prefix`, each with
-/// its lease; `leaders` maps a campaign key to its holder info key's value.
+/// its lease; `leaders` maps a campaign key to its holder info key.
 fn held_by_name(
     kvs: &[KeyValue],
     prefix: &str,
-    leaders: &HashMap<Vec<u8>, Vec<u8>>,
+    leaders: &HashMap<Vec<u8>, KeyValue>,
 ) -> Vec<(HoldRecord, i64)> {
     let names: BTreeSet<&str> = kvs
         .iter()
@@ -155,14 +155,17 @@ fn held_by_name(
                 }
                 Some(NameKey::Lease(n)) if n == name => {
                     let info_key = leader_info_key(&String::from_utf8_lossy(kv.key()));
-                    let info = leaders.get(info_key.as_bytes());
+                    let info = leaders
+                        .get(info_key.as_bytes())
+                        .filter(|i| is_campaigns_info(i.mod_revision(), kv.create_revision()))
+                        .map(KeyValue::value);
                     let campaign =
                         info.is_some() || !(kv.value().is_empty() || looks_like_owner(kv.value()));
                     if campaign && first_own == Some(rev) {
                         HoldRecord::new(name, HoldKind::Leader)
                             .with_token(Some(FencingToken(rev as u64)))
                             .with_value(Some(String::from_utf8_lossy(kv.value()).into_owned()))
-                            .with_holder_info(info.and_then(|v| leader_info(v)))
+                            .with_holder_info(info.and_then(leader_info))
                     } else if !campaign && first_any == Some(rev) {
                         HoldRecord::new(name, HoldKind::Exclusive)
                             .with_token(Some(FencingToken(kv.mod_revision() as u64)))
@@ -234,7 +237,7 @@ impl EtcdBackend {
             .read_range(sems.clone().into_bytes(), prefix_end(&sems), &mut revision)
             .await?;
         let infos = root(LEADER_INFO_ROOT);
-        let leaders: HashMap<Vec<u8>, Vec<u8>> = self
+        let leaders: HashMap<Vec<u8>, KeyValue> = self
             .read_range(
                 infos.clone().into_bytes(),
                 prefix_end(&infos),
@@ -242,7 +245,7 @@ impl EtcdBackend {
             )
             .await?
             .into_iter()
-            .map(KeyValue::into_key_value)
+            .map(|kv| (kv.key().to_vec(), kv))
             .collect();
         let mut held = held_by_name(&names, prefix, &leaders);
         held.extend(semaphore::held_permits(&sems, prefix));
