@@ -44,6 +44,7 @@ fn main() {
         Arc::new(plain.sharing("redlock::fifo_mixed", "&fifo=true&queue_lease_ms=600"));
     let plain = Arc::new(plain);
     integration_tests::run_suite(plain.clone(), move |rt| {
+        let handover = plain.clone();
         let mut extra = integration_tests::trials(fenced, rt);
         extra.extend(integration_tests::trials(queued, rt));
         extra.extend(integration_tests::factory::Alternating::safety_trials(
@@ -53,6 +54,11 @@ fn main() {
             rt,
         ));
         extra.extend([
+            trial(
+                rt,
+                "redlock::observe_reports_a_handover_between_leaders_of_one_value",
+                same_value_handover(handover),
+            ),
             trial(
                 rt,
                 "redlock::a_refused_round_gives_nothing_back",
@@ -218,6 +224,63 @@ async fn two_down() -> Result<(), Failed> {
     if !g.release().await? {
         return Err("release with two nodes down reported not held".into());
     }
+    Ok(())
+}
+
+/// The next item `observe` reports, within 10 s.
+async fn next_leader(
+    seen: &mut distlock_core::LeaderStream,
+) -> Result<Option<distlock_core::Leader>, Failed> {
+    tokio::time::timeout(Duration::from_secs(10), futures_util::StreamExt::next(seen))
+        .await
+        .map_err(|_| Failed::from("observe() reported nothing more in 10 s"))?
+        .ok_or_else(|| Failed::from("observe ended"))?
+        .map_err(Failed::from)
+}
+
+/// Without fencing every leadership's token is 0: a handover between two
+/// campaigners of one value is still a new leader, and `observe` reports
+/// it (the observer polls; the handover falls between two reads).
+async fn same_value_handover(f: Arc<Redlock>) -> Result<(), Failed> {
+    use integration_tests::BackendFactory;
+    let (a, b, o) = (
+        LockClient::new(f.client().await?),
+        LockClient::new(f.client().await?),
+        LockClient::new(f.client().await?),
+    );
+    let name = format!("{}/same-value", integration_tests::namespace());
+    let first = a
+        .election(&name)
+        .ttl(Duration::from_secs(10))
+        .campaign("v")
+        .await?;
+    let mut seen = o.election(&name).observe().await?;
+    match next_leader(&mut seen).await? {
+        Some(l) if l.value == "v" => {}
+        other => return Err(format!("observe() began with {other:?}").into()),
+    }
+    let waiting = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move {
+            b.election(&name)
+                .ttl(Duration::from_secs(10))
+                .wait(Duration::from_secs(10))
+                .campaign("v")
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.resign().await?;
+    let second = waiting.await.map_err(|e| e.to_string())??;
+    // Nobody may show in between, if a read fell into the handover.
+    loop {
+        match next_leader(&mut seen).await? {
+            Some(l) if l.value == "v" => break,
+            Some(l) => return Err(format!("observe() reported {l:?}").into()),
+            None => {}
+        }
+    }
+    second.resign().await?;
     Ok(())
 }
 

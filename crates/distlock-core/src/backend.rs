@@ -287,7 +287,7 @@ impl LockStatus {
 }
 
 /// The current leader of an election ([`Backend::leader`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Leader {
     /// The value the leader campaigned with, or last proclaimed.
@@ -299,6 +299,20 @@ pub struct Leader {
     /// The holder info stored with its leadership, where the backend's
     /// layout has room for it.
     pub holder_info: Option<String>,
+    /// What tells this leadership from another with the same token and
+    /// value, where the token cannot ([`Leader::with_identity`]).
+    identity: Option<String>,
+}
+
+impl fmt::Debug for Leader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leader")
+            .field("value", &self.value)
+            .field("token", &self.token)
+            .field("remaining", &self.remaining)
+            .field("holder_info", &self.holder_info)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Leader {
@@ -309,7 +323,16 @@ impl Leader {
             token,
             remaining: None,
             holder_info: None,
+            identity: None,
         }
+    }
+
+    /// Sets what tells this leadership from a later one with the same
+    /// value: for a backend whose tokens do not (without fencing every
+    /// token is 0), the owner it stores with the leadership. Not shown.
+    pub fn with_identity(mut self, identity: Option<String>) -> Self {
+        self.identity = identity;
+        self
     }
 
     /// Sets the holder info.
@@ -327,7 +350,7 @@ impl Leader {
     /// Whether `other` is the same leadership with the same value (the
     /// remaining lease aside).
     pub fn same_as(&self, other: &Leader) -> bool {
-        self.token == other.token && self.value == other.value
+        self.token == other.token && self.value == other.value && self.identity == other.identity
     }
 }
 

@@ -281,3 +281,22 @@ impl Leadership {
         self.guard.release().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without fencing every token is 0: a later leadership with the same
+    /// value is told apart by its identity, and reported.
+    #[tokio::test]
+    async fn a_later_leadership_with_the_same_value_and_token_is_reported() {
+        let led_by = |owner: &str| -> Result<Option<Leader>> {
+            Ok(Some(
+                Leader::new("v", FencingToken(0)).with_identity(Some(owner.into())),
+            ))
+        };
+        let read = vec![led_by("a"), led_by("a"), led_by("b"), led_by("b")];
+        let seen: Vec<_> = distinct(stream::iter(read).boxed()).collect().await;
+        assert_eq!(seen.len(), 2, "{seen:?}");
+    }
+}

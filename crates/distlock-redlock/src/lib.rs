@@ -966,10 +966,14 @@ impl Backend for RedlockBackend {
         let value = most_common(theirs.iter().map(|e| e.leader.value.as_str())).unwrap_or_default();
         let remaining = theirs.iter().filter_map(|e| e.leader.remaining).min();
         let info = distlock_core::split_stored_owner(owner).1;
+        // Without fencing every token is 0: the owner tells one leadership
+        // from the next with the same value.
+        let identity = (!self.inner.config.fencing).then(|| owner.to_string());
         Ok(Some(
             Leader::new(value, token)
                 .with_remaining(remaining)
-                .with_holder_info(info.map(str::to_string)),
+                .with_holder_info(info.map(str::to_string))
+                .with_identity(identity),
         ))
     }
 
