@@ -43,6 +43,11 @@ enum Flaw {
     ForgetsHolderInfo,
     /// Keeps listing every hold it has listed once, released or not.
     ListsEndedHolds,
+    /// Serves a name in lower case: names differing in case are one hold.
+    FoldsCase,
+    /// Serves a name of more than two segments as its first two: a longer
+    /// name is the shorter one's hold.
+    CutsLongerNames,
 }
 
 /// The request as the flawed backend passes it on.
@@ -59,8 +64,28 @@ fn as_served(req: &LockRequest, flaw: Flaw) -> LockRequest {
             served
         }
         (Flaw::ForgetsHolderInfo, _) => req.clone().with_holder_info(None),
+        (Flaw::FoldsCase | Flaw::CutsLongerNames, _) => {
+            let mut served = req.clone();
+            served.name = served_name(&req.name, flaw);
+            served
+        }
         _ => req.clone(),
     }
+}
+
+/// The name as the flawed backend keeps it.
+fn served_name(name: &LockName, flaw: Flaw) -> LockName {
+    let served = match flaw {
+        Flaw::FoldsCase => name.as_str().to_lowercase(),
+        Flaw::CutsLongerNames => name
+            .as_str()
+            .splitn(3, '/')
+            .take(2)
+            .collect::<Vec<_>>()
+            .join("/"),
+        _ => return name.clone(),
+    };
+    LockName::new(served).unwrap_or_else(|_| name.clone())
 }
 
 #[derive(Debug)]
@@ -184,10 +209,12 @@ impl Backend for Broken {
         }
     }
     async fn inspect(&self, name: &LockName) -> LockResult<LockStatus> {
-        self.inner.inspect(name).await
+        self.inner.inspect(&served_name(name, self.flaw)).await
     }
     async fn inspect_permits(&self, name: &LockName) -> LockResult<LockStatus> {
-        self.inner.inspect_permits(name).await
+        self.inner
+            .inspect_permits(&served_name(name, self.flaw))
+            .await
     }
     async fn set_limit(&self, name: &LockName, limit: u32) -> LockResult<Option<u32>> {
         self.inner.set_limit(name, limit).await
@@ -290,6 +317,7 @@ fn case(name: &str) -> Option<CaseFn> {
         .chain(crate::rwlock::ALL)
         .chain(crate::election::ALL)
         .chain(crate::holder::ALL)
+        .chain(crate::names::ALL)
         .find(|(n, _)| *n == name)
         .map(|(_, f)| *f)
 }
@@ -418,6 +446,18 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             Flaw::ListsEndedHolds,
             "list_shows_what_is_held_and_nothing_released",
             "after releases, list shows",
+        ),
+        (
+            "names_differing_only_in_case_held_as_one",
+            Flaw::FoldsCase,
+            "names_differing_in_case_or_punctuation_are_different",
+            "refused while only other spellings are held",
+        ),
+        (
+            "a_longer_name_held_as_the_shorter_one",
+            Flaw::CutsLongerNames,
+            "longer_names_below_a_name_for_every_kind",
+            "refused while",
         ),
         (
             "batched_renewal_of_others_locks",
