@@ -179,6 +179,16 @@ fn main() {
         ));
         let handle = rt.handle().clone();
         extra.push(Trial::test(
+            "redis::cluster::list_with_a_master_stopped_fails_rather_than_leave_its_holds_out",
+            move || handle.block_on(list_with_a_master_stopped()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::a_url_of_the_wrong_topology_is_misconfigured",
+            move || handle.block_on(wrong_topology()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
             "redis::a_multi_lock_of_free_names_is_one_request",
             move || handle.block_on(multi_lock_is_one_request()),
         ));
@@ -279,6 +289,11 @@ fn main() {
         ));
         let handle = rt.handle().clone();
         extra.push(Trial::test(
+            "redis::fifo::shared::single::a_writers_wait_prunes_lapsed_shared_entries",
+            move || handle.block_on(fifo_prunes_shared_entries()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
             "redis::fifo::semaphore::single::permits_freed_at_once_each_reach_a_waiter",
             move || handle.block_on(fifo_freed_at_once()),
         ));
@@ -300,6 +315,11 @@ fn main() {
                 move || handle.block_on(fifo_cut(kind)),
             ));
         }
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::sentinel::a_holder_follows_a_graceful_failover_and_nobody_else_is_granted",
+            move || handle.block_on(graceful_failover()),
+        ));
         let handle = rt.handle().clone();
         extra.push(Trial::ignorable_test(
             "redis::failover_to_a_lagging_replica_grants_twice_and_holder_sees_lost",
@@ -792,6 +812,52 @@ async fn fifo_writer_leaves() -> Result<(), Failed> {
     .await
 }
 
+/// A queued reader whose entry lapsed (its waiter died) is pruned by the
+/// next waiting attempt that looks at the queue, a writer's too, from the
+/// queue's shared entries as from the queue: dead readers do not pile up
+/// there while waiters keep coming.
+async fn fifo_prunes_shared_entries() -> Result<(), Failed> {
+    let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
+    let url = format!("{url}?fifo=true&queue_lease_ms=60000");
+    let name = "fifo/prunes";
+    let (port, dead) = (ports[0], "0 dead-reader");
+    let keys = [
+        distlock_redis::Keys::queue_of(name),
+        distlock_redis::Keys::queue_ends_of(name),
+        distlock_redis::Keys::queue_shared_of(name),
+    ];
+    let holder = LockClient::new(RedisBackend::connect(&url).await?);
+    let g = holder.lock(name).acquire().await?;
+    // The dead reader's entry, ended at 1 ms past the epoch.
+    for key in &keys {
+        let key = key.clone();
+        blocking(move || {
+            server::command(port, &["ZADD", &key, "1", dead])
+                .ok_or_else(|| Failed::from("no reply"))
+        })
+        .await?;
+    }
+    let writer = LockClient::new(RedisBackend::connect(&url).await?);
+    let waited = writer
+        .lock(name)
+        .wait(Duration::from_millis(500))
+        .acquire()
+        .await;
+    if waited.is_ok() {
+        return Err("the writer got a held lock".into());
+    }
+    let shared = keys[2].clone();
+    let left = blocking(move || {
+        server::command(port, &["ZSCORE", &shared, dead]).ok_or_else(|| Failed::from("no reply"))
+    })
+    .await?;
+    g.release().await?;
+    if left.contains("dead-reader") || !left.starts_with("$-1") {
+        return Err(format!("the lapsed shared entry is still kept: {left:?}").into());
+    }
+    Ok(())
+}
+
 async fn fifo_last_reader() -> Result<(), Failed> {
     let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
     let url = format!("{url}?fifo=true&queue_lease_ms=60000");
@@ -860,6 +926,212 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Re
 /// master dies and the Sentinels promote the replica, its holder sees
 /// `lost()`, the lock is granted again, and its token repeats. A lock that
 /// did replicate survives, and the client follows the new master.
+/// `SENTINEL FAILOVER`: the replica is promoted while the old master
+/// still runs and answers as master for a while. The holder's renewals
+/// follow the Sentinels to the new master (which has the replicated lock):
+/// another client is never granted the lock while the holder holds it.
+async fn graceful_failover() -> Result<(), Failed> {
+    let (master, replica, sentinel) = tokio::task::spawn_blocking(|| -> Result<_, Failed> {
+        // The old master refuses to be turned into a replica (as one cut
+        // off from the Sentinels would not hear it): it stays master, and
+        // its clients stay connected.
+        let master = server::spawn(&[
+            "--repl-diskless-sync-delay",
+            "0",
+            "--rename-command",
+            "SLAVEOF",
+            "",
+            "--rename-command",
+            "REPLICAOF",
+            "",
+        ])
+        .map_err(|e| e.to_string())?;
+        let replica = server::spawn(&["--replicaof", "127.0.0.1", &master.port.to_string()])
+            .map_err(|e| e.to_string())?;
+        wait_for("the replica to sync", Duration::from_secs(20), || {
+            info_field(replica.port, "replication", "master_link_status").as_deref() == Some("up")
+        })?;
+        let sentinel = server::sentinel(master.port, "m").map_err(|e| e.to_string())?;
+        wait_for(
+            "the sentinel to see the replica",
+            Duration::from_secs(30),
+            || {
+                server::command(sentinel.port, &["SENTINEL", "REPLICAS", "m"])
+                    .is_some_and(|r| r.contains(&replica.port.to_string()))
+            },
+        )?;
+        Ok((master, replica, sentinel))
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let url = format!("redis+sentinel://127.0.0.1:{}/m", sentinel.port);
+    let holder = LockClient::new(RedisBackend::connect(&url).await?);
+    // Longer than the Sentinel's failover timeout: the promoted copy still
+    // runs when the Sentinel names the new master.
+    let (name, ttl) = ("graceful/failover", Duration::from_secs(10));
+    let g = holder.lock(name).ttl(ttl).acquire().await?;
+    let (replica_port, sentinel_port) = (replica.port, sentinel.port);
+    let replica_at = format!("{replica_port}");
+    blocking(move || {
+        wait_for(
+            "the lock to reach the replica",
+            Duration::from_secs(10),
+            || {
+                server::command(replica_port, &["EXISTS", name])
+                    .is_some_and(|r| r.starts_with(":1"))
+            },
+        )?;
+        server::command(sentinel_port, &["SENTINEL", "FAILOVER", "m"])
+            .filter(|r| r.starts_with("+OK"))
+            .ok_or_else(|| Failed::from("SENTINEL FAILOVER refused"))?;
+        // The Sentinel names the new master once it gives up turning the
+        // old one into a replica (its failover timeout, 5 s).
+        wait_for(
+            "the Sentinel to name the new master",
+            Duration::from_secs(30),
+            || {
+                server::command(sentinel_port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "m"])
+                    .is_some_and(|r| r.contains(&replica_at))
+            },
+        )
+    })
+    .await?;
+    // Another client, connected now: it talks to the new master, whose
+    // copy of the lock lapses a TTL after the promotion unless the
+    // holder's renewals reach it too.
+    let other = LockClient::new(RedisBackend::connect(&url).await?);
+    let until = tokio::time::Instant::now() + ttl + Duration::from_secs(3);
+    while tokio::time::Instant::now() < until {
+        if let Some(taken) = other
+            .lock(name)
+            .ttl(ttl)
+            .try_acquire()
+            .await
+            .unwrap_or(None)
+        {
+            let both = g.is_held();
+            let _ = taken.release().await;
+            if both {
+                return Err("another client was granted the lock while its holder held it".into());
+            }
+            // The holder was told first: it may lose the lock, never unknowingly.
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let _ = g.release().await;
+    drop((master, replica, sentinel));
+    Ok(())
+}
+
+/// `list` on a Cluster one of whose masters has stopped answering
+/// (SIGSTOP): an error, or every hold; never an answer that leaves the
+/// stopped master's holds out.
+async fn list_with_a_master_stopped() -> Result<(), Failed> {
+    let nodes = blocking(|| Ok(server::cluster(3).map_err(|e| e.to_string())?)).await?;
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let url = format!("redis+cluster://{}", hosts.join(","));
+    let client = LockClient::new(RedisBackend::connect(&url).await?);
+    // Only holds on the master that stops: the others may make the list
+    // fail for another reason.
+    let mut held = Vec::new();
+    for i in 0..12 {
+        let name = format!("stopped/n{i}");
+        let g = client
+            .lock(&name)
+            .ttl(Duration::from_secs(60))
+            .acquire()
+            .await?;
+        let port = nodes[1].port;
+        let there = blocking(move || {
+            Ok(server::command(port, &["EXISTS", &name]).is_some_and(|r| r.starts_with(":1")))
+        })
+        .await?;
+        if there {
+            held.push(g);
+        } else {
+            g.release().await?;
+        }
+    }
+    if held.is_empty() {
+        return Err(
+            "no name of the second master's slots among 12: the case proves nothing".into(),
+        );
+    }
+    if client.list("stopped/", 100).await?.len() != held.len() {
+        return Err("list misses holds with every master up".into());
+    }
+    nodes[1].signal("STOP").map_err(|e| e.to_string())?;
+    // Past the cluster's node timeout too: the others mark it failing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let listed = client.list("stopped/", 100).await;
+    nodes[1].signal("CONT").map_err(|e| e.to_string())?;
+    match listed {
+        Ok(l) if l.len() != held.len() => {
+            return Err(format!(
+                "list answered {} of {} holds with a master stopped",
+                l.len(),
+                held.len()
+            )
+            .into())
+        }
+        _ => {}
+    }
+    for g in held {
+        let _ = g.release().await;
+    }
+    drop(nodes);
+    Ok(())
+}
+
+/// A `redis+cluster://` URL naming a server without Cluster support, and
+/// a `redis://` URL naming one node of a Cluster (a name of another node's
+/// slot): both `Misconfigured`, retrying cannot help.
+async fn wrong_topology() -> Result<(), Failed> {
+    let (plain, nodes) = blocking(|| {
+        let plain = server::spawn(&[]).map_err(|e| e.to_string())?;
+        let nodes = server::cluster(3).map_err(|e| e.to_string())?;
+        Ok((plain, nodes))
+    })
+    .await?;
+    let as_cluster = format!("redis+cluster://127.0.0.1:{}", plain.port);
+    let answer = match RedisBackend::connect(&as_cluster).await {
+        Ok(b) => LockClient::new(b)
+            .lock("topology/x")
+            .try_acquire()
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    match answer {
+        Err(Error::Misconfigured { .. }) => {}
+        other => return Err(format!("a cluster URL for a plain server: {other:?}").into()),
+    }
+    let one_node = LockClient::new(
+        RedisBackend::connect(&format!("redis://127.0.0.1:{}", nodes[0].port)).await?,
+    );
+    // Of 16 names, some hash to another node's slots.
+    let mut refused = 0;
+    for i in 0..16 {
+        match one_node.lock(format!("topology/n{i}")).try_acquire().await {
+            Ok(Some(g)) => {
+                g.release().await?;
+            }
+            Ok(None) => return Err(format!("topology/n{i} refused as held").into()),
+            Err(Error::Misconfigured { .. }) => refused += 1,
+            Err(e) => return Err(format!("topology/n{i} on one cluster node: {e:?}").into()),
+        }
+    }
+    if refused == 0 {
+        return Err("no name of another node's slots among 16: the case proves nothing".into());
+    }
+    drop((plain, nodes));
+    Ok(())
+}
+
 async fn failover() -> Result<(), Failed> {
     let setup = tokio::task::spawn_blocking(|| -> Result<_, Failed> {
         let master =

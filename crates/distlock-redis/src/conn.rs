@@ -93,12 +93,78 @@ impl SingleConn {
 }
 
 /// Follows the master of a Sentinel service: on a connection error or a
-/// READONLY reply (the old master was demoted) it asks the Sentinels for the
+/// READONLY reply (the old master was demoted), and when a Sentinel
+/// announces a new master (`+switch-master`), it asks the Sentinels for the
 /// current master and reconnects.
 pub(crate) struct SentinelConn {
     sentinel: Mutex<SentinelClient>,
     current: Mutex<Option<(Client, ConnectionManager)>>,
     timeout: Duration,
+    /// The task listening for `+switch-master`, ended with the connection.
+    switches: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for SentinelConn {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .switches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// Listens on the Sentinels, one after another while they fail, for
+/// `+switch-master` of `service` and drops `conn`'s connection when one
+/// comes: after a failover whose old master still runs, that node goes on
+/// answering as master (for seconds, until it is turned into a replica),
+/// and requests sent there would grant and renew holds the new master
+/// does not have.
+fn follow_switches(
+    conn: &Arc<SentinelConn>,
+    sentinels: Vec<String>,
+    service: String,
+    ca_file: Option<std::path::PathBuf>,
+) {
+    use futures_util::StreamExt;
+    let weak = Arc::downgrade(conn);
+    let task = tokio::spawn(async move {
+        for url in sentinels.iter().cycle() {
+            let listened = async {
+                let client = single_client(url, ca_file.as_deref())?;
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe("+switch-master").await?;
+                let mut messages = pubsub.on_message();
+                while let Some(msg) = messages.next().await {
+                    // `<service> <old ip> <old port> <new ip> <new port>`
+                    let payload: String = msg.get_payload()?;
+                    if payload.split(' ').next() != Some(service.as_str()) {
+                        continue;
+                    }
+                    let Some(conn) = weak.upgrade() else {
+                        return Ok(());
+                    };
+                    tracing::info!(%payload, "a Sentinel switched the master; reconnecting");
+                    conn.forget().await;
+                }
+                Ok::<(), RedisError>(())
+            };
+            if let Err(e) = listened.await {
+                tracing::debug!(sentinel = %url, error = %e, "listening for master switches failed");
+            }
+            if weak.strong_count() == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    *conn
+        .switches
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
 }
 
 fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
@@ -249,6 +315,25 @@ impl SentinelConn {
         *self.current.lock().await = None;
     }
 
+    /// Asks the Sentinels which node is master now (they check its role),
+    /// and drops the connection if it is another node than the one this
+    /// connection talks to: after a failover whose old master still runs,
+    /// that node goes on answering as master (for seconds, until it is
+    /// turned into a replica) and would renew holds the new master lets
+    /// lapse. The next request goes to the new master.
+    async fn confirm_master(&self) -> RedisResult<()> {
+        let named = self.sentinel.lock().await.async_get_client().await?;
+        let mut cur = self.current.lock().await;
+        let moved = cur.as_ref().is_some_and(|(client, _)| {
+            client.get_connection_info().addr() != named.get_connection_info().addr()
+        });
+        if moved {
+            tracing::info!(master = %named.get_connection_info().addr(), "the Sentinels name another master; reconnecting");
+            *cur = None;
+        }
+        Ok(())
+    }
+
     /// Runs `f` on the master's connection; after a connection error or a
     /// READONLY reply (the master moved), once more on the master the
     /// Sentinels name then.
@@ -322,7 +407,14 @@ impl Conn {
                     sentinel: Mutex::new(sentinel),
                     current: Mutex::new(None),
                     timeout,
+                    switches: std::sync::Mutex::new(None),
                 });
+                follow_switches(
+                    &conn,
+                    sentinels.clone(),
+                    service.clone(),
+                    ca_file.map(Path::to_path_buf),
+                );
                 match conn.current().await {
                     Err(e)
                         if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel
@@ -342,6 +434,19 @@ impl Conn {
     }
 
     /// Whether keys of different hash slots may live on different nodes.
+    /// Before renewals: on Sentinel, that the connection still talks to
+    /// the master the Sentinels name (see [`SentinelConn::confirm_master`]);
+    /// nothing for a single server or a Cluster. Failing to ask is not an
+    /// error: the renewal goes where the connection is.
+    pub(crate) async fn confirm_master(&self) {
+        if let Conn::Sentinel(s) = self {
+            let asked = Box::pin(tokio::time::timeout(s.timeout, s.confirm_master())).await;
+            if let Ok(Err(e)) = asked {
+                tracing::debug!(error = %e, "could not ask the Sentinels for the master");
+            }
+        }
+    }
+
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Conn::Cluster { .. })
     }

@@ -122,6 +122,22 @@ impl RedisBackend {
     }
 
     fn err(&self, e: RedisError) -> Error {
+        // Outside a Cluster client, a redirection means the URL names a
+        // node of a Cluster: no retry reaches the key's node.
+        let moved = matches!(
+            e.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
+        ) || e.code() == Some("MOVED");
+        if moved && !self.inner.conn.is_cluster() {
+            return Error::misconfigured(
+                "redis",
+                format!(
+                    "redis at {}: {e}; the server is a node of a Redis Cluster: use a redis+cluster:// URL",
+                    self.inner.endpoint
+                ),
+                Some(Box::new(e)),
+            );
+        }
         map_err(&self.inner.endpoint, e)
     }
 
@@ -500,6 +516,11 @@ fn refused_configuration(e: &RedisError) -> Option<&'static str> {
         _ if e.to_string().contains("refused to switch database") => {
             Some("the database index in the URL is out of the server's range (see `databases` in redis.conf)")
         }
+        // A `redis+cluster://` URL naming a server that is not a Cluster
+        // node, or a `redis://` URL naming a node of a Cluster.
+        _ if e.to_string().contains("cluster support disabled") => {
+            Some("the server is not a Cluster node: use a redis:// URL")
+        }
         _ if distlock_core::tls_refusal(e).is_some() => Some(
             "the TLS handshake failed: check that ca_file names the PEM CA that signed the servers' certificates, and that the URL's hosts are names in those certificates",
         ),
@@ -724,6 +745,7 @@ impl Backend for RedisBackend {
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        self.inner.conn.confirm_master().await;
         match req.kind {
             HoldKind::Permits { .. } => {
                 return Ok(self.extend_permits(&[req]).await?.first() == Some(&true))
@@ -745,6 +767,7 @@ impl Backend for RedisBackend {
     /// each, all sent at once on the multiplexed connection: one round trip
     /// for a mixed batch.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
+        self.inner.conn.confirm_master().await;
         let (mut permits, mut shared, mut leaders, mut locks) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for r in reqs {

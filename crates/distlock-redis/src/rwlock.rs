@@ -207,6 +207,7 @@ impl RedisBackend {
             let life = entry.unwrap_or(self.inner.config.queue_lease);
             inv.key(Keys::queue_of(&lock))
                 .key(Keys::queue_ends_of(&lock))
+                .key(Keys::queue_shared_of(&lock))
                 .arg(if fenced { "1" } else { "0" })
                 .arg(ttl_ms(life))
                 .arg(self.queue_entry(req));

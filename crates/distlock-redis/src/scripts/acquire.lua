@@ -1,8 +1,9 @@
 -- KEYS[1] lock key, KEYS[2] fencing counter, KEYS[3] writer marks (sorted
 -- set: owner -> expiry in ms, server clock), and for a first-come,
 -- first-served lock KEYS[4] its wait queue (sorted set: owner -> arrival,
--- microseconds of server time) and KEYS[5] the queue entries' ends
--- (owner -> ms, server clock); ARGV[1] owner, ARGV[2] TTL in ms, ARGV[3]
+-- microseconds of server time), KEYS[5] the queue entries' ends
+-- (owner -> ms, server clock) and KEYS[6] the queue's shared entries (see
+-- shared_acquire.lua), pruned with the queue; ARGV[1] owner, ARGV[2] TTL in ms, ARGV[3]
 -- how the caller asks: '0' (or absent) once, '1' the first attempt of a
 -- wait, '2' a later attempt of a wait; ARGV[4] '0' to take no token
 -- (Redlock without fencing); with a queue, ARGV[5] how long a waiter's
@@ -65,6 +66,9 @@ if queued then
   if #ended > 0 then
     redis.call('ZREM', queue, unpack(ended))
     redis.call('ZREM', KEYS[5], unpack(ended))
+    if KEYS[6] then
+      redis.call('ZREM', KEYS[6], unpack(ended))
+    end
   end
   local head = redis.call('ZRANGE', queue, 0, 0)[1]
   behind = head ~= nil and head ~= ARGV[6]
