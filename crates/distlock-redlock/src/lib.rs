@@ -321,7 +321,7 @@ impl RedlockBackend {
             while let Some((i, v)) = votes.next().await {
                 answered[i] = true;
                 match v {
-                    Vote::Granted(t) => tokens.push(t),
+                    Vote::Granted(t) => tokens.push((i, t)),
                     Vote::Held(l) => {
                         held += 1;
                         left = min_opt(left, l);
@@ -369,9 +369,9 @@ impl RedlockBackend {
                 // Declared meaningless; a semaphore's script counts anyway.
                 return Ok(Round::Granted(FencingToken(0)));
             }
-            let token = tokens.iter().copied().max().unwrap_or(FencingToken(0));
+            let (counted, token) = grant_token(&req.kind, &tokens, self.inner.nodes.len());
             let needed = self.write_back_quorum(&req.kind);
-            if self.write_back(req, token, needed).await >= needed
+            if self.write_back(req, counted, needed).await >= needed
                 && self.valid_after(req.ttl, start)
             {
                 return Ok(Round::Granted(token));
@@ -1162,9 +1162,66 @@ impl Wakeups for NodeWatches<'_> {
     }
 }
 
+/// The counter value a granting round writes back, and the grant's token,
+/// from the `(node index, INCR answer)` of each granting node among
+/// `nodes`. The value is the largest answer. A lock's, a shared hold's or
+/// a campaign's token is that value: two such grants never overlap, and
+/// the write-back makes every later one larger. Permits of one semaphore
+/// overlap, and two rounds running together can see the same largest
+/// answer (from different nodes: a node's `INCR` answers each value once),
+/// so a permit's token is `value * nodes + i`, `i` the lowest index of the
+/// nodes that answered `value`: unique among overlapping permits, and
+/// still below every later grant's, whose value is larger.
+fn grant_token(
+    kind: &HoldKind,
+    votes: &[(usize, FencingToken)],
+    nodes: usize,
+) -> (FencingToken, FencingToken) {
+    let Some((value, std::cmp::Reverse(first))) =
+        votes.iter().map(|&(i, t)| (t, std::cmp::Reverse(i))).max()
+    else {
+        return (FencingToken(0), FencingToken(0));
+    };
+    let token = match kind {
+        HoldKind::Permits { .. } => FencingToken(
+            value
+                .0
+                .saturating_mul(nodes as u64)
+                .saturating_add(first as u64),
+        ),
+        _ => value,
+    };
+    (value, token)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two permit rounds running together on three nodes, reaching them in
+    /// different orders, both see 2 as the largest answer (from different
+    /// nodes); their tokens differ, and a later round, whose largest answer
+    /// is above 2, gets a token above both. A lock's token is the answer.
+    #[test]
+    fn overlapping_permits_get_distinct_tokens_below_every_later_grant() {
+        let permit = HoldKind::Permits { limit: 2 };
+        let t = |v: &[(usize, u64)]| {
+            let votes: Vec<_> = v.iter().map(|&(i, t)| (i, FencingToken(t))).collect();
+            grant_token(&permit, &votes, 3)
+        };
+        let (a_value, a) = t(&[(0, 1), (1, 2), (2, 1)]);
+        let (b_value, b) = t(&[(0, 2), (1, 1), (2, 2)]);
+        assert_eq!((a_value, b_value), (FencingToken(2), FencingToken(2)));
+        assert_ne!(a, b);
+        let (_, later) = t(&[(0, 3), (1, 3), (2, 3)]);
+        assert!(later > a && later > b, "{later} after {a} and {b}");
+        let lock = grant_token(
+            &HoldKind::Exclusive,
+            &[(0, FencingToken(5)), (2, FencingToken(7))],
+            3,
+        );
+        assert_eq!(lock, (FencingToken(7), FencingToken(7)));
+    }
 
     /// Nothing listens on these ports: the check is at connect, before any
     /// node is asked anything.
