@@ -185,6 +185,8 @@ pub(crate) async fn observe(args: ObserveArgs) -> ExitCode {
                         return code;
                     }
                 }
+                // A refused configuration or password: retrying cannot help.
+                Some(Err(e)) if !e.is_retryable() => return fail(code_for(&e), e),
                 Some(Err(e)) => tracing::warn!(error = %e, "observing the election failed; retrying"),
                 None => return ExitCode::SUCCESS,
             },

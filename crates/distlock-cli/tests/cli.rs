@@ -2191,3 +2191,31 @@ fn a_signal_while_waiting_exits_128_plus_it_and_leaves_no_waiter() {
         signal_while_waiting(b, "sigwait/lock", Signal::SIGTERM, holder, *queued);
     }
 }
+
+/// `observe` on a server that requires a password it was not given exits
+/// 78 at once, as `observe --once` does: retrying cannot help.
+#[cfg(feature = "redis")]
+#[test]
+fn observe_refused_by_the_server_exits_78_instead_of_retrying() {
+    let r = redis();
+    let bare = r.url.replace(":s3cret@", "");
+    let child = bin()
+        .args(["observe", "--backend", &bare, "svc/refused"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = Stopped(child);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "observe still running after 20 s against a server refusing it"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(78), "{status:?}");
+}
