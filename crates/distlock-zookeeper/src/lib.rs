@@ -765,6 +765,18 @@ impl ZooKeeperBackend {
         ))
     }
 
+    /// The session to look for `req`'s node on: the hold's own when it is
+    /// open (none is opened for the look), so that a create still in flight there is answered before the
+    /// look (a read on another session may come back before it commits),
+    /// else the backend's.
+    async fn lookup_session(&self, req: &LockRequest) -> Result<Session> {
+        let hold_session = self.inner.sessions.lock().await.get(&req.ttl).cloned();
+        match hold_session {
+            Some(s) => Ok(s),
+            None => self.client().await,
+        }
+    }
+
     /// Deletes `req`'s node: a permit's, or a lock's, shared hold's or
     /// campaign's, found by its owner if this client does not know it.
     async fn delete_hold(&self, req: &LockRequest) -> Result<bool> {
@@ -775,14 +787,8 @@ impl ZooKeeperBackend {
             return self.delete_node(req).await;
         }
         // Released before the create's reply arrived (a cancelled acquire):
-        // find the node by its owner value, on the hold's own session when
-        // it has one, so that a create still in flight there is answered
-        // before this list.
-        let hold_session = self.inner.sessions.lock().await.get(&req.ttl).cloned();
-        let client = match hold_session {
-            Some(s) => s,
-            None => self.client().await?,
-        };
+        // find the node by its owner value.
+        let client = self.lookup_session(req).await?;
         let parent = self.parent(&req.name);
         let prefix = node_prefix(&req.owner, self.marker(req.kind));
         match self.find_mine(&client, &parent, &prefix).await? {

@@ -610,14 +610,7 @@ impl ZooKeeperBackend {
         if self.nodes().contains_key(&req.owner) {
             return self.delete_node(req).await;
         }
-        // Found on the permit's own session when it has one, so that a
-        // create still in flight there is answered before this list (a
-        // read on another session may come back before it commits).
-        let hold_session = self.inner.sessions.lock().await.get(&req.ttl).cloned();
-        let client = match hold_session {
-            Some(s) => s,
-            None => self.client().await?,
-        };
+        let client = self.lookup_session(req).await?;
         let dir = self.permits_dir(&req.name);
         match self
             .find_mine(&client, &dir, &permit_prefix(&req.owner))
