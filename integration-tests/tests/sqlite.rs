@@ -53,6 +53,11 @@ fn main() {
                 "sqlite::same_process_readers_and_writers_are_woken",
                 rw_woken_in_process(f.clone()),
             ),
+            trial(
+                rt,
+                "sqlite::the_file_is_opened_with_every_commit_synced",
+                every_commit_synced(f.clone()),
+            ),
         ]
     })
 }
@@ -159,6 +164,23 @@ async fn woken_in_process(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
         "waiter not woken by the release (it would have polled only after 60 s)",
     )
     .await
+}
+
+/// The backend's connections sync every commit (`synchronous = FULL`), so
+/// an operating-system crash cannot roll back a token handed out; the
+/// deployment check reports the setting it reads from them.
+async fn every_commit_synced(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    use distlock_core::Backend;
+    let backend = f.connect(SqlConfig::default()).await?;
+    let findings = backend.deployment_findings().await?;
+    let sync = findings
+        .iter()
+        .find(|x| x.setting == "synchronous")
+        .ok_or_else(|| format!("no synchronous finding in {findings:?}"))?;
+    if sync.value.as_deref() != Ok("FULL") || sync.warning.is_some() {
+        return Err(format!("synchronous is {sync:?}, not FULL without a warning").into());
+    }
+    Ok(())
 }
 
 /// A writer behind readers is woken when the last reader of this process

@@ -1838,7 +1838,7 @@ async fn sql_target(backend: &str) -> Result<Target, BoxError> {
         let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)?
             .create_if_missing(true)
             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
+            .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(5));
         let pool = sqlx::sqlite::SqlitePoolOptions::new()
             .max_connections(4)

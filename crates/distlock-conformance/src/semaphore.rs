@@ -25,6 +25,7 @@ cases![
     permit_tokens_strictly_rise,
     release_of_an_expired_or_foreign_permit_frees_nothing,
     reentrant_permit_takes_no_second_permit,
+    a_raised_limit_nests_the_holders_permit_and_opens_the_new_ones,
     local_waiters_put_at_most_limit_waiters_on_the_server,
     inspect_reports_permits_in_use_and_the_limit,
 ];
@@ -338,6 +339,55 @@ pub async fn reentrant_permit_takes_no_second_permit(
         free == 1,
         "{free} of 2 permits free while one holder nests twice"
     );
+    inner.release().await?;
+    outer.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// After another client raises the limit from 2 to 3, the holder's acquire
+/// with the new limit nests into the permit it holds, and its client's
+/// other tasks get the two permits left, the new one included.
+pub async fn a_raised_limit_nests_the_holders_permit_and_opens_the_new_ones(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let sem = name(&ns, "raised")?;
+    let (a, b) = (client(f).await?, client(f).await?);
+    let outer = a
+        .semaphore(&sem, 2)
+        .holder("job")
+        .ttl(LONG_TTL)
+        .acquire()
+        .await?;
+    let old = b.set_semaphore_limit(sem.as_str(), 3).await?;
+    ensure!(old == Some(2), "set_limit returned {old:?}, not 2");
+    let inner = a
+        .semaphore(&sem, 3)
+        .holder("job")
+        .ttl(LONG_TTL)
+        .try_acquire()
+        .await?
+        .ok_or("the holder's acquire with the raised limit was refused")?;
+    ensure!(
+        inner.hold_count() == 2 && inner.token() == outer.token(),
+        "the holder's acquire with the raised limit took a second permit (hold count {})",
+        inner.hold_count()
+    );
+    let mut others = Vec::new();
+    for i in 0..2 {
+        let g = a
+            .semaphore(&sem, 3)
+            .ttl(LONG_TTL)
+            .try_acquire()
+            .await?
+            .ok_or_else(|| format!("permit {} of 3 was refused with one held", i + 2))?;
+        others.push(g);
+    }
+    let fourth = a.semaphore(&sem, 3).ttl(LONG_TTL).try_acquire().await?;
+    ensure!(fourth.is_none(), "a fourth permit of 3 was granted");
+    for g in others {
+        g.release().await?;
+    }
     inner.release().await?;
     outer.release().await?;
     Ok(Completion::Completed)

@@ -18,7 +18,9 @@ use crate::guard::LockGuard;
 use crate::keeper::Keeper;
 use crate::lease::lock;
 use crate::name::LockName;
-use crate::slot::{local_share, slot_ref, Acquired, Claim, Hold, SlotRef, SlotTable};
+use crate::slot::{
+    existing_slot, local_share, slot_ref, Acquired, Claim, Hold, SlotRef, SlotTable,
+};
 
 /// The default lease TTL: long enough to survive a slow renewal round trip,
 /// short enough that a crashed holder frees the lock within half a minute.
@@ -146,8 +148,13 @@ impl LockClient {
         limit: u32,
     ) -> Result<Option<u32>> {
         let name = LockName::new(name)?;
-        check_kind(&self.inner.keeper.caps, &HoldKind::Permits { limit })?;
-        self.inner.keeper.backend.set_limit(&name, limit).await
+        let kind = HoldKind::Permits { limit };
+        check_kind(&self.inner.keeper.caps, &kind)?;
+        let had = self.inner.keeper.backend.set_limit(&name, limit).await?;
+        if let Some(slot) = existing_slot(&self.inner.slots, &name, kind) {
+            slot.fit_gate(limit);
+        }
+        Ok(had)
     }
 
     /// Starts building a hold of every lock in `names` at once: all held,
@@ -487,6 +494,9 @@ impl LockBuilder {
                 }
             },
         };
+        if let HoldKind::Permits { limit } = self.kind {
+            slot.slot.widen_gate(limit);
+        }
         let gate = slot.slot.gate.clone();
         let share = local_share(self.kind);
         let permit = match mode {
@@ -550,6 +560,9 @@ impl LockBuilder {
             slot,
             permit,
         } = gate;
+        if let HoldKind::Permits { limit } = req.kind {
+            slot.slot.fit_gate(limit);
+        }
         // The deadline counts from when the backend says the lease began:
         // before the granting request was sent, so it is conservative.
         let hold = Hold::start(

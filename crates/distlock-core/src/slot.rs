@@ -21,8 +21,20 @@ use crate::token::FencingToken;
 
 /// A name's holds on one object share a slot ([`HoldKind::object`]): a
 /// lock and a semaphore of the same name are separate objects, and so are
-/// their slots; a lock's exclusive and shared holds share its slot.
+/// their slots; a lock's exclusive and shared holds share its slot, and a
+/// semaphore's permits share one slot whatever limit each request names
+/// (a holder's permit is nested into after the limit changed, not taken
+/// twice).
 pub(crate) type SlotKey = (LockName, HoldKind);
+
+/// The key of the slot for `name` and the object of `kind`.
+fn slot_key(name: &LockName, kind: HoldKind) -> SlotKey {
+    let object = match kind.object() {
+        HoldKind::Permits { .. } => HoldKind::Permits { limit: 0 },
+        other => other,
+    };
+    (name.clone(), object)
+}
 
 /// A lock slot's local permits: an exclusive hold takes them all, a shared
 /// hold one, so the gate is a local read-write lock. Tokio's semaphore
@@ -51,6 +63,10 @@ pub(crate) struct Slot {
     /// than there are holds it could get. Tokio's semaphore is FIFO, so
     /// local waiters are served in arrival order.
     pub(crate) gate: Arc<Semaphore>,
+    /// How many local permits the gate has in all (held and free): a
+    /// semaphore's gate follows its limit ([`Slot::widen_gate`],
+    /// [`Slot::fit_gate`]).
+    gate_size: Mutex<u32>,
     /// The holds of this slot, for reentrant acquires; ended ones are
     /// skipped and pruned.
     held: Mutex<Vec<Weak<Hold>>>,
@@ -103,9 +119,8 @@ impl Drop for SlotRef {
 
 /// The slot for `name` and the object of `kind`, made on first use.
 pub(crate) fn slot_ref(table: &Arc<SlotTable>, name: &LockName, kind: HoldKind) -> SlotRef {
-    let object = kind.object();
-    let key = (name.clone(), object);
-    let permits = match object {
+    let key = slot_key(name, kind);
+    let permits = match kind.object() {
         HoldKind::Permits { limit } => limit,
         _ => LOCK_GATE,
     };
@@ -114,6 +129,7 @@ pub(crate) fn slot_ref(table: &Arc<SlotTable>, name: &LockName, kind: HoldKind) 
         .or_insert_with(|| {
             Arc::new(Slot {
                 gate: Arc::new(Semaphore::new(permits as usize)),
+                gate_size: Mutex::new(permits),
                 held: Mutex::new(Vec::new()),
                 claims: Mutex::new(Vec::new()),
                 changed: Notify::new(),
@@ -127,7 +143,44 @@ pub(crate) fn slot_ref(table: &Arc<SlotTable>, name: &LockName, kind: HoldKind) 
     }
 }
 
+/// The slot for `name` and the object of `kind`, if some task of the
+/// client uses it.
+pub(crate) fn existing_slot(
+    table: &SlotTable,
+    name: &LockName,
+    kind: HoldKind,
+) -> Option<Arc<Slot>> {
+    lock(table).get(&slot_key(name, kind)).cloned()
+}
+
 impl Slot {
+    /// Widens a semaphore's gate to `limit` local permits if it has fewer:
+    /// a request that names a larger limit than the gate was made for is
+    /// not held back by the gate. The server judges the limit; should it
+    /// refuse this one, the gate shrinks again with the next grant.
+    pub(crate) fn widen_gate(&self, limit: u32) {
+        let mut size = lock(&self.gate_size);
+        if limit > *size {
+            self.gate.add_permits((limit - *size) as usize);
+            *size = limit;
+        }
+    }
+
+    /// Fits a semaphore's gate to `limit`, the limit the server has
+    /// confirmed (it granted a permit of it, or set it): wider at once,
+    /// narrower by as many of its free local permits as it can drop now
+    /// (the rest with later grants, as permits held locally come back).
+    pub(crate) fn fit_gate(&self, limit: u32) {
+        let mut size = lock(&self.gate_size);
+        if limit > *size {
+            self.gate.add_permits((limit - *size) as usize);
+            *size = limit;
+        } else if limit < *size {
+            let dropped = self.gate.forget_permits((*size - limit) as usize);
+            *size -= dropped as u32;
+        }
+    }
+
     /// The live hold of `holder` in this slot, if any; one whose last guard
     /// is gone (its release is under way) does not count, nor one whose
     /// deadline has passed before the keeper could mark it lost (a task

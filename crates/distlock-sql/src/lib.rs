@@ -673,12 +673,15 @@ impl SqlBackend {
             endpoint,
         };
         // WAL lets readers and one writer work at once, and the busy timeout
-        // makes a writer wait for another process instead of failing.
+        // makes a writer wait for another process instead of failing. FULL
+        // syncs the log at every commit: with NORMAL an operating-system
+        // crash or a power loss can roll back grants and token counters
+        // already handed out, and a token would repeat.
         let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
             .map_err(|e| err.map(e))?
             .create_if_missing(true)
             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
+            .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
             .busy_timeout(config.busy_timeout);
         // Opening a connection switches the file to WAL, which can meet a
         // busy file when many clients start at once: retry like statements.

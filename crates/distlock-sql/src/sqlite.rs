@@ -261,10 +261,10 @@ impl Lite {
                 Err(e) => Finding::unknown("journal_mode", format!("PRAGMA failed: {e}")),
             },
             match sync {
-                Ok(0) => Finding::warning(
+                Ok(v @ (0 | 1)) => Finding::warning(
                     "synchronous",
-                    "OFF",
-                    "a power loss can undo committed grants and token counters; use NORMAL or FULL",
+                    if v == 0 { "OFF" } else { "NORMAL" },
+                    "an operating-system crash or a power loss can undo committed grants and token counters, and a token repeats; use FULL (distlock opens files with it)",
                 ),
                 Ok(v) => Finding::fine("synchronous", ["OFF", "NORMAL", "FULL", "EXTRA"].get(v as usize).copied().unwrap_or("?")),
                 Err(e) => Finding::unknown("synchronous", format!("PRAGMA failed: {e}")),
