@@ -386,8 +386,8 @@ async fn etcdctl_waits_for(f: Arc<Etcd>, held: &str, asked: &str) -> Result<(), 
 }
 
 /// A lock and an election of one name share their keys (Go's layout):
-/// a lock's key held ahead of the campaigns, distlock's or `etcdctl
-/// lock`'s, keeps them waiting, and `leader()` and `observe()` report
+/// a lock's key held ahead of the campaigns, distlock's (exclusive or
+/// shared) or `etcdctl lock`'s, keeps them waiting, and `leader()` and `observe()` report
 /// nobody leading, not the lock's holder; once it is released the waiting
 /// campaign leads.
 async fn lock_ahead_of_campaigns(f: Arc<Etcd>) -> Result<(), Failed> {
@@ -430,6 +430,31 @@ async fn lock_ahead_of_campaigns(f: Arc<Etcd>) -> Result<(), Failed> {
     match e.leader().await? {
         Some(l) if l.value == "next" => {}
         other => return Err(format!("after the lock's release leader() reports {other:?}").into()),
+    }
+    leading.resign().await?;
+    // A shared hold's key (`<name>/@r/<owner>`) keeps a campaign waiting
+    // as an exclusive one does.
+    let g = holder
+        .lock(&lock)
+        .shared()
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await?;
+    let waiting = {
+        let e = e.clone();
+        tokio::spawn(async move { e.wait(Duration::from_secs(30)).campaign("after").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nobody_leads("a distlock shared hold").await?;
+    g.release().await?;
+    let leading = waiting.await.map_err(|e| e.to_string())??;
+    match e.leader().await? {
+        Some(l) if l.value == "after" => {}
+        other => {
+            return Err(
+                format!("after the shared hold's release leader() reports {other:?}").into(),
+            )
+        }
     }
     leading.resign().await?;
     // Go's `Mutex` writes an empty value.

@@ -25,7 +25,9 @@ pub(crate) struct ElectArgs {
     /// Leadership lease TTL, renewed at a third of it.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     ttl: Duration,
-    /// How long to wait to become leader; 0 tries once. Default: forever.
+    /// How long to wait to become leader, connecting to the backend
+    /// included (a backend that has not answered by then: exit 69); 0 tries
+    /// once. Default: forever.
     #[arg(long, value_parser = parse_duration)]
     wait: Option<Duration>,
     /// Grace between SIGTERM and SIGKILL when leadership is lost.
@@ -84,15 +86,11 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
         Err(code) => return code,
     };
     let wait = async {
-        let client = client(&args.backend).await.and_then(|c| {
-            crate::client_for_command(
-                c.backend().clone(),
-                args.holder_info.as_deref(),
-                &args.command,
-            )
-        })?;
+        let (backend, left) = crate::connect_within(&args.backend, args.wait).await?;
+        let client =
+            crate::client_for_command(backend, args.holder_info.as_deref(), &args.command)?;
         let election = client.election(&name).ttl(args.ttl);
-        let leading = match args.wait {
+        let leading = match left {
             Some(w) if w.is_zero() => match election.try_campaign(args.value.as_str()).await {
                 Ok(Some(l)) => Ok(l),
                 Ok(None) => {

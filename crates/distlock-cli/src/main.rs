@@ -159,6 +159,35 @@ pub(crate) async fn connect(url: &str) -> distlock::Result<distlock::DynBackend>
     distlock::connect(url).await
 }
 
+/// Connects to `url` for a command with `--wait`: a non-zero wait bounds
+/// the connect too (a backend that has not answered by then is
+/// unreachable, exit 69), and the part of it left is the acquire's wait
+/// (zero: one try). Without a wait, or with 0, the backend's own connect
+/// timeout applies.
+pub(crate) async fn connect_within(
+    url: &str,
+    wait: Option<Duration>,
+) -> Result<(distlock::DynBackend, Option<Duration>), ExitCode> {
+    let connected =
+        |r: distlock::Result<distlock::DynBackend>| r.map_err(|e| fail(code_for(&e), e));
+    match wait {
+        Some(w) if !w.is_zero() => {
+            let start = tokio::time::Instant::now();
+            match tokio::time::timeout(w, connect(url)).await {
+                Ok(r) => Ok((connected(r)?, Some(w.saturating_sub(start.elapsed())))),
+                Err(_) => Err(fail(
+                    EXIT_UNAVAILABLE,
+                    format!(
+                        "the backend did not answer within --wait {}; check that it runs and is reachable",
+                        humantime::format_duration(w)
+                    ),
+                )),
+            }
+        }
+        _ => Ok((connected(connect(url).await)?, wait)),
+    }
+}
+
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
         .map_err(|e| format!("{s:?} is not a duration ({e}); use e.g. 500ms, 10s, 2m"))

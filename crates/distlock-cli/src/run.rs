@@ -22,7 +22,9 @@ pub(crate) struct RunArgs {
     /// Lease TTL, renewed at a third of it (humantime: 500ms, 10s, 2m).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     ttl: Duration,
-    /// How long to wait for the lock; 0 tries once. Default: forever.
+    /// How long to wait for the lock, connecting to the backend included (a
+    /// backend that has not answered by then: exit 69); 0 tries once.
+    /// Default: forever.
     #[arg(long, value_parser = parse_duration)]
     wait: Option<Duration>,
     /// Do not renew: the lease (and the command) ends after --ttl.
@@ -147,12 +149,10 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         Err(code) => return code,
     };
     let wait = async {
-        let backend = crate::connect(&args.backend)
-            .await
-            .map_err(|e| fail(code_for(&e), e))?;
+        let (backend, left) = crate::connect_within(&args.backend, args.wait).await?;
         let client =
             crate::client_for_command(backend, args.holder_info.as_deref(), &args.command)?;
-        let held = acquire(&client, &names, &args).await?;
+        let held = acquire(&client, &names, &args, left).await?;
         Ok((client, held))
     };
     let what = waited_for(&names, &args);
@@ -291,6 +291,7 @@ async fn acquire(
     client: &LockClient,
     names: &[LockName],
     args: &RunArgs,
+    wait: Option<Duration>,
 ) -> Result<Held, ExitCode> {
     let failed = |e: distlock::Error| match &e {
         distlock::Error::LimitMismatch { name, stored, .. } => fail(
@@ -313,7 +314,7 @@ async fn acquire(
                 ),
             )
         };
-        return match args.wait {
+        return match wait {
             Some(w) if w.is_zero() => match all.try_acquire().await {
                 Ok(Some(m)) => Ok(Held::All(m)),
                 Ok(None) => Err(taken()),
@@ -343,7 +344,7 @@ async fn acquire(
             format!("lock `{name}` is held by someone else"),
         ),
     };
-    match args.wait {
+    match wait {
         Some(w) if w.is_zero() => match lock.try_acquire().await {
             Ok(Some(g)) => Ok(Held::One(g)),
             Ok(None) => Err(taken()),

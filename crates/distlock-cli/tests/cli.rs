@@ -2219,3 +2219,47 @@ fn observe_refused_by_the_server_exits_78_instead_of_retrying() {
     };
     assert_eq!(status.code(), Some(78), "{status:?}");
 }
+
+/// `--wait` bounds the connect too: against a port that accepts the
+/// connection and never answers, `run` and `elect` with `--wait 1s` give up
+/// as unreachable (69) saying so, not after the backend's own connect
+/// timeout with another message.
+#[cfg(feature = "redis")]
+#[test]
+fn wait_bounds_the_connect_to_a_server_that_never_answers() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", silent.local_addr().unwrap());
+    for args in [
+        vec![
+            "run",
+            "--backend",
+            &url,
+            "--wait",
+            "1s",
+            "silent/run",
+            "--",
+            "true",
+        ],
+        vec![
+            "elect",
+            "--backend",
+            &url,
+            "--wait",
+            "1s",
+            "--value",
+            "v",
+            "silent/elect",
+            "--",
+            "true",
+        ],
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {err}");
+        assert!(
+            err.contains("the backend did not answer within --wait 1s"),
+            "{args:?}: {err}"
+        );
+    }
+    drop(silent);
+}

@@ -96,9 +96,10 @@ impl fmt::Display for LostReason {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The wait ran out while others kept what it waited for: the lock,
-    /// the semaphore's permits or the election's leadership.
-    #[error("gave up on `{name}` after waiting {waited:?}: others kept it held; wait longer or find out who holds it")]
+    /// The wait ran out before what it waited for (the lock, a permit of
+    /// the semaphore or the election's leadership) was granted: others
+    /// kept it, or the backend answered too late or not at all.
+    #[error("gave up on `{name}` after waiting {waited:?}: not granted in time (others kept it, or the backend did not answer in time); wait longer, or find out who holds it and whether the backend answers")]
     WaitTimeout {
         /// The lock.
         name: LockName,

@@ -33,7 +33,7 @@ impl LockName {
         let name = name.as_ref();
         validate(name).map_err(|reason| Error::InvalidInput {
             kind: InputKind::LockName,
-            message: format!("{name:?} {reason}"),
+            message: format!("{} {reason}", shown(name)),
         })?;
         Ok(Self(Arc::from(name)))
     }
@@ -41,6 +41,17 @@ impl LockName {
     /// The name as a string slice.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// `name` quoted for an error message: a name too long to be valid is cut
+/// after its first 64 characters (a 5,000-character name is not echoed
+/// whole).
+fn shown(name: &str) -> String {
+    const SHOWN: usize = 64;
+    match name.char_indices().nth(SHOWN) {
+        Some((cut, _)) if name.len() > MAX_NAME_LEN => format!("{:?}...", &name[..cut]),
+        _ => format!("{name:?}"),
     }
 }
 
@@ -166,6 +177,16 @@ mod tests {
                 other => panic!("{bad:?} gave {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_name_too_long_is_not_echoed_whole() {
+        let e = LockName::new("é".repeat(5_000)).unwrap_err().to_string();
+        assert!(e.contains("10000 bytes long; the limit is 200"), "{e}");
+        assert!(e.contains(&format!("\"{}\"...", "é".repeat(64))), "{e}");
+        assert!(e.len() < 400, "{} bytes: {e}", e.len());
+        let e = LockName::new("a b").unwrap_err().to_string();
+        assert!(e.contains("\"a b\" contains ' '"), "{e}");
     }
 
     #[test]

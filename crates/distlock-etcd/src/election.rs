@@ -36,7 +36,9 @@ struct Campaign {
     lock: bool,
 }
 
-/// The campaign keys under an election's prefix, by create revision.
+/// The keys in an election's queue, by create revision: campaigns, and
+/// the keys of the lock of the same name (exclusive and shared holds),
+/// which keep the campaigns behind them waiting.
 type Campaigns = BTreeMap<i64, Campaign>;
 
 /// Whether `key` is a campaign of the election whose prefix is `prefix`
@@ -58,13 +60,17 @@ fn first(keys: &Campaigns) -> Option<Leader> {
     })
 }
 
-fn campaign(kv: &etcd_client::KeyValue) -> Campaign {
+/// The queue entry of `kv`, a key found under the election's `prefix`
+/// ([`crate::own_key`]): a shared hold's key is the lock's, whatever its
+/// value, and has no holder info key to read.
+fn campaign(kv: &etcd_client::KeyValue, prefix: &str) -> Campaign {
+    let shared = crate::is_shared(kv.key(), prefix);
     Campaign {
         value: kv.value().to_vec(),
         key: kv.key().to_vec(),
         lease: kv.lease(),
-        info: None,
-        lock: kv.value().is_empty() || crate::list::looks_like_owner(kv.value()),
+        info: shared.then_some(None),
+        lock: shared || kv.value().is_empty() || crate::list::looks_like_owner(kv.value()),
     }
 }
 
@@ -166,9 +172,9 @@ impl EtcdBackend {
         let keys = campaigns
             .kvs()
             .iter()
-            .filter(|kv| direct_child(kv.key(), prefix))
+            .filter(|kv| crate::own_key(kv.key(), prefix))
             .map(|kv| {
-                let mut c = campaign(kv);
+                let mut c = campaign(kv, prefix);
                 let info_key = leader_info_key(&String::from_utf8_lossy(kv.key()));
                 let info = infos
                     .get(info_key.as_bytes())
@@ -281,11 +287,11 @@ impl EtcdBackend {
                 }
                 at = Some(kv.mod_revision());
                 match event.event_type() {
-                    _ if !direct_child(kv.key(), prefix) => {}
+                    _ if !crate::own_key(kv.key(), prefix) => {}
                     EventType::Put => {
                         // A proclamation keeps what is known of the
                         // campaign: its holder info, and that it is one.
-                        let mut c = campaign(kv);
+                        let mut c = campaign(kv, prefix);
                         if let Some(known) = keys.get(&kv.create_revision()) {
                             c.info = known.info.clone();
                             c.lock = known.lock;

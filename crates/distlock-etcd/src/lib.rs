@@ -1205,6 +1205,18 @@ impl EtcdBackend {
         );
     }
 
+    /// The clean-up of a request that ends without a grant: a delete of
+    /// its key that failed goes on in the background. Core releases
+    /// nothing after an answer that grants nothing (a refused try, a
+    /// timed-out wait), so otherwise the key would stay, kept alive by the
+    /// session and ahead of every later request, until the session ends.
+    pub(crate) fn withdraw(&self, req: &LockRequest, deleted: Result<bool>) {
+        if let Err(e) = deleted {
+            tracing::debug!(lock = %req.name, error = %e, "could not delete the key of a request that got nothing; retrying in the background");
+            self.release_later(req);
+        }
+    }
+
     fn releasing(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashSet<distlock_core::Owner>> {
@@ -1379,7 +1391,7 @@ impl Backend for EtcdBackend {
                 Err(e) => {
                     // A timed-out or failed wait deletes my key (a dropped
                     // one is released by core, which ends up in `release`).
-                    let _ = self.delete_mine(&q.key, req).await;
+                    self.withdraw(req, self.delete_mine(&q.key, req).await);
                     self.forget(req);
                     return Err(e);
                 }

@@ -671,7 +671,7 @@ impl EtcdBackend {
             }
             other => {
                 // Not granted: leave no key behind.
-                let _ = self.delete_permit(req).await;
+                self.withdraw(req, self.delete_permit(req).await);
                 self.queued().remove(&req.owner);
                 other.map(|_| None)
             }
@@ -709,7 +709,7 @@ impl EtcdBackend {
             Err(e) => {
                 // A timed-out or failed wait deletes my key (a dropped one
                 // is released by core, which ends up in `release_permit`).
-                let _ = self.delete_permit(req).await;
+                self.withdraw(req, self.delete_permit(req).await);
                 self.queued().remove(&req.owner);
                 Err(e)
             }

@@ -139,7 +139,13 @@ async fn keep_alive(
                 next = sent + ttl / 3;
                 Ok(true)
             }
-            Ok(Ok(_)) => {
+            // A stream that ended without an answer (a member or proxy
+            // closing it) says nothing about the lease: open a new one.
+            Ok(Ok(None)) => {
+                stream = None;
+                Err("the keep-alive stream ended".to_string())
+            }
+            Ok(Ok(Some(_))) => {
                 let _ = lost.send(Some(LostReason::SessionLost(format!(
                     "etcd lease {lease:x} expired or was revoked"
                 ))));

@@ -146,7 +146,17 @@ pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>
     };
     let mut nodes = Vec::new();
     let mut seen: Vec<((String, u16), &str)> = Vec::new();
-    for h in hosts.split(',').filter(|h| !h.is_empty()) {
+    for h in hosts.split(',') {
+        // `a,,b` or a trailing comma: most likely a node left out (an empty
+        // variable), which would quietly lower the majority's size.
+        if h.is_empty() && !hosts.is_empty() {
+            return Err(bad(format!(
+                "an empty node in {hosts:?}; list each node once, separated by single commas"
+            )));
+        }
+        if h.is_empty() {
+            continue;
+        }
         let key = host_port(h).ok_or_else(|| bad(format!("node {h:?} is not host:port")))?;
         if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
             return Err(duplicate(h, first));
@@ -201,6 +211,10 @@ pub(crate) const MIN_TTL: Duration = Duration::from_millis(100);
 /// The longest TTL Redlock accepts without `delayed_restart`.
 pub(crate) const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
+/// The longest `delayed_restart` (and so the longest TTL) accepted: far
+/// inside what a node's `PEXPIRE` and Lua's numbers carry exactly.
+const MAX_DELAYED_RESTART: Duration = Duration::from_secs(365 * 24 * 3600);
+
 pub(crate) fn validate(config: &RedlockConfig) -> Result<()> {
     use distlock_core::input::{check_millis, MAX_TIMEOUT};
     if config.node_timeout.is_zero() {
@@ -225,6 +239,16 @@ pub(crate) fn validate(config: &RedlockConfig) -> Result<()> {
         return Err(Error::invalid(
             InputKind::Config,
             "delayed_restart must be greater than zero",
+        ));
+    }
+    if let Some(d) = config.delayed_restart.filter(|d| *d > MAX_DELAYED_RESTART) {
+        return Err(Error::invalid(
+            InputKind::Config,
+            format!(
+                "delayed_restart_ms={} is above {} ms (365 days), the longest accepted",
+                d.as_millis(),
+                MAX_DELAYED_RESTART.as_millis()
+            ),
         ));
     }
     if let Some(d) = config.delayed_restart.filter(|d| *d < MIN_TTL) {
@@ -377,6 +401,11 @@ mod tests {
             "redlock://a:1?node_timeout_ms=18446744073709551615",
             "redlock://a:1?node_timeout_ms=3600001",
             "redlock://a:1?retry_jitter_ms=18446744073709551615",
+            "redlock://a:1?delayed_restart_ms=18446744073709551615",
+            "redlock://a:1?delayed_restart_ms=31536000001",
+            "redlock://a:1,,b:2",
+            "redlock://a:1,b:2,",
+            "redlock://,a:1",
         ] {
             let mut c = RedlockConfig::default();
             assert!(

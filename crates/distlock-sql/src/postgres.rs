@@ -161,7 +161,7 @@ impl Pg {
               ORDER BY r.ord
              ON CONFLICT (name) DO UPDATE
                 SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at,
-                    holder = EXCLUDED.holder
+                    awaited = false, value = NULL, holder = EXCLUDED.holder
               WHERE l.owner IS NULL OR l.expires_at <= now()
              RETURNING name, token"
         );

@@ -262,6 +262,26 @@ struct Enqueued {
     began: Instant,
 }
 
+/// The longest connection timeout a session is given (its session
+/// timeout, if shorter).
+const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a connected session may go without sending the server
+/// anything: zookeeper-client pings after three ticks without a send, and
+/// checks every tick, so at most four ticks pass; a tick is an eighth of
+/// the connection timeout (the TTL, at most 5 s) or, when that timeout is
+/// above three fifths of the session's, a twentieth of the session
+/// timeout (the TTL).
+fn quiet_bound(ttl: Duration) -> Duration {
+    let connect = ttl.min(MAX_CONNECT_TIMEOUT);
+    let tick = if connect > ttl * 3 / 5 {
+        ttl / 20
+    } else {
+        connect / 8
+    };
+    (tick * 4).min(Duration::from_secs(10) + tick)
+}
+
 /// A node's fencing token: its creation zxid.
 fn czxid_token(czxid: i64) -> Result<FencingToken> {
     u64::try_from(czxid)
@@ -430,7 +450,7 @@ impl ZooKeeperBackend {
         }
         let mut connector = zk::Client::connector()
             .with_session_timeout(timeout)
-            .with_connection_timeout(timeout.min(Duration::from_secs(5)));
+            .with_connection_timeout(timeout.min(MAX_CONNECT_TIMEOUT));
         if self.inner.detached {
             connector = connector.with_detached();
         }
@@ -843,6 +863,19 @@ impl ZooKeeperBackend {
         );
     }
 
+    /// The clean-up of a request that ends without a grant: a delete of
+    /// its node that failed (the node is looked up by its owner then) goes
+    /// on in the background. Core releases nothing after an answer that
+    /// grants nothing (a refused try, a timed-out wait), so otherwise the
+    /// node would stay, ahead of every later request, as long as the
+    /// session lives.
+    pub(crate) fn withdraw(&self, req: &LockRequest, deleted: Result<bool>) {
+        if let Err(e) = deleted {
+            tracing::debug!(lock = %req.name, error = %e, "could not delete the node of a request that got nothing; retrying in the background");
+            self.release_later(req);
+        }
+    }
+
     fn releasing(&self) -> MutexGuard<'_, HashSet<Owner>> {
         self.inner
             .releasing
@@ -934,10 +967,15 @@ impl ZooKeeperBackend {
                     // exclusive node ahead): none is left (a later create
                     // gets a higher sequence, and the read above saw every
                     // older one), so the lock is mine without another
-                    // read. The event came over my
-                    // session, which was alive when it was sent; the
-                    // session watcher reports it if it ends later.
-                    q.began = Instant::now();
+                    // read. The event came over my session, which was
+                    // alive when it was sent, but the server's session
+                    // clock runs from the last packet it heard from this
+                    // client: the lease counts from before that (see
+                    // [`quiet_bound`]); the session watcher reports the
+                    // session's end if it comes first.
+                    q.began = Instant::now()
+                        .checked_sub(quiet_bound(req.ttl))
+                        .unwrap_or(q.began);
                     return Ok(());
                 }
             }
@@ -1004,7 +1042,7 @@ impl Backend for ZooKeeperBackend {
             Ok(()) => Ok(Grant::new(token, q.began)),
             Err(e) => {
                 // A timed-out or failed wait deletes my node.
-                let _ = self.delete_node(req).await;
+                self.withdraw(req, self.delete_node(req).await);
                 Err(e)
             }
         }
@@ -1230,6 +1268,23 @@ impl Backend for ZooKeeperBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_granted_on_an_event_counts_from_before_the_last_ping() {
+        let ms = Duration::from_millis;
+        // 2 s: the connection timeout (2 s) is above 3/5 of the session's,
+        // ticks of 100 ms.
+        assert_eq!(quiet_bound(ms(2_000)), ms(400));
+        // 10 s and 1 h: ticks of 625 ms (5 s / 8).
+        assert_eq!(quiet_bound(ms(10_000)), ms(2_500));
+        assert_eq!(quiet_bound(Duration::from_secs(3_600)), ms(2_500));
+        // At most 3/10 of the TTL (9 s: ticks of 625 ms, 2.5 s), so the
+        // lease keeps most of its validity.
+        for s in [2, 5, 8, 9, 30, 600] {
+            let ttl = Duration::from_secs(s);
+            assert!(quiet_bound(ttl) <= ttl * 3 / 10, "{ttl:?}");
+        }
+    }
 
     #[test]
     fn children_sort_by_their_sequence() {

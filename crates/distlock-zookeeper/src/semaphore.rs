@@ -563,7 +563,7 @@ impl ZooKeeperBackend {
             }
             other => {
                 // Not granted: leave no node behind.
-                let _ = self.release_permit(req).await;
+                self.withdraw(req, self.release_permit(req).await);
                 other.map(|_| None)
             }
         }
@@ -596,7 +596,7 @@ impl ZooKeeperBackend {
             Err(e) => {
                 // A timed-out or failed wait deletes my node (a dropped one
                 // is released by core, which ends up in `release_permit`).
-                let _ = self.release_permit(req).await;
+                self.withdraw(req, self.release_permit(req).await);
                 Err(e)
             }
         }
