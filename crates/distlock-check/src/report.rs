@@ -363,6 +363,10 @@ impl fmt::Display for Report {
             "verdict: {}",
             if self.fencing_failed() {
                 "UNSAFE: the fenced register accepted stale or lost writes, or more writers than the limit"
+            } else if self.fencing == "None" && self.unfenced.violations() > 0 {
+                "UNSAFE without fencing: the lock alone let stale or lost writes through, and the backend declares no fencing tokens to catch them (the fenced register, refusing repeated tokens, is not judged)"
+            } else if self.fencing == "None" {
+                "no violations by the lock; the backend declares no fencing tokens, so the fenced register is not judged"
             } else if self.unfenced.violations() > 0 {
                 "fencing caught what the lock alone let through"
             } else {
@@ -554,6 +558,27 @@ mod tests {
         assert!(!r.fencing_failed());
         // Had the fenced cell accepted the late read, it would be stale.
         assert_eq!(check(&unfenced).fenced.stale_accepted, 1);
+    }
+
+    #[test]
+    fn a_backend_without_fencing_gets_no_credit_for_it() {
+        // The paused holder of the test above, on a backend whose tokens
+        // are all 0.
+        let mut log = Log::default();
+        log.holds.insert(1, hold(0, 1, 0, 0, 101));
+        log.holds.insert(2, hold(1, 2, 0, 50, 60));
+        log.workers.insert(0, (1, "None".into()));
+        log.ops.push(op(1, 1, 0, false, Some(true)));
+        log.ops.push(op(51, 2, 0, false, Some(false)));
+        log.ops.push(op(52, 2, 0, true, Some(false)));
+        log.ops.push(op(100, 1, 0, true, Some(true)));
+        log.fenced_value = 1;
+        log.unfenced_value = 1;
+        let r = check(&log);
+        assert_eq!(r.unfenced.stale_accepted, 1, "{r:?}");
+        let text = r.to_string();
+        assert!(!text.contains("fencing caught"), "{text}");
+        assert!(text.contains("UNSAFE without fencing"), "{text}");
     }
 
     #[test]

@@ -143,6 +143,11 @@ pub(crate) fn one_process_only(url: &str, what: &str) -> Option<String> {
 /// made first (a fresh machine has none). A SQLite file the user named in a
 /// directory that does not exist is refused by the backend, not created.
 pub(crate) async fn connect(url: &str) -> distlock::Result<distlock::DynBackend> {
+    // Every distlock command runs in a process of its own: a lock there
+    // excludes nothing, and a limit set there is gone when it exits.
+    if let Some(why) = one_process_only(url, "each distlock command is a process of its own") {
+        return Err(distlock::Error::invalid(distlock::InputKind::Url, why));
+    }
     if url == default_backend() {
         let dir = default_state_dir();
         if let Err(e) = std::fs::create_dir_all(&dir) {

@@ -65,14 +65,19 @@ fn send(pid: Option<u32>, sig: Signal) {
     }
 }
 
+/// Whether the command's process group still has a process.
+fn group_alive(pid: Option<u32>) -> bool {
+    pid.and_then(|p| i32::try_from(p).ok())
+        .is_some_and(|p| nix::sys::signal::killpg(Pid::from_raw(p), None).is_ok())
+}
+
 /// Waits until the command's process group is empty or `grace` ends, then
 /// kills what is left of it.
 async fn stop_group(pid: Option<u32>, grace: &mut std::pin::Pin<&mut tokio::time::Sleep>) {
     let Some(group) = pid.and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw) else {
         return;
     };
-    let alive = || nix::sys::signal::killpg(group, None).is_ok();
-    while alive() {
+    while group_alive(pid) {
         tokio::select! {
             () = grace.as_mut() => {
                 tracing::error!("the command's process group outlived its SIGTERM; killing it");
@@ -101,6 +106,16 @@ pub(crate) enum Held {
 }
 
 impl Held {
+    /// Whether everything held is still held as far as this process can
+    /// tell.
+    fn is_held(&self) -> bool {
+        match self {
+            Held::One(g) => g.is_held(),
+            Held::All(m) => m.is_held(),
+            Held::Leader(l) => l.is_held(),
+        }
+    }
+
     /// Each name and its token, in canonical order.
     fn tokens(&self) -> Vec<(LockName, distlock::FencingToken)> {
         match self {
@@ -234,6 +249,8 @@ pub(crate) async fn run_command(
                 tracing::error!(lock = %which, %reason, "lease lost; stopping the command");
                 lost = true;
                 send(pid, Signal::SIGTERM);
+                // A group stopped by Ctrl-Z acts on it once continued.
+                send(pid, Signal::SIGCONT);
                 let grace = tokio::time::sleep(kill_after);
                 tokio::pin!(grace);
                 tokio::select! {
@@ -249,9 +266,33 @@ pub(crate) async fn run_command(
                     }
                 }
             }
-            sig = signals.recv() => send(pid, sig),
+            sig = signals.recv() => match sig {
+                // Ctrl-Z: the command stops before distlock does, and goes
+                // on only if the lease outlived the stop; if not, `lost()`
+                // ends it next.
+                Signal::SIGTSTP => {
+                    signals.suspend(|| send(pid, Signal::SIGSTOP)).await;
+                    if guard.is_held() {
+                        send(pid, Signal::SIGCONT);
+                    }
+                }
+                sig => send(pid, sig),
+            },
         }
     };
+    if !lost && group_alive(pid) {
+        // What the command left running in its group (a job a shell put in
+        // the background) worked under the lock: it does not go on once
+        // the lock is released.
+        tracing::warn!(
+            "the command exited and left processes in its group; stopping them before the release"
+        );
+        send(pid, Signal::SIGTERM);
+        send(pid, Signal::SIGCONT);
+        let grace = tokio::time::sleep(kill_after);
+        tokio::pin!(grace);
+        stop_group(pid, &mut grace).await;
+    }
     let released = guard.release().await;
     if lost {
         return fail(

@@ -1,9 +1,12 @@
-//! SIGINT, SIGTERM, SIGHUP and SIGQUIT for `run` and `elect`, handled from
-//! before the wait until the command exits: a signal during the wait
-//! cancels it, one while the command runs is forwarded to the command (in
+//! The signals whose default action ends or stops distlock, for `run` and
+//! `elect`, handled from before the wait until the command exits. SIGINT,
+//! SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGALRM during the wait
+//! cancel it, and while the command runs are forwarded to the command (in
 //! a process group of its own, it gets no terminal's signals directly: a
 //! closed terminal must not leave it running unprotected after distlock
-//! went).
+//! went). SIGTSTP (Ctrl-Z) stops the command's group before distlock
+//! stops itself, so the command never runs while nothing renews its lease;
+//! see [`Signals::suspend`].
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -18,28 +21,57 @@ use crate::fail;
 /// cleanup that the cancellation started to reach the servers.
 const CLEANUP_GRACE: Duration = Duration::from_secs(5);
 
-/// SIGINT, SIGTERM, SIGHUP and SIGQUIT, caught: while this lives none
-/// ends distlock by its default action.
+/// The signals of the module's description, caught: while this lives none
+/// ends or stops distlock by its default action.
 #[derive(Debug)]
 pub(crate) struct Signals {
-    interrupt: tokio::signal::unix::Signal,
-    terminate: tokio::signal::unix::Signal,
-    hangup: tokio::signal::unix::Signal,
-    quit: tokio::signal::unix::Signal,
+    /// Each signal and its stream, in the order `recv` looks at them.
+    caught: Vec<(Signal, tokio::signal::unix::Signal)>,
+    /// SIGCONT: distlock was continued after [`Signals::suspend`].
+    continued: tokio::signal::unix::Signal,
 }
 
+/// The signals that end distlock by default, caught and forwarded.
+const FORWARDED: [Signal; 7] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGALRM,
+];
+
 impl Signals {
-    /// Catches the four from now on; exit code 1 if it cannot.
+    /// Catches them from now on; exit code 1 if it cannot.
     pub(crate) fn install() -> Result<Self, ExitCode> {
         let installed = (|| {
+            let mut caught = Vec::new();
+            for sig in FORWARDED.into_iter().chain([Signal::SIGTSTP]) {
+                caught.push((sig, signal(SignalKind::from_raw(sig as i32))?));
+            }
             Ok::<_, std::io::Error>(Self {
-                interrupt: signal(SignalKind::interrupt())?,
-                terminate: signal(SignalKind::terminate())?,
-                hangup: signal(SignalKind::hangup())?,
-                quit: signal(SignalKind::quit())?,
+                caught,
+                continued: signal(SignalKind::from_raw(Signal::SIGCONT as i32))?,
             })
         })();
         installed.map_err(|e| fail(1, format!("cannot install signal handlers: {e}")))
+    }
+
+    /// Stops distlock as Ctrl-Z would have (its SIGTSTP is caught, so it
+    /// does not stop by itself), after `before` (stopping the command's
+    /// group), and returns once it was continued (the shell's `fg` or
+    /// `bg`, SIGCONT).
+    pub(crate) async fn suspend(&mut self, before: impl FnOnce()) {
+        before();
+        // A SIGCONT from before this stop is not the one that ends it.
+        while let Some(Some(())) = futures_util::FutureExt::now_or_never(self.continued.recv()) {}
+        if nix::sys::signal::raise(Signal::SIGSTOP).is_err() {
+            return;
+        }
+        // SIGSTOP takes effect before `raise` returns; the SIGCONT that
+        // ended it is pending by now, or arrives at once.
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.continued.recv()).await;
     }
 
     /// Runs `wait` (connecting and waiting for `what`) unless a signal
@@ -51,21 +83,35 @@ impl Signals {
         what: &str,
         wait: impl std::future::Future<Output = Result<T, ExitCode>>,
     ) -> Result<T, ExitCode> {
-        let sig = tokio::select! {
-            done = wait => return done,
-            sig = self.recv() => sig,
+        tokio::pin!(wait);
+        let sig = loop {
+            let sig = tokio::select! {
+                done = &mut wait => return done,
+                sig = self.recv() => sig,
+            };
+            if sig != Signal::SIGTSTP {
+                break sig;
+            }
+            // Nothing runs under the lock yet: stop, and go on waiting.
+            self.suspend(|| {}).await;
         };
         Err(interrupted(sig, what, self).await)
     }
 
     /// The next signal caught.
     pub(crate) async fn recv(&mut self) -> Signal {
-        tokio::select! {
-            _ = self.interrupt.recv() => Signal::SIGINT,
-            _ = self.terminate.recv() => Signal::SIGTERM,
-            _ = self.hangup.recv() => Signal::SIGHUP,
-            _ = self.quit.recv() => Signal::SIGQUIT,
-        }
+        let next = self
+            .caught
+            .iter_mut()
+            .map(|(sig, stream)| {
+                let sig = *sig;
+                Box::pin(async move {
+                    stream.recv().await;
+                    sig
+                })
+            })
+            .collect::<Vec<_>>();
+        futures_util::future::select_all(next).await.0
     }
 }
 

@@ -713,6 +713,19 @@ fn bad_input_exits_2_with_a_clear_message() {
         vec!["list", "--limit", "0"],
         vec!["check", "--backend", "memory://"],
         vec!["conformance", "--backend", "memory://"],
+        vec!["run", "--backend", "memory://", "x", "--", "true"],
+        vec![
+            "elect",
+            "--backend",
+            "memory://",
+            "--value",
+            "v",
+            "x",
+            "--",
+            "true",
+        ],
+        vec!["status", "--backend", "memory://", "x"],
+        vec!["set-limit", "--backend", "memory://", "x", "3"],
         vec!["frobnicate"],
     ]);
     assert!(cases.len() >= 20);
@@ -2262,4 +2275,134 @@ fn wait_bounds_the_connect_to_a_server_that_never_answers() {
         );
     }
     drop(silent);
+}
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+        st.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'))
+    })
+}
+
+/// Waits up to `limit` for `path` to exist.
+fn appears(path: &Path, limit: Duration) -> bool {
+    let start = Instant::now();
+    while !path.exists() {
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// A job the command put in the background works under the lock: it is
+/// stopped before the release, not left running after it.
+#[test]
+fn a_background_job_of_the_command_ends_before_the_release() {
+    let dir = scratch("bg");
+    let b = sqlite_in(&dir);
+    let pidfile = dir.join("bg.pid");
+    let script = format!("sleep 30 & echo $! > {}", pidfile.display());
+    let out = run(&b, &[], "bg/job", &["sh", "-c", &script]);
+    assert_eq!(code(&out), 0, "{out:?}");
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(gone(pid), "the background sleep {pid} outlived the run");
+}
+
+/// Ctrl-Z (SIGTSTP to distlock) stops the command too; once the lease has
+/// run out meanwhile and another process took the lock, continuing
+/// distlock ends the command without letting it go on (exit 76).
+#[test]
+fn ctrl_z_stops_the_command_and_a_lapsed_lease_ends_it() {
+    let dir = scratch("tstp");
+    let b = sqlite_in(&dir);
+    let (started, finished) = (dir.join("started"), dir.join("finished"));
+    let script = format!(
+        "touch {}; sleep 3; touch {}",
+        started.display(),
+        finished.display()
+    );
+    let child = bin()
+        .args(["run", "--backend", &b, "--ttl", "1s", "tstp/n", "--"])
+        .args(["sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = Stopped(child);
+    assert!(
+        appears(&started, Duration::from_secs(20)),
+        "the command never started"
+    );
+    let pid = child.0.id() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTSTP,
+    )
+    .unwrap();
+    // Past the lease's TTL: another process gets the lock.
+    let start = Instant::now();
+    loop {
+        let other = run(&b, &["--wait", "0"], "tstp/n", &["true"]);
+        if code(&other) == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the stopped holder's lock was never taken over: {other:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !finished.exists(),
+        "the command ran on while distlock was stopped"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .unwrap();
+    let status = child.0.wait().unwrap();
+    assert_eq!(status.code(), Some(76), "{status:?}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !finished.exists(),
+        "the command went on after the lease had lapsed"
+    );
+}
+
+/// SIGUSR1 reaches the command, as SIGTERM does, rather than ending
+/// distlock and leaving the command running unprotected.
+#[test]
+fn sigusr1_is_forwarded_to_the_command() {
+    let dir = scratch("usr1");
+    let b = sqlite_in(&dir);
+    let ready = dir.join("ready");
+    let script = format!(
+        "trap 'exit 3' USR1; touch {}; i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
+        ready.display()
+    );
+    let child = bin()
+        .args(["run", "--backend", &b, "usr1/n", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let mut child = Stopped(child);
+    assert!(
+        appears(&ready, Duration::from_secs(20)),
+        "the command never started"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.0.id() as i32),
+        nix::sys::signal::Signal::SIGUSR1,
+    )
+    .unwrap();
+    let status = child.0.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "{status:?}");
 }
