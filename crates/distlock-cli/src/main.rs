@@ -117,8 +117,15 @@ pub(crate) fn default_backend() -> String {
 /// `$XDG_STATE_HOME/distlock`, else `$HOME/.local/state/distlock`; an empty
 /// or relative value counts as unset (the XDG base directory rules), so
 /// two processes in different working directories never pick different
-/// files.
+/// files. With neither (cron, some services), `distlock-<uid>` in the
+/// temporary directory, which only its user may own ([`private_dir`]).
 fn default_state_dir() -> std::path::PathBuf {
+    users_state_dir()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("distlock-{}", nix::unistd::getuid())))
+}
+
+/// The state directory the environment names, if it names one.
+fn users_state_dir() -> Option<std::path::PathBuf> {
     let absolute = |var: &str| {
         std::env::var_os(var)
             .map(std::path::PathBuf::from)
@@ -126,8 +133,28 @@ fn default_state_dir() -> std::path::PathBuf {
     };
     absolute("XDG_STATE_HOME")
         .or_else(|| absolute("HOME").map(|h| h.join(".local/state")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("distlock")
+        .map(|d| d.join("distlock"))
+}
+
+/// Makes `dir` (mode 0700) if need be, and refuses one that another user
+/// owns or may write: in a shared temporary directory another user could
+/// have made it first, to share or block this user's locks.
+fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    let mine = meta.is_dir() && meta.uid() == nix::unistd::getuid().as_raw();
+    if !mine || meta.permissions().mode() & 0o022 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a directory of this user's that only it may write",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Why `url` cannot serve `what` (several clients that must share the
@@ -150,11 +177,16 @@ pub(crate) async fn connect(url: &str) -> distlock::Result<distlock::DynBackend>
     }
     if url == default_backend() {
         let dir = default_state_dir();
-        if let Err(e) = std::fs::create_dir_all(&dir) {
+        let made = if users_state_dir().is_some() {
+            std::fs::create_dir_all(&dir)
+        } else {
+            private_dir(&dir)
+        };
+        if let Err(e) = made {
             return Err(distlock::Error::misconfigured(
                 "sqlite",
                 format!(
-                    "the state directory {} cannot be made; set XDG_STATE_HOME or --backend",
+                    "the state directory {} cannot be used ({e}); set XDG_STATE_HOME or --backend",
                     dir.display()
                 ),
                 Some(Box::new(e)),

@@ -365,6 +365,25 @@ fn the_default_backend_works_on_a_fresh_machine_and_a_named_file_is_not_guessed(
         !missing.exists(),
         "a directory the user did not ask for was made"
     );
+    // A file that is no database, and one opened read-only: retrying
+    // cannot help (78). An in-memory database: an invalid URL (2).
+    let junk = home.join("junk.db");
+    std::fs::write(&junk, vec![b'x'; 8192]).unwrap();
+    let made = home.join("made.db");
+    let made_url = format!("sqlite://{}", made.display());
+    assert_eq!(code(&run(&made_url, &[], "fresh/x", &["true"])), 0);
+    for (url, want) in [
+        (format!("sqlite://{}", junk.display()), 78),
+        (format!("{made_url}?mode=ro"), 78),
+        (
+            format!("sqlite://{}?mode=memory", home.join("m.db").display()),
+            2,
+        ),
+    ] {
+        let out = run(&url, &[], "fresh/x", &["true"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), want, "{url}: {err}");
+    }
 }
 
 /// The README's first command, run twice on the default backend: the
@@ -2405,4 +2424,43 @@ fn sigusr1_is_forwarded_to_the_command() {
     .unwrap();
     let status = child.0.wait().unwrap();
     assert_eq!(status.code(), Some(3), "{status:?}");
+}
+
+/// With neither `XDG_STATE_HOME` nor `HOME` (cron), the default file lives
+/// in `distlock-<uid>` in the temporary directory, made private; one that
+/// others may write (made first by someone else) is refused (78).
+#[test]
+fn without_home_the_default_file_is_in_a_private_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let uid = std::fs::metadata("/proc/self").map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid()
+    });
+    let uid = uid.unwrap();
+    for (tag, prepared) in [("nohome", false), ("nohome-taken", true)] {
+        let tmp = scratch(tag);
+        let dir = tmp.join(format!("distlock-{uid}"));
+        if prepared {
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        let out = bin()
+            .env_remove("HOME")
+            .env_remove("XDG_STATE_HOME")
+            .env_remove("DISTLOCK_BACKEND")
+            .env("TMPDIR", &tmp)
+            .args(["run", "nohome/n", "--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if prepared {
+            assert_eq!(code(&out), 78, "{err}");
+            assert!(err.contains("only it may write"), "{err}");
+        } else {
+            assert_eq!(code(&out), 0, "{err}");
+            let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", dir.display());
+            assert!(dir.join("locks.db").exists());
+        }
+    }
 }

@@ -380,6 +380,18 @@ impl DbError {
             {
                 Some("the path must name a file in a directory this process can write")
             }
+            // SQLite: a file this process may not write (or `mode=ro`).
+            Some(c)
+                if self.backend == "sqlite" && c.parse::<i32>().is_ok_and(|c| c & 0xff == 8) =>
+            {
+                Some("the file must be writable by this process, and opened without mode=ro")
+            }
+            // SQLite: the file is something else than a database.
+            Some(c)
+                if self.backend == "sqlite" && c.parse::<i32>().is_ok_and(|c| c & 0xff == 26) =>
+            {
+                Some("the path must name a SQLite database file, or one that does not exist yet")
+            }
             _ => None,
         }
     }
@@ -666,6 +678,14 @@ impl SqlBackend {
             return Err(Error::invalid(
                 InputKind::Url,
                 "sqlite:// needs a file path, e.g. sqlite:///var/lib/app/locks.db",
+            ));
+        }
+        // Each pooled connection would open a database of its own.
+        let query = url.split_once('?').map_or("", |(_, q)| q);
+        if endpoint.contains(":memory:") || query.split('&').any(|p| p == "mode=memory") {
+            return Err(Error::invalid(
+                InputKind::Url,
+                "an in-memory SQLite database lives inside one connection, and locks need one database for all: name a file (or use memory:// in one process)",
             ));
         }
         let err = DbError {
