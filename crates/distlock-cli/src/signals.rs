@@ -83,7 +83,7 @@ impl Signals {
         what: &str,
         wait: impl std::future::Future<Output = Result<T, ExitCode>>,
     ) -> Result<T, ExitCode> {
-        tokio::pin!(wait);
+        let mut wait = Box::pin(wait);
         let sig = loop {
             let sig = tokio::select! {
                 done = &mut wait => return done,
@@ -95,6 +95,8 @@ impl Signals {
             // Nothing runs under the lock yet: stop, and go on waiting.
             self.suspend(|| {}).await;
         };
+        // Dropped first: that starts the cleanup `interrupted` waits for.
+        drop(wait);
         Err(interrupted(sig, what, self).await)
     }
 

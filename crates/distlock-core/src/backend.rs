@@ -636,8 +636,10 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Extends several holds in one request to the server, answering for
     /// each, in order, as [`Backend::extend`] would. Core calls it only
     /// when [`Capabilities::extend_batch`] is above 1, with at most that
-    /// many requests (the renewals that came due together). A failure of
-    /// the request fails the whole batch. The default extends one by one.
+    /// many requests (the renewals that came due together). An error
+    /// answers for none of them: core then asks [`Backend::extend`] for
+    /// each, so a backend may fail the batch for one hold it cannot decide.
+    /// The default extends one by one.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
         let mut answers = Vec::with_capacity(reqs.len());
         for req in reqs {

@@ -131,21 +131,40 @@ async fn run(
         let reqs: Vec<LockRequest> = batch.iter().map(|p| p.lease.req.with_ttl(p.ttl)).collect();
         let span = tracing::debug_span!("distlock.renew_batch", size = reqs.len());
         let extend = backend.extend_many(&reqs).instrument(span);
-        let answers = match until_deadline(batch.iter().map(|p| &p.lease), extend).await {
-            Ok(Ok(answers)) if answers.len() == reqs.len() => Ok(answers),
-            Ok(Ok(answers)) => Err(format!(
-                "the backend answered {} renewals for {} requests",
-                answers.len(),
-                reqs.len()
-            )),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e),
-        };
-        for (i, p) in batch.drain(..).enumerate() {
-            let answer = match &answers {
-                Ok(a) => Ok(a[i]),
-                Err(e) => Err(e.clone()),
+        let answers: Vec<Result<bool, String>> =
+            match until_deadline(batch.iter().map(|p| &p.lease), extend).await {
+                Ok(Ok(answers)) if answers.len() == reqs.len() => {
+                    answers.into_iter().map(Ok).collect()
+                }
+                Ok(Ok(answers)) => {
+                    let e = format!(
+                        "the backend answered {} renewals for {} requests",
+                        answers.len(),
+                        reqs.len()
+                    );
+                    vec![Err(e); reqs.len()]
+                }
+                // One request the backend could not decide (Redlock: a
+                // lock whose nodes are down, beside others' on nodes that
+                // answer) fails the whole batch: each is asked alone then,
+                // so the others get their own answers.
+                Ok(Err(_)) if reqs.len() > 1 => {
+                    futures_util::future::join_all(batch.iter().zip(&reqs).map(|(p, req)| {
+                        let span = tracing::debug_span!("distlock.renew", lock = %req.name);
+                        let extend = backend.extend(req).instrument(span);
+                        async move {
+                            match until_deadline([&p.lease], extend).await {
+                                Ok(answer) => answer.map_err(|e| e.to_string()),
+                                Err(e) => Err(e),
+                            }
+                        }
+                    }))
+                    .await
+                }
+                Ok(Err(e)) => vec![Err(e.to_string())],
+                Err(e) => vec![Err(e); reqs.len()],
             };
+        for (p, answer) in batch.drain(..).zip(answers) {
             answered(p.lease, p.sent, p.ttl, answer);
         }
     }

@@ -596,9 +596,23 @@ struct Batching {
     largest: AtomicUsize,
     /// Batches renewing a name under `hung/` never answer.
     hang: AtomicBool,
+    /// Batches renewing a name under `undecided/`, and its own renewals,
+    /// fail (as Redlock's fail for a lock whose nodes are down).
+    undecided: AtomicBool,
+    /// Renewals asked one by one.
+    singles: AtomicUsize,
 }
 
 const BATCH: usize = 64;
+
+impl Batching {
+    fn undecides(&self, reqs: &[LockRequest]) -> bool {
+        self.undecided.load(Ordering::SeqCst)
+            && reqs
+                .iter()
+                .any(|r| r.name.as_str().starts_with("undecided/"))
+    }
+}
 
 #[async_trait]
 impl Backend for Batching {
@@ -608,14 +622,18 @@ impl Backend for Batching {
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         self.inner.try_acquire(req).await
     }
-    async fn extend(&self, _req: &LockRequest) -> Result<bool> {
-        panic!("a batching backend's renewals must go through extend_many")
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        self.singles.fetch_add(1, Ordering::SeqCst);
+        if self.fail.load(Ordering::SeqCst) || self.undecides(std::slice::from_ref(req)) {
+            return Err(Error::unavailable("batching", "server unreachable", None));
+        }
+        self.inner.extend(req).await
     }
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
         self.batches.fetch_add(1, Ordering::SeqCst);
         self.renewed.fetch_add(reqs.len(), Ordering::SeqCst);
         self.largest.fetch_max(reqs.len(), Ordering::SeqCst);
-        if self.fail.load(Ordering::SeqCst) {
+        if self.fail.load(Ordering::SeqCst) || self.undecides(reqs) {
             return Err(Error::unavailable("batching", "server unreachable", None));
         }
         if self.hang.load(Ordering::SeqCst)
@@ -748,6 +766,30 @@ async fn a_rejected_renewal_in_a_batch_loses_only_that_hold() {
             assert!(g.is_held(), "hold {i} was lost with its neighbour");
         }
     }
+}
+
+/// A batch the backend fails for one hold it cannot decide is asked again
+/// hold by hold: that hold is lost at its deadline, the others renew.
+#[tokio::test(start_paused = true)]
+async fn a_batch_failed_for_one_hold_renews_the_others_one_by_one() {
+    let b = Arc::new(Batching::default());
+    let client = LockClient::from_dyn(b.clone());
+    let ttl = Duration::from_secs(3);
+    let undecided = client.lock("undecided/a").ttl(ttl).acquire().await.unwrap();
+    let guards = hold_many(&client, 4, Duration::ZERO).await.unwrap();
+    b.undecided.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        !undecided.is_held(),
+        "a hold no renewal could decide is held"
+    );
+    for (i, g) in guards.iter().enumerate() {
+        assert!(
+            g.is_held(),
+            "hold {i} was lost with a neighbour in its batch"
+        );
+    }
+    assert!(b.singles.load(Ordering::SeqCst) > 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -141,6 +141,18 @@ impl RedisConfig {
             // `WAIT` with a timeout of 0 blocks for ever.
             check_millis("wait_timeout_ms", self.wait_timeout, ms, MAX_TIMEOUT)?;
             check_millis("observe_recheck_ms", self.observe_recheck, ms, MAX_TIMEOUT)?;
+            // A `WAIT` the response timeout cuts short would leave the
+            // grant's fate unknown and the connection replaced.
+            if self.wait_replicas > 0 && self.wait_timeout >= self.timeout {
+                return Err(Error::invalid(
+                    InputKind::Config,
+                    format!(
+                        "wait_timeout_ms={} must be below timeout_ms={}: every request waits behind a grant's WAIT on the client's one connection",
+                        self.wait_timeout.as_millis(),
+                        self.timeout.as_millis()
+                    ),
+                ));
+            }
             check_millis("queue_lease_ms", self.queue_lease, ms, MAX_TIMEOUT)?;
         }
         if let Some(id) = &self.client_id {
@@ -571,6 +583,10 @@ mod tests {
             ("timeout_ms=3600001", "timeout_ms"),
             ("wait_timeout_ms=0", "wait_timeout_ms"),
             ("wait_timeout_ms=18446744073709551615", "wait_timeout_ms"),
+            (
+                "wait_replicas=1&wait_timeout_ms=2000&timeout_ms=2000",
+                "below timeout_ms",
+            ),
             (
                 "observe_recheck_ms=18446744073709551615",
                 "observe_recheck_ms",

@@ -470,6 +470,41 @@ impl Conn {
         }
     }
 
+    /// Runs `first` (one command or script call in a pipeline) and then
+    /// `WAIT want timeout_ms` in the same pipeline: both on one connection,
+    /// so the `WAIT` counts the replicas that have `first`'s writes (on
+    /// another connection it would count those that have that
+    /// connection's writes, none, and answer at once). Never sent again
+    /// on another connection. Not on a cluster (`wait_replicas` is refused
+    /// there).
+    pub(crate) async fn then_wait<T: FromRedisValue>(
+        &self,
+        mut first: redis::Pipeline,
+        want: u32,
+        timeout_ms: u64,
+    ) -> RedisResult<(T, i64)> {
+        first.cmd("WAIT").arg(want).arg(timeout_ms);
+        let pipe = &first;
+        match self {
+            Conn::Single(s) => {
+                s.on(|mut m| async move { pipe.query_async(&mut m).await })
+                    .await
+            }
+            Conn::Cluster { conn, .. } => Box::pin(pipe.query_async(&mut conn.clone())).await,
+            Conn::Sentinel(s) => {
+                Box::pin(async {
+                    let (_, mut m) = s.current().await?;
+                    let answer = pipe.query_async(&mut m).await;
+                    if answer.as_ref().is_err_and(master_moved) {
+                        s.forget().await;
+                    }
+                    answer
+                })
+                .await
+            }
+        }
+    }
+
     /// Runs one command (on the cluster node the first key maps to, if any).
     /// The Cluster and Sentinel arms are boxed, as in [`script`](Self::script):
     /// inline, the cluster client's future would make this one 3.4 KiB

@@ -85,10 +85,12 @@ impl RedisBackend {
         if let (Some(order), Some(_)) = (order, life) {
             inv.arg(order);
         }
-        let answer: i64 = self.run(&inv).await?;
+        let (answer, acked): (i64, _) = self
+            .run_granting(&Scripts::get().election_acquire, &inv)
+            .await?;
         if answer >= 1 {
-            if self.inner.config.wait_replicas > 0 {
-                Box::pin(self.await_replicas(req)).await?;
+            if acked.is_some() {
+                Box::pin(self.await_replicas(req, acked)).await?;
             }
             return Ok(Outcome::Granted(FencingToken(answer.unsigned_abs())));
         }

@@ -211,10 +211,20 @@ impl RedisBackend {
             .arg("NX")
             .arg("PX")
             .arg(ttl_ms(req.ttl));
-        let ok: Option<String> = self.inner.conn.cmd(&set).await.map_err(|e| self.err(e))?;
+        let (ok, acked): (Option<String>, _) = match self.inner.config.wait_replicas {
+            0 => (
+                self.inner.conn.cmd(&set).await.map_err(|e| self.err(e))?,
+                None,
+            ),
+            want => {
+                let mut first = redis::pipe();
+                first.add_command(set);
+                Box::pin(self.then_wait(first, want)).await?
+            }
+        };
         if ok.is_some() {
-            if self.inner.config.wait_replicas > 0 {
-                Box::pin(self.await_replicas(req)).await?;
+            if acked.is_some() {
+                Box::pin(self.await_replicas(req, acked)).await?;
             }
             return Ok(Outcome::Granted(FencingToken(0)).into());
         }
@@ -230,22 +240,53 @@ impl RedisBackend {
         Ok(Outcome::Held((pttl >= 0).then(|| Duration::from_millis(pttl.unsigned_abs()))).into())
     }
 
-    /// With `wait_replicas`, a grant counts only once that many replicas
-    /// have it: a failover inside the window can then no longer lose it.
-    async fn await_replicas(&self, req: &LockRequest) -> Result<()> {
+    /// Runs a granting script. With `wait_replicas`, `WAIT` follows it in
+    /// one pipeline on one connection ([`Conn::then_wait`]), and the second
+    /// value is how many replicas acknowledged the script's writes, for
+    /// [`Self::await_replicas`].
+    /// `script` is `inv`'s: loaded in the same pipeline, since a pipeline's
+    /// `EVALSHA` cannot fall back to `EVAL` on a server that lacks it.
+    async fn run_granting<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<(T, Option<i64>)> {
         let want = self.inner.config.wait_replicas;
         if want == 0 {
-            return Ok(());
+            return Ok((self.run(inv).await?, None));
         }
+        let mut first = redis::pipe();
+        first.load_script(script).ignore().invoke_script(inv);
+        Box::pin(self.then_wait(first, want)).await
+    }
+
+    /// `first` and `WAIT` for `wait_replicas` in one pipeline.
+    async fn then_wait<T: redis::FromRedisValue>(
+        &self,
+        first: redis::Pipeline,
+        want: u32,
+    ) -> Result<(T, Option<i64>)> {
         let timeout = u64::try_from(self.inner.config.wait_timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let acked: i64 = self
+        let (answer, acked) = self
             .inner
             .conn
-            .cmd(redis::cmd("WAIT").arg(want).arg(timeout))
+            .then_wait(first, want, timeout)
             .await
             .map_err(|e| self.err(e))?;
+        Ok((answer, Some(acked)))
+    }
+
+    /// With `wait_replicas`, a grant counts only once that many replicas
+    /// have it (`acked`, from the `WAIT` sent with the grant): a failover
+    /// inside the window can then no longer lose it.
+    async fn await_replicas(&self, req: &LockRequest, acked: Option<i64>) -> Result<()> {
+        let want = self.inner.config.wait_replicas;
+        let Some(acked) = acked.filter(|_| want > 0) else {
+            return Ok(());
+        };
+        let timeout = self.inner.config.wait_timeout.as_millis();
         if acked >= i64::from(want) {
             return Ok(());
         }
@@ -649,7 +690,8 @@ impl Backend for RedisBackend {
                 .arg(owner_arg(req))
                 .arg(ttl_ms(req.ttl));
         }
-        let answer: redis::Value = self.run(&inv).await?;
+        let (answer, acked): (redis::Value, _) =
+            self.run_granting(&Scripts::get().acquire_all, &inv).await?;
         let tokens: Vec<i64> = match answer {
             redis::Value::Int(0) => return Ok(AllAtOnce::Refused),
             redis::Value::Array(tokens) => tokens
@@ -675,8 +717,8 @@ impl Backend for RedisBackend {
                 ),
             ));
         }
-        if self.inner.config.wait_replicas > 0 {
-            Box::pin(self.await_replicas(&reqs[0])).await?;
+        if acked.is_some() {
+            Box::pin(self.await_replicas(&reqs[0], acked)).await?;
         }
         Ok(AllAtOnce::Granted(
             tokens

@@ -219,7 +219,7 @@ impl RedisBackend {
         if queue.is_none() && !fenced {
             inv.arg("0");
         }
-        let answer: Value = self.run(&inv).await?;
+        let (answer, acked): (Value, _) = self.run_granting(&Scripts::get().acquire, &inv).await?;
         let (answer, flags) = match answer {
             Value::Int(n) => (n, 0),
             Value::Array(ref a) => match a.as_slice() {
@@ -230,9 +230,9 @@ impl RedisBackend {
             other => return Err(unexpected("acquire.lua", &other)),
         };
         if answer >= 1 {
-            if self.inner.config.wait_replicas > 0 {
+            if acked.is_some() {
                 // Rare: boxed so that the common path's future stays small.
-                Box::pin(self.await_replicas(req)).await?;
+                Box::pin(self.await_replicas(req, acked)).await?;
             }
             let token = if fenced { answer.unsigned_abs() } else { 0 };
             return Ok(Outcome::Granted(FencingToken(token)).into());
@@ -307,10 +307,12 @@ impl RedisBackend {
         if let (Some(order), Some(_)) = (order, life) {
             inv.arg(order);
         }
-        let answer: i64 = self.run(&inv).await?;
+        let (answer, acked): (i64, _) = self
+            .run_granting(&Scripts::get().shared_acquire, &inv)
+            .await?;
         if answer >= 1 {
-            if self.inner.config.wait_replicas > 0 {
-                Box::pin(self.await_replicas(req)).await?;
+            if acked.is_some() {
+                Box::pin(self.await_replicas(req, acked)).await?;
             }
             let token = if fenced { answer.unsigned_abs() } else { 0 };
             return Ok(Outcome::Granted(FencingToken(token)));

@@ -104,11 +104,13 @@ impl RedisBackend {
         if let (Some(order), Some(_)) = (order, life) {
             inv.arg(order);
         }
-        let answer: Value = self.run(&inv).await?;
+        let (answer, acked): (Value, _) = self
+            .run_granting(&Scripts::get().permit_acquire, &inv)
+            .await?;
         match answer {
             Value::Int(token) if token >= 1 || (token == 0 && !fenced) => {
-                if self.inner.config.wait_replicas > 0 {
-                    Box::pin(self.await_replicas(req)).await?;
+                if acked.is_some() {
+                    Box::pin(self.await_replicas(req, acked)).await?;
                 }
                 Ok(Outcome::Granted(FencingToken(token.unsigned_abs())))
             }

@@ -712,8 +712,9 @@ impl Backend for RedlockBackend {
     /// when it mixes locks and permits); then each hold is judged as
     /// `extend` judges it: extended where a quorum extended it within its
     /// validity, not ours where too many said no for a quorum.
-    /// A lock with neither fails the whole batch (its nodes are down or
-    /// slow, and so are everyone's), to be retried.
+    /// A lock with neither fails the whole batch; core's renewer then asks
+    /// for each hold alone, so one lock whose nodes are down does not fail
+    /// the renewal of others held on nodes that answer.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
         let start = Instant::now();
         let t = self.inner.config.node_timeout;
