@@ -446,6 +446,9 @@ async fn lock_ahead_of_campaigns(f: Arc<Etcd>) -> Result<(), Failed> {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     nobody_leads("a distlock shared hold").await?;
+    if waiting.is_finished() {
+        return Err("a campaign behind a shared hold of its name was granted".into());
+    }
     g.release().await?;
     let leading = waiting.await.map_err(|e| e.to_string())??;
     match e.leader().await? {

@@ -16,7 +16,7 @@ use crate::{
 #[derive(clap::Args, Debug)]
 pub(crate) struct RunArgs {
     /// Backend URL (sqlite://, postgres://, mysql://, redis://, redlock://,
-    /// etcd://, zk://, memory://).
+    /// etcd://, zk://).
     #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value_t = default_backend())]
     backend: String,
     /// Lease TTL, renewed at a third of it (humantime: 500ms, 10s, 2m).

@@ -138,9 +138,18 @@ pub(crate) async fn interrupted(sig: Signal, what: &str, signals: &mut Signals) 
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
+    // Another signal ends the wait for the cleanup; Ctrl-Z does not.
+    let again = async {
+        loop {
+            let sig = signals.recv().await;
+            if sig != Signal::SIGTSTP {
+                return sig;
+            }
+        }
+    };
     tokio::select! {
         () = settled => {}
-        again = signals.recv() => tracing::debug!(signal = %again, "not waiting for the cleanup any longer"),
+        again = again => tracing::debug!(signal = %again, "not waiting for the cleanup any longer"),
     }
     let left = metrics.num_alive_tasks();
     if left > 0 {

@@ -2324,9 +2324,16 @@ fn a_background_job_of_the_command_ends_before_the_release() {
     let dir = scratch("bg");
     let b = sqlite_in(&dir);
     let pidfile = dir.join("bg.pid");
-    let script = format!("sleep 30 & echo $! > {}", pidfile.display());
+    // The job keeps no pipe of distlock's open: `run` returns as soon
+    // as distlock exits.
+    let script = format!("sleep 30 >/dev/null 2>&1 & echo $! > {}", pidfile.display());
+    let start = Instant::now();
     let out = run(&b, &[], "bg/job", &["sh", "-c", &script]);
     assert_eq!(code(&out), 0, "{out:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(25),
+        "distlock waited for the job to end by itself"
+    );
     let pid: u32 = std::fs::read_to_string(&pidfile)
         .unwrap()
         .trim()
@@ -2463,4 +2470,35 @@ fn without_home_the_default_file_is_in_a_private_directory() {
             assert!(dir.join("locks.db").exists());
         }
     }
+}
+
+/// SIGINT to a `run` of two locks that holds the first and waits for the
+/// second ends it at once (130, one line): the first is released and
+/// nothing of the client is left to wait for.
+#[test]
+fn a_signal_while_waiting_for_several_locks_ends_it_at_once() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let b = sqlite("sig-multi");
+    let mut holder = Stopped(spawn_holder(&b, "sigmulti/b", 60));
+    wait_held(&b, "sigmulti/b");
+    let mut waiter = bin()
+        .args(["run", "--wait", "30s", "--backend", &b])
+        .args(["sigmulti/a", "sigmulti/b", "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    kill(Pid::from_raw(waiter.id() as i32), Signal::SIGINT).unwrap();
+    let status = exit_within(&mut waiter, Duration::from_secs(8));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(
+        code(&run(&b, &["--wait", "0"], "sigmulti/a", &["true"])),
+        0,
+        "the first lock was left held"
+    );
+    let _ = holder.0.kill();
 }

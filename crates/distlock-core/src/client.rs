@@ -19,7 +19,7 @@ use crate::keeper::Keeper;
 use crate::lease::lock;
 use crate::name::LockName;
 use crate::slot::{
-    existing_slot, local_share, slot_ref, Acquired, Claim, Hold, SlotRef, SlotTable,
+    fit_existing_gate, local_share, slot_ref, Acquired, Claim, Hold, SlotRef, SlotTable,
 };
 
 /// The default lease TTL: long enough to survive a slow renewal round trip,
@@ -151,9 +151,7 @@ impl LockClient {
         let kind = HoldKind::Permits { limit };
         check_kind(&self.inner.keeper.caps, &kind)?;
         let had = self.inner.keeper.backend.set_limit(&name, limit).await?;
-        if let Some(slot) = existing_slot(&self.inner.slots, &name, kind) {
-            slot.fit_gate(limit);
-        }
+        fit_existing_gate(&self.inner.slots, &name, kind, limit);
         Ok(had)
     }
 
@@ -451,9 +449,37 @@ impl LockBuilder {
             Some(Local::Nested(guard)) => return Ok(Some(guard)),
             Some(Local::Gate(gate)) => gate,
         };
-        let req = self.request(name);
-        let Some(grant) = self.client.ask(&req, mode).await? else {
-            return Ok(None);
+        let validity = self.client.keeper.caps.safe_validity(self.ttl);
+        let (req, grant) = loop {
+            let req = self.request(name.clone());
+            let Some(grant) = self.client.ask(&req, mode).await? else {
+                return Ok(None);
+            };
+            if Instant::now() < grant.began + validity {
+                break (req, grant);
+            }
+            // Granted, but answered only after the lease's deadline (a
+            // server or file busy for longer than the TTL): worth nothing
+            // to the caller, who would hold a lease already lost. It is
+            // given back (by owner), and asked for anew while the wait
+            // lasts.
+            tracing::warn!(lock = %name, token = %grant.token, took = ?grant.began.elapsed(), "granted only after the lease's deadline; giving it back");
+            drop(ReleaseIfDropped::arm(
+                self.client.keeper.backend.clone(),
+                vec![req],
+            ));
+            match mode {
+                Mode::Once => return Ok(None),
+                Mode::Wait(Some(d)) if Instant::now() >= d => {
+                    return Err(Error::WaitTimeout {
+                        name,
+                        waited: start.elapsed(),
+                    })
+                }
+                // A server that answers every grant late is not asked
+                // again at once.
+                Mode::Wait(_) => tokio::time::sleep(self.ttl.min(Duration::from_secs(1))).await,
+            }
         };
         tracing::debug!(token = %grant.token, waited = ?start.elapsed(), "acquired");
         Ok(Some(self.start(gate, req, grant)))

@@ -78,6 +78,10 @@ impl Drop for Keeper {
         for (_, watch) in sessions.drain() {
             watch.task.abort();
         }
+        // The timer task, asleep until its next entry, ends now rather
+        // than then: a process waiting for its tasks to finish (the CLI
+        // after a cancelled wait) is not held up by it.
+        self.wake.notify_one();
     }
 }
 

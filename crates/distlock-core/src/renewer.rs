@@ -131,25 +131,17 @@ async fn run(
         let reqs: Vec<LockRequest> = batch.iter().map(|p| p.lease.req.with_ttl(p.ttl)).collect();
         let span = tracing::debug_span!("distlock.renew_batch", size = reqs.len());
         let extend = backend.extend_many(&reqs).instrument(span);
-        let answers: Vec<Result<bool, String>> =
-            match until_deadline(batch.iter().map(|p| &p.lease), extend).await {
-                Ok(Ok(answers)) if answers.len() == reqs.len() => {
-                    answers.into_iter().map(Ok).collect()
-                }
-                Ok(Ok(answers)) => {
-                    let e = format!(
-                        "the backend answered {} renewals for {} requests",
-                        answers.len(),
-                        reqs.len()
-                    );
-                    vec![Err(e); reqs.len()]
-                }
-                // One request the backend could not decide (Redlock: a
-                // lock whose nodes are down, beside others' on nodes that
-                // answer) fails the whole batch: each is asked alone then,
-                // so the others get their own answers.
-                Ok(Err(_)) if reqs.len() > 1 => {
-                    futures_util::future::join_all(batch.iter().zip(&reqs).map(|(p, req)| {
+        let outcome = until_deadline(batch.iter().map(|p| &p.lease), extend).await;
+        // One request the backend could not decide (Redlock: a lock whose
+        // nodes are down, beside others' on nodes that answer) fails the
+        // whole batch: each is asked alone then, in a task of its own so
+        // that the renewals queued meanwhile go out as usual.
+        if matches!(outcome, Ok(Err(_))) && reqs.len() > 1 {
+            let (backend, answered) = (backend.clone(), answered.clone());
+            let pending: Vec<Pending> = std::mem::take(&mut batch);
+            tokio::spawn(async move {
+                let answers =
+                    futures_util::future::join_all(pending.iter().zip(&reqs).map(|(p, req)| {
                         let span = tracing::debug_span!("distlock.renew", lock = %req.name);
                         let extend = backend.extend(req).instrument(span);
                         async move {
@@ -159,11 +151,27 @@ async fn run(
                             }
                         }
                     }))
-                    .await
+                    .await;
+                for (p, answer) in pending.into_iter().zip(answers) {
+                    answered(p.lease, p.sent, p.ttl, answer);
                 }
-                Ok(Err(e)) => vec![Err(e.to_string())],
-                Err(e) => vec![Err(e); reqs.len()],
-            };
+            });
+            batch = Vec::with_capacity(max_batch);
+            continue;
+        }
+        let answers: Vec<Result<bool, String>> = match outcome {
+            Ok(Ok(answers)) if answers.len() == reqs.len() => answers.into_iter().map(Ok).collect(),
+            Ok(Ok(answers)) => {
+                let e = format!(
+                    "the backend answered {} renewals for {} requests",
+                    answers.len(),
+                    reqs.len()
+                );
+                vec![Err(e); reqs.len()]
+            }
+            Ok(Err(e)) => vec![Err(e.to_string())],
+            Err(e) => vec![Err(e); reqs.len()],
+        };
         for (p, answer) in batch.drain(..).zip(answers) {
             answered(p.lease, p.sent, p.ttl, answer);
         }

@@ -143,14 +143,13 @@ pub(crate) fn slot_ref(table: &Arc<SlotTable>, name: &LockName, kind: HoldKind) 
     }
 }
 
-/// The slot for `name` and the object of `kind`, if some task of the
-/// client uses it.
-pub(crate) fn existing_slot(
-    table: &SlotTable,
-    name: &LockName,
-    kind: HoldKind,
-) -> Option<Arc<Slot>> {
-    lock(table).get(&slot_key(name, kind)).cloned()
+/// Fits the gate of the slot for `name` and the semaphore of `kind` to
+/// `limit` ([`Slot::fit_gate`]), if some task of the client uses it; under
+/// the table's lock, so no reference outlives the slot's last user.
+pub(crate) fn fit_existing_gate(table: &SlotTable, name: &LockName, kind: HoldKind, limit: u32) {
+    if let Some(slot) = lock(table).get(&slot_key(name, kind)) {
+        slot.fit_gate(limit);
+    }
 }
 
 impl Slot {

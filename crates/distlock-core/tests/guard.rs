@@ -983,3 +983,71 @@ fn a_multi_lock_of_holds_past_their_deadlines_takes_fresh_holds() {
         .unwrap();
     assert!(held, "lock_all answered with holds not held");
 }
+
+/// Memory whose next `late` grants answer after two seconds (a file or
+/// server busy for longer than the TTL).
+#[derive(Debug, Default)]
+struct LateGrants {
+    inner: MemoryBackend,
+    late: AtomicUsize,
+}
+
+#[async_trait]
+impl Backend for LateGrants {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
+        let began = Instant::now();
+        // The server's lease outlasts the late answer: only a release
+        // frees it before the probe below.
+        let granted = self.inner.try_acquire(&req.with_ttl(req.ttl * 10)).await?;
+        let late = self
+            .late
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if late {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        Ok(granted.map(|g| Grant::new(g.token, began)))
+    }
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        self.inner.extend(req).await
+    }
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        self.inner.release(req).await
+    }
+}
+
+/// A grant answered after its lease's deadline is given back: a try
+/// reports the lock not acquired, and leaves it free; a wait asks again
+/// and holds a live lease.
+#[tokio::test(start_paused = true)]
+async fn a_grant_answered_after_its_deadline_is_given_back() {
+    let b = Arc::new(LateGrants::default());
+    let client = LockClient::from_dyn(b.clone());
+    let ttl = Duration::from_secs(1);
+    b.late.store(1, Ordering::SeqCst);
+    let tried = client.lock("late/x").ttl(ttl).try_acquire().await.unwrap();
+    assert!(
+        tried.is_none(),
+        "a try granted after its deadline returned a guard"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let probe = LockRequest::new(distlock_core::LockName::new("late/x").unwrap(), ttl);
+    assert!(
+        b.inner.try_acquire(&probe).await.unwrap().is_some(),
+        "the late grant was not given back"
+    );
+    assert!(b.inner.release(&probe).await.unwrap());
+    b.late.store(1, Ordering::SeqCst);
+    let g = client
+        .lock("late/y")
+        .ttl(ttl)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(g.is_held(), "the wait's second grant is not held");
+    assert!(g.release().await.unwrap());
+}

@@ -1633,10 +1633,20 @@ mod tests {
         for code in ["5", "261", "517", "773", "6", "262", "518"] {
             assert!(retryable("sqlite", code), "{code}");
         }
-        // SQLITE_ERROR, SQLITE_CONSTRAINT_UNIQUE, SQLITE_READONLY,
-        // SQLITE_IOERR_WRITE, SQLITE_FULL.
-        for code in ["1", "2067", "8", "778", "13"] {
+        // SQLITE_ERROR, SQLITE_CONSTRAINT_UNIQUE, SQLITE_IOERR_WRITE,
+        // SQLITE_FULL.
+        for code in ["1", "2067", "778", "13"] {
             assert!(!retryable("sqlite", code), "{code}");
+        }
+        // SQLITE_READONLY (and _DIRECTORY), SQLITE_NOTADB: the file, not
+        // the moment: retrying cannot help.
+        let err = DbError {
+            backend: "sqlite",
+            endpoint: "db".into(),
+        };
+        for code in ["8", "1544", "26"] {
+            let e = err.map(sqlx::Error::Database(Box::new(Coded(code))));
+            assert!(matches!(e, Error::Misconfigured { .. }), "{code}: {e:?}");
         }
     }
 
