@@ -61,6 +61,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "redlock::a_server_listed_under_two_addresses_is_refused",
+                one_server_twice(),
+            ),
+            trial(
+                rt,
                 "redlock::a_refused_round_gives_nothing_back",
                 refused_round(""),
             ),
@@ -1157,6 +1162,34 @@ async fn fifo_cancel((what, queue): (fifo::Queued, String)) -> Result<(), Failed
         fifo_queue_len(ports, queue),
     )
     .await
+}
+
+/// A node that is another node's server reached through a second address
+/// (here a TCP proxy) answers with the same run id and is refused: three
+/// nodes of which two are one server would let one server's vote count
+/// twice. The same nodes through one proxy each are three servers.
+async fn one_server_twice() -> Result<(), Failed> {
+    let nodes = blocking(three_nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let proxies = ports
+        .iter()
+        .map(|p| Proxy::start(*p).map_err(|e| Failed::from(e.to_string())))
+        .collect::<Result<Vec<_>, Failed>>()?;
+    let twice = server::redlock_url([ports[0], ports[1], proxies[0].port], "");
+    match RedlockBackend::connect(&twice).await {
+        Err(Error::InvalidInput { message, .. }) => {
+            if !message.contains("same run id") {
+                return Err(format!("not named as one server: {message}").into());
+            }
+        }
+        Err(e) => return Err(format!("refused for another reason: {e}").into()),
+        Ok(_) => return Err("one server under two addresses was accepted as two nodes".into()),
+    }
+    let proxied = server::redlock_url(proxies.iter().map(|p| p.port), "");
+    let client = LockClient::new(RedlockBackend::connect(&proxied).await?);
+    let g = client.lock("distinct").try_acquire().await?;
+    g.ok_or("a free lock was refused")?.release().await?;
+    Ok(())
 }
 
 /// A free lock whose queue a waiter heads on every node is refused to a

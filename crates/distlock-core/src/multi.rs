@@ -238,7 +238,22 @@ impl MultiLockBuilder {
             if answer.as_ref().is_ok() || answer.as_ref().is_err_and(grants_nothing) {
                 cleanup.disarm();
             }
-            match answer? {
+            let answer = match answer {
+                // A wait outlasts a failed request as a single lock's does:
+                // the names are taken one at a time. Whatever the failed
+                // request may have granted is released in the background
+                // by its owners, so each name is asked with a fresh one.
+                Err(e) if e.is_retryable() && matches!(mode, Mode::Wait(_)) => {
+                    tracing::debug!(error = %e, "acquiring all at once failed; one at a time");
+                    drop(cleanup);
+                    for (req, _) in &mut pending {
+                        *req = each.request(req.name.clone());
+                    }
+                    AllAtOnce::NotOffered
+                }
+                answer => answer?,
+            };
+            match answer {
                 AllAtOnce::Granted(grants) if grants.len() == pending.len() => {
                     for ((req, gate), grant) in pending.drain(..).zip(grants) {
                         started.push(each.start(gate, req, grant));

@@ -22,6 +22,9 @@ struct Wrapped {
     /// `try_acquire_all` is declined: names are taken one at a time, as on
     /// Redis Cluster, Redlock or ZooKeeper.
     decline_all: AtomicBool,
+    /// `try_acquire_all` grants, then its answer is lost (a connection
+    /// cut after the server ran the request).
+    lose_all_answers: AtomicBool,
     /// Renewals fail as if the server were unreachable.
     fail_extend: AtomicBool,
     /// Releases never answer.
@@ -60,7 +63,11 @@ impl Backend for Wrapped {
         if self.decline_all.load(Ordering::SeqCst) {
             return Ok(AllAtOnce::NotOffered);
         }
-        self.inner.try_acquire_all(reqs).await
+        let answer = self.inner.try_acquire_all(reqs).await;
+        if self.lose_all_answers.load(Ordering::SeqCst) {
+            return Err(Error::unavailable("wrapped", "connection reset", None));
+        }
+        answer
     }
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         Ok(self.extend_many(std::slice::from_ref(req)).await?[0])
@@ -121,6 +128,39 @@ async fn a_multi_lock_wait_ends_by_its_deadline_when_its_all_at_once_try_never_a
         start.elapsed()
     );
     assert!(start.elapsed() <= wait + ANSWER_GRACE + Duration::from_millis(50));
+}
+
+/// A waiting multi-lock outlasts a failed all-at-once try as a single
+/// lock's wait outlasts a failed request: it takes the names one at a
+/// time. What the failed try may have granted is given back by its owners
+/// in the background, and that release frees none of the new holds.
+#[tokio::test(start_paused = true)]
+async fn a_multi_lock_wait_outlasts_a_failed_all_at_once_try() {
+    let (w, a, b) = setup();
+    w.lose_all_answers.store(true, Ordering::SeqCst);
+    // The give-back lands after the names are asked again.
+    w.slow_releases.store(true, Ordering::SeqCst);
+    let m = a
+        .lock_all(["lost/a", "lost/b"])
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("the wait takes the names one at a time");
+    // The background release of the failed try's owners has run.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(m.is_held());
+    for n in ["lost/a", "lost/b"] {
+        assert!(
+            b.lock(n).try_acquire().await.unwrap().is_none(),
+            "{n} was freed under the multi-lock"
+        );
+    }
+    // A try has no wait to outlast the failure: it answers with it.
+    assert!(matches!(
+        a.lock_all(["lost/c", "lost/d"]).try_acquire().await,
+        Err(Error::Unavailable { .. })
+    ));
+    m.release().await.unwrap();
 }
 
 /// `lost()` names the lock that was lost, as docs/guarantees.md says

@@ -159,7 +159,7 @@ pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>
         }
         let key = host_port(h).ok_or_else(|| bad(format!("node {h:?} is not host:port")))?;
         if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
-            return Err(duplicate(h, first));
+            return Err(duplicate(h, first, "address"));
         }
         // A node named without its port is reached on 6379.
         let (host, port) = &key;
@@ -195,11 +195,13 @@ pub(crate) fn host_port(node: &str) -> Option<(String, u16)> {
 
 /// The error for a node listed twice: a "majority" that counts one server
 /// twice rests on fewer real servers than it claims.
-pub(crate) fn duplicate(node: &str, same_as: &str) -> Error {
+/// `by` says how it was recognised: its address, or the run id the server
+/// answered with.
+pub(crate) fn duplicate(node: &str, same_as: &str, by: &str) -> Error {
     Error::invalid(
         InputKind::Url,
         format!(
-            "redlock:// URL: node {node} is the same server as {same_as}; \
+            "redlock:// URL: node {node} is the same server as {same_as} (same {by}); \
              every node must be a distinct Redis server, or a majority would count one server twice"
         ),
     )

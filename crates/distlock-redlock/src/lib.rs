@@ -115,12 +115,18 @@ impl RedlockBackend {
         // when every node refuses the configuration no request can succeed.
         let t = backend.connect_timeout();
         let connected = join_all(backend.inner.nodes.iter().map(|n| timeout(t, n.redis()))).await;
+        // A node that is another under a second address is refused first.
         let mut refusals = Vec::new();
+        let mut any = false;
         for c in connected {
             match c {
+                Ok(Err(e @ Error::InvalidInput { .. })) => return Err(e),
                 Ok(Err(e @ Error::Misconfigured { .. })) => refusals.push(e),
-                _ => return Ok(backend),
+                _ => any = true,
             }
+        }
+        if any {
+            return Ok(backend);
         }
         Err(refused_by(refusals, 0, backend.inner.nodes.len()))
     }
@@ -136,8 +142,16 @@ impl RedlockBackend {
         if config.fifo {
             node = node.with_client_id(distlock_core::Owner::random().to_string());
         }
+        let servers = node::Servers::default();
         urls.into_iter()
-            .map(|u| Node::new(u, node.clone(), config.delayed_restart.is_some()))
+            .map(|u| {
+                Node::new(
+                    u,
+                    node.clone(),
+                    config.delayed_restart.is_some(),
+                    servers.clone(),
+                )
+            })
             .collect()
     }
 
@@ -1036,7 +1050,7 @@ async fn distinct_servers(nodes: &[Node]) -> Result<()> {
         for (j, b) in resolved.iter().enumerate().take(i) {
             if let (Some(a), Some(b)) = (a, b) {
                 if a.iter().any(|x| b.contains(x)) {
-                    return Err(config::duplicate(endpoints[i], endpoints[j]));
+                    return Err(config::duplicate(endpoints[i], endpoints[j], "address"));
                 }
             }
         }
@@ -1251,7 +1265,7 @@ mod tests {
             )
             .unwrap()
             .into_iter()
-            .map(|u| Node::new(u, RedisConfig::default(), false))
+            .map(|u| Node::new(u, RedisConfig::default(), false, Default::default()))
             .collect::<Vec<_>>()
         )
         .await

@@ -1,7 +1,8 @@
 //! One Redlock node: a lazily (re)connected Redis backend, its last known
 //! run id, and its delayed-restart quarantine.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::{Error, Result};
@@ -27,14 +28,26 @@ pub(crate) struct Node {
     /// The node's Redis options: the key prefix, and with `fifo` the queue
     /// and the client id every node of one Redlock client shares.
     config: RedisConfig,
+    /// The run ids of the client's connected nodes, each with its node: a
+    /// server reached under two addresses (a proxy, a second interface)
+    /// answers both with one run id.
+    servers: Servers,
 }
+
+/// Run id to node, shared by one client's nodes.
+pub(crate) type Servers = Arc<Mutex<HashMap<String, String>>>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Node {
-    pub(crate) fn new(url: String, config: RedisConfig, track_restarts: bool) -> Self {
+    pub(crate) fn new(
+        url: String,
+        config: RedisConfig,
+        track_restarts: bool,
+        servers: Servers,
+    ) -> Self {
         let endpoint = url
             .rsplit('@')
             .next()
@@ -50,6 +63,7 @@ impl Node {
             quarantined_until: Mutex::new(None),
             track_restarts,
             config,
+            servers,
         }
     }
 
@@ -75,13 +89,37 @@ impl Node {
                     _ => None,
                 };
                 let r = r?;
-                if self.track_restarts {
-                    let id = r.run_id().await?;
-                    lock(&self.run_id).get_or_insert(id);
-                }
+                // A server that does not say its run id (a proxy that
+                // refuses INFO) is taken as distinct unless restarts are
+                // tracked, which need the id.
+                let id = match r.run_id().await {
+                    Ok(id) => id,
+                    Err(e) if self.track_restarts => return Err(e),
+                    Err(e) => {
+                        tracing::debug!(node = %self.endpoint, error = %e, "no run id; not compared with the other nodes'");
+                        return Ok(r);
+                    }
+                };
+                self.distinct(&id)?;
+                lock(&self.run_id).get_or_insert(id);
                 Ok(r)
             })
             .await
+    }
+
+    /// Refuses a server another node of the client already is: a majority
+    /// that counts one server twice rests on fewer servers than it claims.
+    fn distinct(&self, run_id: &str) -> Result<()> {
+        let mut servers = lock(&self.servers);
+        match servers.get(run_id) {
+            Some(other) if *other != self.endpoint => {
+                Err(crate::config::duplicate(&self.endpoint, other, "run id"))
+            }
+            _ => {
+                servers.insert(run_id.to_string(), self.endpoint.clone());
+                Ok(())
+            }
+        }
     }
 
     /// The refusal of the configuration at the node's last connection
