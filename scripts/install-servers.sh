@@ -33,6 +33,8 @@ ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing+=(libfaketime
 # integration-tests/src/harness/redis.rs).
 have gcc              || missing+=(gcc libc6-dev)
 have setpriv          || missing+=(util-linux)
+# scripts/check-compose.py parses docker-compose.yml.
+python3 -c 'import yaml' 2>/dev/null || missing+=(python3-yaml)
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-servers: every server is installed"

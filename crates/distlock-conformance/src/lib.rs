@@ -147,19 +147,32 @@ fn all_cases() -> impl Iterator<Item = (&'static str, CaseFn, Needs)> {
 /// Runs one case in a fresh namespace, ignored when the backend does not
 /// declare what it needs, bounded in time.
 async fn run_case(factory: &dyn BackendFactory, f: CaseFn, needs: Needs) -> CaseResult {
-    let unsupported = match needs {
-        Needs::Nothing => None,
-        Needs::Semaphore => semaphore::unsupported(factory).await?,
-        Needs::Shared => rwlock::unsupported(factory).await?,
-        Needs::Elections => election::unsupported(factory).await?,
+    // The capability probe connects too: a server that never answers ends
+    // the case within the same bound.
+    let case = async {
+        let unsupported = match needs {
+            Needs::Nothing => None,
+            Needs::Semaphore => semaphore::unsupported(factory).await?,
+            Needs::Shared => rwlock::unsupported(factory).await?,
+            Needs::Elections => election::unsupported(factory).await?,
+        };
+        match unsupported {
+            Some(ignored) => Ok(ignored),
+            None => f(factory, namespace()).await,
+        }
     };
-    if let Some(ignored) = unsupported {
-        return Ok(ignored);
-    }
-    tokio::time::timeout(Duration::from_secs(120), f(factory, namespace()))
-        .await
-        .map_err(|_| Failed::from("case did not finish within 120 s"))?
+    bounded(case).await
 }
+
+/// A case's run, failed if it has not finished within `CASE_BOUND`.
+pub(crate) async fn bounded(case: impl std::future::Future<Output = CaseResult>) -> CaseResult {
+    tokio::time::timeout(CASE_BOUND, case)
+        .await
+        .map_err(|_| Failed::from(format!("case did not finish within {CASE_BOUND:?}")))?
+}
+
+/// The longest a case may take.
+const CASE_BOUND: Duration = Duration::from_secs(120);
 
 /// Builds the trials for `factory`: every case, named
 /// `<backend>::<case>`.

@@ -26,6 +26,8 @@ enum Flaw {
     /// Keeps every lock two seconds past its TTL, as a session longer than
     /// the TTL asked for would.
     OutlivesTtl,
+    /// Ends every hold at half its TTL: before the holder's own deadline.
+    ExpiresEarly,
     /// Grants one permit more than a semaphore's limit.
     GrantsOneMorePermit,
     /// Grants a multi-lock's names at once even when some are held.
@@ -129,6 +131,10 @@ impl Backend for Broken {
             Flaw::OutlivesTtl => {
                 let outliving = req.with_ttl(req.ttl + Duration::from_secs(2));
                 self.inner.try_acquire(&outliving).await
+            }
+            Flaw::ExpiresEarly => {
+                let early = req.with_ttl(req.ttl / 2);
+                self.inner.try_acquire(&early).await
             }
             Flaw::ReleasesAnyOwner if matches!(req.kind, HoldKind::Permits { .. }) => {
                 let grant = self.inner.try_acquire(req).await?;
@@ -358,6 +364,36 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             "more than a second past",
         ),
         (
+            "a_lock_ending_before_its_holders_deadline",
+            Flaw::ExpiresEarly,
+            "vanished_holder_is_replaced_within_ttl_plus_one_second",
+            "before its holder's deadline",
+        ),
+        (
+            "a_permit_ending_before_its_holders_deadline",
+            Flaw::ExpiresEarly,
+            "crashed_permit_holder_returns_its_permit_after_its_ttl",
+            "before its holder's deadline",
+        ),
+        (
+            "a_shared_hold_ending_before_its_holders_deadline",
+            Flaw::ExpiresEarly,
+            "crashed_reader_stops_blocking_a_writer_after_its_ttl",
+            "before its holder's deadline",
+        ),
+        (
+            "a_shared_hold_outliving_its_ttl",
+            Flaw::OutlivesTtl,
+            "crashed_reader_stops_blocking_a_writer_after_its_ttl",
+            "more than a second past",
+        ),
+        (
+            "a_leadership_ending_before_its_holders_deadline",
+            Flaw::ExpiresEarly,
+            "a_vanished_leader_is_replaced_after_its_ttl",
+            "before its holder's deadline",
+        ),
+        (
             "repeated_permit_tokens",
             Flaw::RepeatsTokens,
             "permit_tokens_strictly_rise",
@@ -476,7 +512,8 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
                 flaw,
                 permits: Arc::default(),
             };
-            match handle.block_on(f(&factory, namespace())) {
+            // A flaw that makes a case hang is not caught either.
+            match handle.block_on(crate::bounded(f(&factory, namespace()))) {
                 // For the flaw's reason, not a failure of the wrapper's own.
                 Err(e) if e.message().is_some_and(|m| m.contains(why)) => {
                     eprintln!(

@@ -10,6 +10,7 @@ use distlock_core::{
     Error, Fencing, HoldKind, LockClient, LockGuard, LockName, LockRequest, LostReason, Owner,
 };
 use libtest_mimic::{Completion, Failed};
+use tokio::time::Instant;
 
 use crate::cases::{
     client, most_acquires_in_flight, name, raw_hold, replaced_after_ttl, BOUND, LONG_TTL,
@@ -139,11 +140,12 @@ pub async fn crashed_permit_holder_returns_its_permit_after_its_ttl(
             .ok_or("raw permit not granted")?;
         began.get_or_insert(grant.began);
     }
+    let safe = raw.capabilities().safe_validity(ttl);
     drop(raw);
     // Both permits were the crashed holder's: a third is refused until
     // the first of them expires.
     let began = began.ok_or("no permit taken")?;
-    replaced_after_ttl(ttl, began, || b.semaphore(&sem, 2)).await
+    replaced_after_ttl(ttl, safe, began, || b.semaphore(&sem, 2)).await
 }
 
 /// A holder that stops renewing (paused) is reported lost at its deadline,
@@ -156,15 +158,28 @@ pub async fn paused_permit_holder_is_lost_and_its_permit_goes_to_a_waiter(
     let ttl = f.short_ttl();
     let (a, b) = (client(f).await?, client(f).await?);
     let paused = a.semaphore(&sem, 1).ttl(ttl).no_renew().acquire().await?;
-    let waiter = permit_within(&b, &sem, 1, ttl + BOUND);
+    // When the waiter's grant arrived: a grant is made after the server
+    // judged the paused permit expired, so it never arrives before the
+    // paused holder's own deadline.
+    let waiter = async {
+        let got = permit_within(&b, &sem, 1, ttl + BOUND).await;
+        (got, Instant::now())
+    };
     let reason = tokio::time::timeout(ttl * 2 + BOUND, paused.lost());
-    let (got, reason) = tokio::join!(waiter, reason);
+    let ((got, granted_at), reason) = tokio::join!(waiter, reason);
     let reason = reason.map_err(|_| Failed::from("the paused holder never saw lost()"))?;
     ensure!(
         matches!(reason, LostReason::DeadlinePassed),
         "the paused holder was lost for {reason}, not its deadline"
     );
     let g = got?;
+    if let Some(deadline) = paused.deadline() {
+        ensure!(
+            granted_at >= deadline,
+            "the waiter was granted the only permit {:?} before the paused holder's deadline",
+            deadline - granted_at
+        );
+    }
     ensure!(
         g.token() > paused.token() || f.client().await?.capabilities().fencing == Fencing::None,
         "the waiter's token {} is not above the paused holder's {}",
@@ -192,13 +207,18 @@ pub async fn cancelled_permit_wait_leaves_no_permit_or_queue_entry(
     ensure!(waited.is_err(), "the wait for a held permit finished");
     g.release().await?;
     // The cancelled waiter's cleanup runs in the background.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let free = free_permits(f, sem.as_str(), 1).await?;
-    ensure!(
-        free == 1,
-        "{free} of 1 permits free after the holder released and the waiter gave up"
-    );
-    Ok(Completion::Completed)
+    let start = Instant::now();
+    loop {
+        let free = free_permits(f, sem.as_str(), 1).await?;
+        if free == 1 {
+            return Ok(Completion::Completed);
+        }
+        ensure!(
+            start.elapsed() < BOUND,
+            "{free} of 1 permits free {BOUND:?} after the holder released and the waiter gave up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A client that asks for another limit than the stored one gets
