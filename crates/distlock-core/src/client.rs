@@ -201,6 +201,19 @@ pub(crate) fn check_ttl(caps: &Capabilities, ttl: Duration) -> Result<()> {
             ),
         ));
     }
+    // A hold is trusted for the TTL less the drift margin: with none left,
+    // every grant would arrive past its own deadline.
+    if caps.safe_validity(ttl).is_zero() {
+        return Err(Error::invalid(
+            InputKind::Duration,
+            format!(
+                "TTL {:?} leaves no time to hold: {}'s margin for clock drift takes {:?} of it; use a longer TTL",
+                ttl,
+                caps.backend,
+                caps.drift_margin(ttl)
+            ),
+        ));
+    }
     Ok(())
 }
 

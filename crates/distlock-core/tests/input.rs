@@ -92,3 +92,68 @@ async fn an_empty_or_multi_line_election_value_is_refused() {
     }
     assert_eq!(e.leader().await.unwrap().unwrap().value, "host:1");
 }
+
+/// Memory declaring a drift margin of 50 ms on every TTL.
+#[derive(Debug, Default)]
+struct Drifting(MemoryBackend);
+
+#[distlock_core::async_trait]
+impl distlock_core::Backend for Drifting {
+    fn capabilities(&self) -> distlock_core::Capabilities {
+        self.0
+            .capabilities()
+            .with_drift(0, std::time::Duration::from_millis(50))
+    }
+    async fn try_acquire(
+        &self,
+        req: &distlock_core::LockRequest,
+    ) -> distlock_core::Result<Option<distlock_core::Grant>> {
+        self.0.try_acquire(req).await
+    }
+    async fn extend(&self, req: &distlock_core::LockRequest) -> distlock_core::Result<bool> {
+        self.0.extend(req).await
+    }
+    async fn release(&self, req: &distlock_core::LockRequest) -> distlock_core::Result<bool> {
+        self.0.release(req).await
+    }
+}
+
+/// A TTL within the backend's range that its drift margin eats whole
+/// could never be held (every grant would arrive past its deadline): it
+/// is refused before anything is sent, on every builder and on `extend`.
+#[tokio::test]
+async fn a_ttl_the_drift_margin_eats_whole_is_refused() {
+    use std::time::Duration;
+    let c = LockClient::new(Drifting::default());
+    let short = Duration::from_millis(40);
+    let errors = [
+        c.lock("d").ttl(short).try_acquire().await.unwrap_err(),
+        c.lock("d").ttl(short).acquire().await.unwrap_err(),
+        c.semaphore("d2", 2).ttl(short).acquire().await.unwrap_err(),
+        c.lock_all(["d3", "d4"])
+            .ttl(short)
+            .acquire()
+            .await
+            .unwrap_err(),
+    ];
+    for e in errors {
+        assert_invalid(e, InputKind::Duration, "leaves no time to hold");
+    }
+    let g = c
+        .lock("d")
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    assert_invalid(
+        g.extend(short).await.unwrap_err(),
+        InputKind::Duration,
+        "leaves no time to hold",
+    );
+    // Nothing was taken by the refused requests: the names are free.
+    assert!(g.release().await.unwrap());
+    for n in ["d", "d3", "d4"] {
+        let free = c.lock(n).ttl(Duration::from_secs(5)).try_acquire().await;
+        assert!(free.unwrap().is_some(), "{n} was left held");
+    }
+}
