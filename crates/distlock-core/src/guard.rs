@@ -133,6 +133,20 @@ impl LockGuard {
         let answer = keeper.backend.extend(&renewal).instrument(span).await;
         let deadline = out.answered(answer.as_ref().is_ok_and(|granted| *granted));
         match answer {
+            // Answered after the deadline the lease had: it is lost there,
+            // as the keeper's timer would have found had it run first (a
+            // blocked thread), so that `is_held` never turns true again
+            // once false.
+            Ok(true) if lease.deadline().is_some_and(|d| Instant::now() >= d) => {
+                keeper.lose(
+                    lease,
+                    LostReason::RenewalFailed(
+                        "the extend was answered only after the lease's deadline".into(),
+                    ),
+                );
+                keeper.release_after_loss(lease.clone());
+                self.not_lost()
+            }
             Ok(true) => {
                 if lease.transition(HoldState::Held { deadline }) {
                     let mut r = lock(&lease.renewal);

@@ -393,7 +393,7 @@ impl Keeper {
     /// After a loss the backend may still hold the lease for us (a
     /// partition, a slow server). Releasing by owner can only free our own
     /// entry, so it is always safe and shortens everyone else's wait.
-    fn release_after_loss(&self, lease: Arc<Lease>) {
+    pub(crate) fn release_after_loss(&self, lease: Arc<Lease>) {
         let backend = self.backend.clone();
         tokio::spawn(async move {
             if let Err(e) = backend.release(&lease.req).await {

@@ -134,9 +134,11 @@ async fn run(
         let outcome = until_deadline(batch.iter().map(|p| &p.lease), extend).await;
         // One request the backend could not decide (Redlock: a lock whose
         // nodes are down, beside others' on nodes that answer) fails the
-        // whole batch: each is asked alone then, in a task of its own so
-        // that the renewals queued meanwhile go out as usual.
-        if matches!(outcome, Ok(Err(_))) && reqs.len() > 1 {
+        // whole batch, and one hold's deadline cuts it for all (a short
+        // hold beside long ones on a slow server): each is asked alone
+        // then, bounded by its own deadline, in a task of its own so that
+        // the renewals queued meanwhile go out as usual.
+        if matches!(outcome, Ok(Err(_)) | Err(_)) && reqs.len() > 1 {
             let (backend, answered) = (backend.clone(), answered.clone());
             let pending: Vec<Pending> = std::mem::take(&mut batch);
             tokio::spawn(async move {

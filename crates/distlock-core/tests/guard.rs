@@ -39,13 +39,20 @@ struct Scripted {
     /// Acquires reach the server (and may be granted), and the reply never
     /// comes.
     hang_acquire_replies: AtomicBool,
+    /// A drift allowance of this many milliseconds on every TTL, declared
+    /// to clients made after it is set.
+    drift_ms: AtomicUsize,
     session_end: Arc<Notify>,
 }
 
 #[async_trait]
 impl Backend for Scripted {
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities().with_session()
+        let caps = self.inner.capabilities().with_session();
+        match self.drift_ms.load(Ordering::SeqCst) as u64 {
+            0 => caps,
+            ms => caps.with_drift(0, Duration::from_millis(ms)),
+        }
     }
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
         let granted = self.inner.try_acquire(req).await?;
@@ -601,11 +608,20 @@ struct Batching {
     undecided: AtomicBool,
     /// Renewals asked one by one.
     singles: AtomicUsize,
+    /// Every renewal, batched or not, answers after this many milliseconds.
+    slow_ms: AtomicUsize,
 }
 
 const BATCH: usize = 64;
 
 impl Batching {
+    async fn round_trip(&self) {
+        let ms = self.slow_ms.load(Ordering::SeqCst) as u64;
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+
     fn undecides(&self, reqs: &[LockRequest]) -> bool {
         self.undecided.load(Ordering::SeqCst)
             && reqs
@@ -624,6 +640,7 @@ impl Backend for Batching {
     }
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         self.singles.fetch_add(1, Ordering::SeqCst);
+        self.round_trip().await;
         if self.fail.load(Ordering::SeqCst) || self.undecides(std::slice::from_ref(req)) {
             return Err(Error::unavailable("batching", "server unreachable", None));
         }
@@ -633,6 +650,7 @@ impl Backend for Batching {
         self.batches.fetch_add(1, Ordering::SeqCst);
         self.renewed.fetch_add(reqs.len(), Ordering::SeqCst);
         self.largest.fetch_max(reqs.len(), Ordering::SeqCst);
+        self.round_trip().await;
         if self.fail.load(Ordering::SeqCst) || self.undecides(reqs) {
             return Err(Error::unavailable("batching", "server unreachable", None));
         }
@@ -790,6 +808,40 @@ async fn a_batch_failed_for_one_hold_renews_the_others_one_by_one() {
         );
     }
     assert!(b.singles.load(Ordering::SeqCst) > 0);
+}
+
+/// A batch is bounded by the earliest deadline in it. On a backend slower
+/// than a short hold's remaining time, a steady flow of short holds cuts
+/// every batch they share with a long hold; the long hold's renewal is
+/// then asked alone, bounded by its own deadline, and the hold lives on.
+#[tokio::test(start_paused = true)]
+async fn a_batch_cut_at_a_short_holds_deadline_renews_the_long_hold_alone() {
+    let b = Arc::new(Batching::default());
+    b.slow_ms.store(300, Ordering::SeqCst);
+    let client = LockClient::from_dyn(b.clone());
+    let long = client
+        .lock("long/a")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let mut short = Vec::new();
+    for i in 0..100 {
+        let g = client
+            .lock(format!("short/{i}"))
+            .ttl(Duration::from_millis(400))
+            .acquire()
+            .await
+            .unwrap();
+        short.push(g);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        long.is_held(),
+        "a hold was lost to the deadlines of shorter holds batched with it"
+    );
+    assert!(b.singles.load(Ordering::SeqCst) > 0);
+    long.release().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -1050,4 +1102,41 @@ async fn a_grant_answered_after_its_deadline_is_given_back() {
         .unwrap();
     assert!(g.is_held(), "the wait's second grant is not held");
     assert!(g.release().await.unwrap());
+}
+
+/// An extend answered after the hold's local deadline, before the keeper's
+/// timer ran (the thread was blocked), does not bring the hold back: it is
+/// lost there, as a renewal answered that late is, so `is_held` never turns
+/// true again once false.
+#[test]
+fn an_extend_answered_after_the_deadline_does_not_bring_the_hold_back() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = Arc::new(Scripted::default());
+        s.drift_ms.store(100, Ordering::SeqCst);
+        let c = LockClient::from_dyn(s.clone());
+        let g = c
+            .lock("revive")
+            .ttl(Duration::from_millis(300))
+            .no_renew()
+            .acquire()
+            .await
+            .unwrap();
+        // Past the local deadline (200 ms), inside the server's lease
+        // (300 ms); the keeper's timer cannot run on the blocked thread.
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(!g.is_held());
+        let r = g.extend(Duration::from_secs(5)).await;
+        assert!(matches!(r, Err(Error::LeaseLost { .. })), "{r:?}");
+        assert!(!g.is_held());
+        let reason = tokio::time::timeout(Duration::from_secs(1), g.lost()).await;
+        assert!(reason.is_ok(), "lost() did not resolve");
+        // The server's extended lease is given back.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let other = LockClient::new(s.inner.clone());
+        assert!(other.lock("revive").try_acquire().await.unwrap().is_some());
+    });
 }
