@@ -580,7 +580,7 @@ impl LockBuilder {
                 holder: holder.clone(),
             });
         }
-        Ok(hold.nest()?.then(|| Local::Nested(LockGuard::new(hold))))
+        Ok(hold.nest().then(|| Local::Nested(LockGuard::new(hold))))
     }
 
     /// The backend request for `name` with this builder's kind and TTL.

@@ -15,7 +15,7 @@ use tracing::Instrument;
 use crate::backend::{HoldKind, LockRequest};
 use crate::error::{Error, Result};
 use crate::keeper::Keeper;
-use crate::lease::{lock, HoldState, Lease, Renewal};
+use crate::lease::{lock, Lease, Renewal};
 use crate::name::LockName;
 use crate::token::FencingToken;
 
@@ -281,27 +281,22 @@ impl Hold {
         hold
     }
 
-    /// A nested acquire by the same holder: one more level. `Ok(false)`
-    /// when its last guard went meanwhile (the release is under way) or its
-    /// deadline has passed: the caller acquires anew, as if the hold had
-    /// ended (it waits at the gate until the keeper marks it lost).
-    pub(crate) fn nest(self: &Arc<Self>) -> Result<bool> {
-        if let HoldState::Lost(reason) = &*self.lease.state.get() {
-            return Err(Error::LeaseLost {
-                name: self.lease.req.name.clone(),
-                reason: reason.clone(),
-            });
-        }
+    /// A nested acquire by the same holder: one more level. `false` when
+    /// its last guard went meanwhile (the release is under way), or it was
+    /// lost or its deadline has passed since the holder's hold was found:
+    /// the caller acquires anew, as if the hold had ended (it waits at the
+    /// gate until the keeper marks it lost).
+    pub(crate) fn nest(self: &Arc<Self>) -> bool {
         if !self.is_live() {
-            return Ok(false);
+            return false;
         }
         let mut n = lock(&self.nested);
         if *n == 0 {
-            return Ok(false);
+            return false;
         }
         *n += 1;
         tracing::debug!(lock = %self.lease.req.name, depth = *n, "nested acquire");
-        Ok(true)
+        true
     }
 
     /// Held, with its deadline still ahead.
