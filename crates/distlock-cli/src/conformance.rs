@@ -117,6 +117,12 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         short_ttl,
     });
     let verdicts = check_deployment(&*factory, args.only.as_deref()).await;
+    if verdicts.is_empty() {
+        return fail(
+            crate::EXIT_USAGE,
+            format!("no case matches {:?}", args.only.unwrap_or_default()),
+        );
+    }
     let failed = verdicts
         .iter()
         .filter(|(_, v)| matches!(v, Verdict::Failed(_)))
@@ -131,12 +137,6 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
     );
     if let Err(code) = printed {
         return code;
-    }
-    if verdicts.is_empty() {
-        return fail(
-            crate::EXIT_USAGE,
-            format!("no case matches {:?}", args.only.unwrap_or_default()),
-        );
     }
     if failed > 0 {
         ExitCode::FAILURE

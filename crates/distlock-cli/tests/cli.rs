@@ -1067,6 +1067,8 @@ fn conformance_passes_on_sqlite_and_refuses_bad_input() {
     ] {
         let out = bin().arg("conformance").args(&args).output().unwrap();
         assert_eq!(out.status.code(), Some(want), "{args:?}: {out:?}");
+        // A refusal prints no report.
+        assert!(out.stdout.is_empty(), "{args:?}: {out:?}");
     }
 }
 
