@@ -35,7 +35,8 @@ enum Flaw {
     /// Serves an exclusive request as a shared one: a writer beside readers.
     WritersShare,
     /// Waits by polling one-shot attempts, which never mark a waiting
-    /// writer: readers keep coming in ahead of it.
+    /// writer: readers keep coming in ahead of it (`inspect` still says
+    /// that a writer waits).
     ReaderPreferring,
     /// Writes a proclaimed value whoever leads, even after leadership ended.
     ProclaimsWithoutLeading,
@@ -101,6 +102,25 @@ struct Broken {
     /// Every permit granted through any client of the factory, for
     /// [`Flaw::ReleasesAnyOwner`].
     permits: Arc<std::sync::Mutex<Vec<LockRequest>>>,
+    /// Exclusive waits under way through any client of the factory, for
+    /// [`Flaw::ReaderPreferring`]'s `inspect`.
+    writers: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Counts an exclusive wait while it lasts.
+struct Waiting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Waiting {
+    fn new(n: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(n.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Broken {
@@ -199,6 +219,8 @@ impl Backend for Broken {
     ) -> LockResult<Grant> {
         match self.flaw {
             Flaw::ReaderPreferring => {
+                let _waiting =
+                    (req.kind == HoldKind::Exclusive).then(|| Waiting::new(&self.writers));
                 let backoff = distlock_core::wait::Backoff::default();
                 distlock_core::wait::acquire_by_polling(self, req, deadline, backoff).await
             }
@@ -215,7 +237,13 @@ impl Backend for Broken {
         }
     }
     async fn inspect(&self, name: &LockName) -> LockResult<LockStatus> {
-        self.inner.inspect(&served_name(name, self.flaw)).await
+        let mut status = self.inner.inspect(&served_name(name, self.flaw)).await?;
+        if matches!(self.flaw, Flaw::ReaderPreferring)
+            && self.writers.load(std::sync::atomic::Ordering::SeqCst) > 0
+        {
+            status.writer_waiting = Some(true);
+        }
+        Ok(status)
     }
     async fn inspect_permits(&self, name: &LockName) -> LockResult<LockStatus> {
         self.inner
@@ -290,6 +318,7 @@ struct BrokenFactory {
     store: MemoryBackend,
     flaw: Flaw,
     permits: Arc<std::sync::Mutex<Vec<LockRequest>>>,
+    writers: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[async_trait]
@@ -304,6 +333,7 @@ impl BackendFactory for BrokenFactory {
             last_leader: std::sync::Mutex::new(None),
             listed: std::sync::Mutex::new(Vec::new()),
             permits: self.permits.clone(),
+            writers: self.writers.clone(),
         }))
     }
     async fn evict(&self, name: &LockName) -> Result<(), Failed> {
@@ -445,7 +475,7 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             "readers_let_in_ahead_of_a_waiting_writer",
             Flaw::ReaderPreferring,
             "a_waiting_writer_holds_back_new_readers",
-            "waiting writer did not show",
+            "a new reader was let in ahead of a waiting writer",
         ),
         (
             "a_writer_starved_by_readers",
@@ -511,6 +541,7 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
                 store: MemoryBackend::new(),
                 flaw,
                 permits: Arc::default(),
+                writers: Arc::default(),
             };
             // A flaw that makes a case hang is not caught either.
             match handle.block_on(crate::bounded(f(&factory, namespace()))) {
