@@ -23,6 +23,8 @@ enum Flaw {
     RepeatsTokens,
     /// Answers a batched renewal with "extended" for every lock in it.
     BatchExtendsAll,
+    /// Answers every renewal "extended" and extends nothing.
+    ExtendsNothing,
     /// Keeps every lock two seconds past its TTL, as a session longer than
     /// the TTL asked for would.
     OutlivesTtl,
@@ -181,9 +183,15 @@ impl Backend for Broken {
         }
     }
     async fn extend(&self, req: &LockRequest) -> LockResult<bool> {
+        if matches!(self.flaw, Flaw::ExtendsNothing) {
+            return Ok(true);
+        }
         self.inner.extend(&as_served(req, self.flaw)).await
     }
     async fn extend_many(&self, reqs: &[LockRequest]) -> LockResult<Vec<bool>> {
+        if matches!(self.flaw, Flaw::ExtendsNothing) {
+            return Ok(vec![true; reqs.len()]);
+        }
         let answers = self.inner.extend_many(reqs).await?;
         Ok(match self.flaw {
             Flaw::BatchExtendsAll => vec![true; answers.len()],
@@ -524,6 +532,24 @@ pub fn trials(rt: &tokio::runtime::Runtime) -> Vec<Trial> {
             Flaw::CutsLongerNames,
             "longer_names_below_a_name_for_every_kind",
             "refused while",
+        ),
+        (
+            "an_extend_that_extends_nothing",
+            Flaw::ExtendsNothing,
+            "extend_keeps_lock_past_original_ttl",
+            "lock expired at its original TTL despite extend",
+        ),
+        (
+            "renewals_that_extend_nothing",
+            Flaw::ExtendsNothing,
+            "auto_renewal_keeps_lock_for_several_ttls",
+            "another client got a renewed lock",
+        ),
+        (
+            "repeated_tokens_across_shared_and_exclusive_holds",
+            Flaw::RepeatsTokens,
+            "tokens_rise_across_shared_and_exclusive_holds",
+            "token",
         ),
         (
             "batched_renewal_of_others_locks",
