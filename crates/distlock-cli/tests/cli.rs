@@ -2406,33 +2406,83 @@ fn ctrl_z_stops_the_command_and_a_lapsed_lease_ends_it() {
     );
 }
 
-/// SIGUSR1 reaches the command, as SIGTERM does, rather than ending
-/// distlock and leaving the command running unprotected.
+/// A short Ctrl-Z, well inside the lease, stops the command's group and
+/// distlock; continued, the command goes on and finishes under the lock
+/// (exit 0), and the lock was held throughout.
 #[test]
-fn sigusr1_is_forwarded_to_the_command() {
-    let dir = scratch("usr1");
+fn ctrl_z_within_the_lease_lets_the_command_go_on() {
+    let dir = scratch("tstp-short");
     let b = sqlite_in(&dir);
-    let ready = dir.join("ready");
+    let (started, finished) = (dir.join("started"), dir.join("finished"));
     let script = format!(
-        "trap 'exit 3' USR1; touch {}; i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
-        ready.display()
+        "touch {}; sleep 2; touch {}",
+        started.display(),
+        finished.display()
     );
     let child = bin()
-        .args(["run", "--backend", &b, "usr1/n", "--", "sh", "-c", &script])
+        .args(["run", "--backend", &b, "--ttl", "30s", "tstp/short", "--"])
+        .args(["sh", "-c", &script])
         .spawn()
         .unwrap();
     let mut child = Stopped(child);
     assert!(
-        appears(&ready, Duration::from_secs(20)),
+        appears(&started, Duration::from_secs(20)),
         "the command never started"
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.0.id() as i32),
-        nix::sys::signal::Signal::SIGUSR1,
-    )
-    .unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTSTP).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !finished.exists(),
+        "the command ran on while distlock was stopped"
+    );
+    let other = run(&b, &["--wait", "0"], "tstp/short", &["true"]);
+    assert_ne!(
+        code(&other),
+        0,
+        "the lock was free while its holder was stopped: {other:?}"
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     let status = child.0.wait().unwrap();
-    assert_eq!(status.code(), Some(3), "{status:?}");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(
+        finished.exists(),
+        "the command did not go on once continued"
+    );
+}
+
+/// SIGINT, SIGUSR1, SIGUSR2 and SIGALRM reach the command, as SIGTERM
+/// does, rather than ending distlock and leaving the command running
+/// unprotected: the command's own trap decides its exit status.
+#[test]
+fn sigint_sigusr1_sigusr2_and_sigalrm_are_forwarded_to_the_command() {
+    use nix::sys::signal::Signal;
+    let dir = scratch("usr1");
+    let b = sqlite_in(&dir);
+    for (signal, trap) in [
+        (Signal::SIGINT, "INT"),
+        (Signal::SIGUSR1, "USR1"),
+        (Signal::SIGUSR2, "USR2"),
+        (Signal::SIGALRM, "ALRM"),
+    ] {
+        let ready = dir.join(format!("ready-{trap}"));
+        let script = format!(
+            "trap 'exit 3' {trap}; touch {}; i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
+            ready.display()
+        );
+        let child = bin()
+            .args(["run", "--backend", &b, "usr1/n", "--", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        let mut child = Stopped(child);
+        assert!(
+            appears(&ready, Duration::from_secs(20)),
+            "the command never started"
+        );
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.0.id() as i32), signal).unwrap();
+        let status = child.0.wait().unwrap();
+        assert_eq!(status.code(), Some(3), "{trap}: {status:?}");
+    }
 }
 
 /// With neither `XDG_STATE_HOME` nor `HOME` (cron), the default file lives
