@@ -1,4 +1,4 @@
-//! The main job on the embedded default: four workers, each with its own
+//! A fenced counter on the embedded default (SQLite): four workers, each with its own
 //! connection to one SQLite file (as four processes would have), increment a
 //! counter under one lock, and a fenced store checks every write's token.
 //!
