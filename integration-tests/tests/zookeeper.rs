@@ -45,6 +45,11 @@ fn main() {
         vec![
             trial(
                 rt,
+                "zookeeper::a_stock_tick_ends_a_vanished_holders_session_within_its_declared_lag",
+                stock_tick(),
+            ),
+            trial(
+                rt,
                 "zookeeper::each_release_wakes_exactly_one_of_20_waiters",
                 herd(zk.clone()),
             ),
@@ -539,6 +544,53 @@ async fn hold_while_disconnected(f: Arc<Zk>) -> Result<(), Failed> {
 /// its minSessionTimeout and maxSessionTimeout: a TTL outside them is
 /// refused with both numbers, not served by a session of another length,
 /// and the session opened to learn it is closed again.
+/// On a server with ZooKeeper's stock `tickTime` of 2 s, a session ends
+/// at the first tick after its timeout: a vanished holder of a 4 s TTL
+/// (the shortest such a server grants) is replaced up to 2 s late, within
+/// the lag the backend declares (half the TTL), never before the holder's
+/// deadline: the bounds the suite's expiry cases apply.
+async fn stock_tick() -> Result<(), Failed> {
+    let server = tokio::task::spawn_blocking(|| server::spawn_with("tickTime=2000\n"))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let url = format!("zk://127.0.0.1:{}/conformance", server.port);
+    let name = LockName::new("stock/vanish")?;
+    let ttl = Duration::from_secs(4);
+    // Detached: dropped, the client leaves its session to expire, as a
+    // crashed process would.
+    let raw = ZooKeeperBackend::connect(&format!("{url}?detached=true")).await?;
+    let caps = raw.capabilities();
+    let lag = caps.expiry_lag(ttl);
+    if lag != Duration::from_secs(2) {
+        return Err(format!("declared lag {lag:?} for a 4 s TTL, not half of it").into());
+    }
+    let req = LockRequest::new(name.clone(), ttl);
+    let grant = raw
+        .try_acquire(&req)
+        .await?
+        .ok_or("a free lock was refused")?;
+    drop(raw);
+    let other = LockClient::new(ZooKeeperBackend::connect(&url).await?);
+    let g = other
+        .lock(name.as_str())
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let took = grant.began.elapsed();
+    g.release().await?;
+    if took < caps.safe_validity(ttl) || took > ttl + lag + Duration::from_secs(1) {
+        return Err(format!(
+            "replaced after {took:?}, outside {ttl:?}..{:?}",
+            ttl + lag + Duration::from_secs(1)
+        )
+        .into());
+    }
+    drop(server);
+    Ok(())
+}
+
 async fn ttl_outside_session_bounds() -> Result<(), Failed> {
     let server = tokio::task::spawn_blocking(|| {
         server::spawn_with("minSessionTimeout=4000\nmaxSessionTimeout=8000\n")

@@ -275,9 +275,9 @@ pub async fn crashed_reader_stops_blocking_a_writer_after_its_ttl(
     req.kind = HoldKind::Shared;
     let b = client(f).await?;
     let (raw, grant) = raw_hold(f, &req).await?;
-    let safe = raw.capabilities().safe_validity(req.ttl);
+    let caps = raw.capabilities();
     drop(raw);
-    replaced_after_ttl(req.ttl, safe, grant.began, || b.lock(&req.name)).await
+    replaced_after_ttl(req.ttl, &caps, grant.began, || b.lock(&req.name)).await
 }
 
 /// A reader that vanishes stops counting after its own TTL while another

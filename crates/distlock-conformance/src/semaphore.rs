@@ -140,12 +140,12 @@ pub async fn crashed_permit_holder_returns_its_permit_after_its_ttl(
             .ok_or("raw permit not granted")?;
         began.get_or_insert(grant.began);
     }
-    let safe = raw.capabilities().safe_validity(ttl);
+    let caps = raw.capabilities();
     drop(raw);
     // Both permits were the crashed holder's: a third is refused until
     // the first of them expires.
     let began = began.ok_or("no permit taken")?;
-    replaced_after_ttl(ttl, safe, began, || b.semaphore(&sem, 2)).await
+    replaced_after_ttl(ttl, &caps, began, || b.semaphore(&sem, 2)).await
 }
 
 /// A holder that stops renewing (paused) is reported lost at its deadline,

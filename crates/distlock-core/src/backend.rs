@@ -438,6 +438,12 @@ pub struct Capabilities {
     pub drift_ppm: u32,
     /// Fixed clock drift and scheduling allowance.
     pub drift_fixed: Duration,
+    /// How long after its TTL the server may still keep a hold whose holder
+    /// vanished, in parts per million of the TTL: the server judges expiry
+    /// on a coarser clock than the TTL (ZooKeeper ends a session at the
+    /// first tick after its timeout). Never earlier; `0` (the default)
+    /// means at the TTL.
+    pub expiry_lag_ppm: u32,
     /// How many renewals one [`Backend::extend_many`] call may carry, each
     /// call being one request to the server. `1` (the default) means no
     /// batching: core calls [`Backend::extend`] per hold.
@@ -474,6 +480,7 @@ impl Capabilities {
             session: false,
             drift_ppm: 10_000,
             drift_fixed: Duration::from_millis(2),
+            expiry_lag_ppm: 0,
             extend_batch: 1,
             semaphore: false,
             shared: false,
@@ -517,6 +524,23 @@ impl Capabilities {
         self.drift_ppm = ppm;
         self.drift_fixed = fixed;
         self
+    }
+
+    /// Declares how late after a hold's TTL the server may end it, in parts
+    /// per million of the TTL (see [`expiry_lag_ppm`](Self::expiry_lag_ppm)).
+    pub fn with_expiry_lag(mut self, ppm: u32) -> Self {
+        self.expiry_lag_ppm = ppm;
+        self
+    }
+
+    /// How long after `ttl` the server may still keep a vanished holder's
+    /// hold.
+    pub fn expiry_lag(&self, ttl: Duration) -> Duration {
+        let scaled = ttl
+            .as_nanos()
+            .saturating_mul(u128::from(self.expiry_lag_ppm))
+            / 1_000_000;
+        Duration::from_nanos(u64::try_from(scaled).unwrap_or(u64::MAX))
     }
 
     /// The part of a TTL kept back for clock drift and scheduling.

@@ -995,6 +995,11 @@ impl ZooKeeperBackend {
         )
         .with_ttl_range(Duration::from_secs(1), Duration::from_secs(24 * 3600))
         .with_session()
+        // The server ends a session at its first tick (`tickTime`) after
+        // the timeout; a session of the TTL is granted only if the TTL is
+        // at least `minSessionTimeout`, by default two ticks: a tick is at
+        // most half the TTL.
+        .with_expiry_lag(500_000)
         .with_semaphore()
         .with_shared()
         .with_elections()
