@@ -202,11 +202,12 @@ pub fn verify_permits(
     if report.unfenced.violations() == 0 {
         problems.push("without fencing no violation showed: the fault did not fire".into());
     }
-    // The paused holder still believes it holds while the others do.
-    if report.most_holders as u64 > limit + 1 {
+    // The paused holder still believes it holds while the others do; the
+    // others never outnumber the permits.
+    if report.most_healthy_holders as u64 > limit {
         problems.push(format!(
-            "{} holds at once by the holders' own account, limit {limit}",
-            report.most_holders
+            "{} holds at once besides the paused one, by the holders' own account, limit {limit}",
+            report.most_healthy_holders
         ));
     }
     if report.recovery.is_none() {

@@ -51,14 +51,18 @@ pub struct Report {
     pub limit: u32,
     /// The most holds (as the holders saw them) at once.
     pub most_holders: usize,
+    /// The most holds at once besides the faulted hold: never more than
+    /// the limit on a backend that keeps its promise.
+    pub most_healthy_holders: usize,
     /// Acquisitions.
     pub holds: usize,
     /// Pairs of holds by different workers whose intervals (acquire returned →
     /// `lost()` or release called) overlap.
     pub overlaps: usize,
-    /// Overlapping pairs that do not involve the faulted worker: two healthy
-    /// holders at once (for example a late release that freed someone
-    /// else's lock).
+    /// Overlapping pairs that do not involve the faulted hold (the faulted
+    /// worker's hold that ran when the fault began): two healthy holders at
+    /// once (for example a late release that freed someone else's lock, or
+    /// the faulted worker's next hold granted beside another).
     pub overlaps_without_faulted: usize,
     /// The fenced cell.
     pub fenced: CellStats,
@@ -67,7 +71,7 @@ pub struct Report {
     /// Successive grants (in acquire order) whose token did not rise. For a
     /// semaphore, whose grants overlap and return to their clients in any
     /// order: grants whose token is not above that of every hold that had
-    /// ended before it began.
+    /// ended before it began, and grants whose token another grant had.
     pub token_order_violations: usize,
     /// From the fault's start to the next grant to another worker.
     pub recovery: Option<Duration>,
@@ -93,6 +97,26 @@ impl Report {
     pub fn fencing_failed(&self) -> bool {
         self.fenced.violations() > 0
             || (self.fencing == "Strong" && self.token_order_violations > 0)
+    }
+
+    /// Whether the lock itself broke its promise where no fault excuses it:
+    /// two holders at once of which neither is the faulted hold (a lock),
+    /// or more healthy holders at once than the limit (a semaphore).
+    pub fn lock_failed(&self) -> bool {
+        if self.limit > 1 {
+            self.most_healthy_holders > self.limit as usize
+        } else {
+            self.overlaps_without_faulted > 0
+        }
+    }
+
+    /// Whether the verdict is unsafe: fencing failed, the lock failed with
+    /// no fault to excuse it, or a backend without fencing tokens let the
+    /// lock's violations through.
+    pub fn is_unsafe(&self) -> bool {
+        self.fencing_failed()
+            || self.lock_failed()
+            || (self.fencing == "None" && self.unfenced.violations() > 0)
     }
 }
 
@@ -218,7 +242,15 @@ pub fn check(log: &Log) -> Report {
         .iter()
         .find(|(_, _, label)| label == "fault")
         .map(|(t, w, _)| (*t, *w));
-    let faulted = fault.and_then(|(_, w)| w);
+    // The faulted worker's hold that was running when the fault began.
+    let faulted_hold = fault.and_then(|(t, w)| {
+        holds
+            .iter()
+            .rev()
+            .find(|h| Some(h.worker) == w && h.start <= t && h.end.is_none_or(|e| e >= t))
+            .copied()
+    });
+    let faulted_grant = faulted_hold.map(|h| h.grant);
 
     let (mut overlaps, mut without) = (0, 0);
     for (i, a) in holds.iter().enumerate() {
@@ -229,7 +261,7 @@ pub fn check(log: &Log) -> Report {
             // Shared holds overlap each other by design.
             if a.worker != b.worker && !(a.shared && b.shared) {
                 overlaps += 1;
-                if Some(a.worker) != faulted && Some(b.worker) != faulted {
+                if Some(a.grant) != faulted_grant && Some(b.grant) != faulted_grant {
                     without += 1;
                 }
             }
@@ -237,10 +269,19 @@ pub fn check(log: &Log) -> Report {
     }
     let intervals: Vec<(u64, u64)> = holds.iter().map(|h| (h.start, end(h))).collect();
     let most_holders = most_at_once(&intervals);
+    let healthy: Vec<(u64, u64)> = holds
+        .iter()
+        .filter(|h| Some(h.grant) != faulted_grant)
+        .map(|h| (h.start, end(h)))
+        .collect();
+    let most_healthy_holders = most_at_once(&healthy);
     // Concurrent grants (permits, shared holds) return to their clients in
     // any order: each must be above every hold that ended before it began.
+    // Nor may two grants share a token, however they overlap.
     let token_order_violations = if log.limit > 1 || holds.iter().any(|h| h.shared) {
-        tokens_below_an_ended_hold(&holds, end)
+        let mut tokens = std::collections::HashSet::new();
+        let repeated = holds.iter().filter(|h| !tokens.insert(h.token)).count();
+        tokens_below_an_ended_hold(&holds, end) + repeated
     } else {
         holds
             .windows(2)
@@ -256,11 +297,6 @@ pub fn check(log: &Log) -> Report {
     // normal work, not a double grant: those two verdicts are the lock's.
     let single = log.limit <= 1;
     if let Some((t, w)) = fault {
-        // The faulted worker's hold that was running when the fault began.
-        let faulted_hold = holds
-            .iter()
-            .rev()
-            .find(|h| Some(h.worker) == w && h.start <= t && h.end.is_none_or(|e| e >= t));
         // Beside a faulted shared hold, only a writer's grant replaces it.
         let reader = faulted_hold.is_some_and(|h| h.shared);
         let next = holds
@@ -294,6 +330,7 @@ pub fn check(log: &Log) -> Report {
         clients: log.workers.len(),
         limit: log.limit.max(1),
         most_holders,
+        most_healthy_holders,
         holds: holds.len(),
         overlaps,
         overlaps_without_faulted: without,
@@ -363,6 +400,8 @@ impl fmt::Display for Report {
             "verdict: {}",
             if self.fencing_failed() {
                 "UNSAFE: the fenced register accepted stale or lost writes, or more writers than the limit"
+            } else if self.lock_failed() {
+                "UNSAFE: more holders at once than the limit, with no fault to excuse it"
             } else if self.fencing == "None" && self.unfenced.violations() > 0 {
                 "UNSAFE without fencing: the lock alone let stale or lost writes through, and the backend declares no fencing tokens to catch them (the fenced register, refusing repeated tokens, is not judged)"
             } else if self.fencing == "None" {
@@ -459,6 +498,48 @@ mod tests {
             "granted after the holder's deadline"
         );
         assert!(!r.fencing_failed());
+    }
+
+    /// Only the faulted hold may overlap others: the faulted worker's next
+    /// hold, granted beside another worker's, is two healthy holders at
+    /// once.
+    #[test]
+    fn the_faulted_workers_next_hold_beside_another_counts_as_healthy_overlap() {
+        let mut log = Log::default();
+        let mut a = hold(0, 1, 1, 0, 101);
+        a.how = "lost: deadline".into();
+        log.holds.insert(1, a);
+        log.holds.insert(2, hold(1, 2, 2, 50, 130));
+        log.holds.insert(3, hold(0, 3, 3, 110, 120));
+        log.events.push((10, Some(0), "fault".into()));
+        let r = check(&log);
+        assert_eq!(r.overlaps, 2);
+        assert_eq!(r.overlaps_without_faulted, 1);
+        assert!(r.lock_failed() && r.is_unsafe());
+        assert!(r.to_string().contains("UNSAFE"), "{r}");
+    }
+
+    /// A semaphore's healthy holders never outnumber its permits; the
+    /// paused holder beside them is excused.
+    #[test]
+    fn a_semaphore_with_more_healthy_holders_than_permits_failed() {
+        let mut log = Log {
+            limit: 2,
+            ..Log::default()
+        };
+        let mut paused = hold(0, 1, 1, 0, 200);
+        paused.how = "lost: deadline".into();
+        log.holds.insert(1, paused);
+        log.holds.insert(2, hold(1, 2, 2, 50, 150));
+        log.holds.insert(3, hold(2, 3, 3, 60, 150));
+        log.events.push((10, Some(0), "fault".into()));
+        let r = check(&log);
+        assert_eq!((r.most_holders, r.most_healthy_holders), (3, 2));
+        assert!(!r.lock_failed());
+        log.holds.insert(4, hold(3, 4, 4, 70, 150));
+        let r = check(&log);
+        assert_eq!(r.most_healthy_holders, 3);
+        assert!(r.lock_failed() && r.is_unsafe());
     }
 
     #[test]
@@ -567,6 +648,7 @@ mod tests {
         let mut log = Log::default();
         log.holds.insert(1, hold(0, 1, 0, 0, 101));
         log.holds.insert(2, hold(1, 2, 0, 50, 60));
+        log.events.push((10, Some(0), "fault".into()));
         log.workers.insert(0, (1, "None".into()));
         log.ops.push(op(1, 1, 0, false, Some(true)));
         log.ops.push(op(51, 2, 0, false, Some(false)));
@@ -579,6 +661,24 @@ mod tests {
         let text = r.to_string();
         assert!(!text.contains("fencing caught"), "{text}");
         assert!(text.contains("UNSAFE without fencing"), "{text}");
+        assert!(r.is_unsafe() && !r.lock_failed());
+    }
+
+    /// Two permits granted with one token, overlapping, so that no ended
+    /// hold's token is above either: still a violation.
+    #[test]
+    fn overlapping_permits_with_one_token_are_counted() {
+        let mut log = Log {
+            limit: 2,
+            ..Log::default()
+        };
+        log.holds.insert(1, hold(0, 1, 5, 0, 50));
+        log.holds.insert(2, hold(1, 2, 7, 10, 60));
+        log.holds.insert(3, hold(2, 3, 7, 20, 70));
+        log.workers.insert(0, (1, "Strong".into()));
+        let r = check(&log);
+        assert_eq!(r.token_order_violations, 1);
+        assert!(r.fencing_failed());
     }
 
     #[test]

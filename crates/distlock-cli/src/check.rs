@@ -142,7 +142,7 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
                     return code;
                 }
             }
-            if r.fencing_failed() {
+            if r.is_unsafe() {
                 ExitCode::FAILURE
             } else {
                 ExitCode::SUCCESS
