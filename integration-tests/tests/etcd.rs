@@ -164,6 +164,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::a_wait_outlasts_its_own_lease_ending",
+                waiter_lease_ends(),
+            ),
+            trial(
+                rt,
                 "etcd::permit_acquires_cancelled_on_a_slow_member_leave_no_key",
                 cancelled_on_a_slow_member(),
             ),
@@ -877,10 +882,61 @@ async fn paused_server() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A waiter whose own lease ends while it waits (the server paused past
+/// its TTL) goes on waiting with a lease and a key of its own, and takes
+/// the lock once the holder, whose lease ended too, is gone; the holder
+/// sees `lost()` first.
+async fn waiter_lease_ends() -> Result<(), Failed> {
+    let server = tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Etcd))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let url = server.url().to_string();
+    let lock = name();
+    let ttl = Duration::from_secs(2);
+    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
+    let other = LockClient::new(EtcdBackend::connect(&url).await?);
+    let g = holder.lock(&lock).ttl(ttl).acquire().await?;
+    let l2 = lock.clone();
+    let waiting = tokio::spawn(async move {
+        other
+            .lock(&l2)
+            .ttl(ttl)
+            .wait(Duration::from_secs(40))
+            .acquire()
+            .await
+    });
+    let start = Instant::now();
+    while keys_under(&url, &lock).await? < 2 {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err("the waiter never queued".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let process = server.process().ok_or("no process")?;
+    process.signal("STOP").map_err(|e| e.to_string())?;
+    tokio::time::sleep(ttl * 3).await;
+    process.signal("CONT").map_err(|e| e.to_string())?;
+    let waited = tokio::time::timeout(Duration::from_secs(45), waiting)
+        .await
+        .map_err(|_| "the wait had not ended 45 s later")?
+        .map_err(|e| e.to_string())?;
+    let g2 = waited.map_err(|e| format!("the wait ended with its lease: {e}"))?;
+    if g.is_held() {
+        return Err("both held: the holder did not see its lease end".into());
+    }
+    if g2.token() <= g.token() {
+        return Err("token did not increase".into());
+    }
+    g2.release().await?;
+    Ok(())
+}
+
 /// etcd#11456 / Jepsen etcd 3.4.3: a waiter whose own key disappeared while
 /// it waited (its lease revoked, an operator's delete) must not claim the
 /// lock when its predecessor goes: the read after waking checks both in
-/// one txn.
+/// one txn. The wait goes on with a key of its own, which it holds the
+/// lock by.
 async fn vanished_waiter(f: Arc<Etcd>) -> Result<(), Failed> {
     let url = f.url()?;
     let lock = name();
@@ -924,6 +980,9 @@ async fn vanished_waiter(f: Arc<Etcd>) -> Result<(), Failed> {
         .nth(1)
         .ok_or("no second key")?
         .to_string();
+    let deleted = create_revision(&endpoint, &waiter_key)
+        .await?
+        .ok_or("the waiter's key vanished before it was deleted")?;
     let mut del = etcd_client_cmd(&endpoint)?;
     del.args(["del", &waiter_key]);
     tokio::task::spawn_blocking(move || integration_tests::harness::process::run_client(del))
@@ -931,9 +990,28 @@ async fn vanished_waiter(f: Arc<Etcd>) -> Result<(), Failed> {
         .map_err(|e| e.to_string())??;
     held.release().await?;
     match tokio::time::timeout(Duration::from_secs(15), waiter).await {
-        Ok(Ok(Err(Error::LeaseLost { .. }))) => {}
-        Ok(Ok(Ok(_))) => return Err("the waiter claimed the lock without its key".into()),
-        other => return Err(format!("expected LeaseLost, got {other:?}").into()),
+        Ok(Ok(Ok(g))) => {
+            let n = keys_under(&url, &lock).await?;
+            if n != 1 {
+                return Err(format!("the waiter holds the lock with {n} keys under it").into());
+            }
+            // A key of the same name (the same lease), written anew: the
+            // grant's token is its revision, above the deleted key's.
+            let now = create_revision(&endpoint, &waiter_key)
+                .await?
+                .ok_or("the waiter holds the lock without a key")?;
+            let token = g.token().0 as i64;
+            if now <= deleted || token < now {
+                return Err(format!(
+                    "the waiter holds the lock by token {token}, its key created at {now}, the deleted one at {deleted}"
+                )
+                .into());
+            }
+            g.release().await?;
+        }
+        other => {
+            return Err(format!("expected the wait to go on to a grant, got {other:?}").into())
+        }
     }
     // And the lock is free for the next client.
     let c = LockClient::new(EtcdBackend::connect(&url).await?);
@@ -944,6 +1022,21 @@ async fn vanished_waiter(f: Arc<Etcd>) -> Result<(), Failed> {
         .release()
         .await?;
     Ok(())
+}
+
+/// `key`'s create revision, `None` if it does not exist.
+async fn create_revision(endpoint: &str, key: &str) -> Result<Option<i64>, Failed> {
+    let mut get = etcd_client_cmd(endpoint)?;
+    get.args(["get", key, "-w", "fields"]);
+    let out =
+        tokio::task::spawn_blocking(move || integration_tests::harness::process::run_client(get))
+            .await
+            .map_err(|e| e.to_string())??;
+    Ok(out.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix("\"CreateRevision\" : ")
+            .and_then(|v| v.trim().parse().ok())
+    }))
 }
 
 /// The KV requests (`Txn`, `Range`, `Put`, `DeleteRange`) a member has

@@ -1,5 +1,5 @@
-//! The conformance suite on a single redis-server, on a 3-node Redis
-//! Cluster, and over TLS to a single server (`rediss://`), to a Sentinel and
+//! The conformance suite on a single redis-server (over RESP2 and RESP3),
+//! on a 3-node Redis Cluster, and over TLS to a single server (`rediss://`), to a Sentinel and
 //! its master (`rediss+sentinel://`) and to a 3-node Cluster
 //! (`rediss+cluster://`), plus Redis's own edges: interop with the classic
 //! raw-command protocol, a wrong CA on each TLS form, and a real Sentinel
@@ -123,8 +123,12 @@ fn main() {
         let url = format!("redis://127.0.0.1:{}?fifo=true", s.port);
         Ok(Servers::processes(url, vec![s]))
     }));
+    // The whole suite once more over RESP3 (`protocol=resp3`), whose
+    // pub/sub messages arrive as pushes.
+    let resp3 = Arc::new(single.sharing("redis::resp3", "?protocol=resp3"));
     integration_tests::run_suite(single.clone(), move |rt| {
         let mut extra = integration_tests::trials(cluster, rt);
+        extra.extend(integration_tests::trials(resp3, rt));
         extra.extend(integration_tests::trials(fifo_single, rt));
         extra.extend(integration_tests::factory::Alternating::safety_trials(
             "redis::fifo_mixed",
@@ -246,6 +250,11 @@ fn main() {
             rt,
             "redis::an_eviction_wakes_the_locks_waiters",
             eviction_wakes_waiters(),
+        ));
+        extra.push(integration_tests::trial(
+            rt,
+            "redis::a_wait_outlasts_a_server_restart",
+            wait_outlasts_a_restart(),
         ));
         for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
             // The lock's queue (with readers in it: `fifo::shared::*`), a
@@ -780,6 +789,47 @@ async fn eviction_wakes_waiters() -> Result<(), Failed> {
         );
         drop(held);
     }
+    Ok(())
+}
+
+/// A wait goes on through a server restart (its connection broken, the
+/// server refusing connections for a moment) rather than ending with the
+/// first failure: the restarted server (no persistence) has forgotten the
+/// holder's lock, and the waiter takes it.
+async fn wait_outlasts_a_restart() -> Result<(), Failed> {
+    let mut server =
+        blocking(|| server::spawn(&[]).map_err(|e| Failed::from(e.to_string()))).await?;
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let holder = LockClient::new(RedisBackend::connect(&url).await?);
+    let waiter = LockClient::new(RedisBackend::connect(&url).await?);
+    let held = holder
+        .lock("restart/wait")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await?;
+    let waiting = tokio::spawn(async move {
+        let g = waiter
+            .lock("restart/wait")
+            .ttl(Duration::from_secs(10))
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await?;
+        g.release().await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let server = tokio::task::spawn_blocking(move || server.restart().map(|()| server))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let waited = tokio::time::timeout(Duration::from_secs(40), waiting)
+        .await
+        .map_err(|_| "the wait had not ended 40 s later")?
+        .map_err(|e| e.to_string())?;
+    if let Err(e) = waited {
+        return Err(format!("the wait ended with the restart: {e}").into());
+    }
+    drop(held);
+    drop(server);
     Ok(())
 }
 

@@ -463,10 +463,32 @@ impl LockBuilder {
             Some(Local::Gate(gate)) => gate,
         };
         let validity = self.client.keeper.caps.safe_validity(self.ttl);
+        let mut failures = 0u32;
         let (req, grant) = loop {
             let req = self.request(name.clone());
-            let Some(grant) = self.client.ask(&req, mode).await? else {
-                return Ok(None);
+            let grant = match self.client.ask(&req, mode).await {
+                Ok(Some(grant)) => grant,
+                Ok(None) => return Ok(None),
+                // A wait outlasts a failure that a later request may not
+                // meet: the server unreachable for a moment, a failover,
+                // the waiter's own session ended. Whatever the failed
+                // request may have left is released by its owner in the
+                // background; the next request has an owner of its own.
+                // At the deadline the wait ends with the last failure.
+                Err(e) if outlasted_by_a_wait(&e) && matches!(mode, Mode::Wait(_)) => {
+                    let pause = RETRY_AFTER_FAILURE.delay(failures);
+                    failures = failures.saturating_add(1);
+                    let until = Instant::now() + pause;
+                    if let Mode::Wait(Some(d)) = mode {
+                        if until >= d {
+                            return Err(e);
+                        }
+                    }
+                    tracing::warn!(lock = %name, error = %e, retry_in = ?pause, "acquire failed; asking again while the wait lasts");
+                    tokio::time::sleep_until(until).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
             };
             if Instant::now() < grant.began + validity {
                 break (req, grant);
@@ -687,6 +709,23 @@ impl ClientInner {
         granted
     }
 }
+
+/// Errors after which a waiting acquire asks again while its wait lasts:
+/// the backend unreachable or without a quorum for now, or the waiter's own
+/// session or lease ended before anything was granted.
+fn outlasted_by_a_wait(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Unavailable { .. } | Error::QuorumNotReached { .. } | Error::LeaseLost { .. }
+    )
+}
+
+/// The pause before a waiting acquire asks again after a failure: from
+/// 100 ms, doubling up to 2 s (half jitter).
+const RETRY_AFTER_FAILURE: crate::wait::Backoff = crate::wait::Backoff {
+    initial: Duration::from_millis(100),
+    max: Duration::from_secs(2),
+};
 
 /// How long after a wait's deadline the backend may still be busy (a
 /// request in flight that may yet grant, the clean-up after its own

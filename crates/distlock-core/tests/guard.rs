@@ -42,6 +42,15 @@ struct Scripted {
     /// A drift allowance of this many milliseconds on every TTL, declared
     /// to clients made after it is set.
     drift_ms: AtomicUsize,
+    /// How many of the next acquire attempts fail before reaching the
+    /// server, as if it were unreachable.
+    unreachable_acquires: AtomicUsize,
+    /// How many of the next acquire attempts are granted and then lose
+    /// their reply.
+    lost_acquire_replies: AtomicUsize,
+    /// How many of the next acquire attempts answer that the waiter's own
+    /// session ended.
+    session_ended_acquires: AtomicUsize,
     session_end: Arc<Notify>,
 }
 
@@ -55,7 +64,23 @@ impl Backend for Scripted {
         }
     }
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
+        let take = |n: &AtomicUsize| {
+            n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        };
+        if take(&self.unreachable_acquires) {
+            return Err(Error::unavailable("scripted", "connection refused", None));
+        }
+        if take(&self.session_ended_acquires) {
+            return Err(Error::LeaseLost {
+                name: req.name.clone(),
+                reason: LostReason::SessionLost("scripted session end".into()),
+            });
+        }
         let granted = self.inner.try_acquire(req).await?;
+        if granted.is_some() && take(&self.lost_acquire_replies) {
+            return Err(Error::unavailable("scripted", "reply lost", None));
+        }
         if self.lose_acquire_reply.load(Ordering::SeqCst) {
             return Err(Error::unavailable("scripted", "reply lost", None));
         }
@@ -1139,4 +1164,62 @@ fn an_extend_answered_after_the_deadline_does_not_bring_the_hold_back() {
         let other = LockClient::new(s.inner.clone());
         assert!(other.lock("revive").try_acquire().await.unwrap().is_some());
     });
+}
+
+/// A waiting acquire outlasts failures that a later request may not meet
+/// (the server unreachable for a while, a reply lost after the grant, the
+/// waiter's own session ended) while its wait lasts, each request with an
+/// owner of its own; at the deadline it ends with the last failure. A try
+/// answers with the failure at once.
+#[tokio::test(start_paused = true)]
+async fn a_wait_outlasts_failures_while_it_lasts() {
+    let (s, a, b) = setup();
+    s.unreachable_acquires.store(6, Ordering::SeqCst);
+    let g = a
+        .lock("blip")
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("the wait outlasts an unreachable server");
+    assert!(g.is_held());
+    g.release().await.unwrap();
+
+    // Granted, and the reply lost: the next request (another owner) waits
+    // for the first one's background release, and gets the lock.
+    s.lost_acquire_replies.store(1, Ordering::SeqCst);
+    let g = a
+        .lock("lost-reply")
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("the wait outlasts a lost reply");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(g.is_held());
+    assert!(
+        b.lock("lost-reply").try_acquire().await.unwrap().is_none(),
+        "the lock was freed under its holder"
+    );
+    g.release().await.unwrap();
+
+    s.session_ended_acquires.store(2, Ordering::SeqCst);
+    let g = a
+        .lock("session")
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("the wait outlasts its own session's end");
+    g.release().await.unwrap();
+
+    s.unreachable_acquires.store(usize::MAX, Ordering::SeqCst);
+    let start = Instant::now();
+    let r = a.lock("down").wait(Duration::from_secs(5)).acquire().await;
+    assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
+    assert!(
+        start.elapsed() <= Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let r = a.lock("down").try_acquire().await;
+    assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
+    s.unreachable_acquires.store(0, Ordering::SeqCst);
 }
