@@ -138,7 +138,15 @@ pub async fn connect(url: &str) -> Result<DynBackend> {
 /// `DISTLOCK_BACKEND` variable handed to child processes.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+        // Not a URL (a mistyped `scheme:/`): whatever comes before an `@`
+        // may be a password, and is hidden but for a scheme.
+        return match url.rsplit_once('@') {
+            Some((before, hosts)) => match before.split_once(':') {
+                Some((scheme, _)) => format!("{scheme}:***@{hosts}"),
+                None => format!("***@{hosts}"),
+            },
+            None => url.to_string(),
+        };
     };
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
@@ -255,6 +263,13 @@ mod tests {
             redact("etcds://u:pw@a:1?ca_file=/ca.pem"),
             "etcds://u:***@a:1?ca_file=/ca.pem"
         );
+        // Mistyped, not a URL at all: the password is hidden all the same.
+        assert_eq!(
+            redact("redis:/:s3cret@127.0.0.1:6379"),
+            "redis:***@127.0.0.1:6379"
+        );
+        assert_eq!(redact("u:s3cret@h:1"), "u:***@h:1");
+        assert_eq!(redact("nonsense"), "nonsense");
     }
 
     #[tokio::test]
