@@ -256,6 +256,11 @@ fn main() {
             "redis::a_wait_outlasts_a_server_restart",
             wait_outlasts_a_restart(),
         ));
+        extra.push(integration_tests::trial(
+            rt,
+            "redis::another_applications_data_under_the_keys_is_misconfigured",
+            foreign_data(),
+        ));
         for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
             // The lock's queue (with readers in it: `fifo::shared::*`), a
             // semaphore's (`fifo::semaphore::*`) and an election's
@@ -829,6 +834,46 @@ async fn wait_outlasts_a_restart() -> Result<(), Failed> {
         return Err(format!("the wait ended with the restart: {e}").into());
     }
     drop(held);
+    drop(server);
+    Ok(())
+}
+
+/// Another application's data under the keys distlock uses for a name (a
+/// hash where the lock key goes, a fencing counter that is not a number)
+/// is a refused configuration (`Misconfigured`, exit 78: retrying cannot
+/// help), naming the `prefix` to set; and with a prefix the name works.
+async fn foreign_data() -> Result<(), Failed> {
+    let server = blocking(|| server::spawn(&[]).map_err(|e| Failed::from(e.to_string()))).await?;
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let client = LockClient::new(RedisBackend::connect(&url).await?);
+    let (hash, text) = (
+        LockName::new("foreign/hash")?,
+        LockName::new("foreign/text")?,
+    );
+    let lock = distlock_redis::Keys::new("", &hash).lock;
+    let fence = distlock_redis::Keys::new("", &text).fence;
+    server::command(server.port, &["HSET", &lock, "field", "value"]).ok_or("HSET failed")?;
+    server::command(server.port, &["SET", &fence, "not-a-number"]).ok_or("SET failed")?;
+    for name in [&hash, &text] {
+        match client.lock(name.as_str()).try_acquire().await {
+            Err(Error::Misconfigured { message, .. }) if message.contains("prefix") => {}
+            other => {
+                return Err(format!(
+                    "{name}: expected Misconfigured naming the prefix, got {other:?}"
+                )
+                .into())
+            }
+        }
+    }
+    let own = LockClient::new(RedisBackend::connect(&format!("{url}?prefix=app:")).await?);
+    for name in [&hash, &text] {
+        own.lock(name.as_str())
+            .try_acquire()
+            .await?
+            .ok_or("refused under a prefix of its own")?
+            .release()
+            .await?;
+    }
     drop(server);
     Ok(())
 }

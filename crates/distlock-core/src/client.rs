@@ -800,6 +800,12 @@ async fn release_until_answered(backend: &DynBackend, req: &LockRequest) {
                 tracing::debug!(lock = %req.name, error = %e, "cleanup release failed; trying again");
                 tokio::time::sleep(pause).await;
             }
+            // The server refused the configuration: the acquire's own error
+            // said so, and its request was refused the same way.
+            Err(e @ Error::Misconfigured { .. }) => {
+                tracing::debug!(lock = %req.name, error = %e, "cleanup release refused like the acquire");
+                return;
+            }
             Err(e) => {
                 tracing::warn!(lock = %req.name, error = %e, "cleanup release after a cancelled or failed acquire failed; the lease will expire after its TTL");
                 return;

@@ -535,6 +535,9 @@ fn map_err(endpoint: &str, e: RedisError) -> Error {
     }
 }
 
+/// What to change when a key distlock uses holds data it did not write.
+const FOREIGN_DATA: &str = "a key distlock uses for this name holds data distlock did not write: another application writes under the same key names; give distlock a prefix of its own (`prefix=` in the URL)";
+
 /// What to change, when the server refused the configuration itself, or
 /// TLS refused the server: retrying the same password, database index or
 /// CA cannot succeed.
@@ -545,6 +548,10 @@ fn refused_configuration(e: &RedisError) -> Option<&'static str> {
             Some("check the user and password in the URL")
         }
         (_, Some("NOAUTH")) => Some("the server requires a password: put it in the URL"),
+        // A key distlock uses for the name holds another application's data
+        // (another type, or a counter that is not a number).
+        (_, Some("WRONGTYPE")) => Some(FOREIGN_DATA),
+        _ if e.to_string().contains("value is not an integer") => Some(FOREIGN_DATA),
         (ErrorKind::MasterNameNotFoundBySentinel, _)
             if e.to_string().contains(conn::UNKNOWN_SERVICE) =>
         {
