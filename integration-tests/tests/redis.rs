@@ -821,7 +821,19 @@ async fn wait_outlasts_a_restart() -> Result<(), Failed> {
             .await?;
         g.release().await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The waiter waits (subscribed to the lock's release channel) before
+    // the restart breaks its connections.
+    let channel = distlock_redis::Keys::new("", &LockName::new("restart/wait")?).channel;
+    let port = server.port;
+    let start = std::time::Instant::now();
+    while !server::command(port, &["PUBSUB", "NUMSUB", &channel])
+        .is_some_and(|r| r.contains(":1\r\n"))
+    {
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err("the waiter never subscribed".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let server = tokio::task::spawn_blocking(move || server.restart().map(|()| server))
         .await
         .map_err(|e| e.to_string())?

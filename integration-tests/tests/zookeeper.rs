@@ -540,10 +540,6 @@ async fn hold_while_disconnected(f: Arc<Zk>) -> Result<(), Failed> {
     Ok(())
 }
 
-/// A hold's TTL is its session's timeout, which the server keeps between
-/// its minSessionTimeout and maxSessionTimeout: a TTL outside them is
-/// refused with both numbers, not served by a session of another length,
-/// and the session opened to learn it is closed again.
 /// On a server with ZooKeeper's stock `tickTime` of 2 s, a session ends
 /// at the first tick after its timeout: a vanished holder of a 4 s TTL
 /// (the shortest such a server grants) is replaced up to 2 s late, within
@@ -591,6 +587,10 @@ async fn stock_tick() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A hold's TTL is its session's timeout, which the server keeps between
+/// its minSessionTimeout and maxSessionTimeout: a TTL outside them is
+/// refused with both numbers, not served by a session of another length,
+/// and the session opened to learn it is closed again.
 async fn ttl_outside_session_bounds() -> Result<(), Failed> {
     let server = tokio::task::spawn_blocking(|| {
         server::spawn_with("minSessionTimeout=4000\nmaxSessionTimeout=8000\n")

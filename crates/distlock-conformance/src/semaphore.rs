@@ -158,6 +158,9 @@ pub async fn paused_permit_holder_is_lost_and_its_permit_goes_to_a_waiter(
     let ttl = f.short_ttl();
     let (a, b) = (client(f).await?, client(f).await?);
     let paused = a.semaphore(&sem, 1).ttl(ttl).no_renew().acquire().await?;
+    let paused_deadline = paused
+        .deadline()
+        .ok_or("a permit just granted has no deadline")?;
     // When the waiter's grant arrived: a grant is made after the server
     // judged the paused permit expired, so it never arrives before the
     // paused holder's own deadline.
@@ -173,13 +176,11 @@ pub async fn paused_permit_holder_is_lost_and_its_permit_goes_to_a_waiter(
         "the paused holder was lost for {reason}, not its deadline"
     );
     let g = got?;
-    if let Some(deadline) = paused.deadline() {
-        ensure!(
-            granted_at >= deadline,
-            "the waiter was granted the only permit {:?} before the paused holder's deadline",
-            deadline - granted_at
-        );
-    }
+    ensure!(
+        granted_at >= paused_deadline,
+        "the waiter was granted the only permit {:?} before the paused holder's deadline",
+        paused_deadline - granted_at
+    );
     ensure!(
         g.token() > paused.token() || f.client().await?.capabilities().fencing == Fencing::None,
         "the waiter's token {} is not above the paused holder's {}",

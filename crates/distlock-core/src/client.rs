@@ -474,14 +474,22 @@ impl LockBuilder {
                 // the waiter's own session ended. Whatever the failed
                 // request may have left is released by its owner in the
                 // background; the next request has an owner of its own.
-                // At the deadline the wait ends with the last failure.
+                // At the deadline the wait ends with the last failure (a
+                // session that ended as a wait that ran out: nothing was
+                // held, so nothing was lost).
                 Err(e) if outlasted_by_a_wait(&e) && matches!(mode, Mode::Wait(_)) => {
                     let pause = RETRY_AFTER_FAILURE.delay(failures);
                     failures = failures.saturating_add(1);
                     let until = Instant::now() + pause;
                     if let Mode::Wait(Some(d)) = mode {
                         if until >= d {
-                            return Err(e);
+                            return Err(match e {
+                                Error::LeaseLost { .. } => Error::WaitTimeout {
+                                    name,
+                                    waited: start.elapsed(),
+                                },
+                                e => e,
+                            });
                         }
                     }
                     tracing::warn!(lock = %name, error = %e, retry_in = ?pause, "acquire failed; asking again while the wait lasts");
@@ -713,7 +721,7 @@ impl ClientInner {
 /// Errors after which a waiting acquire asks again while its wait lasts:
 /// the backend unreachable or without a quorum for now, or the waiter's own
 /// session or lease ended before anything was granted.
-fn outlasted_by_a_wait(e: &Error) -> bool {
+pub(crate) fn outlasted_by_a_wait(e: &Error) -> bool {
     matches!(
         e,
         Error::Unavailable { .. } | Error::QuorumNotReached { .. } | Error::LeaseLost { .. }
@@ -799,12 +807,6 @@ async fn release_until_answered(backend: &DynBackend, req: &LockRequest) {
             Err(e) if e.is_retryable() && Instant::now() + pause < until => {
                 tracing::debug!(lock = %req.name, error = %e, "cleanup release failed; trying again");
                 tokio::time::sleep(pause).await;
-            }
-            // The server refused the configuration: the acquire's own error
-            // said so, and its request was refused the same way.
-            Err(e @ Error::Misconfigured { .. }) => {
-                tracing::debug!(lock = %req.name, error = %e, "cleanup release refused like the acquire");
-                return;
             }
             Err(e) => {
                 tracing::warn!(lock = %req.name, error = %e, "cleanup release after a cancelled or failed acquire failed; the lease will expire after its TTL");

@@ -239,11 +239,13 @@ impl MultiLockBuilder {
                 cleanup.disarm();
             }
             let answer = match answer {
-                // A wait outlasts a failed request as a single lock's does:
-                // the names are taken one at a time. Whatever the failed
+                // A wait outlasts a failed all-at-once request: the names
+                // are taken one at a time instead. Whatever the failed
                 // request may have granted is released in the background
                 // by its owners, so each name is asked with a fresh one.
-                Err(e) if e.is_retryable() && matches!(mode, Mode::Wait(_)) => {
+                Err(e)
+                    if crate::client::outlasted_by_a_wait(&e) && matches!(mode, Mode::Wait(_)) =>
+                {
                     tracing::debug!(error = %e, "acquiring all at once failed; one at a time");
                     drop(cleanup);
                     for (req, _) in &mut pending {

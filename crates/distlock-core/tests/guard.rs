@@ -1174,10 +1174,11 @@ fn an_extend_answered_after_the_deadline_does_not_bring_the_hold_back() {
 #[tokio::test(start_paused = true)]
 async fn a_wait_outlasts_failures_while_it_lasts() {
     let (s, a, b) = setup();
+    // A wait without a deadline, too.
     s.unreachable_acquires.store(6, Ordering::SeqCst);
     let g = a
         .lock("blip")
-        .wait(Duration::from_secs(30))
+        .wait_forever()
         .acquire()
         .await
         .expect("the wait outlasts an unreachable server");
@@ -1222,4 +1223,11 @@ async fn a_wait_outlasts_failures_while_it_lasts() {
     let r = a.lock("down").try_acquire().await;
     assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
     s.unreachable_acquires.store(0, Ordering::SeqCst);
+
+    // A wait whose every session ends ran out: nothing was held, so
+    // nothing was lost.
+    s.session_ended_acquires.store(usize::MAX, Ordering::SeqCst);
+    let r = a.lock("ended").wait(Duration::from_secs(3)).acquire().await;
+    assert!(matches!(r, Err(Error::WaitTimeout { .. })), "{r:?}");
+    s.session_ended_acquires.store(0, Ordering::SeqCst);
 }

@@ -112,23 +112,34 @@ impl RedlockBackend {
         };
         // Connect eagerly (and learn run ids) where nodes answer; the others
         // are retried on every request. Nodes that are down may come up, but
-        // when every node refuses the configuration no request can succeed.
+        // when every node refuses the configuration no request can succeed,
+        // and when none answers at all (mistyped addresses, the nodes down)
+        // the client is as unreachable as a single server's would be.
         let t = backend.connect_timeout();
         let connected = join_all(backend.inner.nodes.iter().map(|n| timeout(t, n.redis()))).await;
         // A node that is another under a second address is refused first.
         let mut refusals = Vec::new();
-        let mut any = false;
+        let (mut answered, mut down) = (false, 0);
         for c in connected {
             match c {
                 Ok(Err(e @ Error::InvalidInput { .. })) => return Err(e),
                 Ok(Err(e @ Error::Misconfigured { .. })) => refusals.push(e),
-                _ => any = true,
+                Ok(Ok(_)) => answered = true,
+                _ => down += 1,
             }
         }
-        if any {
+        let total = backend.inner.nodes.len();
+        if answered {
             return Ok(backend);
         }
-        Err(refused_by(refusals, 0, backend.inner.nodes.len()))
+        if refusals.is_empty() {
+            return Err(Error::unavailable(
+                "redlock",
+                format!("no node answered at connect ({down} of {total} unreachable); check the nodes' addresses, or that they run"),
+                None,
+            ));
+        }
+        Err(refused_by(refusals, down, total))
     }
 
     /// The nodes at `urls`, not connected yet. With `fifo`, every node
