@@ -92,24 +92,8 @@ impl RedlockBackend {
     }
 
     /// [`connect`](Self::connect) with options; URL parameters override them.
-    pub async fn connect_with(url: &str, mut config: RedlockConfig) -> Result<Self> {
-        let urls = config::parse(url, &mut config)?;
-        if urls.len() == 1 {
-            tracing::warn!(
-                "redlock with a single node: no quorum, no tolerance of a node failure; \
-                 the same guarantees as the Redis backend on that server"
-            );
-        }
-        let nodes = Self::nodes(urls, &config);
-        distinct_servers(&nodes).await?;
-        let caps = Self::declared_capabilities(&config);
-        let backend = Self {
-            inner: Arc::new(Inner {
-                nodes,
-                config,
-                caps,
-            }),
-        };
+    pub async fn connect_with(url: &str, config: RedlockConfig) -> Result<Self> {
+        let backend = Self::unconnected(url, config).await?;
         // Connect eagerly (and learn run ids) where nodes answer; the others
         // are retried on every request. Nodes that are down may come up, but
         // when every node refuses the configuration no request can succeed,
@@ -140,6 +124,27 @@ impl RedlockBackend {
             ));
         }
         Err(refused_by(refusals, down, total))
+    }
+
+    /// The backend `url` describes, its nodes not connected yet.
+    async fn unconnected(url: &str, mut config: RedlockConfig) -> Result<Self> {
+        let urls = config::parse(url, &mut config)?;
+        if urls.len() == 1 {
+            tracing::warn!(
+                "redlock with a single node: no quorum, no tolerance of a node failure; \
+                 the same guarantees as the Redis backend on that server"
+            );
+        }
+        let nodes = Self::nodes(urls, &config);
+        distinct_servers(&nodes).await?;
+        let caps = Self::declared_capabilities(&config);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                nodes,
+                config,
+                caps,
+            }),
+        })
     }
 
     /// The nodes at `urls`, not connected yet. With `fifo`, every node

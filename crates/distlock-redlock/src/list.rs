@@ -157,11 +157,12 @@ mod tests {
         }
     }
 
-    /// Three nodes nobody listens on: `agreed` asks no node.
+    /// Three nodes nobody listens on, not connected: `agreed` asks no node.
     async fn three_nodes(query: &str) -> RedlockBackend {
-        RedlockBackend::connect(&format!(
-            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3{query}"
-        ))
+        RedlockBackend::unconnected(
+            &format!("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3{query}"),
+            crate::RedlockConfig::default(),
+        )
         .await
         .unwrap()
     }
