@@ -592,13 +592,7 @@ async fn reader_holds_against_etcdctl(f: Arc<Etcd>) -> Result<(), Failed> {
         .acquire()
         .await?;
     let mut child = spawn_etcdctl_lock(&url, &lock, &["sh", "-c", "echo etcdctl-got-it; sleep 1"])?;
-    let start = Instant::now();
-    while keys_under(&url, &lock).await? < 2 {
-        if start.elapsed() > Duration::from_secs(10) {
-            return Err("etcdctl lock never queued its key".into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    queued(&url, &lock, "etcdctl lock").await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     if child.try_wait().map_err(|e| e.to_string())?.is_some() {
         return Err("etcdctl lock ran its command while a distlock reader held the lock".into());
@@ -897,22 +891,7 @@ async fn waiter_lease_ends() -> Result<(), Failed> {
     let holder = LockClient::new(EtcdBackend::connect(&url).await?);
     let other = LockClient::new(EtcdBackend::connect(&url).await?);
     let g = holder.lock(&lock).ttl(ttl).acquire().await?;
-    let l2 = lock.clone();
-    let waiting = tokio::spawn(async move {
-        other
-            .lock(&l2)
-            .ttl(ttl)
-            .wait(Duration::from_secs(40))
-            .acquire()
-            .await
-    });
-    let start = Instant::now();
-    while keys_under(&url, &lock).await? < 2 {
-        if start.elapsed() > Duration::from_secs(10) {
-            return Err("the waiter never queued".into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let waiting = queued_waiter(other, &url, &lock, ttl, Duration::from_secs(40)).await?;
     let process = server.process().ok_or("no process")?;
     process.signal("STOP").map_err(|e| e.to_string())?;
     tokio::time::sleep(ttl * 3).await;
@@ -943,21 +922,8 @@ async fn vanished_waiter(f: Arc<Etcd>) -> Result<(), Failed> {
     let a = LockClient::new(EtcdBackend::connect(&url).await?);
     let b = LockClient::new(EtcdBackend::connect(&url).await?);
     let held = a.lock(&lock).ttl(Duration::from_secs(10)).acquire().await?;
-    let l2 = lock.clone();
-    let waiter = tokio::spawn(async move {
-        b.lock(&l2)
-            .ttl(Duration::from_secs(10))
-            .wait(Duration::from_secs(20))
-            .acquire()
-            .await
-    });
-    let start = tokio::time::Instant::now();
-    while keys_under(&url, &lock).await? < 2 {
-        if start.elapsed() > Duration::from_secs(10) {
-            return Err("the waiter never queued".into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let ttl = Duration::from_secs(10);
+    let waiter = queued_waiter(b, &url, &lock, ttl, Duration::from_secs(20)).await?;
     // Delete the waiter's key (the newer of the two) behind its back.
     let ep = integration_tests::harness::host_port(&url).ok_or("no endpoint")?;
     let endpoint = format!("{}:{}", ep.0, ep.1);
@@ -1022,6 +988,34 @@ async fn vanished_waiter(f: Arc<Etcd>) -> Result<(), Failed> {
         .release()
         .await?;
     Ok(())
+}
+
+/// Waits until a second key is queued under `lock` (a waiter behind its
+/// holder), for at most 10 s.
+async fn queued(url: &str, lock: &str, who: &str) -> Result<(), Failed> {
+    let start = Instant::now();
+    while keys_under(url, lock).await? < 2 {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err(format!("{who} did not queue within 10 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// `client` waiting for `lock` (held by another) in a task, once its key is
+/// queued.
+async fn queued_waiter(
+    client: LockClient,
+    url: &str,
+    lock: &str,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>>, Failed> {
+    let l2 = lock.to_string();
+    let waiting = tokio::spawn(async move { client.lock(&l2).ttl(ttl).wait(wait).acquire().await });
+    queued(url, lock, "the waiter").await?;
+    Ok(waiting)
 }
 
 /// `key`'s create revision, `None` if it does not exist.
@@ -1995,22 +1989,7 @@ async fn stalled_connections(f: Arc<Etcd>) -> Result<(), Failed> {
     let lock = name();
     let ttl = Duration::from_secs(10);
     let held = holder.lock(&lock).ttl(ttl).acquire().await?;
-    let l2 = lock.clone();
-    let waiting = tokio::spawn(async move {
-        waiter
-            .lock(&l2)
-            .ttl(ttl)
-            .wait(Duration::from_secs(60))
-            .acquire()
-            .await
-    });
-    let start = Instant::now();
-    while keys_under(&url, &lock).await? < 2 {
-        if start.elapsed() > Duration::from_secs(10) {
-            return Err("the waiter did not queue within 10 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let waiting = queued_waiter(waiter, &url, &lock, ttl, Duration::from_secs(60)).await?;
     // The waiter's watch follows its queued key at once.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stalled = proxy.accepted();
