@@ -462,21 +462,38 @@ impl LockBuilder {
             Some(Local::Nested(guard)) => return Ok(Some(guard)),
             Some(Local::Gate(gate)) => gate,
         };
+        let Some((req, grant)) = self.ask_live(&name, mode, start).await? else {
+            return Ok(None);
+        };
+        tracing::debug!(token = %grant.token, waited = ?start.elapsed(), "acquired");
+        Ok(Some(self.start(gate, req, grant)))
+    }
+
+    /// Asks the backend for `name` in `mode` until it grants a lease still
+    /// live when the answer comes (`None`: refused in [`Mode::Once`]).
+    ///
+    /// A wait outlasts a failure that a later request may not meet: the
+    /// server unreachable for a moment, a failover, the waiter's own
+    /// session ended. Each request has an owner of its own, and whatever a
+    /// failed request may have left is released by its owner in the
+    /// background, one owner after another in a single task for the whole
+    /// wait (an outage does not pile up a release per attempt). At the
+    /// deadline the wait ends with the last failure; a session that ended
+    /// is a wait that ran out: nothing was held, so nothing was lost.
+    pub(crate) async fn ask_live(
+        &self,
+        name: &LockName,
+        mode: Mode,
+        start: Instant,
+    ) -> Result<Option<(LockRequest, Grant)>> {
         let validity = self.client.keeper.caps.safe_validity(self.ttl);
         let mut failures = 0u32;
-        let (req, grant) = loop {
+        let mut leftovers = Leftovers::default();
+        loop {
             let req = self.request(name.clone());
-            let grant = match self.client.ask(&req, mode).await {
+            let grant = match self.client.ask(&req, mode, Some(&mut leftovers)).await {
                 Ok(Some(grant)) => grant,
                 Ok(None) => return Ok(None),
-                // A wait outlasts a failure that a later request may not
-                // meet: the server unreachable for a moment, a failover,
-                // the waiter's own session ended. Whatever the failed
-                // request may have left is released by its owner in the
-                // background; the next request has an owner of its own.
-                // At the deadline the wait ends with the last failure (a
-                // session that ended as a wait that ran out: nothing was
-                // held, so nothing was lost).
                 Err(e) if outlasted_by_a_wait(&e) && matches!(mode, Mode::Wait(_)) => {
                     let pause = RETRY_AFTER_FAILURE.delay(failures);
                     failures = failures.saturating_add(1);
@@ -485,7 +502,7 @@ impl LockBuilder {
                         if until >= d {
                             return Err(match e {
                                 Error::LeaseLost { .. } => Error::WaitTimeout {
-                                    name,
+                                    name: name.clone(),
                                     waited: start.elapsed(),
                                 },
                                 e => e,
@@ -499,7 +516,7 @@ impl LockBuilder {
                 Err(e) => return Err(e),
             };
             if Instant::now() < grant.began + validity {
-                break (req, grant);
+                return Ok(Some((req, grant)));
             }
             // Granted, but answered only after the lease's deadline (a
             // server or file busy for longer than the TTL): worth nothing
@@ -507,15 +524,12 @@ impl LockBuilder {
             // given back (by owner), and asked for anew while the wait
             // lasts.
             tracing::warn!(lock = %name, token = %grant.token, took = ?grant.began.elapsed(), "granted only after the lease's deadline; giving it back");
-            drop(ReleaseIfDropped::arm(
-                self.client.keeper.backend.clone(),
-                vec![req],
-            ));
+            leftovers.leave(&self.client.keeper.backend, req);
             match mode {
                 Mode::Once => return Ok(None),
                 Mode::Wait(Some(d)) if Instant::now() >= d => {
                     return Err(Error::WaitTimeout {
-                        name,
+                        name: name.clone(),
                         waited: start.elapsed(),
                     })
                 }
@@ -523,9 +537,7 @@ impl LockBuilder {
                 // again at once.
                 Mode::Wait(_) => tokio::time::sleep(self.ttl.min(Duration::from_secs(1))).await,
             }
-        };
-        tracing::debug!(token = %grant.token, waited = ?start.elapsed(), "acquired");
-        Ok(Some(self.start(gate, req, grant)))
+        }
     }
 
     /// The local side of `name`: a nested guard if this builder's holder
@@ -682,7 +694,15 @@ impl ClientInner {
     /// is dropped, the wait fails with [`Error::WaitTimeout`], and since a
     /// request in flight may have been granted, the owner is released in
     /// the background like a dropped acquire's.
-    pub(crate) async fn ask(&self, req: &LockRequest, mode: Mode) -> Result<Option<Grant>> {
+    ///
+    /// With `leftovers`, a failed request's owner is released by them
+    /// rather than by a task of its own.
+    pub(crate) async fn ask(
+        &self,
+        req: &LockRequest,
+        mode: Mode,
+        leftovers: Option<&mut Leftovers>,
+    ) -> Result<Option<Grant>> {
         let backend = &self.keeper.backend;
         let mut cleanup = ReleaseIfDropped::arm(backend.clone(), vec![req.clone()]);
         let start = Instant::now();
@@ -710,6 +730,9 @@ impl ClientInner {
         };
         if granted.as_ref().is_ok() || granted.as_ref().is_err_and(grants_nothing) {
             cleanup.disarm();
+        } else if let Some(leftovers) = leftovers {
+            cleanup.disarm();
+            leftovers.leave(backend, req.clone());
         }
         if let Err(e) = &granted {
             tracing::debug!(error = %e, "acquire failed");
@@ -783,8 +806,10 @@ impl Drop for ReleaseIfDropped {
         };
         let n = reqs.len();
         let spawned = self.runtime.spawn(async move {
+            let mut failures = 0;
             for req in reqs {
-                release_until_answered(&backend, &req).await;
+                let until = Instant::now() + req.ttl;
+                release_until_answered(&backend, &req, until, &mut failures).await;
             }
         });
         if !spawned {
@@ -793,22 +818,62 @@ impl Drop for ReleaseIfDropped {
     }
 }
 
+/// The owners of a wait's failed or late-answered requests, released by
+/// one background task in turn, each until answered or until its lease
+/// could no longer be live. The task starts with the first owner left and
+/// ends once the wait is over and every owner is released.
+#[derive(Default)]
+pub(crate) struct Leftovers {
+    queue: Option<tokio::sync::mpsc::UnboundedSender<(LockRequest, Instant)>>,
+}
+
+impl Leftovers {
+    pub(crate) fn leave(&mut self, backend: &DynBackend, req: LockRequest) {
+        let until = Instant::now() + req.ttl;
+        let queue = self.queue.get_or_insert_with(|| {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(LockRequest, Instant)>();
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                let mut failures = 0;
+                while let Some((req, until)) = rx.recv().await {
+                    release_until_answered(&backend, &req, until, &mut failures).await;
+                }
+            });
+            tx
+        });
+        // The task ends only once every sender is gone.
+        let _ = queue.send((req, until));
+    }
+}
+
 /// Releases `req` by owner, trying again after a retryable error (a
 /// connection cut with the acquire's, which a pool hands out once more)
-/// while the lease could still be live; a lease left behind blocks its
-/// name for the whole TTL.
-async fn release_until_answered(backend: &DynBackend, req: &LockRequest) {
-    let until = Instant::now() + req.ttl;
+/// while the lease could still be live (`until`); a lease left behind
+/// blocks its name for the whole TTL. `failures` counts the failed calls
+/// since the last answer, across the owners one task releases in turn, so
+/// an outage is asked about at the pace of one backoff, not one per owner.
+async fn release_until_answered(
+    backend: &DynBackend,
+    req: &LockRequest,
+    until: Instant,
+    failures: &mut u32,
+) {
     let backoff = crate::wait::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-    for attempt in 0u32.. {
-        let pause = backoff.delay(attempt);
+    // Past `until` the lease has lapsed: nothing is left to free.
+    while Instant::now() < until {
+        let pause = backoff.delay(*failures);
         match backend.release(req).await {
-            Ok(_) => return,
+            Ok(_) => {
+                *failures = 0;
+                return;
+            }
             Err(e) if e.is_retryable() && Instant::now() + pause < until => {
                 tracing::debug!(lock = %req.name, error = %e, "cleanup release failed; trying again");
+                *failures = failures.saturating_add(1);
                 tokio::time::sleep(pause).await;
             }
             Err(e) => {
+                *failures = failures.saturating_add(1);
                 tracing::warn!(lock = %req.name, error = %e, "cleanup release after a cancelled or failed acquire failed; the lease will expire after its TTL");
                 return;
             }

@@ -242,15 +242,12 @@ impl MultiLockBuilder {
                 // A wait outlasts a failed all-at-once request: the names
                 // are taken one at a time instead. Whatever the failed
                 // request may have granted is released in the background
-                // by its owners, so each name is asked with a fresh one.
+                // by its owners; each name is asked with a fresh one.
                 Err(e)
                     if crate::client::outlasted_by_a_wait(&e) && matches!(mode, Mode::Wait(_)) =>
                 {
                     tracing::debug!(error = %e, "acquiring all at once failed; one at a time");
                     drop(cleanup);
-                    for (req, _) in &mut pending {
-                        *req = each.request(req.name.clone());
-                    }
                     AllAtOnce::NotOffered
                 }
                 answer => answer?,
@@ -284,8 +281,9 @@ impl MultiLockBuilder {
         // caller that exits at once leaves none of them held; if the future
         // is dropped, they release themselves in the background.
         for (req, gate) in pending {
-            match each.client.ask(&req, mode).await {
-                Ok(Some(grant)) => started.push(each.start(gate, req, grant)),
+            let start = Instant::now();
+            match each.ask_live(&req.name, mode, start).await {
+                Ok(Some((req, grant))) => started.push(each.start(gate, req, grant)),
                 refused_or_failed => {
                     let releases = join_all(started.into_iter().map(LockGuard::release));
                     let _ = tokio::time::timeout(ANSWER_GRACE, releases).await;

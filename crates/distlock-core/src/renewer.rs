@@ -182,12 +182,17 @@ async fn run(
 
 /// `renewal`'s answer, or an error once the earliest deadline among
 /// `leases` has passed without one. Not sent at all when every lease has
-/// ended (released or lost) before it goes: nothing would bound its wait.
+/// ended (released or lost) before it goes, nothing bounding its wait, or
+/// when that deadline has passed already (a thread blocked past it): an
+/// answer could only come too late.
 async fn until_deadline<'a, T>(
     leases: impl IntoIterator<Item = &'a Arc<Lease>>,
     renewal: impl std::future::Future<Output = T>,
 ) -> Result<T, String> {
     match leases.into_iter().filter_map(|l| l.deadline()).min() {
+        Some(deadline) if deadline <= Instant::now() => {
+            Err("the lease's deadline passed before its renewal was sent".into())
+        }
         Some(deadline) => tokio::time::timeout_at(deadline, renewal)
             .await
             .map_err(|_| "the renewal request had not answered by the lease's deadline".into()),
@@ -216,6 +221,44 @@ pub(crate) fn align(at: Instant, period: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn lease(deadline: Instant) -> Arc<Lease> {
+        let permit = Arc::new(tokio::sync::Semaphore::new(1))
+            .try_acquire_owned()
+            .unwrap();
+        let name = crate::LockName::new("renewer/unit").unwrap();
+        Arc::new(Lease::new(
+            LockRequest::new(name, Duration::from_secs(3)),
+            crate::FencingToken(1),
+            deadline,
+            crate::lease::Renewal::new(deadline, true),
+            None,
+            permit,
+        ))
+    }
+
+    /// A renewal whose lease's deadline has passed is never started (a
+    /// timeout polls its future once even past the deadline); one with
+    /// time left is.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_past_its_leases_deadline_is_not_sent() {
+        let sent = std::sync::atomic::AtomicUsize::new(0);
+        let renewal = || async {
+            sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        };
+        let now = Instant::now();
+        let past = lease(now);
+        let r = until_deadline([&past], renewal()).await;
+        assert!(r.is_err());
+        assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let live = lease(now + Duration::from_secs(1));
+        assert!(until_deadline([&live], renewal()).await.is_ok());
+        assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // In a batch, the earliest deadline decides.
+        let r = until_deadline([&live, &past], renewal()).await;
+        assert!(r.is_err());
+        assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
 
     #[test]
     fn align_rounds_down_to_a_quarter_period_and_groups_nearby_times() {

@@ -52,6 +52,8 @@ struct Scripted {
     /// session ended.
     session_ended_acquires: AtomicUsize,
     session_end: Arc<Notify>,
+    /// Every release call, answered or not.
+    releases: AtomicUsize,
 }
 
 #[async_trait]
@@ -116,6 +118,7 @@ impl Backend for Scripted {
         extended
     }
     async fn release(&self, req: &LockRequest) -> Result<bool> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
         let failing = self
             .fail_releases
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
@@ -1166,6 +1169,36 @@ fn an_extend_answered_after_the_deadline_does_not_bring_the_hold_back() {
     });
 }
 
+/// A renewal that comes due only after the hold's deadline has passed (the
+/// thread was blocked past both) is not sent: its answer could only come
+/// too late, and the hold is lost at its deadline as without it.
+#[test]
+fn a_renewal_due_past_the_deadline_is_not_sent() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = Arc::new(Scripted::default());
+        let c = LockClient::from_dyn(s.clone());
+        let g = c
+            .lock("blocked")
+            .ttl(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        let reason = tokio::time::timeout(Duration::from_secs(1), g.lost()).await;
+        assert!(reason.is_ok(), "lost() did not resolve");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            s.extends.load(Ordering::SeqCst),
+            0,
+            "a renewal was sent for a hold past its deadline"
+        );
+    });
+}
+
 /// A waiting acquire outlasts failures that a later request may not meet
 /// (the server unreachable for a while, a reply lost after the grant, the
 /// waiter's own session ended) while its wait lasts, each request with an
@@ -1230,4 +1263,53 @@ async fn a_wait_outlasts_failures_while_it_lasts() {
     let r = a.lock("ended").wait(Duration::from_secs(3)).acquire().await;
     assert!(matches!(r, Err(Error::WaitTimeout { .. })), "{r:?}");
     s.session_ended_acquires.store(0, Ordering::SeqCst);
+}
+
+/// A long outage does not pile up background releases: the owners of a
+/// wait's failed requests are released one after another, so the server
+/// is asked about as often as one release retries, not once per failed
+/// attempt.
+#[tokio::test(start_paused = true)]
+async fn a_waits_failed_requests_are_released_in_turn() {
+    let (s, a, _) = setup();
+    s.unreachable_acquires.store(usize::MAX, Ordering::SeqCst);
+    s.fail_releases.store(usize::MAX, Ordering::SeqCst);
+    let r = a
+        .lock("outage")
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(60))
+        .acquire()
+        .await;
+    assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
+    // About 30 requests failed, each leaving an owner to release until
+    // its lease could have lapsed (30 s after it failed); released one
+    // at a time, retried at most about once a second, that is about 120
+    // calls until the last one lapses (one task per failed request calls
+    // about 30 times as often).
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let asked = s.releases.load(Ordering::SeqCst);
+    assert!(
+        asked <= 250,
+        "{asked} release calls during a 60 s outage and 60 s after it"
+    );
+    assert!(
+        asked >= 30,
+        "only {asked} release calls for the failed requests"
+    );
+}
+
+/// A multi-lock taken one name at a time (this backend offers no
+/// all-at-once try) waits out an outage shorter than its wait, as a single
+/// lock's wait does.
+#[tokio::test(start_paused = true)]
+async fn a_multi_lock_taken_one_name_at_a_time_outlasts_an_outage() {
+    let (s, a, _) = setup();
+    s.unreachable_acquires.store(4, Ordering::SeqCst);
+    let m = a
+        .lock_all(["outage/a", "outage/b"])
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("a multi-lock's wait outlasts an unreachable server");
+    m.release().await.unwrap();
 }
