@@ -1189,6 +1189,29 @@ async fn one_server_twice() -> Result<(), Failed> {
     let client = LockClient::new(RedlockBackend::connect(&proxied).await?);
     let g = client.lock("distinct").try_acquire().await?;
     g.ok_or("a free lock was refused")?.release().await?;
+
+    // A node down at connect that later answers as another node's server
+    // is not used, and not connected to again on every request.
+    let later = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let url = server::redlock_url([ports[0], ports[1], later], "");
+    let client = LockClient::new(RedlockBackend::connect(&url).await?);
+    let again = Proxy::start_on(later, ports[0]).map_err(|e| Failed::from(e.to_string()))?;
+    for i in 0..20 {
+        let g = client.lock(format!("later/{i}")).try_acquire().await?;
+        g.ok_or("a free lock was refused")?.release().await?;
+    }
+    // One connect (the backend's connections for commands and for its
+    // release channel) is 3 connections here; one per lock would be 20
+    // more.
+    let connections = again.accepted();
+    if connections > 3 {
+        return Err(format!(
+            "{connections} connections to the node that is another's server over 20 locks"
+        )
+        .into());
+    }
     Ok(())
 }
 

@@ -22,6 +22,10 @@ pub(crate) struct Node {
     /// out on the node counts it refused rather than down.
     refused: Mutex<Option<String>>,
     quarantined_until: Mutex<Option<Instant>>,
+    /// The node answered as another node's server at its last connection:
+    /// that node, and when this one may be connected to again. Until then
+    /// requests are refused without connecting.
+    duplicate: Mutex<Option<(String, Instant)>>,
     /// Delayed-restart protection is on: the run id is fetched whenever a
     /// connection is made, whatever request makes it.
     track_restarts: bool,
@@ -33,6 +37,10 @@ pub(crate) struct Node {
     /// answers both with one run id.
     servers: Servers,
 }
+
+/// How long a node found to be another node's server is refused without
+/// connecting to it again (the address may be re-pointed meanwhile).
+const DUPLICATE_RECHECK: Duration = Duration::from_secs(10);
 
 /// Run id to node, shared by one client's nodes.
 pub(crate) type Servers = Arc<Mutex<HashMap<String, String>>>;
@@ -61,6 +69,7 @@ impl Node {
             run_id: Mutex::new(None),
             refused: Mutex::new(None),
             quarantined_until: Mutex::new(None),
+            duplicate: Mutex::new(None),
             track_restarts,
             config,
             servers,
@@ -76,7 +85,14 @@ impl Node {
     pub(crate) async fn redis(&self) -> Result<&RedisBackend> {
         match self.redis.get() {
             Some(r) => Ok(r),
-            None => Box::pin(self.connect()).await,
+            None => {
+                if let Some((other, until)) = &*lock(&self.duplicate) {
+                    if Instant::now() < *until {
+                        return Err(crate::config::duplicate(&self.endpoint, other, "run id"));
+                    }
+                }
+                Box::pin(self.connect()).await
+            }
         }
     }
 
@@ -100,24 +116,29 @@ impl Node {
                         return Ok(r);
                     }
                 };
-                self.distinct(&id)?;
+                if let Some(other) = self.same_server_as(&id) {
+                    let e = crate::config::duplicate(&self.endpoint, &other, "run id");
+                    tracing::warn!(node = %self.endpoint, error = %e, "not used; asked again in {DUPLICATE_RECHECK:?}");
+                    *lock(&self.duplicate) = Some((other, Instant::now() + DUPLICATE_RECHECK));
+                    return Err(e);
+                }
+                *lock(&self.duplicate) = None;
                 lock(&self.run_id).get_or_insert(id);
                 Ok(r)
             })
             .await
     }
 
-    /// Refuses a server another node of the client already is: a majority
-    /// that counts one server twice rests on fewer servers than it claims.
-    fn distinct(&self, run_id: &str) -> Result<()> {
+    /// The other node of the client whose server `run_id` already is, if
+    /// any (a majority that counts one server twice rests on fewer servers
+    /// than it claims); else this node is recorded as that server.
+    fn same_server_as(&self, run_id: &str) -> Option<String> {
         let mut servers = lock(&self.servers);
         match servers.get(run_id) {
-            Some(other) if *other != self.endpoint => {
-                Err(crate::config::duplicate(&self.endpoint, other, "run id"))
-            }
+            Some(other) if *other != self.endpoint => Some(other.clone()),
             _ => {
                 servers.insert(run_id.to_string(), self.endpoint.clone());
-                Ok(())
+                None
             }
         }
     }

@@ -29,7 +29,12 @@ pub struct Proxy {
 impl Proxy {
     /// Starts forwarding.
     pub fn start(target: u16) -> Result<Self, HarnessError> {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::start_on(0, target)
+    }
+
+    /// Starts forwarding from `listen` (0: any free port).
+    pub fn start_on(listen: u16, target: u16) -> Result<Self, HarnessError> {
+        let listener = TcpListener::bind(("127.0.0.1", listen))
             .map_err(|e| HarnessError::start("proxy", e.to_string()))?;
         let port = listener
             .local_addr()
