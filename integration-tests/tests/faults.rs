@@ -161,7 +161,7 @@ fn ttl_for(b: B) -> Duration {
 }
 
 /// F1: a holder stopped with SIGSTOP between its read and its write, for
-/// twice the TTL (a GC pause). Its lease runs out, another client is
+/// twice the TTL and a second (a GC pause). Its lease runs out, another client is
 /// granted the lock, and the resumed holder writes anyway.
 async fn f1_pause(b: B) -> Result<(), Failed> {
     let env = start(b, "").await?;
