@@ -491,7 +491,7 @@ impl LockBuilder {
         let mut leftovers = Leftovers::default();
         loop {
             let req = self.request(name.clone());
-            let grant = match self.client.ask(&req, mode, Some(&mut leftovers)).await {
+            let grant = match self.client.ask(&req, mode, &mut leftovers).await {
                 Ok(Some(grant)) => grant,
                 Ok(None) => return Ok(None),
                 Err(e) if outlasted_by_a_wait(&e) && matches!(mode, Mode::Wait(_)) => {
@@ -695,13 +695,12 @@ impl ClientInner {
     /// request in flight may have been granted, the owner is released in
     /// the background like a dropped acquire's.
     ///
-    /// With `leftovers`, a failed request's owner is released by them
-    /// rather than by a task of its own.
+    /// A failed request's owner is left to `leftovers` to release.
     pub(crate) async fn ask(
         &self,
         req: &LockRequest,
         mode: Mode,
-        leftovers: Option<&mut Leftovers>,
+        leftovers: &mut Leftovers,
     ) -> Result<Option<Grant>> {
         let backend = &self.keeper.backend;
         let mut cleanup = ReleaseIfDropped::arm(backend.clone(), vec![req.clone()]);
@@ -730,7 +729,7 @@ impl ClientInner {
         };
         if granted.as_ref().is_ok() || granted.as_ref().is_err_and(grants_nothing) {
             cleanup.disarm();
-        } else if let Some(leftovers) = leftovers {
+        } else {
             cleanup.disarm();
             leftovers.leave(backend, req.clone());
         }
@@ -806,10 +805,8 @@ impl Drop for ReleaseIfDropped {
         };
         let n = reqs.len();
         let spawned = self.runtime.spawn(async move {
-            let mut failures = 0;
             for req in reqs {
-                let until = Instant::now() + req.ttl;
-                release_until_answered(&backend, &req, until, &mut failures).await;
+                release_until_answered(&backend, &req).await;
             }
         });
         if !spawned {
@@ -818,62 +815,115 @@ impl Drop for ReleaseIfDropped {
     }
 }
 
-/// The owners of a wait's failed or late-answered requests, released by
-/// one background task in turn, each until answered or until its lease
-/// could no longer be live. The task starts with the first owner left and
-/// ends once the wait is over and every owner is released.
+/// The owners of a wait's failed or late-answered requests, released in
+/// the background by one task for the whole wait (started with the first
+/// owner left, ended once the wait is over and every owner is answered or
+/// given up). Each owner's first release call goes out at once, beside the
+/// others', so a lost reply's grant is freed as soon as the server
+/// answers; the calls that fail are asked again one at a time, at the pace
+/// of one shared backoff, so a long outage costs the server about one
+/// call a second rather than one per failed attempt. An owner is asked
+/// again only while its lease could still be live (its TTL after it was
+/// left).
 #[derive(Default)]
 pub(crate) struct Leftovers {
-    queue: Option<tokio::sync::mpsc::UnboundedSender<(LockRequest, Instant)>>,
+    queue: Option<tokio::sync::mpsc::UnboundedSender<LockRequest>>,
 }
 
 impl Leftovers {
     pub(crate) fn leave(&mut self, backend: &DynBackend, req: LockRequest) {
-        let until = Instant::now() + req.ttl;
-        let queue = self.queue.get_or_insert_with(|| {
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(LockRequest, Instant)>();
-            let backend = backend.clone();
-            tokio::spawn(async move {
-                let mut failures = 0;
-                while let Some((req, until)) = rx.recv().await {
-                    release_until_answered(&backend, &req, until, &mut failures).await;
+        if self.queue.is_none() {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            if !crate::completion::Spawner::here().spawn(release_in_turn(backend.clone(), rx)) {
+                tracing::warn!(lock = %req.name, "no runtime to release a failed acquire's owner; its lease will expire after its TTL");
+                return;
+            }
+            self.queue = Some(tx);
+        }
+        if let Some(queue) = &self.queue {
+            // The task ends only once every sender is gone.
+            let _ = queue.send(req);
+        }
+    }
+}
+
+/// The task behind [`Leftovers`].
+async fn release_in_turn(
+    backend: DynBackend,
+    mut left: tokio::sync::mpsc::UnboundedReceiver<LockRequest>,
+) {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let backoff = crate::wait::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+    let call = |req: LockRequest, until: Instant| {
+        let backend = backend.clone();
+        async move {
+            let answer = backend.release(&req).await;
+            (req, until, answer)
+        }
+    };
+    let mut calls = FuturesUnordered::new();
+    let mut again: std::collections::VecDeque<(LockRequest, Instant)> = Default::default();
+    let (mut open, mut retrying, mut failures) = (true, false, 0u32);
+    let mut next_retry = Instant::now();
+    loop {
+        tokio::select! {
+            req = left.recv(), if open => match req {
+                Some(req) => {
+                    let until = Instant::now() + req.ttl;
+                    calls.push(call(req, until));
                 }
-            });
-            tx
-        });
-        // The task ends only once every sender is gone.
-        let _ = queue.send((req, until));
+                None => open = false,
+            },
+            Some((req, until, answer)) = calls.next(), if !calls.is_empty() => {
+                // At most one retry is out at a time; this may be it.
+                retrying = false;
+                match answer {
+                    Ok(_) => failures = 0,
+                    Err(e) if e.is_retryable() => {
+                        failures = failures.saturating_add(1);
+                        let at = Instant::now() + backoff.delay(failures - 1);
+                        if at < until {
+                            tracing::debug!(lock = %req.name, error = %e, "cleanup release failed; trying again");
+                            again.push_back((req, until));
+                            next_retry = next_retry.max(at);
+                        } else {
+                            tracing::warn!(lock = %req.name, error = %e, "cleanup release after a failed acquire failed; the lease will expire after its TTL");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(lock = %req.name, error = %e, "cleanup release after a failed acquire failed; the lease will expire after its TTL");
+                    }
+                }
+            },
+            () = tokio::time::sleep_until(next_retry), if !again.is_empty() && !retrying => {
+                if let Some((req, until)) = again.pop_front() {
+                    if Instant::now() < until {
+                        retrying = true;
+                        calls.push(call(req, until));
+                    }
+                }
+            },
+            else => break,
+        }
     }
 }
 
 /// Releases `req` by owner, trying again after a retryable error (a
 /// connection cut with the acquire's, which a pool hands out once more)
-/// while the lease could still be live (`until`); a lease left behind
-/// blocks its name for the whole TTL. `failures` counts the failed calls
-/// since the last answer, across the owners one task releases in turn, so
-/// an outage is asked about at the pace of one backoff, not one per owner.
-async fn release_until_answered(
-    backend: &DynBackend,
-    req: &LockRequest,
-    until: Instant,
-    failures: &mut u32,
-) {
+/// while the lease could still be live; a lease left behind blocks its
+/// name for the whole TTL.
+async fn release_until_answered(backend: &DynBackend, req: &LockRequest) {
+    let until = Instant::now() + req.ttl;
     let backoff = crate::wait::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-    // Past `until` the lease has lapsed: nothing is left to free.
-    while Instant::now() < until {
-        let pause = backoff.delay(*failures);
+    for attempt in 0u32.. {
+        let pause = backoff.delay(attempt);
         match backend.release(req).await {
-            Ok(_) => {
-                *failures = 0;
-                return;
-            }
+            Ok(_) => return,
             Err(e) if e.is_retryable() && Instant::now() + pause < until => {
                 tracing::debug!(lock = %req.name, error = %e, "cleanup release failed; trying again");
-                *failures = failures.saturating_add(1);
                 tokio::time::sleep(pause).await;
             }
             Err(e) => {
-                *failures = failures.saturating_add(1);
                 tracing::warn!(lock = %req.name, error = %e, "cleanup release after a cancelled or failed acquire failed; the lease will expire after its TTL");
                 return;
             }

@@ -86,19 +86,27 @@ impl Node {
         match self.redis.get() {
             Some(r) => Ok(r),
             None => {
-                if let Some((other, until)) = &*lock(&self.duplicate) {
-                    if Instant::now() < *until {
-                        return Err(crate::config::duplicate(&self.endpoint, other, "run id"));
-                    }
-                }
+                self.not_known_as_another()?;
                 Box::pin(self.connect()).await
             }
+        }
+    }
+
+    /// Refuses the node while it is known to be another node's server.
+    fn not_known_as_another(&self) -> Result<()> {
+        match &*lock(&self.duplicate) {
+            Some((other, until)) if Instant::now() < *until => {
+                Err(crate::config::duplicate(&self.endpoint, other, "run id"))
+            }
+            _ => Ok(()),
         }
     }
 
     async fn connect(&self) -> Result<&RedisBackend> {
         self.redis
             .get_or_try_init(|| async {
+                // Requests that waited for another's attempt to connect.
+                self.not_known_as_another()?;
                 let r = RedisBackend::connect_with(&self.url, self.config.clone()).await;
                 *lock(&self.refused) = match &r {
                     Err(Error::Misconfigured { message, .. }) => Some(message.clone()),
@@ -172,6 +180,12 @@ impl Node {
             Some(k) if k != seen => {
                 tracing::warn!(node = %self.endpoint, "redlock node restarted (run id changed); not used for acquiring for {quarantine:?}");
                 *lock(&self.quarantined_until) = Some(Instant::now() + quarantine);
+                // The server is known by its new run id from now on.
+                let mut servers = lock(&self.servers);
+                servers.retain(|_, node| *node != self.endpoint);
+                servers
+                    .entry(seen.clone())
+                    .or_insert_with(|| self.endpoint.clone());
                 *known = Some(seen);
                 false
             }
