@@ -837,13 +837,19 @@ async fn cancelled_on_a_slow_member() -> Result<(), Failed> {
     Ok(())
 }
 
+/// An etcd member of its own, for a test that pauses it or counts its
+/// requests.
+async fn private_member() -> Result<TestServer, Failed> {
+    tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Etcd))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| Failed::from(e.to_string()))
+}
+
 /// The server is paused longer than the lease: the holder must see lost()
 /// before any other client can acquire.
 async fn paused_server() -> Result<(), Failed> {
-    let server = tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Etcd))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let server = private_member().await?;
     let url = server.url().to_string();
     let lock = name();
     let ttl = Duration::from_secs(2);
@@ -881,10 +887,7 @@ async fn paused_server() -> Result<(), Failed> {
 /// the lock once the holder, whose lease ended too, is gone; the holder
 /// sees `lost()` first.
 async fn waiter_lease_ends() -> Result<(), Failed> {
-    let server = tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Etcd))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let server = private_member().await?;
     let url = server.url().to_string();
     let lock = name();
     let ttl = Duration::from_secs(2);
@@ -1054,10 +1057,7 @@ fn kv_requests(port: u16) -> Result<u64, Failed> {
 /// every key and reads every queue head), where one at a time would be
 /// four. On a member of its own, so that only these requests are counted.
 async fn multi_lock_is_one_request() -> Result<(), Failed> {
-    let server = tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Etcd))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let server = private_member().await?;
     let url = server.url().to_string();
     let port = integration_tests::harness::host_port(&url)
         .ok_or("no port")?
@@ -1091,10 +1091,7 @@ async fn multi_lock_is_one_request() -> Result<(), Failed> {
 /// taken one at a time, granted all the same (not refused by etcd as "too
 /// many operations in txn request").
 async fn multi_lock_of_many_names() -> Result<(), Failed> {
-    let server = tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Etcd))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let server = private_member().await?;
     let client = LockClient::new(EtcdBackend::connect(server.url()).await?);
     for n in [64, 65, 200] {
         let names: Vec<String> = (0..n).map(|i| format!("many{n}/{i}")).collect();
@@ -1119,10 +1116,7 @@ async fn multi_lock_of_many_names() -> Result<(), Failed> {
 /// transaction and the delete), exclusive or shared. On a member of its
 /// own, so that only these requests are counted.
 async fn uncontended_holds_take_two_requests() -> Result<(), Failed> {
-    let server = tokio::task::spawn_blocking(|| TestServer::start_private(ServerKind::Etcd))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let server = private_member().await?;
     let url = server.url().to_string();
     let port = integration_tests::harness::host_port(&url)
         .ok_or("no port")?
