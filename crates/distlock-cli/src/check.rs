@@ -32,7 +32,8 @@ pub(crate) struct CheckArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     limit: Option<u32>,
     /// A third of the way in, stop one holder with SIGSTOP between its read
-    /// and its write for twice the TTL, then resume it (a GC pause).
+    /// and its write for twice the TTL and half a second, then resume it (a
+    /// GC pause).
     #[arg(long)]
     pause_holder: bool,
 }

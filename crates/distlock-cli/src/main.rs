@@ -94,8 +94,10 @@ enum Command {
     /// Run K client processes that contend for one lock and update a shared
     /// register under it, optionally pause one holder past its TTL, and
     /// report overlapping holds, stale writes (with and without fencing
-    /// tokens), lost updates and token order. Exit status 1 if the fenced
-    /// register accepted a stale write.
+    /// tokens), lost updates and token order. Exit status 1 if the verdict
+    /// is unsafe: the fenced register accepted a stale write, holders no
+    /// fault touched held at once (more of them than --limit), or a backend
+    /// without fencing tokens let the lock's violations through.
     Check(check::CheckArgs),
     /// Run the conformance suite against the backend's servers: every case
     /// it declares, in private random namespaces (other users' locks are
