@@ -854,11 +854,12 @@ async fn release_in_turn(
 ) {
     use futures_util::stream::{FuturesUnordered, StreamExt};
     let backoff = crate::wait::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-    let call = |req: LockRequest, until: Instant| {
+    // `retry`: one of the calls asked again, at most one out at a time.
+    let call = |req: LockRequest, until: Instant, retry: bool| {
         let backend = backend.clone();
         async move {
             let answer = backend.release(&req).await;
-            (req, until, answer)
+            (req, until, retry, answer)
         }
     };
     let mut calls = FuturesUnordered::new();
@@ -870,19 +871,18 @@ async fn release_in_turn(
             req = left.recv(), if open => match req {
                 Some(req) => {
                     let until = Instant::now() + req.ttl;
-                    calls.push(call(req, until));
+                    calls.push(call(req, until, false));
                 }
                 None => open = false,
             },
-            Some((req, until, answer)) = calls.next(), if !calls.is_empty() => {
-                // At most one retry is out at a time; this may be it.
-                retrying = false;
+            Some((req, until, retry, answer)) = calls.next(), if !calls.is_empty() => {
+                retrying &= !retry;
                 match answer {
                     Ok(_) => failures = 0,
-                    Err(e) if e.is_retryable() => {
+                    Err(e) => {
                         failures = failures.saturating_add(1);
                         let at = Instant::now() + backoff.delay(failures - 1);
-                        if at < until {
+                        if e.is_retryable() && at < until {
                             tracing::debug!(lock = %req.name, error = %e, "cleanup release failed; trying again");
                             again.push_back((req, until));
                             next_retry = next_retry.max(at);
@@ -890,16 +890,13 @@ async fn release_in_turn(
                             tracing::warn!(lock = %req.name, error = %e, "cleanup release after a failed acquire failed; the lease will expire after its TTL");
                         }
                     }
-                    Err(e) => {
-                        tracing::warn!(lock = %req.name, error = %e, "cleanup release after a failed acquire failed; the lease will expire after its TTL");
-                    }
                 }
             },
             () = tokio::time::sleep_until(next_retry), if !again.is_empty() && !retrying => {
                 if let Some((req, until)) = again.pop_front() {
                     if Instant::now() < until {
                         retrying = true;
-                        calls.push(call(req, until));
+                        calls.push(call(req, until, true));
                     }
                 }
             },
