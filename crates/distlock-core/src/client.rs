@@ -476,8 +476,8 @@ impl LockBuilder {
     /// server unreachable for a moment, a failover, the waiter's own
     /// session ended. Each request has an owner of its own, and whatever a
     /// failed request may have left is released by its owner in the
-    /// background, one owner after another in a single task for the whole
-    /// wait (an outage does not pile up a release per attempt). At the
+    /// background, by one task for the whole wait ([`Leftovers`]: an
+    /// outage does not pile up a task per attempt). At the
     /// deadline the wait ends with the last failure; a session that ended
     /// is a wait that ran out: nothing was held, so nothing was lost.
     pub(crate) async fn ask_live(
