@@ -489,27 +489,37 @@ impl LockBuilder {
         let validity = self.client.keeper.caps.safe_validity(self.ttl);
         let mut failures = 0u32;
         let mut leftovers = Leftovers::default();
+        let timed_out = || Error::WaitTimeout {
+            name: name.clone(),
+            waited: start.elapsed(),
+        };
+        // After a failure whose next pause would pass the deadline, one
+        // last request, a try, goes out at the deadline.
+        let mut last_try = false;
         loop {
             let req = self.request(name.clone());
-            let grant = match self.client.ask(&req, mode, &mut leftovers).await {
+            let asked = if last_try { Mode::Once } else { mode };
+            let grant = match self.client.ask(&req, asked, &mut leftovers).await {
                 Ok(Some(grant)) => grant,
+                Ok(None) if last_try => return Err(timed_out()),
                 Ok(None) => return Ok(None),
                 Err(e) if outlasted_by_a_wait(&e) && matches!(mode, Mode::Wait(_)) => {
                     let pause = RETRY_AFTER_FAILURE.delay(failures);
                     failures = failures.saturating_add(1);
-                    let until = Instant::now() + pause;
+                    let mut until = Instant::now() + pause;
                     if let Mode::Wait(Some(d)) = mode {
-                        if until >= d {
+                        if last_try || Instant::now() >= d {
                             return Err(match e {
-                                Error::LeaseLost { .. } => Error::WaitTimeout {
-                                    name: name.clone(),
-                                    waited: start.elapsed(),
-                                },
+                                Error::LeaseLost { .. } => timed_out(),
                                 e => e,
                             });
                         }
+                        if until >= d {
+                            until = d;
+                            last_try = true;
+                        }
                     }
-                    tracing::warn!(lock = %name, error = %e, retry_in = ?pause, "acquire failed; asking again while the wait lasts");
+                    tracing::warn!(lock = %name, error = %e, retry_in = ?until.saturating_duration_since(Instant::now()), "acquire failed; asking again while the wait lasts");
                     tokio::time::sleep_until(until).await;
                     continue;
                 }
@@ -527,12 +537,7 @@ impl LockBuilder {
             leftovers.leave(&self.client.keeper.backend, req);
             match mode {
                 Mode::Once => return Ok(None),
-                Mode::Wait(Some(d)) if Instant::now() >= d => {
-                    return Err(Error::WaitTimeout {
-                        name: name.clone(),
-                        waited: start.elapsed(),
-                    })
-                }
+                Mode::Wait(Some(d)) if last_try || Instant::now() >= d => return Err(timed_out()),
                 // A server that answers every grant late is not asked
                 // again at once.
                 Mode::Wait(_) => tokio::time::sleep(self.ttl.min(Duration::from_secs(1))).await,

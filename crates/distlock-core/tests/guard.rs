@@ -1223,6 +1223,30 @@ async fn a_wait_outlasts_failures_while_it_lasts() {
         "{:?}",
         start.elapsed()
     );
+    // The last request goes out at the deadline, not a pause before it.
+    assert!(
+        start.elapsed() >= Duration::from_secs(5),
+        "gave up {:?} before the deadline",
+        Duration::from_secs(5) - start.elapsed()
+    );
+    // A server back just before the deadline grants that last request.
+    let back = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(4_900)).await;
+            s.unreachable_acquires.store(0, Ordering::SeqCst);
+        })
+    };
+    s.unreachable_acquires.store(usize::MAX, Ordering::SeqCst);
+    let g = a
+        .lock("back-at-the-end")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("the last request at the deadline is granted");
+    g.release().await.unwrap();
+    back.await.unwrap();
+    s.unreachable_acquires.store(usize::MAX, Ordering::SeqCst);
     let r = a.lock("down").try_acquire().await;
     assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
     s.unreachable_acquires.store(0, Ordering::SeqCst);
