@@ -169,6 +169,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "etcd::a_member_restarted_without_its_data_ends_the_hold_and_grants_the_waiter",
+                restarted_empty(),
+            ),
+            trial(
+                rt,
                 "etcd::permit_acquires_cancelled_on_a_slow_member_leave_no_key",
                 cancelled_on_a_slow_member(),
             ),
@@ -879,6 +884,66 @@ async fn paused_server() -> Result<(), Failed> {
         return Err("token did not increase".into());
     }
     g2.release().await?;
+    Ok(())
+}
+
+/// A member restarted without its data (its leases gone with it): the
+/// holder's hold is lost at once, not at its deadline; a waiter of another
+/// client goes on with a lease of its own and takes the lock within its
+/// wait; and a try of a client whose lease etcd no longer knows, before its
+/// next keep-alive, is granted under a new lease.
+async fn restarted_empty() -> Result<(), Failed> {
+    let mut server = private_member().await?;
+    let url = server.url().to_string();
+    let lock = name();
+    let ttl = Duration::from_secs(20);
+    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
+    let other = LockClient::new(EtcdBackend::connect(&url).await?);
+    let g = holder.lock(&lock).ttl(ttl).acquire().await?;
+    let waiting = queued_waiter(other, &url, &lock, ttl, Duration::from_secs(30)).await?;
+    // A client whose session's lease is not kept alive again before it
+    // asks next.
+    let third = LockClient::new(EtcdBackend::connect(&url).await?);
+    let free = format!("{lock}-free");
+    let t = third.lock(&free).ttl(ttl).try_acquire().await?;
+    t.ok_or("a free lock was refused")?.release().await?;
+    let process = server.process_mut().ok_or("no process")?;
+    tokio::task::block_in_place(|| {
+        process.stop();
+        std::fs::remove_dir_all(process.dir.join("data"))?;
+        process.restart().map_err(|e| Failed::from(e.to_string()))
+    })?;
+    let restarted = Instant::now();
+    let t = third
+        .lock(&free)
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .map_err(|e| format!("a try right after the restart failed: {e}"))?;
+    t.ok_or("a free lock was refused right after the restart")?
+        .release()
+        .await?;
+    let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .map_err(|_| "the holder did not see lost() after the restart")?;
+    if restarted.elapsed() > Duration::from_secs(8) {
+        return Err(format!(
+            "lost() came {:?} after the restart ({reason})",
+            restarted.elapsed()
+        )
+        .into());
+    }
+    let g2 = tokio::time::timeout(Duration::from_secs(35), waiting)
+        .await
+        .map_err(|_| "the waiter did not finish")?
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("the waiter gave up after the restart: {e}"))?;
+    g2.release().await?;
+    let again = holder.lock(&lock).ttl(ttl).try_acquire().await?;
+    again
+        .ok_or("a try of the holder's client was refused on a free lock")?
+        .release()
+        .await?;
     Ok(())
 }
 

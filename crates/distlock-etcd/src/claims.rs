@@ -17,6 +17,7 @@ use distlock_core::{Owner, Result};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How a request waits for a claim another request holds.
+#[derive(Clone, Copy)]
 pub(crate) enum Claiming<'a> {
     /// Not at all: the key is taken.
     Try,

@@ -73,6 +73,10 @@ struct Inner {
     /// Owners whose failed release goes on in the background (see
     /// [`EtcdBackend::release_later`]).
     releasing: std::sync::Mutex<std::collections::HashSet<distlock_core::Owner>>,
+    /// etcd answered that a lease it was sent is unknown (a member
+    /// restarted without its data): the next session asked for checks
+    /// that its lease still lives (see [`EtcdBackend::session`]).
+    lease_gone: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -233,7 +237,27 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
         E::InvalidArgs(_) | E::InvalidUri(_) => {
             Error::invalid(InputKind::Url, format!("etcd at {endpoints}: {e}"))
         }
+        // A session's lease that etcd no longer knows: a member restarted
+        // without its data. A new session gets a new lease.
+        _ if lease_not_found(&e) => Error::unavailable(
+            "etcd",
+            format!("etcd at {endpoints} no longer knows this client's lease (a member restarted without its data?); a new one is asked for"),
+            Some(Box::new(e)),
+        ),
         other => Error::backend("etcd", other),
+    }
+}
+
+/// etcd's answer to a request naming a lease it does not know (a
+/// keep-alive stream opened for it answers with a TTL of 0, which the
+/// client reports as an error of its own).
+pub(crate) fn lease_not_found(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic_code::NOT_FOUND && s.message().contains("lease not found")
+        }
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
+        _ => false,
     }
 }
 
@@ -258,6 +282,7 @@ mod tonic_code {
     pub(crate) use tonic::Code;
     pub(crate) const UNAVAILABLE: Code = Code::Unavailable;
     pub(crate) const DEADLINE_EXCEEDED: Code = Code::DeadlineExceeded;
+    pub(crate) const NOT_FOUND: Code = Code::NotFound;
     // tonic reports a request that ran out of its timeout (a leader
     // election in progress) as Cancelled, "Timeout expired".
     pub(crate) const CANCELLED: Code = Code::Cancelled;
@@ -553,6 +578,7 @@ impl EtcdBackend {
                 wakeups: AtomicU64::new(0),
                 logging_in: std::sync::atomic::AtomicBool::new(false),
                 releasing: Default::default(),
+                lease_gone: std::sync::atomic::AtomicBool::new(false),
                 creating: Arc::default(),
                 campaigns: Default::default(),
                 claims: Claims::default(),
@@ -561,6 +587,9 @@ impl EtcdBackend {
     }
 
     fn err(&self, e: etcd_client::Error) -> Error {
+        if lease_not_found(&e) {
+            self.inner.lease_gone.store(true, Ordering::Release);
+        }
         if stale_token(&e) && !self.inner.logging_in.swap(true, Ordering::AcqRel) {
             let this = self.clone();
             tokio::spawn(async move {
@@ -702,6 +731,12 @@ impl EtcdBackend {
     /// The lease session for `ttl`, started on first use or after the last
     /// one was lost.
     async fn session(&self, ttl: Duration) -> Result<Arc<Session>> {
+        if self.inner.lease_gone.swap(false, Ordering::AcqRel) {
+            // Each session asks for its lease to be kept alive now: one
+            // whose lease etcd no longer knows ends, and is replaced below.
+            let live: Vec<Arc<Session>> = self.sessions().values().cloned().collect();
+            futures_util::future::join_all(live.iter().map(|s| s.refresh())).await;
+        }
         let secs = ttl_secs(ttl);
         let live = |secs| self.sessions().get(&secs).filter(|s| !s.is_lost()).cloned();
         if let Some(s) = live(secs) {
@@ -813,6 +848,23 @@ impl EtcdBackend {
     /// says for another request of this backend that has it; `Ok(None)`:
     /// refused to a try.
     async fn enqueue(&self, req: &LockRequest, how: Claiming<'_>) -> Result<Option<Queued>> {
+        match self.enqueue_in_session(req, how).await {
+            // The session's lease is gone (a member restarted without its
+            // data): once more, in a new session.
+            Err(e) if self.inner.lease_gone.load(Ordering::Acquire) => {
+                tracing::info!(lock = %req.name, error = %e, "etcd no longer knows this client's lease; asking again under a new one");
+                self.enqueue_in_session(req, how).await
+            }
+            queued => queued,
+        }
+    }
+
+    /// [`enqueue`](Self::enqueue) in the session for the request's TTL.
+    async fn enqueue_in_session(
+        &self,
+        req: &LockRequest,
+        how: Claiming<'_>,
+    ) -> Result<Option<Queued>> {
         let session = self.session(req.ttl).await?;
         let prefix = format!("{}/", req.name);
         let shared = req.kind == HoldKind::Shared;

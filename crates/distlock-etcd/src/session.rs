@@ -154,6 +154,16 @@ async fn keep_alive(
                 }
                 return;
             }
+            // The lease is gone (a member restarted without its data).
+            Ok(Err(e)) if crate::lease_not_found(&e) => {
+                let _ = lost.send(Some(LostReason::SessionLost(format!(
+                    "etcd no longer knows lease {lease:x}: {e}"
+                ))));
+                for w in waiting {
+                    let _ = w.send(Ok(false));
+                }
+                return;
+            }
             Ok(Err(e)) => {
                 stream = None;
                 Err(e.to_string())
