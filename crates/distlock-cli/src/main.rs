@@ -455,8 +455,17 @@ fn main() -> ExitCode {
         (false, 1) => "debug",
         _ => "trace",
     };
+    // The ZooKeeper client warns of each failed connection attempt, which
+    // distlock reports itself, in one line, when it gives up.
+    let zookeeper = if level == "warn" {
+        ",zookeeper_client=error"
+    } else {
+        ""
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("{level},h2=warn,hyper=warn,tower=warn"))
+        tracing_subscriber::EnvFilter::new(format!(
+            "{level},h2=warn,hyper=warn,tower=warn{zookeeper}"
+        ))
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)

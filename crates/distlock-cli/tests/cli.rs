@@ -2554,3 +2554,22 @@ fn a_signal_while_waiting_for_several_locks_ends_it_at_once() {
     );
     let _ = holder.0.kill();
 }
+
+/// A ZooKeeper server that does not answer: `status` fails in one line,
+/// exit 69.
+#[cfg(feature = "zookeeper")]
+#[test]
+fn status_on_a_paused_zookeeper_fails_in_one_line() {
+    use integration_tests::harness::{ServerKind, TestServer};
+    let zk = TestServer::start_private(ServerKind::ZooKeeper).unwrap();
+    let process = zk.process().expect("a local ZooKeeper");
+    process.signal("STOP").unwrap();
+    let out = bin()
+        .args(["status", "--backend", zk.url(), "paused/x"])
+        .output()
+        .unwrap();
+    process.signal("CONT").unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 69, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -126,7 +126,9 @@ impl Node {
                 };
                 if let Some(other) = self.same_server_as(&id) {
                     let e = crate::config::duplicate(&self.endpoint, &other, "run id");
-                    tracing::warn!(node = %self.endpoint, error = %e, "not used; asked again in {DUPLICATE_RECHECK:?}");
+                    // At connect the error reaches the caller; later the
+                    // node counts as down.
+                    tracing::debug!(node = %self.endpoint, error = %e, "not used; asked again in {DUPLICATE_RECHECK:?}");
                     *lock(&self.duplicate) = Some((other, Instant::now() + DUPLICATE_RECHECK));
                     return Err(e);
                 }
