@@ -26,8 +26,8 @@ pub(crate) struct ElectArgs {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     ttl: Duration,
     /// How long to wait to become leader, connecting to the backend
-    /// included (a backend that has not answered by then: exit 69); 0 tries
-    /// once. Default: forever.
+    /// included (a backend down as it starts is asked again; one that has
+    /// not answered by then: exit 69); 0 tries once. Default: forever.
     #[arg(long, value_parser = parse_duration)]
     wait: Option<Duration>,
     /// Grace between SIGTERM and SIGKILL when leadership is lost.

@@ -199,10 +199,13 @@ pub(crate) async fn connect(url: &str) -> distlock::Result<distlock::DynBackend>
 }
 
 /// Connects to `url` for a command with `--wait`: a non-zero wait bounds
-/// the connect too (a backend that has not answered by then is
-/// unreachable, exit 69), and the part of it left is the acquire's wait
-/// (zero: one try). Without a wait, or with 0, the backend's own connect
-/// timeout applies.
+/// the connect too, and outlasts a backend that is unreachable for a while
+/// (a server restarting as the command starts), asking again after a pause
+/// (100 ms, doubling up to 2 s) as a wait outlasts it once connected; a
+/// backend that has not answered by then is unreachable, exit 69. The part
+/// of the wait left is the acquire's (zero: one try). Without a wait, or
+/// with 0, the backend's own connect timeout applies and a refused
+/// connection fails at once.
 pub(crate) async fn connect_within(
     url: &str,
     wait: Option<Duration>,
@@ -212,15 +215,34 @@ pub(crate) async fn connect_within(
     match wait {
         Some(w) if !w.is_zero() => {
             let start = tokio::time::Instant::now();
-            match tokio::time::timeout(w, connect(url)).await {
-                Ok(r) => Ok((connected(r)?, Some(w.saturating_sub(start.elapsed())))),
-                Err(_) => Err(fail(
-                    EXIT_UNAVAILABLE,
-                    format!(
-                        "the backend did not answer within --wait {}; check that it runs and is reachable",
-                        humantime::format_duration(w)
-                    ),
-                )),
+            let deadline = start + w;
+            // The last attempt goes out this long before the deadline, so
+            // that a refusal or an answer can still come in time.
+            let last = deadline
+                .checked_sub(Duration::from_millis(100))
+                .unwrap_or(start);
+            let mut pause = Duration::from_millis(100);
+            loop {
+                match tokio::time::timeout_at(deadline, connect(url)).await {
+                    Ok(Err(e @ distlock::Error::Unavailable { .. }))
+                        if tokio::time::Instant::now() < last =>
+                    {
+                        let until = (tokio::time::Instant::now() + pause).min(last);
+                        tracing::warn!(error = %e, retry_in = ?until.saturating_duration_since(tokio::time::Instant::now()), "connecting failed; trying again while --wait lasts");
+                        tokio::time::sleep_until(until).await;
+                        pause = (pause * 2).min(Duration::from_secs(2));
+                    }
+                    Ok(r) => return Ok((connected(r)?, Some(w.saturating_sub(start.elapsed())))),
+                    Err(_) => {
+                        return Err(fail(
+                            EXIT_UNAVAILABLE,
+                            format!(
+                                "the backend did not answer within --wait {}; check that it runs and is reachable",
+                                humantime::format_duration(w)
+                            ),
+                        ))
+                    }
+                }
             }
         }
         _ => Ok((connected(connect(url).await)?, wait)),

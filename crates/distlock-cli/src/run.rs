@@ -23,8 +23,8 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     ttl: Duration,
     /// How long to wait for the lock, connecting to the backend included (a
-    /// backend that has not answered by then: exit 69); 0 tries once.
-    /// Default: forever.
+    /// backend down as it starts is asked again; one that has not answered
+    /// by then: exit 69); 0 tries once. Default: forever.
     #[arg(long, value_parser = parse_duration)]
     wait: Option<Duration>,
     /// Do not renew: the lease (and the command) ends after --ttl.

@@ -2573,3 +2573,38 @@ fn status_on_a_paused_zookeeper_fails_in_one_line() {
     assert_eq!(code(&out), 69, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// `--wait` outlasts a backend that is down as the command starts (a
+/// server restarting): the command runs once it is back. One that stays
+/// down is 69 once the wait has run out, not at once.
+#[cfg(feature = "redis")]
+#[test]
+fn wait_outlasts_a_backend_down_at_start() {
+    let mut server = integration_tests::harness::redis::spawn(&[]).unwrap();
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    server.stop();
+    let waiting = bin()
+        .args(["run", "--backend", &url, "--wait", "30s", "down/at-start"])
+        .args(["--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    server.restart().unwrap();
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    server.stop();
+    let start = Instant::now();
+    let out = bin()
+        .args(["run", "--backend", &url, "--wait", "2s", "down/throughout"])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(
+        start.elapsed() >= Duration::from_millis(1500),
+        "gave up after {:?}: {err}",
+        start.elapsed()
+    );
+}
