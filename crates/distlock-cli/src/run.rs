@@ -65,10 +65,41 @@ fn send(pid: Option<u32>, sig: Signal) {
     }
 }
 
-/// Whether the command's process group still has a process.
+/// Whether the command's process group still has a process that runs. A
+/// process that exited and that its parent has not reaped yet (a zombie: a
+/// shell's child whose shell died first waits for the system's init, or a
+/// container's first process, to reap it) still counts for `kill(2)`; on
+/// Linux such members are not counted.
 fn group_alive(pid: Option<u32>) -> bool {
-    pid.and_then(|p| i32::try_from(p).ok())
-        .is_some_and(|p| nix::sys::signal::killpg(Pid::from_raw(p), None).is_ok())
+    let Some(group) = pid.and_then(|p| i32::try_from(p).ok()) else {
+        return false;
+    };
+    nix::sys::signal::killpg(Pid::from_raw(group), None).is_ok() && has_running_member(group)
+}
+
+/// Whether a process of `group` is not a zombie, from `/proc` (`true` where
+/// it cannot be read).
+fn has_running_member(group: i32) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    procs.flatten().any(|p| {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        // "pid (comm) state ppid pgrp ...": comm may hold spaces and
+        // parentheses, so the fields are counted after its last ')'.
+        let mut fields = stat
+            .rsplit_once(')')
+            .map_or("", |(_, r)| r)
+            .split_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
+        pgrp == Some(group) && state != Some("Z")
+    })
 }
 
 /// Waits until the command's process group is empty or `grace` ends, then

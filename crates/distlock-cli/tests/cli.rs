@@ -2608,3 +2608,38 @@ fn wait_outlasts_a_backend_down_at_start() {
         start.elapsed()
     );
 }
+
+/// SIGTERM to `run` stops a shell loop's whole group at once: the shell's
+/// child, left a zombie when the shell dies first, is not taken for a
+/// process the command left running (no warning, no wait for
+/// `--kill-after`).
+#[test]
+fn sigterm_stops_a_shell_loop_without_waiting_for_its_zombies() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let b = sqlite("sig-loop");
+    let mut child = bin()
+        .args(["run", "--backend", &b, "--kill-after", "5s", "loop"])
+        .args(["--", "sh", "-c", "while :; do sleep 0.1; done"])
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let start = Instant::now();
+    kill(
+        Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = exit_within(&mut child, Duration::from_secs(10));
+    let took = start.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(143), "{status:?}: {err}");
+    assert!(!err.contains("left processes"), "{err}");
+    assert!(
+        took < Duration::from_secs(3),
+        "exited after {took:?}: {err}"
+    );
+}
