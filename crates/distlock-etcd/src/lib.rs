@@ -248,6 +248,10 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
     }
 }
 
+/// How long a wait that ended without a grant waits for its key's deletion
+/// before leaving it to the background.
+const WITHDRAW_AT_ONCE: Duration = Duration::from_millis(300);
+
 /// etcd's answer to a request naming a lease it does not know (a
 /// keep-alive stream opened for it answers with a TTL of 0, which the
 /// client reports as an error of its own).
@@ -1046,19 +1050,35 @@ impl EtcdBackend {
     /// the token once nothing ahead keeps me out, `None` if my key
     /// vanished. Transient failures (a member dying, a leader election) are
     /// retried for up to 30 s in a row.
-    async fn wait_for_predecessors(&self, q: &Queued, req: &LockRequest) -> Result<Option<i64>> {
+    /// The failure it is retrying after, if any, is kept in `failing` (for
+    /// a wait that runs out meanwhile to end with it).
+    async fn wait_for_predecessors(
+        &self,
+        q: &Queued,
+        req: &LockRequest,
+        failing: &std::sync::Mutex<Option<Error>>,
+    ) -> Result<Option<i64>> {
         let mut failing_since: Option<Instant> = None;
+        let keep = |e: Option<Error>| {
+            *failing
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = e;
+        };
         loop {
             match self.wait_one_predecessor(q, req).await {
                 Ok(Step::Granted(rev)) => return Ok(Some(rev)),
                 Ok(Step::Vanished) => return Ok(None),
-                Ok(Step::Again) => failing_since = None,
+                Ok(Step::Again) => {
+                    failing_since = None;
+                    keep(None);
+                }
                 Err(e @ Error::Unavailable { .. }) => {
                     let since = *failing_since.get_or_insert_with(Instant::now);
                     if since.elapsed() > Duration::from_secs(30) {
                         return Err(e);
                     }
                     tracing::debug!(error = %e, "etcd wait interrupted; retrying");
+                    keep(Some(e));
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Err(e) => return Err(e),
@@ -1430,9 +1450,10 @@ impl Backend for EtcdBackend {
         let mut mine = true;
         let mut token_rev = q.token_rev;
         if q.blocked {
+            let failing = std::sync::Mutex::new(None);
             let waited = async {
                 tokio::select! {
-                    r = self.wait_for_predecessors(&q, req) => r,
+                    r = self.wait_for_predecessors(&q, req, &failing) => r,
                     reason = q.session.lost() => Err(Error::LeaseLost { name: req.name.clone(), reason }),
                 }
             };
@@ -1442,8 +1463,20 @@ impl Backend for EtcdBackend {
                 Ok(None) => mine = false,
                 Err(e) => {
                     // A timed-out or failed wait deletes my key (a dropped
-                    // one is released by core, which ends up in `release`).
-                    self.withdraw(req, self.delete_mine(&q.key, req).await);
+                    // one is released by core, which ends up in `release`),
+                    // in the background if etcd does not answer at once: the
+                    // wait ends at its deadline. One that ran out while etcd
+                    // failed ends with that failure.
+                    let e = match (e, failing.into_inner()) {
+                        (Error::WaitTimeout { .. }, Ok(Some(failed))) => failed,
+                        (e, _) => e,
+                    };
+                    match tokio::time::timeout(WITHDRAW_AT_ONCE, self.delete_mine(&q.key, req))
+                        .await
+                    {
+                        Ok(deleted) => self.withdraw(req, deleted),
+                        Err(_) => self.release_later(req),
+                    }
                     self.forget(req);
                     return Err(e);
                 }
