@@ -498,8 +498,18 @@ impl LockBuilder {
         let mut last_try = false;
         loop {
             let req = self.request(name.clone());
-            let asked = if last_try { Mode::Once } else { mode };
-            let grant = match self.client.ask(&req, asked, &mut leftovers).await {
+            let answer = match mode {
+                // The last try is bounded as the wait's requests are.
+                Mode::Wait(Some(d)) if last_try => {
+                    let asked = self.client.ask(&req, Mode::Once, &mut leftovers);
+                    match tokio::time::timeout_at(d + ANSWER_GRACE, asked).await {
+                        Ok(answer) => answer,
+                        Err(_) => return Err(timed_out()),
+                    }
+                }
+                _ => self.client.ask(&req, mode, &mut leftovers).await,
+            };
+            let grant = match answer {
                 Ok(Some(grant)) => grant,
                 Ok(None) if last_try => return Err(timed_out()),
                 Ok(None) => return Ok(None),

@@ -1233,7 +1233,7 @@ async fn a_wait_outlasts_failures_while_it_lasts() {
     let back = {
         let s = s.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(4_900)).await;
+            tokio::time::sleep(Duration::from_millis(4_999)).await;
             s.unreachable_acquires.store(0, Ordering::SeqCst);
         })
     };
@@ -1246,6 +1246,34 @@ async fn a_wait_outlasts_failures_while_it_lasts() {
         .expect("the last request at the deadline is granted");
     g.release().await.unwrap();
     back.await.unwrap();
+    // A last try that never answers ends the wait within the grace after
+    // its deadline, as the wait's other requests do.
+    let hang = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(4_999)).await;
+            s.hang_acquire_replies.store(true, Ordering::SeqCst);
+            s.unreachable_acquires.store(0, Ordering::SeqCst);
+        })
+    };
+    s.unreachable_acquires.store(usize::MAX, Ordering::SeqCst);
+    let start = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(60),
+        a.lock("hung-at-the-end")
+            .wait(Duration::from_secs(5))
+            .acquire(),
+    )
+    .await
+    .expect("the wait's last try outlived its deadline by a minute");
+    hang.await.unwrap();
+    s.hang_acquire_replies.store(false, Ordering::SeqCst);
+    assert!(matches!(r, Err(Error::WaitTimeout { .. })), "{r:?}");
+    assert!(
+        start.elapsed() <= Duration::from_secs(5) + distlock_core::ANSWER_GRACE,
+        "the wait ended after {:?}",
+        start.elapsed()
+    );
     s.unreachable_acquires.store(usize::MAX, Ordering::SeqCst);
     let r = a.lock("down").try_acquire().await;
     assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
