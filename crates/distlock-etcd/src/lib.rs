@@ -248,6 +248,41 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
     }
 }
 
+/// Whether `e` is etcd's answer to a request naming a lease it does not
+/// know.
+fn names_a_lost_lease(e: &Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<etcd_client::Error>()
+            .is_some_and(lease_not_found)
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// The failure a wait is retrying after, until etcd answers again.
+#[derive(Default)]
+struct Failing(std::sync::Mutex<Option<Error>>);
+
+impl Failing {
+    fn set(&self, e: Option<Error>) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = e;
+    }
+
+    fn take(&self) -> Option<Error> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
 /// How long a wait that ended without a grant waits for its key's deletion
 /// before leaving it to the background.
 const WITHDRAW_AT_ONCE: Duration = Duration::from_millis(300);
@@ -675,7 +710,10 @@ impl EtcdBackend {
         let mut delay = Duration::from_millis(50);
         loop {
             match f().await.map_err(|e| self.err(e)) {
-                Err(e @ Error::Unavailable { .. }) if start.elapsed() < Duration::from_secs(6) => {
+                // A lost lease stays lost: the caller needs a new session.
+                Err(e @ Error::Unavailable { .. })
+                    if start.elapsed() < Duration::from_secs(6) && !names_a_lost_lease(&e) =>
+                {
                     tracing::debug!(error = %e, "etcd request failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_millis(500));
@@ -736,10 +774,10 @@ impl EtcdBackend {
     /// one was lost.
     async fn session(&self, ttl: Duration) -> Result<Arc<Session>> {
         if self.inner.lease_gone.swap(false, Ordering::AcqRel) {
-            // Each session asks for its lease to be kept alive now: one
-            // whose lease etcd no longer knows ends, and is replaced below.
+            // Each session checks its lease now: one whose lease etcd no
+            // longer knows ends, and is replaced below.
             let live: Vec<Arc<Session>> = self.sessions().values().cloned().collect();
-            futures_util::future::join_all(live.iter().map(|s| s.refresh())).await;
+            futures_util::future::join_all(live.iter().map(|s| s.check_lease())).await;
         }
         let secs = ttl_secs(ttl);
         let live = |secs| self.sessions().get(&secs).filter(|s| !s.is_lost()).cloned();
@@ -852,24 +890,28 @@ impl EtcdBackend {
     /// says for another request of this backend that has it; `Ok(None)`:
     /// refused to a try.
     async fn enqueue(&self, req: &LockRequest, how: Claiming<'_>) -> Result<Option<Queued>> {
-        match self.enqueue_in_session(req, how).await {
+        let session = self.session(req.ttl).await?;
+        match self.enqueue_in(req, how, session.clone()).await {
             // The session's lease is gone (a member restarted without its
-            // data): once more, in a new session.
-            Err(e) if self.inner.lease_gone.load(Ordering::Acquire) => {
+            // data): the session ends, and the request goes once more in a
+            // new one.
+            Err(e) if names_a_lost_lease(&e) => {
                 tracing::info!(lock = %req.name, error = %e, "etcd no longer knows this client's lease; asking again under a new one");
-                self.enqueue_in_session(req, how).await
+                session.check_lease().await;
+                let session = self.session(req.ttl).await?;
+                self.enqueue_in(req, how, session).await
             }
             queued => queued,
         }
     }
 
-    /// [`enqueue`](Self::enqueue) in the session for the request's TTL.
-    async fn enqueue_in_session(
+    /// [`enqueue`](Self::enqueue) in `session`.
+    async fn enqueue_in(
         &self,
         req: &LockRequest,
         how: Claiming<'_>,
+        session: Arc<Session>,
     ) -> Result<Option<Queued>> {
-        let session = self.session(req.ttl).await?;
         let prefix = format!("{}/", req.name);
         let shared = req.kind == HoldKind::Shared;
         // Go's Mutex layout for the exclusive key: <name>/<lease id in
@@ -1050,35 +1092,28 @@ impl EtcdBackend {
     /// the token once nothing ahead keeps me out, `None` if my key
     /// vanished. Transient failures (a member dying, a leader election) are
     /// retried for up to 30 s in a row.
-    /// The failure it is retrying after, if any, is kept in `failing` (for
-    /// a wait that runs out meanwhile to end with it).
+    /// The failure it is retrying after is kept in `failing` until etcd
+    /// answers again (for a wait that runs out while etcd keeps failing to
+    /// end with it).
     async fn wait_for_predecessors(
         &self,
         q: &Queued,
         req: &LockRequest,
-        failing: &std::sync::Mutex<Option<Error>>,
+        failing: &Failing,
     ) -> Result<Option<i64>> {
         let mut failing_since: Option<Instant> = None;
-        let keep = |e: Option<Error>| {
-            *failing
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = e;
-        };
         loop {
-            match self.wait_one_predecessor(q, req).await {
+            match self.wait_one_predecessor(q, req, failing).await {
                 Ok(Step::Granted(rev)) => return Ok(Some(rev)),
                 Ok(Step::Vanished) => return Ok(None),
-                Ok(Step::Again) => {
-                    failing_since = None;
-                    keep(None);
-                }
+                Ok(Step::Again) => failing_since = None,
                 Err(e @ Error::Unavailable { .. }) => {
                     let since = *failing_since.get_or_insert_with(Instant::now);
                     if since.elapsed() > Duration::from_secs(30) {
                         return Err(e);
                     }
                     tracing::debug!(error = %e, "etcd wait interrupted; retrying");
-                    keep(Some(e));
+                    failing.set(Some(e));
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Err(e) => return Err(e),
@@ -1172,7 +1207,12 @@ impl EtcdBackend {
 
     /// One step of the wait: [look ahead](Self::look_ahead), and watch the
     /// deletion of the nearest key that keeps me out.
-    async fn wait_one_predecessor(&self, q: &Queued, req: &LockRequest) -> Result<Step> {
+    async fn wait_one_predecessor(
+        &self,
+        q: &Queued,
+        req: &LockRequest,
+        failing: &Failing,
+    ) -> Result<Step> {
         let (pred_key, rev) = match self.look_ahead(q, req).await? {
             Ahead::Clear(token) => return Ok(Step::Granted(token)),
             Ahead::Vanished => return Ok(Step::Vanished),
@@ -1186,6 +1226,8 @@ impl EtcdBackend {
             )
             .await
             .map_err(|e| self.err(e))?;
+        // etcd answers again: a failure before this one is over.
+        failing.set(None);
         while let Some(msg) = stream.message().await.map_err(|e| self.err(e))? {
             if msg.canceled() {
                 break;
@@ -1450,7 +1492,7 @@ impl Backend for EtcdBackend {
         let mut mine = true;
         let mut token_rev = q.token_rev;
         if q.blocked {
-            let failing = std::sync::Mutex::new(None);
+            let failing = Failing::default();
             let waited = async {
                 tokio::select! {
                     r = self.wait_for_predecessors(&q, req, &failing) => r,
@@ -1467,8 +1509,8 @@ impl Backend for EtcdBackend {
                     // in the background if etcd does not answer at once: the
                     // wait ends at its deadline. One that ran out while etcd
                     // failed ends with that failure.
-                    let e = match (e, failing.into_inner()) {
-                        (Error::WaitTimeout { .. }, Ok(Some(failed))) => failed,
+                    let e = match (e, failing.take()) {
+                        (Error::WaitTimeout { .. }, Some(failed)) => failed,
                         (e, _) => e,
                     };
                     match tokio::time::timeout(WITHDRAW_AT_ONCE, self.delete_mine(&q.key, req))

@@ -85,6 +85,16 @@ impl Session {
         }
     }
 
+    /// Ends the session if etcd no longer knows its lease: keeps it alive
+    /// now, and once more after a failure (a keep-alive stream broken by a
+    /// member's restart fails first, and the next one opened gets etcd's
+    /// answer).
+    pub(crate) async fn check_lease(&self) {
+        if self.refresh().await.is_err() {
+            let _ = self.refresh().await;
+        }
+    }
+
     /// Keeps the lease alive now; `Ok(false)` if etcd says it is gone.
     pub(crate) async fn refresh(&self) -> Result<bool, String> {
         let (tx, rx) = oneshot::channel();
