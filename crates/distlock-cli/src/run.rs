@@ -77,18 +77,20 @@ fn group_alive(pid: Option<u32>) -> bool {
     nix::sys::signal::killpg(Pid::from_raw(group), None).is_ok() && has_running_member(group)
 }
 
-/// Whether a process of `group` is not a zombie, from `/proc` (`true` where
-/// it cannot be read).
+/// Whether a process of `group` is not a zombie, from `/proc`: `false`
+/// only when every member found there is one (`true` where it cannot be
+/// read, or shows no member: another PID namespace, `hidepid`).
 fn has_running_member(group: i32) -> bool {
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return true;
     };
-    procs.flatten().any(|p| {
+    let mut zombies = 0;
+    for p in procs.flatten() {
         let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            return false;
+            continue;
         };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
+            continue;
         };
         // "pid (comm) state ppid pgrp ...": comm may hold spaces and
         // parentheses, so the fields are counted after its last ')'.
@@ -97,9 +99,14 @@ fn has_running_member(group: i32) -> bool {
             .map_or("", |(_, r)| r)
             .split_whitespace();
         let state = fields.next();
-        let pgrp = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
-        pgrp == Some(group) && state != Some("Z")
-    })
+        if fields.nth(1).and_then(|g| g.parse::<i32>().ok()) == Some(group) {
+            if state != Some("Z") {
+                return true;
+            }
+            zombies += 1;
+        }
+    }
+    zombies == 0
 }
 
 /// Waits until the command's process group is empty or `grace` ends, then
