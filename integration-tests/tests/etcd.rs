@@ -932,8 +932,9 @@ async fn wait_runs_out_while_down() -> Result<(), Failed> {
 /// A member restarted without its data (its leases gone with it): the
 /// holder's hold is lost at once, not at its deadline; a waiter of another
 /// client goes on with a lease of its own and takes the lock within its
-/// wait; and a try of a client whose lease etcd no longer knows, before its
-/// next keep-alive, is granted under a new lease.
+/// wait; and a try (a lock's, a permit's, a multi-lock's) of a client
+/// whose lease etcd no longer knows, before its next keep-alive, is granted
+/// under a new lease.
 async fn restarted_empty() -> Result<(), Failed> {
     let mut server = private_member().await?;
     let url = server.url().to_string();
@@ -949,6 +950,25 @@ async fn restarted_empty() -> Result<(), Failed> {
     let free = format!("{lock}-free");
     let t = third.lock(&free).ttl(ttl).try_acquire().await?;
     t.ok_or("a free lock was refused")?.release().await?;
+    // The same for a semaphore's permit, in a client of its own (a request
+    // that meets a dead lease marks every session of its client).
+    let fourth = LockClient::new(EtcdBackend::connect(&url).await?);
+    let permits = format!("{lock}-permits");
+    let try_permit = || fourth.semaphore(&permits, 2).ttl(ttl).try_acquire();
+    try_permit()
+        .await?
+        .ok_or("a free permit was refused")?
+        .release()
+        .await?;
+    // And a multi-lock's.
+    let fifth = LockClient::new(EtcdBackend::connect(&url).await?);
+    let names = [format!("{lock}-a"), format!("{lock}-b")];
+    let try_all = || fifth.lock_all(&names).ttl(ttl).try_acquire();
+    try_all()
+        .await?
+        .ok_or("free locks were refused")?
+        .release()
+        .await?;
     let process = server.process_mut().ok_or("no process")?;
     tokio::task::block_in_place(|| {
         process.stop();
@@ -963,6 +983,18 @@ async fn restarted_empty() -> Result<(), Failed> {
         .await
         .map_err(|e| format!("a try right after the restart failed: {e}"))?;
     t.ok_or("a free lock was refused right after the restart")?
+        .release()
+        .await?;
+    try_permit()
+        .await
+        .map_err(|e| format!("a permit's try right after the restart failed: {e}"))?
+        .ok_or("a free permit was refused right after the restart")?
+        .release()
+        .await?;
+    try_all()
+        .await
+        .map_err(|e| format!("a multi-lock's try right after the restart failed: {e}"))?
+        .ok_or("free locks were refused right after the restart")?
         .release()
         .await?;
     let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())

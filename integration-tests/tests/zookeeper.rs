@@ -60,6 +60,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "zookeeper::a_wait_cut_off_until_its_deadline_ends_unavailable_at_its_deadline",
+                wait_runs_out_while_cut_off(zk.clone()),
+            ),
+            trial(
+                rt,
                 "zookeeper::leader_killed_during_hold_and_wait_keeps_exclusion",
                 leader_killed(),
             ),
@@ -394,6 +399,65 @@ async fn stalled_wait(f: Arc<Zk>) -> Result<(), Failed> {
         ZooKeeperBackend::connect(&url).await
     })
     .await
+}
+
+/// A waiter (a lock's, then a permit's) cut off from ZooKeeper until its
+/// deadline ends at its deadline with the failure (unreachable: exit 69 in
+/// the CLI), as on the other backends; one whose connection came back
+/// meanwhile ends with a timeout. Its session outlives the outage.
+async fn wait_runs_out_while_cut_off(f: Arc<Zk>) -> Result<(), Failed> {
+    let port = integration_tests::harness::host_port(&format!("zk://{}", f.host_port()?))
+        .ok_or("no port")?
+        .1;
+    let holder = distlock_client(&f).await?;
+    let lock = name();
+    let ttl = Duration::from_secs(20);
+    let wait = Duration::from_secs(4);
+    let _g = holder.lock(&lock).ttl(ttl).acquire().await?;
+    let semaphore = format!("{lock}-permits");
+    let _p = holder.semaphore(&semaphore, 1).ttl(ttl).acquire().await?;
+    for permit in [false, true] {
+        let what = if permit { "a permit's" } else { "a lock's" };
+        let proxy = Proxy::start(port).map_err(|e| e.to_string())?;
+        let waiter = LockClient::new(
+            ZooKeeperBackend::connect(&format!("zk://127.0.0.1:{}", proxy.port)).await?,
+        );
+        let start = |waiter: LockClient| {
+            let (lock, semaphore) = (lock.clone(), semaphore.clone());
+            tokio::spawn(async move {
+                let r = if permit {
+                    let b = waiter.semaphore(&semaphore, 1).ttl(ttl).wait(wait);
+                    b.acquire().await
+                } else {
+                    waiter.lock(&lock).ttl(ttl).wait(wait).acquire().await
+                };
+                (r, Instant::now())
+            })
+        };
+        // A connection that comes back at once: the wait runs out behind
+        // the live holder.
+        let waiting = start(waiter.clone());
+        tokio::time::sleep(HELD).await;
+        proxy.sever();
+        let (r, _) = waiting.await.map_err(|e| e.to_string())?;
+        if !matches!(r, Err(Error::WaitTimeout { .. })) {
+            return Err(format!("{what} wait that outlasted a blip ended with {r:?}").into());
+        }
+        let started = Instant::now();
+        let waiting = start(waiter);
+        tokio::time::sleep(HELD).await;
+        proxy.sever();
+        drop(proxy);
+        let (r, ended) = waiting.await.map_err(|e| e.to_string())?;
+        if !matches!(r, Err(Error::Unavailable { .. })) {
+            return Err(format!("{what} cut-off wait ended with {r:?}, not unreachable").into());
+        }
+        let took = ended - started;
+        if took > wait + Duration::from_millis(800) {
+            return Err(format!("{what} {wait:?} wait ended after {took:?}").into());
+        }
+    }
+    Ok(())
 }
 
 /// The holder's connection goes through a proxy that is cut: it sees lost()

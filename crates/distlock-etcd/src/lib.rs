@@ -1246,6 +1246,99 @@ impl EtcdBackend {
 }
 
 impl EtcdBackend {
+    /// [`try_acquire_all`](Self::try_acquire_all) in `session`.
+    async fn try_acquire_all_in(
+        &self,
+        reqs: &[LockRequest],
+        session: Arc<Session>,
+    ) -> Result<AllAtOnce> {
+        let locks: Vec<(String, String, String)> = reqs
+            .iter()
+            .map(|r| {
+                let prefix = format!("{}/", r.name);
+                (
+                    format!("{prefix}{:x}", session.lease),
+                    prefix,
+                    distlock_core::stored_owner(r),
+                )
+            })
+            .collect();
+        let forget = |backend: &Self| {
+            let mut queued = backend.queued();
+            for r in reqs {
+                queued.remove(&r.owner);
+                backend.inner.claims.unclaim(&r.owner);
+            }
+        };
+        // A name another request of this backend has: one at a time.
+        for (r, (key, ..)) in reqs.iter().zip(&locks) {
+            let claim = claim_key(key, false);
+            if !self
+                .inner
+                .claims
+                .claim(&claim, r.owner, Claiming::Try)
+                .await?
+            {
+                forget(self);
+                return Ok(AllAtOnce::NotOffered);
+            }
+        }
+        {
+            let mut queued = self.queued();
+            for r in reqs {
+                queued.insert(r.owner, session.clone());
+            }
+        }
+        let txn = requests::enqueue_all(&locks, session.lease);
+        let resp = match self
+            .creating_txn(reqs.iter().map(|r| r.name.as_str()), txn)
+            .await
+        {
+            Ok(resp) => resp,
+            Err(e) => {
+                // Whatever it left is a leftover now, which the next
+                // request of each name deletes.
+                forget(self);
+                return Err(e);
+            }
+        };
+        if !resp.succeeded() {
+            forget(self);
+            return Ok(AllAtOnce::NotOffered);
+        }
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let ops = resp.op_responses();
+        let heads: Vec<Option<(i64, bool)>> = ops[reqs.len()..]
+            .iter()
+            .zip(&locks)
+            .map(|(op, (_, prefix, _))| match op {
+                TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .first()
+                    .map(|kv| (kv.create_revision(), own_key(kv.key(), prefix))),
+                _ => None,
+            })
+            .collect();
+        let first = heads.iter().all(|h| h.is_some_and(|(r, _)| r == rev));
+        if first && heads.len() == reqs.len() {
+            let began = session.lease_began();
+            let token = FencingToken(rev as u64);
+            return Ok(AllAtOnce::Granted(
+                reqs.iter().map(|_| Grant::new(token, began)).collect(),
+            ));
+        }
+        let mine: Vec<String> = locks.into_iter().map(|(key, ..)| key).collect();
+        let txn = requests::delete_all(&mine);
+        self.txn(txn).await?;
+        forget(self);
+        // A longer name's key read as a queue's oldest hides whether the
+        // name's own keys keep it out: the names are taken one at a time.
+        if heads.iter().flatten().any(|&(r, own)| !own && r != rev) {
+            return Ok(AllAtOnce::NotOffered);
+        }
+        Ok(AllAtOnce::Refused)
+    }
+
     /// Deletes a lock's, shared hold's or campaign's key if it is still
     /// `req`'s.
     async fn release_key(&self, req: &LockRequest) -> Result<bool> {
@@ -1400,82 +1493,16 @@ impl Backend for EtcdBackend {
             return Ok(AllAtOnce::NotOffered);
         }
         let session = self.session(ttl).await?;
-        let locks: Vec<(String, String, String)> = reqs
-            .iter()
-            .map(|r| {
-                let prefix = format!("{}/", r.name);
-                (
-                    format!("{prefix}{:x}", session.lease),
-                    prefix,
-                    distlock_core::stored_owner(r),
-                )
-            })
-            .collect();
-        let forget = |backend: &Self| {
-            let mut queued = backend.queued();
-            for r in reqs {
-                queued.remove(&r.owner);
-                backend.inner.claims.unclaim(&r.owner);
+        match self.try_acquire_all_in(reqs, session.clone()).await {
+            // As a lock's enqueue: once more under a new lease.
+            Err(e) if names_a_lost_lease(&e) => {
+                tracing::info!(error = %e, "etcd no longer knows this client's lease; asking again under a new one");
+                session.check_lease().await;
+                let session = self.session(ttl).await?;
+                self.try_acquire_all_in(reqs, session).await
             }
-        };
-        // A name another request of this backend has: one at a time.
-        for (r, (key, ..)) in reqs.iter().zip(&locks) {
-            let claim = claim_key(key, false);
-            if !self
-                .inner
-                .claims
-                .claim(&claim, r.owner, Claiming::Try)
-                .await?
-            {
-                forget(self);
-                return Ok(AllAtOnce::NotOffered);
-            }
+            tried => tried,
         }
-        {
-            let mut queued = self.queued();
-            for r in reqs {
-                queued.insert(r.owner, session.clone());
-            }
-        }
-        let txn = requests::enqueue_all(&locks, session.lease);
-        let resp = self
-            .creating_txn(reqs.iter().map(|r| r.name.as_str()), txn)
-            .await?;
-        if !resp.succeeded() {
-            forget(self);
-            return Ok(AllAtOnce::NotOffered);
-        }
-        let rev = resp.header().map_or(0, |h| h.revision());
-        let ops = resp.op_responses();
-        let heads: Vec<Option<(i64, bool)>> = ops[reqs.len()..]
-            .iter()
-            .zip(&locks)
-            .map(|(op, (_, prefix, _))| match op {
-                TxnOpResponse::Get(g) => g
-                    .kvs()
-                    .first()
-                    .map(|kv| (kv.create_revision(), own_key(kv.key(), prefix))),
-                _ => None,
-            })
-            .collect();
-        let first = heads.iter().all(|h| h.is_some_and(|(r, _)| r == rev));
-        if first && heads.len() == reqs.len() {
-            let began = session.lease_began();
-            let token = FencingToken(rev as u64);
-            return Ok(AllAtOnce::Granted(
-                reqs.iter().map(|_| Grant::new(token, began)).collect(),
-            ));
-        }
-        let mine: Vec<String> = locks.into_iter().map(|(key, ..)| key).collect();
-        let txn = requests::delete_all(&mine);
-        self.txn(txn).await?;
-        forget(self);
-        // A longer name's key read as a queue's oldest hides whether the
-        // name's own keys keep it out: the names are taken one at a time.
-        if heads.iter().flatten().any(|&(r, own)| !own && r != rev) {
-            return Ok(AllAtOnce::NotOffered);
-        }
-        Ok(AllAtOnce::Refused)
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {

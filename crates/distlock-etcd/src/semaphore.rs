@@ -62,7 +62,7 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use crate::session::Session;
-use crate::EtcdBackend;
+use crate::{names_a_lost_lease, EtcdBackend};
 
 /// The root of every semaphore's keys.
 pub(crate) const ROOT: &str = "/distlock/semaphores/";
@@ -348,9 +348,20 @@ impl EtcdBackend {
     /// completion even if the caller stops waiting (a delete of the key
     /// waits for it: [`Self::delete_permit`]). Sets `c.my_rev`.
     async fn join(&self, c: &mut Contender<'_>) -> Result<Joined> {
-        let resp = self
-            .creating_txn([c.req.name.as_str()], c.join_txn())
-            .await?;
+        let resp = match self.creating_txn([c.req.name.as_str()], c.join_txn()).await {
+            // The session's lease is gone (a member restarted without its
+            // data): the session ends, and the request goes once more in a
+            // new one, as a lock's enqueue does.
+            Err(e) if names_a_lost_lease(&e) => {
+                tracing::info!(semaphore = %c.req.name, error = %e, "etcd no longer knows this client's lease; asking again under a new one");
+                c.session.check_lease().await;
+                c.session = self.session(c.req.ttl).await?;
+                self.queued().insert(c.req.owner, c.session.clone());
+                self.creating_txn([c.req.name.as_str()], c.join_txn())
+                    .await?
+            }
+            resp => resp?,
+        };
         let revision = resp.header().map_or(0, |h| h.revision());
         let ops = resp.op_responses();
         let ops = if resp.succeeded() {

@@ -23,6 +23,10 @@ mod url;
 /// `zk::Client` clone copies its chroot and session password.
 type Session = Arc<zk::Client>;
 
+/// How long a wait that ended without a grant waits for its node's
+/// deletion before leaving it to the background.
+const WITHDRAW_AT_ONCE: Duration = Duration::from_millis(300);
+
 /// Locks on ZooKeeper as ephemeral sequential children, named like Apache
 /// Curator's `InterProcessMutex` (`_c_<uuid>-lock-<seq>`) or, with
 /// `layout=rwlock`, like its `InterProcessReadWriteLock`
@@ -397,6 +401,27 @@ impl ZooKeeperBackend {
 
     fn err(&self, e: zk::Error) -> Error {
         err(&self.inner.hosts, e)
+    }
+
+    /// A wait that ran out while its session was cut off from every server
+    /// ends with that failure (exit 69 in the CLI), as a wait on the other
+    /// backends does: its watch can neither fire nor fail while the session
+    /// outlives the outage. One whose session is connected ran out behind
+    /// a holder.
+    fn cut_off_at_the_deadline(&self, e: Error, client: &zk::Client) -> Error {
+        match e {
+            Error::WaitTimeout { .. } if client.state() == zk::SessionState::Disconnected => {
+                Error::unavailable(
+                    "zookeeper",
+                    format!(
+                        "ZooKeeper at {}: no server answered by the wait's deadline",
+                        self.inner.hosts
+                    ),
+                    Some(Box::new(e)),
+                )
+            }
+            e => e,
+        }
     }
 
     fn nodes(&self) -> MutexGuard<'_, HashMap<Owner, Node>> {
@@ -876,6 +901,20 @@ impl ZooKeeperBackend {
         }
     }
 
+    /// [`withdraw`](Self::withdraw) after a wait, given a moment: a delete
+    /// that does not answer at once (the server cut off or restarting) goes
+    /// on in the background, so that the wait ends at its deadline.
+    pub(crate) async fn withdraw_soon(
+        &self,
+        req: &LockRequest,
+        delete: impl std::future::Future<Output = Result<bool>>,
+    ) {
+        match tokio::time::timeout(WITHDRAW_AT_ONCE, delete).await {
+            Ok(deleted) => self.withdraw(req, deleted),
+            Err(_) => self.release_later(req),
+        }
+    }
+
     fn releasing(&self) -> MutexGuard<'_, HashSet<Owner>> {
         self.inner
             .releasing
@@ -1047,7 +1086,8 @@ impl Backend for ZooKeeperBackend {
             Ok(()) => Ok(Grant::new(token, q.began)),
             Err(e) => {
                 // A timed-out or failed wait deletes my node.
-                self.withdraw(req, self.delete_node(req).await);
+                let e = self.cut_off_at_the_deadline(e, &q.client);
+                self.withdraw_soon(req, self.delete_node(req)).await;
                 Err(e)
             }
         }

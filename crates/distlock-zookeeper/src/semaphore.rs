@@ -596,7 +596,8 @@ impl ZooKeeperBackend {
             Err(e) => {
                 // A timed-out or failed wait deletes my node (a dropped one
                 // is released by core, which ends up in `release_permit`).
-                self.withdraw(req, self.release_permit(req).await);
+                let e = self.cut_off_at_the_deadline(e, &c.client);
+                self.withdraw_soon(req, self.release_permit(req)).await;
                 Err(e)
             }
         }
