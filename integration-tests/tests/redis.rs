@@ -45,6 +45,7 @@ const LEAST_PRIVILEGE: &[&str] = &[
     "+wait",
     "+zadd",
     "+zcard",
+    "+zcount",
     "+zrange",
     "+zrangebyscore",
     "+zrem",
@@ -180,6 +181,21 @@ fn main() {
         extra.push(Trial::test(
             "redis::uncontended_shared_and_exclusive_holds_are_one_script_call_each_way",
             move || handle.block_on(one_call_each_way()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::a_writers_first_attempt_sent_again_and_granted_leaves_no_mark",
+            move || handle.block_on(resent_first_attempt()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::a_shared_grant_sent_again_is_granted_again_behind_a_writers_mark",
+            move || handle.block_on(resent_shared_grant()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::fifo::shared::single::a_reader_never_passes_a_writer_queued_behind_300_readers",
+            move || handle.block_on(fifo_readers_beyond_a_page()),
         ));
         let handle = rt.handle().clone();
         extra.push(Trial::test(
@@ -480,6 +496,7 @@ async fn one_call_each_way() -> Result<(), Failed> {
         "zremrangebyscore",
         "zscore",
         "zcard",
+        "zcount",
         "time",
     ];
     let zsets = move || server::calls(port, ZSETS);
@@ -514,6 +531,183 @@ async fn one_call_each_way() -> Result<(), Failed> {
         return Err(format!("a shared acquire and release took {took} script calls").into());
     }
     drop(node);
+    Ok(())
+}
+
+/// The script of `hash` called with `keys` and `args` as one command, as a client
+/// sends it (the script is loaded already): the reply's first line.
+fn evalsha(port: u16, hash: &str, keys: &[&str], args: &[&str]) -> Result<String, Failed> {
+    let n = keys.len().to_string();
+    let mut command = vec!["EVALSHA", hash, &n];
+    command.extend(keys);
+    command.extend(args);
+    let reply = server::command(port, &command).ok_or("no reply to EVALSHA")?;
+    if reply.starts_with('-') {
+        return Err(format!("EVALSHA answered {reply:?}").into());
+    }
+    Ok(reply)
+}
+
+/// A single server with every script loaded (a lock's and a shared
+/// hold's acquire and release run once), and a client of it.
+async fn scripts_loaded() -> Result<(ServerProcess, LockClient), Failed> {
+    let node = tokio::task::spawn_blocking(|| server::spawn(&[]))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let url = format!("redis://127.0.0.1:{}", node.port);
+    let client = LockClient::new(RedisBackend::connect(&url).await?);
+    client.lock("loads").acquire().await?.release().await?;
+    let r = client.lock("loads").shared().acquire().await?;
+    r.release().await?;
+    Ok((node, client))
+}
+
+/// A writer's first wait attempt, refused while a reader holds, leaves its
+/// mark; its answer is lost and the same call is sent again (a reconnect
+/// re-sends it) once the reader has gone, and is granted. The grant takes
+/// the mark with it: once the writer releases, a reader is granted at
+/// once, not refused for the rest of the writer's TTL.
+async fn resent_first_attempt() -> Result<(), Failed> {
+    let (node, client) = scripts_loaded().await?;
+    let port = node.port;
+    let scripts = distlock_redis::Scripts::get();
+    let lock = "resent/first";
+    let (fence, marks) = (
+        distlock_redis::Keys::fence_of(lock),
+        distlock_redis::Keys::writers_of(lock),
+    );
+    let keys = [lock, fence.as_str(), marks.as_str()];
+    let attempt = ["resent-writer", "30000", "1"];
+    let r = client
+        .lock(lock)
+        .shared()
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let refused = evalsha(port, scripts.acquire.get_hash(), &keys, &attempt)?;
+    if !refused.starts_with('*') {
+        return Err(format!("the first attempt behind a reader answered {refused:?}").into());
+    }
+    r.release().await?;
+    let granted = evalsha(port, scripts.acquire.get_hash(), &keys, &attempt)?;
+    if !granted.starts_with(':') || granted.starts_with(":-") {
+        return Err(format!("the attempt sent again answered {granted:?}").into());
+    }
+    let channel = distlock_redis::Keys::channel_of(lock);
+    let released = evalsha(
+        port,
+        scripts.release.get_hash(),
+        &[lock, marks.as_str()],
+        &["resent-writer", &channel],
+    )?;
+    if !released.starts_with(":1") {
+        return Err(format!("the writer's release answered {released:?}").into());
+    }
+    let other = client.lock(lock).shared().ttl(Duration::from_secs(30));
+    match other.try_acquire().await? {
+        Some(g) => g.release().await.map(|_| ()).map_err(Into::into),
+        None => Err("a reader was refused after the writer released: its mark stayed".into()),
+    }
+}
+
+/// A reader's grant whose answer is lost, sent again (a reconnect re-sends
+/// it) after a writer has left its mark, is granted again: the reader
+/// holds, and refused it would keep the writer out for its TTL while its
+/// client took itself for refused.
+async fn resent_shared_grant() -> Result<(), Failed> {
+    let (node, client) = scripts_loaded().await?;
+    let port = node.port;
+    let scripts = distlock_redis::Scripts::get();
+    let lock = "resent/shared";
+    let (fence, readers, marks) = (
+        distlock_redis::Keys::fence_of(lock),
+        distlock_redis::Keys::readers_of(lock),
+        distlock_redis::Keys::writers_of(lock),
+    );
+    let keys = [lock, fence.as_str(), readers.as_str(), marks.as_str()];
+    let attempt = ["resent-reader", "30000", "1"];
+    let first = evalsha(port, scripts.shared_acquire.get_hash(), &keys, &attempt)?;
+    if !first.starts_with(':') || first.starts_with(":-") {
+        return Err(format!("a reader of a free lock was answered {first:?}").into());
+    }
+    let writer = client.lock(lock).ttl(Duration::from_secs(30));
+    let waiting = tokio::spawn(writer.wait(Duration::from_secs(60)).acquire());
+    let start = tokio::time::Instant::now();
+    while !server::command(port, &["ZCARD", &marks]).is_some_and(|r| r.starts_with(":1\r")) {
+        if start.elapsed() > Duration::from_secs(10) {
+            waiting.abort();
+            return Err("the waiting writer left no mark".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = evalsha(port, scripts.shared_acquire.get_hash(), &keys, &attempt)?;
+    waiting.abort();
+    if !again.starts_with(':') || again.starts_with(":-") {
+        return Err(format!("the reader's grant sent again was answered {again:?}").into());
+    }
+    Ok(())
+}
+
+/// A reader never passes a writer queued before it, however many readers
+/// wait ahead of that writer: 300 reader entries (written directly, of
+/// waiters that never come) ahead of a queued writer, and a reader's try
+/// once the lock is free is refused.
+async fn fifo_readers_beyond_a_page() -> Result<(), Failed> {
+    let (url, ports, _servers) = fifo_servers(Topology::Single).await?;
+    let url = format!("{url}?fifo=true&queue_lease_ms=60000");
+    let port = ports[0];
+    let name = "fifo/many-readers";
+    let (queue, ends, shared) = (
+        distlock_redis::Keys::queue_of(name),
+        distlock_redis::Keys::queue_ends_of(name),
+        distlock_redis::Keys::queue_shared_of(name),
+    );
+    let ttl = Duration::from_secs(30);
+    let holder = LockClient::new(RedisBackend::connect(&url).await?);
+    let held = holder.lock(name).ttl(ttl).acquire().await?;
+    // Placed at 1..=300 µs, long before any real arrival; lasting until 2100.
+    let entries: Vec<(String, String)> = (1..=300)
+        .map(|i| (i.to_string(), format!("absent r{i}")))
+        .collect();
+    for (key, score) in [
+        (&queue, None),
+        (&ends, Some("4102444800000")),
+        (&shared, None),
+    ] {
+        let mut command = vec!["ZADD", key.as_str()];
+        for (place, entry) in &entries {
+            command.extend([score.unwrap_or(place.as_str()), entry.as_str()]);
+        }
+        server::command(port, &command).ok_or("no reply to ZADD")?;
+    }
+    let writer = LockClient::new(RedisBackend::connect(&url).await?);
+    let waiting = tokio::spawn(async move {
+        writer
+            .lock(name)
+            .ttl(ttl)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    let count = fifo_queued(ports.clone(), queue.clone());
+    let start = tokio::time::Instant::now();
+    while count()? < 301 {
+        if start.elapsed() > Duration::from_secs(10) {
+            waiting.abort();
+            return Err("the writer did not queue".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    held.release().await?;
+    let reader = LockClient::new(RedisBackend::connect(&url).await?);
+    let passed = reader.lock(name).shared().ttl(ttl).try_acquire().await;
+    waiting.abort();
+    server::command(port, &["DEL", &queue, &ends, &shared]);
+    if let Some(g) = passed? {
+        g.release().await?;
+        return Err("a reader's try passed a writer queued behind 300 readers".into());
+    }
     Ok(())
 }
 

@@ -18,7 +18,8 @@
 -- Shared holds keep the lock key set to 'distlock:shared' (see
 -- shared_acquire.lua), so the same SET NX refuses an exclusive request
 -- while readers hold the name: the uncontended path is EXISTS (of the
--- queue), SET and INCR only.
+-- queue, and for a wait's first attempt of the writer marks), SET and
+-- INCR only.
 -- With a queue, the lock goes to the waiter at the queue's head: any other
 -- caller is refused while a live entry is ahead of it, even if the lock is
 -- free, and a waiting caller refused joins the queue (or renews its entry).
@@ -32,8 +33,10 @@
 local queue = KEYS[4]
 local queued = queue and redis.call('EXISTS', queue) == 1
 local function granted()
-  if ARGV[3] == '2' then
-    -- A mark an earlier attempt of this wait left.
+  if ARGV[3] == '2' or (ARGV[3] == '1' and redis.call('EXISTS', KEYS[3]) == 1) then
+    -- A mark an earlier attempt of this wait left, or that this same first
+    -- attempt left when it was refused and is now sent again after its
+    -- answer was lost (a reconnect re-sends it).
     redis.call('ZREM', KEYS[3], ARGV[1])
   end
   if ARGV[4] == '0' then

@@ -37,12 +37,10 @@ if queue and redis.call('EXISTS', queue) == 1 then
   local arrival = redis.call('ZSCORE', queue, ARGV[6])
   queued = arrival ~= false
   local upto = arrival and ('(' .. arrival) or '+inf'
-  for _, entry in ipairs(redis.call('ZRANGEBYSCORE', queue, '-inf', upto, 'LIMIT', 0, 256)) do
-    if not redis.call('ZSCORE', KEYS[7], entry) then
-      behind = true
-      break
-    end
-  end
+  -- An exclusive entry ahead: more entries ahead than shared ones (each
+  -- shared entry is in both sets, at the same place), however many
+  -- readers wait ahead of it.
+  behind = redis.call('ZCOUNT', queue, '-inf', upto) > redis.call('ZCOUNT', KEYS[7], '-inf', upto)
 end
 local refused = nil
 local holder = redis.call('GET', KEYS[1])
@@ -55,6 +53,15 @@ elseif not queue then
   local mark = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
   if mark then
     refused = -(tonumber(mark) - now + 3)
+  end
+end
+if refused and holder == 'distlock:shared' then
+  -- The caller's own live hold: this same request sent again after its
+  -- answer was lost (a reconnect re-sends it). Granted again, not refused
+  -- while its hold keeps writers out.
+  local mine = redis.call('ZSCORE', KEYS[3], ARGV[1])
+  if mine and tonumber(mine) > now then
+    refused = nil
   end
 end
 if refused then
