@@ -758,7 +758,8 @@ impl SqlBackend {
     /// overwritten, so the holder's next renewal is rejected, and the lock
     /// stays taken until its expiry; the election's row is freed at once,
     /// so the leader's next renewal or proclamation is rejected and the
-    /// next campaigner leads. Returns whether either was held.
+    /// next campaigner leads. Returns whether either was held: a hold
+    /// whose lease ran out is nobody's, and is left as it is.
     pub async fn evict(&self, name: &LockName) -> Result<bool> {
         let lock = dispatch!(self, db => db.evict(name.as_str()).await)?;
         let row = election::election_row(name);

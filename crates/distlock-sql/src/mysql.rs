@@ -148,7 +148,8 @@ impl My {
         );
         let release_any = format!("UPDATE {table} SET owner = NULL WHERE name = ? AND owner = ?");
         let evict = format!(
-            "UPDATE {table} SET owner = '{EVICTED_OWNER}' WHERE name = ? AND owner IS NOT NULL"
+            "UPDATE {table} SET owner = '{EVICTED_OWNER}'
+              WHERE name = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)"
         );
         // The holder info is an exclusive holder's only: not that of
         // shared holds keeping the row, nor an evicted holder's.
@@ -185,8 +186,10 @@ impl My {
               LIMIT ?",
             exclusive_owner("owner")
         );
-        let evict_leader =
-            format!("UPDATE {table} SET owner = NULL WHERE name = ? AND owner IS NOT NULL");
+        let evict_leader = format!(
+            "UPDATE {table} SET owner = NULL
+              WHERE name = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)"
+        );
         let queue = fifo.map(|lease| Arc::new(queue::Queue::new(table, &pool, lease)));
         Self {
             pool,

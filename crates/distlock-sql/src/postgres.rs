@@ -255,7 +255,8 @@ impl Pg {
             exclusive_owner("owner")
         );
         let evict_leader = format!(
-            "UPDATE {table} SET owner = NULL WHERE name = $1 AND owner IS NOT NULL
+            "UPDATE {table} SET owner = NULL
+              WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()
              RETURNING pg_notify($2, name)::text"
         );
         Self {

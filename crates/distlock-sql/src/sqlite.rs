@@ -137,8 +137,10 @@ impl Lite {
               LIMIT ?3",
             exclusive_owner("owner")
         );
-        let evict_leader =
-            format!("UPDATE {table} SET owner = NULL WHERE name = ?1 AND owner IS NOT NULL");
+        let evict_leader = format!(
+            "UPDATE {table} SET owner = NULL
+              WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW_MS}"
+        );
         let options = pool.connect_options();
         let file = options.get_filename();
         let releases = releases_for(file, table);

@@ -238,6 +238,7 @@ pub fn run_suite(
         let mut trials = vec![
             table_created_concurrently(f.clone(), rt),
             misconfiguration_is_not_retryable(f.clone(), rt),
+            eviction_of_lapsed_holds(f.clone(), rt),
         ];
         trials.extend(rw_trials(&f, rt));
         trials.extend(election::trials(&f, rt));
@@ -273,6 +274,70 @@ fn table_created_concurrently(f: Arc<SqlFactory>, rt: &tokio::runtime::Runtime) 
                     .await?
                     .ok_or("fresh table: lock not granted")?;
                 g.release().await?;
+                Ok(())
+            })
+        },
+    )
+}
+
+/// An operator's eviction answers whether it took a live hold away: a
+/// lock, a shared hold and a leadership whose leases ran out (their holders
+/// gone without a release, as crashed processes' are) were held by nobody,
+/// and the eviction of a live one answers that it was. With and without a
+/// wait queue where the database has one.
+fn eviction_of_lapsed_holds(f: Arc<SqlFactory>, rt: &tokio::runtime::Runtime) -> Trial {
+    let handle = rt.handle().clone();
+    Trial::test(
+        format!(
+            "{}::an_eviction_of_holds_whose_leases_ran_out_answers_none_was_held",
+            f.name
+        ),
+        move || {
+            handle.block_on(async {
+                let queues: &[&str] = match f.source {
+                    Source::SqliteFile => &[""],
+                    _ => &["", "fifo=true"],
+                };
+                let ttl = Duration::from_millis(300);
+                for params in queues {
+                    let url = f.url_with(params)?;
+                    let backend = SqlBackend::connect(&url).await?;
+                    let ns = integration_tests::namespace();
+                    for what in ["lock", "shared", "leader"] {
+                        let name = LockName::new(format!("{ns}/lapsed-{what}"))?;
+                        let req = match what {
+                            "lock" => LockRequest::new(name.clone(), ttl),
+                            "shared" => {
+                                let mut req = LockRequest::new(name.clone(), ttl);
+                                req.kind = distlock_core::HoldKind::Shared;
+                                req
+                            }
+                            _ => LockRequest::leader(name.clone(), ttl, "gone"),
+                        };
+                        backend
+                            .try_acquire(&req)
+                            .await?
+                            .ok_or_else(|| format!("{what} {name} was refused"))?;
+                        tokio::time::sleep(ttl * 2).await;
+                        if backend.evict(&name).await? {
+                            return Err(format!(
+                                "evicting {what} {name} ({params}) after its lease ran out answered that it was held"
+                            )
+                            .into());
+                        }
+                        let live = req.with_ttl(Duration::from_secs(30));
+                        backend
+                            .try_acquire(&live)
+                            .await?
+                            .ok_or_else(|| format!("{what} {name} was refused once free"))?;
+                        if !backend.evict(&name).await? {
+                            return Err(format!(
+                                "evicting a live {what} {name} ({params}) answered that nothing was held"
+                            )
+                            .into());
+                        }
+                    }
+                }
                 Ok(())
             })
         },

@@ -242,7 +242,10 @@ impl Queue {
             table,
             "evict_q",
             std::slice::from_ref(&row),
-            &format!("UPDATE {table} SET owner = NULL WHERE name = p_row AND owner IS NOT NULL"),
+            &format!(
+                "UPDATE {table} SET owner = NULL
+                  WHERE name = p_row AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)"
+            ),
         );
         Self {
             // Their statements block by design (`GET_LOCK`, `SLEEP`): not

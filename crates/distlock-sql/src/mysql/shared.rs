@@ -166,7 +166,9 @@ impl Statements {
                 "SELECT (SELECT COUNT(*) FROM {shared} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)),
                         (SELECT COUNT(*) FROM {writers} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6))"
             ),
-            evict_holds: format!("DELETE FROM {shared} WHERE name = ?"),
+            evict_holds: format!(
+                "DELETE FROM {shared} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)"
+            ),
             list: format!(
                 "SELECT name, CAST(token AS SIGNED),
                         TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), holder

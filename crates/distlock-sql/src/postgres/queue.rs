@@ -248,7 +248,8 @@ impl Queue {
         // An eviction frees the election's row at once, waking its head and
         // its observers.
         let evict_leader = format!(
-            "UPDATE {table} SET owner = NULL WHERE name = $1 AND owner IS NOT NULL
+            "UPDATE {table} SET owner = NULL
+              WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()
              RETURNING pg_notify($2, name)::text, {tell_head}"
         );
         // A wait that ends without a grant leaves; unless the row is held

@@ -233,9 +233,11 @@ impl Statements {
                         (SELECT count(*) FROM {writers} WHERE name = $1 AND expires_at > now())"
             ),
             evict: format!(
-                "WITH gone AS (DELETE FROM {shared} WHERE name = $1 RETURNING 1),
+                "WITH gone AS (DELETE FROM {shared} WHERE name = $1 AND expires_at > now()
+                                RETURNING 1),
                  taken AS (UPDATE {table} SET owner = '{EVICTED_OWNER}'
-                            WHERE name = $1 AND owner IS NOT NULL RETURNING 1)
+                            WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()
+                           RETURNING 1)
                  SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM taken)"
             ),
             list: format!(

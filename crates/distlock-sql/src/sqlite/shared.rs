@@ -116,9 +116,10 @@ impl Statements {
                 "SELECT (SELECT count(*) FROM {shared} WHERE name = ?1 AND expires_at > {NOW_MS}),
                         (SELECT count(*) FROM {writers} WHERE name = ?1 AND expires_at > {NOW_MS})"
             ),
-            evict_holds: format!("DELETE FROM {shared} WHERE name = ?1"),
+            evict_holds: format!("DELETE FROM {shared} WHERE name = ?1 AND expires_at > {NOW_MS}"),
             evict_row: format!(
-                "UPDATE {table} SET owner = '{EVICTED_OWNER}' WHERE name = ?1 AND owner IS NOT NULL"
+                "UPDATE {table} SET owner = '{EVICTED_OWNER}'
+                  WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW_MS}"
             ),
             list: format!(
                 "SELECT name, token, (expires_at - {NOW_MS}) * 1000, holder FROM {shared}
