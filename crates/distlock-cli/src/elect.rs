@@ -27,7 +27,8 @@ pub(crate) struct ElectArgs {
     ttl: Duration,
     /// How long to wait to become leader, connecting to the backend
     /// included (a backend down as it starts is asked again; one that has
-    /// not answered by then: exit 69); 0 tries once. Default: forever.
+    /// not answered by then: exit 69); 0 tries once. Default: forever (as
+    /// is a wait of more than a century).
     #[arg(long, value_parser = parse_duration)]
     wait: Option<Duration>,
     /// Grace between SIGTERM and SIGKILL when leadership is lost.

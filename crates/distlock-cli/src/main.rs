@@ -215,7 +215,8 @@ pub(crate) async fn connect_within(
     match wait {
         Some(w) if !w.is_zero() => {
             let start = tokio::time::Instant::now();
-            let deadline = start + w;
+            // A wait beyond the longest is for ever (the acquire's too).
+            let deadline = start + w.min(distlock::LONGEST_WAIT);
             // The last attempt goes out this long before the deadline, so
             // that a refusal or an answer can still come in time.
             let last = deadline

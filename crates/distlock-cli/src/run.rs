@@ -24,7 +24,8 @@ pub(crate) struct RunArgs {
     ttl: Duration,
     /// How long to wait for the lock, connecting to the backend included (a
     /// backend down as it starts is asked again; one that has not answered
-    /// by then: exit 69); 0 tries once. Default: forever.
+    /// by then: exit 69); 0 tries once. Default: forever (as is a wait of
+    /// more than a century).
     #[arg(long, value_parser = parse_duration)]
     wait: Option<Duration>,
     /// Do not renew: the lease (and the command) ends after --ttl.
@@ -109,13 +110,38 @@ fn has_running_member(group: i32) -> bool {
     zombies == 0
 }
 
+/// Whether the command's process group still runs once it has had a moment
+/// to end: members signalled with the command (a forwarded SIGTERM) may
+/// end just after it does.
+async fn group_still_running(pid: Option<u32>) -> bool {
+    let settled = tokio::time::Instant::now() + Duration::from_millis(200);
+    loop {
+        // Read off the runtime, as in `stop_group`.
+        if !tokio::task::spawn_blocking(move || group_alive(pid))
+            .await
+            .unwrap_or(true)
+        {
+            return false;
+        }
+        if tokio::time::Instant::now() >= settled {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Waits until the command's process group is empty or `grace` ends, then
 /// kills what is left of it.
 async fn stop_group(pid: Option<u32>, grace: &mut std::pin::Pin<&mut tokio::time::Sleep>) {
     let Some(group) = pid.and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw) else {
         return;
     };
-    while group_alive(pid) {
+    // Read off the runtime: `/proc` holds a file per process of the
+    // machine, and the holds' renewals run on this runtime meanwhile.
+    while tokio::task::spawn_blocking(move || group_alive(pid))
+        .await
+        .unwrap_or(true)
+    {
         tokio::select! {
             () = grace.as_mut() => {
                 tracing::error!("the command's process group outlived its SIGTERM; killing it");
@@ -151,6 +177,15 @@ impl Held {
             Held::One(g) => g.is_held(),
             Held::All(m) => m.is_held(),
             Held::Leader(l) => l.is_held(),
+        }
+    }
+
+    /// The earliest conservative local deadline, or `None` once lost.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        match self {
+            Held::One(g) => g.deadline(),
+            Held::All(m) => m.deadline(),
+            Held::Leader(l) => l.deadline(),
         }
     }
 
@@ -318,7 +353,7 @@ pub(crate) async fn run_command(
             },
         }
     };
-    if !lost && group_alive(pid) {
+    if !lost && group_still_running(pid).await {
         // What the command left running in its group (a job a shell put in
         // the background) worked under the lock: it does not go on once
         // the lock is released.
@@ -331,7 +366,12 @@ pub(crate) async fn run_command(
         tokio::pin!(grace);
         stop_group(pid, &mut grace).await;
     }
+    let (ended, held_until) = (tokio::time::Instant::now(), guard.deadline());
     let released = guard.release().await;
+    // A release that reached the backend only after the lease's end (the
+    // server stopped answering meanwhile) finds it not held for that
+    // reason alone.
+    let answered_late = held_until.is_some_and(|d| ended < d && tokio::time::Instant::now() >= d);
     if lost {
         return fail(
             EXIT_LEASE_LOST,
@@ -342,6 +382,11 @@ pub(crate) async fn run_command(
         );
     }
     match released {
+        Ok(false) if answered_late => {
+            tracing::warn!(
+                "the release reached the backend only after the lease had ended; the command ended while it was held"
+            );
+        }
         // Taken away after the last renewal, before anything here noticed:
         // the command did not run under the lock to its end.
         Ok(false) => {

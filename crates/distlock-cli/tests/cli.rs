@@ -492,6 +492,63 @@ fn a_lock_taken_away_before_the_release_exits_76() {
     assert!(stderr.contains("no longer held"), "{stderr}");
 }
 
+/// A release that reaches the backend only after the lease's end (the
+/// server stopped answering while the command ran, and answers again after
+/// the lease's end) finds it not held for that reason alone: the command
+/// ended while the lease was held, and its own exit code is distlock's.
+#[cfg(feature = "redis")]
+#[test]
+fn a_release_answered_after_the_lease_ended_keeps_the_commands_exit() {
+    let server = integration_tests::harness::redis::spawn(&[]).unwrap();
+    let url = format!("redis://127.0.0.1:{}?timeout_ms=8000", server.port);
+    let pid = server.pid();
+    // The command stops the server as it starts and exits a second later,
+    // well within the lease; the server goes on 3.5 s after it stopped,
+    // past the lease's end.
+    let stop = format!("kill -STOP {pid}; sleep 1; exit 3");
+    let running = spawn_run(
+        &url,
+        &["--ttl", "3s"],
+        "answered/late",
+        &["sh", "-c", &stop],
+    );
+    let stopped = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
+        })
+    };
+    let start = Instant::now();
+    while !stopped() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the command never ran"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(3500));
+    server.signal("CONT").unwrap();
+    let out = running.wait_with_output().unwrap();
+    assert_eq!(code(&out), 3, "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A `--wait` longer than the clock can count waits for ever: the command
+/// runs, it does not panic.
+#[test]
+fn a_wait_past_the_clocks_range_is_for_ever() {
+    let b = sqlite("wait-forever");
+    for wait in ["18446744073709551615s", "300000000000y"] {
+        let out = run(&b, &["--wait", wait], "wait/forever", &["true"]);
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+        let out = bin()
+            .args(["elect", "--backend", &b, "--value", "v", "--wait", wait])
+            .args(["wait/forever", "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
 /// SIGTERM, SIGHUP (a closed terminal) and SIGQUIT to distlock reach the
 /// command, in its process group of its own; the lock is released after.
 #[test]

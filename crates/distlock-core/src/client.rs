@@ -323,13 +323,13 @@ impl LockBuilder {
     }
 
     /// How long [`acquire`](Self::acquire) waits (default: forever; a wait
-    /// past the clock's range is forever too). At the end it fails with
+    /// of more than [`LONGEST_WAIT`] is forever too). At the end it fails with
     /// [`Error::WaitTimeout`]; a backend still busy then (a request the
     /// server has not answered, its clean-up) gets [`ANSWER_GRACE`] more,
     /// and what a request cut there may have taken is released in the
     /// background.
     pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
+        self.wait = (wait <= LONGEST_WAIT).then_some(wait);
         self
     }
 
@@ -776,6 +776,10 @@ const RETRY_AFTER_FAILURE: crate::wait::Backoff = crate::wait::Backoff {
 /// request in flight that may yet grant, the clean-up after its own
 /// timeout) before the wait ends without it.
 pub const ANSWER_GRACE: Duration = Duration::from_secs(1);
+
+/// The longest wait with a deadline: a century. A longer one waits for
+/// ever (a deadline that far may be past what the clock can count).
+pub const LONGEST_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Errors after which the server cannot have granted anything.
 pub(crate) fn grants_nothing(e: &Error) -> bool {

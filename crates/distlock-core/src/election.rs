@@ -83,9 +83,11 @@ impl Election {
     }
 
     /// How long [`campaign`](Self::campaign) waits to become leader
-    /// (default: forever); past it, [`Error::WaitTimeout`](crate::Error::WaitTimeout).
+    /// (default: forever; a wait of more than
+    /// [`LONGEST_WAIT`](crate::LONGEST_WAIT) is forever too); past it,
+    /// [`Error::WaitTimeout`](crate::Error::WaitTimeout).
     pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
+        self.wait = (wait <= crate::LONGEST_WAIT).then_some(wait);
         self
     }
 

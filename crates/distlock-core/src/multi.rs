@@ -362,6 +362,18 @@ impl MultiGuard {
             .map(LockGuard::token)
     }
 
+    /// The earliest of the locks' conservative local deadlines, or `None`
+    /// once one is lost.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.guards
+            .iter()
+            .map(LockGuard::deadline)
+            .try_fold(None, |earliest: Option<Instant>, d| {
+                d.map(|d| Some(earliest.map_or(d, |e| e.min(d))))
+            })
+            .flatten()
+    }
+
     /// Whether every lock is still held as far as this process can tell.
     pub fn is_held(&self) -> bool {
         self.guards.iter().all(LockGuard::is_held)
