@@ -945,16 +945,17 @@ async fn restarted_empty() -> Result<(), Failed> {
     let g = holder.lock(&lock).ttl(ttl).acquire().await?;
     let waiting = queued_waiter(other, &url, &lock, ttl, Duration::from_secs(30)).await?;
     // A client whose session's lease is not kept alive again before it
-    // asks next.
+    // asks next (a session's keep-alive comes every third of its TTL).
+    let quiet = Duration::from_secs(60);
     let third = LockClient::new(EtcdBackend::connect(&url).await?);
     let free = format!("{lock}-free");
-    let t = third.lock(&free).ttl(ttl).try_acquire().await?;
+    let t = third.lock(&free).ttl(quiet).try_acquire().await?;
     t.ok_or("a free lock was refused")?.release().await?;
     // The same for a semaphore's permit, in a client of its own (a request
     // that meets a dead lease marks every session of its client).
     let fourth = LockClient::new(EtcdBackend::connect(&url).await?);
     let permits = format!("{lock}-permits");
-    let try_permit = || fourth.semaphore(&permits, 2).ttl(ttl).try_acquire();
+    let try_permit = || fourth.semaphore(&permits, 2).ttl(quiet).try_acquire();
     try_permit()
         .await?
         .ok_or("a free permit was refused")?
@@ -963,7 +964,7 @@ async fn restarted_empty() -> Result<(), Failed> {
     // And a multi-lock's.
     let fifth = LockClient::new(EtcdBackend::connect(&url).await?);
     let names = [format!("{lock}-a"), format!("{lock}-b")];
-    let try_all = || fifth.lock_all(&names).ttl(ttl).try_acquire();
+    let try_all = || fifth.lock_all(&names).ttl(quiet).try_acquire();
     try_all()
         .await?
         .ok_or("free locks were refused")?
@@ -978,7 +979,7 @@ async fn restarted_empty() -> Result<(), Failed> {
     let restarted = Instant::now();
     let t = third
         .lock(&free)
-        .ttl(ttl)
+        .ttl(quiet)
         .try_acquire()
         .await
         .map_err(|e| format!("a try right after the restart failed: {e}"))?;

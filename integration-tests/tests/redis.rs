@@ -161,6 +161,11 @@ fn main() {
             move || handle.block_on(outside_the_rule(acl)),
         ));
         let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::acl::a_command_a_script_may_not_run_is_a_typed_error",
+            move || handle.block_on(script_command_refused()),
+        ));
+        let handle = rt.handle().clone();
         let s = single.clone();
         extra.push(Trial::test(
             "redis::interoperates_with_classic_set_nx_clients",
@@ -2232,6 +2237,55 @@ async fn outside_the_rule(f: Arc<Redis>) -> Result<(), Failed> {
     {
         Some(g) => g.release().await.map(|_| ()).map_err(Failed::from),
         None => Err("a free name inside the user's keys was refused".into()),
+    }
+}
+
+/// A user allowed every command but `ZCOUNT`, which a reader's wait runs
+/// once a `fifo` lock has a queue: the script's refusal ends the wait at
+/// once with a configuration error naming the README, not a failure the
+/// wait retries.
+async fn script_command_refused() -> Result<(), Failed> {
+    let mut rule = vec![
+        "--user",
+        "app",
+        "on",
+        ">app-pw",
+        "resetkeys",
+        "resetchannels",
+    ];
+    rule.extend(LEAST_PRIVILEGE.iter().filter(|c| **c != "+zcount"));
+    rule.extend(["~*", "&*"]);
+    let node = tokio::task::spawn_blocking(move || server::spawn(&rule))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let url = format!("redis://app:app-pw@127.0.0.1:{}?fifo=true", node.port);
+    let connect = || async { Ok::<_, Failed>(LockClient::new(RedisBackend::connect(&url).await?)) };
+    let name = "acl/fifo";
+    let held = connect().await?.lock(name).acquire().await?;
+    let reader = connect().await?;
+    let waited = tokio::time::timeout(
+        Duration::from_secs(10),
+        reader
+            .lock(name)
+            .shared()
+            .wait(Duration::from_secs(30))
+            .acquire(),
+    )
+    .await;
+    held.release().await?;
+    match waited {
+        Ok(Err(distlock_core::Error::Misconfigured { message, .. }))
+            if message.contains("README") =>
+        {
+            Ok(())
+        }
+        Err(_) => Err("a reader refused ZCOUNT by the ACL was still waiting 10 s later".into()),
+        Ok(other) => Err(format!(
+            "a reader refused ZCOUNT by the ACL got {:?}",
+            other.map(|g| g.token())
+        )
+        .into()),
     }
 }
 

@@ -368,9 +368,9 @@ pub(crate) async fn run_command(
     }
     let (ended, held_until) = (tokio::time::Instant::now(), guard.deadline());
     let released = guard.release().await;
-    // A release that reached the backend only after the lease's end (the
-    // server stopped answering meanwhile) finds it not held for that
-    // reason alone.
+    // A release answered only after the lease's end (the server stopped
+    // answering meanwhile) finds it not held whether or not it was taken
+    // while the command ran: it cannot tell which.
     let answered_late = held_until.is_some_and(|d| ended < d && tokio::time::Instant::now() >= d);
     if lost {
         return fail(
@@ -383,9 +383,13 @@ pub(crate) async fn run_command(
     }
     match released {
         Ok(false) if answered_late => {
-            tracing::warn!(
-                "the release reached the backend only after the lease had ended; the command ended while it was held"
-            );
+            return fail(
+                EXIT_LEASE_LOST,
+                format!(
+                    "the release of {} was answered only after the lease's end, so that the command ran under the lock to its end cannot be confirmed (it ended within the lease as far as this process knew)",
+                    quoted(&tokens)
+                ),
+            )
         }
         // Taken away after the last renewal, before anything here noticed:
         // the command did not run under the lock to its end.

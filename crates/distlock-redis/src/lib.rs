@@ -560,6 +560,11 @@ fn refused_configuration(e: &RedisError) -> Option<&'static str> {
         (ErrorKind::Server(ServerErrorKind::NoPerm), _) => {
             Some("grant the user the commands and keys in the backend's README")
         }
+        // A command a script runs that the user may not (Redis 7 answers
+        // ERR, not NOPERM).
+        _ if e.to_string().contains("can't run this command") => {
+            Some("grant the user the commands and keys in the backend's README")
+        }
         // The client's SELECT after connecting; the text is the only mark.
         _ if e.to_string().contains("refused to switch database") => {
             Some("the database index in the URL is out of the server's range (see `databases` in redis.conf)")

@@ -403,11 +403,11 @@ impl ZooKeeperBackend {
         err(&self.inner.hosts, e)
     }
 
-    /// A wait that ran out while its session was cut off from every server
-    /// ends with that failure (exit 69 in the CLI), as a wait on the other
-    /// backends does: its watch can neither fire nor fail while the session
-    /// outlives the outage. One whose session is connected ran out behind
-    /// a holder.
+    /// A wait that ran out while its session was disconnected (cut off from
+    /// every server, or between two of them) ends with that failure (exit
+    /// 69 in the CLI), as a wait on the other backends does: its watch can
+    /// neither fire nor fail while the session outlives the outage. One
+    /// whose session is connected ran out behind a holder.
     fn cut_off_at_the_deadline(&self, e: Error, client: &zk::Client) -> Error {
         match e {
             Error::WaitTimeout { .. } if client.state() == zk::SessionState::Disconnected => {

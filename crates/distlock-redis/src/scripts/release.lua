@@ -30,6 +30,7 @@ if what ~= 'mark' and redis.call('GET', KEYS[1]) == ARGV[1] then
     -- Its own turn again: nobody else is told the lock is free here.
     skip = ARGV[4]
   elseif what == 'entry' then
+    -- An exclusive holder's entry: never among the shared entries.
     redis.call('ZREM', KEYS[3], ARGV[4])
     redis.call('ZREM', KEYS[4], ARGV[4])
   end

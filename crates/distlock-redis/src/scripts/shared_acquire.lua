@@ -39,7 +39,9 @@ if queue and redis.call('EXISTS', queue) == 1 then
   local upto = arrival and ('(' .. arrival) or '+inf'
   -- An exclusive entry ahead: more entries ahead than shared ones (each
   -- shared entry is in both sets, at the same place), however many
-  -- readers wait ahead of it.
+  -- readers wait ahead of it. Every script that adds a shared entry adds
+  -- it to both, and every one that removes it removes it from both: one
+  -- left in the shared entries alone would hide a writer.
   behind = redis.call('ZCOUNT', queue, '-inf', upto) > redis.call('ZCOUNT', KEYS[7], '-inf', upto)
 end
 local refused = nil
