@@ -856,16 +856,46 @@ async fn private_member() -> Result<TestServer, Failed> {
         .map_err(|e| Failed::from(e.to_string()))
 }
 
-/// The server is paused longer than the lease: the holder must see lost()
-/// before any other client can acquire.
-async fn paused_server() -> Result<(), Failed> {
+/// A private member, a lock of the test's held on it for `ttl` by one
+/// client, and another client of the member.
+struct Held {
+    server: TestServer,
+    url: String,
+    lock: String,
+    holder: LockClient,
+    guard: distlock_core::LockGuard,
+    other: LockClient,
+}
+
+async fn held_on_a_private_member(ttl: Duration) -> Result<Held, Failed> {
     let server = private_member().await?;
     let url = server.url().to_string();
     let lock = name();
-    let ttl = Duration::from_secs(2);
     let holder = LockClient::new(EtcdBackend::connect(&url).await?);
     let other = LockClient::new(EtcdBackend::connect(&url).await?);
-    let g = holder.lock(&lock).ttl(ttl).acquire().await?;
+    let guard = holder.lock(&lock).ttl(ttl).acquire().await?;
+    Ok(Held {
+        server,
+        url,
+        lock,
+        holder,
+        guard,
+        other,
+    })
+}
+
+/// The server is paused longer than the lease: the holder must see lost()
+/// before any other client can acquire.
+async fn paused_server() -> Result<(), Failed> {
+    let ttl = Duration::from_secs(2);
+    let Held {
+        server,
+        lock,
+        guard: g,
+        holder: _holder,
+        other,
+        ..
+    } = held_on_a_private_member(ttl).await?;
     let process = server.process().ok_or("no process")?;
     process.signal("STOP").map_err(|e| e.to_string())?;
     let lost = tokio::time::timeout(ttl * 3, g.lost()).await;
@@ -897,13 +927,16 @@ async fn paused_server() -> Result<(), Failed> {
 /// backends, not with a timeout a second late; one whose member came back
 /// meanwhile ends with a timeout.
 async fn wait_runs_out_while_down() -> Result<(), Failed> {
-    let mut server = private_member().await?;
-    let url = server.url().to_string();
-    let lock = name();
     let ttl = Duration::from_secs(20);
-    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
-    let other = LockClient::new(EtcdBackend::connect(&url).await?);
-    let _g = holder.lock(&lock).ttl(ttl).acquire().await?;
+    let Held {
+        mut server,
+        url,
+        lock,
+        guard: _g,
+        holder: _holder,
+        other,
+        ..
+    } = held_on_a_private_member(ttl).await?;
     // A member that comes back (with its data) while the wait goes on: the
     // wait, running out behind the live holder, is a plain timeout.
     let waiting = queued_waiter(other.clone(), &url, &lock, ttl, Duration::from_secs(8)).await?;
@@ -936,13 +969,15 @@ async fn wait_runs_out_while_down() -> Result<(), Failed> {
 /// whose lease etcd no longer knows, before its next keep-alive, is granted
 /// under a new lease.
 async fn restarted_empty() -> Result<(), Failed> {
-    let mut server = private_member().await?;
-    let url = server.url().to_string();
-    let lock = name();
     let ttl = Duration::from_secs(20);
-    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
-    let other = LockClient::new(EtcdBackend::connect(&url).await?);
-    let g = holder.lock(&lock).ttl(ttl).acquire().await?;
+    let Held {
+        mut server,
+        url,
+        lock,
+        holder,
+        guard: g,
+        other,
+    } = held_on_a_private_member(ttl).await?;
     let waiting = queued_waiter(other, &url, &lock, ttl, Duration::from_secs(30)).await?;
     // A client whose session's lease is not kept alive again before it
     // asks next (a session's keep-alive comes every third of its TTL).
@@ -1027,13 +1062,16 @@ async fn restarted_empty() -> Result<(), Failed> {
 /// the lock once the holder, whose lease ended too, is gone; the holder
 /// sees `lost()` first.
 async fn waiter_lease_ends() -> Result<(), Failed> {
-    let server = private_member().await?;
-    let url = server.url().to_string();
-    let lock = name();
     let ttl = Duration::from_secs(2);
-    let holder = LockClient::new(EtcdBackend::connect(&url).await?);
-    let other = LockClient::new(EtcdBackend::connect(&url).await?);
-    let g = holder.lock(&lock).ttl(ttl).acquire().await?;
+    let Held {
+        server,
+        url,
+        lock,
+        guard: g,
+        holder: _holder,
+        other,
+        ..
+    } = held_on_a_private_member(ttl).await?;
     let waiting = queued_waiter(other, &url, &lock, ttl, Duration::from_secs(40)).await?;
     let process = server.process().ok_or("no process")?;
     process.signal("STOP").map_err(|e| e.to_string())?;

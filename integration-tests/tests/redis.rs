@@ -53,6 +53,22 @@ const LEAST_PRIVILEGE: &[&str] = &[
     "+zscore",
 ];
 
+/// The server arguments of the user `app` (password `app-pw`) allowed
+/// `commands` and the key and channel patterns `keys`.
+fn app_user(commands: &[&'static str], keys: &[&'static str]) -> Vec<&'static str> {
+    let mut rule = vec![
+        "--user",
+        "app",
+        "on",
+        ">app-pw",
+        "resetkeys",
+        "resetchannels",
+    ];
+    rule.extend_from_slice(commands);
+    rule.extend_from_slice(keys);
+    rule
+}
+
 fn main() {
     let single = Arc::new(Redis::of_kind("redis", ServerKind::Redis));
     let cluster = Arc::new(
@@ -103,16 +119,10 @@ fn main() {
     // distlock needs (the rule docs/guarantees.md gives), for the suite's
     // names.
     let acl = Arc::new(Redis::new("redis::acl", || {
-        let mut rule = vec![
-            "--user",
-            "app",
-            "on",
-            ">app-pw",
-            "resetkeys",
-            "resetchannels",
-        ];
-        rule.extend_from_slice(LEAST_PRIVILEGE);
-        rule.extend(["~conformance-*", "~{conformance-*", "&{conformance-*"]);
+        let rule = app_user(
+            LEAST_PRIVILEGE,
+            &["~conformance-*", "~{conformance-*", "&{conformance-*"],
+        );
         let s = server::spawn(&rule).map_err(|e| e.to_string())?;
         let url = format!("redis://app:app-pw@127.0.0.1:{}", s.port);
         Ok(Servers::processes(url, vec![s]))
@@ -2245,16 +2255,12 @@ async fn outside_the_rule(f: Arc<Redis>) -> Result<(), Failed> {
 /// once with a configuration error naming the README, not a failure the
 /// wait retries.
 async fn script_command_refused() -> Result<(), Failed> {
-    let mut rule = vec![
-        "--user",
-        "app",
-        "on",
-        ">app-pw",
-        "resetkeys",
-        "resetchannels",
-    ];
-    rule.extend(LEAST_PRIVILEGE.iter().filter(|c| **c != "+zcount"));
-    rule.extend(["~*", "&*"]);
+    let commands: Vec<&str> = LEAST_PRIVILEGE
+        .iter()
+        .copied()
+        .filter(|c| *c != "+zcount")
+        .collect();
+    let rule = app_user(&commands, &["~*", "&*"]);
     let node = tokio::task::spawn_blocking(move || server::spawn(&rule))
         .await
         .map_err(|e| e.to_string())?
