@@ -570,13 +570,13 @@ impl LockBuilder {
         let claim = match &self.holder {
             None => None,
             Some(holder) => loop {
-                let changed = slot.slot.changed.notified();
+                let changed = slot.slot().changed.notified();
                 tokio::pin!(changed);
                 changed.as_mut().enable();
                 if let Some(nested) = self.nest_in_own_hold(&slot, name)? {
                     return Ok(Some(nested));
                 }
-                if let Some(claim) = slot.slot.claim(holder) {
+                if let Some(claim) = slot.slot().claim(holder) {
                     break Some(claim);
                 }
                 // The holder's own acquire is under way: its hold, once
@@ -591,9 +591,9 @@ impl LockBuilder {
             },
         };
         if let HoldKind::Permits { limit } = self.kind {
-            slot.slot.widen_gate(limit);
+            slot.slot().widen_gate(limit);
         }
-        let gate = slot.slot.gate.clone();
+        let gate = slot.slot().gate.clone();
         let share = local_share(self.kind);
         let permit = match mode {
             Mode::Once => match gate.try_acquire_many_owned(share) {
@@ -626,7 +626,7 @@ impl LockBuilder {
         let Some(holder) = &self.holder else {
             return Ok(None);
         };
-        let Some(hold) = slot.slot.held_by(holder) else {
+        let Some(hold) = slot.slot().held_by(holder) else {
             return Ok(None);
         };
         // An exclusive hold covers a shared request; the reverse would be
@@ -657,7 +657,7 @@ impl LockBuilder {
             permit,
         } = gate;
         if let HoldKind::Permits { limit } = req.kind {
-            slot.slot.fit_gate(limit);
+            slot.slot().fit_gate(limit);
         }
         // The deadline counts from when the backend says the lease began:
         // before the granting request was sent, so it is conservative.

@@ -289,7 +289,7 @@ impl<'a> OutExtend<'a> {
     fn answered(mut self, granted: bool) -> Instant {
         self.answered = true;
         let deadline = lock(&self.lease.renewal)
-            .answered(self.id)
+            .answered(self.id, granted)
             .unwrap_or(self.deadline);
         if !granted {
             self.settle();

@@ -297,7 +297,7 @@ impl Keeper {
         let deadline = r
             .renewal_out
             .take()
-            .and_then(|id| r.answered(id))
+            .and_then(|id| r.answered(id, matches!(answer, Ok(true))))
             .unwrap_or(sent_for);
         match answer {
             // Answered, but only after the deadline the lease had: it is
@@ -341,18 +341,26 @@ impl Keeper {
         }
     }
 
-    /// Adds `lease` to its session's watcher, starting one for a new session.
+    /// Adds `lease` to its session's watcher, starting one for a new session,
+    /// or again for one whose watcher stopped with the runtime it ran on (a
+    /// watcher that saw its session end took the session out of the map).
     fn watch_session_once(self: &Arc<Self>, lease: &Arc<Lease>, key: u64) {
         let mut sessions = lock(&self.sessions);
-        let watch = sessions.entry(key).or_insert_with(|| SessionWatch {
-            leases: HashMap::new(),
-            next: 0,
-            task: tokio::spawn(session_watcher(
+        let start = || {
+            tokio::spawn(session_watcher(
                 self.backend.clone(),
                 Arc::downgrade(self),
                 key,
-            )),
+            ))
+        };
+        let watch = sessions.entry(key).or_insert_with(|| SessionWatch {
+            leases: HashMap::new(),
+            next: 0,
+            task: start(),
         });
+        if watch.task.is_finished() {
+            watch.task = start();
+        }
         let slot = watch.next;
         watch.next += 1;
         watch.leases.insert(slot, Arc::downgrade(lease));

@@ -133,6 +133,7 @@ struct SentExtend {
     sent: Instant,
     deadline: Instant,
     answered: Option<Instant>,
+    granted: bool,
 }
 
 impl Renewal {
@@ -158,13 +159,14 @@ impl Renewal {
             sent,
             deadline,
             answered: None,
+            granted: false,
         });
         e.next
     }
 
-    /// The extend `id` answered now: the deadline a grant of it sets (see
-    /// [`Outstanding`]); `None` for an id not out.
-    pub(crate) fn answered(&mut self, id: u64) -> Option<Instant> {
+    /// The extend `id` answered now, `granted` or not: the deadline a grant
+    /// of it sets (see [`Outstanding`]); `None` for an id not out.
+    pub(crate) fn answered(&mut self, id: u64, granted: bool) -> Option<Instant> {
         let now = Instant::now();
         let e = &mut self.extends;
         let mine = e
@@ -172,11 +174,15 @@ impl Renewal {
             .iter_mut()
             .find(|x| x.id == id && x.answered.is_none())?;
         mine.answered = Some(now);
+        mine.granted = granted;
         let sent = mine.sent;
-        // One answered before another was sent came before that one on the
-        // server: it sets the lease's end no more.
-        let last_sent = e.sent.iter().map(|x| x.sent).max().unwrap_or(sent);
-        e.sent.retain(|x| x.answered.is_none_or(|a| a >= last_sent));
+        // One answered before a granted one was sent came before that one
+        // on the server: it sets the lease's end no more. One sent later
+        // but still out, or refused, proves nothing: it may never land.
+        if let Some(last_landed) = e.sent.iter().filter(|x| x.granted).map(|x| x.sent).max() {
+            e.sent
+                .retain(|x| x.answered.is_none_or(|a| a >= last_landed));
+        }
         // Another one still out, or answered after this one was sent, may
         // reach the server after this one, and no earlier than this one
         // was sent: its TTL from then at the earliest.
@@ -336,31 +342,31 @@ mod tests {
         let renewal = r.sending(at(10), at(40));
         let long = r.sending(at(10), at(610));
         to(11).await;
-        assert_eq!(r.answered(renewal), Some(at(40)));
+        assert_eq!(r.answered(renewal, true), Some(at(40)));
         // The next renewal, sent after the first answered, while the long
         // extend is still out: its own deadline, not the first one's.
         to(20).await;
         let next = r.sending(at(20), at(50));
         to(21).await;
-        assert_eq!(r.answered(next), Some(at(50)));
+        assert_eq!(r.answered(next, true), Some(at(50)));
         // The long one may have reached the server before the second
         // renewal did.
-        assert_eq!(r.answered(long), Some(at(50)));
+        assert_eq!(r.answered(long, true), Some(at(50)));
         // Answered in the other order than sent: the later-sent one may
         // have been applied first, the earlier-sent one after it.
         to(30).await;
         let a = r.sending(at(30), at(100));
         let b = r.sending(at(30), at(60));
         to(31).await;
-        assert_eq!(r.answered(b), Some(at(60)));
-        assert_eq!(r.answered(a), Some(at(60)));
+        assert_eq!(r.answered(b, true), Some(at(60)));
+        assert_eq!(r.answered(a, true), Some(at(60)));
         // Alone again: a grant promises its own deadline; an id answered
         // twice or never sent is unknown.
         to(40).await;
         let c = r.sending(at(40), at(70));
         to(41).await;
-        assert_eq!(r.answered(c), Some(at(70)));
-        assert_eq!(r.answered(c), None);
+        assert_eq!(r.answered(c, true), Some(at(70)));
+        assert_eq!(r.answered(c, true), None);
     }
 
     /// An extend given up unanswered may land after any later one: every
@@ -376,10 +382,66 @@ mod tests {
         to(1).await;
         let renewal = r.sending(at(1), at(31));
         to(2).await;
-        assert_eq!(r.answered(renewal), Some(at(4)));
+        assert_eq!(r.answered(renewal, true), Some(at(4)));
         to(10).await;
         let next = r.sending(at(10), at(40));
         to(11).await;
-        assert_eq!(r.answered(next), Some(at(13)));
+        assert_eq!(r.answered(next, true), Some(at(13)));
+    }
+
+    /// An extend answered before a later one was sent came before it on
+    /// the server only if the later one landed: while that one is out or
+    /// was refused, the earlier one may still be the last applied after an
+    /// extend sent before both.
+    #[tokio::test(start_paused = true)]
+    async fn an_answered_extend_counts_until_one_sent_after_it_is_granted() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let to = |s: u64| tokio::time::advance(at(s) - Instant::now());
+        let mut r = Renewal::new(t0, true);
+        to(10).await;
+        let long = r.sending(at(10), at(40));
+        to(11).await;
+        let short = r.sending(at(11), at(16));
+        to(12).await;
+        assert_eq!(r.answered(short, true), Some(at(16)));
+        // Sent after the short one answered, and never answered.
+        to(13).await;
+        let _out = r.sending(at(13), at(613));
+        // The long one may have landed before the short one.
+        to(14).await;
+        assert_eq!(r.answered(long, true), Some(at(16)));
+
+        // The same with the later one refused rather than out.
+        let mut r = Renewal::new(t0, true);
+        to(20).await;
+        let long = r.sending(at(20), at(50));
+        to(21).await;
+        let short = r.sending(at(21), at(26));
+        to(22).await;
+        assert_eq!(r.answered(short, true), Some(at(26)));
+        to(23).await;
+        let refused = r.sending(at(23), at(623));
+        to(24).await;
+        assert_eq!(r.answered(refused, false), Some(at(53)));
+        assert_eq!(r.answered(long, true), Some(at(26)));
+
+        // Granted, the later one landed after the short one: the short one
+        // no longer sets the end.
+        let mut r = Renewal::new(t0, true);
+        to(30).await;
+        let long = r.sending(at(30), at(60));
+        to(31).await;
+        let short = r.sending(at(31), at(36));
+        to(32).await;
+        assert_eq!(r.answered(short, true), Some(at(36)));
+        to(33).await;
+        let later = r.sending(at(33), at(93));
+        to(34).await;
+        assert_eq!(
+            r.answered(later, true),
+            Some(at(60) + Duration::from_secs(3))
+        );
+        assert_eq!(r.answered(long, true), Some(at(60)));
     }
 }

@@ -993,6 +993,45 @@ async fn dropping_the_client_stops_its_session_watchers() {
     );
 }
 
+/// A client used from a second runtime after the first one ended: its
+/// session's watcher, stopped with the first runtime, starts again in the
+/// second, so the session's end still reaches the holds taken there.
+#[test]
+fn a_session_watcher_stopped_with_its_runtime_starts_again_in_the_next() {
+    let s = Arc::new(Sessions::default());
+    let client = LockClient::from_dyn(s.clone());
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    first.block_on(async {
+        let g = client.lock("one").acquire().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(g.release().await.unwrap());
+    });
+    drop(first);
+    assert_eq!(
+        s.waiting.load(Ordering::SeqCst),
+        0,
+        "the watcher outlived its runtime"
+    );
+    runtime().block_on(async move {
+        let g = client.lock("two").acquire().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(s.watchers.load(Ordering::SeqCst), 2, "no new watcher");
+        s.ended.notify_waiters();
+        let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+            .await
+            .expect("the session's end never reached the hold");
+        assert_eq!(reason, LostReason::SessionLost("session 7 ended".into()));
+        drop(g);
+        drop(client);
+    });
+}
+
 /// A task that blocks its thread past its hold's deadline keeps the keeper
 /// from marking the hold lost; a nested acquire of the same holder then
 /// takes a fresh hold instead of nesting in the ended one.
