@@ -29,6 +29,8 @@ cases![
     a_raised_limit_nests_the_holders_permit_and_opens_the_new_ones,
     local_waiters_put_at_most_limit_waiters_on_the_server,
     inspect_reports_permits_in_use_and_the_limit,
+    inspect_and_list_count_no_contender_that_was_refused,
+    a_lowered_limit_leaves_the_permits_held_in_inspect_and_list,
 ];
 
 /// How many permits of `sem` another client can take right now (it takes
@@ -460,6 +462,116 @@ pub async fn inspect_reports_permits_in_use_and_the_limit(
     ensure!(
         s.holders == Some(0) && !s.held,
         "inspect said {s:?} after both released"
+    );
+    Ok(Completion::Completed)
+}
+
+/// The permits of `sem` that `c`'s listing shows, or `None` where the
+/// backend cannot list.
+async fn listed_permits(c: &LockClient, sem: &LockName) -> Result<Option<usize>, Failed> {
+    match c.list(sem.as_str(), 1_000).await {
+        Err(Error::Unsupported { .. }) => Ok(None),
+        other => Ok(Some(
+            other?
+                .iter()
+                .filter(|r| r.name == sem.as_str() && matches!(r.kind, HoldKind::Permits { .. }))
+                .count(),
+        )),
+    }
+}
+
+/// While one permit of a semaphore of 1 is held and other clients' tries
+/// are refused over and over, `inspect_permits` and `list` show the one
+/// holder every time, never a contender on its way to being refused.
+pub async fn inspect_and_list_count_no_contender_that_was_refused(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let sem = name(&ns, "refused")?;
+    let a = client(f).await?;
+    let g = a.semaphore(&sem, 1).ttl(LONG_TTL).acquire().await?;
+    let until = Instant::now() + Duration::from_millis(600);
+    let mut tries = Vec::new();
+    for _ in 0..2 {
+        let c = client(f).await?;
+        let sem = sem.clone();
+        tries.push(tokio::spawn(async move {
+            let mut granted = 0;
+            while Instant::now() < until {
+                if let Some(g) = c.semaphore(&sem, 1).ttl(LONG_TTL).try_acquire().await? {
+                    granted += 1;
+                    g.release().await?;
+                }
+            }
+            Ok::<_, Error>(granted)
+        }));
+    }
+    let mut seen = Vec::new();
+    while Instant::now() < until {
+        let s = a.backend().inspect_permits(&sem).await?;
+        let listed = listed_permits(&a, &sem).await?;
+        seen.push((s.holders, listed));
+    }
+    for t in tries {
+        let granted = t.await.map_err(|e| e.to_string())??;
+        ensure!(
+            granted == 0,
+            "{granted} tries were granted a held permit of 1"
+        );
+    }
+    let wrong: Vec<_> = seen
+        .iter()
+        .filter(|(holders, listed)| *holders != Some(1) || listed.is_some_and(|n| n != 1))
+        .collect();
+    ensure!(
+        wrong.is_empty(),
+        "with one permit of 1 held, inspect and list reported (holders, listed permits) {wrong:?} in {} looks",
+        seen.len()
+    );
+    g.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// A limit lowered below the permits in use takes none of them back:
+/// `inspect_permits` and `list` show every one until it is released.
+pub async fn a_lowered_limit_leaves_the_permits_held_in_inspect_and_list(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let sem = name(&ns, "lowered")?;
+    let (a, b) = (client(f).await?, client(f).await?);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(a.semaphore(&sem, 3).ttl(LONG_TTL).acquire().await?);
+    }
+    let old = b.set_semaphore_limit(sem.as_str(), 1).await?;
+    ensure!(old == Some(3), "set_limit returned {old:?}, not 3");
+    let s = b.backend().inspect_permits(&sem).await?;
+    ensure!(
+        s.holders == Some(3) && s.limit == Some(1),
+        "inspect said {s:?} with 3 permits held under a limit lowered to 1"
+    );
+    let listed = listed_permits(&b, &sem).await?;
+    ensure!(
+        listed.is_none_or(|n| n == 3),
+        "list shows {listed:?} permits with 3 held under a limit lowered to 1"
+    );
+    ensure!(
+        b.semaphore(&sem, 1)
+            .ttl(LONG_TTL)
+            .try_acquire()
+            .await?
+            .is_none(),
+        "a permit was granted with 3 held under a limit of 1"
+    );
+    for g in held {
+        ensure!(g.is_held(), "a permit ended when the limit was lowered");
+        g.release().await?;
+    }
+    let s = b.backend().inspect_permits(&sem).await?;
+    ensure!(
+        s.holders == Some(0),
+        "inspect said {s:?} after all released"
     );
     Ok(Completion::Completed)
 }

@@ -102,8 +102,9 @@ fn permit_holder_info(value: &[u8]) -> Option<String> {
 /// grant rule), its token the revision of the write that granted it (its
 /// last write: keys are not rewritten once held).
 pub(crate) fn held_permits(kvs: &[etcd_client::KeyValue], prefix: &str) -> Vec<(HoldRecord, i64)> {
-    // name -> (stored limit, permit keys)
-    let mut sems: BTreeMap<&str, (Option<u32>, Vec<&etcd_client::KeyValue>)> = BTreeMap::new();
+    // name -> (stored limit and its last write's revision, permit keys)
+    type Sem<'a> = (Option<(u32, i64)>, Vec<&'a etcd_client::KeyValue>);
+    let mut sems: BTreeMap<&str, Sem<'_>> = BTreeMap::new();
     for kv in kvs {
         let Some(rest) = kv
             .key()
@@ -116,7 +117,7 @@ pub(crate) fn held_permits(kvs: &[etcd_client::KeyValue], prefix: &str) -> Vec<(
             let limit = std::str::from_utf8(kv.value())
                 .ok()
                 .and_then(|v| v.parse().ok());
-            sems.entry(name).or_default().0 = limit;
+            sems.entry(name).or_default().0 = limit.map(|l| (l, kv.mod_revision()));
         } else if let Some((name, _owner)) = rest.split_once("/@permits/") {
             sems.entry(name).or_default().1.push(kv);
         }
@@ -127,15 +128,10 @@ pub(crate) fn held_permits(kvs: &[etcd_client::KeyValue], prefix: &str) -> Vec<(
             continue;
         }
         permits.sort_by_key(|kv| kv.create_revision());
-        // Without a stored limit (deleted; the next waiter restores it),
-        // every key in state `held` still holds.
-        let granted = permits
-            .iter()
-            .take(limit.map_or(usize::MAX, |l| l as usize))
-            .filter(|kv| permit_state(kv.value()) == HELD.as_bytes());
-        held.extend(granted.map(|kv| {
+        let granted = granted(&permits, limit);
+        held.extend(granted.into_iter().map(|kv| {
             let kind = HoldKind::Permits {
-                limit: limit.unwrap_or(0),
+                limit: limit.map_or(0, |(l, _)| l),
             };
             let record = HoldRecord::new(name, kind)
                 .with_token(Some(FencingToken(kv.mod_revision() as u64)))
@@ -144,6 +140,34 @@ pub(crate) fn held_permits(kvs: &[etcd_client::KeyValue], prefix: &str) -> Vec<(
         }));
     }
     held
+}
+
+/// The keys among one semaphore's `permits` (sorted by create revision)
+/// that hold a permit, under `limit` and the revision of its last write.
+/// A key in state `held` holds when it was claimed after waiting (written
+/// again since its creation), is among the first `limit`, or was created
+/// before the limit was last written (granted under an earlier limit,
+/// which a lower one does not take back). A key just created beyond the
+/// limit also says `held` until its contender learns it waits: it does not
+/// count. Without a stored limit (deleted; the next waiter restores it),
+/// every key in state `held` holds.
+fn granted<'a>(
+    permits: &[&'a etcd_client::KeyValue],
+    limit: Option<(u32, i64)>,
+) -> Vec<&'a etcd_client::KeyValue> {
+    permits
+        .iter()
+        .enumerate()
+        .filter(|(at, kv)| {
+            permit_state(kv.value()) == HELD.as_bytes()
+                && limit.is_none_or(|(limit, written)| {
+                    *at < limit as usize
+                        || kv.mod_revision() > kv.create_revision()
+                        || kv.create_revision() < written
+                })
+        })
+        .map(|(_, kv)| *kv)
+        .collect()
 }
 
 /// The keys of one semaphore.
@@ -788,12 +812,12 @@ impl EtcdBackend {
         else {
             return Err(unexpected("inspection"));
         };
-        let holders = permits
-            .kvs()
-            .iter()
-            .filter(|kv| permit_state(kv.value()) == HELD.as_bytes())
-            .count();
-        Ok(LockStatus::new(holders > 0).with_holders(holders, stored_limit(limit)?))
+        let stored = stored_limit(limit)?;
+        let written = limit.kvs().first().map_or(0, |kv| kv.mod_revision());
+        let mut permits: Vec<_> = permits.kvs().iter().collect();
+        permits.sort_by_key(|kv| kv.create_revision());
+        let holders = granted(&permits, stored.map(|l| (l, written))).len();
+        Ok(LockStatus::new(holders > 0).with_holders(holders, stored))
     }
 
     pub(crate) async fn store_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {

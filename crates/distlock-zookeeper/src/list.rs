@@ -12,8 +12,8 @@
 //!   the shared nodes ahead of the first exclusive one (Curator's rules);
 //! - of an election: the `latch-` node with the lowest sequence (Curator's
 //!   `LeaderLatch`), with its holder info from `<base>/@leaders/...`;
-//! - of a semaphore: the children among the first `limit` by sequence whose
-//!   data says `held`.
+//! - of a semaphore: the children whose data says `held` and that were
+//!   granted ([`ZooKeeperBackend::granted`]).
 //!
 //! Ephemeral nodes of an ended session are gone already; holds last as
 //! long as their session, so no remaining time is reported.
@@ -61,6 +61,9 @@ struct Found {
     path: String,
     /// A leader's holder info node.
     info_path: Option<String>,
+    /// A permit child's place in its semaphore's queue, and the limit with
+    /// the `mzxid` of its last write ([`ZooKeeperBackend::granted`]).
+    permit: Option<(usize, Option<(u32, i64)>)>,
 }
 
 impl ZooKeeperBackend {
@@ -193,6 +196,7 @@ impl ZooKeeperBackend {
                     kind,
                     path: format!("{}/{child}", n.path),
                     info_path: None,
+                    permit: None,
                 });
             }
             let latches = in_queue_order(n.children.clone(), HoldKind::Leader);
@@ -202,6 +206,7 @@ impl ZooKeeperBackend {
                     kind: HoldKind::Leader,
                     path: format!("{}/{leader}", n.path),
                     info_path: self.leader_info_of(&n.path, leader),
+                    permit: None,
                 });
             }
         }
@@ -209,8 +214,7 @@ impl ZooKeeperBackend {
     }
 
     /// The permits held under `prefix`: each semaphore's limit and permit
-    /// children in one flight, then the data of the first `limit` children
-    /// of each.
+    /// children in one flight; the caller reads every child's data.
     async fn permit_holds(&self, client: &zk::Client, prefix: &str) -> Result<Vec<Found>> {
         let root = format!("{}/@semaphores", self.inner.base);
         let sems: Vec<Named> = self
@@ -229,25 +233,23 @@ impl ZooKeeperBackend {
         for ((sem, limit), (dir, permits)) in
             sems.iter().zip(limits?).zip(dirs.iter().zip(permits?))
         {
-            let limit: Option<u32> =
-                limit.and_then(|(data, _)| std::str::from_utf8(&data).ok()?.parse().ok());
+            let limit: Option<(u32, i64)> = limit.and_then(|(data, stat)| {
+                Some((std::str::from_utf8(&data).ok()?.parse().ok()?, stat.mzxid))
+            });
             let mut permits: Vec<(i64, String)> = permits
                 .unwrap_or_default()
                 .into_iter()
                 .filter_map(|c| permit_sequence(&c).map(|s| (s, c)))
                 .collect();
             permits.sort_unstable();
-            // Without a stored limit, every child that says `held` holds.
-            let first = permits
-                .into_iter()
-                .take(limit.map_or(usize::MAX, |l| l as usize));
-            found.extend(first.map(|(_, c)| Found {
+            found.extend(permits.into_iter().enumerate().map(|(at, (_, c))| Found {
                 name: sem.name.clone(),
                 kind: HoldKind::Permits {
-                    limit: limit.unwrap_or(0),
+                    limit: limit.map_or(0, |(l, _)| l),
                 },
                 path: format!("{dir}/{c}"),
                 info_path: None,
+                permit: Some((at, limit)),
             }));
         }
         Ok(found)
@@ -279,11 +281,16 @@ impl ZooKeeperBackend {
                     .with_token(Some(czxid_token(stat.czxid)?))
                     .with_value(Some(String::from_utf8_lossy(&data).into_owned()))
                     .with_holder_info(info),
-                HoldKind::Permits { .. } if Self::holds(&data) => record
-                    // The write that granted it: its create, or the claim
-                    // that rewrote it `held`.
-                    .with_token(Some(czxid_token(stat.mzxid)?))
-                    .with_holder_info(permit_holder_info(&data)),
+                HoldKind::Permits { .. }
+                    if f.permit
+                        .is_some_and(|(at, limit)| Self::granted(at, &data, &stat, limit)) =>
+                {
+                    record
+                        // The write that granted it: its create, or the claim
+                        // that rewrote it `held`.
+                        .with_token(Some(czxid_token(stat.mzxid)?))
+                        .with_holder_info(permit_holder_info(&data))
+                }
                 HoldKind::Permits { .. } => continue,
                 _ => record
                     .with_token(Some(czxid_token(stat.czxid)?))

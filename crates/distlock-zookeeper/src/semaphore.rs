@@ -638,6 +638,27 @@ impl ZooKeeperBackend {
         permit_state(data) == HELD
     }
 
+    /// Whether the permit child at place `at` of its semaphore (by
+    /// sequence), with `data` and `stat`, holds a permit under `limit` and
+    /// the `mzxid` of the limit's last write. A child that says `held`
+    /// holds when it was claimed after waiting (written since its create),
+    /// is among the first `limit`, or was created before the limit was
+    /// last written (granted under an earlier limit, which a lower one does
+    /// not take back). A child just created beyond the limit also says
+    /// `held` until its contender learns it waits: it does not count.
+    /// Without a stored limit, every child that says `held` holds.
+    pub(crate) fn granted(
+        at: usize,
+        data: &[u8],
+        stat: &zk::Stat,
+        limit: Option<(u32, i64)>,
+    ) -> bool {
+        Self::holds(data)
+            && limit.is_none_or(|(limit, written)| {
+                at < limit as usize || stat.mzxid > stat.czxid || stat.czxid < written
+            })
+    }
+
     /// Starts the TTL of a permit just granted: unless extended, it ends
     /// `req.ttl` from now, when this client deletes its node. Its session
     /// alone would keep it as long as this client lives, since the client
@@ -669,7 +690,7 @@ impl ZooKeeperBackend {
         let dir = self.permits_dir(name);
         let (limit, listed) = tokio::join!(client.get_data(&node), client.list_children(&dir));
         let limit = match limit {
-            Ok((data, _)) => parse_limit(&node, &data)?,
+            Ok((data, stat)) => parse_limit(&node, &data)?.map(|l| (l, stat.mzxid)),
             Err(zk::Error::NoNode) => None,
             Err(e) => return Err(self.err(e)),
         };
@@ -678,14 +699,15 @@ impl ZooKeeperBackend {
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(self.err(e)),
         };
-        let children: Vec<String> = children
+        let mut children: Vec<(i64, String)> = children
             .into_iter()
-            .filter(|c| permit_sequence(c).is_some())
+            .filter_map(|c| permit_sequence(&c).map(|s| (s, c)))
             .collect();
+        children.sort_unstable();
         let mut holders = 0;
         if !children.is_empty() {
             let mut reader = client.new_multi_reader();
-            for c in &children {
+            for (_, c) in &children {
                 reader
                     .add_get_data(&format!("{dir}/{c}"))
                     .map_err(|e| self.err(e))?;
@@ -693,12 +715,13 @@ impl ZooKeeperBackend {
             let results = reader.commit().await.map_err(|e| self.err(e))?;
             holders = results
                 .iter()
-                .filter(
-                    |r| matches!(r, zk::MultiReadResult::Data { data, .. } if Self::holds(data)),
-                )
+                .enumerate()
+                .filter(|(at, r)| {
+                    matches!(r, zk::MultiReadResult::Data { data, stat } if Self::granted(*at, data, stat, limit))
+                })
                 .count();
         }
-        Ok(LockStatus::new(holders > 0).with_holders(holders, limit))
+        Ok(LockStatus::new(holders > 0).with_holders(holders, limit.map(|(l, _)| l)))
     }
 
     pub(crate) async fn store_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
