@@ -392,10 +392,14 @@ where
     }
     let log = reg.log();
     if log.holds.is_empty() {
-        return Err(CheckError::Worker {
-            worker: 0,
-            message: "no worker was ever granted the lock".into(),
-        });
+        let (worker, message) = match log.errors.first() {
+            Some((_, w, text)) => (
+                *w,
+                format!("no worker was ever granted the lock; its first error: {text}"),
+            ),
+            None => (0, "no worker was ever granted the lock".into()),
+        };
+        return Err(CheckError::Worker { worker, message });
     }
     Ok(check(&log))
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use distlock::LockName;
 
 use crate::output::line;
-use crate::{code_for, default_backend, fail, parse_duration, EXIT_USAGE};
+use crate::{code_for, default_backend, fail, parse_duration, EXIT_NOT_ACQUIRED, EXIT_USAGE};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct CheckArgs {
@@ -84,12 +84,16 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
         return fail(EXIT_USAGE, why);
     }
     // Fail here, with the usual exit codes, rather than in every worker.
-    let caps = match crate::connect(&args.backend).await {
-        Ok(b) => b.capabilities(),
+    let probe = match crate::connect(&args.backend).await {
+        Ok(b) => b,
         Err(e) => return fail(code_for(&e), e),
     };
+    let caps = probe.capabilities();
     if let Err(e) = crate::ttl_in_range("--ttl", args.ttl, &caps) {
         return fail(EXIT_USAGE, e);
+    }
+    if let Err(code) = first_hold(probe, &args).await {
+        return code;
     }
     let mut w = match distlock_check::Workload::new(&args.backend, args.clients) {
         Ok(w) => w,
@@ -149,6 +153,39 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
                 ExitCode::SUCCESS
             }
         }
+    }
+}
+
+/// Takes and releases the hold the clients will contend for: a deployment
+/// that refuses it (a limit other than the one stored, a read-only replica,
+/// a user without the rights) or a name someone else holds would leave
+/// every client without a grant, and the run without a verdict.
+async fn first_hold(backend: distlock::DynBackend, args: &CheckArgs) -> Result<(), ExitCode> {
+    let client = distlock::LockClient::from_dyn(backend);
+    let builder = match args.limit {
+        Some(n) => client.semaphore(&args.lock, n),
+        None => client.lock(&args.lock),
+    };
+    // Waiting out a hold a run just before left behind.
+    let wait = args.ttl.saturating_mul(2);
+    match builder.ttl(args.ttl).wait(wait).acquire().await {
+        Ok(g) => {
+            // A release that fails leaves a hold the clients wait out.
+            let _ = g.release().await;
+            Ok(())
+        }
+        Err(distlock::Error::WaitTimeout { .. }) => Err(fail(
+            EXIT_NOT_ACQUIRED,
+            format!(
+                "{} is held by someone else (waited {}): check needs a name nothing else uses (--lock)",
+                args.lock,
+                humantime::format_duration(wait)
+            ),
+        )),
+        Err(e) => Err(fail(
+            code_for(&e),
+            format!("{}: a first try failed: {e}", args.lock),
+        )),
     }
 }
 

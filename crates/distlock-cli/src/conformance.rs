@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{DynBackend, LockName};
-use distlock_conformance::{async_trait, check_deployment, BackendFactory, Failed, Verdict};
+use distlock_conformance::{
+    async_trait, check_deployment, first_lock, BackendFactory, Failed, Verdict,
+};
 
 use crate::output::line;
 use crate::{code_for, default_backend, fail};
@@ -116,25 +118,43 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         backend: caps.backend,
         short_ttl,
     });
-    let verdicts = check_deployment(&*factory, args.only.as_deref()).await;
-    if verdicts.is_empty() {
+    if let Some(p) = &args.only {
+        if !distlock_conformance::case_names().any(|case| case.contains(p.as_str())) {
+            return fail(crate::EXIT_USAGE, format!("no case matches {p:?}"));
+        }
+    }
+    // Text goes out a line per case as it ends, so that an interrupted run
+    // has shown what it found so far; JSON is one document at the end.
+    if !args.json {
+        if let Err(code) = print_findings(&findings) {
+            return code;
+        }
+    }
+    if let Err(e) = first_lock(&*factory).await {
         return fail(
-            crate::EXIT_USAGE,
-            format!("no case matches {:?}", args.only.unwrap_or_default()),
+            code_for(&e),
+            format!("no case can run: a first lock with the cases' TTL failed: {e}"),
         );
+    }
+    let mut broken = None;
+    let verdicts = check_deployment(&*factory, args.only.as_deref(), |case, v| {
+        if !args.json && broken.is_none() {
+            broken = print_verdict(caps.backend, case, v).err();
+        }
+    })
+    .await;
+    if let Some(code) = broken {
+        return code;
     }
     let failed = verdicts
         .iter()
         .filter(|(_, v)| matches!(v, Verdict::Failed(_)))
         .count();
-    let printed = print_report(
-        &verdicts,
-        &findings,
-        failed,
-        caps.backend,
-        &args.backend,
-        args.json,
-    );
+    let printed = if args.json {
+        print_json(&verdicts, &findings)
+    } else {
+        print_summary(&verdicts, failed, caps.backend, &args.backend)
+    };
     if let Err(code) = printed {
         return code;
     }
@@ -145,68 +165,65 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
     }
 }
 
-/// Writes the findings, one line per case and a summary (with `json`, one
-/// JSON document of findings and cases).
-fn print_report(
+/// Writes the findings and cases as one JSON document.
+fn print_json(
     verdicts: &[(&'static str, Verdict)],
     findings: &[distlock::Finding],
-    failed: usize,
-    backend: &str,
-    url: &str,
-    json: bool,
 ) -> Result<(), ExitCode> {
-    if json {
-        let lines: Vec<Line<'_>> = verdicts
-            .iter()
-            .map(|(case, v)| match v {
-                Verdict::Ok => Line {
-                    case,
-                    verdict: "ok",
-                    why: None,
-                },
-                Verdict::Failed(why) => Line {
-                    case,
-                    verdict: "failed",
-                    why: Some(why),
-                },
-                Verdict::Ignored(why) => Line {
-                    case,
-                    verdict: "ignored",
-                    why: Some(why),
-                },
-            })
-            .collect();
-        let settings = findings
-            .iter()
-            .map(|f| match (&f.value, &f.warning) {
-                (Ok(v), None) => Setting {
-                    setting: &f.setting,
-                    verdict: "fine",
-                    value: Some(v),
-                    why: None,
-                },
-                (Ok(v), Some(w)) => Setting {
-                    setting: &f.setting,
-                    verdict: "warning",
-                    value: Some(v),
-                    why: Some(w),
-                },
-                (Err(why), _) => Setting {
-                    setting: &f.setting,
-                    verdict: "unknown",
-                    value: None,
-                    why: Some(why),
-                },
-            })
-            .collect();
-        let report = Report {
-            findings: settings,
-            cases: lines,
-        };
-        let text = serde_json::to_string_pretty(&report)
-            .map_err(|e| fail(1, format!("cannot write JSON: {e}")))?;
-        return line(text);
-    }
+    let lines: Vec<Line<'_>> = verdicts
+        .iter()
+        .map(|(case, v)| match v {
+            Verdict::Ok => Line {
+                case,
+                verdict: "ok",
+                why: None,
+            },
+            Verdict::Failed(why) => Line {
+                case,
+                verdict: "failed",
+                why: Some(why),
+            },
+            Verdict::Ignored(why) => Line {
+                case,
+                verdict: "ignored",
+                why: Some(why),
+            },
+        })
+        .collect();
+    let settings = findings
+        .iter()
+        .map(|f| match (&f.value, &f.warning) {
+            (Ok(v), None) => Setting {
+                setting: &f.setting,
+                verdict: "fine",
+                value: Some(v),
+                why: None,
+            },
+            (Ok(v), Some(w)) => Setting {
+                setting: &f.setting,
+                verdict: "warning",
+                value: Some(v),
+                why: Some(w),
+            },
+            (Err(why), _) => Setting {
+                setting: &f.setting,
+                verdict: "unknown",
+                value: None,
+                why: Some(why),
+            },
+        })
+        .collect();
+    let report = Report {
+        findings: settings,
+        cases: lines,
+    };
+    let text = serde_json::to_string_pretty(&report)
+        .map_err(|e| fail(1, format!("cannot write JSON: {e}")))?;
+    line(text)
+}
+
+/// Writes one line per finding.
+fn print_findings(findings: &[distlock::Finding]) -> Result<(), ExitCode> {
     for f in findings {
         line(match (&f.value, &f.warning) {
             (Ok(v), None) => format!("fine    {}: {v}", f.setting),
@@ -214,13 +231,25 @@ fn print_report(
             (Err(why), _) => format!("unknown {}: {why}", f.setting),
         })?;
     }
-    for (case, v) in verdicts {
-        line(match v {
-            Verdict::Ok => format!("ok      {backend}::{case}"),
-            Verdict::Failed(why) => format!("FAILED  {backend}::{case}: {why}"),
-            Verdict::Ignored(why) => format!("ignored {backend}::{case}: {why}"),
-        })?;
-    }
+    Ok(())
+}
+
+/// Writes one case's line.
+fn print_verdict(backend: &str, case: &str, v: &Verdict) -> Result<(), ExitCode> {
+    line(match v {
+        Verdict::Ok => format!("ok      {backend}::{case}"),
+        Verdict::Failed(why) => format!("FAILED  {backend}::{case}: {why}"),
+        Verdict::Ignored(why) => format!("ignored {backend}::{case}: {why}"),
+    })
+}
+
+/// Writes the closing count.
+fn print_summary(
+    verdicts: &[(&'static str, Verdict)],
+    failed: usize,
+    backend: &str,
+    url: &str,
+) -> Result<(), ExitCode> {
     let ignored = verdicts
         .iter()
         .filter(|(_, v)| matches!(v, Verdict::Ignored(_)))

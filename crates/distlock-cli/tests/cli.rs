@@ -944,6 +944,39 @@ fn check_rejects_bad_input_with_usage_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown backend scheme"));
 }
 
+/// A hold the deployment refuses every client (here a limit other than
+/// the one stored), or a name someone else holds, ends the run before any
+/// client starts, with the usual exit code and the cause.
+#[test]
+fn check_without_a_hold_any_client_could_get_says_why() {
+    let db = sqlite("check-refused");
+    let out = bin()
+        .args(["set-limit", "--backend", &db, "distlock-check", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{out:?}");
+    let out = bin()
+        .args(["check", "--backend", &db, "--limit", "2", "--clients", "3"])
+        .args(["--duration", "3s"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{err}");
+    assert!(err.contains("limit of 3") && err.contains('2'), "{err}");
+    let mut holder = spawn_holder(&db, "check-held", 30);
+    wait_held(&db, "check-held");
+    let out = bin()
+        .args(["check", "--backend", &db, "--lock", "check-held"])
+        .args(["--ttl", "1s", "--duration", "2s"])
+        .output()
+        .unwrap();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 75, "{err}");
+    assert!(err.contains("held by someone else"), "{err}");
+}
+
 /// A `--ttl` outside the backend's TTL range is refused at once, in one
 /// line, before any client starts (no overflow, no run to the end).
 #[test]
@@ -1220,6 +1253,39 @@ fn conformance_reports_a_redis_that_evicts_or_hides_its_config() {
     assert!(
         text.contains("fine    persistence: appendonly yes"),
         "{text}"
+    );
+}
+
+/// A URL naming a read-only replica is named as such, and the suite ends
+/// at once with the refusal instead of running every case to its bound.
+#[cfg(feature = "redis")]
+#[test]
+fn conformance_on_a_replica_says_so_and_ends_at_once() {
+    use integration_tests::harness::redis::spawn;
+    let master = spawn(&[]).unwrap();
+    let port = master.port.to_string();
+    let replica = spawn(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    let started = Instant::now();
+    let out = bin()
+        .args(["conformance", "--backend"])
+        .arg(format!("redis://127.0.0.1:{}", replica.port))
+        .args(["--only", "wait_with_timeout_returns_timeout_error"])
+        .output()
+        .unwrap();
+    let (text, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(code(&out), 69, "{text}{err}");
+    assert!(
+        text.contains("WARNING replication: role slave: this server is a replica"),
+        "{text}"
+    );
+    assert!(err.contains("no case can run"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the suite ran its case to its bound: {:?}",
+        started.elapsed()
     );
 }
 

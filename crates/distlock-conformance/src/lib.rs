@@ -123,6 +123,11 @@ pub type CaseFn = for<'a> fn(
 ) -> std::pin::Pin<Box<dyn Future<Output = CaseResult> + Send + 'a>>;
 
 /// Every case, by name, with what it needs the backend to declare.
+/// The name of every case, in the suite's order.
+pub fn case_names() -> impl Iterator<Item = &'static str> {
+    all_cases().map(|(name, _, _)| name)
+}
+
 fn all_cases() -> impl Iterator<Item = (&'static str, CaseFn, Needs)> {
     let exclusive = cases::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
     let multi = multi::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
@@ -208,11 +213,13 @@ pub enum Verdict {
 
 /// Runs every case whose name contains `only` (all without it) against
 /// `factory`, one after another, each in a random namespace of its own:
-/// what `distlock conformance` does to a deployment. Answers each case's
-/// name and verdict, in the suite's order.
+/// what `distlock conformance` does to a deployment. Hands each case's name
+/// and verdict to `each` as it ends, and answers them all, in the suite's
+/// order.
 pub async fn check_deployment(
     factory: &dyn BackendFactory,
     only: Option<&str>,
+    mut each: impl FnMut(&'static str, &Verdict),
 ) -> Vec<(&'static str, Verdict)> {
     let mut verdicts = Vec::new();
     for (case, f, needs) in all_cases() {
@@ -226,9 +233,40 @@ pub async fn check_deployment(
             }
             Err(e) => Verdict::Failed(e.message().unwrap_or("failed").to_string()),
         };
+        each(case, &verdict);
         verdicts.push((case, verdict));
     }
     verdicts
+}
+
+/// Takes and releases one lock with the TTL the cases hold with, in a
+/// namespace of its own. A deployment that refuses it (a read-only
+/// replica, a TTL above its session timeouts, a user without the rights)
+/// would fail nearly every case the same way, most only at their time
+/// bound: [`check_deployment`]'s callers ask this first.
+pub async fn first_lock(factory: &dyn BackendFactory) -> distlock_core::Result<()> {
+    let client = distlock_core::LockClient::from_dyn(factory.client().await?);
+    let name = LockName::new(format!("{}/first", namespace()))?;
+    let first = async {
+        if let Some(g) = client
+            .lock(&name)
+            .ttl(cases::LONG_TTL)
+            .try_acquire()
+            .await?
+        {
+            g.release().await?;
+        }
+        Ok(())
+    };
+    tokio::time::timeout(CASE_BOUND, first)
+        .await
+        .unwrap_or_else(|_| {
+            Err(distlock_core::Error::unavailable(
+                factory.name(),
+                format!("a first lock did not answer within {CASE_BOUND:?}"),
+                None,
+            ))
+        })
 }
 
 /// What a group of cases needs the backend to declare.

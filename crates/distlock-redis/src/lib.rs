@@ -785,6 +785,11 @@ impl Backend for RedisBackend {
                 let role = field("role").unwrap_or_default();
                 let replicas = field("connected_slaves").unwrap_or_default();
                 match replicas.parse::<u32>() {
+                    _ if role == "slave" => Finding::warning(
+                        "replication",
+                        format!("role {role}"),
+                        "this server is a replica: it refuses every write, so no lock can be taken; point the URL at the master (or at Sentinels)",
+                    ),
                     Ok(n) if n > 0 && self.inner.config.wait_replicas == 0 => Finding::warning(
                         "replication",
                         format!("role {role}, {n} replicas"),
