@@ -18,10 +18,20 @@ pub fn query_pairs<'a>(what: &str, query: &'a str) -> Result<Vec<(&'a str, &'a s
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         if let Some((_, first)) = pairs.iter().find(|(key, _)| *key == k) {
+            // A secret's values are not shown.
+            let shown = |v: &str| {
+                if k.to_ascii_lowercase().contains("pass") {
+                    "\"***\"".to_string()
+                } else {
+                    format!("{v:?}")
+                }
+            };
             return Err(Error::invalid(
                 InputKind::Url,
                 format!(
-                    "{what} URL: parameter {k} is given twice ({k}={first:?} and {k}={v:?}); give it once"
+                    "{what} URL: parameter {k} is given twice ({k}={} and {k}={}); give it once",
+                    shown(first),
+                    shown(v)
                 ),
             ));
         }
@@ -122,6 +132,10 @@ mod tests {
             text.contains("\"true\"") && text.contains("\"false\""),
             "{text}"
         );
+        let e = query_pairs("postgres://", "password=hunter2&password=hunter3").unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("password is given twice"), "{text}");
+        assert!(!text.contains("hunter"), "a password shown: {text}");
     }
 
     #[test]

@@ -211,6 +211,7 @@ impl SqlConfig {
                 }
             }
         }
+        check_one_spelling(base, scheme, &rest)?;
         Ok(if rest.is_empty() {
             base.to_string()
         } else {
@@ -340,6 +341,91 @@ fn check_sqlx_key(key: &str, scheme: &str) -> Result<()> {
             keys.join(", ")
         ),
     ))
+}
+
+/// The sqlx option a parameter of `scheme` sets (`key` percent-decoded):
+/// sqlx reads several under two or three spellings.
+fn sqlx_option<'a>(key: &'a str, scheme: &str) -> &'a str {
+    match (scheme, key) {
+        ("postgres" | "postgresql", "ssl-mode") => "sslmode",
+        ("postgres" | "postgresql", "ssl-root-cert" | "ssl-ca") => "sslrootcert",
+        ("postgres" | "postgresql", "hostaddr") => "host",
+        ("mysql" | "mariadb", "ssl-mode") => "sslmode",
+        ("mysql" | "mariadb", "ssl-ca") => "sslca",
+        ("mysql" | "mariadb", "time-zone") => "timezone",
+        (_, "ssl-cert") => "sslcert",
+        (_, "ssl-key") => "sslkey",
+        _ => key,
+    }
+}
+
+/// Refuses two things in a URL that set one sqlx option: two spellings of
+/// a parameter (`sslmode` and `ssl-mode`), or on PostgreSQL a parameter and
+/// the URL's own part for it (`password=` beside a password before the
+/// `@`, `port=` beside `:port`, `user=`, `host=`, `dbname=`). sqlx takes
+/// whichever it reads last, so `sslmode=verify-full&ssl-mode=disable`
+/// would connect without TLS. Values are never shown: one may be a
+/// password.
+fn check_one_spelling(base: &str, scheme: &str, params: &[&str]) -> Result<()> {
+    let mut seen: Vec<(String, String)> = Vec::new();
+    if matches!(scheme, "postgres" | "postgresql") {
+        let authority = base
+            .split_once("://")
+            .map_or("", |(_, r)| r.split('/').next().unwrap_or(""));
+        let (userinfo, host_port) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let (host, port) = match host_port.strip_prefix('[') {
+            Some(v6) => v6.split_once(']').map_or((host_port, ""), |(h, p)| (h, p)),
+            None => host_port
+                .split_once(':')
+                .map_or((host_port, ""), |(h, p)| (h, p)),
+        };
+        let path = base
+            .split_once("://")
+            .and_then(|(_, r)| r.split_once('/'))
+            .map_or("", |(_, p)| p);
+        let parts = [
+            (
+                "user",
+                userinfo.is_some_and(|u| !u.split(':').next().unwrap_or("").is_empty()),
+                "the user before the @",
+            ),
+            (
+                "password",
+                userinfo.is_some_and(|u| u.contains(':')),
+                "the password before the @",
+            ),
+            ("host", !host.is_empty(), "the URL's host"),
+            (
+                "port",
+                !port.trim_start_matches(':').is_empty(),
+                "the URL's :port",
+            ),
+            ("dbname", !path.is_empty(), "the URL's /database"),
+        ];
+        for (option, given, what) in parts {
+            if given {
+                seen.push((option.to_string(), what.to_string()));
+            }
+        }
+    }
+    for pair in params {
+        let key = pair.split_once('=').map_or(*pair, |(k, _)| k);
+        let decoded = percent_decode(key);
+        let option = sqlx_option(&decoded, scheme).to_string();
+        if let Some((_, first)) = seen.iter().find(|(o, _)| *o == option) {
+            return Err(Error::invalid(
+                InputKind::Url,
+                format!(
+                    "{scheme}:// URL: {first} and parameter {decoded} both set {option}; give it once"
+                ),
+            ));
+        }
+        seen.push((option, format!("parameter {decoded}")));
+    }
+    Ok(())
 }
 
 /// Checks that the certificate and key files a PostgreSQL or MySQL URL names
@@ -610,6 +696,75 @@ mod tests {
         }
     }
 
+    /// Two spellings of one sqlx option, or a parameter beside the URL's
+    /// own part for it: sqlx would take the last, so neither is guessed.
+    #[test]
+    fn one_option_set_twice_is_refused_whatever_the_spelling() {
+        for (url, says) in [
+            (
+                "postgres://u:hunter2@h/db?sslmode=verify-full&ssl-mode=disable",
+                "parameter sslmode and parameter ssl-mode both set sslmode",
+            ),
+            (
+                "postgres://h/db?ssl-mode=disable&sslmode=verify-full",
+                "both set sslmode",
+            ),
+            (
+                "postgres://h/db?sslrootcert=/a&ssl-root-cert=/b",
+                "both set sslrootcert",
+            ),
+            (
+                "postgres://h/db?ssl-ca=/a&sslrootcert=/b",
+                "both set sslrootcert",
+            ),
+            (
+                "postgres://h/db?sslmode=require&ssl%2Dmode=disable",
+                "both set sslmode",
+            ),
+            ("postgres://h/db?sslkey=/a&ssl-key=/b", "both set sslkey"),
+            (
+                "mysql://h/db?ssl-mode=VERIFY_IDENTITY&sslmode=DISABLED",
+                "both set sslmode",
+            ),
+            ("mariadb://h/db?sslca=/a&ssl-ca=/b", "both set sslca"),
+            (
+                "mysql://h/db?timezone=UTC&time-zone=%2B01:00",
+                "both set timezone",
+            ),
+            (
+                "postgres://u:hunter2@h/db?password=other",
+                "the password before the @ and parameter password both set password",
+            ),
+            (
+                "postgres://h:5432/db?port=5433",
+                "the URL's :port and parameter port both set port",
+            ),
+            ("postgres://u@h/db?user=v", "both set user"),
+            (
+                "postgres://h/db?hostaddr=127.0.0.1",
+                "the URL's host and parameter hostaddr both set host",
+            ),
+            ("postgres://h/db?dbname=other", "both set dbname"),
+            ("postgres://[::1]:5432/db?port=1", "both set port"),
+        ] {
+            let text = is_invalid(SqlConfig::default().take_url_options(url));
+            assert!(text.contains(says), "{url}: {text}");
+            assert!(
+                !text.contains("hunter2") && !text.contains("other"),
+                "{text}"
+            );
+        }
+        for ok in [
+            "postgres:///db?host=/var/run/postgresql&port=5433",
+            "postgres://u@h/db?password=p",
+            "postgres://h/?dbname=d",
+            "postgres://[::1]/db?sslmode=require&sslrootcert=/a&sslcert=/c&sslkey=/k",
+            "mysql://u:p@h:3306/db?ssl-mode=REQUIRED&ssl-ca=/a&charset=utf8mb4",
+        ] {
+            assert!(SqlConfig::default().take_url_options(ok).is_ok(), "{ok}");
+        }
+    }
+
     #[test]
     fn a_repeated_parameter_is_refused() {
         for url in [
@@ -629,9 +784,11 @@ mod tests {
     #[test]
     fn a_parameter_neither_distlock_nor_sqlx_reads_is_refused() {
         for ok in [
-            "mysql://h/db?ssl-mode=REQUIRED&sslmode=DISABLED&ssl-ca=/a&sslca=/a&charset=utf8mb4&collation=x&time-zone=%2B00:00&timezone=UTC&socket=/s&statement-cache-capacity=9&sslcert=/c&ssl-key=/k",
+            "mysql://h/db?ssl-mode=REQUIRED&ssl-ca=/a&charset=utf8mb4&collation=x&time-zone=%2B00:00&socket=/s&statement-cache-capacity=9&sslcert=/c&ssl-key=/k",
+            "mysql://h/db?sslmode=DISABLED&sslca=/a&timezone=UTC",
             "mariadb://h/db?fifo=true&queue_lease_ms=5000&ssl%2Dmode=DISABLED",
-            "postgres://h/db?sslmode=disable&ssl-root-cert=/a&host=h&hostaddr=127.0.0.1&port=1&dbname=d&user=u&password=p&application_name=a&options=-c%20x%3D1&options[search_path]=s",
+            "postgres:///?sslmode=disable&ssl-root-cert=/a&host=h&port=1&dbname=d&user=u&password=p&application_name=a&options=-c%20x%3D1&options[search_path]=s",
+            "postgres:///?hostaddr=127.0.0.1",
             "postgresql://h/db?observe_recheck_ms=9&ssl-ca=/a&sslkey=/k",
             "sqlite://x.db?mode=rwc&cache=shared&immutable=false&vfs=unix&table=t",
         ] {
