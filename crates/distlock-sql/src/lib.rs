@@ -278,27 +278,41 @@ impl DbError {
 
 /// Why a connection failed in TLS in a way that retrying cannot mend: TLS
 /// could not be set up as the URL asks (the server offers none, a CA file is
-/// unreadable), or the server's certificate was rejected (an unknown CA, a
-/// host name it does not name). sqlx reports the former as `Error::Tls` and
-/// the latter as the I/O error of the handshake, wrapping rustls's.
+/// unreadable), the server's certificate was rejected (an unknown CA, a
+/// host name it does not name), or the server refused this client's
+/// certificate (signed by a CA it does not trust, expired, or missing
+/// where it requires one). sqlx reports the first as `Error::Tls` and the
+/// others as the I/O error of the handshake, wrapping rustls's.
 fn tls_failure(e: &sqlx::Error) -> Option<String> {
     match e {
         sqlx::Error::Tls(t) => Some(t.to_string()),
         #[cfg(feature = "tls")]
-        sqlx::Error::Io(io) => io
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            .filter(|r| {
-                matches!(
-                    r,
-                    rustls::Error::InvalidCertificate(_)
-                        | rustls::Error::NoCertificatesPresented
-                        | rustls::Error::UnsupportedNameType
-                        | rustls::Error::InvalidCertRevocationList(_)
-                        | rustls::Error::PeerIncompatible(_)
-                )
-            })
-            .map(|r| format!("the server's certificate was rejected: {r}")),
+        sqlx::Error::Io(io) => {
+            use rustls::AlertDescription as A;
+            match io.get_ref()?.downcast_ref::<rustls::Error>()? {
+                r @ (rustls::Error::InvalidCertificate(_)
+                | rustls::Error::NoCertificatesPresented
+                | rustls::Error::UnsupportedNameType
+                | rustls::Error::InvalidCertRevocationList(_)
+                | rustls::Error::PeerIncompatible(_)) => {
+                    Some(format!("the server's certificate was rejected: {r}"))
+                }
+                r @ rustls::Error::AlertReceived(
+                    A::UnknownCA
+                    | A::BadCertificate
+                    | A::CertificateRequired
+                    | A::UnsupportedCertificate
+                    | A::CertificateRevoked
+                    | A::CertificateExpired
+                    | A::CertificateUnknown
+                    | A::AccessDenied,
+                ) => Some(format!(
+                    "the server refused this client's certificate ({r}); check sslcert and sslkey \
+                     (ssl-cert and ssl-key), and that the server trusts the CA that signed it"
+                )),
+                _ => None,
+            }
+        }
         _ => None,
     }
 }
@@ -1678,5 +1692,37 @@ mod tests {
         assert!(e.to_string().contains("ssl-ca"), "{e}");
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
         assert!(err.map(sqlx::Error::Io(reset)).is_retryable());
+    }
+
+    /// The server's alert that it refused this client's certificate is a
+    /// configuration to change, not a failure to retry.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_client_certificate_the_server_refuses_is_not_retryable() {
+        let err = DbError {
+            backend: "postgres",
+            endpoint: "db:5432".into(),
+        };
+        for alert in [
+            rustls::AlertDescription::UnknownCA,
+            rustls::AlertDescription::CertificateRequired,
+            rustls::AlertDescription::BadCertificate,
+        ] {
+            let io = std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                rustls::Error::AlertReceived(alert),
+            );
+            let e = err.map(sqlx::Error::Io(io));
+            assert!(matches!(e, Error::Misconfigured { .. }), "{alert:?}: {e:?}");
+            assert!(
+                e.to_string().contains("refused this client's certificate"),
+                "{e}"
+            );
+        }
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::CloseNotify),
+        );
+        assert!(err.map(sqlx::Error::Io(io)).is_retryable());
     }
 }
