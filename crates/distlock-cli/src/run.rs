@@ -10,7 +10,8 @@ use nix::unistd::Pid;
 
 use crate::signals::Signals;
 use crate::{
-    code_for, default_backend, fail, parse_duration, EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_USAGE,
+    code_for, default_backend, fail, parse_duration, EXIT_CONFIG, EXIT_LEASE_LOST,
+    EXIT_NOT_ACQUIRED, EXIT_USAGE,
 };
 
 #[derive(clap::Args, Debug)]
@@ -403,6 +404,18 @@ pub(crate) async fn run_command(
             )
         }
         Ok(true) => {}
+        // Refused for good (an ACL without a command the release needs):
+        // the lock stays taken for the rest of its TTL, and every later
+        // release will be refused the same way.
+        Err(e) if code_for(&e) == EXIT_CONFIG => {
+            return fail(
+                EXIT_CONFIG,
+                format!(
+                    "the command ended, but the release of {} was refused, so it stays held until its TTL runs out: {e}",
+                    quoted(&tokens)
+                ),
+            )
+        }
         Err(e) => {
             tracing::warn!(error = %e, "release failed; the lease will expire after its TTL");
         }

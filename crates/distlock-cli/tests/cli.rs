@@ -328,6 +328,36 @@ fn refused_configuration_gives_78() {
     }
 }
 
+/// A release the server refuses for good (an ACL without a command the
+/// release needs) leaves the lock held for its TTL: exit 78, saying so,
+/// whatever the command's own exit status.
+#[cfg(feature = "redis")]
+#[test]
+fn a_release_refused_by_the_server_exits_78() {
+    use integration_tests::harness::redis::spawn;
+    let server = spawn(&[
+        "--user",
+        "app",
+        "on",
+        ">app-pw",
+        "resetkeys",
+        "resetchannels",
+        "+@all",
+        "-del",
+        "~*",
+        "&*",
+    ])
+    .unwrap();
+    let backend = format!("redis://app:app-pw@127.0.0.1:{}", server.port);
+    let out = run(&backend, &[], "refused-release", &["true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 78, "{err}");
+    assert!(
+        err.contains("release of") && err.contains("was refused") && err.contains("TTL"),
+        "{err}"
+    );
+}
+
 /// Every command works on the default backend of a machine without a state
 /// directory yet (it is made), while a SQLite file the user names in a
 /// directory that does not exist is refused with 78 and nothing is made.

@@ -742,11 +742,14 @@ impl ClientInner {
                 waited: start.elapsed(),
             });
         };
-        if granted.as_ref().is_ok() || granted.as_ref().is_err_and(grants_nothing) {
-            cleanup.disarm();
-        } else {
-            cleanup.disarm();
-            leftovers.leave(backend, req.clone());
+        match &granted {
+            Ok(_) => cleanup.disarm(),
+            Err(e) if grants_nothing(e) => cleanup.disarm(),
+            Err(e) if !e.is_retryable() => cleanup.release_now().await,
+            Err(_) => {
+                cleanup.disarm();
+                leftovers.leave(backend, req.clone());
+            }
         }
         if let Err(e) = &granted {
             tracing::debug!(error = %e, "acquire failed");
@@ -814,6 +817,30 @@ impl ReleaseIfDropped {
 
     pub(crate) fn disarm(&mut self) {
         self.armed = None;
+    }
+
+    /// Releases the requests now, each bounded by [`ANSWER_GRACE`], those
+    /// not answered then in the background as on a drop: for an acquire
+    /// that ends with an error no wait outlasts, so that its caller, which
+    /// may exit at once, leaves nothing held (a server that answered is
+    /// reachable, so this costs a round trip on that path alone).
+    pub(crate) async fn release_now(mut self) {
+        let Some((backend, reqs)) = self.armed.take() else {
+            return;
+        };
+        let calls = reqs
+            .iter()
+            .map(|r| tokio::time::timeout(ANSWER_GRACE, backend.release(r)));
+        let answers = futures_util::future::join_all(calls).await;
+        let left: Vec<LockRequest> = reqs
+            .into_iter()
+            .zip(answers)
+            .filter(|(_, a)| !matches!(a, Ok(Ok(_))))
+            .map(|(r, _)| r)
+            .collect();
+        if !left.is_empty() {
+            self.armed = Some((backend, left));
+        }
     }
 }
 

@@ -250,6 +250,10 @@ impl MultiLockBuilder {
                     drop(cleanup);
                     AllAtOnce::NotOffered
                 }
+                Err(e) if !e.is_retryable() && !grants_nothing(&e) => {
+                    cleanup.release_now().await;
+                    return Err(e);
+                }
                 answer => answer?,
             };
             match answer {

@@ -54,6 +54,9 @@ struct Scripted {
     session_end: Arc<Notify>,
     /// Every release call, answered or not.
     releases: AtomicUsize,
+    /// How many of the next acquire attempts are granted and then answer
+    /// a configuration error (a script refused a command after its write).
+    refused_after_grant: AtomicUsize,
 }
 
 #[async_trait]
@@ -80,6 +83,13 @@ impl Backend for Scripted {
             });
         }
         let granted = self.inner.try_acquire(req).await?;
+        if granted.is_some() && take(&self.refused_after_grant) {
+            return Err(Error::misconfigured(
+                "scripted",
+                "a command refused after the write",
+                None,
+            ));
+        }
         if granted.is_some() && take(&self.lost_acquire_replies) {
             return Err(Error::unavailable("scripted", "reply lost", None));
         }
@@ -889,6 +899,88 @@ async fn a_failed_batch_is_retried_and_then_every_hold_in_it_is_lost() {
         b.batches.load(Ordering::SeqCst) > 1,
         "the batch was not retried"
     );
+}
+
+/// An acquire answered with an error that ends it (a configuration the
+/// server refused after its write) releases its owner before the error is
+/// reported, so nothing stays held by a process that exits at once.
+#[tokio::test]
+async fn an_acquire_refused_after_its_write_is_released_before_its_error() {
+    let s = Arc::new(Scripted::default());
+    let c = LockClient::from_dyn(s.clone());
+    for wait in [None, Some(Duration::from_secs(5))] {
+        s.refused_after_grant.store(1, Ordering::SeqCst);
+        let before = s.releases.load(Ordering::SeqCst);
+        let b = c.lock("refused");
+        let e = match wait {
+            None => b.try_acquire().await.map(|_| ()),
+            Some(w) => b.wait(w).acquire().await.map(|_| ()),
+        }
+        .unwrap_err();
+        assert!(matches!(e, Error::Misconfigured { .. }), "{e:?}");
+        assert_eq!(
+            s.releases.load(Ordering::SeqCst),
+            before + 1,
+            "the error came before its owner's release"
+        );
+        let other = LockClient::new(s.inner.clone());
+        let g = other.lock("refused").try_acquire().await.unwrap();
+        assert!(g.is_some(), "the refused acquire's lock stayed held");
+        assert!(g.unwrap().release().await.unwrap());
+    }
+}
+
+/// Memory whose all-at-once acquires take every lock and then answer a
+/// configuration error.
+#[derive(Debug, Default)]
+struct RefusesAllAfterWrite {
+    inner: MemoryBackend,
+    releases: AtomicUsize,
+}
+
+#[async_trait]
+impl Backend for RefusesAllAfterWrite {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
+        self.inner.try_acquire(req).await
+    }
+    async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<distlock_core::AllAtOnce> {
+        self.inner.try_acquire_all(reqs).await?;
+        Err(Error::misconfigured(
+            "scripted",
+            "a command refused after the write",
+            None,
+        ))
+    }
+    async fn extend(&self, req: &LockRequest) -> Result<bool> {
+        self.inner.extend(req).await
+    }
+    async fn release(&self, req: &LockRequest) -> Result<bool> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(req).await
+    }
+}
+
+/// The same for a multi-lock's all-at-once request: every lock it took is
+/// released before the error is reported.
+#[tokio::test]
+async fn a_multi_lock_refused_after_its_write_is_released_before_its_error() {
+    let s = Arc::new(RefusesAllAfterWrite::default());
+    let c = LockClient::from_dyn(s.clone());
+    let e = c.lock_all(["a", "b"]).try_acquire().await.unwrap_err();
+    assert!(matches!(e, Error::Misconfigured { .. }), "{e:?}");
+    assert_eq!(
+        s.releases.load(Ordering::SeqCst),
+        2,
+        "the error came before the owners' releases"
+    );
+    let other = LockClient::new(s.inner.clone());
+    for name in ["a", "b"] {
+        let g = other.lock(name).try_acquire().await.unwrap();
+        assert!(g.is_some(), "{name} stayed held");
+    }
 }
 
 /// Memory whose holds live in named sessions that the test can end.
