@@ -176,6 +176,11 @@ fn main() {
             move || handle.block_on(script_command_refused()),
         ));
         let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::acl::a_wait_refused_its_subscription_is_a_typed_error",
+            move || handle.block_on(subscribe_refused()),
+        ));
+        let handle = rt.handle().clone();
         let s = single.clone();
         extra.push(Trial::test(
             "redis::interoperates_with_classic_set_nx_clients",
@@ -2289,6 +2294,46 @@ async fn script_command_refused() -> Result<(), Failed> {
         Err(_) => Err("a reader refused ZCOUNT by the ACL was still waiting 10 s later".into()),
         Ok(other) => Err(format!(
             "a reader refused ZCOUNT by the ACL got {:?}",
+            other.map(|g| g.token())
+        )
+        .into()),
+    }
+}
+
+/// A user the ACL refuses `SUBSCRIBE`: a wait ends at once with the
+/// refusal, rather than sleeping until each holder's lease ends however
+/// early it released.
+async fn subscribe_refused() -> Result<(), Failed> {
+    let commands: Vec<&str> = LEAST_PRIVILEGE
+        .iter()
+        .copied()
+        .filter(|c| *c != "+subscribe")
+        .collect();
+    let rule = app_user(&commands, &["~*", "&*"]);
+    let node = tokio::task::spawn_blocking(move || server::spawn(&rule))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let url = format!("redis://app:app-pw@127.0.0.1:{}", node.port);
+    let connect = || async { Ok::<_, Failed>(LockClient::new(RedisBackend::connect(&url).await?)) };
+    let name = "acl/subscribe";
+    let held = connect().await?.lock(name).acquire().await?;
+    let waiter = connect().await?;
+    let waited = tokio::time::timeout(
+        Duration::from_secs(10),
+        waiter.lock(name).wait(Duration::from_secs(30)).acquire(),
+    )
+    .await;
+    held.release().await?;
+    match waited {
+        Ok(Err(distlock_core::Error::Misconfigured { message, .. }))
+            if message.to_lowercase().contains("subscribe") =>
+        {
+            Ok(())
+        }
+        Err(_) => Err("a waiter refused SUBSCRIBE by the ACL was still waiting 10 s later".into()),
+        Ok(other) => Err(format!(
+            "a waiter refused SUBSCRIBE by the ACL got {:?}",
             other.map(|g| g.token())
         )
         .into()),

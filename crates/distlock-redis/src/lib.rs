@@ -1136,9 +1136,17 @@ impl Wakeups for Subscribed<'_> {
                     .map_err(|e| b.err(e))
             }
         };
-        self.watch = subscribed
-            .inspect_err(|e| tracing::debug!(error = %e, "no pub/sub; waiting on lease ends only"))
-            .ok();
+        self.watch = match subscribed {
+            Ok(watch) => Some(watch),
+            // Refused for good (an ACL without SUBSCRIBE): every wait would
+            // sleep until each holder's lease ends, however early it
+            // released, so the wait ends with the refusal instead.
+            Err(e @ Error::Misconfigured { .. }) => return Err(e),
+            Err(e) => {
+                tracing::debug!(error = %e, "no pub/sub; waiting on lease ends only");
+                None
+            }
+        };
         self.signalled
             .set(self.watch.as_ref().map(|w| w.watch.signal().clone()));
         Ok(())
