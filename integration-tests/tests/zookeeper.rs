@@ -1568,6 +1568,16 @@ async fn acls_protect_the_holder(f: Arc<Zk>) -> Result<(), Failed> {
         Err(Error::Misconfigured { .. }) => {}
         got => return Err(format!("a client with other credentials got {got:?}").into()),
     }
+    // A new name under the same root is refused too (the root is alice's),
+    // and the message says what to do.
+    match other.lock("jobs/other").try_acquire().await {
+        Err(Error::Misconfigured { message, .. }) if message.contains("?root=") => {}
+        got => {
+            return Err(
+                format!("another identity's new name under alice's root got {got:?}").into(),
+            )
+        }
+    }
     for bad in ["?acl=creator", "?acl=nobody"] {
         let u = format!("zk://{host_port}{bad}");
         if !matches!(

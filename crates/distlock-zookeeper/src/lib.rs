@@ -121,7 +121,7 @@ fn err(hosts: &str, e: zk::Error) -> Error {
         }
         zk::Error::NoAuth | zk::Error::AuthFailed | zk::Error::InvalidAcl => Error::misconfigured(
             "zookeeper",
-            format!("ZooKeeper at {hosts} refused: {e}; every client of a lock needs the credentials (user:password@ in the URL) of the client that created its nodes"),
+            format!("ZooKeeper at {hosts} refused: {e}; every client of a lock needs the credentials (user:password@ in the URL) of the client that created its nodes, and the nodes above its name (the root and the name's parent segments) are the first creator's too: a client of another identity uses a root of its own (?root=/...)"),
             Some(Box::new(e)),
         ),
         // The client reports a connection that stopped answering, or failed
