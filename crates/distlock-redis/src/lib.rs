@@ -574,6 +574,13 @@ fn refused_configuration(e: &RedisError) -> Option<&'static str> {
         _ if e.to_string().contains("cluster support disabled") => {
             Some("the server is not a Cluster node: use a redis:// URL")
         }
+        // An alert: the server refused this side, most often for want of
+        // a client certificate, which this backend does not present.
+        _ if distlock_core::tls_refusal(e)
+            .is_some_and(|t| t.to_ascii_lowercase().contains("received fatal alert")) =>
+        {
+            Some("the server refused this client in the TLS handshake: distlock-redis presents no client certificate, so a server with tls-auth-clients yes refuses it (set tls-auth-clients optional or no); otherwise check the server's TLS protocols and ciphers")
+        }
         _ if distlock_core::tls_refusal(e).is_some() => Some(
             "the TLS handshake failed: check that ca_file names the PEM CA that signed the servers' certificates, and that the URL's hosts are names in those certificates",
         ),
@@ -1191,5 +1198,20 @@ mod tests {
         }
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         assert!(map_err("a:1", RedisError::from(refused)).is_retryable());
+    }
+
+    #[test]
+    fn a_tls_alert_from_the_server_names_the_client_certificate() {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "received fatal alert: CertificateRequired",
+        );
+        match map_err("a:1", RedisError::from(io)) {
+            Error::Misconfigured { message, .. } => {
+                assert!(message.contains("tls-auth-clients"), "{message}");
+                assert!(!message.contains("ca_file"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
