@@ -149,9 +149,16 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
     // A refused certificate comes back as "unavailable", but every retry
     // fails the same way.
     if let Some(why) = distlock_core::tls_refusal(&e) {
+        // An alert is the server refusing this side: distlock-etcd presents
+        // no client certificate.
+        let what = if why.to_ascii_lowercase().contains("received fatal alert") {
+            "the server refused this client in the TLS handshake; distlock-etcd presents no client certificate, so a member started with --client-cert-auth refuses it (start it without, and authenticate with user:password@ in the URL)"
+        } else {
+            "TLS refused the server's certificate; check ca_file and the host name in the URL"
+        };
         return Error::misconfigured(
             "etcd",
-            format!("etcd at {endpoints}: TLS refused the server's certificate ({why}); check ca_file and the host name in the URL"),
+            format!("etcd at {endpoints}: {what} ({why})"),
             Some(Box::new(e)),
         );
     }
@@ -2037,6 +2044,24 @@ mod tests {
         );
         // `etcdctl lock` stores an empty value.
         assert_eq!(lock_holder_info(b""), None);
+    }
+
+    #[test]
+    fn tls_refusals_say_which_side_was_refused() {
+        let refused = |text: &str| {
+            let io = std::io::Error::new(std::io::ErrorKind::InvalidData, text.to_string());
+            match err("127.0.0.1:2379", etcd_client::Error::IoError(io)) {
+                Error::Misconfigured { message, .. } => message,
+                other => panic!("{other:?}"),
+            }
+        };
+        let ours = refused("received fatal alert: BadCertificate");
+        assert!(
+            ours.contains("--client-cert-auth") && !ours.contains("ca_file"),
+            "{ours}"
+        );
+        let theirs = refused("invalid peer certificate: UnknownIssuer");
+        assert!(theirs.contains("ca_file"), "{theirs}");
     }
 
     #[test]
