@@ -79,7 +79,7 @@ fn print_status(name: &LockName, s: &LockStatus, args: &StatusArgs) -> Result<()
                 .map_or_else(|| "(none stored yet)".to_string(), |l| l.to_string())
         ))?;
         return line(format!(
-            "holders:   distlock list {name} --limit N shows each permit's"
+            "holders:   `distlock list {name}` shows each permit's token and holder"
         ));
     }
     line(format!("lock:      {name}"))?;
