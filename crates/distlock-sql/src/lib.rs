@@ -384,9 +384,12 @@ impl DbError {
             Some("42000") if message.starts_with("Unknown database") => {
                 Some("check the database name in the URL, or create it")
             }
-            Some("42000") if message.contains("denied") => {
-                Some("grant the user the privileges in the backend's README")
-            }
+            // MySQL and MariaDB show a user only the tables and procedures
+            // it has a right on, so one it lacks a listed right on looks
+            // absent and the client's CREATE is what the server refuses.
+            Some("42000") if message.contains("denied") => Some(
+                "grant the user the privileges in the backend's README; the server hides a table or procedure the user lacks a right on, so one missing a right looks absent and is created, which a CREATE denied here can mean",
+            ),
             // SQLite: cannot open the file (a directory, no permission), by
             // any of its extended codes (SQLITE_CANTOPEN_ISDIR, 526, say).
             Some(c)
