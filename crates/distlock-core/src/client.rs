@@ -720,11 +720,15 @@ impl ClientInner {
         let backend = &self.keeper.backend;
         let mut cleanup = ReleaseIfDropped::arm(backend.clone(), vec![req.clone()]);
         let start = Instant::now();
+        let cut = match mode {
+            Mode::Wait(deadline) => deadline.and_then(|d| d.checked_add(ANSWER_GRACE)),
+            Mode::Once => None,
+        };
         let answered = match mode {
             Mode::Once => Some(backend.try_acquire(req).await),
             Mode::Wait(deadline) => {
                 let waited = backend.acquire(req, deadline);
-                match deadline.and_then(|d| d.checked_add(ANSWER_GRACE)) {
+                match cut {
                     Some(cut) => tokio::time::timeout_at(cut, waited)
                         .await
                         .ok()
@@ -745,7 +749,18 @@ impl ClientInner {
         match &granted {
             Ok(_) => cleanup.disarm(),
             Err(e) if grants_nothing(e) => cleanup.disarm(),
-            Err(e) if !e.is_retryable() => cleanup.release_now().await,
+            // The error ends the acquire (no wait goes on after it), and the
+            // server answered, so it is reachable: released before the
+            // error is reported, within the wait's own bound.
+            Err(e)
+                if !(e.is_retryable()
+                    || outlasted_by_a_wait(e) && matches!(mode, Mode::Wait(_))) =>
+            {
+                let within = cut.map_or(ANSWER_GRACE, |c| {
+                    ANSWER_GRACE.min(c.saturating_duration_since(Instant::now()))
+                });
+                cleanup.release_now(within).await;
+            }
             Err(_) => {
                 cleanup.disarm();
                 leftovers.leave(backend, req.clone());
@@ -819,18 +834,19 @@ impl ReleaseIfDropped {
         self.armed = None;
     }
 
-    /// Releases the requests now, each bounded by [`ANSWER_GRACE`], those
-    /// not answered then in the background as on a drop: for an acquire
-    /// that ends with an error no wait outlasts, so that its caller, which
-    /// may exit at once, leaves nothing held (a server that answered is
-    /// reachable, so this costs a round trip on that path alone).
-    pub(crate) async fn release_now(mut self) {
-        let Some((backend, reqs)) = self.armed.take() else {
+    /// Releases the requests now, for at most `within`, those not answered
+    /// by then in the background as on a drop (and all of them if this is
+    /// dropped first): for an acquire that ends with an error, so that its
+    /// caller, which may exit at once, leaves nothing held (a server that
+    /// answered is reachable, so this costs a round trip on that path
+    /// alone).
+    pub(crate) async fn release_now(mut self, within: Duration) {
+        let Some((backend, reqs)) = self.armed.clone() else {
             return;
         };
         let calls = reqs
             .iter()
-            .map(|r| tokio::time::timeout(ANSWER_GRACE, backend.release(r)));
+            .map(|r| tokio::time::timeout(within, backend.release(r)));
         let answers = futures_util::future::join_all(calls).await;
         let left: Vec<LockRequest> = reqs
             .into_iter()
@@ -838,9 +854,7 @@ impl ReleaseIfDropped {
             .filter(|(_, a)| !matches!(a, Ok(Ok(_))))
             .map(|(r, _)| r)
             .collect();
-        if !left.is_empty() {
-            self.armed = Some((backend, left));
-        }
+        self.armed = (!left.is_empty()).then_some((backend, left));
     }
 }
 

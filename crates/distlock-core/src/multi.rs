@@ -251,7 +251,10 @@ impl MultiLockBuilder {
                     AllAtOnce::NotOffered
                 }
                 Err(e) if !e.is_retryable() && !grants_nothing(&e) => {
-                    cleanup.release_now().await;
+                    let within = cut.map_or(ANSWER_GRACE, |c| {
+                        ANSWER_GRACE.min(c.saturating_duration_since(Instant::now()))
+                    });
+                    cleanup.release_now(within).await;
                     return Err(e);
                 }
                 answer => answer?,

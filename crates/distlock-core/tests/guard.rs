@@ -930,6 +930,33 @@ async fn an_acquire_refused_after_its_write_is_released_before_its_error() {
     }
 }
 
+/// A caller that gives up while that release is out (a timeout around the
+/// acquire): the lock is released in the background all the same.
+#[tokio::test]
+async fn an_acquire_given_up_during_its_release_is_released_in_the_background() {
+    let (s, a, b) = setup();
+    s.refused_after_grant.store(1, Ordering::SeqCst);
+    s.hang_releases.store(1, Ordering::SeqCst);
+    let given_up =
+        tokio::time::timeout(Duration::from_millis(100), a.lock("given-up").try_acquire()).await;
+    assert!(
+        given_up.is_err(),
+        "the acquire answered while its release hung"
+    );
+    let start = Instant::now();
+    loop {
+        if let Some(g) = b.lock("given-up").try_acquire().await.unwrap() {
+            assert!(g.release().await.unwrap());
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the lock stayed held after its acquire was given up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Memory whose all-at-once acquires take every lock and then answer a
 /// configuration error.
 #[derive(Debug, Default)]
