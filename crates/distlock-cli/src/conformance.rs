@@ -131,6 +131,12 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         }
     }
     if let Err(e) = first_lock(&*factory).await {
+        // The findings often say why (a replica, say): JSON shows them too.
+        if args.json {
+            if let Err(code) = print_json(&[], &findings) {
+                return code;
+            }
+        }
         return fail(
             code_for(&e),
             format!("no case can run: a first lock with the cases' TTL failed: {e}"),

@@ -1317,6 +1317,22 @@ fn conformance_on_a_replica_says_so_and_ends_at_once() {
         "the suite ran its case to its bound: {:?}",
         started.elapsed()
     );
+    // With --json the findings come out as the document, with no cases.
+    let out = bin()
+        .args(["conformance", "--json", "--backend"])
+        .arg(format!("redis://127.0.0.1:{}", replica.port))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(&out), 69, "{text}");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("one JSON document");
+    assert!(
+        doc["findings"].as_array().is_some_and(|f| f
+            .iter()
+            .any(|f| f["setting"] == "replication" && f["verdict"] == "warning")),
+        "{text}"
+    );
+    assert_eq!(doc["cases"], serde_json::json!([]), "{text}");
 }
 
 /// The harness's PostgreSQL runs with `synchronous_commit=off` and

@@ -122,12 +122,12 @@ pub type CaseFn = for<'a> fn(
     String,
 ) -> std::pin::Pin<Box<dyn Future<Output = CaseResult> + Send + 'a>>;
 
-/// Every case, by name, with what it needs the backend to declare.
 /// The name of every case, in the suite's order.
 pub fn case_names() -> impl Iterator<Item = &'static str> {
     all_cases().map(|(name, _, _)| name)
 }
 
+/// Every case, by name, with what it needs the backend to declare.
 fn all_cases() -> impl Iterator<Item = (&'static str, CaseFn, Needs)> {
     let exclusive = cases::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));
     let multi = multi::ALL.iter().map(|(n, f)| (*n, *f, Needs::Nothing));

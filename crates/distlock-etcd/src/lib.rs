@@ -152,7 +152,7 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
         // An alert is the server refusing this side: distlock-etcd presents
         // no client certificate.
         let what = if why.to_ascii_lowercase().contains("received fatal alert") {
-            "the server refused this client in the TLS handshake; distlock-etcd presents no client certificate, so a member started with --client-cert-auth refuses it (start it without, and authenticate with user:password@ in the URL)"
+            "the server refused this client in the TLS handshake; distlock-etcd presents no client certificate, so a member started with --client-cert-auth refuses it (start it without, and authenticate with user:password@ in the URL); otherwise check the member's TLS protocols and ciphers"
         } else {
             "TLS refused the server's certificate; check ca_file and the host name in the URL"
         };

@@ -394,7 +394,7 @@ fn check_one_spelling(base: &str, scheme: &str, params: &[&str]) -> Result<()> {
             ),
             (
                 "password",
-                userinfo.is_some_and(|u| u.contains(':')),
+                userinfo.is_some_and(|u| u.split_once(':').is_some_and(|(_, p)| !p.is_empty())),
                 "the password before the @",
             ),
             ("host", !host.is_empty(), "the URL's host"),
@@ -757,6 +757,7 @@ mod tests {
         for ok in [
             "postgres:///db?host=/var/run/postgresql&port=5433",
             "postgres://u@h/db?password=p",
+            "postgres://u:@h/db?password=p",
             "postgres://h/?dbname=d",
             "postgres://[::1]/db?sslmode=require&sslrootcert=/a&sslcert=/c&sslkey=/k",
             "mysql://u:p@h:3306/db?ssl-mode=REQUIRED&ssl-ca=/a&charset=utf8mb4",
