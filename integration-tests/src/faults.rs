@@ -210,6 +210,13 @@ pub fn verify_permits(
             report.most_healthy_holders
         ));
     }
+    // Nor with the paused one while its lease still ran.
+    if report.most_holders_in_lease as u64 > limit {
+        problems.push(format!(
+            "{} holds at once counting the paused one until its deadline, limit {limit}",
+            report.most_holders_in_lease
+        ));
+    }
     if report.recovery.is_none() {
         problems.push("no other client was granted a permit after the fault".into());
     }

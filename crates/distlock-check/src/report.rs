@@ -51,9 +51,12 @@ pub struct Report {
     pub limit: u32,
     /// The most holds (as the holders saw them) at once.
     pub most_holders: usize,
-    /// The most holds at once besides the faulted hold: never more than
-    /// the limit on a backend that keeps its promise.
+    /// The most holds at once besides the faulted hold.
     pub most_healthy_holders: usize,
+    /// The most holds at once, the faulted hold counted until its deadline
+    /// (while the server still held its lease): never more than the limit
+    /// on a backend that keeps its promise through a paused holder.
+    pub most_holders_in_lease: usize,
     /// Acquisitions.
     pub holds: usize,
     /// Pairs of holds by different workers whose intervals (acquire returned →
@@ -64,6 +67,11 @@ pub struct Report {
     /// once (for example a late release that freed someone else's lock, or
     /// the faulted worker's next hold granted beside another).
     pub overlaps_without_faulted: usize,
+    /// Overlapping pairs of the faulted hold and another, the other granted
+    /// before the faulted hold's deadline (while the server still held its
+    /// lease): a pause alone never causes one; a server that lost the lease
+    /// (a restart, a failover, a clock jump) or ends leases early does.
+    pub overlaps_in_faulted_lease: usize,
     /// The fenced cell.
     pub fenced: CellStats,
     /// The unfenced cell.
@@ -99,14 +107,16 @@ impl Report {
             || (self.fencing == "Strong" && self.token_order_violations > 0)
     }
 
-    /// Whether the lock itself broke its promise where no fault excuses it:
-    /// two holders at once of which neither is the faulted hold (a lock),
-    /// or more healthy holders at once than the limit (a semaphore).
+    /// Whether the lock itself broke its promise where a paused holder
+    /// (the fault `distlock check` injects) does not excuse it: two holders
+    /// at once of which neither is the paused hold, or one granted beside
+    /// it before its deadline (a lock), or more holders at once than the
+    /// limit, the paused one counted until its deadline (a semaphore).
     pub fn lock_failed(&self) -> bool {
         if self.limit > 1 {
-            self.most_healthy_holders > self.limit as usize
+            self.most_healthy_holders.max(self.most_holders_in_lease) > self.limit as usize
         } else {
-            self.overlaps_without_faulted > 0
+            self.overlaps_without_faulted + self.overlaps_in_faulted_lease > 0
         }
     }
 
@@ -251,8 +261,19 @@ pub fn check(log: &Log) -> Report {
             .copied()
     });
     let faulted_grant = faulted_hold.map(|h| h.grant);
+    // The fault excuses the faulted hold only from its deadline on (the
+    // holder's own, conservative, idea at the grant of when its lease
+    // ends): before it the server still held the lease for it, so a grant
+    // beside it is the backend's fault, not the pause's.
+    let healthy_end = |h: &Hold| {
+        if Some(h.grant) == faulted_grant {
+            end(h).min(h.deadline)
+        } else {
+            end(h)
+        }
+    };
 
-    let (mut overlaps, mut without) = (0, 0);
+    let (mut overlaps, mut without, mut in_lease) = (0, 0, 0);
     for (i, a) in holds.iter().enumerate() {
         for b in &holds[i + 1..] {
             if b.start >= end(a) {
@@ -263,6 +284,8 @@ pub fn check(log: &Log) -> Report {
                 overlaps += 1;
                 if Some(a.grant) != faulted_grant && Some(b.grant) != faulted_grant {
                     without += 1;
+                } else if b.start < healthy_end(a).min(healthy_end(b)) {
+                    in_lease += 1;
                 }
             }
         }
@@ -275,6 +298,12 @@ pub fn check(log: &Log) -> Report {
         .map(|h| (h.start, end(h)))
         .collect();
     let most_healthy_holders = most_at_once(&healthy);
+    let leased: Vec<(u64, u64)> = holds
+        .iter()
+        .map(|h| (h.start, healthy_end(h)))
+        .filter(|(start, end)| start < end)
+        .collect();
+    let most_holders_in_lease = most_at_once(&leased);
     // Concurrent grants (permits, shared holds) return to their clients in
     // any order: each must be above every hold that ended before it began.
     // Nor may two grants share a token, however they overlap.
@@ -331,6 +360,8 @@ pub fn check(log: &Log) -> Report {
         limit: log.limit.max(1),
         most_holders,
         most_healthy_holders,
+        most_holders_in_lease,
+        overlaps_in_faulted_lease: in_lease,
         holds: holds.len(),
         overlaps,
         overlaps_without_faulted: without,
@@ -362,8 +393,8 @@ impl fmt::Display for Report {
         } else {
             writeln!(
                 f,
-                "overlapping holds (as the holders saw them): {} ({} not involving the faulted holder)",
-                self.overlaps, self.overlaps_without_faulted
+                "overlapping holds (as the holders saw them): {} ({} not involving the faulted holder, {} beside it before its deadline)",
+                self.overlaps, self.overlaps_without_faulted, self.overlaps_in_faulted_lease
             )?;
         }
         writeln!(
@@ -519,8 +550,38 @@ mod tests {
         assert!(r.to_string().contains("UNSAFE"), "{r}");
     }
 
+    /// A grant beside the paused holder before its deadline is the
+    /// backend's fault, not the pause's: a lease ended early.
+    #[test]
+    fn a_grant_beside_the_faulted_hold_before_its_deadline_is_not_excused() {
+        let mut log = Log::default();
+        let mut a = hold(0, 1, 1, 0, 101);
+        a.how = "lost: deadline".into();
+        log.holds.insert(1, a);
+        log.holds.insert(2, hold(1, 2, 2, 15, 25));
+        log.events.push((10, Some(0), "fault".into()));
+        let r = check(&log);
+        assert_eq!((r.overlaps, r.overlaps_without_faulted), (1, 0));
+        assert_eq!(r.overlaps_in_faulted_lease, 1);
+        assert!(r.lock_failed() && r.is_unsafe(), "{r}");
+        // The same for a third permit of two, beside the paused holder.
+        let mut log = Log {
+            limit: 2,
+            ..Log::default()
+        };
+        let mut paused = hold(0, 1, 1, 0, 200);
+        paused.how = "lost: deadline".into();
+        log.holds.insert(1, paused);
+        log.holds.insert(2, hold(1, 2, 2, 12, 150));
+        log.holds.insert(3, hold(2, 3, 3, 14, 150));
+        log.events.push((10, Some(0), "fault".into()));
+        let r = check(&log);
+        assert_eq!((r.most_healthy_holders, r.most_holders_in_lease), (2, 3));
+        assert!(r.lock_failed() && r.is_unsafe(), "{r}");
+    }
+
     /// A semaphore's healthy holders never outnumber its permits; the
-    /// paused holder beside them is excused.
+    /// paused holder beside them is excused past its deadline.
     #[test]
     fn a_semaphore_with_more_healthy_holders_than_permits_failed() {
         let mut log = Log {

@@ -179,7 +179,9 @@ async fn run(s: Settings) -> Result<(), String> {
         };
         let start = mono_ns();
         seq += 1;
-        let grant = s.id * 1_000_000 + seq;
+        // Unique per run: the worker in the high 32 bits, its hold's count
+        // in the low ones.
+        let grant = (s.id << 32) | (seq & u64::from(u32::MAX));
         let token = guard.token().get();
         // The holder's own (conservative) idea of when its lease ends.
         let deadline = guard.deadline().map_or(start, |d| {
