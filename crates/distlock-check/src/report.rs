@@ -78,8 +78,9 @@ pub struct Report {
     pub unfenced: CellStats,
     /// Successive grants (in acquire order) whose token did not rise. For a
     /// semaphore, whose grants overlap and return to their clients in any
-    /// order: grants whose token is not above that of every hold that had
-    /// ended before it began, and grants whose token another grant had.
+    /// order: grants whose token is not above that of every hold granted
+    /// (answered to its holder) before the grant was asked for, and grants
+    /// whose token another grant had.
     pub token_order_violations: usize,
     /// From the fault's start to the next grant to another worker.
     pub recovery: Option<Duration>,
@@ -203,19 +204,20 @@ fn cell(log: &Log, fenced: bool) -> CellStats {
     stats
 }
 
-/// Holds whose token is not above the token of every hold that ended
-/// before their acquire was called (a grant's reply can reach its client
-/// after a later grant's holder has already released: only a request sent
-/// after a hold ended must get a higher token).
-fn tokens_below_an_ended_hold(holds: &[&Hold], end: impl Fn(&Hold) -> u64) -> usize {
-    let mut ended: Vec<(u64, u64)> = holds.iter().map(|h| (end(h), h.token)).collect();
-    ended.sort_unstable();
+/// Holds whose token is not above the token of every hold its holder saw
+/// granted before their acquire was called (a grant's reply can reach its
+/// client after a later grant's: only a request sent after a grant was
+/// answered must get a higher token, and it must, whether that hold has
+/// ended or still runs beside it).
+fn tokens_below_an_earlier_grant(holds: &[&Hold]) -> usize {
+    let mut granted: Vec<(u64, u64)> = holds.iter().map(|h| (h.start, h.token)).collect();
+    granted.sort_unstable();
     let mut by_ask: Vec<&Hold> = holds.to_vec();
     by_ask.sort_by_key(|h| h.asked);
     let (mut next, mut highest, mut violations) = (0, None, 0);
     for h in by_ask {
-        while next < ended.len() && ended[next].0 < h.asked {
-            highest = highest.max(Some(ended[next].1));
+        while next < granted.len() && granted[next].0 < h.asked {
+            highest = highest.max(Some(granted[next].1));
             next += 1;
         }
         if highest.is_some_and(|t| h.token <= t) {
@@ -305,12 +307,13 @@ pub fn check(log: &Log) -> Report {
         .collect();
     let most_holders_in_lease = most_at_once(&leased);
     // Concurrent grants (permits, shared holds) return to their clients in
-    // any order: each must be above every hold that ended before it began.
+    // any order: each must be above every grant answered before it was
+    // asked for.
     // Nor may two grants share a token, however they overlap.
     let token_order_violations = if log.limit > 1 || holds.iter().any(|h| h.shared) {
         let mut tokens = std::collections::HashSet::new();
         let repeated = holds.iter().filter(|h| !tokens.insert(h.token)).count();
-        tokens_below_an_ended_hold(&holds, end) + repeated
+        tokens_below_an_earlier_grant(&holds) + repeated
     } else {
         holds
             .windows(2)
@@ -580,6 +583,33 @@ mod tests {
         assert!(r.lock_failed() && r.is_unsafe(), "{r}");
     }
 
+    /// A permit asked for after another was granted gets a higher token,
+    /// whether that one has ended or still runs.
+    #[test]
+    fn a_permit_below_one_granted_before_it_was_asked_is_out_of_order() {
+        let mut log = Log {
+            limit: 2,
+            ..Log::default()
+        };
+        log.holds.insert(1, hold(0, 1, 10, 0, 100));
+        let mut later = hold(1, 2, 9, 20, 60);
+        later.asked = 15;
+        log.holds.insert(2, later);
+        assert_eq!(check(&log).token_order_violations, 1);
+        // Asked for before the first was answered: either order is fine.
+        let mut log = Log {
+            limit: 2,
+            ..Log::default()
+        };
+        let mut first = hold(0, 1, 10, 5, 100);
+        first.asked = 0;
+        log.holds.insert(1, first);
+        let mut second = hold(1, 2, 9, 20, 60);
+        second.asked = 3;
+        log.holds.insert(2, second);
+        assert_eq!(check(&log).token_order_violations, 0);
+    }
+
     /// A semaphore's healthy holders never outnumber its permits; the
     /// paused holder beside them is excused past its deadline.
     #[test]
@@ -647,11 +677,15 @@ mod tests {
             ..Log::default()
         };
         log.workers.insert(0, (1, "Strong".into()));
-        // 6 returns to its client before 5 does: both were granted while
-        // the other held, so either order is fine. 4 began after 6 ended:
-        // that is out of order.
-        log.holds.insert(1, hold(0, 1, 6, 0, 10));
-        log.holds.insert(2, hold(1, 2, 5, 1, 12));
+        // 6 returns to its client before 5 does, both asked for before
+        // either was answered, so either order is fine. 4 was asked for
+        // after 6 and 7 were granted: that is out of order.
+        let mut first = hold(0, 1, 6, 2, 10);
+        first.asked = 0;
+        log.holds.insert(1, first);
+        let mut second = hold(1, 2, 5, 3, 12);
+        second.asked = 1;
+        log.holds.insert(2, second);
         log.holds.insert(3, hold(0, 3, 7, 11, 20));
         log.holds.insert(4, hold(1, 4, 4, 13, 20));
         let r = check(&log);
@@ -735,7 +769,10 @@ mod tests {
         };
         log.holds.insert(1, hold(0, 1, 5, 0, 50));
         log.holds.insert(2, hold(1, 2, 7, 10, 60));
-        log.holds.insert(3, hold(2, 3, 7, 20, 70));
+        // Asked for before the other 7 was answered.
+        let mut again = hold(2, 3, 7, 20, 70);
+        again.asked = 5;
+        log.holds.insert(3, again);
         log.workers.insert(0, (1, "Strong".into()));
         let r = check(&log);
         assert_eq!(r.token_order_violations, 1);
