@@ -121,9 +121,9 @@ impl Report {
         }
     }
 
-    /// Whether the verdict is unsafe: fencing failed, the lock failed with
-    /// no fault to excuse it, or a backend without fencing tokens let the
-    /// lock's violations through.
+    /// Whether the verdict is unsafe: fencing failed, the lock failed where
+    /// the pause does not excuse it ([`Report::lock_failed`]), or a backend
+    /// without fencing tokens let the lock's violations through.
     pub fn is_unsafe(&self) -> bool {
         self.fencing_failed()
             || self.lock_failed()
@@ -390,8 +390,8 @@ impl fmt::Display for Report {
         if self.limit > 1 {
             writeln!(
                 f,
-                "semaphore of {} permits: at most {} holds at once (as the holders saw them)",
-                self.limit, self.most_holders
+                "semaphore of {} permits: at most {} holds at once (as the holders saw them), {} besides the faulted holder, {} counting it until its deadline",
+                self.limit, self.most_holders, self.most_healthy_holders, self.most_holders_in_lease
             )?;
         } else {
             writeln!(
@@ -435,7 +435,7 @@ impl fmt::Display for Report {
             if self.fencing_failed() {
                 "UNSAFE: the fenced register accepted stale or lost writes, or more writers than the limit"
             } else if self.lock_failed() {
-                "UNSAFE: more holders at once than the limit, with no fault to excuse it"
+                "UNSAFE: more holders at once than the limit while every lease still ran (the pause excuses the paused holder only past its deadline)"
             } else if self.fencing == "None" && self.unfenced.violations() > 0 {
                 "UNSAFE without fencing: the lock alone let stale or lost writes through, and the backend declares no fencing tokens to catch them (the fenced register, refusing repeated tokens, is not judged)"
             } else if self.fencing == "None" {

@@ -20,8 +20,8 @@ pub(crate) struct ConformanceArgs {
     /// Run only the cases whose name contains this.
     #[arg(long, value_name = "PATTERN")]
     only: Option<String>,
-    /// Print the findings and verdicts as JSON (`{findings, cases}`)
-    /// instead of one line each.
+    /// Print the findings and verdicts as JSON (`{findings, cases}`, and
+    /// `error` when no case could run) instead of one line each.
     #[arg(long)]
     json: bool,
     /// The TTL of the expiry cases. Default: 1s, and 3s on etcd and
@@ -64,6 +64,9 @@ impl BackendFactory for Deployment {
 struct Report<'a> {
     findings: Vec<Setting<'a>>,
     cases: Vec<Line<'a>>,
+    /// Why no case ran, when none could.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
 }
 
 #[derive(serde::Serialize)]
@@ -131,16 +134,14 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         }
     }
     if let Err(e) = first_lock(&*factory).await {
+        let why = format!("no case can run: a first lock with the cases' TTL failed: {e}");
         // The findings often say why (a replica, say): JSON shows them too.
         if args.json {
-            if let Err(code) = print_json(&[], &findings) {
+            if let Err(code) = print_json(&[], &findings, Some(&why)) {
                 return code;
             }
         }
-        return fail(
-            code_for(&e),
-            format!("no case can run: a first lock with the cases' TTL failed: {e}"),
-        );
+        return fail(code_for(&e), why);
     }
     let mut broken = None;
     let verdicts = check_deployment(&*factory, args.only.as_deref(), |case, v| {
@@ -157,7 +158,7 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         .filter(|(_, v)| matches!(v, Verdict::Failed(_)))
         .count();
     let printed = if args.json {
-        print_json(&verdicts, &findings)
+        print_json(&verdicts, &findings, None)
     } else {
         print_summary(&verdicts, failed, caps.backend, &args.backend)
     };
@@ -171,10 +172,11 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
     }
 }
 
-/// Writes the findings and cases as one JSON document.
+/// Writes the findings and cases (and why none ran) as one JSON document.
 fn print_json(
     verdicts: &[(&'static str, Verdict)],
     findings: &[distlock::Finding],
+    error: Option<&str>,
 ) -> Result<(), ExitCode> {
     let lines: Vec<Line<'_>> = verdicts
         .iter()
@@ -222,6 +224,7 @@ fn print_json(
     let report = Report {
         findings: settings,
         cases: lines,
+        error,
     };
     let text = serde_json::to_string_pretty(&report)
         .map_err(|e| fail(1, format!("cannot write JSON: {e}")))?;

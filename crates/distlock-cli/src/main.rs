@@ -95,8 +95,9 @@ enum Command {
     /// register under it, optionally pause one holder past its TTL, and
     /// report overlapping holds, stale writes (with and without fencing
     /// tokens), lost updates and token order. Exit status 1 if the verdict
-    /// is unsafe: the fenced register accepted a stale write, holders no
-    /// fault touched held at once (more of them than --limit), or a backend
+    /// is unsafe: the fenced register accepted a stale write, more holders
+    /// held at once than --limit (1 for the lock) while every lease still
+    /// ran (the paused holder counted until its deadline), or a backend
     /// without fencing tokens let the lock's violations through.
     Check(check::CheckArgs),
     /// Run the conformance suite against the backend's servers: every case

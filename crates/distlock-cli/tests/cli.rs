@@ -1333,6 +1333,12 @@ fn conformance_on_a_replica_says_so_and_ends_at_once() {
         "{text}"
     );
     assert_eq!(doc["cases"], serde_json::json!([]), "{text}");
+    assert!(
+        doc["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no case can run")),
+        "{text}"
+    );
 }
 
 /// The harness's PostgreSQL runs with `synchronous_commit=off` and
