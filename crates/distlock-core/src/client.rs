@@ -720,10 +720,7 @@ impl ClientInner {
         let backend = &self.keeper.backend;
         let mut cleanup = ReleaseIfDropped::arm(backend.clone(), vec![req.clone()]);
         let start = Instant::now();
-        let cut = match mode {
-            Mode::Wait(deadline) => deadline.and_then(|d| d.checked_add(ANSWER_GRACE)),
-            Mode::Once => None,
-        };
+        let cut = mode.cut();
         let answered = match mode {
             Mode::Once => Some(backend.try_acquire(req).await),
             Mode::Wait(deadline) => {
@@ -756,10 +753,7 @@ impl ClientInner {
                 if !(e.is_retryable()
                     || outlasted_by_a_wait(e) && matches!(mode, Mode::Wait(_))) =>
             {
-                let within = cut.map_or(ANSWER_GRACE, |c| {
-                    ANSWER_GRACE.min(c.saturating_duration_since(Instant::now()))
-                });
-                cleanup.release_now(within).await;
+                cleanup.release_now(grace_before(cut)).await;
             }
             Err(_) => {
                 cleanup.disarm();
@@ -812,6 +806,25 @@ pub(crate) fn grants_nothing(e: &Error) -> bool {
 pub(crate) enum Mode {
     Once,
     Wait(Option<Instant>),
+}
+
+impl Mode {
+    /// When a wait ends even if the backend is still busy: its deadline
+    /// and [`ANSWER_GRACE`] after it (`None`: a try, or a wait for ever).
+    pub(crate) fn cut(self) -> Option<Instant> {
+        match self {
+            Mode::Wait(deadline) => deadline.and_then(|d| d.checked_add(ANSWER_GRACE)),
+            Mode::Once => None,
+        }
+    }
+}
+
+/// How long a release before an acquire's error may take without ending
+/// the acquire after `cut`: [`ANSWER_GRACE`] at most.
+pub(crate) fn grace_before(cut: Option<Instant>) -> Duration {
+    cut.map_or(ANSWER_GRACE, |c| {
+        ANSWER_GRACE.min(c.saturating_duration_since(Instant::now()))
+    })
 }
 
 /// Releases requests' owners if dropped while armed: covers a caller that

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{AllAtOnce, Backend, LockRequest};
-use crate::client::{grants_nothing, Local, LockBuilder, Mode, ReleaseIfDropped, ANSWER_GRACE};
+use crate::client::{grace_before, grants_nothing, Local, LockBuilder, Mode, ReleaseIfDropped};
 use crate::error::{Error, InputKind, LostReason, Result};
 use crate::guard::LockGuard;
 use crate::lease::HoldState;
@@ -169,9 +169,10 @@ impl MultiLockBuilder {
                     return Ok(Some(m));
                 }
                 // A name taken first was lost while a later one was waited
-                // for: all are given back (for `ANSWER_GRACE` at most, then
-                // in the background), and (time allowing) taken anew.
-                let _ = tokio::time::timeout(ANSWER_GRACE, m.release()).await;
+                // for: all are given back (for `ANSWER_GRACE` at most and
+                // not past the wait's cut, then in the background), and
+                // (time allowing) taken anew.
+                let _ = tokio::time::timeout(grace_before(mode.cut()), m.release()).await;
                 match mode {
                     Mode::Once => return Ok(None),
                     Mode::Wait(Some(d)) if Instant::now() >= d => {
@@ -217,10 +218,7 @@ impl MultiLockBuilder {
             // deadline and the grace after it (a try has no deadline).
             let start = Instant::now();
             let all = backend.try_acquire_all(&reqs);
-            let cut = match mode {
-                Mode::Wait(deadline) => deadline.and_then(|d| d.checked_add(ANSWER_GRACE)),
-                Mode::Once => None,
-            };
+            let cut = mode.cut();
             let answer = match cut {
                 Some(cut) => match tokio::time::timeout_at(cut, all).await {
                     Ok(answer) => answer,
@@ -251,10 +249,7 @@ impl MultiLockBuilder {
                     AllAtOnce::NotOffered
                 }
                 Err(e) if !e.is_retryable() && !grants_nothing(&e) => {
-                    let within = cut.map_or(ANSWER_GRACE, |c| {
-                        ANSWER_GRACE.min(c.saturating_duration_since(Instant::now()))
-                    });
-                    cleanup.release_now(within).await;
+                    cleanup.release_now(grace_before(cut)).await;
                     return Err(e);
                 }
                 answer => answer?,
@@ -284,16 +279,17 @@ impl MultiLockBuilder {
         }
         // One at a time, in canonical order. If a later name is refused or
         // fails, the guards started here are released before the answer
-        // (for `ANSWER_GRACE` at most, then in the background), so that a
-        // caller that exits at once leaves none of them held; if the future
-        // is dropped, they release themselves in the background.
+        // (for `ANSWER_GRACE` at most and not past the wait's cut, then in
+        // the background), so that a caller that exits at once leaves none
+        // of them held; if the future is dropped, they release themselves
+        // in the background.
         for (req, gate) in pending {
             let start = Instant::now();
             match each.ask_live(&req.name, mode, start).await {
                 Ok(Some((req, grant))) => started.push(each.start(gate, req, grant)),
                 refused_or_failed => {
                     let releases = join_all(started.into_iter().map(LockGuard::release));
-                    let _ = tokio::time::timeout(ANSWER_GRACE, releases).await;
+                    let _ = tokio::time::timeout(grace_before(mode.cut()), releases).await;
                     return refused_or_failed.map(|_| None);
                 }
             }
