@@ -2260,80 +2260,61 @@ async fn outside_the_rule(f: Arc<Redis>) -> Result<(), Failed> {
 /// once with a configuration error naming the README, not a failure the
 /// wait retries.
 async fn script_command_refused() -> Result<(), Failed> {
-    let commands: Vec<&str> = LEAST_PRIVILEGE
-        .iter()
-        .copied()
-        .filter(|c| *c != "+zcount")
-        .collect();
-    let rule = app_user(&commands, &["~*", "&*"]);
-    let node = tokio::task::spawn_blocking(move || server::spawn(&rule))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    let url = format!("redis://app:app-pw@127.0.0.1:{}?fifo=true", node.port);
-    let connect = || async { Ok::<_, Failed>(LockClient::new(RedisBackend::connect(&url).await?)) };
-    let name = "acl/fifo";
-    let held = connect().await?.lock(name).acquire().await?;
-    let reader = connect().await?;
-    let waited = tokio::time::timeout(
-        Duration::from_secs(10),
-        reader
-            .lock(name)
-            .shared()
-            .wait(Duration::from_secs(30))
-            .acquire(),
-    )
-    .await;
-    held.release().await?;
-    match waited {
-        Ok(Err(distlock_core::Error::Misconfigured { message, .. }))
-            if message.contains("README") =>
-        {
-            Ok(())
-        }
-        Err(_) => Err("a reader refused ZCOUNT by the ACL was still waiting 10 s later".into()),
-        Ok(other) => Err(format!(
-            "a reader refused ZCOUNT by the ACL got {:?}",
-            other.map(|g| g.token())
-        )
-        .into()),
-    }
+    a_wait_refused("+zcount", "?fifo=true", true, "README").await
 }
 
 /// A user the ACL refuses `SUBSCRIBE`: a wait ends at once with the
 /// refusal, rather than sleeping until each holder's lease ends however
 /// early it released.
 async fn subscribe_refused() -> Result<(), Failed> {
+    a_wait_refused("+subscribe", "", false, "subscribe").await
+}
+
+/// A wait (shared with `shared`) by a user allowed every command but
+/// `refused`, on a lock held by another: it ends within 10 s with
+/// `Misconfigured` whose message (lower-cased) contains `says`.
+async fn a_wait_refused(
+    refused: &str,
+    query: &str,
+    shared: bool,
+    says: &str,
+) -> Result<(), Failed> {
     let commands: Vec<&str> = LEAST_PRIVILEGE
         .iter()
         .copied()
-        .filter(|c| *c != "+subscribe")
+        .filter(|c| *c != refused)
         .collect();
     let rule = app_user(&commands, &["~*", "&*"]);
     let node = tokio::task::spawn_blocking(move || server::spawn(&rule))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
-    let url = format!("redis://app:app-pw@127.0.0.1:{}", node.port);
+    let url = format!("redis://app:app-pw@127.0.0.1:{}{query}", node.port);
     let connect = || async { Ok::<_, Failed>(LockClient::new(RedisBackend::connect(&url).await?)) };
-    let name = "acl/subscribe";
-    let held = connect().await?.lock(name).acquire().await?;
+    let name = format!("acl/{}", refused.trim_start_matches('+'));
+    let held = connect().await?.lock(&name).acquire().await?;
     let waiter = connect().await?;
+    let mut lock = waiter.lock(&name);
+    if shared {
+        lock = lock.shared();
+    }
     let waited = tokio::time::timeout(
         Duration::from_secs(10),
-        waiter.lock(name).wait(Duration::from_secs(30)).acquire(),
+        lock.wait(Duration::from_secs(30)).acquire(),
     )
     .await;
     held.release().await?;
     match waited {
         Ok(Err(distlock_core::Error::Misconfigured { message, .. }))
-            if message.to_lowercase().contains("subscribe") =>
+            if message.to_lowercase().contains(&says.to_lowercase()) =>
         {
             Ok(())
         }
-        Err(_) => Err("a waiter refused SUBSCRIBE by the ACL was still waiting 10 s later".into()),
+        Err(_) => {
+            Err(format!("a wait refused {refused} by the ACL was still waiting 10 s later").into())
+        }
         Ok(other) => Err(format!(
-            "a waiter refused SUBSCRIBE by the ACL got {:?}",
+            "a wait refused {refused} by the ACL got {:?}",
             other.map(|g| g.token())
         )
         .into()),
