@@ -27,14 +27,18 @@
 //! |---|---|
 //! | `HELLO worker pid fencing` | `OK` |
 //! | `ACQ t_ns grant token deadline_ns S\|X asked_ns` (shared or exclusive; when its acquire was called) | `GO`, `STOP`, `STALL ms` or `DONE` |
-//! | `READ grant token` | `f_ok f_value u_value` |
-//! | `SREAD grant token` (a shared holder's read) | `f_ok f_value u_value` |
-//! | `AT_PAUSE grant` | `OK` (about to stop or stall) |
+//! | `READ grant token deadline_ns` | `f_ok f_value u_value` |
+//! | `SREAD grant token deadline_ns` (a shared holder's read) | `f_ok f_value u_value` |
+//! | `AT_PAUSE grant deadline_ns` | `OK` (about to stop or stall) |
 //! | `WRITE grant token f_value\|- u_value` | `f_ok` |
 //! | `END t_ns grant how...` | `OK` |
 //! | `ERR text...` | `GO` or `DONE` |
 //! | `WAITED` (acquire timed out) | `GO` or `DONE` |
 //! | `WANT` (about to acquire; may be held at a gate) | `GO` or `DONE` |
+//!
+//! A `deadline_ns` is the holder's local deadline when it sent the line,
+//! renewals included (0 once lost): a hold's [`Hold::deadline`] is the
+//! latest it reported.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -92,7 +96,8 @@ pub struct Hold {
     /// When `acquire` returned, on the shared clock.
     pub start: u64,
     /// When the holder's guard expected its lease to end at the latest
-    /// (its local deadline, which is conservative).
+    /// (its local deadline, which is conservative), as of the last line
+    /// it sent before its last operation or its pause: renewals push it on.
     pub deadline: u64,
     /// When the holder stopped believing it held the lock: `lost()` fired or
     /// it called release. `None` if it never said.
@@ -326,7 +331,8 @@ impl Register {
                 }
             }
             "READ" | "SREAD" => {
-                let (grant, token) = (num(), num());
+                let (grant, token, deadline) = (num(), num(), num());
+                s.renewed(grant, deadline);
                 let shared = cmd == "SREAD";
                 let ok = if shared {
                     s.fenced_admits_read(token)
@@ -347,6 +353,8 @@ impl Register {
                 )
             }
             "AT_PAUSE" => {
+                let (grant, deadline) = (num(), num());
+                s.renewed(grant, deadline);
                 s.log.paused.insert(*worker, t);
                 "OK".into()
             }
@@ -393,6 +401,13 @@ impl Register {
 }
 
 impl State {
+    /// A holder reported its local deadline: renewals push it on.
+    fn renewed(&mut self, grant: u64, deadline: u64) {
+        if let Some(h) = self.log.holds.get_mut(&grant) {
+            h.deadline = h.deadline.max(deadline);
+        }
+    }
+
     /// A shared holder's read: admitted above every writer's token.
     fn fenced_admits_read(&mut self, token: u64) -> bool {
         if self.f_highest.last().is_some_and(|(t, _)| token <= *t) {
@@ -466,6 +481,40 @@ mod tests {
             "the writer after a newer reader read"
         );
         assert!(s.fenced_accepts(7, 7));
+    }
+
+    /// A permit renewed past its acquire-time deadline still holds: the
+    /// grants that began after that first deadline, one at a time beside
+    /// it (two holders of two permits), make none of its operations stale.
+    #[tokio::test]
+    async fn a_renewed_hold_is_judged_by_the_deadline_it_reported_last() {
+        let reg = Register::start().await.unwrap();
+        reg.set_limit(2);
+        let (mut w0, mut w1) = (0, 1);
+        let say = |w: &mut usize, line: &str| reg.handle(w, line);
+        say(&mut w0, "HELLO 0 1 Strong");
+        say(&mut w1, "HELLO 1 2 Strong");
+        assert_eq!(say(&mut w0, "ACQ 100 1 1 200 X 100"), "GO");
+        for (grant, start) in [(2, 300), (3, 360)] {
+            say(
+                &mut w1,
+                &format!("ACQ {start} {grant} {grant} {} X {start}", start + 100),
+            );
+            say(&mut w1, &format!("READ {grant} {grant} {}", start + 100));
+            say(&mut w1, &format!("WRITE {grant} {grant} - {}", grant - 1));
+            say(&mut w1, &format!("END {} {grant} released", start + 40));
+        }
+        say(&mut w0, "READ 1 1 10000");
+        say(&mut w0, "WRITE 1 1 - 3");
+        say(&mut w0, "END 500 1 released");
+        let log = reg.log();
+        assert_eq!(log.holds[&1].deadline, 10_000);
+        let r = crate::report::check(&log);
+        assert_eq!(r.unfenced.stale_accepted, 0, "{r:?}");
+        // A deadline reported lower than one before it (a line sent
+        // late) does not take it back.
+        say(&mut w0, "AT_PAUSE 1 5000");
+        assert_eq!(reg.log().holds[&1].deadline, 10_000);
     }
 
     #[test]

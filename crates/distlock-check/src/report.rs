@@ -264,8 +264,8 @@ pub fn check(log: &Log) -> Report {
     });
     let faulted_grant = faulted_hold.map(|h| h.grant);
     // The fault excuses the faulted hold only from its deadline on (the
-    // holder's own, conservative, idea at the grant of when its lease
-    // ends): before it the server still held the lease for it, so a grant
+    // holder's own, conservative, idea of when its lease ends, as it last
+    // reported it before the pause, renewals included): before it the server still held the lease for it, so a grant
     // beside it is the backend's fault, not the pause's.
     let healthy_end = |h: &Hold| {
         if Some(h.grant) == faulted_grant {

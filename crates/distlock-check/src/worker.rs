@@ -183,12 +183,7 @@ async fn run(s: Settings) -> Result<(), String> {
         // in the low ones.
         let grant = (s.id << 32) | (seq & u64::from(u32::MAX));
         let token = guard.token().get();
-        // The holder's own (conservative) idea of when its lease ends.
-        let deadline = guard.deadline().map_or(start, |d| {
-            start
-                + d.saturating_duration_since(tokio::time::Instant::now())
-                    .as_nanos() as u64
-        });
+        let deadline = lease_end(&guard).unwrap_or(start);
         let kind = if s.shared { "S" } else { "X" };
         let told = conn
             .call(format!(
@@ -248,24 +243,34 @@ async fn hold(
         if !guard.is_held() {
             return Ok(());
         }
-        let read = conn.call(format!("{read_cmd} {grant} {token}")).await?;
+        let read = conn
+            .call(format!(
+                "{read_cmd} {grant} {token} {}",
+                lease_end(guard).unwrap_or(0)
+            ))
+            .await?;
         let v: Vec<u64> = read.split(' ').filter_map(|x| x.parse().ok()).collect();
         let [f_ok, f_val, u_val] = v[..] else {
             return Err(format!("bad READ reply {read:?}"));
         };
+        let at_pause = format!("AT_PAUSE {grant} {}", lease_end(guard).unwrap_or(0));
         if told == "STOP" {
-            conn.call(format!("AT_PAUSE {grant}")).await?;
+            conn.call(at_pause).await?;
             nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP)
                 .map_err(|e| format!("SIGSTOP: {e}"))?;
         } else if let Some(ms) = told.strip_prefix("STALL ").and_then(|m| m.parse().ok()) {
-            conn.call(format!("AT_PAUSE {grant}")).await?;
+            conn.call(at_pause).await?;
             tokio::time::sleep(Duration::from_millis(ms)).await;
         } else {
             tokio::time::sleep(work).await;
         }
         if shared {
             // The second read, as late as the write would be.
-            conn.call(format!("SREAD {grant} {token}")).await?;
+            conn.call(format!(
+                "SREAD {grant} {token} {}",
+                lease_end(guard).unwrap_or(0)
+            ))
+            .await?;
             return Ok(());
         }
         // The write follows the read without another look at the lock: the
@@ -295,5 +300,19 @@ async fn hold(
         Some((t, how)) => (Some(t), how),
         None if !guard.is_held() => (Some(mono_ns()), "lost: the local deadline passed".into()),
         None => (None, String::new()),
+    })
+}
+
+/// The holder's own (conservative) idea of when its lease ends, renewals
+/// included, on the shared clock (in the past, after a pause); `None` once
+/// lost.
+fn lease_end(guard: &LockGuard) -> Option<u64> {
+    let (now, at) = (tokio::time::Instant::now(), mono_ns());
+    guard.deadline().map(|d| {
+        if d >= now {
+            at + (d - now).as_nanos() as u64
+        } else {
+            at.saturating_sub((now - d).as_nanos() as u64)
+        }
     })
 }

@@ -52,15 +52,17 @@ enum Command {
     ///
     /// The command gets DISTLOCK_NAME, DISTLOCK_TOKEN (the fencing token of
     /// the lock or the permit) and
-    /// DISTLOCK_BACKEND (the URL without password). Exit codes: the command's
+    /// DISTLOCK_BACKEND (the URL, its password replaced by ***). Exit codes:
+    /// the command's
     /// own (128+N if signal N killed it); 75 if the lock was not acquired
     /// within --wait; 76 if the lease was lost while the command ran (it gets
     /// SIGTERM, then SIGKILL after --kill-after); 69 if the backend is
     /// unreachable; 78 if the backend refused the configuration (wrong
     /// password, no such database, unusable path); 2 for invalid arguments
-    /// (also a --limit other than the semaphore's stored one, or a backend
-    /// without semaphores); 130 or 143 if SIGINT or SIGTERM ended the wait
-    /// for the lock (while the command runs, both are forwarded to it).
+    /// (also a --limit other than the semaphore's stored one, and memory://);
+    /// 128+N if signal N ended the wait for the lock (SIGINT 130, SIGTERM
+    /// 143, also SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM; while the
+    /// command runs, these are forwarded to its process group).
     Run(run::RunArgs),
     /// Run COMMAND while leading the election NAME, campaigning with
     /// --value.
@@ -69,8 +71,8 @@ enum Command {
     /// fencing token), DISTLOCK_VALUE and DISTLOCK_BACKEND. Exit codes as
     /// for `run`: 76 if leadership was lost while the command ran (it gets
     /// SIGTERM, then SIGKILL after --kill-after); 75 if not elected within
-    /// --wait; 2 for a backend without elections or a value over 4096 bytes;
-    /// 130 or 143 if SIGINT or SIGTERM ended the campaign.
+    /// --wait; 2 for a value over 4096 bytes; 128+N if signal N ended the
+    /// campaign.
     Elect(elect::ElectArgs),
     /// Print the leader of the election NAME, one line per change (its
     /// value; with --json an object, `null` while nobody leads), until

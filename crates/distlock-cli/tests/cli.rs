@@ -1352,6 +1352,66 @@ fn conformance_reports_a_postgres_without_durable_commits() {
     assert!(text.contains("WARNING fsync: off: "), "{text}");
 }
 
+/// The harness's MariaDB runs with `innodb_flush_log_at_trx_commit=0`
+/// (fast, and not durable): it is named.
+#[cfg(feature = "mysql")]
+#[test]
+fn conformance_reports_a_mysql_without_durable_commits() {
+    use integration_tests::harness::{ServerKind, TestServer};
+    let server = TestServer::start(ServerKind::MariaDb).unwrap();
+    let text = findings(server.url());
+    assert!(
+        text.contains("WARNING innodb_flush_log_at_trx_commit: 0: "),
+        "{text}"
+    );
+}
+
+/// The harness's etcd is one member: its loss stops every lock.
+#[cfg(feature = "etcd")]
+#[test]
+fn conformance_reports_a_single_member_etcd() {
+    use integration_tests::harness::{ServerKind, TestServer};
+    let server = TestServer::start(ServerKind::Etcd).unwrap();
+    let text = findings(server.url());
+    assert!(text.contains("WARNING members: 1: "), "{text}");
+}
+
+/// A ZooKeeper whose `maxSessionTimeout` is below a TTL cannot give a hold
+/// of that TTL its session: named for that TTL, fine for one it can.
+#[cfg(feature = "zookeeper")]
+#[test]
+fn conformance_reports_a_zookeeper_that_caps_session_timeouts() {
+    use integration_tests::harness::{zookeeper, ServerKind};
+    let zk = zookeeper::spawn_with("maxSessionTimeout=10000\n")
+        .expect("ZooKeeper must start; run scripts/test.sh to install it");
+    let url = ServerKind::ZooKeeper.url("127.0.0.1", zk.port);
+    let out = bin()
+        .args([
+            "conformance",
+            "--backend",
+            &url,
+            "--only",
+            "tokens_increase",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("WARNING session timeout for a 30s TTL: not granted as asked: "),
+        "{out:?}"
+    );
+    assert!(
+        text.contains("fine    session timeout for a 2s TTL: 2s, as asked"),
+        "{out:?}"
+    );
+    // The cases' TTL is one such: no case can run, a bad input (2).
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("maxSessionTimeout"),
+        "{out:?}"
+    );
+}
+
 /// The password can come from `DISTLOCK_PASSWORD` or `--password-file`
 /// instead of the URL; it reaches the server, not the command's
 /// environment, whatever characters it has; a wrong one exits 78, one the
@@ -2349,6 +2409,9 @@ fn a_signal_while_waiting_exits_128_plus_it_and_leaves_no_waiter() {
         Signal::SIGINT,
         Signal::SIGHUP,
         Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGALRM,
     ] {
         let holder = spawn_holder(&b, "sigwait/lock", 60);
         wait_held(&b, "sigwait/lock");

@@ -35,7 +35,8 @@ pub enum HoldKind {
     },
     /// The leader of an election: one holder at a time, whose hold carries
     /// a value (its proposal) that others read with [`Backend::leader`].
-    /// Campaigners are granted in the order they joined.
+    /// Campaigners are granted in the order they joined on etcd and
+    /// ZooKeeper and with `fifo=true`; elsewhere in no promised order.
     Leader,
 }
 

@@ -37,7 +37,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// - [`LockGuard::lost`] when the lock may no longer be held;
 /// - reentrancy for an explicit [`holder`](LockBuilder::holder);
 /// - in-process coalescing: tasks of one client waiting for the same name
-///   queue locally, and only the task at the head talks to the backend.
+///   queue locally, and at most as many of them wait on the server as the
+///   client could have holds of that name (one for a lock).
 #[derive(Clone)]
 pub struct LockClient {
     pub(crate) inner: Arc<ClientInner>,
@@ -348,7 +349,8 @@ impl LockBuilder {
 
     /// Stop renewing once the lock has been held this long; the guard then
     /// reports [`LostReason::MaxHoldReached`](crate::LostReason::MaxHoldReached)
-    /// and the lease expires on the server.
+    /// and the hold is released (if that release fails, the lease expires
+    /// on the server after its TTL).
     pub fn max_hold(mut self, max: Duration) -> Self {
         self.max_hold = Some(max);
         self

@@ -51,8 +51,8 @@ pub enum LostReason {
     DeadlinePassed,
     /// The configured maximum hold time was reached.
     MaxHoldReached,
-    /// The session or lease behind the lock ended (etcd lease, ZooKeeper
-    /// session, database connection).
+    /// The session or lease behind the lock ended (an etcd lease, a
+    /// ZooKeeper session).
     SessionLost(String),
     /// Another lock taken with this one (a multi-lock) may be lost, so this
     /// one was released with it.

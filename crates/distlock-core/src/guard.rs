@@ -67,7 +67,8 @@ impl LockGuard {
         self.hold().lease.token
     }
 
-    /// The kind of hold: a lock, or a permit of a semaphore.
+    /// The kind of hold: an exclusive lock, a shared hold, a permit of a
+    /// semaphore, or a leadership.
     pub fn kind(&self) -> crate::backend::HoldKind {
         self.hold().lease.req.kind
     }
