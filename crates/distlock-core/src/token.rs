@@ -95,8 +95,7 @@ impl Owner {
     /// One atomic increment, one `getpid` and a short-held mutex per call:
     /// the operating system's random source is read once per process (and
     /// once more in a child after a `fork()`), since reading it per
-    /// acquisition costs 11-18 % of core's samples in the in-memory
-    /// benchmark (docs/benchmarks.md).
+    /// acquisition is a large share of core's own work per hold.
     pub fn unique() -> Self {
         let count = OWNERS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let bits = seed_of(std::process::id());

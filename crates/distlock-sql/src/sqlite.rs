@@ -100,9 +100,8 @@ impl Lite {
         );
         // Frees the row only while our lease is live, so that the number of
         // rows changed answers "was it still held" and no row comes back:
-        // through sqlx's SQLite driver, the same release with `RETURNING`
-        // put acquire+release at 1.11-1.45x the raw sequence, against
-        // 1.01-1.05x without (docs/benchmarks.md, SQLite).
+        // through sqlx's SQLite driver, a statement with `RETURNING` costs
+        // markedly more than one without.
         // A row whose lease lapsed is free already: acquiring treats it so.
         let release = format!(
             "UPDATE {table} SET owner = NULL WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
