@@ -219,6 +219,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::a_renewal_given_up_mid_transaction_leaves_its_connection_clean",
+                renewal_given_up(f.clone()),
+            ),
+            trial(
+                rt,
                 "mysql::a_stale_grant_routine_is_replaced",
                 stale_grant_routine(f.clone()),
             ),
@@ -886,6 +891,56 @@ async fn fifo_cut((what, row): (integration_tests::fifo::Queued, String)) -> Res
         fifo_queued(server.port, &row),
     )
     .await
+}
+
+/// A renewal its caller gives up at the lease's deadline while its
+/// transaction is on the wire (every request through a proxy that delays
+/// it 1.5 s, on a pool of one connection): the rest of it runs, so the
+/// connection does not go back to the pool inside a transaction the
+/// driver does not know of, and the grants made on it next commit.
+async fn renewal_given_up(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let (_, port) = integration_tests::harness::host_port(&url).ok_or("no port in the URL")?;
+    let proxy = integration_tests::harness::proxy::Proxy::start(port).map_err(|e| e.to_string())?;
+    let proxied =
+        f.url_with("pool_size=1")?
+            .replacen(&format!(":{port}"), &format!(":{}", proxy.port), 1);
+    let client = LockClient::new(SqlBackend::connect(&proxied).await?);
+    let ns = integration_tests::namespace();
+    let g = client
+        .lock(format!("{ns}/cut-renewal"))
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await?;
+    // The renewal at a third of the TTL outlasts the lease.
+    proxy.set_request_delay(Duration::from_millis(1500));
+    let lost = tokio::time::timeout(Duration::from_secs(10), g.lost()).await;
+    proxy.set_request_delay(Duration::ZERO);
+    if lost.is_err() {
+        return Err("a renewal delayed past the lease's deadline did not lose it".into());
+    }
+    drop(g);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let other = f.connect(SqlConfig::default()).await?;
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let name = format!("{ns}/after-cut-renewal{i}");
+        let Some(taken) = client.lock(&name).try_acquire().await? else {
+            return Err(format!("{name} was refused").into());
+        };
+        let seen = other.inspect(&LockName::new(&name)?).await?;
+        held.push(taken);
+        if !seen.held {
+            return Err(format!(
+                "{name}, granted on the connection whose renewal was given up, is not held for another client: its grant never committed"
+            )
+            .into());
+        }
+    }
+    for g in held {
+        g.release().await?;
+    }
+    Ok(())
 }
 
 /// See [`integration_tests::stall::a_wait_ends_by_its_deadline`].

@@ -267,6 +267,11 @@ fn main() {
                 ),
                 trial(
                     rt,
+                    "postgres::a_waiter_whose_listen_connection_ends_checks_again_at_once",
+                    listener_lost(f.clone()),
+                ),
+                trial(
+                    rt,
                     "postgres::a_renewal_whose_reply_is_lost_holds_up_no_later_hold",
                     unanswered_renewal(),
                 ),
@@ -883,6 +888,81 @@ async fn terminated(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
     }
     if !g.release().await? {
         return Err("release reported the lock as not held".into());
+    }
+    Ok(())
+}
+
+/// A waiter whose LISTEN connection the server ends checks again at once:
+/// a release it may have missed meanwhile (here the row freed by hand,
+/// which notifies nobody) reaches it without waiting for its fallback poll
+/// (a minute) or the holder's lease (two).
+async fn listener_lost(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let app = format!("listener_{}", &integration_tests::namespace()[12..]);
+    let mut config = SqlConfig::default();
+    config.notify_fallback = Duration::from_secs(60);
+    let waiter = LockClient::new(
+        SqlBackend::connect_with(&f.url_with(&format!("application_name={app}"))?, config).await?,
+    );
+    let holder = LockClient::new(f.connect(SqlConfig::default()).await?);
+    let name = format!("{}/listener-lost", integration_tests::namespace());
+    let g = holder
+        .lock(&name)
+        .ttl(Duration::from_secs(120))
+        .acquire()
+        .await?;
+    let waited = name.clone();
+    let waiting = tokio::spawn(async move {
+        let taken = waiter
+            .lock(&waited)
+            .wait(Duration::from_secs(100))
+            .acquire()
+            .await;
+        (tokio::time::Instant::now(), taken)
+    });
+    let admin = sqlx::PgPool::connect(&f.url()?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let listening = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'";
+    let start = tokio::time::Instant::now();
+    loop {
+        let n: i64 = sqlx::query_scalar(listening)
+            .bind(&app)
+            .fetch_one(&admin)
+            .await
+            .map_err(|e| e.to_string())?;
+        if n > 0 {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err("the waiter never listened".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sqlx::query("UPDATE distlock_locks SET owner = NULL WHERE name = $1")
+        .bind(&name)
+        .execute(&admin)
+        .await
+        .map_err(|e| e.to_string())?;
+    let freed = tokio::time::Instant::now();
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&app)
+    .execute(&admin)
+    .await
+    .map_err(|e| e.to_string())?;
+    let (granted, taken) = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .map_err(|_| "the waiter was not granted 30 s after its LISTEN connection ended")?
+        .map_err(|e| e.to_string())?;
+    let taken = taken?;
+    let after = granted.saturating_duration_since(freed);
+    taken.release().await?;
+    drop(g);
+    if after > Duration::from_secs(5) {
+        return Err(
+            format!("the waiter was granted {after:?} after its LISTEN connection ended").into(),
+        );
     }
     Ok(())
 }

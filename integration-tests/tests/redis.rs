@@ -367,6 +367,11 @@ fn main() {
         }
         let handle = rt.handle().clone();
         extra.push(Trial::test(
+            "redis::cluster::a_waiter_is_woken_when_the_first_seed_is_down",
+            move || handle.block_on(first_seed_down()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
             "redis::sentinel::a_holder_follows_a_graceful_failover_and_nobody_else_is_granted",
             move || handle.block_on(graceful_failover()),
         ));
@@ -1251,47 +1256,77 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Re
 /// still runs and answers as master for a while. The holder's renewals
 /// follow the Sentinels to the new master (which has the replicated lock):
 /// another client is never granted the lock while the holder holds it.
+/// A client that waited since before the failover is woken by the
+/// holder's release on the new master. A client whose Sentinel stopped
+/// answering before the failover (SIGSTOP) moves on to the next Sentinel,
+/// which names the new master: its requests do not stay on the old one.
 async fn graceful_failover() -> Result<(), Failed> {
-    let (master, replica, sentinel) = tokio::task::spawn_blocking(|| -> Result<_, Failed> {
-        // The old master refuses to be turned into a replica (as one cut
-        // off from the Sentinels would not hear it): it stays master, and
-        // its clients stay connected.
-        let master = server::spawn(&[
-            "--repl-diskless-sync-delay",
-            "0",
-            "--rename-command",
-            "SLAVEOF",
-            "",
-            "--rename-command",
-            "REPLICAOF",
-            "",
-        ])
-        .map_err(|e| e.to_string())?;
-        let replica = server::spawn(&["--replicaof", "127.0.0.1", &master.port.to_string()])
+    let (master, replica, sentinel, silent) =
+        tokio::task::spawn_blocking(|| -> Result<_, Failed> {
+            // The old master refuses to be turned into a replica (as one cut
+            // off from the Sentinels would not hear it): it stays master, and
+            // its clients stay connected.
+            let master = server::spawn(&[
+                "--repl-diskless-sync-delay",
+                "0",
+                "--rename-command",
+                "SLAVEOF",
+                "",
+                "--rename-command",
+                "REPLICAOF",
+                "",
+            ])
             .map_err(|e| e.to_string())?;
-        wait_for("the replica to sync", Duration::from_secs(20), || {
-            info_field(replica.port, "replication", "master_link_status").as_deref() == Some("up")
-        })?;
-        let sentinel = server::sentinel(master.port, "m").map_err(|e| e.to_string())?;
-        wait_for(
-            "the sentinel to see the replica",
-            Duration::from_secs(30),
-            || {
-                server::command(sentinel.port, &["SENTINEL", "REPLICAS", "m"])
-                    .is_some_and(|r| r.contains(&replica.port.to_string()))
-            },
-        )?;
-        Ok((master, replica, sentinel))
-    })
-    .await
-    .map_err(|e| e.to_string())??;
+            let replica = server::spawn(&["--replicaof", "127.0.0.1", &master.port.to_string()])
+                .map_err(|e| e.to_string())?;
+            wait_for("the replica to sync", Duration::from_secs(20), || {
+                info_field(replica.port, "replication", "master_link_status").as_deref()
+                    == Some("up")
+            })?;
+            let sentinel = server::sentinel(master.port, "m").map_err(|e| e.to_string())?;
+            let silent = server::sentinel(master.port, "m").map_err(|e| e.to_string())?;
+            for s in [&sentinel, &silent] {
+                wait_for(
+                    "the sentinel to see the replica",
+                    Duration::from_secs(30),
+                    || {
+                        server::command(s.port, &["SENTINEL", "REPLICAS", "m"])
+                            .is_some_and(|r| r.contains(&replica.port.to_string()))
+                    },
+                )?;
+            }
+            Ok((master, replica, sentinel, silent))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
     let url = format!("redis+sentinel://127.0.0.1:{}/m", sentinel.port);
     let holder = LockClient::new(RedisBackend::connect(&url).await?);
     // Longer than the Sentinel's failover timeout: the promoted copy still
     // runs when the Sentinel names the new master.
     let (name, ttl) = ("graceful/failover", Duration::from_secs(10));
     let g = holder.lock(name).ttl(ttl).acquire().await?;
-    let (replica_port, sentinel_port) = (replica.port, sentinel.port);
+    // Waits from before the failover, subscribed on the old master.
+    let waiter = LockClient::new(RedisBackend::connect(&url).await?);
+    let waiting = tokio::spawn(async move {
+        let taken = waiter
+            .lock(name)
+            .ttl(ttl)
+            .wait(Duration::from_secs(120))
+            .acquire()
+            .await;
+        (tokio::time::Instant::now(), taken)
+    });
+    // Follows the Sentinel that stops answering first, the other after it.
+    let stale = LockClient::new(
+        RedisBackend::connect(&format!(
+            "redis+sentinel://127.0.0.1:{},127.0.0.1:{}/m",
+            silent.port, sentinel.port
+        ))
+        .await?,
+    );
+    stale.lock("graceful/before").try_acquire().await?;
+    silent.signal("STOP").map_err(|e| e.to_string())?;
+    let (replica_port, sentinel_port, master_port) = (replica.port, sentinel.port, master.port);
     let replica_at = format!("{replica_port}");
     blocking(move || {
         wait_for(
@@ -1340,8 +1375,80 @@ async fn graceful_failover() -> Result<(), Failed> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let _ = g.release().await;
-    drop((master, replica, sentinel));
+    // The client whose Sentinel is silent talks to the new master too
+    // (within its timeout and a second or two of asking the next).
+    let until = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut on_old = 0;
+    loop {
+        let probe = format!("graceful/probe{on_old}");
+        let taken = stale.lock(&probe).try_acquire().await;
+        let there = |port: u16, key: String| {
+            blocking(move || {
+                Ok(server::command(port, &["EXISTS", &key]).is_some_and(|r| r.starts_with(":1")))
+            })
+        };
+        let (old, new) = (
+            there(master_port, probe.clone()).await?,
+            there(replica_port, probe.clone()).await?,
+        );
+        if let Ok(Some(t)) = taken {
+            let _ = t.release().await;
+        }
+        if new && !old {
+            break;
+        }
+        on_old += 1;
+        if tokio::time::Instant::now() > until {
+            silent.signal("CONT").map_err(|e| e.to_string())?;
+            return Err(format!(
+                "a client whose first Sentinel is silent still sent its requests to the old master 15 s after the failover ({on_old} tries)"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    silent.signal("CONT").map_err(|e| e.to_string())?;
+    // The waiter's subscription moved to the new master with its client.
+    blocking(move || {
+        wait_for(
+            "the waiter's subscription on the new master",
+            Duration::from_secs(10),
+            || {
+                server::command(replica_port, &["PUBSUB", "CHANNELS", "*graceful/failover*"])
+                    .is_some_and(|r| r.contains("graceful/failover"))
+            },
+        )
+    })
+    .await?;
+    if !g.is_held() {
+        // The holder lost it on the way (its renewals did not reach the
+        // new master in time): the waiter's wake-up proves nothing here.
+        let _ = g.release().await;
+        waiting.abort();
+        drop((master, replica, sentinel, silent));
+        return Ok(());
+    }
+    let released = tokio::time::Instant::now();
+    g.release().await?;
+    let (granted, taken) = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .map_err(|_| "the waiter from before the failover was not granted 30 s after the release")?
+        .map_err(|e| e.to_string())?;
+    let taken = taken?;
+    if granted < released {
+        return Err("the waiter was granted the lock while its holder held it".into());
+    }
+    let after = granted - released;
+    let _ = taken.release().await;
+    // Woken by the release's message on the new master; without it the
+    // waiter would sleep until the lease it last saw ends (the TTL).
+    if after > Duration::from_secs(3) {
+        return Err(format!(
+            "the waiter from before the failover was granted {after:?} after the release (not woken on the new master)"
+        )
+        .into());
+    }
+    drop((master, replica, sentinel, silent));
     Ok(())
 }
 
@@ -1408,16 +1515,78 @@ async fn list_with_a_master_stopped() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A `redis+cluster://` URL naming a server without Cluster support, and
-/// a `redis://` URL naming one node of a Cluster (a name of another node's
-/// slot): both `Misconfigured`, retrying cannot help.
+/// A Cluster URL whose first seed does not answer: the client works
+/// through the others, and its pub/sub connection too, so a waiter is
+/// woken by the release rather than at the holder's lease end (a minute).
+async fn first_seed_down() -> Result<(), Failed> {
+    let nodes = blocking(|| Ok(server::cluster(3).map_err(|e| e.to_string())?)).await?;
+    let dead = integration_tests::harness::process::free_port().map_err(|e| e.to_string())?;
+    let hosts: Vec<String> = std::iter::once(dead)
+        .chain(nodes.iter().map(|n| n.port))
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let url = format!("redis+cluster://{}", hosts.join(","));
+    let holder = LockClient::new(RedisBackend::connect(&url).await?);
+    let waiter = LockClient::new(RedisBackend::connect(&url).await?);
+    let name = "seed/down";
+    let g = holder
+        .lock(name)
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await?;
+    let waiting = tokio::spawn(async move {
+        let taken = waiter
+            .lock(name)
+            .wait(Duration::from_secs(90))
+            .acquire()
+            .await;
+        (tokio::time::Instant::now(), taken)
+    });
+    // The waiter subscribes after its first refusal.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let released = tokio::time::Instant::now();
+    g.release().await?;
+    let (granted, taken) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .map_err(|_| "the waiter was not granted 10 s after the release (not woken)")?
+        .map_err(|e| e.to_string())?;
+    let taken = taken?;
+    let after = granted.saturating_duration_since(released);
+    taken.release().await?;
+    drop(nodes);
+    if after > Duration::from_secs(3) {
+        return Err(format!("the waiter was granted {after:?} after the release").into());
+    }
+    Ok(())
+}
+
+/// A `redis+cluster://` URL naming a server without Cluster support, a
+/// `redis://` URL naming one node of a Cluster (a name of another node's
+/// slot), and `redis://` and `redis+cluster://` URLs naming a Sentinel:
+/// all `Misconfigured`, retrying cannot help.
 async fn wrong_topology() -> Result<(), Failed> {
-    let (plain, nodes) = blocking(|| {
+    let (plain, nodes, sentinel) = blocking(|| {
         let plain = server::spawn(&[]).map_err(|e| e.to_string())?;
         let nodes = server::cluster(3).map_err(|e| e.to_string())?;
-        Ok((plain, nodes))
+        let sentinel = server::sentinel(plain.port, "m").map_err(|e| e.to_string())?;
+        Ok((plain, nodes, sentinel))
     })
     .await?;
+    for scheme in ["redis", "redis+cluster"] {
+        let at_sentinel = format!("{scheme}://127.0.0.1:{}", sentinel.port);
+        let answer = match RedisBackend::connect(&at_sentinel).await {
+            Ok(b) => LockClient::new(b)
+                .lock("topology/s")
+                .try_acquire()
+                .await
+                .map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match answer {
+            Err(Error::Misconfigured { .. }) => {}
+            other => return Err(format!("{at_sentinel}, a Sentinel: {other:?}").into()),
+        }
+    }
     let as_cluster = format!("redis+cluster://127.0.0.1:{}", plain.port);
     let answer = match RedisBackend::connect(&as_cluster).await {
         Ok(b) => LockClient::new(b)
@@ -1449,7 +1618,7 @@ async fn wrong_topology() -> Result<(), Failed> {
     if refused == 0 {
         return Err("no name of another node's slots among 16: the case proves nothing".into());
     }
-    drop((plain, nodes));
+    drop((plain, nodes, sentinel));
     Ok(())
 }
 

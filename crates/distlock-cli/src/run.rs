@@ -25,8 +25,10 @@ pub(crate) struct RunArgs {
     ttl: Duration,
     /// How long to wait for the lock, connecting to the backend included (a
     /// backend down as it starts is asked again; one that has not answered
-    /// by then: exit 69); 0 tries once. Default: forever (as is a wait of
-    /// more than a century).
+    /// by then: exit 69); 0 tries once. Default: forever once connected (as
+    /// is a wait of more than a century); without --wait a backend that
+    /// refuses the connection as the command starts exits 69 at once (a
+    /// wrong URL does not hang).
     #[arg(long, value_parser = parse_duration)]
     wait: Option<Duration>,
     /// Do not renew: the lease (and the command) ends after --ttl.

@@ -24,7 +24,8 @@ use crate::config::Topology;
 pub(crate) enum Conn {
     Single(Arc<SingleConn>),
     Cluster {
-        seed: Client,
+        /// A client per seed node, for pub/sub: the first that answers.
+        seeds: Arc<Vec<Client>>,
         conn: ClusterConnection,
     },
     Sentinel(Arc<SentinelConn>),
@@ -102,6 +103,9 @@ pub(crate) struct SentinelConn {
     timeout: Duration,
     /// The task listening for `+switch-master`, ended with the connection.
     switches: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Counts the times the connection left a master: the pub/sub
+    /// connection opened on that master is given up with it.
+    left: tokio::sync::watch::Sender<u64>,
 }
 
 impl Drop for SentinelConn {
@@ -117,17 +121,41 @@ impl Drop for SentinelConn {
     }
 }
 
+/// How often the Sentinel followed for master switches is asked which
+/// node is master: a Sentinel that stopped answering is left for the next
+/// within about this long (its silence would hide the next switch), and a
+/// switch announced while no Sentinel was listened to is caught.
+const ASK_SENTINEL_EVERY: Duration = Duration::from_secs(1);
+
+/// `request`, or a timeout error once `timeout` has passed.
+async fn within<T>(
+    timeout: Duration,
+    request: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    tokio::time::timeout(timeout, request)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {timeout:?}"),
+            )))
+        })
+}
+
 /// Listens on the Sentinels, one after another while they fail, for
-/// `+switch-master` of `service` and drops `conn`'s connection when one
-/// comes: after a failover whose old master still runs, that node goes on
-/// answering as master (for seconds, until it is turned into a replica),
-/// and requests sent there would grant and renew holds the new master
-/// does not have.
+/// `+switch-master` of `service`, and asks the one listened to for the
+/// master every [`ASK_SENTINEL_EVERY`]; drops `conn`'s connection when the
+/// master is another node than the one it talks to: after a failover whose
+/// old master still runs, that node goes on answering as master (for
+/// seconds, until it is turned into a replica), and requests sent there
+/// would grant and renew holds the new master does not have. A Sentinel
+/// that does not answer within `timeout` is left for the next.
 fn follow_switches(
     conn: &Arc<SentinelConn>,
     sentinels: Vec<String>,
     service: String,
     ca_file: Option<std::path::PathBuf>,
+    timeout: Duration,
 ) {
     use futures_util::StreamExt;
     let weak = Arc::downgrade(conn);
@@ -135,22 +163,44 @@ fn follow_switches(
         for url in sentinels.iter().cycle() {
             let listened = async {
                 let client = single_client(url, ca_file.as_deref())?;
-                let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.subscribe("+switch-master").await?;
+                let mut asking = within(timeout, client.get_multiplexed_async_connection()).await?;
+                let mut pubsub = within(timeout, client.get_async_pubsub()).await?;
+                within(timeout, pubsub.subscribe("+switch-master")).await?;
                 let mut messages = pubsub.on_message();
-                while let Some(msg) = messages.next().await {
-                    // `<service> <old ip> <old port> <new ip> <new port>`
-                    let payload: String = msg.get_payload()?;
-                    if payload.split(' ').next() != Some(service.as_str()) {
-                        continue;
-                    }
+                // Its first tick is at once: a switch announced before the
+                // subscription is caught.
+                let mut ask = tokio::time::interval(ASK_SENTINEL_EVERY);
+                ask.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    let master = tokio::select! {
+                        msg = messages.next() => {
+                            let Some(msg) = msg else { return Ok::<(), RedisError>(()) };
+                            // `<service> <old ip> <old port> <new ip> <new port>`
+                            let payload: String = msg.get_payload()?;
+                            let mut fields = payload.split(' ');
+                            if fields.next() != Some(service.as_str()) {
+                                continue;
+                            }
+                            let mut fields = fields.skip(2);
+                            match (fields.next(), fields.next().and_then(|p| p.parse().ok())) {
+                                (Some(host), Some(port)) => Some((host.to_string(), port)),
+                                _ => None,
+                            }
+                        }
+                        _ = ask.tick() => {
+                            let mut get = redis::cmd("SENTINEL");
+                            get.arg("GET-MASTER-ADDR-BY-NAME").arg(&service);
+                            within(timeout, get.query_async::<Option<(String, u16)>>(&mut asking))
+                                .await?
+                        }
+                    };
                     let Some(conn) = weak.upgrade() else {
                         return Ok(());
                     };
-                    tracing::info!(%payload, "a Sentinel switched the master; reconnecting");
-                    conn.forget().await;
+                    if let Some((host, port)) = master {
+                        conn.follow(&host, port).await;
+                    }
                 }
-                Ok::<(), RedisError>(())
             };
             if let Err(e) = listened.await {
                 tracing::debug!(sentinel = %url, error = %e, "listening for master switches failed");
@@ -312,7 +362,27 @@ impl SentinelConn {
     }
 
     async fn forget(&self) {
-        *self.current.lock().await = None;
+        if self.current.lock().await.take().is_some() {
+            self.left.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Drops the connection if it talks to another node than `host:port`,
+    /// the master a Sentinel names: the next request goes there.
+    async fn follow(&self, host: &str, port: u16) {
+        let mut cur = self.current.lock().await;
+        let elsewhere = cur.as_ref().is_some_and(|(client, _)| {
+            !matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::Tcp(h, p) | redis::ConnectionAddr::TcpTls { host: h, port: p, .. }
+                    if h == host && *p == port
+            )
+        });
+        if elsewhere {
+            tracing::info!(master = %format!("{host}:{port}"), "a Sentinel names another master; reconnecting");
+            *cur = None;
+            self.left.send_modify(|n| *n += 1);
+        }
     }
 
     /// Asks the Sentinels which node is master now (they check its role),
@@ -330,6 +400,7 @@ impl SentinelConn {
         if moved {
             tracing::info!(master = %named.get_connection_info().addr(), "the Sentinels name another master; reconnecting");
             *cur = None;
+            self.left.send_modify(|n| *n += 1);
         }
         Ok(())
     }
@@ -373,7 +444,10 @@ impl Conn {
                 })))
             }
             Topology::Cluster(nodes) => {
-                let seed = single_client(&nodes[0], ca_file)?;
+                let seeds = nodes
+                    .iter()
+                    .map(|n| single_client(n, ca_file))
+                    .collect::<RedisResult<Vec<_>>>()?;
                 let builder = ClusterClient::builder(nodes.clone())
                     .connection_timeout(timeout)
                     .response_timeout(timeout);
@@ -384,7 +458,10 @@ impl Conn {
                     _ => builder,
                 };
                 let conn = builder.build()?.get_async_connection().await?;
-                Ok(Conn::Cluster { seed, conn })
+                Ok(Conn::Cluster {
+                    seeds: Arc::new(seeds),
+                    conn,
+                })
             }
             Topology::Sentinel {
                 sentinels,
@@ -408,12 +485,14 @@ impl Conn {
                     current: Mutex::new(None),
                     timeout,
                     switches: std::sync::Mutex::new(None),
+                    left: tokio::sync::watch::Sender::new(0),
                 });
                 follow_switches(
                     &conn,
                     sentinels.clone(),
                     service.clone(),
                     ca_file.map(Path::to_path_buf),
+                    timeout,
                 );
                 match conn.current().await {
                     Err(e)
@@ -556,13 +635,40 @@ impl Conn {
         Ok(keys)
     }
 
-    /// A client for a dedicated pub/sub connection. Classic pub/sub messages
-    /// reach every node of a cluster, so any node will do.
-    pub(crate) async fn pubsub_client(&self) -> RedisResult<Client> {
+    /// A dedicated pub/sub connection, opened within `timeout`. Classic
+    /// pub/sub messages reach every node of a cluster, so any node will
+    /// do: the first seed that answers. With it, on Sentinel, what ends
+    /// once the connection leaves the master it was opened on (see
+    /// [`Conn::left_master`]).
+    pub(crate) async fn pubsub(
+        &self,
+        timeout: Duration,
+    ) -> RedisResult<(
+        redis::aio::PubSub,
+        Option<tokio::sync::watch::Receiver<u64>>,
+    )> {
         match self {
-            Conn::Single(s) => Ok(s.client.clone()),
-            Conn::Cluster { seed, .. } => Ok(seed.clone()),
-            Conn::Sentinel(s) => Ok(s.current().await?.0),
+            Conn::Single(s) => Ok((within(timeout, s.client.get_async_pubsub()).await?, None)),
+            Conn::Cluster { seeds, .. } => {
+                let mut failed = None;
+                for seed in seeds.iter() {
+                    match within(timeout, seed.get_async_pubsub()).await {
+                        Ok(p) => return Ok((p, None)),
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                Err(failed.unwrap_or_else(|| RedisError::from((redis::ErrorKind::Io, "no seed"))))
+            }
+            Conn::Sentinel(s) => {
+                // Subscribed first: a switch while opening is not missed.
+                let mut left = s.left.subscribe();
+                left.mark_unchanged();
+                let (client, _) = within(timeout, s.current()).await?;
+                Ok((
+                    within(timeout, client.get_async_pubsub()).await?,
+                    Some(left),
+                ))
+            }
         }
     }
 }

@@ -569,6 +569,12 @@ fn refused_configuration(e: &RedisError) -> Option<&'static str> {
         _ if e.to_string().contains("refused to switch database") => {
             Some("the database index in the URL is out of the server's range (see `databases` in redis.conf)")
         }
+        // A `redis://` or `redis+cluster://` URL naming a Sentinel, which
+        // knows none of the commands distlock sends (nor does a server
+        // whose commands were renamed away).
+        _ if e.to_string().contains("unknown command") => Some(
+            "the server does not know a command distlock needs: if the URL names a Sentinel, use redis+sentinel://HOST:PORT/SERVICE; a server with renamed commands serves no lock",
+        ),
         // A `redis+cluster://` URL naming a server that is not a Cluster
         // node, or a `redis://` URL naming a node of a Cluster.
         _ if e.to_string().contains("cluster support disabled") => {

@@ -290,12 +290,31 @@ impl Subscriber {
     }
 
     async fn open(&self, conn: &Conn) -> RedisResult<Live> {
-        let opening = async { conn.pubsub_client().await?.get_async_pubsub().await };
-        let (sink, mut stream) = self.in_time(opening).await?.split();
+        let (pubsub, left) = conn.pubsub(self.timeout).await?;
+        let (sink, mut stream) = pubsub.split();
         let alive = Arc::new(AtomicBool::new(true));
         let (signals, flag) = (self.signals.clone(), alive.clone());
+        // On Sentinel, the connection ends when the client leaves the
+        // master it was opened on: the messages of the new master's
+        // releases would never reach it.
+        let left_master = async move {
+            let Some(mut left) = left else {
+                return std::future::pending().await;
+            };
+            if left.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
         let task = tokio::spawn(async move {
-            while let Some(msg) = stream.next().await {
+            tokio::pin!(left_master);
+            loop {
+                let msg = tokio::select! {
+                    msg = stream.next() => match msg {
+                        Some(msg) => msg,
+                        None => break,
+                    },
+                    () = &mut left_master => break,
+                };
                 let channel = msg.get_channel_name();
                 let payload = |want: &str| msg.get_payload::<String>().is_ok_and(|p| p == want);
                 let freed = channel.ends_with(SEMAPHORE_CHANNEL) && payload(PERMIT_FREED);
@@ -329,7 +348,7 @@ impl Subscriber {
                     s.wake_all();
                 }
             }
-            // The connection is gone (server restart, failover): wake
+            // The connection is gone or left behind (server restart, failover): wake
             // every waiter to re-check now, since the lock's state may
             // have changed; the next subscription opens a new connection.
             flag.store(false, Ordering::Release);

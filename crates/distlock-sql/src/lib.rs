@@ -912,6 +912,14 @@ impl Backend for SqlBackend {
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         match Object::of(req, &self.inner.err)? {
+            #[cfg(feature = "mysql")]
+            Object::Shared if matches!(self.inner.db, Db::MySql(_)) => {
+                let req = req.clone();
+                self.on_mysql_to_completion(
+                    move |b| async move { b.my()?.shared_extend(&req).await },
+                )
+                .await
+            }
             Object::Shared => dispatch!(self, db => db.shared_extend(req).await),
             _ => dispatch!(self, db => db.extend(req).await),
         }
@@ -931,7 +939,13 @@ impl Backend for SqlBackend {
             #[cfg(feature = "sqlite")]
             Db::Sqlite(db) => db.extend_many(reqs).await,
             #[cfg(feature = "mysql")]
-            Db::MySql(db) => db.extend_many(reqs).await,
+            Db::MySql(_) => {
+                let reqs = reqs.to_vec();
+                self.on_mysql_to_completion(
+                    move |b| async move { b.my()?.extend_many(&reqs).await },
+                )
+                .await
+            }
         }
     }
 
@@ -946,6 +960,14 @@ impl Backend for SqlBackend {
                 Ok(held)
             }
             Object::Leader => dispatch!(self, db => db.release(req).await),
+            #[cfg(feature = "mysql")]
+            Object::Shared if matches!(self.inner.db, Db::MySql(_)) => {
+                let req = req.clone();
+                self.on_mysql_to_completion(
+                    move |b| async move { b.my()?.shared_release(&req).await },
+                )
+                .await
+            }
             Object::Shared => dispatch!(self, db => db.shared_release(req).await),
             Object::Semaphore { .. } => dispatch!(self, db => db.permit_release(req).await),
         }
@@ -1452,6 +1474,32 @@ impl SqlBackend {
             },
         )
         .await
+    }
+
+    /// `work` on the MySQL database, run to completion: for a transaction
+    /// that is not one of the attempts above (a renewal, a shared hold's
+    /// extend or release), whose caller gives up at a deadline.
+    #[cfg(feature = "mysql")]
+    async fn on_mysql_to_completion<T, W, WF>(&self, work: W) -> Result<T>
+    where
+        T: Send + 'static,
+        W: FnOnce(SqlBackend) -> WF + Send + 'static,
+        WF: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        self.to_completion(work, |_, _| async {}).await
+    }
+
+    /// The MySQL database (the callers above check it is one).
+    #[cfg(feature = "mysql")]
+    fn my(&self) -> Result<&mysql::My> {
+        match &self.inner.db {
+            Db::MySql(my) => Ok(my),
+            #[allow(unreachable_patterns)]
+            _ => Err(Error::backend(
+                self.inner.err.backend,
+                "not a MySQL database",
+            )),
+        }
     }
 
     #[cfg(feature = "mysql")]

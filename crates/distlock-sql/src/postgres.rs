@@ -739,7 +739,21 @@ impl Pg {
         let permit_channel = self.permit_channel.clone();
         let task = tokio::spawn(async move {
             loop {
-                match l.recv().await {
+                let got = match l.try_recv().await {
+                    Ok(Some(n)) => Ok(n),
+                    // The connection was lost; PgListener reconnects (and
+                    // listens again) on the next call. What was notified
+                    // meanwhile, every waiter and observer checks again.
+                    Ok(None) => {
+                        tracing::debug!("LISTEN connection lost; reconnecting");
+                        locks.wake_everyone();
+                        permits.wake_everyone();
+                        leaders.wake_everyone();
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                };
+                match got {
                     // Addressed to one queued waiter: its row and owner.
                     Ok(n) if Some(n.channel()) == queue_channel.as_deref() => {
                         if let Some(s) = locks.find(n.payload()) {
