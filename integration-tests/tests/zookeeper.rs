@@ -335,6 +335,47 @@ async fn parent_and_child_locks(f: Arc<Zk>) -> Result<(), Failed> {
         led.resign().await?;
         held.release().await?;
     }
+    // A segment spelled as a queue node (Curator's protected form) would
+    // sit in the queue of the name above it: refused, for every kind and
+    // anywhere in the name, and the name above stays free.
+    let uuid = "11111111-2222-3333-4444-555555555555";
+    let parent = format!("{ns}/r");
+    for seg in [
+        format!("_c_{uuid}-lock-0000000000"),
+        format!("_c_{uuid}-__READ__0000000001"),
+        format!("_c_{uuid}-__WRIT__0000000002"),
+        format!("_c_{uuid}-latch-0000000003"),
+    ] {
+        for child in [format!("{parent}/{seg}"), format!("{parent}/{seg}/deeper")] {
+            for taken in [
+                client.lock(&child).try_acquire().await.map(|g| g.is_some()),
+                client
+                    .lock(&child)
+                    .shared()
+                    .try_acquire()
+                    .await
+                    .map(|g| g.is_some()),
+                client
+                    .semaphore(&child, 2)
+                    .try_acquire()
+                    .await
+                    .map(|g| g.is_some()),
+                client
+                    .election(&child)
+                    .try_campaign("c")
+                    .await
+                    .map(|g| g.is_some()),
+            ] {
+                match taken {
+                    Err(Error::InvalidInput { .. }) => {}
+                    other => return Err(format!("{child}: {other:?}, not a refused name").into()),
+                }
+            }
+        }
+    }
+    if client.lock(&parent).try_acquire().await?.is_none() {
+        return Err(format!("{parent} is held after its reserved children were refused").into());
+    }
     Ok(())
 }
 

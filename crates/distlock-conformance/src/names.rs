@@ -726,7 +726,7 @@ pub async fn list_prefix_forms_list_the_same_holds(
 /// A longer name whose last segment is spelled like a queue node of a
 /// backend's layout (ZooKeeper's `lock-<seq>`, `__READ__<seq>`,
 /// `__WRIT__<seq>`, `latch-<seq>`; only Curator's protected
-/// `_c_<uuid>-lock-<seq>` form is reserved there) is still only a longer
+/// `_c_<uuid>-lock-<seq>` form is refused there) is still only a longer
 /// name: held, it keeps nobody from the shorter one.
 pub async fn longer_names_shaped_like_queue_nodes_hold_back_nothing(
     f: &dyn BackendFactory,

@@ -209,6 +209,26 @@ fn parse_child(child: &str) -> Option<(i64, Role)> {
     .find_map(|(marker, role)| suffix_sequence(child, marker).map(|seq| (seq, role)))
 }
 
+/// Refuses a name with a segment spelled as a queue node
+/// (`_c_<36 characters>-lock-<sequence>` and the other markers): its
+/// persistent node would sit among the queue of the name above it and hold
+/// that lock for ever.
+fn checked_name(name: &LockName) -> Result<()> {
+    match name
+        .as_str()
+        .split('/')
+        .find(|seg| parse_child(seg).is_some() || latch_sequence(seg).is_some())
+    {
+        Some(seg) => Err(Error::invalid(
+            InputKind::LockName,
+            format!(
+                "`{name}`: its segment `{seg}` is spelled as a ZooKeeper queue node (`_c_<36 characters>-<marker><sequence>`), which the lock above it would count in its queue; rename it"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The sequence number a lock child ends with: the queue's order.
 fn sequence(child: &str) -> Option<i64> {
     parse_child(child).map(|(seq, _)| seq)
@@ -1054,6 +1074,7 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn try_acquire(&self, req: &LockRequest) -> Result<Option<Grant>> {
+        checked_name(&req.name)?;
         if let HoldKind::Permits { .. } = req.kind {
             return self.try_acquire_permit(req).await;
         }
@@ -1074,6 +1095,7 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn acquire(&self, req: &LockRequest, deadline: Option<Instant>) -> Result<Grant> {
+        checked_name(&req.name)?;
         if let HoldKind::Permits { .. } = req.kind {
             return self.acquire_permit(req, deadline).await;
         }
