@@ -48,7 +48,8 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     kill_after: Duration,
     /// The lock name; several names hold every one of those locks at once
-    /// (taken in sorted order, all or none).
+    /// (taken in sorted order, all or none: while it waits for one, it
+    /// holds those before it; giving up, it gives them all back).
     #[arg(required = true, num_args = 1..)]
     names: Vec<String>,
     /// Who holds it, as `distlock status` and `distlock list` show (at most
@@ -234,6 +235,14 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     }
     if args.shared && names.len() > 1 {
         return fail(EXIT_USAGE, "--shared takes one lock name");
+    }
+    let mut sorted: Vec<&str> = names.iter().map(LockName::as_str).collect();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return fail(
+            EXIT_USAGE,
+            format!("`{}` is named twice; name each lock once", w[0]),
+        );
     }
     let mut signals = match Signals::install() {
         Ok(s) => s,

@@ -821,6 +821,17 @@ fn bad_input_exits_2_with_a_clear_message() {
     );
     cases.extend([
         vec!["run", "x"],
+        // Named twice: refused before connecting (nothing listens there).
+        vec![
+            "run",
+            "--backend",
+            "redis://127.0.0.1:1",
+            "d/a",
+            "d/b",
+            "d/a",
+            "--",
+            "true",
+        ],
         vec!["status", "bad name"],
         vec!["list", "--limit", "0"],
         vec!["check", "--backend", "memory://"],
