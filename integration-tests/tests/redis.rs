@@ -1528,6 +1528,17 @@ async fn first_seed_down() -> Result<(), Failed> {
     let url = format!("redis+cluster://{}", hosts.join(","));
     let holder = LockClient::new(RedisBackend::connect(&url).await?);
     let waiter = LockClient::new(RedisBackend::connect(&url).await?);
+    // The deployment check reads every master (none has a replica here).
+    let findings = holder.backend().deployment_findings().await?;
+    let replication = findings.iter().find(|f| f.setting == "replication");
+    if !replication.is_some_and(|f| {
+        f.value
+            .as_deref()
+            .is_ok_and(|v| v.starts_with("3 masters, 3 without a replica ("))
+            && f.warning.is_some()
+    }) {
+        return Err(format!("the Cluster's replication finding: {replication:?}").into());
+    }
     let name = "seed/down";
     let g = holder
         .lock(name)

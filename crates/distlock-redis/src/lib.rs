@@ -485,6 +485,53 @@ fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
+/// The value of `key` in an `INFO` section (`key:value` lines).
+fn info_field(info: &str, key: &str) -> Option<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().to_string())
+}
+
+/// What a Cluster's `INFO replication`, one section per node, says of its
+/// masters: one without a replica cannot fail over; with replicas,
+/// replication is asynchronous (and a Cluster takes no `wait_replicas`).
+fn cluster_replication(nodes: &std::collections::HashMap<String, String>) -> Finding {
+    let masters: Vec<(&str, u32)> = nodes
+        .iter()
+        .filter(|(_, info)| info_field(info, "role").as_deref() == Some("master"))
+        .map(|(node, info)| {
+            let n = info_field(info, "connected_slaves").and_then(|n| n.parse().ok());
+            (node.as_str(), n.unwrap_or(0))
+        })
+        .collect();
+    let mut bare: Vec<&str> = masters
+        .iter()
+        .filter(|(_, n)| *n == 0)
+        .map(|(m, _)| *m)
+        .collect();
+    bare.sort_unstable();
+    if masters.is_empty() {
+        Finding::unknown("replication", "no node answered as a master")
+    } else if !bare.is_empty() {
+        Finding::warning(
+            "replication",
+            format!(
+                "{} masters, {} without a replica ({})",
+                masters.len(),
+                bare.len(),
+                bare.join(", ")
+            ),
+            "a master without a replica cannot fail over: the locks of its slots wait for it to return (and a restart without persistence loses them); give every master a replica",
+        )
+    } else {
+        Finding::warning(
+            "replication",
+            format!("{} masters, each with a replica", masters.len()),
+            "replication is asynchronous: a failover to a lagging replica can grant a lock twice (a Cluster takes no wait_replicas; guarantees.md, Redis and failover)",
+        )
+    }
+}
+
 fn map_err(endpoint: &str, e: RedisError) -> Error {
     use redis::{ErrorKind, ServerErrorKind};
     let transient = e.is_io_error()
@@ -783,6 +830,19 @@ impl Backend for RedisBackend {
             ),
             (Err(why), _) | (_, Err(why)) => Finding::unknown("persistence", why),
         });
+        if self.inner.conn.is_cluster() {
+            // Every node answers, each with its own section.
+            let info: redis::RedisResult<std::collections::HashMap<String, String>> = self
+                .inner
+                .conn
+                .cmd(redis::cmd("INFO").arg("replication"))
+                .await;
+            out.push(match info {
+                Ok(nodes) => cluster_replication(&nodes),
+                Err(e) => Finding::unknown("replication", format!("INFO replication refused: {e}")),
+            });
+            return Ok(out);
+        }
         let info: redis::RedisResult<String> = self
             .inner
             .conn
@@ -790,11 +850,7 @@ impl Backend for RedisBackend {
             .await;
         out.push(match info {
             Ok(info) => {
-                let field = |k: &str| {
-                    info.lines()
-                        .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
-                        .map(|v| v.trim().to_string())
-                };
+                let field = |k: &str| info_field(&info, k);
                 let role = field("role").unwrap_or_default();
                 let replicas = field("connected_slaves").unwrap_or_default();
                 match replicas.parse::<u32>() {
@@ -1177,6 +1233,37 @@ impl Wakeups for Subscribed<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clusters_replication_is_read_per_master() {
+        let section = |role: &str, n: u32| {
+            format!("# Replication\r\nrole:{role}\r\nconnected_slaves:{n}\r\n")
+        };
+        let nodes = |ns: &[(&str, &str, u32)]| {
+            ns.iter()
+                .map(|(node, role, n)| (node.to_string(), section(role, *n)))
+                .collect::<std::collections::HashMap<_, _>>()
+        };
+        let bare = cluster_replication(&nodes(&[
+            ("a:1", "master", 1),
+            ("b:2", "master", 0),
+            ("c:3", "slave", 0),
+        ]));
+        assert_eq!(
+            bare.value.as_deref(),
+            Ok("2 masters, 1 without a replica (b:2)")
+        );
+        assert!(bare.warning.is_some_and(|w| w.contains("cannot fail over")));
+        let covered = cluster_replication(&nodes(&[("a:1", "master", 1), ("b:2", "master", 2)]));
+        assert_eq!(
+            covered.value.as_deref(),
+            Ok("2 masters, each with a replica")
+        );
+        assert!(covered.warning.is_some_and(|w| w.contains("asynchronous")));
+        assert!(cluster_replication(&nodes(&[("c:3", "slave", 0)]))
+            .value
+            .is_err());
+    }
 
     #[test]
     fn a_refused_certificate_is_misconfigured_and_a_refused_connection_unavailable() {
