@@ -46,7 +46,38 @@ pub(crate) fn check_one_line(what: &str, text: &str, max: usize, if_empty: &str)
             format!("{what} contains the control character {c:?}; use printable text"),
         ));
     }
+    if let Some(c) = text.chars().find(|c| invisible(*c)) {
+        return Err(Error::invalid(
+            InputKind::Config,
+            format!(
+                "{what} contains {c:?}, a line break or an invisible character to a reader; use printable text"
+            ),
+        ));
+    }
+    if text.trim().is_empty() {
+        return Err(Error::invalid(
+            InputKind::Config,
+            format!("{what} is only spaces, which print as nothing; {if_empty}"),
+        ));
+    }
     Ok(())
+}
+
+/// Unicode's line and paragraph separators (which line-splitting readers
+/// break on), and the format characters that print as nothing or reorder
+/// what follows (zero-width spaces and joiners, direction marks and
+/// overrides, the byte order mark).
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{2028}'
+            | '\u{2029}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{FEFF}'
+    )
 }
 
 /// The holder info a client gives its holds unless told otherwise:
@@ -68,9 +99,15 @@ pub fn default_holder_info() -> Arc<str> {
 pub fn fit_holder_info(info: &str) -> String {
     let clean: String = info
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| {
+            if c.is_control() || invisible(c) {
+                ' '
+            } else {
+                c
+            }
+        })
         .collect();
-    let clean = if clean.is_empty() {
+    let clean = if clean.trim().is_empty() {
         "-".to_string()
     } else {
         clean
@@ -238,6 +275,35 @@ pub fn sort_records(records: &mut Vec<HoldRecord>, limit: usize) {
 mod tests {
     use super::*;
     use crate::name::LockName;
+
+    #[test]
+    fn one_line_text_refuses_separators_invisible_characters_and_blanks() {
+        let check = |t: &str| check_one_line("the value", t, 100, "give one");
+        for bad in [
+            "a\u{2028}b",
+            "a\u{2029}b",
+            "\u{FEFF}",
+            "x\u{202E}y",
+            "a\u{200B}",
+            " ",
+            "   ",
+        ] {
+            assert!(
+                matches!(check(bad), Err(Error::InvalidInput { .. })),
+                "{bad:?} was accepted"
+            );
+        }
+        for good in ["host-1:8080", "caf\u{e9} \u{65e5}\u{672c}", " padded "] {
+            assert!(check(good).is_ok(), "{good:?} was refused");
+        }
+        // What a command line gives the default holder info is made fit.
+        for raw in ["a\u{2028}b\n", "\u{FEFF}", " ", ""] {
+            assert!(
+                validate_holder_info(&fit_holder_info(raw)).is_ok(),
+                "{raw:?}"
+            );
+        }
+    }
 
     #[test]
     fn holder_info_is_bounded_and_printable() {

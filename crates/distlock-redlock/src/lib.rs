@@ -785,9 +785,11 @@ impl Backend for RedlockBackend {
     /// finish in a background task: a node that restarted answers the
     /// script call with NOSCRIPT and needs the script sent again, which a
     /// dropped request would never do, leaving the key there until its TTL.
-    /// Fewer than a quorum confirming it, reachable or not, is "not held":
-    /// the nodes it did reach have freed the key, and the others let it
-    /// lapse by its TTL.
+    /// "Not held" once so many nodes answered that they did not hold it
+    /// that the others are too few for a quorum; with fewer answers by the
+    /// node timeout, whether it was held is unknown: `QuorumNotReached`
+    /// (the nodes it reached have freed the key, and the others let it
+    /// lapse by its TTL).
     async fn release(&self, req: &LockRequest) -> Result<bool> {
         let deadline = Instant::now() + self.inner.config.node_timeout;
         let quorum = self.quorum(&req.kind);
@@ -807,18 +809,45 @@ impl Backend for RedlockBackend {
                             r.release_outside_queue(req).await
                         }
                     };
-                    matches!(rel.await, Ok(true))
+                    rel.await.ok()
                 }
             })
             .collect();
-        let released = count_until(&mut answers, quorum, deadline).await;
+        let total = self.inner.nodes.len();
+        let (mut released, mut not_held) = (0, 0);
+        let _in_time = timeout_at(deadline, async {
+            while let Some(answer) = answers.next().await {
+                match answer {
+                    Some(true) => released += 1,
+                    Some(false) => not_held += 1,
+                    None => {}
+                }
+                if released >= quorum || total - not_held < quorum {
+                    break;
+                }
+            }
+        })
+        .await;
         // Answers already in need no task (on loopback the last node's
         // usually is); the rest finish in one, within the same deadline.
         while let Some(Some(_)) = answers.next().now_or_never() {}
         if !answers.is_empty() {
             tokio::spawn(timeout_at(deadline, answers.for_each(|_| async {})));
         }
-        Ok(released >= quorum)
+        if released >= quorum {
+            Ok(true)
+        } else if total - not_held < quorum {
+            Ok(false)
+        } else {
+            Err(Error::QuorumNotReached {
+                backend: "redlock",
+                granted: released,
+                unreachable: total - released - not_held,
+                needed: quorum,
+                total,
+                hint: "the release reached too few nodes to tell whether the lock was still held; the nodes it reached freed it, the others let it lapse by its TTL".into(),
+            })
+        }
     }
 
     /// Held when a majority of nodes hold the key (exclusively or shared);
