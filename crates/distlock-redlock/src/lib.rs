@@ -845,7 +845,7 @@ impl Backend for RedlockBackend {
                 unreachable: total - released - not_held,
                 needed: quorum,
                 total,
-                hint: "the release reached too few nodes to tell whether the lock was still held; the nodes it reached freed it, the others let it lapse by its TTL".into(),
+                hint: "the release reached too few nodes to tell whether the lock was still held; the nodes it reached freed it, the others let it lapse by its TTL",
             })
         }
     }
