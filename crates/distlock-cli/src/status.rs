@@ -89,7 +89,7 @@ fn print_status(name: &LockName, s: &LockStatus, args: &StatusArgs) -> Result<()
         line(format!(
             "token:     {}",
             if shared_held {
-                format!("one per shared hold: distlock list {name} shows each")
+                format!("one per shared hold: distlock list {name} shows each where the backend keeps it")
             } else {
                 token.map_or_else(unknown, |t| t.to_string())
             }

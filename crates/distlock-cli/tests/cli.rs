@@ -1652,7 +1652,7 @@ fn status_of_a_lock_held_shared_shows_no_one_token() {
     let token_line = text.lines().find(|l| l.starts_with("token:"));
     assert_eq!(
         token_line,
-        Some("token:     one per shared hold: distlock list rw/status shows each"),
+        Some("token:     one per shared hold: distlock list rw/status shows each where the backend keeps it"),
         "{text}"
     );
     older.kill().unwrap();
