@@ -1583,11 +1583,20 @@ async fn wrong_topology() -> Result<(), Failed> {
         Ok((plain, nodes, sentinel))
     })
     .await?;
-    for scheme in ["redis", "redis+cluster"] {
-        let at_sentinel = format!("{scheme}://127.0.0.1:{}", sentinel.port);
-        let answer = match RedisBackend::connect(&at_sentinel).await {
+    for (url, what) in [
+        (
+            format!("redis+cluster://127.0.0.1:{}", plain.port),
+            "a plain server",
+        ),
+        (format!("redis://127.0.0.1:{}", sentinel.port), "a Sentinel"),
+        (
+            format!("redis+cluster://127.0.0.1:{}", sentinel.port),
+            "a Sentinel",
+        ),
+    ] {
+        let answer = match RedisBackend::connect(&url).await {
             Ok(b) => LockClient::new(b)
-                .lock("topology/s")
+                .lock("topology/x")
                 .try_acquire()
                 .await
                 .map(|_| ()),
@@ -1595,21 +1604,8 @@ async fn wrong_topology() -> Result<(), Failed> {
         };
         match answer {
             Err(Error::Misconfigured { .. }) => {}
-            other => return Err(format!("{at_sentinel}, a Sentinel: {other:?}").into()),
+            other => return Err(format!("{url}, {what}: {other:?}").into()),
         }
-    }
-    let as_cluster = format!("redis+cluster://127.0.0.1:{}", plain.port);
-    let answer = match RedisBackend::connect(&as_cluster).await {
-        Ok(b) => LockClient::new(b)
-            .lock("topology/x")
-            .try_acquire()
-            .await
-            .map(|_| ()),
-        Err(e) => Err(e),
-    };
-    match answer {
-        Err(Error::Misconfigured { .. }) => {}
-        other => return Err(format!("a cluster URL for a plain server: {other:?}").into()),
     }
     let one_node = LockClient::new(
         RedisBackend::connect(&format!("redis://127.0.0.1:{}", nodes[0].port)).await?,
