@@ -365,6 +365,11 @@ async fn parent_and_child_locks(f: Arc<Zk>) -> Result<(), Failed> {
                     .try_campaign("c")
                     .await
                     .map(|g| g.is_some()),
+                client
+                    .backend()
+                    .set_limit(&LockName::new(&child)?, 2)
+                    .await
+                    .map(|_| true),
             ] {
                 match taken {
                     Err(Error::InvalidInput { .. }) => {}

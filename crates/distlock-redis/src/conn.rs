@@ -24,8 +24,10 @@ use crate::config::Topology;
 pub(crate) enum Conn {
     Single(Arc<SingleConn>),
     Cluster {
-        /// A client per seed node, for pub/sub: the first that answers.
+        /// A client per seed node, for pub/sub: the first that answers,
+        /// from the one that answered last.
         seeds: Arc<Vec<Client>>,
+        answered: Arc<std::sync::atomic::AtomicUsize>,
         conn: ClusterConnection,
     },
     Sentinel(Arc<SentinelConn>),
@@ -103,9 +105,11 @@ pub(crate) struct SentinelConn {
     timeout: Duration,
     /// The task listening for `+switch-master`, ended with the connection.
     switches: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// Counts the times the connection left a master: the pub/sub
-    /// connection opened on that master is given up with it.
+    /// Counts the times the connection left a master for another node:
+    /// the pub/sub connection opened on that master is given up with it.
     left: tokio::sync::watch::Sender<u64>,
+    /// The node the connection was last opened on.
+    last: std::sync::Mutex<Option<redis::ConnectionAddr>>,
 }
 
 impl Drop for SentinelConn {
@@ -357,21 +361,37 @@ impl SentinelConn {
         let manager =
             ConnectionManager::new_with_config(client.clone(), manager_config(self.timeout))
                 .await?;
+        self.opened_on(client.get_connection_info().addr());
         *cur = Some((client.clone(), manager.clone()));
         Ok((client, manager))
     }
 
-    async fn forget(&self) {
-        if self.current.lock().await.take().is_some() {
+    /// Records the node the connection is (re)opened on; another than
+    /// before counts as leaving the master.
+    fn opened_on(&self, addr: &redis::ConnectionAddr) {
+        let before = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .replace(addr.clone());
+        if before.is_some_and(|b| b != *addr) {
             self.left.send_modify(|n| *n += 1);
         }
     }
 
-    /// Drops the connection if it talks to another node than `host:port`,
-    /// the master a Sentinel names: the next request goes there.
+    /// Drops the connection after an error that may mean the master moved;
+    /// the next request asks the Sentinels again.
+    async fn forget(&self) {
+        *self.current.lock().await = None;
+    }
+
+    /// When the connection talks to another node than `host:port`, the
+    /// master one Sentinel names, asks the Sentinels as a new connection
+    /// would (see [`Self::confirm_master`]) and follows them: one
+    /// Sentinel's word alone (a stale one, or one ahead of the others in a
+    /// failover) moves nothing.
     async fn follow(&self, host: &str, port: u16) {
-        let mut cur = self.current.lock().await;
-        let elsewhere = cur.as_ref().is_some_and(|(client, _)| {
+        let elsewhere = self.current.lock().await.as_ref().is_some_and(|(client, _)| {
             !matches!(
                 client.get_connection_info().addr(),
                 redis::ConnectionAddr::Tcp(h, p) | redis::ConnectionAddr::TcpTls { host: h, port: p, .. }
@@ -379,9 +399,13 @@ impl SentinelConn {
             )
         });
         if elsewhere {
-            tracing::info!(master = %format!("{host}:{port}"), "a Sentinel names another master; reconnecting");
-            *cur = None;
-            self.left.send_modify(|n| *n += 1);
+            match tokio::time::timeout(self.timeout, self.confirm_master()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "could not ask the Sentinels for the master")
+                }
+                Err(_) => tracing::debug!("the Sentinels did not name the master in time"),
+            }
         }
     }
 
@@ -400,7 +424,7 @@ impl SentinelConn {
         if moved {
             tracing::info!(master = %named.get_connection_info().addr(), "the Sentinels name another master; reconnecting");
             *cur = None;
-            self.left.send_modify(|n| *n += 1);
+            self.opened_on(named.get_connection_info().addr());
         }
         Ok(())
     }
@@ -460,6 +484,7 @@ impl Conn {
                 let conn = builder.build()?.get_async_connection().await?;
                 Ok(Conn::Cluster {
                     seeds: Arc::new(seeds),
+                    answered: Arc::default(),
                     conn,
                 })
             }
@@ -486,6 +511,7 @@ impl Conn {
                     timeout,
                     switches: std::sync::Mutex::new(None),
                     left: tokio::sync::watch::Sender::new(0),
+                    last: std::sync::Mutex::new(None),
                 });
                 follow_switches(
                     &conn,
@@ -649,11 +675,18 @@ impl Conn {
     )> {
         match self {
             Conn::Single(s) => Ok((within(timeout, s.client.get_async_pubsub()).await?, None)),
-            Conn::Cluster { seeds, .. } => {
+            Conn::Cluster {
+                seeds, answered, ..
+            } => {
+                use std::sync::atomic::Ordering;
                 let mut failed = None;
-                for seed in seeds.iter() {
-                    match within(timeout, seed.get_async_pubsub()).await {
-                        Ok(p) => return Ok((p, None)),
+                let from = answered.load(Ordering::Relaxed);
+                for i in (0..seeds.len()).map(|k| (from + k) % seeds.len()) {
+                    match within(timeout, seeds[i].get_async_pubsub()).await {
+                        Ok(p) => {
+                            answered.store(i, Ordering::Relaxed);
+                            return Ok((p, None));
+                        }
                         Err(e) => failed = Some(e),
                     }
                 }

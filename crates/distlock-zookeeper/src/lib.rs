@@ -1263,6 +1263,7 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn set_limit(&self, name: &LockName, limit: u32) -> Result<Option<u32>> {
+        checked_name(name)?;
         self.store_limit(name, limit).await
     }
 
