@@ -1357,7 +1357,8 @@ fn conformance_on_a_replica_says_so_and_ends_at_once() {
 #[test]
 fn conformance_reports_a_postgres_without_durable_commits() {
     use integration_tests::harness::{ServerKind, TestServer};
-    let server = TestServer::start(ServerKind::Postgres).unwrap();
+    // The harness's own server, whose settings the case knows.
+    let server = TestServer::start_private(ServerKind::Postgres).unwrap();
     let text = findings(server.url());
     assert!(text.contains("WARNING synchronous_commit: off: "), "{text}");
     assert!(text.contains("WARNING fsync: off: "), "{text}");
@@ -1369,7 +1370,8 @@ fn conformance_reports_a_postgres_without_durable_commits() {
 #[test]
 fn conformance_reports_a_mysql_without_durable_commits() {
     use integration_tests::harness::{ServerKind, TestServer};
-    let server = TestServer::start(ServerKind::MariaDb).unwrap();
+    // The harness's own server, whose settings the case knows.
+    let server = TestServer::start_private(ServerKind::MariaDb).unwrap();
     let text = findings(server.url());
     assert!(
         text.contains("WARNING innodb_flush_log_at_trx_commit: 0: "),
@@ -1382,7 +1384,8 @@ fn conformance_reports_a_mysql_without_durable_commits() {
 #[test]
 fn conformance_reports_a_single_member_etcd() {
     use integration_tests::harness::{ServerKind, TestServer};
-    let server = TestServer::start(ServerKind::Etcd).unwrap();
+    // The harness's own server, whose settings the case knows.
+    let server = TestServer::start_private(ServerKind::Etcd).unwrap();
     let text = findings(server.url());
     assert!(text.contains("WARNING members: 1: "), "{text}");
 }
