@@ -144,9 +144,15 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         return fail(code_for(&e), why);
     }
     let mut broken = None;
+    // A reader that went away (`| head -1`) ends the run at the next case.
     let verdicts = check_deployment(&*factory, args.only.as_deref(), |case, v| {
         if !args.json && broken.is_none() {
             broken = print_verdict(caps.backend, case, v).err();
+        }
+        if broken.is_some() {
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
         }
     })
     .await;

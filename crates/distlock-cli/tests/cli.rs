@@ -2314,6 +2314,40 @@ fn a_closed_stdout_ends_each_printing_command_with_141() {
     holder.wait().unwrap();
 }
 
+/// `distlock conformance | head -1`: the reader goes away after the first
+/// line, and the run ends at the next line it writes (141), not after
+/// every case (about a minute on SQLite).
+#[test]
+fn conformance_ends_once_its_reader_went_away() {
+    let b = sqlite("pipe-head");
+    let mut head = Command::new("head")
+        .arg("-1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let into_head = Stdio::from(head.stdin.take().unwrap());
+    let mut run = bin()
+        .args(["conformance", "--backend", &b])
+        .stdout(into_head)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = run.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = run.kill();
+            panic!("conformance still ran 30 s after its reader went away");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    head.wait().unwrap();
+    assert_eq!(status.code(), Some(141), "{status:?}");
+}
+
 /// A reader of standard error that went away (`distlock … 2>&1 | head -0`)
 /// changes no exit code: the message is dropped, not a panic.
 #[test]

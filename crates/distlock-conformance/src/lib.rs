@@ -215,11 +215,12 @@ pub enum Verdict {
 /// `factory`, one after another, each in a random namespace of its own:
 /// what `distlock conformance` does to a deployment. Hands each case's name
 /// and verdict to `each` as it ends, and answers them all, in the suite's
-/// order.
+/// order; when `each` answers `Break` (its reader went away), no further
+/// case runs and the verdicts so far are the answer.
 pub async fn check_deployment(
     factory: &dyn BackendFactory,
     only: Option<&str>,
-    mut each: impl FnMut(&'static str, &Verdict),
+    mut each: impl FnMut(&'static str, &Verdict) -> std::ops::ControlFlow<()>,
 ) -> Vec<(&'static str, Verdict)> {
     let mut verdicts = Vec::new();
     for (case, f, needs) in all_cases() {
@@ -233,8 +234,11 @@ pub async fn check_deployment(
             }
             Err(e) => Verdict::Failed(e.message().unwrap_or("failed").to_string()),
         };
-        each(case, &verdict);
+        let go_on = each(case, &verdict);
         verdicts.push((case, verdict));
+        if go_on.is_break() {
+            break;
+        }
     }
     verdicts
 }
