@@ -157,6 +157,11 @@ fn main() {
             trial(rt, "redlock::works_with_two_of_five_nodes_down", two_down()),
             trial(
                 rt,
+                "redlock::a_raise_that_needs_more_nodes_per_permit_is_refused_while_permits_are_held",
+                raise_while_held(),
+            ),
+            trial(
+                rt,
                 "redlock::three_of_five_down_is_a_quorum_error",
                 three_down(),
             ),
@@ -244,6 +249,48 @@ async fn two_down() -> Result<(), Failed> {
         Err(Error::QuorumNotReached { .. }) => Ok(()),
         other => Err(format!("release reaching two of five nodes answered {other:?}").into()),
     }
+}
+
+/// Five nodes: a permit of one needs three, a permit of three needs four.
+/// Raised from 1 to 3 beside a permit on three nodes, four holders could
+/// run at once: refused while a permit is held, and the limit stays 1;
+/// once released, it goes through. A raise that needs no more nodes (2 to
+/// 3, four nodes each) goes through while a permit is held.
+async fn raise_while_held() -> Result<(), Failed> {
+    let nodes = blocking(five_nodes).await?;
+    let client = LockClient::new(RedlockBackend::connect(&url(&nodes, "")).await?);
+    let held = client
+        .semaphore("raise/one", 1)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    match client.set_semaphore_limit("raise/one", 3).await {
+        Err(Error::InvalidInput { .. }) => {}
+        other => {
+            return Err(format!("a raise from 1 to 3 beside a held permit gave {other:?}").into())
+        }
+    }
+    let s = client
+        .backend()
+        .inspect_permits(&LockName::new("raise/one")?)
+        .await?;
+    if s.limit != Some(1) || s.holders != Some(1) {
+        return Err(format!("after the refused raise: {s:?}").into());
+    }
+    held.release().await?;
+    if client.set_semaphore_limit("raise/one", 3).await? != Some(1) {
+        return Err("the raise once released did not answer the old limit 1".into());
+    }
+    let held = client
+        .semaphore("raise/two", 2)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    if client.set_semaphore_limit("raise/two", 3).await? != Some(2) {
+        return Err("a raise from 2 to 3, four nodes each, was refused while held".into());
+    }
+    held.release().await?;
+    Ok(())
 }
 
 /// The next item `observe` reports, within 10 s.

@@ -89,7 +89,8 @@ enum Command {
     /// Change the limit stored with the semaphore NAME to LIMIT (creating
     /// it if need be) and print the one it had. Permits held stay held;
     /// with a lower limit new ones wait until fewer than LIMIT are held.
-    /// `run --limit` with another limit then exits 2.
+    /// `run --limit` with another limit then exits 2. On Redlock a raise
+    /// that makes a permit need more nodes exits 2 while permits are held.
     SetLimit(status::SetLimitArgs),
     /// List the compiled-in backends and what each guarantees.
     Backends,

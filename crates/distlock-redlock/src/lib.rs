@@ -1058,6 +1058,7 @@ impl Backend for RedlockBackend {
             ));
         }
         let t = self.connect_timeout();
+        self.checked_raise(name, limit).await?;
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
             let set = async { n.redis().await?.set_limit(name, limit).await };
             timeout(t, set).await.ok()?.ok()
@@ -1076,6 +1077,38 @@ impl Backend for RedlockBackend {
             ));
         }
         Ok(most_common(old.into_iter().flatten()))
+    }
+}
+
+impl RedlockBackend {
+    /// Refuses a raise of `name`'s limit to `limit` that makes a permit
+    /// need more nodes while permits are held: those were granted on the
+    /// old, smaller quorum, and beside them the new limit's holders could
+    /// number more than `limit` (five nodes, one permit on three of them
+    /// raised to three permits on four each: four holders). A lowered
+    /// limit needs fewer nodes, which the permits held have.
+    async fn checked_raise(&self, name: &LockName, limit: u32) -> Result<()> {
+        let t = self.connect_timeout();
+        let total = self.inner.nodes.len();
+        let before = join_all(self.inner.nodes.iter().map(|n| async move {
+            let read = async { n.redis().await?.inspect_permits(name).await };
+            timeout(t, read).await.ok()?.ok()
+        }))
+        .await;
+        let held = before.iter().flatten().any(|s| s.holders.unwrap_or(0) > 0);
+        let Some(current) = most_common(before.iter().flatten().filter_map(|s| s.limit)) else {
+            return Ok(());
+        };
+        let (was, needs) = (grant_quorum(total, current), grant_quorum(total, limit));
+        if held && needs > was {
+            return Err(Error::invalid(
+                InputKind::Config,
+                format!(
+                    "raising the limit of semaphore `{name}` from {current} to {limit} while permits are held: each permit then needs {needs} of {total} nodes instead of {was}, and beside the permits held on {was} more than {limit} could hold at once; release them first, or raise it to a limit that needs {was} nodes"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
