@@ -224,6 +224,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::fifo::semaphore::a_queued_waiter_learns_of_a_changed_limit",
+                fifo_limit_changed(f.clone()),
+            ),
+            trial(
+                rt,
                 "mysql::a_stale_grant_routine_is_replaced",
                 stale_grant_routine(f.clone()),
             ),
@@ -941,6 +946,46 @@ async fn renewal_given_up(f: Arc<SqlFactory>) -> Result<(), Failed> {
         g.release().await?;
     }
     Ok(())
+}
+
+/// A semaphore's waiter at the head of the queue (`fifo=true`) sleeps
+/// while every permit is held; another client lowering the limit wakes it
+/// within one sleep (`queue_lease_ms / 3`), not when the earliest permit
+/// ends (a minute here): `LimitMismatch`.
+async fn fifo_limit_changed(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let url = f.url_with("fifo=true")?;
+    let holder = LockClient::new(SqlBackend::connect(&url).await?);
+    let waiter = LockClient::new(SqlBackend::connect(&url).await?);
+    let name = format!("{}/fifo-limit-lowered", integration_tests::namespace());
+    let ttl = Duration::from_secs(60);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(holder.semaphore(&name, 3).ttl(ttl).acquire().await?);
+    }
+    let queued = name.clone();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .semaphore(&queued, 3)
+            .ttl(ttl)
+            .wait(Duration::from_secs(120))
+            .acquire()
+            .await
+            .map(|g| g.token())
+    });
+    // The waiter heads the queue and sleeps.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    holder.set_semaphore_limit(&name, 1).await?;
+    let answer = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .map_err(|_| "the queued waiter still waited 15 s after the limit was lowered")?
+        .map_err(|e| e.to_string())?;
+    for g in held {
+        g.release().await?;
+    }
+    match answer {
+        Err(distlock_core::Error::LimitMismatch { .. }) => Ok(()),
+        other => Err(format!("the queued waiter, its limit lowered, got {other:?}").into()),
+    }
 }
 
 /// See [`integration_tests::stall::a_wait_ends_by_its_deadline`].

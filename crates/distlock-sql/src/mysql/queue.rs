@@ -219,10 +219,12 @@ impl Queue {
         // exclusively: shared holds let it in at once.
         let doze_shared = doze(&format!("owner <> '{SHARED_OWNER}'"));
         let doze = doze("owner IS NOT NULL");
-        // A semaphore's head sleeps only while every permit is held, until
-        // the earliest one ends or the cap (`?`, seconds); the second
-        // column says whether one of the permits it saw has ended by then.
-        // Binds: the cap, the semaphore's name, its queue's row.
+        // A semaphore's head sleeps only while every permit is held and the
+        // limit is the one it asks with (a changed limit wakes it to find
+        // out), until the earliest permit ends or the cap (`?`, seconds);
+        // the second column says whether one of the permits it saw has
+        // ended by then. Binds: the cap, the semaphore's name, the limit
+        // asked with, its queue's row.
         let live = format!(
             "(SELECT COUNT(*) FROM {permits} p WHERE p.name = s.name AND p.expires_at > UTC_TIMESTAMP(6))"
         );
@@ -234,7 +236,7 @@ impl Queue {
                       WHERE p.name = s.name AND p.expires_at > UTC_TIMESTAMP(6)
                         AND p.expires_at <= UTC_TIMESTAMP(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) MICROSECOND) > 0
                FROM {semaphores} s
-              WHERE s.name = ? AND {live} >= s.permits
+              WHERE s.name = ? AND s.permits = ? AND {live} >= s.permits
                 AND IS_USED_LOCK({q}) = CONNECTION_ID()"
         );
         let row = "IN p_row VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin".to_string();
@@ -336,8 +338,10 @@ impl Queue {
     pub(crate) fn turn(self: &Arc<Self>, req: &LockRequest) -> Turn {
         let shared = Arc::new(TurnShared {
             row: crate::election::queue_row(req).into_owned(),
-            semaphore: matches!(req.kind, HoldKind::Permits { .. })
-                .then(|| req.name.as_str().to_string()),
+            semaphore: match req.kind {
+                HoldKind::Permits { limit } => Some((req.name.as_str().to_string(), limit)),
+                _ => None,
+            },
             shared: req.kind == HoldKind::Shared,
             head: AtomicU64::new(0),
             dead: AtomicBool::new(false),
@@ -463,8 +467,9 @@ struct TurnShared {
     /// The row whose queue the waiter joins: the lock's, the election's,
     /// or the semaphore's.
     row: String,
-    /// The semaphore's name, for a semaphore's waiter.
-    semaphore: Option<String>,
+    /// The semaphore's name and the limit the waiter asks with, for a
+    /// semaphore's waiter.
+    semaphore: Option<(String, u32)>,
     /// A reader's waiter.
     shared: bool,
     /// The queue connection's id once it heads the queue, else 0.
@@ -622,9 +627,10 @@ async fn keep_place(queue: &Arc<Queue>, shared: &TurnShared) -> Result<(), sqlx:
         }
         loop {
             let doze = match &shared.semaphore {
-                Some(semaphore) => sqlx::query(&queue.doze_permits)
+                Some((semaphore, limit)) => sqlx::query(&queue.doze_permits)
                     .bind(cap)
                     .bind(semaphore.as_str())
+                    .bind(limit)
                     .bind(name),
                 None if shared.shared => sqlx::query(&queue.doze_shared)
                     .bind(cap)
