@@ -665,7 +665,7 @@ impl Conn {
     /// pub/sub messages reach every node of a cluster, so any node will
     /// do: the first seed that answers. With it, on Sentinel, what ends
     /// once the connection leaves the master it was opened on (see
-    /// [`Conn::left_master`]).
+    /// `SentinelConn::left`).
     pub(crate) async fn pubsub(
         &self,
         timeout: Duration,
