@@ -340,7 +340,11 @@ pub fn check(log: &Log) -> Report {
             faulted_hold_end = Some(h.how.clone());
             if let Some(n) = next.filter(|_| single) {
                 let lease_end = h.deadline;
-                let released = h.how.starts_with("released");
+                // Released, or asked to be: a release whose answer did
+                // not settle it (a Redlock release that reached too few
+                // nodes) still ended the hold there, and freed the nodes
+                // it reached.
+                let released = h.how.starts_with("release");
                 let before_release = !released || h.end.is_none_or(|e| n < e);
                 double_grant = Some(n < lease_end && before_release);
             }
@@ -551,6 +555,22 @@ mod tests {
         assert_eq!(r.overlaps_without_faulted, 1);
         assert!(r.lock_failed() && r.is_unsafe());
         assert!(r.to_string().contains("UNSAFE"), "{r}");
+    }
+
+    /// A hold whose release failed (too few nodes answered) ended when
+    /// its holder asked: a grant after that is no double grant, one before
+    /// it is.
+    #[test]
+    fn a_hold_whose_release_failed_ends_when_its_holder_asked() {
+        let mut log = Log::default();
+        let mut a = hold(0, 1, 1, 0, 20);
+        a.how = "release failed: quorum not reached".into();
+        log.holds.insert(1, a.clone());
+        log.holds.insert(2, hold(1, 2, 2, 25, 28));
+        log.events.push((10, Some(0), "fault".into()));
+        assert_eq!(check(&log).double_grant, Some(false));
+        log.holds.insert(2, hold(1, 2, 2, 15, 28));
+        assert_eq!(check(&log).double_grant, Some(true));
     }
 
     /// A grant beside the paused holder before its deadline is the
