@@ -127,9 +127,8 @@ impl Signals {
 /// without this pause the waiter's entry stays on the server until its
 /// lease or session ends, and holds up the waiters queued behind it. So it
 /// waits until no task is left, for at most [`CLEANUP_GRACE`] or until
-/// another signal. A subscription that lingers after its last waiter (2 s
-/// on Redis, Redlock and PostgreSQL) is a task too, and keeps distlock that
-/// long.
+/// another signal. A subscription that lingers after its last waiter (on
+/// Redis, Redlock and PostgreSQL) ends with the client, dropped by now.
 pub(crate) async fn interrupted(sig: Signal, what: &str, signals: &mut Signals) -> ExitCode {
     let metrics = tokio::runtime::Handle::current().metrics();
     let start = Instant::now();

@@ -2389,9 +2389,11 @@ fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
 }
 
 /// `sig` sent to a `distlock run --wait 30s` that waits for `name`, which
-/// `holder` holds, ends it within seconds with 128+sig and one line; then,
-/// once the holder has released, a try takes the lock at once: no entry of
-/// the waiter holds up the queue. With `queued`, the backend reports its
+/// `holder` holds, ends it within seconds with 128+sig and one line, before
+/// the 2 s a subscription or LISTEN connection lingers after its last
+/// waiter (dropped with the client, it keeps nothing running); then, once
+/// the holder has released, a try takes the lock at once: no entry of the
+/// waiter holds up the queue. With `queued`, the backend reports its
 /// waiters: the waiter is seen queued first, and none is left after it.
 fn signal_while_waiting(
     backend: &str,
@@ -2419,13 +2421,19 @@ fn signal_while_waiting(
         std::thread::sleep(Duration::from_millis(700));
     }
     kill(pid(&waiter), sig).unwrap();
+    let signalled = Instant::now();
     let status = exit_within(&mut waiter, Duration::from_secs(8));
+    let took = signalled.elapsed();
     let mut err = String::new();
     std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
     assert_eq!(
         status.code(),
         Some(128 + sig as i32),
         "{backend}: {status:?}: {err}"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "{backend}: exited {took:?} after the signal: a linger kept it"
     );
     assert_eq!(err.lines().count(), 1, "{backend}: {err}");
     assert!(err.contains(sig.as_str()), "{backend}: {err}");
@@ -2511,6 +2519,10 @@ fn a_signal_while_waiting_exits_128_plus_it_and_leaves_no_waiter() {
     let redis = redis();
     #[cfg(feature = "redis")]
     backends.push((format!("{}?fifo=true", redis.url), false));
+    #[cfg(feature = "redis")]
+    backends.push((redis.url.clone(), false));
+    let pg = TestServer::start(ServerKind::Postgres).unwrap();
+    backends.push((pg.url().to_string(), false));
     for (b, queued) in &backends {
         let holder = spawn_holder(b, "sigwait/lock", 60);
         wait_held(b, "sigwait/lock");

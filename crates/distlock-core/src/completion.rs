@@ -54,6 +54,36 @@ impl Spawner {
     }
 }
 
+/// The life of a value, as the tasks it leaves behind see it: work that
+/// only serves the value (a subscription kept a while for its next waiter)
+/// stops when the value is dropped, so that a program that drops its client
+/// is not held up by it.
+#[derive(Debug)]
+pub struct Lifetime(tokio::sync::watch::Sender<()>);
+
+impl Default for Lifetime {
+    fn default() -> Self {
+        Self(tokio::sync::watch::channel(()).0)
+    }
+}
+
+impl Lifetime {
+    /// Resolves once this `Lifetime` is dropped.
+    pub fn ended(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut changes = self.0.subscribe();
+        async move { while changes.changed().await.is_ok() {} }
+    }
+}
+
+/// Waits `time`, or until `ended` resolves if that comes first (see
+/// [`Lifetime::ended`]); `true` when the whole time passed.
+pub async fn linger(time: std::time::Duration, ended: impl Future<Output = ()>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(time) => true,
+        () = ended => false,
+    }
+}
+
 /// Sends a release again until the server answers it, in a task of its
 /// own: for a release that failed for a reason that clears by itself (a
 /// stall past the request timeout), whose key or node would otherwise stay
@@ -187,6 +217,21 @@ mod tests {
         drop(request);
         go.send(7).unwrap();
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_linger_ends_when_its_lifetime_does() {
+        let life = Lifetime::default();
+        assert!(linger(Duration::from_secs(2), life.ended()).await);
+        let ended = life.ended();
+        let waiting = tokio::spawn(linger(Duration::from_secs(3600), ended));
+        tokio::task::yield_now().await;
+        drop(life);
+        let whole = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("the linger ends with its lifetime")
+            .unwrap();
+        assert!(!whole);
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::future::Future;
 use std::time::Duration;
 
-use distlock_core::completion::Spawner;
+use distlock_core::completion::{linger, Lifetime, Spawner};
 use distlock_core::wait::{Signal, Signals};
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
@@ -57,6 +57,8 @@ pub(crate) struct Subscriber {
     /// no timeout of their own, and a connection the network stopped
     /// answering would otherwise hold every waiter's subscription for ever.
     timeout: Duration,
+    /// Ends the subscriptions' lingers when the subscriber is dropped.
+    lifetime: Lifetime,
 }
 
 struct Live {
@@ -166,10 +168,19 @@ impl Drop for Subscription {
         let (owner, channel) = (self.owner.clone(), std::mem::take(&mut self.channel));
         let generation = self.generation;
         match self.gives_back {
-            GiveBack::Count => self.spawner.spawn(async move {
-                tokio::time::sleep(LINGER).await;
-                owner.unsubscribe(&channel, generation).await
-            }),
+            GiveBack::Count => {
+                // The linger does not keep the subscriber: dropped with its
+                // client, it takes its connection and subscriptions along.
+                let ended = owner.lifetime.ended();
+                let owner = Arc::downgrade(&owner);
+                self.spawner.spawn(async move {
+                    if linger(LINGER, ended).await {
+                        if let Some(owner) = owner.upgrade() {
+                            owner.unsubscribe(&channel, generation).await;
+                        }
+                    }
+                })
+            }
             GiveBack::Unconfirmed => self
                 .spawner
                 .spawn(async move { owner.unsubscribe_uncounted(&channel, generation).await }),
@@ -188,6 +199,7 @@ impl Subscriber {
             channels: std::sync::atomic::AtomicUsize::new(0),
             connections: AtomicU64::new(0),
             timeout,
+            lifetime: Lifetime::default(),
         })
     }
 

@@ -72,6 +72,8 @@ pub(crate) struct Pg {
     listeners: [Mutex<Weak<Listening>>; 2],
     /// Held while one is being started, so that waiters share it.
     starting: tokio::sync::Mutex<()>,
+    /// Ends the LISTEN connections' lingers when the backend is dropped.
+    pub(crate) lifetime: distlock_core::completion::Lifetime,
     err: DbError,
 }
 
@@ -290,6 +292,7 @@ impl Pg {
             queue: fifo.map(|lease| Box::new(queue::Queue::new(table, lease))),
             listeners: Default::default(),
             starting: tokio::sync::Mutex::new(()),
+            lifetime: Default::default(),
             err,
         }
     }

@@ -44,8 +44,9 @@ mod postgres {
     impl Drop for Listened<'_> {
         fn drop(&mut self) {
             if let Some(l) = self.listening.take() {
+                let ended = self.pg.lifetime.ended();
                 self.spawner.spawn(async move {
-                    tokio::time::sleep(LINGER).await;
+                    distlock_core::completion::linger(LINGER, ended).await;
                     drop(l);
                 });
             }
