@@ -41,7 +41,8 @@ pub(crate) struct RunArgs {
     limit: Option<u32>,
     /// Take the lock NAME shared (flock's -s): commands run with --shared
     /// overlap each other, and exclude those run without it (flock's -x).
-    /// A waiting exclusive command holds back new shared ones.
+    /// An exclusive command waiting behind shared ones holds back new shared
+    /// ones.
     #[arg(long, conflicts_with = "limit")]
     shared: bool,
     /// Grace between SIGTERM and SIGKILL when the lease is lost.

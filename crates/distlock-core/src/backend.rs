@@ -23,8 +23,12 @@ pub enum HoldKind {
     Exclusive,
     /// A read-write lock's reader: shared holds of a name overlap each
     /// other, and exclude its exclusive hold both ways. Writer-preferring:
-    /// once an exclusive request waits for the name, no new shared hold is
-    /// granted ahead of it; holds already granted run to their end.
+    /// once an exclusive request waits behind shared holds, no new shared
+    /// hold is granted ahead of it; holds already granted run to their end.
+    /// One waiting behind another exclusive hold leaves no mark until
+    /// shared holds refuse it (a backend that queues every request, as
+    /// etcd's and ZooKeeper's do, holds new shared requests back from the
+    /// start).
     Shared,
     /// At most `limit` holders at a time, each with its own permit: a
     /// counting semaphore. The limit is stored with the semaphore where
@@ -607,8 +611,11 @@ pub enum AllAtOnce {
 /// - `acquire` waits until `deadline` (forever when `None`) and then returns
 ///   [`Error::WaitTimeout`](crate::Error::WaitTimeout). It must be
 ///   cancellation-safe: when its future is dropped it leaves no queue entry
-///   behind. (If the drop lands while a grant is in flight, core releases the
-///   request's owner afterwards, so a backend need not handle that case.)
+///   behind. If the drop lands while a grant is in flight, core sends a
+///   release of the request's owner at once; a backend whose release can
+///   overtake its grant (a pool of connections, parallel streams) runs the
+///   grant to completion ([`to_completion`](crate::completion::to_completion)),
+///   or the grant stays until its TTL with nobody holding it.
 /// - `extend` and `release` act only if `req.owner` still holds `req.name`,
 ///   and return `Ok(false)` otherwise. Neither may ever touch another
 ///   owner's lock.

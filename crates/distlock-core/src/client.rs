@@ -298,8 +298,9 @@ impl LockBuilder {
 
     /// Takes the lock shared (a reader of a read-write lock, like
     /// `flock -s`) instead of exclusively: shared holds of the name overlap,
-    /// and exclude its exclusive hold both ways. Writer-preferring: a
-    /// waiting exclusive request holds back new shared ones. A holder that
+    /// and exclude its exclusive hold both ways. Writer-preferring: an
+    /// exclusive request waiting behind shared holds holds back new shared
+    /// ones (see [`HoldKind::Shared`]). A holder that
     /// holds the lock exclusively and asks for it shared nests into its
     /// exclusive hold; the reverse is [`Error::UpgradeRefused`]. On a
     /// semaphore builder, or on a backend that does not declare

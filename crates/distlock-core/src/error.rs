@@ -49,6 +49,10 @@ pub enum LostReason {
     RenewalFailed(String),
     /// Renewal was off and the local deadline passed.
     DeadlinePassed,
+    /// Renewal was on, but the local deadline passed before a renewal due
+    /// earlier ran: the process or its runtime stalled (a paused process, a
+    /// thread blocked in a task).
+    Stalled,
     /// The configured maximum hold time was reached.
     MaxHoldReached,
     /// The session or lease behind the lock ended (an etcd lease, a
@@ -76,6 +80,9 @@ impl fmt::Display for LostReason {
                 )
             }
             LostReason::DeadlinePassed => f.write_str("the lease deadline passed without renewal"),
+            LostReason::Stalled => f.write_str(
+                "the lease deadline passed before its due renewal ran (the process or its runtime stalled)",
+            ),
             LostReason::MaxHoldReached => f.write_str("the maximum hold time was reached"),
             LostReason::SessionLost(why) => write!(f, "the backend session ended: {why}"),
             LostReason::WithOther(name) => write!(

@@ -106,6 +106,14 @@ impl LockGuard {
     /// Runs `fut` while the lock is held; if the lock may be lost first,
     /// drops `fut` and returns [`Error::LeaseLost`].
     pub async fn run_until_lost<F: Future>(&self, fut: F) -> Result<F::Output> {
+        if !self.is_held() {
+            // Past a deadline that a stalled thread kept the keeper from
+            // reporting: `fut` does not start.
+            return Err(Error::LeaseLost {
+                name: self.name().clone(),
+                reason: self.lost().await,
+            });
+        }
         tokio::select! {
             biased;
             reason = self.lost() => Err(Error::LeaseLost { name: self.name().clone(), reason }),
@@ -215,7 +223,9 @@ impl LockGuard {
 
     /// Releases this guard. For a nested guard this only lowers the hold
     /// count. Returns whether the backend still had the lock as ours
-    /// (`false`: it had expired or been taken before the release).
+    /// (`false`: it had expired or been taken before the release); for a
+    /// nested guard, whether the hold is live as far as this process can
+    /// tell, without asking the backend.
     pub async fn release(mut self) -> Result<bool> {
         let Some(hold) = self.hold.take() else {
             return Ok(false);

@@ -106,10 +106,11 @@ impl Keeper {
         })
     }
 
-    /// When a lease granted at `sent` renews first: a third of its TTL
-    /// later, on the renewer's shared grid when it batches.
+    /// When a lease granted at `sent` renews first: a third of the time
+    /// it may be trusted for (its TTL less the drift margin) later, on the
+    /// renewer's shared grid when it batches.
     pub(crate) fn first_renewal(&self, sent: Instant, ttl: Duration) -> Instant {
-        let period = ttl / 3;
+        let period = self.caps.safe_validity(ttl) / 3;
         if self.renewer.batching() {
             crate::renewer::align(sent + period, period)
         } else {
@@ -244,6 +245,9 @@ impl Keeper {
                     "the renewal request had not answered by the deadline".into(),
                 ),
                 None if r.capped_by_max_hold => LostReason::MaxHoldReached,
+                // Due before the deadline, the renewal never ran: the
+                // process or its runtime stalled past it.
+                None if r.renewing => LostReason::Stalled,
                 None => LostReason::DeadlinePassed,
             };
             drop(r);

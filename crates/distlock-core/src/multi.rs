@@ -162,7 +162,7 @@ impl MultiLockBuilder {
         let start = Instant::now();
         async {
             loop {
-                let Some(m) = self.acquire_validated(names.clone(), mode).await? else {
+                let Some(m) = self.acquire_validated(names.clone(), mode, start).await? else {
                     return Ok(None);
                 };
                 if m.is_held() {
@@ -189,10 +189,13 @@ impl MultiLockBuilder {
         .await
     }
 
+    /// One round of the acquire that began at `start` (what a timeout
+    /// reports as waited).
     async fn acquire_validated(
         &self,
         names: Vec<LockName>,
         mode: Mode,
+        start: Instant,
     ) -> Result<Option<MultiGuard>> {
         let each = &self.each;
         // Local permits first, in canonical order, then the backend: at
@@ -216,7 +219,6 @@ impl MultiLockBuilder {
             let mut cleanup = ReleaseIfDropped::arm(backend.clone(), reqs.clone());
             // A wait's one request is bounded as a single lock's is: by the
             // deadline and the grace after it (a try has no deadline).
-            let start = Instant::now();
             let all = backend.try_acquire_all(&reqs);
             let cut = mode.cut();
             let answer = match cut {
@@ -284,13 +286,19 @@ impl MultiLockBuilder {
         // of them held; if the future is dropped, they release themselves
         // in the background.
         for (req, gate) in pending {
-            let start = Instant::now();
             match each.ask_live(&req.name, mode, start).await {
                 Ok(Some((req, grant))) => started.push(each.start(gate, req, grant)),
                 refused_or_failed => {
                     let releases = join_all(started.into_iter().map(LockGuard::release));
                     let _ = tokio::time::timeout(grace_before(mode.cut()), releases).await;
-                    return refused_or_failed.map(|_| None);
+                    // The whole wait, not this name's part of it.
+                    return refused_or_failed.map(|_| None).map_err(|e| match e {
+                        Error::WaitTimeout { name, .. } => Error::WaitTimeout {
+                            name,
+                            waited: start.elapsed(),
+                        },
+                        e => e,
+                    });
                 }
             }
         }
@@ -402,6 +410,12 @@ impl MultiGuard {
     /// Runs `fut` while every lock is held; if any may be lost first, drops
     /// `fut` and returns [`Error::LeaseLost`] naming it.
     pub async fn run_until_lost<F: Future>(&self, fut: F) -> Result<F::Output> {
+        if !self.is_held() {
+            // Past a deadline that a stalled thread kept the keeper from
+            // reporting: `fut` does not start.
+            let (name, reason) = self.lost().await;
+            return Err(Error::LeaseLost { name, reason });
+        }
         tokio::select! {
             biased;
             (name, reason) = self.lost() => Err(Error::LeaseLost { name, reason }),

@@ -1327,6 +1327,62 @@ fn an_extend_answered_after_the_deadline_does_not_bring_the_hold_back() {
     });
 }
 
+/// A drift margin that eats most of the TTL (here 100 of 140 ms) leaves
+/// renewal time: the first renewal comes at a third of the trusted 40 ms,
+/// not of the TTL, which would be past the deadline.
+#[tokio::test(start_paused = true)]
+async fn renewal_comes_before_a_deadline_the_drift_margin_brings_forward() {
+    let s = Arc::new(Scripted::default());
+    s.drift_ms.store(100, Ordering::SeqCst);
+    let c = LockClient::from_dyn(s.clone());
+    let g = c
+        .lock("drifty")
+        .ttl(Duration::from_millis(140))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(g.is_held(), "the hold was lost");
+    assert!(s.extends.load(Ordering::SeqCst) >= 10);
+    assert!(g.release().await.unwrap());
+}
+
+/// A renewed hold whose thread stalls past its deadline (the keeper's
+/// timer cannot run) is lost as stalled, not as a hold without renewal;
+/// `run_until_lost` then does not start its future.
+#[test]
+fn a_stall_past_the_deadline_is_reported_and_runs_nothing() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = Arc::new(Scripted::default());
+        let c = LockClient::from_dyn(s.clone());
+        let g = c
+            .lock("stalled")
+            .ttl(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(350));
+        let ran = AtomicBool::new(false);
+        let r = g
+            .run_until_lost(async {
+                ran.store(true, Ordering::SeqCst);
+            })
+            .await;
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "the future ran past the deadline"
+        );
+        match r {
+            Err(Error::LeaseLost { reason, .. }) => assert_eq!(reason, LostReason::Stalled),
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
 /// A waiting acquire outlasts failures that a later request may not meet
 /// (the server unreachable for a while, a reply lost after the grant, the
 /// waiter's own session ended) while its wait lasts, each request with an

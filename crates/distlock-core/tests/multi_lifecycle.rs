@@ -149,6 +149,32 @@ async fn a_wait_ends_by_its_deadline(a: &LockClient) {
     );
 }
 
+/// A multi-lock's timeout reports the whole wait, not the part spent on
+/// the name it gave up on.
+#[tokio::test(start_paused = true)]
+async fn a_multi_lock_timeout_reports_the_whole_wait() {
+    let (w, a, b) = setup();
+    w.decline_all.store(true, Ordering::SeqCst);
+    let held_a = b.lock("whole/a").acquire().await.unwrap();
+    let _held_b = b.lock("whole/b").acquire().await.unwrap();
+    let release_a = async {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        held_a.release().await.unwrap();
+    };
+    let wait = a
+        .lock_all(["whole/a", "whole/b"])
+        .wait(Duration::from_secs(1))
+        .acquire();
+    let (r, ()) = tokio::join!(wait, release_a);
+    match r {
+        Err(Error::WaitTimeout { name: n, waited }) => {
+            assert_eq!(n, name("whole/b"));
+            assert!(waited >= Duration::from_secs(1), "waited {waited:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Taken one at a time, the names already held are given back before a
 /// timed-out wait's error within the same bound: a later name's wait that
 /// never answers and releases that never answer end it `ANSWER_GRACE`
