@@ -385,8 +385,9 @@ fn main() {
 }
 
 /// Classic clients (`SET name value NX PX`, compare-and-delete) and distlock
-/// exclude each other on the same key, and `list` and `inspect` show a
-/// classic lock.
+/// exclude each other on the same key, `list` and `inspect` show a classic
+/// lock, and distlock's waiters take it soon after a classic release, which
+/// announces nothing.
 async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
     let url = f.url()?;
     let port = integration_tests::harness::host_port(&url)
@@ -419,7 +420,58 @@ async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
     if !status.held || status.holder_info.is_some() || status.remaining.is_none() {
         return Err(format!("inspect shows the classic lock as {status:#?}").into());
     }
+    // Waiters, a writer and a reader, behind the classic holder: it
+    // announces no release, so they look again within 100 ms rather than
+    // at its expiry, a minute away, past their wait.
+    let channel = format!("{{{name}}}:released");
+    let subscribers = |n: usize| {
+        let (raw, channel) = (&raw, &channel);
+        async move {
+            for _ in 0..400 {
+                // The count, then the reply to the QUIT `command` sends.
+                if raw(&["PUBSUB", "NUMSUB", channel])?.contains(&format!("\r\n:{n}\r\n+OK")) {
+                    return Ok::<(), Failed>(());
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            Err(format!("never {n} subscribers of {channel}").into())
+        }
+    };
     let cad = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+    for shared in [false, true] {
+        let waiter = LockClient::new(f.backend().await?);
+        let lock = if shared {
+            waiter.lock(&name).shared()
+        } else {
+            waiter.lock(&name)
+        };
+        let waiting = tokio::spawn(lock.wait(Duration::from_secs(20)).acquire());
+        subscribers(1).await?;
+        let reply = raw(&["EVAL", cad, "1", &name, "classic-owner"])?;
+        if !reply.starts_with(":1") {
+            return Err(format!("raw compare-and-delete failed: {reply:?}").into());
+        }
+        let released = std::time::Instant::now();
+        let g = waiting
+            .await?
+            .map_err(|e| format!("waiting behind a classic holder (shared: {shared}): {e}"))?;
+        // A wait's last look, at its deadline, would find it free too.
+        if released.elapsed() > Duration::from_secs(10) {
+            return Err(format!(
+                "a waiter behind a classic holder (shared: {shared}) took {:?} after its release",
+                released.elapsed()
+            )
+            .into());
+        }
+        g.release().await?;
+        // Its subscription ends with the client.
+        drop(waiter);
+        subscribers(0).await?;
+        let reply = raw(&["SET", &name, "classic-owner", "NX", "PX", "60000"])?;
+        if !reply.starts_with("+OK") {
+            return Err(format!("raw SET NX failed: {reply:?}").into());
+        }
+    }
     let reply = raw(&["EVAL", cad, "1", &name, "classic-owner"])?;
     if !reply.starts_with(":1") {
         return Err(format!("raw compare-and-delete failed: {reply:?}").into());
@@ -1104,6 +1156,61 @@ async fn foreign_data() -> Result<(), Failed> {
             .ok_or("refused under a prefix of its own")?
             .release()
             .await?;
+    }
+    // A limit that is no permit count, and counters that hold a negative
+    // number (raised, they give no token).
+    let set = |key: &str, value: &str| {
+        server::command(server.port, &["SET", key, value]).ok_or("SET failed")
+    };
+    set("{foreign/limit}:semaphore:limit", "abc")?;
+    set("{foreign/negative}:fence", "-1")?;
+    set("{foreign/permits}:semaphore:fence", "-1")?;
+    set("{foreign/leader}:election:fence", "-1")?;
+    let fenced = LockClient::new(RedisBackend::connect(&url).await?);
+    let answers = [
+        (
+            "foreign/limit",
+            fenced
+                .semaphore("foreign/limit", 2)
+                .try_acquire()
+                .await
+                .map(|g| g.is_some()),
+        ),
+        (
+            "foreign/negative",
+            fenced
+                .lock("foreign/negative")
+                .try_acquire()
+                .await
+                .map(|g| g.is_some()),
+        ),
+        (
+            "foreign/permits",
+            fenced
+                .semaphore("foreign/permits", 2)
+                .try_acquire()
+                .await
+                .map(|g| g.is_some()),
+        ),
+        (
+            "foreign/leader",
+            fenced
+                .election("foreign/leader")
+                .try_campaign("v")
+                .await
+                .map(|g| g.is_some()),
+        ),
+    ];
+    for (name, answer) in answers {
+        match answer {
+            Err(Error::Misconfigured { message, .. }) if message.contains("prefix") => {}
+            other => {
+                return Err(format!(
+                    "{name}: expected Misconfigured naming the prefix, got {other:?}"
+                )
+                .into())
+            }
+        }
     }
     drop(server);
     Ok(())

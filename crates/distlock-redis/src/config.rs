@@ -153,7 +153,13 @@ impl RedisConfig {
                     ),
                 ));
             }
-            check_millis("queue_lease_ms", self.queue_lease, ms, MAX_TIMEOUT)?;
+            // At least 30 ms, checked above.
+            check_millis(
+                "queue_lease_ms",
+                self.queue_lease,
+                Duration::from_millis(30),
+                MAX_TIMEOUT,
+            )?;
         }
         if let Some(id) = &self.client_id {
             if id.is_empty() || id.contains(char::is_whitespace) {
@@ -417,6 +423,11 @@ mod tests {
         assert_eq!(c.observe_recheck, Duration::from_secs(60));
         assert!(!c.fifo && c.queue_lease == Duration::from_secs(3));
         assert!(p("redis://a:1?fifo=true&queue_lease_ms=30").is_ok());
+        let too_long = p("redis://a:1?fifo=true&queue_lease_ms=3600001").unwrap_err();
+        assert!(
+            too_long.to_string().contains("from 30 to 3600000"),
+            "{too_long}"
+        );
         let (_, c) = p("redis://a:1?fifo=true&queue_lease_ms=600").unwrap();
         assert!(c.fifo && c.queue_lease == Duration::from_millis(600));
         let (t, _) = p("redis+sentinel://a:26379,b:26380/mymaster/3").unwrap();

@@ -95,13 +95,10 @@ impl RedisBackend {
             return Ok(Outcome::Granted(FencingToken(answer.unsigned_abs())));
         }
         if answer == 0 {
-            return Err(Error::backend(
-                "redis",
-                format!(
-                    "the leader hash {} holds no token; delete it (an operator's eviction)",
-                    keys.leader
-                ),
-            ));
+            return Err(crate::foreign_data(format!(
+                "the leader hash {} holds no token, or the election's fencing counter held a negative number",
+                keys.leader
+            )));
         }
         Ok(Outcome::Held(QueueUse::bounded(held_for(answer), life)))
     }

@@ -582,6 +582,12 @@ fn map_err(endpoint: &str, e: RedisError) -> Error {
     }
 }
 
+/// A key distlock uses for a name found holding `what`, data distlock did
+/// not write: `Misconfigured`, as the server's `WRONGTYPE` is.
+pub(crate) fn foreign_data(what: String) -> Error {
+    Error::misconfigured("redis", format!("{what}; {FOREIGN_DATA}"), None)
+}
+
 /// What to change when a key distlock uses holds data it did not write.
 const FOREIGN_DATA: &str = "a key distlock uses for this name holds data distlock did not write: another application writes under the same key names; give distlock a prefix of its own (`prefix=` in the URL)";
 
@@ -612,7 +618,13 @@ fn refused_configuration(e: &RedisError) -> Option<&'static str> {
         _ if e.to_string().contains("can't run this command") => {
             Some("grant the user the commands and keys in the backend's README")
         }
-        // The client's SELECT after connecting; the text is the only mark.
+        // The client's SELECT after connecting, refused to the user (the
+        // text is the only mark).
+        _ if e.to_string().contains("refused to switch database")
+            && e.to_string().contains("no permissions") =>
+        {
+            Some("grant the user `+select` (for a database other than 0) as the backend's README shows")
+        }
         _ if e.to_string().contains("refused to switch database") => {
             Some("the database index in the URL is out of the server's range (see `databases` in redis.conf)")
         }

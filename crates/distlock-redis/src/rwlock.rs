@@ -238,10 +238,10 @@ impl RedisBackend {
             return Ok(Outcome::Granted(FencingToken(token)).into());
         }
         if answer == 0 {
-            return Err(Error::backend(
-                "redis",
-                format!("fencing counter {} holds 0", Keys::fence_of(&lock)),
-            ));
+            return Err(crate::foreign_data(format!(
+                "the fencing counter {} held a negative number",
+                Keys::fence_of(&lock)
+            )));
         }
         let (marked, behind) = (flags & 1 == 1, flags & 2 == 2);
         let mut left = held_for(answer);
@@ -318,10 +318,10 @@ impl RedisBackend {
             return Ok(Outcome::Granted(FencingToken(token)));
         }
         if answer == 0 {
-            return Err(Error::backend(
-                "redis",
-                format!("fencing counter {} holds 0", keys.fence),
-            ));
+            return Err(crate::foreign_data(format!(
+                "the fencing counter {} held a negative number",
+                keys.fence
+            )));
         }
         Ok(Outcome::Held(QueueUse::bounded(held_for(answer), life)))
     }

@@ -124,14 +124,15 @@ impl RedisBackend {
                     requested: limit,
                     stored: u32::try_from(*n).unwrap_or(u32::MAX),
                 }),
-                _ => Err(Error::backend(
-                    "redis",
-                    format!(
-                        "the limit key {} holds something other than a permit count; delete it or set_limit again",
-                        limit_key
-                    ),
-                )),
+                _ => Err(crate::foreign_data(format!(
+                    "the limit key {limit_key} holds something other than a permit count"
+                ))),
             },
+            // The permits' counter, raised, was 0: it held a negative number.
+            Value::Int(0) => Err(crate::foreign_data(format!(
+                "the permits' fencing counter of {} holds a negative number",
+                req.name
+            ))),
             other => Err(Error::backend(
                 "redis",
                 format!("permit_acquire.lua answered {other:?}"),

@@ -141,6 +141,13 @@ pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>
     }
     validate(config)?;
     let (creds, hosts) = match authority.rsplit_once('@') {
+        // `user:pw@a,user:pw@b`: read as credentials, the nodes before the
+        // last would vanish into them.
+        Some((u, _)) if u.contains('@') => {
+            return Err(bad(
+                "credentials given per node; give them once, before the first node (user:pass@host1,host2,...), and percent-encode an @ in the password".into(),
+            ))
+        }
         Some((u, h)) => (format!("{u}@"), h),
         None => (String::new(), authority),
     };
@@ -348,6 +355,14 @@ mod tests {
         )
         .is_ok());
         refused("redlock://a:1?drift_ms=18446744073709551615");
+    }
+
+    #[test]
+    fn credentials_per_node_are_refused() {
+        let text = refused("redlock://u:p@a:1,u:p@b:2,u:p@c:3");
+        assert!(text.contains("give them once"), "{text}");
+        let mut config = RedlockConfig::default();
+        assert!(parse("redlock://u:p@a:1,b:2,c:3", &mut config).is_ok());
     }
 
     #[test]

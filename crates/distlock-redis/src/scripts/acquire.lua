@@ -26,7 +26,8 @@
 -- An entry whose waiter stopped renewing it (killed, cut off) ends by the
 -- server's clock and is dropped by the next attempt that looks.
 -- One integer answers (cheaper for the server than a table): the token
--- (>= 1) when granted; when held, -(PTTL + 3), so -1 and -2 stand for PTTL
+-- (>= 1) when granted; when held, -(PTTL + 3) (the PTTL at most 100 for a
+-- holder that is not distlock's), so -1 and -2 stand for PTTL
 -- -2 (the key just vanished) and -1 (a key without expiry). A waiting
 -- caller that left a writer's mark or waits behind another queued waiter
 -- gets { -(PTTL + 3), flags } instead: flags 1 marked, 2 behind, 3 both.
@@ -81,7 +82,18 @@ if queued then
     return granted()
   end
 end
-local held = -(redis.call('PTTL', KEYS[1]) + 3)
+-- A holder that is not distlock's (a classic SET NX client) announces no
+-- release, so its waiters are told to look again within 100 ms, not at its
+-- expiry. distlock's value is 'distlock:shared' or an owner: a dashed
+-- UUID, alone or before a space and the holder info.
+local holder = redis.call('GET', KEYS[1])
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl > 100 and holder and holder ~= 'distlock:shared'
+    and not (string.find(holder, '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x')
+      and (#holder == 36 or string.sub(holder, 37, 37) == ' ')) then
+  pttl = 100
+end
+local held = -(pttl + 3)
 local flags = 0
 if waiting and queue then
   local life = tonumber(ARGV[5])
@@ -99,7 +111,7 @@ if waiting and queue then
     flags = 2
   end
 end
-if waiting and redis.call('GET', KEYS[1]) == 'distlock:shared' then
+if waiting and holder == 'distlock:shared' then
   local at = now
   redis.call('ZADD', KEYS[3], at + tonumber(ARGV[2]), ARGV[1])
   -- The set lives as long as its longest mark; each mark's own end is its
