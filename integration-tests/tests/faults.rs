@@ -629,6 +629,11 @@ async fn f3_attempt(protected: bool) -> Result<(), Failed> {
         ""
     };
     let mut env = start(B::Redlock, options).await?;
+    if protected {
+        // A node up for less than delayed_restart_ms counts as restarted:
+        // the workload starts once the fresh nodes are older.
+        tokio::time::sleep(Duration::from_millis(10_500)).await;
+    }
     let proxies = [
         Proxy::start(env.nodes[3].port).map_err(failed)?,
         Proxy::start(env.nodes[4].port).map_err(failed)?,

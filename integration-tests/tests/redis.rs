@@ -1646,6 +1646,22 @@ async fn first_seed_down() -> Result<(), Failed> {
     }) {
         return Err(format!("the Cluster's replication finding: {replication:?}").into());
     }
+    // Every node's eviction counts, not one node's picked at random.
+    let evicting = nodes[2].port;
+    for args in [["maxmemory", "100mb"], ["maxmemory-policy", "allkeys-lru"]] {
+        server::command(evicting, &["CONFIG", "SET", args[0], args[1]]).ok_or("no reply")?;
+    }
+    for _ in 0..4 {
+        let findings = holder.backend().deployment_findings().await?;
+        let policy = findings.iter().find(|f| f.setting == "maxmemory-policy");
+        if !policy.is_some_and(|f| {
+            f.value.as_deref().is_ok_and(|v| {
+                v.contains(&format!(":{evicting} allkeys-lru")) && !v.contains("noeviction")
+            }) && f.warning.is_some()
+        }) {
+            return Err(format!("the Cluster's eviction finding: {policy:?}").into());
+        }
+    }
     let name = "seed/down";
     let g = holder
         .lock(name)

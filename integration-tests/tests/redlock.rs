@@ -210,6 +210,11 @@ fn main() {
                 "redlock::delayed_restart_protection_learns_a_run_id_from_a_read",
                 restart(FirstContact::Read),
             ),
+            trial(
+                rt,
+                "redlock::delayed_restart_protection_covers_a_client_that_meets_the_node_after_its_restart",
+                restart(FirstContact::AfterRestart),
+            ),
         ]);
         extra
     })
@@ -718,12 +723,21 @@ enum FirstContact {
     /// a status read, protected: no acquire round of B's meets node 2
     /// before the restart, and the run id is learnt all the same.
     Read,
+    /// B, protected, connects only after node 2 restarted: it never saw
+    /// the old run id, and learns of the restart from the node's uptime.
+    AfterRestart,
 }
+
+/// The protected clients' quarantine: B connects once every node has been
+/// up longer (a node up for less counts as restarted), and the restarted
+/// node's quarantine outlasts B's tries after the restart.
+const QUARANTINE: Duration = Duration::from_secs(6);
 
 /// Kleppmann's ABC / CDE case: A holds the lock on nodes 0, 1, 2; node 2
 /// restarts empty; B then finds nodes 2, 3, 4 free.
 async fn restart(first: FirstContact) -> Result<(), Failed> {
     let mut nodes = blocking(five_nodes).await?;
+    let started = Instant::now();
     let name = "restart/victim";
     // Nodes 3 and 4 are busy with a foreign owner, so A's majority is 0, 1, 2.
     for n in &nodes[3..] {
@@ -736,12 +750,31 @@ async fn restart(first: FirstContact) -> Result<(), Failed> {
     }
     let protected = !matches!(first, FirstContact::Try { protected: false });
     let options = if protected {
-        "&delayed_restart_ms=60000"
+        tokio::time::sleep_until(started + QUARANTINE + Duration::from_millis(1500)).await;
+        format!("&delayed_restart_ms={}", QUARANTINE.as_millis())
     } else {
-        ""
+        String::new()
     };
+    let options = options.as_str();
+    let restart_node2 = |mut nodes: Vec<ServerProcess>| async move {
+        let mut node2 = nodes.remove(2);
+        blocking(move || {
+            node2.restart().map_err(|e| Failed::from(e.to_string()))?;
+            Ok(node2)
+        })
+        .await
+        .map(|node2| (node2, nodes))
+    };
+    let mut after = None;
     let b_backend = match first {
         FirstContact::Try { .. } => RedlockBackend::connect(&url(&nodes, options)).await?,
+        FirstContact::AfterRestart => {
+            let all = url(&nodes, options);
+            let (node2, rest) = restart_node2(nodes).await?;
+            nodes = rest;
+            after = Some(node2);
+            RedlockBackend::connect(&all).await?
+        }
         FirstContact::Read => {
             nodes[2].signal("STOP").map_err(|e| e.to_string())?;
             let connected = RedlockBackend::connect(&url(&nodes, options)).await;
@@ -754,7 +787,7 @@ async fn restart(first: FirstContact) -> Result<(), Failed> {
     let b = LockClient::new(b_backend.clone());
     if let FirstContact::Try { .. } = first {
         if b.lock(name)
-            .ttl(Duration::from_secs(30))
+            .ttl(Duration::from_secs(5))
             .try_acquire()
             .await?
             .is_some()
@@ -762,19 +795,26 @@ async fn restart(first: FirstContact) -> Result<(), Failed> {
             return Err("B got the lock before any restart".into());
         }
     }
-    let mut node2 = nodes.remove(2);
-    let node2 = blocking(move || {
-        node2.restart().map_err(|e| Failed::from(e.to_string()))?;
-        Ok(node2)
-    })
-    .await?;
+    let node2 = match after {
+        Some(node2) => node2,
+        None => {
+            let (node2, rest) = restart_node2(nodes).await?;
+            nodes = rest;
+            node2
+        }
+    };
     // The first request after the restart may meet the broken connection;
-    // give B a few tries, as a real contender would.
+    // give B a few tries, as a real contender would, well within the
+    // restarted node's quarantine.
+    let restarted = Instant::now();
     let mut double = None;
     for _ in 0..20 {
+        if restarted.elapsed() > QUARANTINE / 2 {
+            break;
+        }
         if let Some(g) = b
             .lock(name)
-            .ttl(Duration::from_secs(30))
+            .ttl(Duration::from_secs(5))
             .try_acquire()
             .await?
         {
@@ -799,7 +839,7 @@ async fn restart(first: FirstContact) -> Result<(), Failed> {
         .into()),
         (true, Some(_)) => Err("double grant despite delayed-restart protection".into()),
     };
-    drop((node2, held));
+    drop((node2, nodes, held));
     result
 }
 

@@ -134,7 +134,12 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         }
     }
     if let Err(e) = first_lock(&*factory).await {
-        let why = format!("no case can run: a first lock with the cases' TTL failed: {e}");
+        let why = match e {
+            distlock::Error::InvalidInput { .. } => format!(
+                "no case can run: a first lock with the cases' TTLs failed: {e} (--short-ttl sets the expiry cases' TTL)"
+            ),
+            _ => format!("no case can run: a first lock with the cases' TTLs failed: {e}"),
+        };
         // The findings often say why (a replica, say): JSON shows them too.
         if args.json {
             if let Err(code) = print_json(&[], &findings, Some(&why)) {

@@ -1257,16 +1257,38 @@ fn findings(backend: &str) -> String {
 #[test]
 fn conformance_reports_a_redis_that_evicts_or_hides_its_config() {
     use integration_tests::harness::redis::spawn;
-    let evicting = spawn(&["--maxmemory-policy", "allkeys-lru"]).unwrap();
+    let evicting = spawn(&["--maxmemory-policy", "allkeys-lru", "--maxmemory", "100mb"]).unwrap();
     let text = findings(&format!("redis://127.0.0.1:{}", evicting.port));
     assert!(
-        text.lines()
-            .any(|l| l.starts_with("WARNING maxmemory-policy: allkeys-lru: ")
-                && l.contains("noeviction")),
+        text.lines().any(|l| l
+            .starts_with("WARNING maxmemory-policy: allkeys-lru, maxmemory 104857600: ")
+            && l.contains("noeviction")),
         "{text}"
     );
     assert!(
         text.lines().any(|l| l.starts_with("WARNING persistence: ")),
+        "{text}"
+    );
+    // Without a memory limit nothing is evicted; a log the system writes
+    // when it chooses is named.
+    let unlimited = spawn(&[
+        "--maxmemory-policy",
+        "volatile-lru",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "no",
+    ])
+    .unwrap();
+    let text = findings(&format!("redis://127.0.0.1:{}", unlimited.port));
+    assert!(
+        text.contains("fine    maxmemory-policy: volatile-lru, maxmemory 0 (no limit"),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l
+            .starts_with("WARNING persistence: appendonly yes, appendfsync no: ")
+            && l.contains("appendfsync everysec")),
         "{text}"
     );
     let hidden = spawn(&["--rename-command", "CONFIG", ""]).unwrap();
@@ -1292,7 +1314,7 @@ fn conformance_reports_a_redis_that_evicts_or_hides_its_config() {
         "{text}"
     );
     assert!(
-        text.contains("fine    persistence: appendonly yes"),
+        text.contains("fine    persistence: appendonly yes, appendfsync everysec"),
         "{text}"
     );
 }
@@ -1379,7 +1401,8 @@ fn conformance_reports_a_mysql_without_durable_commits() {
     );
 }
 
-/// The harness's etcd is one member: its loss stops every lock.
+/// The harness's etcd is one member: its loss stops every lock; two are
+/// named too.
 #[cfg(feature = "etcd")]
 #[test]
 fn conformance_reports_a_single_member_etcd() {
@@ -1388,6 +1411,10 @@ fn conformance_reports_a_single_member_etcd() {
     let server = TestServer::start_private(ServerKind::Etcd).unwrap();
     let text = findings(server.url());
     assert!(text.contains("WARNING members: 1: "), "{text}");
+    // Two members tolerate no more failures than one.
+    let two = integration_tests::harness::etcd::cluster(2).unwrap();
+    let text = findings(&format!("etcd://127.0.0.1:{}", two[0].port));
+    assert!(text.contains("WARNING members: 2: "), "{text}");
 }
 
 /// A ZooKeeper whose `maxSessionTimeout` is below a TTL cannot give a hold
@@ -1415,13 +1442,38 @@ fn conformance_reports_a_zookeeper_that_caps_session_timeouts() {
         "{out:?}"
     );
     assert!(
-        text.contains("fine    session timeout for a 2s TTL: 2s, as asked"),
+        text.contains("fine    session timeout for a 3s TTL: 3s, as asked"),
         "{out:?}"
     );
     // The cases' TTL is one such: no case can run, a bad input (2).
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("maxSessionTimeout"),
+        "{out:?}"
+    );
+    // A minimum above the expiry cases' TTL (a tickTime of 2000 makes it
+    // 4 s): named, and no case runs, rather than most failing one by one.
+    let zk = zookeeper::spawn_with("minSessionTimeout=4000\n")
+        .expect("ZooKeeper must start; run scripts/test.sh to install it");
+    let url = ServerKind::ZooKeeper.url("127.0.0.1", zk.port);
+    let out = bin()
+        .args([
+            "conformance",
+            "--backend",
+            &url,
+            "--only",
+            "tokens_increase",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("WARNING session timeout for a 3s TTL: not granted as asked: "),
+        "{out:?}"
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--short-ttl"),
         "{out:?}"
     );
 }

@@ -243,22 +243,21 @@ pub async fn check_deployment(
     verdicts
 }
 
-/// Takes and releases one lock with the TTL the cases hold with, in a
-/// namespace of its own. A deployment that refuses it (a read-only
-/// replica, a TTL above its session timeouts, a user without the rights)
-/// would fail nearly every case the same way, most only at their time
-/// bound: [`check_deployment`]'s callers ask this first.
+/// Takes and releases one lock with each TTL the cases hold with (the
+/// long one, [`short_ttl`](BackendFactory::short_ttl) and
+/// [`renewed_ttl`](BackendFactory::renewed_ttl)), in a namespace of its
+/// own. A deployment that refuses them (a read-only replica, a TTL outside
+/// its session timeouts, a user without the rights) would fail nearly
+/// every case the same way, most only at their time bound:
+/// [`check_deployment`]'s callers ask this first.
 pub async fn first_lock(factory: &dyn BackendFactory) -> distlock_core::Result<()> {
     let client = distlock_core::LockClient::from_dyn(factory.client().await?);
     let name = LockName::new(format!("{}/first", namespace()))?;
     let first = async {
-        if let Some(g) = client
-            .lock(&name)
-            .ttl(cases::LONG_TTL)
-            .try_acquire()
-            .await?
-        {
-            g.release().await?;
+        for ttl in [cases::LONG_TTL, factory.short_ttl(), factory.renewed_ttl()] {
+            if let Some(g) = client.lock(&name).ttl(ttl).try_acquire().await? {
+                g.release().await?;
+            }
         }
         Ok(())
     };

@@ -1577,7 +1577,7 @@ impl Backend for EtcdBackend {
     /// The hold lives as long as its session's lease, which the session
     /// keeps alive; extending refreshes that lease now and checks the key.
     /// The server's version and the cluster's size: one member has no fault
-    /// tolerance.
+    /// tolerance, and an even number no more than one fewer.
     async fn deployment_findings(&self) -> Result<Vec<Finding>> {
         let mut client = self.client();
         let version = match client.status().await {
@@ -1589,6 +1589,11 @@ impl Backend for EtcdBackend {
                 "members",
                 "1",
                 "one member: its loss stops every lock, and its disk is the only copy; run 3 or 5 members",
+            ),
+            Ok(m) if m.members().len() % 2 == 0 => Finding::warning(
+                "members",
+                m.members().len().to_string(),
+                "an even number of members tolerates no more failures than one member fewer, and a split in half stops every lock; run 3 or 5 members",
             ),
             Ok(m) => Finding::fine("members", m.members().len().to_string()),
             Err(e) => Finding::unknown("members", format!("MemberList refused: {e}")),

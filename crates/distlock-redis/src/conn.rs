@@ -8,7 +8,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Client, Cmd, FromRedisValue, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation,
@@ -624,6 +626,27 @@ impl Conn {
             Conn::Sentinel(s) => {
                 Box::pin(s.on_master(|mut m| async move { cmd.query_async(&mut m).await })).await
             }
+        }
+    }
+
+    /// `cmd`'s answer from every node of a cluster, replicas too (a
+    /// failover puts one in charge of its master's locks), each by its
+    /// address; elsewhere the server's one answer, by an empty address.
+    pub(crate) async fn on_every_node(
+        &self,
+        cmd: &Cmd,
+    ) -> RedisResult<Vec<(String, redis::Value)>> {
+        let Conn::Cluster { conn, .. } = self else {
+            return Ok(vec![(String::new(), self.cmd(cmd).await?)]);
+        };
+        let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+        let answer = Box::pin(conn.clone().route_command(cmd.clone(), every)).await?;
+        match answer {
+            redis::Value::Map(nodes) => nodes
+                .into_iter()
+                .map(|(node, v)| Ok((redis::from_redis_value(node)?, v)))
+                .collect(),
+            one => Ok(vec![(String::new(), one)]),
         }
     }
 

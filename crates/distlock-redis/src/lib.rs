@@ -377,29 +377,35 @@ impl RedisBackend {
         Ok(ReleaseWatch { watch, channel })
     }
 
-    /// One `CONFIG GET` value, or why the server would not say.
-    async fn config_get(&self, key: &str) -> std::result::Result<String, String> {
-        let answer: redis::RedisResult<redis::Value> = self
-            .inner
-            .conn
-            .cmd(redis::cmd("CONFIG").arg("GET").arg(key))
-            .await;
+    /// One `CONFIG GET` value from every node (see
+    /// [`Conn::on_every_node`](conn::Conn::on_every_node)), or why a node
+    /// would not say.
+    async fn config_get(&self, key: &str) -> std::result::Result<Vec<(String, String)>, String> {
         let refused = |e: &dyn fmt::Display| format!("CONFIG GET {key} refused: {e}");
         let text = |v: &redis::Value| match v {
             redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
             redis::Value::SimpleString(s) => Some(s.clone()),
             _ => None,
         };
-        match answer {
-            Ok(redis::Value::Array(items)) if items.len() == 2 => {
-                text(&items[1]).ok_or_else(|| format!("CONFIG GET {key}: {items:?}"))
-            }
-            Ok(redis::Value::Map(pairs)) if pairs.len() == 1 => {
-                text(&pairs[0].1).ok_or_else(|| format!("CONFIG GET {key}: {pairs:?}"))
-            }
-            Ok(other) => Err(format!("CONFIG GET {key} answered {other:?}")),
-            Err(e) => Err(refused(&e)),
-        }
+        let nodes = self
+            .inner
+            .conn
+            .on_every_node(redis::cmd("CONFIG").arg("GET").arg(key))
+            .await
+            .map_err(|e| refused(&e))?;
+        nodes
+            .into_iter()
+            .map(|(node, answer)| {
+                let value = match &answer {
+                    redis::Value::Array(items) if items.len() == 2 => text(&items[1]),
+                    redis::Value::Map(pairs) if pairs.len() == 1 => text(&pairs[0].1),
+                    redis::Value::ServerError(e) => return Err(refused(&format!("{e:?}"))),
+                    _ => None,
+                };
+                let value = value.ok_or_else(|| format!("CONFIG GET {key} answered {answer:?}"))?;
+                Ok((node, value))
+            })
+            .collect()
     }
 
     /// Deletes the lock key, the shared holds and the election's leader
@@ -423,16 +429,30 @@ impl RedisBackend {
 
     /// The server's `run_id` (changes on every restart).
     pub async fn run_id(&self) -> Result<String> {
+        Ok(self.server_run().await?.0)
+    }
+
+    /// The server's `run_id` (changes on every restart) and how long it has
+    /// been up (`uptime_in_seconds`, whole seconds rounded down), from one
+    /// `INFO server`.
+    pub async fn server_run(&self) -> Result<(String, Duration)> {
         let info: String = self
             .inner
             .conn
             .cmd(redis::cmd("INFO").arg("server"))
             .await
             .map_err(|e| self.err(e))?;
-        info.lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .map(|s| s.trim().to_string())
-            .ok_or_else(|| Error::backend("redis", "INFO server has no run_id"))
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+        };
+        let id =
+            field("run_id:").ok_or_else(|| Error::backend("redis", "INFO server has no run_id"))?;
+        let up = field("uptime_in_seconds:")
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| Error::backend("redis", "INFO server has no uptime_in_seconds"))?;
+        Ok((id.to_string(), Duration::from_secs(up)))
     }
 }
 
@@ -483,6 +503,97 @@ pub(crate) fn owner_arg(req: &LockRequest) -> String {
 
 fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// One finding of `setting` from every node's values (`nodes`, each by its
+/// address, empty for a single server): what `judge` makes of each node's,
+/// fine only if fine on every node, else the warning of the first node it
+/// warns of, naming every such node.
+fn judged(
+    setting: &str,
+    nodes: &std::collections::BTreeMap<String, Vec<String>>,
+    judge: impl Fn(&[String]) -> (String, Option<&'static str>),
+) -> Finding {
+    let judged: Vec<(&String, String, Option<&'static str>)> = nodes
+        .iter()
+        .filter(|(_, v)| v.len() == nodes.values().map(Vec::len).max().unwrap_or(0))
+        .map(|(node, v)| {
+            let (value, warning) = judge(v);
+            (node, value, warning)
+        })
+        .collect();
+    let named = |node: &str, value: &str| {
+        if node.is_empty() {
+            value.to_string()
+        } else {
+            format!("{node} {value}")
+        }
+    };
+    let warned: Vec<String> = judged
+        .iter()
+        .filter(|(_, _, w)| w.is_some())
+        .map(|(node, value, _)| named(node, value))
+        .collect();
+    match judged.iter().find_map(|(_, _, w)| *w) {
+        Some(warning) => Finding::warning(setting, warned.join("; "), warning),
+        None => {
+            let mut values: Vec<&str> = judged.iter().map(|(_, v, _)| v.as_str()).collect();
+            values.dedup();
+            match values.as_slice() {
+                [] => Finding::unknown(setting, "no node answered"),
+                _ => Finding::fine(setting, values.join("; ")),
+            }
+        }
+    }
+}
+
+/// The `i`th of a node's values, empty if it has fewer.
+fn at(values: &[String], i: usize) -> &str {
+    values.get(i).map_or("", String::as_str)
+}
+
+/// A node's eviction, from its `maxmemory-policy` and `maxmemory`.
+fn eviction(policy: &str, maxmemory: &str) -> (String, Option<&'static str>) {
+    if policy == "noeviction" {
+        (policy.to_string(), None)
+    } else if maxmemory == "0" {
+        (
+            format!("{policy}, maxmemory 0 (no limit: nothing is evicted)"),
+            None,
+        )
+    } else if policy.starts_with("volatile") {
+        (
+            format!("{policy}, maxmemory {maxmemory}"),
+            Some("under memory pressure Redis may evict lock keys, which have an expiry (two holders at once); set maxmemory-policy noeviction"),
+        )
+    } else {
+        (
+            format!("{policy}, maxmemory {maxmemory}"),
+            Some("under memory pressure Redis may evict lock keys (two holders at once) and fencing counters (tokens repeat); set maxmemory-policy noeviction"),
+        )
+    }
+}
+
+/// A node's persistence, from its `appendonly`, `appendfsync` and `save`.
+fn persistence(aof: &str, fsync: &str, save: &str) -> (String, Option<&'static str>) {
+    if aof == "yes" && fsync == "no" {
+        (
+            "appendonly yes, appendfsync no".to_string(),
+            Some("the system writes the log to disk when it chooses: an OS crash or power loss loses recent locks and fencing counters (tokens repeat); set appendfsync everysec or always"),
+        )
+    } else if aof == "yes" {
+        (format!("appendonly yes, appendfsync {fsync}"), None)
+    } else if !save.trim().is_empty() {
+        (
+            format!("RDB snapshots only (save {save})"),
+            Some("a restart loses what happened since the last snapshot: held locks and fencing counters (tokens repeat); set appendonly yes"),
+        )
+    } else {
+        (
+            "none (appendonly no, save \"\")".to_string(),
+            Some("a restart loses every lock and fencing counter (tokens repeat); set appendonly yes"),
+        )
+    }
 }
 
 /// The value of `key` in an `INFO` section (`key:value` lines).
@@ -816,32 +927,29 @@ impl Backend for RedisBackend {
     /// lets `CONFIG GET` and `INFO` through.
     async fn deployment_findings(&self) -> Result<Vec<Finding>> {
         let mut out = Vec::new();
-        let policy = self.config_get("maxmemory-policy").await;
-        out.push(match policy {
-            Ok(p) if p == "noeviction" => Finding::fine("maxmemory-policy", p),
-            Ok(p) => Finding::warning(
-                "maxmemory-policy",
-                p,
-                "under memory pressure Redis may evict lock keys (two holders at once) and fencing counters (tokens repeat); set maxmemory-policy noeviction",
-            ),
+        // In a Cluster every node's settings count: each serves its own
+        // slots' locks, and a replica serves its master's after a failover.
+        let settings = |keys: &'static [&'static str]| async move {
+            let mut per_node: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+            for key in keys {
+                for (node, value) in self.config_get(key).await? {
+                    per_node.entry(node).or_default().push(value);
+                }
+            }
+            std::result::Result::<_, String>::Ok(per_node)
+        };
+        out.push(match settings(&["maxmemory-policy", "maxmemory"]).await {
+            Ok(nodes) => judged("maxmemory-policy", &nodes, |v| eviction(at(v, 0), at(v, 1))),
             Err(why) => Finding::unknown("maxmemory-policy", why),
         });
-        let aof = self.config_get("appendonly").await;
-        let save = self.config_get("save").await;
-        out.push(match (aof, save) {
-            (Ok(a), _) if a == "yes" => Finding::fine("persistence", "appendonly yes"),
-            (Ok(_), Ok(s)) if !s.trim().is_empty() => Finding::warning(
-                "persistence",
-                format!("RDB snapshots only (save {s})"),
-                "a restart loses what happened since the last snapshot: held locks and fencing counters (tokens repeat); set appendonly yes",
-            ),
-            (Ok(_), Ok(_)) => Finding::warning(
-                "persistence",
-                "none (appendonly no, save \"\")",
-                "a restart loses every lock and fencing counter (tokens repeat); set appendonly yes",
-            ),
-            (Err(why), _) | (_, Err(why)) => Finding::unknown("persistence", why),
-        });
+        out.push(
+            match settings(&["appendonly", "appendfsync", "save"]).await {
+                Ok(nodes) => judged("persistence", &nodes, |v| {
+                    persistence(at(v, 0), at(v, 1), at(v, 2))
+                }),
+                Err(why) => Finding::unknown("persistence", why),
+            },
+        );
         if self.inner.conn.is_cluster() {
             // Every node answers, each with its own section.
             let info: redis::RedisResult<std::collections::HashMap<String, String>> = self

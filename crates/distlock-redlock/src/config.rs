@@ -12,7 +12,7 @@ use distlock_core::{Error, InputKind, Result};
 /// | `node_timeout_ms` | per-node timeout of each request; 1 to 3600000 (one hour) | 50 |
 /// | `drift_ppm`, `drift_ms` | clock drift allowance: ppm of the TTL plus a fixed part; `drift_ppm` below 1000000, and together they must leave some validity for the longest TTL accepted | 10000 (1%), 2 |
 /// | `fencing` | `true`: quorum fencing tokens (one more round trip) | `false` |
-/// | `delayed_restart_ms` | quarantine for a node whose run id changed; also the longest TTL accepted (else 24 hours), so at least the shortest, 100 | off |
+/// | `delayed_restart_ms` | quarantine for a node whose run id changed or that has been up for less; also the longest TTL accepted (else 24 hours), so at least the shortest, 100 | off |
 /// | `retry_jitter_ms` | random delay added before a retry; at most 3600000 | 50 |
 /// | `prefix` | key prefix, as for the Redis backend | empty |
 /// | `fifo` | `true`: waiting exclusive requests queue on every node in one order (the client's wall-clock time when each wait began) and a release wakes only the head, as the Redis backend's `fifo` does on one server; `false`: a release wakes every waiter | `false` |

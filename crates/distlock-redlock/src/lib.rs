@@ -160,14 +160,7 @@ impl RedlockBackend {
         }
         let servers = node::Servers::default();
         urls.into_iter()
-            .map(|u| {
-                Node::new(
-                    u,
-                    node.clone(),
-                    config.delayed_restart.is_some(),
-                    servers.clone(),
-                )
-            })
+            .map(|u| Node::new(u, node.clone(), config.delayed_restart, servers.clone()))
             .collect()
     }
 
@@ -278,9 +271,13 @@ impl RedlockBackend {
                 // make every vote's future larger, tracked or not.
                 Some(quarantine) => {
                     let checked = Box::pin(async {
-                        let (attempt, run_id) = tokio::join!(attempt, r.run_id());
+                        let (attempt, run) = tokio::join!(attempt, r.server_run());
                         let attempt = attempt?;
-                        Ok::<_, Error>(node.observe_run_id(run_id?, quarantine).then_some(attempt))
+                        let (run_id, uptime) = run?;
+                        Ok::<_, Error>(
+                            node.observe_run_id(run_id, uptime, quarantine)
+                                .then_some(attempt),
+                        )
                     })
                     .await?;
                     match checked {
@@ -1343,7 +1340,7 @@ mod tests {
             )
             .unwrap()
             .into_iter()
-            .map(|u| Node::new(u, RedisConfig::default(), false, Default::default()))
+            .map(|u| Node::new(u, RedisConfig::default(), None, Default::default()))
             .collect::<Vec<_>>()
         )
         .await

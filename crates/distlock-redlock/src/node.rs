@@ -26,9 +26,10 @@ pub(crate) struct Node {
     /// that node, and when this one may be connected to again. Until then
     /// requests are refused without connecting.
     duplicate: Mutex<Option<(String, Instant)>>,
-    /// Delayed-restart protection is on: the run id is fetched whenever a
-    /// connection is made, whatever request makes it.
-    track_restarts: bool,
+    /// Delayed-restart protection's quarantine, when it is on: the run id
+    /// and uptime are fetched whenever a connection is made, whatever
+    /// request makes it.
+    delayed_restart: Option<Duration>,
     /// The node's Redis options: the key prefix, and with `fifo` the queue
     /// and the client id every node of one Redlock client shares.
     config: RedisConfig,
@@ -53,7 +54,7 @@ impl Node {
     pub(crate) fn new(
         url: String,
         config: RedisConfig,
-        track_restarts: bool,
+        delayed_restart: Option<Duration>,
         servers: Servers,
     ) -> Self {
         let endpoint = url
@@ -70,7 +71,7 @@ impl Node {
             refused: Mutex::new(None),
             quarantined_until: Mutex::new(None),
             duplicate: Mutex::new(None),
-            track_restarts,
+            delayed_restart,
             config,
             servers,
         }
@@ -116,9 +117,9 @@ impl Node {
                 // A server that does not say its run id (a proxy that
                 // refuses INFO) is taken as distinct unless restarts are
                 // tracked, which need the id.
-                let id = match r.run_id().await {
-                    Ok(id) => id,
-                    Err(e) if self.track_restarts => return Err(e),
+                let (id, uptime) = match r.server_run().await {
+                    Ok(run) => run,
+                    Err(e) if self.delayed_restart.is_some() => return Err(e),
                     Err(e) => {
                         tracing::debug!(node = %self.endpoint, error = %e, "no run id; not compared with the other nodes'");
                         return Ok(r);
@@ -133,6 +134,9 @@ impl Node {
                     return Err(e);
                 }
                 *lock(&self.duplicate) = None;
+                if let Some(quarantine) = self.delayed_restart {
+                    self.quarantine_if_young(uptime, quarantine);
+                }
                 lock(&self.run_id).get_or_insert(id);
                 Ok(r)
             })
@@ -172,11 +176,36 @@ impl Node {
         lock(&self.quarantined_until).is_some_and(|until| Instant::now() < until)
     }
 
-    /// Records the run id seen now. A different one than before means the
-    /// node restarted (and, without persistence, forgot its locks): it is
-    /// not used for acquiring until `quarantine` has passed, antirez's
-    /// "delayed restart" rule enforced on the client side.
-    pub(crate) fn observe_run_id(&self, seen: String, quarantine: Duration) -> bool {
+    /// A server up for less than `quarantine` started within it, with
+    /// whatever locks it held before forgotten, whether or not this client
+    /// saw it before: it is not used for acquiring until it has been up
+    /// that long. `false` when it is quarantined so.
+    fn quarantine_if_young(&self, uptime: Duration, quarantine: Duration) -> bool {
+        // Whole seconds rounded down: the server is up at least `uptime`.
+        let Some(left) = quarantine.checked_sub(uptime).filter(|l| !l.is_zero()) else {
+            return true;
+        };
+        let until = Instant::now() + left;
+        let mut q = lock(&self.quarantined_until);
+        if q.is_none_or(|u| u < until) {
+            tracing::warn!(node = %self.endpoint, ?uptime, "redlock node up for less than delayed_restart_ms; not used for acquiring for {left:?}");
+            *q = Some(until);
+        }
+        false
+    }
+
+    /// Records the run id and uptime seen now. A different run id than
+    /// before means the node restarted (and, without persistence, forgot
+    /// its locks), and so does an uptime shorter than `quarantine` when the
+    /// client first meets the node: it is not used for acquiring until
+    /// `quarantine` has passed since the restart, antirez's "delayed
+    /// restart" rule enforced on the client side.
+    pub(crate) fn observe_run_id(
+        &self,
+        seen: String,
+        uptime: Duration,
+        quarantine: Duration,
+    ) -> bool {
         let mut known = lock(&self.run_id);
         match known.as_deref() {
             Some(k) if k != seen => {
@@ -193,7 +222,8 @@ impl Node {
             }
             _ => {
                 *known = Some(seen);
-                true
+                drop(known);
+                self.quarantine_if_young(uptime, quarantine)
             }
         }
     }

@@ -1122,7 +1122,7 @@ impl Backend for ZooKeeperBackend {
     /// session must time out at exactly its TTL.
     async fn deployment_findings(&self) -> Result<Vec<Finding>> {
         let mut out = Vec::new();
-        for ttl in [distlock_core::DEFAULT_TTL, Duration::from_secs(2)] {
+        for ttl in [distlock_core::DEFAULT_TTL, Duration::from_secs(3)] {
             let setting = format!("session timeout for a {ttl:?} TTL");
             out.push(match self.hold_session(ttl).await {
                 Ok(_) => Finding::fine(setting, format!("{ttl:?}, as asked")),
