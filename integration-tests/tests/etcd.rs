@@ -1379,7 +1379,8 @@ async fn waited_grants_tokens_rise(f: Arc<Etcd>) -> Result<(), Failed> {
 
 /// A member whose certificate another CA signed is refused at connect
 /// time with `Error::Misconfigured` naming the certificate, at once and
-/// without the password; so is a `ca_file` that cannot be read.
+/// without the password; so is a `ca_file` that cannot be read; a listener
+/// that never answers the handshake is `Unavailable` within the timeout.
 async fn refused_certificate(f: Arc<Etcd>) -> Result<(), Failed> {
     let url = f.url()?;
     let (base, ca) = url.split_once("?ca_file=").ok_or("no ca_file in the URL")?;
@@ -1399,6 +1400,21 @@ async fn refused_certificate(f: Arc<Etcd>) -> Result<(), Failed> {
     match EtcdBackend::connect(&format!("{base}?ca_file={}/missing.pem", dir.display())).await {
         Err(Error::InvalidInput { message, .. }) if message.contains("missing.pem") => {}
         other => return Err(format!("an unreadable ca_file gave {other:?}").into()),
+    }
+    // A listener that accepts the connection and never answers the TLS
+    // handshake: `Unavailable` within the URL's timeout (twice it: the
+    // connection, then the first request), not a hang.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = silent.local_addr()?.port();
+    std::thread::spawn(move || {
+        let _held: Vec<_> = silent.incoming().collect();
+    });
+    let url = format!("etcds://app:app-pw@127.0.0.1:{port}?ca_file={ca}&timeout_ms=500");
+    let connecting = EtcdBackend::connect(&url);
+    match tokio::time::timeout(Duration::from_secs(30), connecting).await {
+        Ok(Err(Error::Unavailable { .. })) => {}
+        Ok(other) => return Err(format!("a silent TLS listener gave {other:?}").into()),
+        Err(_) => return Err("connecting to a silent TLS listener hung for 30 s".into()),
     }
     Ok(())
 }

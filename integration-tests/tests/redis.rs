@@ -2124,6 +2124,25 @@ async fn sentinel_master_down() -> Result<(), Failed> {
         Err(e @ Error::Misconfigured { .. }) if e.to_string().contains("service name") => {}
         other => return Err(format!("an unknown service gave {other:?}").into()),
     }
+    // A Sentinel that requires a password, with the master's in the URL:
+    // named as such, not as a password missing from the URL.
+    server::command(
+        sentinel.port,
+        &["ACL", "SETUSER", "default", "resetpass", ">s-pw"],
+    )
+    .ok_or("no reply")?;
+    let guarded = format!("redis+sentinel://:m-pw@127.0.0.1:{}/m", sentinel.port);
+    match RedisBackend::connect(&guarded).await {
+        Err(e @ Error::Misconfigured { .. }) if e.to_string().contains("Sentinels without one") => {
+        }
+        other => return Err(format!("a Sentinel requiring a password gave {other:?}").into()),
+    }
+    server::command_as(
+        sentinel.port,
+        "s-pw",
+        &["ACL", "SETUSER", "default", "nopass"],
+    )
+    .ok_or("no reply")?;
     let url = format!("redis+sentinel://127.0.0.1:{}/m", sentinel.port);
     let client = LockClient::new(RedisBackend::connect(&url).await?);
     client

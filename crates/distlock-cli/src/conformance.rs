@@ -94,9 +94,19 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
     ) {
         return fail(crate::EXIT_USAGE, why);
     }
+    // With --json every way the run ends is a document: one that ends
+    // before any case ran has no cases and an `error`.
+    let early = |code: u8, why: String, findings: &[distlock::Finding]| {
+        if args.json {
+            if let Err(code) = print_json(&[], findings, Some(&why)) {
+                return code;
+            }
+        }
+        fail(code, why)
+    };
     let probe = match crate::connect(&args.backend).await {
         Ok(b) => b,
-        Err(e) => return fail(code_for(&e), e),
+        Err(e) => return early(code_for(&e), e.to_string(), &[]),
     };
     let caps = probe.capabilities();
     let findings = match probe.deployment_findings().await {
@@ -114,7 +124,7 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
     };
     let short_ttl = match short_ttl(args.short_ttl, &caps) {
         Ok(t) => t,
-        Err(e) => return fail(crate::EXIT_USAGE, e),
+        Err(e) => return early(crate::EXIT_USAGE, e, &findings),
     };
     let factory = Arc::new(Deployment {
         url,
@@ -123,7 +133,11 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
     });
     if let Some(p) = &args.only {
         if !distlock_conformance::case_names().any(|case| case.contains(p.as_str())) {
-            return fail(crate::EXIT_USAGE, format!("no case matches {p:?}"));
+            return early(
+                crate::EXIT_USAGE,
+                format!("no case matches {p:?}"),
+                &findings,
+            );
         }
     }
     // Text goes out a line per case as it ends, so that an interrupted run
@@ -141,12 +155,7 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
             _ => format!("no case can run: a first lock with the cases' TTLs failed: {e}"),
         };
         // The findings often say why (a replica, say): JSON shows them too.
-        if args.json {
-            if let Err(code) = print_json(&[], &findings, Some(&why)) {
-                return code;
-            }
-        }
-        return fail(code_for(&e), why);
+        return early(code_for(&e), why, &findings);
     }
     let mut broken = None;
     // A reader that went away (`| head -1`) ends the run at the next case.
@@ -176,11 +185,21 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
     if let Err(code) = printed {
         return code;
     }
-    if failed > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+    if failed == 0 {
+        return ExitCode::SUCCESS;
     }
+    // Failures from a deployment that stopped answering during the run say
+    // nothing about conformance: asked once more, a server that cannot be
+    // reached now makes the run's status 69, as at its start.
+    if let Err(e) = first_lock(&*factory).await {
+        if e.is_retryable() {
+            return fail(
+                crate::EXIT_UNAVAILABLE,
+                format!("the backend stopped answering during the run ({e}); its failed cases may say nothing about conformance"),
+            );
+        }
+    }
+    ExitCode::FAILURE
 }
 
 /// Writes the findings and cases (and why none ran) as one JSON document.

@@ -499,6 +499,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
+        // A log line that cannot be written (stderr a closed pipe) is
+        // dropped: reporting it would panic on the same stderr.
+        .log_internal_errors(false)
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

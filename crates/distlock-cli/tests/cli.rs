@@ -1372,6 +1372,22 @@ fn conformance_on_a_replica_says_so_and_ends_at_once() {
             .is_some_and(|e| e.contains("no case can run")),
         "{text}"
     );
+    // So is a server that cannot be reached: no findings, no cases.
+    let out = bin()
+        .args(["conformance", "--json", "--backend", "redis://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(&out), 69, "{text}");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("one JSON document");
+    assert_eq!(doc["findings"], serde_json::json!([]), "{text}");
+    assert_eq!(doc["cases"], serde_json::json!([]), "{text}");
+    assert!(
+        doc["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("127.0.0.1:1")),
+        "{text}"
+    );
 }
 
 /// The harness's PostgreSQL runs with `synchronous_commit=off` and
@@ -2998,4 +3014,81 @@ fn sigterm_stops_a_shell_loop_without_waiting_for_its_zombies() {
         took < Duration::from_secs(3),
         "exited after {took:?}: {err}"
     );
+}
+
+/// A password holding an unencoded `/`, `?` or `#` is refused as an
+/// invalid URL (exit 2) on every backend, and no part of it is shown:
+/// parsed as it stands, part of it would be named as a host, a path or a
+/// parameter.
+#[test]
+fn an_unencoded_delimiter_in_a_password_is_refused_without_showing_it() {
+    for url in [
+        "redis://u:S3cr3t/XYZZY@127.0.0.1:1",
+        "redis+sentinel://u:S3cr3t?XYZZY@127.0.0.1:1/m",
+        "redlock://u:S3cr3t/XYZZY@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+        "postgres://u:S3cr3t/XYZZY@127.0.0.1:1/db",
+        "mysql://u:S3cr3t?XYZZY@127.0.0.1:1/db",
+        "etcd://u:S3cr3t/XYZZY@127.0.0.1:1",
+        "zk://u:S3cr3t#XYZZY@127.0.0.1:1",
+    ] {
+        let out = bin()
+            .args(["run", "--backend", url, "n", "--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{url}: {err}");
+        assert!(err.contains("percent-encode"), "{url}: {err}");
+        assert!(
+            !err.contains("S3cr3t") && !err.contains("XYZZY"),
+            "{url}: {err}"
+        );
+    }
+}
+
+/// A closed stderr (`2>&1 | true`) costs distlock its messages, not its
+/// exit code: the log lines it cannot write are dropped, not a panic (101).
+#[test]
+fn a_closed_stderr_keeps_the_exit_code() {
+    // Warnings on: each failed connection attempt logs one.
+    let mut child = bin()
+        .env("RUST_LOG", "warn")
+        .args([
+            "run",
+            "--backend",
+            "redis://127.0.0.1:1",
+            "--wait",
+            "2s",
+            "n",
+            "--",
+            "true",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(69), "{status:?}");
+}
+
+/// A server that goes away during the run makes the rest of the cases
+/// fail; asked once more at the end, it is unreachable, and the run's
+/// status is 69 (unreachable), not 1 (not conformant).
+#[cfg(feature = "redis")]
+#[test]
+fn conformance_whose_server_goes_away_exits_unavailable() {
+    let server = integration_tests::harness::redis::spawn(&[])
+        .expect("redis-server must start; run scripts/test.sh to install it");
+    let run = bin()
+        .args(["conformance", "--backend"])
+        .arg(format!("redis://127.0.0.1:{}", server.port))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    drop(server);
+    let out = run.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(err.contains("stopped answering during the run"), "{err}");
 }

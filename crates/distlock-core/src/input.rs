@@ -40,6 +40,33 @@ pub fn query_pairs<'a>(what: &str, query: &'a str) -> Result<Vec<(&'a str, &'a s
     Ok(pairs)
 }
 
+/// Refuses a URL whose user or password holds an unencoded `/`, `?` or
+/// `#`: the parser would take part of the password for a host, a path or a
+/// parameter, and name it in an error. Nothing of the URL is in the
+/// message. An `@` inside a parameter's value (`?prefix=a@b`) is no user's.
+pub fn check_userinfo_encoded(url: &str) -> Result<()> {
+    let Some((_, rest)) = url.split_once("://") else {
+        return Ok(());
+    };
+    let (Some(at), Some(delimiter)) = (rest.rfind('@'), rest.find(['/', '?', '#'])) else {
+        return Ok(());
+    };
+    if delimiter > at {
+        return Ok(());
+    }
+    let between = &rest[delimiter..at];
+    if between
+        .rfind('?')
+        .is_some_and(|q| between[q..].contains('='))
+    {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        crate::InputKind::Url,
+        "the URL has an `@` after a `/`, `?` or `#`: percent-encode those characters in the user and password (`/` as %2F, `?` as %3F, `#` as %23, `@` as %40)",
+    ))
+}
+
 /// The `host:port` entries of a comma-separated server list, each checked
 /// (a host and a port number) and none listed twice. Entries are compared
 /// as the server sees them: the port as a number (`1` and `01` are one
@@ -108,6 +135,29 @@ pub fn check_millis(name: &str, value: Duration, min: Duration, max: Duration) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_with_an_unencoded_delimiter_is_refused_without_showing_it() {
+        for url in [
+            "redis://u:S3cr3t/XYZZY@127.0.0.1:6379",
+            "redis://u:S3cr3t?XYZZY@127.0.0.1:6379",
+            "postgres://u:S3cr3t#XYZZY@db/app",
+            "zk://u:S3cr3t/XYZZY==@h:2181/root",
+        ] {
+            let e = check_userinfo_encoded(url).unwrap_err().to_string();
+            assert!(!e.contains("S3cr3t") && !e.contains("XYZZY"), "{e}");
+            assert!(e.contains("percent-encode"), "{e}");
+        }
+        for url in [
+            "redis://u:S3cr3t%2FXYZZY@127.0.0.1:6379/0",
+            "redis://127.0.0.1:6379/0?prefix=a@b",
+            "redis://u:p@127.0.0.1:6379?prefix=a@b",
+            "postgres://u@db/app?sslrootcert=/certs/a@b.pem",
+            "etcd://h1:2379,h2:2379",
+        ] {
+            assert!(check_userinfo_encoded(url).is_ok(), "{url}");
+        }
+    }
 
     #[test]
     fn a_repeated_query_key_is_refused() {

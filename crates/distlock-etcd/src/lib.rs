@@ -605,13 +605,32 @@ impl EtcdBackend {
         #[cfg(not(feature = "tls"))]
         let _ = (ca_file, https);
         let shown = hosts;
-        let mut client = Client::connect(&endpoints, Some(options))
+        // The connect timeout covers the TCP connection only: a member
+        // that accepts it and then stalls (a paused process, a TLS
+        // handshake nobody answers) is bounded here, the login and the
+        // first request with it.
+        let first = async {
+            let mut client = Client::connect(&endpoints, Some(options))
+                .await
+                .map_err(|e| err(&shown, e))?;
+            // The channel connects lazily, and requests retry an unavailable
+            // cluster for seconds: one unretried request here reports a
+            // server that is not there (or refuses the credentials) at once.
+            client.status().await.map_err(|e| err(&shown, e))?;
+            Ok::<_, Error>(client)
+        };
+        let client = tokio::time::timeout(timeout.saturating_mul(2), first)
             .await
-            .map_err(|e| err(&shown, e))?;
-        // The channel connects lazily, and requests retry an unavailable
-        // cluster for seconds: one unretried request here reports a server
-        // that is not there (or refuses the credentials) at once.
-        client.status().await.map_err(|e| err(&shown, e))?;
+            .map_err(|_| {
+                Error::unavailable(
+                    "etcd",
+                    format!(
+                        "etcd at {shown}: no answer within {:?} (the connection, its TLS handshake or the first request stalled)",
+                        timeout.saturating_mul(2)
+                    ),
+                    None,
+                )
+            })??;
         Ok(Self {
             inner: Arc::new(Inner {
                 kv: client.kv_client(),
@@ -1857,6 +1876,7 @@ struct EtcdUrl {
 
 /// Parses an `etcd://` or `etcds://` URL (see [`EtcdBackend::connect`]).
 fn parse_url(url: &str) -> Result<EtcdUrl> {
+    distlock_core::input::check_userinfo_encoded(url)?;
     let bad = |why: String| Error::invalid(InputKind::Url, format!("etcd:// URL: {why}"));
     let (scheme, rest) = url
         .split_once("://")

@@ -305,6 +305,10 @@ fn sentinel_client(
 /// The description of the error for a service no Sentinel monitors.
 pub(crate) const UNKNOWN_SERVICE: &str = "no Sentinel monitors the service";
 
+/// The error of a Sentinel that requires a password: the URL's is the
+/// master's, and Sentinels are asked without one.
+pub(crate) const SENTINEL_AUTH: &str = "a Sentinel requires a password";
+
 /// Whether the Sentinels that answer all say they monitor no service
 /// `service` (`SENTINEL GET-MASTER-ADDR-BY-NAME` answers nil), as opposed to
 /// naming a master that is down: the service name is wrong, and asking again
@@ -531,6 +535,15 @@ impl Conn {
                             redis::ErrorKind::MasterNameNotFoundBySentinel,
                             UNKNOWN_SERVICE,
                             service.clone(),
+                        )))
+                    }
+                    // With the URL's password the master cannot answer
+                    // NOAUTH: a Sentinel did.
+                    Err(e) if e.code() == Some("NOAUTH") && password.is_some() => {
+                        Err(RedisError::from((
+                            redis::ErrorKind::AuthenticationFailed,
+                            SENTINEL_AUTH,
+                            e.to_string(),
                         )))
                     }
                     Err(e) => Err(e),

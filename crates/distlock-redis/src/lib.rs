@@ -708,6 +708,9 @@ const FOREIGN_DATA: &str = "a key distlock uses for this name holds data distloc
 fn refused_configuration(e: &RedisError) -> Option<&'static str> {
     use redis::{ErrorKind, ServerErrorKind};
     match (e.kind(), e.code()) {
+        _ if e.to_string().contains(conn::SENTINEL_AUTH) => Some(
+            "the URL's password is the master's, and distlock asks the Sentinels without one: let them accept clients without a password",
+        ),
         (ErrorKind::AuthenticationFailed, _) | (_, Some("WRONGPASS")) => {
             Some("check the user and password in the URL")
         }

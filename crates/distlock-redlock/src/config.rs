@@ -99,6 +99,7 @@ impl RedlockConfig {
 /// Parses `redlock://[user:pass@]host:port,host:port,...[?options]` into
 /// one `redis://` URL per node.
 pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>> {
+    distlock_core::input::check_userinfo_encoded(url)?;
     let bad = |why: String| Error::invalid(InputKind::Url, format!("redlock:// URL: {why}"));
     let rest = url
         .strip_prefix("redlock://")

@@ -148,6 +148,17 @@ pub fn command(port: u16, args: &[&str]) -> Option<String> {
     tcp_exchange(port, req.as_bytes())
 }
 
+/// [`command`] sent after `AUTH password`.
+pub fn command_as(port: u16, password: &str, args: &[&str]) -> Option<String> {
+    let mut req = format!("*2\r\n$4\r\nAUTH\r\n${}\r\n{password}\r\n", password.len());
+    req.push_str(&format!("*{}\r\n", args.len()));
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    req.push_str("*1\r\n$4\r\nQUIT\r\n");
+    tcp_exchange(port, req.as_bytes())
+}
+
 /// How often the server on `port` has run the commands `names` (lower
 /// case, e.g. `evalsha`), from `INFO commandstats`: what clients sent, not
 /// the commands their scripts ran.
