@@ -1433,6 +1433,46 @@ fn conformance_reports_a_single_member_etcd() {
     assert!(text.contains("WARNING members: 2: "), "{text}");
 }
 
+/// Redlock's findings are each node's, named after it: here one node
+/// evicts.
+#[cfg(feature = "redlock")]
+#[test]
+fn conformance_reports_each_redlock_node() {
+    use integration_tests::harness::redis::spawn;
+    let nodes = [
+        spawn(&[]).unwrap(),
+        spawn(&[]).unwrap(),
+        spawn(&["--maxmemory-policy", "allkeys-lru", "--maxmemory", "100mb"]).unwrap(),
+    ];
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let text = findings(&format!("redlock://{}", hosts.join(",")));
+    let evicting = format!("WARNING {} maxmemory-policy: allkeys-lru", hosts[2]);
+    assert!(text.contains(&evicting), "{text}");
+    for h in &hosts[..2] {
+        assert!(
+            text.contains(&format!("fine    {h} maxmemory-policy: noeviction")),
+            "{text}"
+        );
+    }
+}
+
+/// A standalone ZooKeeper is one server: its loss stops every lock; an
+/// ensemble of three is fine.
+#[cfg(feature = "zookeeper")]
+#[test]
+fn conformance_reports_a_standalone_zookeeper() {
+    use integration_tests::harness::{zookeeper, ServerKind};
+    let one = zookeeper::spawn().expect("ZooKeeper must start; run scripts/test.sh to install it");
+    let text = findings(&ServerKind::ZooKeeper.url("127.0.0.1", one.port));
+    assert!(text.contains("WARNING servers: standalone: "), "{text}");
+    let three = zookeeper::ensemble(3).unwrap();
+    let text = findings(&ServerKind::ZooKeeper.url("127.0.0.1", three[0].port));
+    assert!(text.contains("fine    servers: 3"), "{text}");
+}
+
 /// A ZooKeeper whose `maxSessionTimeout` is below a TTL cannot give a hold
 /// of that TTL its session: named for that TTL, fine for one it can.
 #[cfg(feature = "zookeeper")]

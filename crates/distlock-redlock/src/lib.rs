@@ -847,6 +847,38 @@ impl Backend for RedlockBackend {
         }
     }
 
+    /// Each node's settings as the Redis backend reads them, each named
+    /// after its node: a node that evicts keys or loses them in a restart
+    /// can complete a second majority.
+    async fn deployment_findings(&self) -> Result<Vec<distlock_core::Finding>> {
+        let t = self.connect_timeout().max(Duration::from_secs(2));
+        let each = join_all(self.inner.nodes.iter().map(|n| async move {
+            let read = async { n.redis().await?.deployment_findings().await };
+            let read = tokio::time::timeout(t, read).await.unwrap_or_else(|_| {
+                Err(Error::unavailable(
+                    "redlock",
+                    format!("{} did not answer within {t:?}", n.endpoint),
+                    None,
+                ))
+            });
+            match read {
+                Ok(found) => found
+                    .into_iter()
+                    .map(|mut f| {
+                        f.setting = format!("{} {}", n.endpoint, f.setting);
+                        f
+                    })
+                    .collect(),
+                Err(e) => vec![distlock_core::Finding::unknown(
+                    format!("{} settings", n.endpoint),
+                    e.to_string(),
+                )],
+            }
+        }))
+        .await;
+        Ok(each.into_iter().flatten().collect())
+    }
+
     /// Held when a majority of nodes hold the key (exclusively or shared);
     /// a shared hold counts where a majority of nodes list it, and a
     /// writer waits where a majority of nodes list its mark. The holder

@@ -463,7 +463,31 @@ pub(crate) fn check_tls_files(url: &str) -> Result<()> {
             ));
         }
     }
-    Ok(())
+    check_ca_verified(query)
+}
+
+/// Refuses a CA file with a mode that checks no certificate (sqlx then
+/// ignores the file, where libpq would verify with it): the URL asks for a
+/// verification it would not get.
+fn check_ca_verified(query: &str) -> Result<()> {
+    let pairs = || query.split('&').filter_map(|p| p.split_once('='));
+    let Some((ca, _)) =
+        pairs().find(|(k, _)| matches!(*k, "sslrootcert" | "ssl-root-cert" | "ssl-ca" | "sslca"))
+    else {
+        return Ok(());
+    };
+    let mode = pairs()
+        .find(|(k, _)| matches!(*k, "sslmode" | "ssl-mode"))
+        .map(|(_, v)| v.to_ascii_lowercase());
+    match mode.as_deref() {
+        Some("verify-ca" | "verify-full" | "verify_ca" | "verify_identity") => Ok(()),
+        _ => Err(Error::invalid(
+            InputKind::Url,
+            format!(
+                "{ca} names a CA, but the TLS mode checks no certificate with it: use sslmode=verify-ca or verify-full (PostgreSQL), ssl-mode=VERIFY_CA or VERIFY_IDENTITY (MySQL)"
+            ),
+        )),
+    }
 }
 
 /// Decodes `%XX` escapes and `+` as a URL query does.
@@ -840,9 +864,22 @@ mod tests {
             env!("CARGO_MANIFEST_DIR")
         );
         assert!(check_tls_files(&readable).is_ok());
-        assert!(
-            check_tls_files("postgres://h/db?sslrootcert=-----BEGIN%20CERTIFICATE-----").is_ok()
-        );
+        // A CA with a mode that checks no certificate: refused, not ignored.
+        let dir = env!("CARGO_MANIFEST_DIR");
+        for unverified in [
+            format!("mysql://h/db?ssl-mode=REQUIRED&ssl-ca={dir}/Cargo.toml"),
+            format!("postgres://h/db?sslmode=require&sslrootcert={dir}/Cargo.toml"),
+            format!("postgres://h/db?sslrootcert={dir}/Cargo.toml"),
+        ] {
+            let e = check_tls_files(&unverified).unwrap_err().to_string();
+            assert!(e.contains("checks no certificate"), "{unverified}: {e}");
+        }
+        let verified = format!("postgres://h/db?sslrootcert={dir}/Cargo.toml&sslmode=verify-full");
+        assert!(check_tls_files(&verified).is_ok());
+        assert!(check_tls_files(
+            "postgres://h/db?sslmode=verify-ca&sslrootcert=-----BEGIN%20CERTIFICATE-----"
+        )
+        .is_ok());
         assert!(check_tls_files("postgres://h/db?sslmode=require").is_ok());
     }
 

@@ -1119,9 +1119,40 @@ impl Backend for ZooKeeperBackend {
     /// still there and still ours.
     /// Whether the server's session bounds admit the TTLs distlock uses
     /// most: its default and the conformance suite's expiry TTL. A hold's
-    /// session must time out at exactly its TTL.
+    /// session must time out at exactly its TTL. And the ensemble's size,
+    /// from `/zookeeper/config` (empty on a standalone server): one server
+    /// has no fault tolerance, and an even number no more than one fewer.
     async fn deployment_findings(&self) -> Result<Vec<Finding>> {
         let mut out = Vec::new();
+        let config = match self.client().await {
+            Ok(c) => c
+                .get_data("/zookeeper/config")
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        out.push(match config {
+            Ok((data, _)) => {
+                let servers = String::from_utf8_lossy(&data)
+                    .lines()
+                    .filter(|l| l.starts_with("server.") && !l.contains(":observer"))
+                    .count();
+                match servers {
+                    0 | 1 => Finding::warning(
+                        "servers",
+                        if servers == 0 { "standalone".to_string() } else { "1".to_string() },
+                        "one server: its loss stops every lock, and its disk is the only copy; run an ensemble of 3 or 5",
+                    ),
+                    n if n % 2 == 0 => Finding::warning(
+                        "servers",
+                        n.to_string(),
+                        "an even number of voting servers tolerates no more failures than one fewer; run 3 or 5",
+                    ),
+                    n => Finding::fine("servers", n.to_string()),
+                }
+            }
+            Err(why) => Finding::unknown("servers", format!("/zookeeper/config: {why}")),
+        });
         for ttl in [distlock_core::DEFAULT_TTL, Duration::from_secs(3)] {
             let setting = format!("session timeout for a {ttl:?} TTL");
             out.push(match self.hold_session(ttl).await {
