@@ -465,7 +465,15 @@ impl LockBuilder {
             Some(Local::Nested(guard)) => return Ok(Some(guard)),
             Some(Local::Gate(gate)) => gate,
         };
-        let Some((req, grant)) = self.ask_live(&name, mode, start).await? else {
+        let asked = self.ask_live(&name, mode, start).await;
+        if let Err(Error::LimitMismatch { stored, .. }) = &asked {
+            // The gate was widened for the limit asked for; the server
+            // keeps another.
+            drop(gate);
+            fit_existing_gate(&self.client.slots, &name, self.kind, *stored);
+            return asked.map(|_| None);
+        }
+        let Some((req, grant)) = asked? else {
             return Ok(None);
         };
         tracing::debug!(token = %grant.token, waited = ?start.elapsed(), "acquired");

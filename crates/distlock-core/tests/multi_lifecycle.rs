@@ -2,7 +2,7 @@
 //! shared holds, `run`, `max_hold`, reentrancy. Time is paused, so the
 //! schedules are exact.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +36,9 @@ struct Wrapped {
     slow_acquires: AtomicBool,
     /// Releases take a round trip of 10 ms.
     slow_releases: AtomicBool,
+    /// Waiting acquires on the server now, and the most there were at once.
+    waiting: AtomicUsize,
+    most_waiting: AtomicUsize,
 }
 
 impl Wrapped {
@@ -63,6 +66,15 @@ impl Backend for Wrapped {
                 None => std::future::pending::<()>().await,
             }
         }
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let now = self.waiting.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_waiting.fetch_max(now, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
         self.inner.acquire(req, deadline).await
     }
     async fn try_acquire_all(&self, reqs: &[LockRequest]) -> Result<AllAtOnce> {
@@ -147,6 +159,39 @@ async fn a_wait_ends_by_its_deadline(a: &LockClient) {
         "the wait ended {:?} after it began",
         start.elapsed()
     );
+}
+
+/// A request naming a larger limit than the semaphore's widens the client's
+/// local gate for its ask; refused (`LimitMismatch`), the gate fits the
+/// stored limit again, so the client's waiters on the server stay at most
+/// as many as the permits they could use.
+#[tokio::test(start_paused = true)]
+async fn a_limit_mismatch_leaves_the_local_gate_at_the_stored_limit() {
+    let (w, a, b) = setup();
+    let mine = a.semaphore("gate/s", 2).acquire().await.unwrap();
+    let _theirs = b.semaphore("gate/s", 2).acquire().await.unwrap();
+    let wider = a.semaphore("gate/s", 10).try_acquire().await;
+    assert!(
+        matches!(wider, Err(Error::LimitMismatch { .. })),
+        "{wider:?}"
+    );
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let a = a.clone();
+            tokio::spawn(async move {
+                a.semaphore("gate/s", 2)
+                    .wait(Duration::from_secs(1))
+                    .acquire()
+                    .await
+            })
+        })
+        .collect();
+    for w in waiters {
+        let _ = w.await.unwrap();
+    }
+    // One permit is the client's own: one waiter could use the other.
+    assert_eq!(w.most_waiting.load(Ordering::SeqCst), 1);
+    mine.release().await.unwrap();
 }
 
 /// A multi-lock's timeout reports the whole wait, not the part spent on
