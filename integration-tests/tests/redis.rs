@@ -424,10 +424,12 @@ async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
     // announces no release, so they look again within 100 ms rather than
     // at its expiry, a minute away, past their wait.
     let channel = format!("{{{name}}}:released");
+    // Within 1.5 s: a subscription lingers 2 s after its last waiter
+    // unless its client is dropped.
     let subscribers = |n: usize| {
         let (raw, channel) = (&raw, &channel);
         async move {
-            for _ in 0..400 {
+            for _ in 0..60 {
                 // The count, then the reply to the QUIT `command` sends.
                 if raw(&["PUBSUB", "NUMSUB", channel])?.contains(&format!("\r\n:{n}\r\n+OK")) {
                     return Ok::<(), Failed>(());

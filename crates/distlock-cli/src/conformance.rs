@@ -189,10 +189,19 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     // Failures from a deployment that stopped answering during the run say
-    // nothing about conformance: asked once more, a server that cannot be
-    // reached now makes the run's status 69, as at its start.
-    if let Err(e) = first_lock(&*factory).await {
-        if e.is_retryable() {
+    // nothing about conformance: asked twice more, a second apart and 10 s
+    // each at most, a server that cannot be reached either time makes the
+    // run's status 69, as at its start.
+    let unreachable = || async {
+        match tokio::time::timeout(Duration::from_secs(10), first_lock(&*factory)).await {
+            Ok(Err(e)) if e.is_retryable() => Some(e.to_string()),
+            Ok(_) => None,
+            Err(_) => Some("no answer within 10s".to_string()),
+        }
+    };
+    if unreachable().await.is_some() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Some(e) = unreachable().await {
             return fail(
                 crate::EXIT_UNAVAILABLE,
                 format!("the backend stopped answering during the run ({e}); its failed cases may say nothing about conformance"),

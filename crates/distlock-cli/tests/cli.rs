@@ -3056,7 +3056,8 @@ fn sigterm_stops_a_shell_loop_without_waiting_for_its_zombies() {
     );
 }
 
-/// A password holding an unencoded `/`, `?` or `#` is refused as an
+/// A password holding an unencoded `/`, `?` or `#` (etcd: `?`, which
+/// its URL splits at; it takes the rest as written) is refused as an
 /// invalid URL (exit 2) on every backend, and no part of it is shown:
 /// parsed as it stands, part of it would be named as a host, a path or a
 /// parameter.
@@ -3068,8 +3069,9 @@ fn an_unencoded_delimiter_in_a_password_is_refused_without_showing_it() {
         "redlock://u:S3cr3t/XYZZY@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
         "postgres://u:S3cr3t/XYZZY@127.0.0.1:1/db",
         "mysql://u:S3cr3t?XYZZY@127.0.0.1:1/db",
-        "etcd://u:S3cr3t/XYZZY@127.0.0.1:1",
-        "zk://u:S3cr3t#XYZZY@127.0.0.1:1",
+        "etcd://u:S3cr3t?XYZZY@127.0.0.1:1",
+        "zk://u:S3cr3t/XYZZY@127.0.0.1:1",
+        "redis://u:S3cr3t?XYZ=ZY@127.0.0.1:1",
     ] {
         let out = bin()
             .args(["run", "--backend", url, "n", "--", "true"])
@@ -3077,7 +3079,7 @@ fn an_unencoded_delimiter_in_a_password_is_refused_without_showing_it() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(code(&out), 2, "{url}: {err}");
-        assert!(err.contains("percent-encode"), "{url}: {err}");
+        assert!(err.contains("percent-encoded"), "{url}: {err}");
         assert!(
             !err.contains("S3cr3t") && !err.contains("XYZZY"),
             "{url}: {err}"

@@ -40,30 +40,40 @@ pub fn query_pairs<'a>(what: &str, query: &'a str) -> Result<Vec<(&'a str, &'a s
     Ok(pairs)
 }
 
-/// Refuses a URL whose user or password holds an unencoded `/`, `?` or
-/// `#`: the parser would take part of the password for a host, a path or a
-/// parameter, and name it in an error. Nothing of the URL is in the
-/// message. An `@` inside a parameter's value (`?prefix=a@b`) is no user's.
-pub fn check_userinfo_encoded(url: &str) -> Result<()> {
+/// Refuses a URL whose user or password holds one of `delimiters` (of
+/// `/`, `?` and `#`, those the backend's parser splits the URL at before
+/// it looks for the `@`): the parser would take part of the password for a
+/// host, a path or a parameter, and name it in an error. Nothing of the URL
+/// is in the message. Such a URL has no `@` before its first delimiter, and
+/// after its last `@` a host list with ports; an `@` in a path or a
+/// parameter's value (`/app@prod`, `?prefix=a@b`) is no user's.
+pub fn check_userinfo_encoded(url: &str, delimiters: &[char]) -> Result<()> {
     let Some((_, rest)) = url.split_once("://") else {
         return Ok(());
     };
-    let (Some(at), Some(delimiter)) = (rest.rfind('@'), rest.find(['/', '?', '#'])) else {
+    let Some(first) = rest.find(delimiters) else {
         return Ok(());
     };
-    if delimiter > at {
+    if rest[..first].contains('@') {
         return Ok(());
     }
-    let between = &rest[delimiter..at];
-    if between
-        .rfind('?')
-        .is_some_and(|q| between[q..].contains('='))
-    {
+    let Some(at) = rest.rfind('@').filter(|at| *at > first) else {
+        return Ok(());
+    };
+    let after = &rest[at + 1..];
+    let hosts = after.split(['/', '?', '#']).next().unwrap_or("");
+    let is_host_list = !hosts.is_empty()
+        && hosts.split(',').all(|h| {
+            h.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())
+            })
+        });
+    if !is_host_list {
         return Ok(());
     }
     Err(Error::invalid(
         crate::InputKind::Url,
-        "the URL has an `@` after a `/`, `?` or `#`: percent-encode those characters in the user and password (`/` as %2F, `?` as %3F, `#` as %23, `@` as %40)",
+        "the URL has an `@` after a `/`, `?` or `#`: a user or password holding one of those must be percent-encoded (`/` as %2F, `?` as %3F, `#` as %23, `@` as %40) where the backend decodes it (PostgreSQL, MySQL, Redis, Redlock); etcd and ZooKeeper take it as written, and cannot be given such a one in the URL",
     ))
 }
 
@@ -138,25 +148,32 @@ mod tests {
 
     #[test]
     fn a_password_with_an_unencoded_delimiter_is_refused_without_showing_it() {
+        let all = ['/', '?', '#'];
         for url in [
             "redis://u:S3cr3t/XYZZY@127.0.0.1:6379",
             "redis://u:S3cr3t?XYZZY@127.0.0.1:6379",
-            "postgres://u:S3cr3t#XYZZY@db/app",
-            "zk://u:S3cr3t/XYZZY==@h:2181/root",
+            "redis://u:S3cr3t?XYZ=ZY@127.0.0.1:6379",
+            "postgres://u:S3cr3t#XYZZY@db:5432/app",
+            "zk://u:S3cr3t/XYZZY==@h:2181,h2:2181/root",
         ] {
-            let e = check_userinfo_encoded(url).unwrap_err().to_string();
+            let e = check_userinfo_encoded(url, &all).unwrap_err().to_string();
             assert!(!e.contains("S3cr3t") && !e.contains("XYZZY"), "{e}");
-            assert!(e.contains("percent-encode"), "{e}");
+            assert!(e.contains("percent-encoded"), "{e}");
         }
         for url in [
             "redis://u:S3cr3t%2FXYZZY@127.0.0.1:6379/0",
             "redis://127.0.0.1:6379/0?prefix=a@b",
             "redis://u:p@127.0.0.1:6379?prefix=a@b",
             "postgres://u@db/app?sslrootcert=/certs/a@b.pem",
+            "postgres://u@h/my@db",
+            "zk://h:2181/app@prod",
             "etcd://h1:2379,h2:2379",
         ] {
-            assert!(check_userinfo_encoded(url).is_ok(), "{url}");
+            assert!(check_userinfo_encoded(url, &all).is_ok(), "{url}");
         }
+        // A backend that splits only at `?` takes a `/` in the password.
+        assert!(check_userinfo_encoded("etcd://u:a/b@h:2379", &['?']).is_ok());
+        assert!(check_userinfo_encoded("etcd://u:a?b@h:2379", &['?']).is_err());
     }
 
     #[test]

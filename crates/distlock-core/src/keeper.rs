@@ -247,7 +247,7 @@ impl Keeper {
                 None if r.capped_by_max_hold => LostReason::MaxHoldReached,
                 // Due before the deadline, the renewal never ran: the
                 // process or its runtime stalled past it.
-                None if r.renewing => LostReason::Stalled,
+                None if r.renewing && now >= r.next_renew => LostReason::Stalled,
                 None => LostReason::DeadlinePassed,
             };
             drop(r);

@@ -1604,17 +1604,20 @@ impl Backend for EtcdBackend {
             Err(e) => Finding::unknown("version", format!("Status refused: {e}")),
         };
         let members = match client.member_list().await {
-            Ok(m) if m.members().len() == 1 => Finding::warning(
-                "members",
-                "1",
-                "one member: its loss stops every lock, and its disk is the only copy; run 3 or 5 members",
-            ),
-            Ok(m) if m.members().len() % 2 == 0 => Finding::warning(
-                "members",
-                m.members().len().to_string(),
-                "an even number of members tolerates no more failures than one member fewer, and a split in half stops every lock; run 3 or 5 members",
-            ),
-            Ok(m) => Finding::fine("members", m.members().len().to_string()),
+            // Learners do not vote: the quorum is the voting members'.
+            Ok(m) => match m.members().iter().filter(|m| !m.is_learner()).count() {
+                1 => Finding::warning(
+                    "members",
+                    "1",
+                    "one member: its loss stops every lock, and its disk is the only copy; run 3 or 5 members",
+                ),
+                n if n % 2 == 0 => Finding::warning(
+                    "members",
+                    n.to_string(),
+                    "an even number of members tolerates no more failures than one member fewer, and a split in half stops every lock; run 3 or 5 members",
+                ),
+                n => Finding::fine("members", n.to_string()),
+            },
             Err(e) => Finding::unknown("members", format!("MemberList refused: {e}")),
         };
         Ok(vec![version, members])
@@ -1876,7 +1879,8 @@ struct EtcdUrl {
 
 /// Parses an `etcd://` or `etcds://` URL (see [`EtcdBackend::connect`]).
 fn parse_url(url: &str) -> Result<EtcdUrl> {
-    distlock_core::input::check_userinfo_encoded(url)?;
+    // The password is taken as written: only a `?` in it is misread.
+    distlock_core::input::check_userinfo_encoded(url, &['?'])?;
     let bad = |why: String| Error::invalid(InputKind::Url, format!("etcd:// URL: {why}"));
     let (scheme, rest) = url
         .split_once("://")

@@ -209,7 +209,7 @@ fn bad(url: &str, why: impl std::fmt::Display) -> Error {
 /// their TLS forms `rediss://`, `rediss+sentinel://` and `rediss+cluster://`,
 /// taking distlock's own query parameters into `config`.
 pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
-    distlock_core::input::check_userinfo_encoded(url)?;
+    distlock_core::input::check_userinfo_encoded(url, &['/', '?', '#'])?;
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| bad(url, "expected scheme://host:port"))?;

@@ -449,10 +449,15 @@ impl RedisBackend {
         };
         let id =
             field("run_id:").ok_or_else(|| Error::backend("redis", "INFO server has no run_id"))?;
+        // From the wall clock: a clock stepped back can make it negative,
+        // read as just started.
         let up = field("uptime_in_seconds:")
-            .and_then(|s| s.parse::<u64>().ok())
+            .and_then(|s| s.parse::<i64>().ok())
             .ok_or_else(|| Error::backend("redis", "INFO server has no uptime_in_seconds"))?;
-        Ok((id.to_string(), Duration::from_secs(up)))
+        Ok((
+            id.to_string(),
+            Duration::from_secs(up.max(0).unsigned_abs()),
+        ))
     }
 }
 
@@ -538,6 +543,7 @@ fn judged(
         Some(warning) => Finding::warning(setting, warned.join("; "), warning),
         None => {
             let mut values: Vec<&str> = judged.iter().map(|(_, v, _)| v.as_str()).collect();
+            values.sort_unstable();
             values.dedup();
             match values.as_slice() {
                 [] => Finding::unknown(setting, "no node answered"),

@@ -99,7 +99,7 @@ impl RedlockConfig {
 /// Parses `redlock://[user:pass@]host:port,host:port,...[?options]` into
 /// one `redis://` URL per node.
 pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>> {
-    distlock_core::input::check_userinfo_encoded(url)?;
+    distlock_core::input::check_userinfo_encoded(url, &['/', '?', '#'])?;
     let bad = |why: String| Error::invalid(InputKind::Url, format!("redlock:// URL: {why}"));
     let rest = url
         .strip_prefix("redlock://")
@@ -144,7 +144,7 @@ pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>
     let (creds, hosts) = match authority.rsplit_once('@') {
         // `user:pw@a,user:pw@b`: read as credentials, the nodes before the
         // last would vanish into them.
-        Some((u, _)) if u.contains('@') => {
+        Some((u, _)) if u.contains('@') && u.contains(',') => {
             return Err(bad(
                 "credentials given per node; give them once, before the first node (user:pass@host1,host2,...), and percent-encode an @ in the password".into(),
             ))

@@ -510,7 +510,7 @@ impl SqlBackend {
     /// [`connect`](Self::connect) with options; URL parameters override them.
     pub async fn connect_with(url: &str, mut config: SqlConfig) -> Result<Self> {
         if !url.starts_with("sqlite") {
-            distlock_core::input::check_userinfo_encoded(url)?;
+            distlock_core::input::check_userinfo_encoded(url, &['/', '?', '#'])?;
         }
         let url = config.take_url_options(url)?;
         config::validate_table(&config.table)?;

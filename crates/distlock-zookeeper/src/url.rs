@@ -37,7 +37,7 @@ pub(crate) struct ZkUrl {
 /// Parses `zk://[user:password@]host:port[,host:port...][/chroot][?options]`
 /// (see [`ZooKeeperBackend::connect`](crate::ZooKeeperBackend::connect)).
 pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
-    distlock_core::input::check_userinfo_encoded(url)?;
+    distlock_core::input::check_userinfo_encoded(url, &['/', '?'])?;
     let bad = |why: String| Error::invalid(InputKind::Url, format!("zk:// URL: {why}"));
     let rest = url
         .strip_prefix("zk://")
