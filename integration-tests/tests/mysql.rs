@@ -224,6 +224,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::a_holder_cut_off_inside_a_renewals_transaction_holds_its_rows_no_longer",
+                renewal_cut_off(f.clone()),
+            ),
+            trial(
+                rt,
                 "mysql::fifo::semaphore::a_queued_waiter_learns_of_a_changed_limit",
                 fifo_limit_changed(f.clone()),
             ),
@@ -946,6 +951,69 @@ async fn renewal_given_up(f: Arc<SqlFactory>) -> Result<(), Failed> {
         g.release().await?;
     }
     Ok(())
+}
+
+/// A holder of two locks cut off (a partition) while the transaction that
+/// renews both is open on the server: the server ends that transaction
+/// after its idle limit (5 s), so another client takes the locks soon
+/// after their lease, not when the server drops the silent connection
+/// (`wait_timeout`, hours).
+async fn renewal_cut_off(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let url = f.url()?;
+    let (_, port) = integration_tests::harness::host_port(&url).ok_or("no port in the URL")?;
+    let proxy = integration_tests::harness::proxy::Proxy::start(port).map_err(|e| e.to_string())?;
+    let proxied =
+        f.url_with("pool_size=1")?
+            .replacen(&format!(":{port}"), &format!(":{}", proxy.port), 1);
+    let client = LockClient::new(SqlBackend::connect(&proxied).await?);
+    let ns = integration_tests::namespace();
+    let names = [format!("{ns}/cut-a"), format!("{ns}/cut-b")];
+    let held = client
+        .lock_all(&names)
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await?;
+    let admin = f.admin_pool::<sqlx::MySql>().await?;
+    // Each answer to the next renewal crosses the proxy slowly; once its
+    // transaction holds rows, the link goes silent.
+    proxy.set_reply_delay(Duration::from_millis(150));
+    // The renewal's transaction holds the row when another session cannot
+    // lock it without waiting.
+    let start = std::time::Instant::now();
+    loop {
+        let mut probe = admin.begin().await?;
+        let locked = sqlx::query("SELECT 1 FROM distlock_locks WHERE name = ? FOR UPDATE NOWAIT")
+            .bind(&names[0])
+            .fetch_optional(&mut *probe)
+            .await
+            .is_err();
+        probe.rollback().await?;
+        if locked {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err("no renewal's transaction was seen holding rows".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.set_blackhole(true);
+    let other = LockClient::new(f.connect(SqlConfig::default()).await?);
+    let taken = other
+        .lock(&names[0])
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await;
+    let waited = start.elapsed();
+    proxy.set_blackhole(false);
+    drop(held);
+    match taken {
+        Ok(g) if waited < Duration::from_secs(20) => {
+            g.release().await?;
+            Ok(())
+        }
+        Ok(_) => Err(format!("taken only {waited:?} after the cut").into()),
+        Err(e) => Err(format!("the cut-off holder's rows stayed locked: {e}").into()),
+    }
 }
 
 /// A semaphore's waiter at the head of the queue (`fifo=true`) sleeps

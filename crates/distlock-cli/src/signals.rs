@@ -77,7 +77,9 @@ impl Signals {
     /// Runs `wait` (connecting and waiting for `what`) unless a signal
     /// comes first: then `wait` is dropped, and with it its client, which
     /// starts the cleanup that [`interrupted`] waits for before the exit
-    /// code it answers.
+    /// code it answers. A wait that fails (it timed out, say) is followed
+    /// by the same cleanup: a request still on its way when the wait gave
+    /// up is released once it lands, if the process still runs.
     pub(crate) async fn unless_interrupted<T>(
         &mut self,
         what: &str,
@@ -86,7 +88,13 @@ impl Signals {
         let mut wait = Box::pin(wait);
         let sig = loop {
             let sig = tokio::select! {
-                done = &mut wait => return done,
+                done = &mut wait => {
+                    if done.is_err() {
+                        drop(wait);
+                        self.cleanup_finished().await;
+                    }
+                    return done;
+                }
                 sig = self.recv() => sig,
             };
             if sig != Signal::SIGTSTP {
@@ -98,6 +106,41 @@ impl Signals {
         // Dropped first: that starts the cleanup `interrupted` waits for.
         drop(wait);
         Err(interrupted(sig, what, self).await)
+    }
+
+    /// Waits until the runtime has no task left (the cleanup of a wait
+    /// that ended without a hold), for at most [`CLEANUP_GRACE`] or until
+    /// another signal.
+    async fn cleanup_finished(&mut self) {
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let start = Instant::now();
+        let settled = async {
+            while metrics.num_alive_tasks() > 0 && start.elapsed() < CLEANUP_GRACE {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        // Another signal ends the wait for the cleanup; Ctrl-Z does not.
+        let again = async {
+            loop {
+                let sig = self.recv().await;
+                if sig != Signal::SIGTSTP {
+                    return sig;
+                }
+            }
+        };
+        tokio::select! {
+            () = settled => {}
+            again = again => tracing::debug!(signal = %again, "not waiting for the cleanup any longer"),
+        }
+        let left = metrics.num_alive_tasks();
+        if left > 0 {
+            tracing::warn!(
+                tasks = left,
+                "the cleanup of the ended wait may not have finished; what it leaves on the server ends with its lease or session"
+            );
+        } else {
+            tracing::debug!(took = ?start.elapsed(), "the cleanup of the ended wait finished");
+        }
     }
 
     /// The next signal caught.
@@ -130,35 +173,7 @@ impl Signals {
 /// another signal. A subscription that lingers after its last waiter (on
 /// Redis, Redlock and PostgreSQL) ends with the client, dropped by now.
 pub(crate) async fn interrupted(sig: Signal, what: &str, signals: &mut Signals) -> ExitCode {
-    let metrics = tokio::runtime::Handle::current().metrics();
-    let start = Instant::now();
-    let settled = async {
-        while metrics.num_alive_tasks() > 0 && start.elapsed() < CLEANUP_GRACE {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    // Another signal ends the wait for the cleanup; Ctrl-Z does not.
-    let again = async {
-        loop {
-            let sig = signals.recv().await;
-            if sig != Signal::SIGTSTP {
-                return sig;
-            }
-        }
-    };
-    tokio::select! {
-        () = settled => {}
-        again = again => tracing::debug!(signal = %again, "not waiting for the cleanup any longer"),
-    }
-    let left = metrics.num_alive_tasks();
-    if left > 0 {
-        tracing::warn!(
-            tasks = left,
-            "the cleanup of the cancelled wait may not have finished; what it leaves on the server ends with its lease or session"
-        );
-    } else {
-        tracing::debug!(took = ?start.elapsed(), "the cleanup of the cancelled wait finished");
-    }
+    signals.cleanup_finished().await;
     fail(
         u8::try_from(128 + sig as i32).unwrap_or(255),
         format!("{sig} while waiting for {what}; nothing is held"),

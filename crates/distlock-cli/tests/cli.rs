@@ -3134,3 +3134,34 @@ fn conformance_whose_server_goes_away_exits_unavailable() {
     assert_eq!(code(&out), 69, "{err}");
     assert!(err.contains("stopped answering during the run"), "{err}");
 }
+
+/// A wait that gives up while its request waits in the server behind a
+/// row lock (another session's transaction) stays until the request lands
+/// (5 s at most) and releases what it granted: the lock is free once that
+/// transaction ends, not held for the waiter's TTL by nobody.
+#[test]
+fn a_wait_that_gave_up_releases_a_grant_that_lands_after_it() {
+    use integration_tests::harness::{postgres, ServerKind, TestServer};
+    let server = TestServer::start(ServerKind::Postgres).unwrap();
+    let url = server.url().to_string();
+    let name = format!("orphan/{}", std::process::id());
+    assert_eq!(code(&run(&url, &[], &name, &["true"])), 0);
+    let mut blocker = postgres::psql(&url)
+        .unwrap()
+        .arg("-c")
+        .arg(format!(
+            "BEGIN; SELECT token FROM distlock_locks WHERE name = '{name}' FOR UPDATE; SELECT pg_sleep(3); COMMIT;"
+        ))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let waited = run(&url, &["--ttl", "60s", "--wait", "1s"], &name, &["true"]);
+    assert_eq!(code(&waited), 75, "{waited:?}");
+    assert!(blocker.wait().unwrap().success());
+    assert_eq!(
+        code(&run(&url, &["--wait", "0"], &name, &["true"])),
+        0,
+        "the given-up wait's grant is held by nobody"
+    );
+}

@@ -145,7 +145,13 @@ impl SqlConfig {
         )?;
         check_millis("notify_fallback", self.notify_fallback, ms, MAX_WAIT)?;
         check_millis("observe_recheck_ms", self.observe_recheck, ms, MAX_WAIT)?;
-        check_millis("queue_lease_ms", self.queue_lease, ms, MAX_WAIT)?;
+        // At least 30 ms, checked above.
+        check_millis(
+            "queue_lease_ms",
+            self.queue_lease,
+            Duration::from_millis(30),
+            MAX_WAIT,
+        )?;
         Ok(())
     }
 

@@ -472,6 +472,14 @@ fn checked_holder(req: &LockRequest) -> Result<()> {
     }
 }
 
+/// How long the server lets one of distlock's connections sit idle inside
+/// a transaction before it ends the transaction and the connection
+/// (PostgreSQL, MariaDB): a client cut off in a transaction's middle holds
+/// its rows locked no longer. distlock's transactions send their
+/// statements back to back.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const IDLE_IN_TRANSACTION: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn endpoint_of(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.split('?').next().unwrap_or(rest);
@@ -578,14 +586,24 @@ impl SqlBackend {
             .max_connections(config.pool_size.unwrap_or(10))
             .acquire_timeout(config.connect_timeout)
             // The statements are written for READ COMMITTED, whatever the
-            // database's default isolation. A statement, not a startup
-            // parameter: connection poolers such as PgBouncer refuse those.
+            // database's default isolation. Statements, not startup
+            // parameters: connection poolers such as PgBouncer refuse those.
+            // A transaction left open by a client cut off in its middle (a
+            // renewal of several holds, a semaphore's first grant) would
+            // keep its rows locked until the server noticed the dead peer,
+            // hours later: the server ends it after IDLE_IN_TRANSACTION.
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     sqlx::query("SET default_transaction_isolation = 'read committed'")
-                        .execute(conn)
-                        .await
-                        .map(|_| ())
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::query(
+                        "SELECT set_config('idle_in_transaction_session_timeout', $1, false)",
+                    )
+                    .bind(IDLE_IN_TRANSACTION.as_millis().to_string())
+                    .execute(&mut *conn)
+                    .await
+                    .map(|_| ())
                 })
             })
             .connect_with(options)
@@ -659,6 +677,24 @@ impl SqlBackend {
         let pool = sqlx::mysql::MySqlPoolOptions::new()
             .max_connections(config.pool_size.unwrap_or(10))
             .acquire_timeout(config.connect_timeout)
+            // A transaction left open by a client cut off in its middle
+            // keeps its rows locked until the server drops the connection
+            // (`wait_timeout`, hours): MariaDB ends it after
+            // IDLE_IN_TRANSACTION. MySQL has no such setting.
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    let set = sqlx::query("SET SESSION idle_transaction_timeout = ?")
+                        .bind(IDLE_IN_TRANSACTION.as_secs());
+                    match set.execute(&mut *conn).await {
+                        Err(sqlx::Error::Database(e))
+                            if e.message().contains("Unknown system variable") =>
+                        {
+                            Ok(())
+                        }
+                        other => other.map(|_| ()),
+                    }
+                })
+            })
             .connect_with(options)
             .await
             .map_err(|e| err.map(e))?;
