@@ -903,12 +903,11 @@ async fn fifo_cut((what, row): (integration_tests::fifo::Queued, String)) -> Res
     .await
 }
 
-/// A renewal its caller gives up at the lease's deadline while its
-/// transaction is on the wire (every request through a proxy that delays
-/// it 1.5 s, on a pool of one connection): the rest of it runs, so the
-/// connection does not go back to the pool inside a transaction the
-/// driver does not know of, and the grants made on it next commit.
-async fn renewal_given_up(f: Arc<SqlFactory>) -> Result<(), Failed> {
+/// A client on a pool of one connection, through a proxy to `f`'s server
+/// that the test can slow down or silence.
+async fn proxied_pool_of_one(
+    f: &SqlFactory,
+) -> Result<(integration_tests::harness::proxy::Proxy, LockClient), Failed> {
     let url = f.url()?;
     let (_, port) = integration_tests::harness::host_port(&url).ok_or("no port in the URL")?;
     let proxy = integration_tests::harness::proxy::Proxy::start(port).map_err(|e| e.to_string())?;
@@ -916,6 +915,16 @@ async fn renewal_given_up(f: Arc<SqlFactory>) -> Result<(), Failed> {
         f.url_with("pool_size=1")?
             .replacen(&format!(":{port}"), &format!(":{}", proxy.port), 1);
     let client = LockClient::new(SqlBackend::connect(&proxied).await?);
+    Ok((proxy, client))
+}
+
+/// A renewal its caller gives up at the lease's deadline while its
+/// transaction is on the wire (every request through a proxy that delays
+/// it 1.5 s, on a pool of one connection): the rest of it runs, so the
+/// connection does not go back to the pool inside a transaction the
+/// driver does not know of, and the grants made on it next commit.
+async fn renewal_given_up(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (proxy, client) = proxied_pool_of_one(&f).await?;
     let ns = integration_tests::namespace();
     let g = client
         .lock(format!("{ns}/cut-renewal"))
@@ -959,13 +968,7 @@ async fn renewal_given_up(f: Arc<SqlFactory>) -> Result<(), Failed> {
 /// after their lease, not when the server drops the silent connection
 /// (`wait_timeout`, hours).
 async fn renewal_cut_off(f: Arc<SqlFactory>) -> Result<(), Failed> {
-    let url = f.url()?;
-    let (_, port) = integration_tests::harness::host_port(&url).ok_or("no port in the URL")?;
-    let proxy = integration_tests::harness::proxy::Proxy::start(port).map_err(|e| e.to_string())?;
-    let proxied =
-        f.url_with("pool_size=1")?
-            .replacen(&format!(":{port}"), &format!(":{}", proxy.port), 1);
-    let client = LockClient::new(SqlBackend::connect(&proxied).await?);
+    let (proxy, client) = proxied_pool_of_one(&f).await?;
     let ns = integration_tests::namespace();
     let names = [format!("{ns}/cut-a"), format!("{ns}/cut-b")];
     let held = client
