@@ -1865,8 +1865,7 @@ impl Backend for EtcdBackend {
     }
 }
 
-/// What an `etcd://` or `etcds://` URL says.
-#[derive(Debug)]
+/// What an `etcd://` or `etcds://` URL says. Its `Debug` shows no password.
 struct EtcdUrl {
     endpoints: Vec<String>,
     user: Option<(String, String)>,
@@ -1875,6 +1874,19 @@ struct EtcdUrl {
     https: bool,
     /// The hosts as given, for errors.
     hosts: String,
+}
+
+impl std::fmt::Debug for EtcdUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdUrl")
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.user.as_ref().map(|(user, _)| (user, "***")))
+            .field("timeout", &self.timeout)
+            .field("ca_file", &self.ca_file)
+            .field("https", &self.https)
+            .field("hosts", &self.hosts)
+            .finish()
+    }
 }
 
 /// Parses an `etcd://` or `etcds://` URL (see [`EtcdBackend::connect`]).
@@ -1985,6 +1997,12 @@ mod tests {
         }
         let u = parse_url("etcd://h:1,h:2,g:1").unwrap();
         assert_eq!(u.endpoints, ["http://h:1", "http://h:2", "http://g:1"]);
+        let u = parse_url("etcd://u:hunter2@h:1").unwrap();
+        let shown = format!("{u:?}");
+        assert!(
+            shown.contains(r#"("u", "***")"#) && !shown.contains("hunter2"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -173,8 +173,8 @@ impl RedisConfig {
     }
 }
 
-/// Where the data lives.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where the data lives. Its `Debug` shows no password.
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) enum Topology {
     /// One server: a URL for the redis client.
     Single(String),
@@ -190,6 +190,49 @@ pub(crate) enum Topology {
     },
     /// Cluster seed nodes, as redis URLs (`rediss://` for TLS).
     Cluster(Vec<String>),
+}
+
+impl std::fmt::Debug for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Single(url) => f.debug_tuple("Single").field(&redacted(url)).finish(),
+            Self::Sentinel {
+                sentinels,
+                service,
+                db,
+                username,
+                password,
+                tls,
+            } => f
+                .debug_struct("Sentinel")
+                .field(
+                    "sentinels",
+                    &sentinels.iter().map(|u| redacted(u)).collect::<Vec<_>>(),
+                )
+                .field("service", service)
+                .field("db", db)
+                .field("username", username)
+                .field("password", &password.as_ref().map(|_| "***"))
+                .field("tls", tls)
+                .finish(),
+            Self::Cluster(seeds) => f
+                .debug_tuple("Cluster")
+                .field(&seeds.iter().map(|u| redacted(u)).collect::<Vec<_>>())
+                .finish(),
+        }
+    }
+}
+
+/// `url` with its userinfo, if any, replaced by `***`.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "***".into();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_owned(),
+    }
 }
 
 /// A parsed URL: topology plus an endpoint string without credentials.
@@ -420,6 +463,10 @@ mod tests {
             t,
             Topology::Single("redis://:pw@127.0.0.1:6379/2?protocol=resp3".into())
         );
+        assert_eq!(
+            format!("{t:?}"),
+            r#"Single("redis://***@127.0.0.1:6379/2?protocol=resp3")"#
+        );
         assert_eq!((c.prefix.as_str(), c.wait_replicas), ("app:", 1));
         assert_eq!(c.observe_recheck, Duration::from_secs(60));
         assert!(!c.fifo && c.queue_lease == Duration::from_secs(3));
@@ -537,7 +584,10 @@ mod tests {
             }
         );
         assert_eq!(c.ca_file.as_deref(), Some(std::path::Path::new("/x.pem")));
+        assert!(!format!("{t:?}").contains("pw"), "{t:?}");
         let (t, c) = p("rediss+cluster://:pw@a:7000,b:7001?ca_file=/x.pem").unwrap();
+        assert!(!format!("{t:?}").contains("pw"), "{t:?}");
+        assert!(format!("{t:?}").contains("rediss://***@b:7001"), "{t:?}");
         assert_eq!(
             t,
             Topology::Cluster(vec![

@@ -19,8 +19,7 @@ pub(crate) enum Acl {
     Open,
 }
 
-/// What a `zk://` URL says.
-#[derive(Debug)]
+/// What a `zk://` URL says. Its `Debug` shows no password.
 pub(crate) struct ZkUrl {
     pub(crate) hosts: String,
     /// `user:password` for the `digest` scheme.
@@ -32,6 +31,27 @@ pub(crate) struct ZkUrl {
     pub(crate) hold_while_disconnected: bool,
     pub(crate) detached: bool,
     pub(crate) acl: Acl,
+}
+
+impl std::fmt::Debug for ZkUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkUrl")
+            .field("hosts", &self.hosts)
+            .field(
+                "digest",
+                &self.digest.as_deref().map(|d| match d.split_once(':') {
+                    Some((user, _)) => format!("{user}:***"),
+                    None => "***".to_owned(),
+                }),
+            )
+            .field("base", &self.base)
+            .field("layout", &self.layout)
+            .field("session_timeout", &self.session_timeout)
+            .field("hold_while_disconnected", &self.hold_while_disconnected)
+            .field("detached", &self.detached)
+            .field("acl", &self.acl)
+            .finish()
+    }
 }
 
 /// Parses `zk://[user:password@]host:port[,host:port...][/chroot][?options]`
@@ -155,6 +175,11 @@ mod tests {
         assert_eq!(u.layout, Layout::RwLock);
         assert_eq!(u.session_timeout, Duration::from_secs(4));
         assert_eq!(u.acl, Acl::Creator);
+        let shown = format!("{u:?}");
+        assert!(
+            shown.contains("u:***") && !shown.contains("u:p\""),
+            "{shown}"
+        );
         let u = parse("zk://a:1").unwrap();
         assert_eq!((u.base.as_str(), u.acl), ("/distlock", Acl::Open));
     }
