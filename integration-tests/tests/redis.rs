@@ -24,11 +24,9 @@ type Redis = ServerFactory<RedisBackend>;
 const LEAST_PRIVILEGE: &[&str] = &[
     "-@all",
     "+evalsha",
-    "+eval",
     "+script|load",
     "+subscribe",
     "+unsubscribe",
-    "+ping",
     "+del",
     "+exists",
     "+get",
