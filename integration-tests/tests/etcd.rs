@@ -1416,6 +1416,21 @@ async fn refused_certificate(f: Arc<Etcd>) -> Result<(), Failed> {
         Ok(other) => return Err(format!("a silent TLS listener gave {other:?}").into()),
         Err(_) => return Err("connecting to a silent TLS listener hung for 30 s".into()),
     }
+    // A plain URL to the TLS member, and a TLS URL to a plain member:
+    // `Misconfigured` naming the scheme to use.
+    let plain_member = integration_tests::harness::etcd::spawn()?;
+    let plain_tls = format!("etcds://127.0.0.1:{}?ca_file={ca}", plain_member.port);
+    for (url, says) in [
+        (base.replacen("etcds", "etcd", 1), "use etcds://"),
+        (plain_tls, "use etcd://"),
+    ] {
+        let connecting = EtcdBackend::connect(&url);
+        match tokio::time::timeout(Duration::from_secs(30), connecting).await {
+            Ok(Err(Error::Misconfigured { message, .. })) if message.contains(says) => {}
+            Ok(other) => return Err(format!("{url} gave {other:?}").into()),
+            Err(_) => return Err(format!("{url} hung for 30 s").into()),
+        }
+    }
     Ok(())
 }
 

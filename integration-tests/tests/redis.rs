@@ -148,6 +148,12 @@ fn main() {
         extra.extend(integration_tests::trials(tls.clone(), rt));
         extra.extend(integration_tests::trials(sentinel_tls.clone(), rt));
         extra.extend(integration_tests::trials(cluster_tls.clone(), rt));
+        let handle = rt.handle().clone();
+        let (t, c, plain) = (tls.clone(), cluster_tls.clone(), single.clone());
+        extra.push(Trial::test(
+            "redis::tls::a_scheme_that_does_not_match_the_servers_tls_is_misconfigured",
+            move || handle.block_on(wrong_scheme(t, c, plain)),
+        ));
         for (name, f) in [
             ("redis::tls::a_wrong_ca_is_misconfigured_at_once", tls),
             (
@@ -2500,6 +2506,38 @@ async fn multi_lock_is_one_request() -> Result<(), Failed> {
     }
     m.release().await?;
     drop(node);
+    Ok(())
+}
+
+/// A plain URL to TLS servers (single and Cluster), and a TLS URL to a
+/// plain server: `Error::Misconfigured` naming the scheme to use, not a
+/// retryable `Unavailable`.
+async fn wrong_scheme(
+    tls: Arc<Redis>,
+    cluster: Arc<Redis>,
+    plain: Arc<Redis>,
+) -> Result<(), Failed> {
+    let without_tls = |url: String| -> Result<String, Failed> {
+        let (base, _) = url
+            .split_once("?ca_file=")
+            .ok_or("the URL names no ca_file")?;
+        Ok(base.replacen("rediss", "redis", 1))
+    };
+    let plain_url = plain.url()?;
+    let (_, hosts) = plain_url.split_once("://").ok_or("no scheme")?;
+    for (url, says) in [
+        (without_tls(tls.url()?)?, "use rediss://"),
+        (without_tls(cluster.url()?)?, "use rediss://"),
+        (format!("rediss://{hosts}"), "use redis://"),
+    ] {
+        let connecting = RedisBackend::connect(&url);
+        match tokio::time::timeout(Duration::from_secs(20), connecting).await {
+            Ok(Err(Error::Misconfigured { message, .. })) if message.contains(says) => {}
+            Ok(Err(e)) => return Err(format!("{url}: {e:?}").into()),
+            Ok(Ok(_)) => return Err(format!("{url}: connected").into()),
+            Err(_) => return Err(format!("{url}: hung for 20 s").into()),
+        }
+    }
     Ok(())
 }
 

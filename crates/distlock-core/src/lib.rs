@@ -15,6 +15,7 @@ mod lease;
 mod memory;
 mod multi;
 mod name;
+pub mod probe;
 mod renewer;
 mod slot;
 mod token;

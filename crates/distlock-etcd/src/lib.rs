@@ -619,7 +619,7 @@ impl EtcdBackend {
             client.status().await.map_err(|e| err(&shown, e))?;
             Ok::<_, Error>(client)
         };
-        let client = tokio::time::timeout(timeout.saturating_mul(2), first)
+        let first = tokio::time::timeout(timeout.saturating_mul(2), first)
             .await
             .map_err(|_| {
                 Error::unavailable(
@@ -630,7 +630,22 @@ impl EtcdBackend {
                     ),
                     None,
                 )
-            })??;
+            })
+            .and_then(|answered| answered);
+        let client = match first {
+            Ok(client) => client,
+            Err(e @ Error::Unavailable { .. }) => {
+                return Err(match wrong_scheme(&endpoints[0], https, timeout).await {
+                    Some(why) => Error::misconfigured(
+                        "etcd",
+                        format!("etcd at {shown}: {why}"),
+                        Some(Box::new(e)),
+                    ),
+                    None => e,
+                })
+            }
+            Err(e) => return Err(e),
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 kv: client.kv_client(),
@@ -1862,6 +1877,27 @@ impl Backend for EtcdBackend {
                 "etcd lease {key:x} is no longer kept alive by this client"
             )),
         }
+    }
+}
+
+/// After a connect failed for want of an answer: why `endpoint`
+/// (`http://host:port` or `https://host:port`) cannot be reached with the
+/// URL's scheme, when it speaks plain HTTP to an `etcds://` URL or TLS to
+/// an `etcd://` one.
+async fn wrong_scheme(endpoint: &str, https: bool, timeout: Duration) -> Option<&'static str> {
+    let addr = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, addr)| addr);
+    if https {
+        let request = b"GET /version HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n";
+        let answer = distlock_core::probe::answer(addr, request, 4096, timeout).await?;
+        String::from_utf8_lossy(&answer)
+            .contains("etcdserver")
+            .then_some("the member answers without TLS: use etcd://")
+    } else {
+        distlock_core::probe::speaks_tls(addr, timeout)
+            .await
+            .then_some("the member speaks TLS only: use etcds:// (with ca_file= for a private CA)")
     }
 }
 

@@ -223,6 +223,41 @@ impl std::fmt::Debug for Topology {
     }
 }
 
+impl Topology {
+    /// After a connect failed for want of an answer: why the first server
+    /// the URL names cannot be reached with the URL's scheme, when it
+    /// speaks plain Redis to a TLS URL or TLS to a plain one.
+    pub(crate) async fn wrong_scheme(&self, timeout: Duration) -> Option<&'static str> {
+        let (url, tls) = match self {
+            Self::Single(url) => (url.as_str(), url.starts_with("rediss:")),
+            Self::Cluster(seeds) => (seeds.first()?.as_str(), seeds[0].starts_with("rediss:")),
+            Self::Sentinel { sentinels, tls, .. } => (sentinels.first()?.as_str(), *tls),
+        };
+        let addr = host_port(url)?;
+        if tls {
+            let answer = distlock_core::probe::answer(addr, b"PING\r\n", 1, timeout).await?;
+            matches!(answer.first(), Some(b'+' | b'-')).then_some(
+                "the server answers plain Redis, not TLS: use redis://, redis+sentinel:// or redis+cluster://",
+            )
+        } else {
+            distlock_core::probe::speaks_tls(addr, timeout).await.then_some(
+                "the server speaks TLS only: use rediss://, rediss+sentinel:// or rediss+cluster:// (with ca_file= for a private CA)",
+            )
+        }
+    }
+}
+
+/// The `host:port` of a redis URL.
+fn host_port(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    Some(
+        authority
+            .rsplit_once('@')
+            .map_or(authority, |(_, hosts)| hosts),
+    )
+}
+
 /// `url` with its userinfo, if any, replaced by `***`.
 fn redacted(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -453,6 +488,17 @@ mod tests {
         }
         let mut c = RedisConfig::default().with_client_id("redlock-7");
         assert!(parse("redis://a:1", &mut c).is_ok());
+    }
+
+    #[test]
+    fn a_servers_address_is_its_urls_host_and_port() {
+        for (url, addr) in [
+            ("redis://a:1", "a:1"),
+            ("rediss://u:p@a:1/2?protocol=resp3", "a:1"),
+            ("redis://[::1]:6379#x", "[::1]:6379"),
+        ] {
+            assert_eq!(host_port(url), Some(addr), "{url}");
+        }
     }
 
     #[test]

@@ -87,9 +87,24 @@ impl RedisBackend {
     pub async fn connect_with(url: &str, mut config: RedisConfig) -> Result<Self> {
         let parsed = config::parse(url, &mut config)?;
         let endpoint = parsed.endpoint;
-        let conn = Conn::open(&parsed.topology, config.timeout, config.ca_file.as_deref())
-            .await
-            .map_err(|e| map_err(&endpoint, e))?;
+        let conn =
+            match Conn::open(&parsed.topology, config.timeout, config.ca_file.as_deref()).await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    let e = map_err(&endpoint, e);
+                    if !matches!(e, Error::Unavailable { .. }) {
+                        return Err(e);
+                    }
+                    return Err(match parsed.topology.wrong_scheme(config.timeout).await {
+                        Some(why) => Error::misconfigured(
+                            "redis",
+                            format!("redis at {endpoint}: {why}"),
+                            Some(Box::new(e)),
+                        ),
+                        None => e,
+                    });
+                }
+            };
         let subscriber = Subscriber::new(config.timeout);
         Ok(Self {
             inner: Arc::new(Inner {
