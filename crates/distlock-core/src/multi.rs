@@ -203,7 +203,11 @@ impl MultiLockBuilder {
         let mut guards: Vec<Taken> = Vec::with_capacity(names.len());
         let mut pending = Vec::new();
         for name in names {
-            match each.take_local(&name, mode).await? {
+            match each
+                .take_local(&name, mode)
+                .await
+                .map_err(|e| whole_wait(e, start))?
+            {
                 None => return Ok(None),
                 Some(Local::Nested(g)) => guards.push(Taken::Nested(g)),
                 Some(Local::Gate(gate)) => {
@@ -291,14 +295,9 @@ impl MultiLockBuilder {
                 refused_or_failed => {
                     let releases = join_all(started.into_iter().map(LockGuard::release));
                     let _ = tokio::time::timeout(grace_before(mode.cut()), releases).await;
-                    // The whole wait, not this name's part of it.
-                    return refused_or_failed.map(|_| None).map_err(|e| match e {
-                        Error::WaitTimeout { name, .. } => Error::WaitTimeout {
-                            name,
-                            waited: start.elapsed(),
-                        },
-                        e => e,
-                    });
+                    return refused_or_failed
+                        .map(|_| None)
+                        .map_err(|e| whole_wait(e, start));
                 }
             }
         }
@@ -311,6 +310,18 @@ impl MultiLockBuilder {
             })
             .collect();
         Ok(Some(MultiGuard::new(guards)))
+    }
+}
+
+/// A timeout of one name's part of the wait that began at `start`,
+/// reporting the whole wait.
+fn whole_wait(e: Error, start: Instant) -> Error {
+    match e {
+        Error::WaitTimeout { name, .. } => Error::WaitTimeout {
+            name,
+            waited: start.elapsed(),
+        },
+        e => e,
     }
 }
 

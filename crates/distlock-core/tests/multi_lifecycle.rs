@@ -220,6 +220,31 @@ async fn a_multi_lock_timeout_reports_the_whole_wait() {
     }
 }
 
+/// The same when the names are held by other tasks of the same client:
+/// the wait at the client's own gates reports the whole wait too.
+#[tokio::test(start_paused = true)]
+async fn a_multi_lock_timeout_at_the_clients_own_gates_reports_the_whole_wait() {
+    let (_w, a, _b) = setup();
+    let held_a = a.lock("gates/a").acquire().await.unwrap();
+    let _held_b = a.lock("gates/b").acquire().await.unwrap();
+    let release_a = async {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        held_a.release().await.unwrap();
+    };
+    let wait = a
+        .lock_all(["gates/a", "gates/b"])
+        .wait(Duration::from_secs(1))
+        .acquire();
+    let (r, ()) = tokio::join!(wait, release_a);
+    match r {
+        Err(Error::WaitTimeout { name: n, waited }) => {
+            assert_eq!(n, name("gates/b"));
+            assert!(waited >= Duration::from_secs(1), "waited {waited:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Taken one at a time, the names already held are given back before a
 /// timed-out wait's error within the same bound: a later name's wait that
 /// never answers and releases that never answer end it `ANSWER_GRACE`
