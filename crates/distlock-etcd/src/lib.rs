@@ -619,6 +619,8 @@ impl EtcdBackend {
             client.status().await.map_err(|e| err(&shown, e))?;
             Ok::<_, Error>(client)
         };
+        // A member that answers with the other of plain and TLS closes
+        // the connection: no timeout, and then it is asked which it speaks.
         let first = tokio::time::timeout(timeout.saturating_mul(2), first)
             .await
             .map_err(|_| {
@@ -630,11 +632,10 @@ impl EtcdBackend {
                     ),
                     None,
                 )
-            })
-            .and_then(|answered| answered);
+            });
         let client = match first {
-            Ok(client) => client,
-            Err(e @ Error::Unavailable { .. }) => {
+            Ok(Ok(client)) => client,
+            Ok(Err(e @ Error::Unavailable { .. })) => {
                 return Err(match wrong_scheme(&endpoints[0], https, timeout).await {
                     Some(why) => Error::misconfigured(
                         "etcd",
@@ -644,7 +645,7 @@ impl EtcdBackend {
                     None => e,
                 })
             }
-            Err(e) => return Err(e),
+            Ok(Err(e)) | Err(e) => return Err(e),
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -1888,6 +1889,7 @@ async fn wrong_scheme(endpoint: &str, https: bool, timeout: Duration) -> Option<
     let addr = endpoint
         .split_once("://")
         .map_or(endpoint, |(_, addr)| addr);
+    let timeout = timeout.min(Duration::from_secs(1));
     if https {
         let request = b"GET /version HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n";
         let answer = distlock_core::probe::answer(addr, request, 4096, timeout).await?;

@@ -224,21 +224,31 @@ impl std::fmt::Debug for Topology {
 }
 
 impl Topology {
-    /// After a connect failed for want of an answer: why the first server
-    /// the URL names cannot be reached with the URL's scheme, when it
-    /// speaks plain Redis to a TLS URL or TLS to a plain one.
-    pub(crate) async fn wrong_scheme(&self, timeout: Duration) -> Option<&'static str> {
+    /// After a connect failed for want of an answer (`timed_out`: none
+    /// came in time): why the first server the URL names cannot be reached
+    /// with the URL's scheme, when it speaks plain Redis to a TLS URL (it
+    /// waits for the rest of the handshake's bytes as a command) or TLS to
+    /// a plain one (it closes the connection at the first command). Asking
+    /// takes a second at most.
+    pub(crate) async fn wrong_scheme(
+        &self,
+        timed_out: bool,
+        timeout: Duration,
+    ) -> Option<&'static str> {
         let (url, tls) = match self {
             Self::Single(url) => (url.as_str(), url.starts_with("rediss:")),
             Self::Cluster(seeds) => (seeds.first()?.as_str(), seeds[0].starts_with("rediss:")),
             Self::Sentinel { sentinels, tls, .. } => (sentinels.first()?.as_str(), *tls),
         };
         let addr = host_port(url)?;
+        let timeout = timeout.min(Duration::from_secs(1));
         if tls {
             let answer = distlock_core::probe::answer(addr, b"PING\r\n", 1, timeout).await?;
             matches!(answer.first(), Some(b'+' | b'-')).then_some(
                 "the server answers plain Redis, not TLS: use redis://, redis+sentinel:// or redis+cluster://",
             )
+        } else if timed_out {
+            None
         } else {
             distlock_core::probe::speaks_tls(addr, timeout).await.then_some(
                 "the server speaks TLS only: use rediss://, rediss+sentinel:// or rediss+cluster:// (with ca_file= for a private CA)",

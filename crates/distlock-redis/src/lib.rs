@@ -91,18 +91,7 @@ impl RedisBackend {
             match Conn::open(&parsed.topology, config.timeout, config.ca_file.as_deref()).await {
                 Ok(conn) => conn,
                 Err(e) => {
-                    let e = map_err(&endpoint, e);
-                    if !matches!(e, Error::Unavailable { .. }) {
-                        return Err(e);
-                    }
-                    return Err(match parsed.topology.wrong_scheme(config.timeout).await {
-                        Some(why) => Error::misconfigured(
-                            "redis",
-                            format!("redis at {endpoint}: {why}"),
-                            Some(Box::new(e)),
-                        ),
-                        None => e,
-                    });
+                    return Err(connect_error(&parsed.topology, &endpoint, config.timeout, e).await)
                 }
             };
         let subscriber = Subscriber::new(config.timeout);
@@ -661,6 +650,29 @@ fn cluster_replication(nodes: &std::collections::HashMap<String, String>) -> Fin
             format!("{} masters, each with a replica", masters.len()),
             "replication is asynchronous: a failover to a lagging replica can grant a lock twice (a Cluster takes no wait_replicas; guarantees.md, Redis and failover)",
         )
+    }
+}
+
+/// A failed connect's error: `Misconfigured` naming the scheme to use when
+/// the server answers with the other of plain and TLS than the URL says.
+async fn connect_error(
+    topology: &config::Topology,
+    endpoint: &str,
+    timeout: Duration,
+    e: RedisError,
+) -> Error {
+    let timed_out = e.is_timeout();
+    let e = map_err(endpoint, e);
+    if !matches!(e, Error::Unavailable { .. }) {
+        return e;
+    }
+    match topology.wrong_scheme(timed_out, timeout).await {
+        Some(why) => Error::misconfigured(
+            "redis",
+            format!("redis at {endpoint}: {why}"),
+            Some(Box::new(e)),
+        ),
+        None => e,
     }
 }
 
