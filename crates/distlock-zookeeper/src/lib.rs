@@ -349,6 +349,18 @@ fn node_prefix(owner: &Owner, marker: &str) -> String {
     format!("_c_{owner}-{marker}")
 }
 
+/// A node's sequence came out negative: ZooKeeper numbers children with
+/// the parent's count of child changes, which wraps at 2^31 on servers
+/// that keep it in 32 bits.
+pub(crate) fn wrapped_counter(parent: &str) -> Error {
+    Error::backend(
+        "zookeeper",
+        format!(
+            "ZooKeeper numbered a new child of {parent} negative: its count of child changes passed 2^31, and neither distlock nor Curator orders such children; delete {parent} while nobody holds or waits on it to reset the count"
+        ),
+    )
+}
+
 /// A sequence number as ZooKeeper writes it in a node name, which is how
 /// `zk::CreateSequence` prints it: ten digits, nineteen past `i32::MAX`
 /// (ZOOKEEPER-4706).
@@ -733,6 +745,10 @@ impl ZooKeeperBackend {
                     // (only Stats inside multi() are broken before 3.8.2).
                     let node = format!("{prefix}{seq}");
                     let seq = seq.into_i64();
+                    if seq < 0 {
+                        let _ = client.delete(&format!("{parent}/{node}"), None).await;
+                        return Err(wrapped_counter(&parent));
+                    }
                     let queue = listed
                         .ok()
                         .map(|c| in_queue_order(c, req.kind))
@@ -802,7 +818,11 @@ impl ZooKeeperBackend {
         prefix: &str,
     ) -> Result<Option<String>> {
         loop {
-            match client.list_children(parent).await {
+            // The session may have moved to a server that has not applied
+            // the create yet: `sync` first, as `leader` does (one session's
+            // requests are answered in order).
+            let (synced, listed) = tokio::join!(client.sync(parent), client.list_children(parent));
+            match synced.and(listed) {
                 Ok(children) => return Ok(children.into_iter().find(|c| c.starts_with(prefix))),
                 Err(zk::Error::ConnectionLoss) => {
                     tokio::time::sleep(Duration::from_millis(100)).await

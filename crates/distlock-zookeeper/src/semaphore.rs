@@ -85,11 +85,14 @@ pub(crate) fn permit_prefix(owner: &Owner) -> String {
     format!("_c_{owner}-permit-")
 }
 
-/// The sequence number a permit child ends with.
+/// The sequence number a permit child ends with. A negative one (a
+/// parent's 32-bit child counter that wrapped) is none: it would sort
+/// before every permit granted, and be granted beside them.
 pub(crate) fn permit_sequence(child: &str) -> Option<i64> {
     child
         .rsplit_once("-permit-")
         .and_then(|(_, seq)| seq.parse().ok())
+        .filter(|seq: &i64| *seq >= 0)
 }
 
 /// The limit a permit request asks for; zero is refused.
@@ -340,6 +343,13 @@ impl ZooKeeperBackend {
                 }
                 Err(e) => return Err(self.err(e)),
             };
+            if seq.into_i64() < 0 {
+                let _ = c
+                    .client
+                    .delete(&format!("{}/{prefix}{seq}", c.permits), None)
+                    .await;
+                return Err(crate::wrapped_counter(&c.permits));
+            }
             self.remember_permit(c, format!("{prefix}{seq}"), seq.into_i64());
             let (Ok((before, first)), Ok((after, second)), Ok((children, dir))) =
                 (before, after, listed)
