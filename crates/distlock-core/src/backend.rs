@@ -206,6 +206,25 @@ impl Finding {
         }
     }
 
+    /// How many servers vote in a quorum-replicated service (etcd
+    /// members, ZooKeeper servers), shown as `shown`: one is a single copy,
+    /// and an even number tolerates no more failures than one fewer.
+    pub fn voters(setting: impl Into<String>, voters: usize, shown: impl Into<String>) -> Self {
+        match voters {
+            0 | 1 => Self::warning(
+                setting,
+                shown,
+                "one voting server: its loss stops every lock, and its disk is the only copy; run 3 or 5",
+            ),
+            n if n % 2 == 0 => Self::warning(
+                setting,
+                shown,
+                "an even number of voting servers tolerates no more failures than one fewer, and a split in half stops every lock; run 3 or 5",
+            ),
+            _ => Self::fine(setting, shown),
+        }
+    }
+
     /// A setting the server would not show.
     pub fn unknown(setting: impl Into<String>, why: impl Into<String>) -> Self {
         Self {
@@ -863,6 +882,22 @@ pub type DynBackend = Arc<dyn Backend>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_or_an_even_number_of_voters_is_a_warning() {
+        for (voters, warned) in [
+            (0, true),
+            (1, true),
+            (2, true),
+            (3, false),
+            (4, true),
+            (5, false),
+        ] {
+            let f = Finding::voters("members", voters, voters.to_string());
+            assert_eq!(f.warning.is_some(), warned, "{voters}: {f:?}");
+            assert_eq!(f.value, Ok(voters.to_string()));
+        }
+    }
 
     #[test]
     fn drift_margin_defaults_to_one_percent_plus_two_ms() {

@@ -1621,19 +1621,10 @@ impl Backend for EtcdBackend {
         };
         let members = match client.member_list().await {
             // Learners do not vote: the quorum is the voting members'.
-            Ok(m) => match m.members().iter().filter(|m| !m.is_learner()).count() {
-                1 => Finding::warning(
-                    "members",
-                    "1",
-                    "one member: its loss stops every lock, and its disk is the only copy; run 3 or 5 members",
-                ),
-                n if n % 2 == 0 => Finding::warning(
-                    "members",
-                    n.to_string(),
-                    "an even number of members tolerates no more failures than one member fewer, and a split in half stops every lock; run 3 or 5 members",
-                ),
-                n => Finding::fine("members", n.to_string()),
-            },
+            Ok(m) => {
+                let voters = m.members().iter().filter(|m| !m.is_learner()).count();
+                Finding::voters("members", voters, voters.to_string())
+            }
             Err(e) => Finding::unknown("members", format!("MemberList refused: {e}")),
         };
         Ok(vec![version, members])

@@ -1157,19 +1157,12 @@ impl Backend for ZooKeeperBackend {
                     .lines()
                     .filter(|l| l.starts_with("server.") && !l.contains(":observer"))
                     .count();
-                match servers {
-                    0 | 1 => Finding::warning(
-                        "servers",
-                        if servers == 0 { "standalone".to_string() } else { "1".to_string() },
-                        "one server: its loss stops every lock, and its disk is the only copy; run an ensemble of 3 or 5",
-                    ),
-                    n if n % 2 == 0 => Finding::warning(
-                        "servers",
-                        n.to_string(),
-                        "an even number of voting servers tolerates no more failures than one fewer; run 3 or 5",
-                    ),
-                    n => Finding::fine("servers", n.to_string()),
-                }
+                let shown = if servers == 0 {
+                    "standalone".to_string()
+                } else {
+                    servers.to_string()
+                };
+                Finding::voters("servers", servers, shown)
             }
             Err(why) => Finding::unknown("servers", format!("/zookeeper/config: {why}")),
         });
