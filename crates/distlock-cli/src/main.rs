@@ -78,8 +78,9 @@ enum Command {
     /// value; with --json an object, `null` while nobody leads), until
     /// interrupted; with --once the current leader only (exit 75 if none).
     Observe(elect::ObserveArgs),
-    /// Show whether NAME is held (and the token, remaining TTL, holder info
-    /// and queue length where the backend can tell).
+    /// Show whether the lock NAME is held (and the token, remaining TTL,
+    /// holder info and queue length where the backend can tell); with
+    /// --semaphore its permits. An election's leader: `observe --once NAME`.
     Status(status::StatusArgs),
     /// List every live hold (locks, shared holds, semaphore permits,
     /// leaderships) whose name starts with PREFIX: kind, token, remaining
