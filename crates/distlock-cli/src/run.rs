@@ -383,7 +383,8 @@ pub(crate) async fn run_command(
     let released = guard.release().await;
     // A release answered only after the lease's end (the server stopped
     // answering meanwhile) finds it not held whether or not it was taken
-    // while the command ran: it cannot tell which.
+    // while the command ran: it cannot tell which. One that fails after
+    // the lease's end tells no more.
     let answered_late = held_until.is_some_and(|d| ended < d && tokio::time::Instant::now() >= d);
     if lost {
         return fail(
@@ -424,6 +425,17 @@ pub(crate) async fn run_command(
                 EXIT_CONFIG,
                 format!(
                     "the command ended, but the release of {} was refused, so it stays held until its TTL runs out: {e}",
+                    quoted(&tokens)
+                ),
+            )
+        }
+        // No answer before the lease's end: as little is known as from a
+        // late "not held".
+        Err(e) if answered_late => {
+            return fail(
+                EXIT_LEASE_LOST,
+                format!(
+                    "the release of {} failed only after the lease's end ({e}), so that the command ran under the lock to its end cannot be confirmed (it ended within the lease as far as this process knew)",
                     quoted(&tokens)
                 ),
             )

@@ -530,12 +530,19 @@ fn a_lock_taken_away_before_the_release_exits_76() {
 #[cfg(feature = "redis")]
 #[test]
 fn a_release_answered_after_the_lease_ended_exits_76_unconfirmed() {
+    // Answered late, and (a shorter timeout, a longer stop) failed late.
+    for (timeout_ms, stopped_for) in [(8000, 3500), (2500, 6000)] {
+        release_late(timeout_ms, Duration::from_millis(stopped_for));
+    }
+}
+
+fn release_late(timeout_ms: u32, stopped_for: Duration) {
     let server = integration_tests::harness::redis::spawn(&[]).unwrap();
-    let url = format!("redis://127.0.0.1:{}?timeout_ms=8000", server.port);
+    let url = format!("redis://127.0.0.1:{}?timeout_ms={timeout_ms}", server.port);
     let pid = server.pid();
     // The command stops the server as it starts and exits a second later,
-    // well within the lease; the server goes on 3.5 s after it stopped,
-    // past the lease's end.
+    // well within the lease; the server goes on `stopped_for` after it
+    // stopped, past the lease's end.
     let stop = format!("kill -STOP {pid}; sleep 1; exit 3");
     let running = run_command(
         &url,
@@ -560,11 +567,11 @@ fn a_release_answered_after_the_lease_ended_exits_76_unconfirmed() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    std::thread::sleep(Duration::from_millis(3500));
+    std::thread::sleep(stopped_for);
     server.signal("CONT").unwrap();
     let out = running.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code(&out), 76, "{err}");
+    assert_eq!(code(&out), 76, "timeout {timeout_ms} ms: {err}");
     assert!(err.contains("cannot be confirmed"), "{err}");
 }
 
