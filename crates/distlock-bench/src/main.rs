@@ -1703,8 +1703,8 @@ async fn redis_target() -> Result<Target, BoxError> {
     });
     // distlock's two scripts with the backend's keys and arguments.
     let proto = redis_proto(conn.clone());
-    // Every distlock request is a script call (EVALSHA, or EVAL once per
-    // script); the INFO call itself is not counted.
+    // Every distlock request is a script call (EVALSHA; EVAL is counted
+    // too, for scripts sent whole); the INFO call itself is not counted.
     let requests = redis_requests(vec![conn], &["evalsha", "eval"]);
     Ok(Target {
         name: "redis",

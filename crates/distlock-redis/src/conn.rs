@@ -571,7 +571,7 @@ impl Conn {
         matches!(self, Conn::Cluster { .. })
     }
 
-    /// Runs a script (EVALSHA, with EVAL on NOSCRIPT).
+    /// Runs a script (EVALSHA; on NOSCRIPT, SCRIPT LOAD and EVALSHA again).
     pub(crate) async fn script<T: FromRedisValue>(
         &self,
         inv: &ScriptInvocation<'_>,

@@ -249,7 +249,8 @@ impl RedisBackend {
     /// value is how many replicas acknowledged the script's writes, for
     /// [`Self::await_replicas`].
     /// `script` is `inv`'s: loaded in the same pipeline, since a pipeline's
-    /// `EVALSHA` cannot fall back to `EVAL` on a server that lacks it.
+    /// `EVALSHA` cannot be retried after a `NOSCRIPT` from a server that
+    /// lacks it.
     async fn run_granting<T: redis::FromRedisValue>(
         &self,
         script: &redis::Script,

@@ -253,9 +253,9 @@ impl ElectionKeys {
     }
 }
 
-/// The scripts, loaded once per process. `invoke_async` sends EVALSHA and
-/// falls back to EVAL (loading the script) when the server answers NOSCRIPT,
-/// for example after a restart or a failover.
+/// The scripts, loaded once per process. `invoke_async` sends EVALSHA and,
+/// when the server answers NOSCRIPT (for example after a restart or a
+/// failover), sends the script with SCRIPT LOAD and EVALSHA again.
 #[derive(Debug)]
 pub struct Scripts {
     /// `acquire.lua`: SET NX PX, then INCR the fence; or PTTL of the
