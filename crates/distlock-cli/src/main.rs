@@ -77,6 +77,8 @@ enum Command {
     /// Print the leader of the election NAME, one line per change (its
     /// value; with --json an object, `null` while nobody leads), until
     /// interrupted; with --once the current leader only (exit 75 if none).
+    /// A backend unreachable at the start exits 69; one that stops
+    /// answering later is retried.
     Observe(elect::ObserveArgs),
     /// Show whether the lock NAME is held (and the token, remaining TTL,
     /// holder info and queue length where the backend can tell); with

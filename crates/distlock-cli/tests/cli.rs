@@ -304,6 +304,16 @@ fn unreachable_backend_gives_69_at_once() {
             "{b}: reported after {took:?}: {err}"
         );
     }
+    // `observe`, which retries a backend that stops answering once it is
+    // connected, does not retry one unreachable at its start.
+    let start = Instant::now();
+    let out = bin()
+        .args(["observe", "--backend", "redis://127.0.0.1:1", "x"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 69, "observe: {err}");
+    assert!(start.elapsed() < Duration::from_secs(3), "observe: {err}");
 }
 
 /// The server answers and refuses the configuration: exit 78, a message
