@@ -941,6 +941,31 @@ fn check_with_a_paused_holder_shows_fencing_catching_the_stale_write() {
     );
 }
 
+/// On a backend without fencing tokens (Redlock without `fencing=true`), a
+/// holder paused past its TTL writes after the next holder, and nothing
+/// catches it: the verdict is unsafe, exit 1.
+#[cfg(feature = "redlock")]
+#[test]
+fn check_on_a_backend_without_fencing_exits_1() {
+    let nodes: Vec<_> = (0..3)
+        .map(|_| integration_tests::harness::redis::spawn(&[]).unwrap())
+        .collect();
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let url = format!("redlock://{}", hosts.join(","));
+    let out = bin()
+        .args(["check", "--backend", &url, "--ttl", "1s", "--pause-holder"])
+        .args(["--clients", "3", "--duration", "4s"])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 1, "{report}\n{err}");
+    assert!(report.contains("UNSAFE without fencing"), "{report}");
+}
+
 /// The semaphore workload: a holder of one of 2 permits paused past its TTL
 /// is turned away by the fenced register (which keeps the 2 highest tokens),
 /// which never has more than 2 writers at once; the unfenced one shows the
