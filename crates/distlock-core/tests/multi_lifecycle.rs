@@ -195,29 +195,13 @@ async fn a_limit_mismatch_leaves_the_local_gate_at_the_stored_limit() {
 }
 
 /// A multi-lock's timeout reports the whole wait, not the part spent on
-/// the name it gave up on.
+/// the name it gave up on: names held by another client, waited for one
+/// at a time on the server.
 #[tokio::test(start_paused = true)]
 async fn a_multi_lock_timeout_reports_the_whole_wait() {
     let (w, a, b) = setup();
     w.decline_all.store(true, Ordering::SeqCst);
-    let held_a = b.lock("whole/a").acquire().await.unwrap();
-    let _held_b = b.lock("whole/b").acquire().await.unwrap();
-    let release_a = async {
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        held_a.release().await.unwrap();
-    };
-    let wait = a
-        .lock_all(["whole/a", "whole/b"])
-        .wait(Duration::from_secs(1))
-        .acquire();
-    let (r, ()) = tokio::join!(wait, release_a);
-    match r {
-        Err(Error::WaitTimeout { name: n, waited }) => {
-            assert_eq!(n, name("whole/b"));
-            assert!(waited >= Duration::from_secs(1), "waited {waited:?}");
-        }
-        other => panic!("{other:?}"),
-    }
+    whole_wait_reported(&b, &a, "whole").await;
 }
 
 /// The same when the names are held by other tasks of the same client:
@@ -225,20 +209,28 @@ async fn a_multi_lock_timeout_reports_the_whole_wait() {
 #[tokio::test(start_paused = true)]
 async fn a_multi_lock_timeout_at_the_clients_own_gates_reports_the_whole_wait() {
     let (_w, a, _b) = setup();
-    let held_a = a.lock("gates/a").acquire().await.unwrap();
-    let _held_b = a.lock("gates/b").acquire().await.unwrap();
+    whole_wait_reported(&a, &a, "gates").await;
+}
+
+/// `holder` holds `<prefix>/a` for 600 ms and `<prefix>/b` throughout;
+/// `waiter`'s multi-lock of both, waiting 1 s, reports a timeout on
+/// `<prefix>/b` after the whole second.
+async fn whole_wait_reported(holder: &LockClient, waiter: &LockClient, prefix: &str) {
+    let (a, b) = (format!("{prefix}/a"), format!("{prefix}/b"));
+    let held_a = holder.lock(&a).acquire().await.unwrap();
+    let _held_b = holder.lock(&b).acquire().await.unwrap();
     let release_a = async {
         tokio::time::sleep(Duration::from_millis(600)).await;
         held_a.release().await.unwrap();
     };
-    let wait = a
-        .lock_all(["gates/a", "gates/b"])
+    let wait = waiter
+        .lock_all([&a, &b])
         .wait(Duration::from_secs(1))
         .acquire();
     let (r, ()) = tokio::join!(wait, release_a);
     match r {
         Err(Error::WaitTimeout { name: n, waited }) => {
-            assert_eq!(n, name("gates/b"));
+            assert_eq!(n, name(&b));
             assert!(waited >= Duration::from_secs(1), "waited {waited:?}");
         }
         other => panic!("{other:?}"),
