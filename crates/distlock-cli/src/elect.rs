@@ -129,7 +129,11 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
 }
 
 /// One line for `leader`: its value, or with `json` an object; while
-/// nobody leads an empty line (a value is never empty), or `null`.
+/// nobody leads an empty line, or `null`. A value distlock would refuse to
+/// campaign with (another client's: empty, as a Curator `LeaderLatch`
+/// without an id has it, with a line break or a control or invisible
+/// character, or longer than 4096 bytes) is printed as a JSON string, in
+/// quotes, so that it stays one line and is never taken for nobody.
 fn line(leader: Option<&distlock::Leader>, json: bool) -> String {
     match (leader, json) {
         (Some(l), true) => serde_json::json!({
@@ -140,9 +144,16 @@ fn line(leader: Option<&distlock::Leader>, json: bool) -> String {
         })
         .to_string(),
         (None, true) => "null".into(),
-        (Some(l), false) => l.value.clone(),
+        (Some(l), false) if plain(&l.value) => l.value.clone(),
+        (Some(l), false) => serde_json::Value::from(l.value.as_str()).to_string(),
         (None, false) => String::new(),
     }
+}
+
+/// Whether `value` prints as itself on one line: a value distlock would
+/// campaign with, not starting with a quote (as the quoted form does).
+fn plain(value: &str) -> bool {
+    distlock::validate_election_value(value).is_ok() && !value.starts_with('"')
 }
 
 pub(crate) async fn observe(args: ObserveArgs) -> ExitCode {
@@ -177,8 +188,11 @@ pub(crate) async fn observe(args: ObserveArgs) -> ExitCode {
         Ok(s) => s,
         Err(_) => return fail(1, "cannot install signal handlers"),
     };
+    let gone = output::reader_gone();
+    tokio::pin!(gone);
     loop {
         tokio::select! {
+            () = &mut gone => return ExitCode::from(output::EXIT_PIPE_CLOSED),
             next = leaders.next() => match next {
                 Some(Ok(leader)) => {
                     // A closed pipe ends the observation.
@@ -207,5 +221,24 @@ impl ObserveArgs {
     /// The backend URL, for the password options to fill in.
     pub(crate) fn backend_mut(&mut self) -> &mut String {
         &mut self.backend
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leader(value: &str) -> distlock::Leader {
+        distlock::Leader::new(value, distlock::FencingToken(7))
+    }
+
+    #[test]
+    fn a_foreign_value_that_would_not_print_as_one_line_is_quoted() {
+        assert_eq!(line(Some(&leader("10.0.0.1:80")), false), "10.0.0.1:80");
+        assert_eq!(line(Some(&leader("")), false), r#""""#);
+        assert_eq!(line(Some(&leader("two\nlines")), false), r#""two\nlines""#);
+        assert_eq!(line(Some(&leader("\"q\"")), false), r#""\"q\"""#);
+        assert_eq!(line(Some(&leader("a\u{200B}b")), false), "\"a\u{200B}b\"");
+        assert_eq!(line(None, false), "");
     }
 }

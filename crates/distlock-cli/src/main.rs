@@ -71,11 +71,13 @@ enum Command {
     /// fencing token), DISTLOCK_VALUE and DISTLOCK_BACKEND. Exit codes as
     /// for `run`: 76 if leadership was lost while the command ran (it gets
     /// SIGTERM, then SIGKILL after --kill-after); 75 if not elected within
-    /// --wait; 2 for a value over 4096 bytes; 128+N if signal N ended the
-    /// campaign.
+    /// --wait; 2 for a value that is empty, over 4096 bytes or not
+    /// printable on one line; 128+N if signal N ended the campaign.
     Elect(elect::ElectArgs),
     /// Print the leader of the election NAME, one line per change (its
-    /// value; with --json an object, `null` while nobody leads), until
+    /// value, or as a JSON string in quotes another client's value that
+    /// `elect` would refuse; an empty line while nobody leads; with --json
+    /// an object, `null` while nobody leads), until
     /// interrupted; with --once the current leader only (exit 75 if none).
     /// A backend unreachable at the start exits 69; one that stops
     /// answering later is retried.

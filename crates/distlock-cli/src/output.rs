@@ -32,3 +32,39 @@ pub(crate) fn line(text: impl Display) -> Result<(), ExitCode> {
 pub(crate) fn note(text: impl Display) {
     let _ = writeln!(std::io::stderr().lock(), "{text}");
 }
+
+/// Resolves when the reader of standard output goes away (a pipe whose
+/// reading end closed: `distlock observe NAME | head -1` once `head` has
+/// its line), so that a command that prints only now and then ends at once,
+/// not at its next line. Never resolves while standard output is not a
+/// pipe, or cannot be watched.
+pub(crate) async fn reader_gone() {
+    let (gone, watched) = tokio::sync::oneshot::channel::<()>();
+    // A thread of its own, not a blocking task: it sleeps in `poll` for as
+    // long as the reader lasts, and the process's exit ends it.
+    std::thread::spawn(move || {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        let stdout = std::io::stdout();
+        loop {
+            // No event asked for: `poll` reports only an error (the pipe's
+            // reader closed) or a hang-up (the terminal went away).
+            let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::empty())];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Err(nix::errno::Errno::EINTR) => {}
+                Ok(_)
+                    if fds[0]
+                        .revents()
+                        .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP)) =>
+                {
+                    let _ = gone.send(());
+                    return;
+                }
+                _ => return,
+            }
+        }
+    });
+    if watched.await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}

@@ -301,6 +301,19 @@ pub(crate) async fn run_command(
         .join(" ");
     tracing::info!(locks = %all_tokens, "acquired");
     let guard = held;
+    // A hold that may be lost already (its session ended as it was
+    // granted, its lease ran out before this line) never starts the
+    // command.
+    if !guard.is_held() {
+        let _ = guard.release().await;
+        return fail(
+            EXIT_LEASE_LOST,
+            format!(
+                "the lease on {} was lost before the command started",
+                quoted(&tokens)
+            ),
+        );
+    }
 
     let mut child = match tokio::process::Command::new(&command[0])
         .args(&command[1..])

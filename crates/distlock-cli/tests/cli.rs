@@ -2498,6 +2498,63 @@ fn conformance_ends_once_its_reader_went_away() {
     assert_eq!(status.code(), Some(141), "{status:?}");
 }
 
+/// `distlock observe NAME | head -1` while the leader stays: the
+/// observation ends (141) once `head` has its line and exits, not at the
+/// next change of leader, which may never come.
+#[test]
+fn observe_ends_once_its_reader_went_away_while_the_leader_stays() {
+    let b = sqlite("observe-head");
+    let mut leader = bin()
+        .args([
+            "elect",
+            "--backend",
+            &b,
+            "--value",
+            "v1",
+            "observe/head",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while observe_once(&b, "observe/head", &[]) != (0, "v1".to_string()) {
+        assert!(start.elapsed() < Duration::from_secs(20), "never led");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut head = Command::new("head")
+        .arg("-1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let into_head = Stdio::from(head.stdin.take().unwrap());
+    let mut observe = bin()
+        .args(["observe", "--backend", &b, "observe/head"])
+        .stdout(into_head)
+        .spawn()
+        .unwrap();
+    head.wait().unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = observe.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            let _ = observe.kill();
+            let _ = leader.kill();
+            panic!("observe still ran 10 s after its reader went away");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // SIGTERM: the leader ends its command (a SIGKILL would orphan it).
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(leader.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    leader.wait().unwrap();
+    assert_eq!(status.code(), Some(141), "{status:?}");
+}
+
 /// A reader of standard error that went away (`distlock … 2>&1 | head -0`)
 /// changes no exit code: the message is dropped, not a panic.
 #[test]
@@ -3206,4 +3263,63 @@ fn a_wait_that_gave_up_releases_a_grant_that_lands_after_it() {
         0,
         "the given-up wait's grant is held by nobody"
     );
+}
+
+/// A ZooKeeper campaigner whose process is paused while it waits, past its
+/// session's end, as the leader resigns and the next campaigner takes over:
+/// once it resumes it does not run its command beside the new leader (the
+/// old leader's end, read only after the pause, is no grant).
+#[cfg(feature = "zookeeper")]
+#[test]
+fn a_campaigner_paused_past_its_session_does_not_lead_beside_the_next() {
+    use integration_tests::harness::{zookeeper, ServerKind};
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let zk = zookeeper::spawn().expect("ZooKeeper must start; run scripts/test.sh to install it");
+    let url = ServerKind::ZooKeeper.url("127.0.0.1", zk.port);
+    let started = scratch("paused-campaigner").join("b-started");
+    let elect = |value: &str, cmd: &str| {
+        bin()
+            .args(["elect", "--backend", &url, "--value", value, "--ttl", "3s"])
+            .args(["paused/e", "--", "sh", "-c", cmd])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let leads = |value: &str| {
+        let start = Instant::now();
+        while observe_once(&url, "paused/e", &[]) != (0, value.to_string()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{value} never led"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let mut a = elect("A", "sleep 60");
+    leads("A");
+    let b_runs = format!("echo started >> {}; sleep 60", started.display());
+    let mut b = elect("B", &b_runs);
+    std::thread::sleep(Duration::from_millis(700));
+    let mut c = elect("C", "sleep 60");
+    std::thread::sleep(Duration::from_millis(700));
+    let pid = |c: &Child| Pid::from_raw(i32::try_from(c.id()).unwrap());
+    kill(pid(&b), Signal::SIGSTOP).unwrap();
+    let stopped = Instant::now();
+    kill(pid(&a), Signal::SIGTERM).unwrap();
+    a.wait().unwrap();
+    leads("C");
+    // B's session (3 s) has surely ended by the time it resumes.
+    std::thread::sleep(Duration::from_secs(7).saturating_sub(stopped.elapsed()));
+    kill(pid(&b), Signal::SIGCONT).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let b_started = started.exists();
+    let mut ended = [&mut b, &mut c].map(|p| {
+        let _ = kill(pid(p), Signal::SIGTERM);
+        p.wait().unwrap().code()
+    });
+    assert!(!b_started, "B ran its command while C led");
+    // Still waiting when told to stop (128 + SIGTERM), not granted and
+    // then lost (76) as its command was started.
+    assert_eq!(ended[0].take(), Some(143), "B's exit");
 }

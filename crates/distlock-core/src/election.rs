@@ -26,13 +26,21 @@ pub const MAX_VALUE_LEN: usize = 4096;
 /// text, which observers print on one line), or [`Error::InvalidInput`](crate::Error::InvalidInput)
 /// saying why not.
 fn checked_value(value: String) -> Result<String> {
+    validate_election_value(&value)?;
+    Ok(value)
+}
+
+/// Checks a value a leader may carry: 1 to [`MAX_VALUE_LEN`] bytes of
+/// printable text. Another client's leader (`etcdctl elect`, a Curator
+/// `LeaderLatch`) may carry any bytes; this tells whether a value read
+/// prints as itself on one line.
+pub fn validate_election_value(value: &str) -> Result<()> {
     crate::holder::check_one_line(
         "the election value",
-        &value,
+        value,
         MAX_VALUE_LEN,
         "give the leader's address or name",
-    )?;
-    Ok(value)
+    )
 }
 
 /// One election, named like a lock: campaign for its leadership, read its

@@ -26,7 +26,7 @@ pub use backend::{
     Leader, LeaderStream, LockRequest, LockStatus, TrustedClock, Waiting, LEADER_POLL,
 };
 pub use client::{LockBuilder, LockClient, ANSWER_GRACE, DEFAULT_TTL, LONGEST_WAIT};
-pub use election::{Election, Leadership, MAX_VALUE_LEN};
+pub use election::{validate_election_value, Election, Leadership, MAX_VALUE_LEN};
 pub use error::{tls_refusal, BoxError, Error, InputKind, LostReason, Result};
 pub use fence::{FenceGate, ReadWriteGate, StaleToken};
 pub use guard::LockGuard;

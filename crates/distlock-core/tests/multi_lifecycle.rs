@@ -217,11 +217,11 @@ async fn a_multi_lock_timeout_at_the_clients_own_gates_reports_the_whole_wait() 
 /// `<prefix>/b` after the whole second.
 async fn whole_wait_reported(holder: &LockClient, waiter: &LockClient, prefix: &str) {
     let (a, b) = (format!("{prefix}/a"), format!("{prefix}/b"));
-    let held_a = holder.lock(&a).acquire().await.unwrap();
-    let _held_b = holder.lock(&b).acquire().await.unwrap();
+    let held_a = holder.lock(&a).acquire().await.expect("a is free");
+    let _held_b = holder.lock(&b).acquire().await.expect("b is free");
     let release_a = async {
         tokio::time::sleep(Duration::from_millis(600)).await;
-        held_a.release().await.unwrap();
+        held_a.release().await.expect("a released");
     };
     let wait = waiter
         .lock_all([&a, &b])

@@ -1030,6 +1030,9 @@ impl ZooKeeperBackend {
                 return Ok(());
             };
             let watched = format!("{parent}/{}", queue[watched]);
+            // The server restarts the session's clock when it hears this
+            // request.
+            let armed = Instant::now();
             let (stat, watcher) = client
                 .check_and_watch_stat(&watched)
                 .await
@@ -1040,21 +1043,20 @@ impl ZooKeeperBackend {
             let event = watcher.changed().await;
             if event.event_type == zk::EventType::NodeDeleted {
                 self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
-                if last_in_the_way {
-                    // The watched node was the last one in my way (for an
-                    // exclusive node the head, for a shared one the only
-                    // exclusive node ahead): none is left (a later create
-                    // gets a higher sequence, and the read above saw every
-                    // older one), so the lock is mine without another
-                    // read. The event came over my session, which was
-                    // alive when it was sent, but the server's session
-                    // clock runs from the last packet it heard from this
-                    // client: the lease counts from before that (see
-                    // [`quiet_bound`]); the session watcher reports the
-                    // session's end if it comes first.
-                    q.began = Instant::now()
-                        .checked_sub(quiet_bound(req.ttl))
-                        .unwrap_or(q.began);
+                // The watched node was the last one in my way (for an
+                // exclusive node the head, for a shared one the only
+                // exclusive node ahead): none is left (a later create gets
+                // a higher sequence, and the read above saw every older
+                // one), so the lock is mine without another read, if the
+                // session still lives. The server's session clock runs from
+                // the last packet it heard from this client, and it heard
+                // the watch's request after `armed`: the lease counts from
+                // there. After a longer wait (during which this process
+                // may have been paused, its pings unsent, and the session
+                // ended while the event waited unread) the queue is read
+                // once more: a read over the session confirms it.
+                if last_in_the_way && armed.elapsed() <= quiet_bound(req.ttl) {
+                    q.began = armed;
                     return Ok(());
                 }
             }
