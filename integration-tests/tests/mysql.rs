@@ -214,6 +214,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::a_limit_distlock_did_not_write_is_misconfigured",
+                foreign_limit(f.clone()),
+            ),
+            trial(
+                rt,
                 "mysql::a_renewal_committing_at_expiry_keeps_its_permit",
                 renewal_at_expiry(f.clone()),
             ),
@@ -1080,5 +1085,18 @@ async fn shared_renewal_after_freed(f: Arc<SqlFactory>) -> Result<(), Failed> {
             Ok(done.rows_affected())
         },
     )
+    .await
+}
+
+/// See [`sql_support::a_limit_distlock_did_not_write_is_misconfigured`].
+async fn foreign_limit(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let admin: sqlx::MySqlPool = f.admin_pool().await?;
+    sql_support::a_limit_distlock_did_not_write_is_misconfigured(f, |table, name| async move {
+        let done = sqlx::query(&format!("UPDATE {table} SET permits = 0 WHERE name = ?"))
+            .bind(name)
+            .execute(&admin)
+            .await?;
+        Ok(done.rows_affected())
+    })
     .await
 }

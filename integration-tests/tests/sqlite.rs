@@ -58,6 +58,11 @@ fn main() {
                 "sqlite::the_file_is_opened_with_every_commit_synced",
                 every_commit_synced(f.clone()),
             ),
+            trial(
+                rt,
+                "sqlite::a_limit_distlock_did_not_write_is_misconfigured",
+                foreign_limit(f.clone()),
+            ),
         ]
     })
 }
@@ -257,5 +262,19 @@ async fn shared_renewal_after_freed(f: std::sync::Arc<SqlFactory>) -> Result<(),
             Ok(done.rows_affected())
         },
     )
+    .await
+}
+
+/// See [`sql_support::a_limit_distlock_did_not_write_is_misconfigured`].
+async fn foreign_limit(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
+    let file = f.clone();
+    sql_support::a_limit_distlock_did_not_write_is_misconfigured(f, |table, name| async move {
+        let admin: sqlx::SqlitePool = file.admin_pool().await?;
+        let done = sqlx::query(&format!("UPDATE {table} SET permits = 0 WHERE name = ?1"))
+            .bind(name)
+            .execute(&admin)
+            .await?;
+        Ok(done.rows_affected())
+    })
     .await
 }

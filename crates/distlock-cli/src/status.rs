@@ -61,7 +61,7 @@ fn print_status(name: &LockName, s: &LockStatus, args: &StatusArgs) -> Result<()
             remaining_ms: s.remaining.map(|r| r.as_millis()),
             queue_len: s.queue_len,
             holders: s.holders,
-            limit: s.limit,
+            limit: args.semaphore.then_some(s.limit),
             shared: s.shared,
             writer_waiting: s.writer_waiting,
             holder_info: s.holder_info.as_deref(),
@@ -135,9 +135,9 @@ struct StatusJson<'a> {
     /// Only for `--semaphore`.
     #[serde(skip_serializing_if = "Option::is_none")]
     holders: Option<usize>,
-    /// Only for `--semaphore`.
+    /// Only for `--semaphore`: the stored limit, `null` while none is.
     #[serde(skip_serializing_if = "Option::is_none")]
-    limit: Option<u32>,
+    limit: Option<Option<u32>>,
     /// Shared holders, where the backend serves read-write locks.
     #[serde(skip_serializing_if = "Option::is_none")]
     shared: Option<usize>,

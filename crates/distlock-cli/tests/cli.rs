@@ -668,6 +668,9 @@ fn set_limit_changes_a_semaphores_stored_limit() {
     );
     assert_eq!(code(&run(&b, &["--limit", "2"], "pool/db", &["true"])), 0);
     assert!(status_json(&b, "pool/db", &["--semaphore"]).contains("\"limit\":2"));
+    // A semaphore with no limit stored yet: the key is there, null.
+    let none = status_json(&b, "pool/none", &["--semaphore"]);
+    assert!(none.contains("\"limit\":null"), "{none}");
     for bad in ["0", "-1", "many"] {
         assert_eq!(code(&set(bad)), 2, "set-limit {bad}");
     }
@@ -3322,4 +3325,67 @@ fn a_campaigner_paused_past_its_session_does_not_lead_beside_the_next() {
     // Still waiting when told to stop (128 + SIGTERM), not granted and
     // then lost (76) as its command was started.
     assert_eq!(ended[0].take(), Some(143), "B's exit");
+}
+
+/// A semaphore limit that distlock does not write (another application's
+/// data, or edited by hand: not a whole number from 1 to 4294967295) is a
+/// refused configuration: `run --limit` and `status --semaphore` exit 78,
+/// not 69 (retrying cannot mend it), on Redis, etcd and ZooKeeper.
+#[cfg(all(feature = "redis", feature = "etcd", feature = "zookeeper"))]
+#[test]
+fn a_semaphore_limit_distlock_did_not_write_exits_78() {
+    use integration_tests::harness::{redis as redis_server, zookeeper, ServerKind};
+    let refused = |backend: &str, name: &str| {
+        let out = run(backend, &["--limit", "2"], name, &["true"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 78, "{backend} {name}: {err}");
+        assert!(
+            err.contains("not write") || err.contains("did not write"),
+            "{err}"
+        );
+        let out = bin()
+            .args(["status", "--semaphore", "--backend", backend, name])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 78, "status of {backend} {name}: {err}");
+    };
+    let r = redis_server::spawn(&[]).unwrap();
+    let url = format!("redis://127.0.0.1:{}", r.port);
+    for (name, value) in [
+        ("fl/text", "abc"),
+        ("fl/zero", "0"),
+        ("fl/frac", "2.5"),
+        ("fl/big", "99999999999"),
+    ] {
+        redis_server::command(
+            r.port,
+            &["SET", &format!("{{{name}}}:semaphore:limit"), value],
+        )
+        .unwrap();
+        refused(&url, name);
+    }
+    let etcd = etcd();
+    let endpoint = etcd.url.trim_start_matches("etcd://").to_string();
+    for (name, value) in [("fl/text", "abc"), ("fl/zero", "0")] {
+        let put = integration_tests::harness::etcd::etcdctl(&endpoint)
+            .unwrap()
+            .args(["put", &format!("/distlock/semaphores/{name}/@limit"), value])
+            .output()
+            .unwrap();
+        assert!(put.status.success(), "{put:?}");
+        refused(&etcd.url, name);
+    }
+    let zk = zookeeper::spawn().expect("ZooKeeper must start; run scripts/test.sh to install it");
+    let url = ServerKind::ZooKeeper.url("127.0.0.1", zk.port);
+    assert_eq!(code(&run(&url, &["--limit", "2"], "fl/text", &["true"])), 0);
+    let set = zookeeper::cli(
+        &format!("127.0.0.1:{}", zk.port),
+        &["set", "/distlock/@semaphores/fl/text", "abc"],
+    )
+    .unwrap()
+    .output()
+    .unwrap();
+    assert!(set.status.success(), "{set:?}");
+    refused(&url, "fl/text");
 }

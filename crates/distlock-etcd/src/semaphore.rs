@@ -221,16 +221,18 @@ fn stored_limit(get: &GetResponse) -> Result<Option<u32>> {
     };
     std::str::from_utf8(kv.value())
         .ok()
-        .and_then(|v| v.parse().ok())
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|l| *l > 0)
         .map(Some)
         .ok_or_else(|| {
-            Error::backend(
+            Error::misconfigured(
                 "etcd",
                 format!(
-                    "the semaphore limit at {:?} is not a number: {:?}",
+                    "the semaphore limit at {:?} is {:?}, which distlock does not write (it writes 1 to 4294967295): another application writes under distlock's keys, or the key was edited; delete it while no permit is held",
                     String::from_utf8_lossy(kv.key()),
                     String::from_utf8_lossy(kv.value())
                 ),
+                None,
             )
         })
 }

@@ -119,11 +119,16 @@ impl RedisBackend {
                 life,
             ))),
             Value::Array(stored) => match stored.first() {
-                Some(Value::Int(n)) if *n >= 0 => Err(Error::LimitMismatch {
-                    name: req.name.clone(),
-                    requested: limit,
-                    stored: u32::try_from(*n).unwrap_or(u32::MAX),
-                }),
+                Some(Value::Int(n)) if *n >= 1 => match u32::try_from(*n) {
+                    Ok(stored) => Err(Error::LimitMismatch {
+                        name: req.name.clone(),
+                        requested: limit,
+                        stored,
+                    }),
+                    Err(_) => Err(crate::foreign_data(format!(
+                        "the limit key {limit_key} holds {n}, more permits than a semaphore has"
+                    ))),
+                },
                 _ => Err(crate::foreign_data(format!(
                     "the limit key {limit_key} holds something other than a permit count"
                 ))),
@@ -203,8 +208,13 @@ impl RedisBackend {
         let mut inv = Scripts::get().permit_inspect.key(&keys.permits);
         inv.key(&keys.limit);
         let (limit, owners): (i64, Vec<String>) = self.run(&inv).await?;
-        let limit = u32::try_from(limit).ok().filter(|l| *l > 0);
-        Ok((limit, owners))
+        if limit < 0 {
+            return Err(crate::foreign_data(format!(
+                "the limit key {} holds something other than a permit count",
+                keys.limit
+            )));
+        }
+        Ok((u32::try_from(limit).ok().filter(|l| *l > 0), owners))
     }
 
     pub(crate) async fn inspect_semaphore(&self, name: &LockName) -> Result<LockStatus> {

@@ -69,15 +69,20 @@ pub(crate) fn valid_limit(limit: u32) -> Result<u32> {
     Ok(limit)
 }
 
-/// A limit read back from the semaphore table.
+/// A limit read back from the semaphore table: one distlock did not write
+/// (another application's, or edited by hand) is a configuration to mend,
+/// not an outage to retry.
 pub(crate) fn limit_from_db(err: &DbError, stored: i64) -> Result<u32> {
     u32::try_from(stored)
         .ok()
         .filter(|l| *l > 0)
         .ok_or_else(|| {
-            Error::backend(
+            Error::misconfigured(
                 err.backend,
-                format!("semaphore table returned an invalid limit {stored}"),
+                format!(
+                    "the semaphore table holds the limit {stored}, which distlock does not write (it writes 1 to 4294967295): another application writes to the table, or the row was edited; delete the name's row from the semaphore table while no permit is held"
+                ),
+                None,
             )
         })
 }

@@ -121,15 +121,17 @@ fn parse_limit(path: &str, data: &[u8]) -> Result<Option<u32>> {
     }
     std::str::from_utf8(data)
         .ok()
-        .and_then(|v| v.parse().ok())
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|l| *l > 0)
         .map(Some)
         .ok_or_else(|| {
-            Error::backend(
+            Error::misconfigured(
                 "zookeeper",
                 format!(
-                    "the semaphore limit at {path} is not a number: {:?}",
+                    "the semaphore limit at {path} is {:?}, which distlock does not write (it writes 1 to 4294967295): another application writes under distlock's root, or the node was edited; delete its data while no permit is held",
                     String::from_utf8_lossy(data)
                 ),
+                None,
             )
         })
 }

@@ -1219,3 +1219,46 @@ where
         ),
     }
 }
+
+/// A limit in the semaphore table that distlock does not write (0, set by
+/// hand: `corrupt(semaphore table, name)`, answering the rows it changed)
+/// is `Misconfigured` (exit 78 in the CLI: retrying cannot mend it), for an
+/// acquire and for `inspect_permits`.
+pub async fn a_limit_distlock_did_not_write_is_misconfigured<F, FF>(
+    f: Arc<SqlFactory>,
+    corrupt: F,
+) -> Result<(), Failed>
+where
+    F: FnOnce(String, String) -> FF,
+    FF: std::future::Future<Output = Result<u64, Failed>>,
+{
+    let (table, url) = f.own_table("foreign_limit")?;
+    let backend = SqlBackend::connect(&url).await?;
+    let client = LockClient::new(backend.clone());
+    let name = "sem/foreign-limit";
+    client
+        .semaphore(name, 2)
+        .try_acquire()
+        .await?
+        .ok_or("the first permit was refused")?
+        .release()
+        .await?;
+    if corrupt(format!("{table}_sems"), name.to_string()).await? != 1 {
+        return Err("the limit was not set by hand".into());
+    }
+    match client.semaphore(name, 2).try_acquire().await {
+        Err(distlock_core::Error::Misconfigured { message, .. })
+            if message.contains("does not write") => {}
+        other => {
+            return Err(format!(
+                "an acquire under a limit of 0 gave {:?}",
+                other.map(|g| g.is_some())
+            )
+            .into())
+        }
+    }
+    match backend.inspect_permits(&LockName::new(name)?).await {
+        Err(distlock_core::Error::Misconfigured { .. }) => Ok(()),
+        other => Err(format!("inspect under a limit of 0 gave {other:?}").into()),
+    }
+}

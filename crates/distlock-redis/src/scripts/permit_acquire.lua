@@ -17,7 +17,8 @@
 -- permits are held, -(ms until the earliest permit expires), always <= -1;
 -- when queued waiters ahead alone refused it, -(a third of ARGV[6] + 3);
 -- when the stored limit differs from ARGV[3], a table holding the stored
--- limit.
+-- limit, or { -1 } when the limit key holds something other than a count
+-- distlock writes (a whole number from 1 to 4294967295).
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local limit = tonumber(ARGV[3])
@@ -25,8 +26,13 @@ local stored = redis.call('GET', KEYS[2])
 if not stored then
   -- The first acquire stores the limit; only set_limit changes it after.
   redis.call('SET', KEYS[2], ARGV[3])
-elseif tonumber(stored) ~= limit then
-  return { tonumber(stored) or -1 }
+else
+  local n = tonumber(stored)
+  if not n or n ~= math.floor(n) or n < 1 or n > 4294967295 then
+    return { -1 }
+  elseif n ~= limit then
+    return { n }
+  end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local live = redis.call('ZCARD', KEYS[1])
