@@ -265,15 +265,18 @@ async fn shared_renewal_after_freed(f: std::sync::Arc<SqlFactory>) -> Result<(),
     .await
 }
 
-/// See [`sql_support::a_limit_distlock_did_not_write_is_misconfigured`].
+/// See [`sql_support::a_limit_distlock_did_not_write_is_misconfigured`]:
+/// on SQLite, text in the integer column (its type affinity keeps it).
 async fn foreign_limit(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
     let file = f.clone();
     sql_support::a_limit_distlock_did_not_write_is_misconfigured(f, |table, name| async move {
         let admin: sqlx::SqlitePool = file.admin_pool().await?;
-        let done = sqlx::query(&format!("UPDATE {table} SET permits = 0 WHERE name = ?1"))
-            .bind(name)
-            .execute(&admin)
-            .await?;
+        let done = sqlx::query(&format!(
+            "UPDATE {table} SET permits = 'abc' WHERE name = ?1"
+        ))
+        .bind(name)
+        .execute(&admin)
+        .await?;
         Ok(done.rows_affected())
     })
     .await

@@ -3328,9 +3328,11 @@ fn a_campaigner_paused_past_its_session_does_not_lead_beside_the_next() {
 }
 
 /// A semaphore limit that distlock does not write (another application's
-/// data, or edited by hand: not a whole number from 1 to 4294967295) is a
-/// refused configuration: `run --limit` and `status --semaphore` exit 78,
-/// not 69 (retrying cannot mend it), on Redis, etcd and ZooKeeper.
+/// data, or edited by hand: not a whole number from 1 to 4294967295 in
+/// plain digits) is a refused configuration: `run --limit`, `status
+/// --semaphore` and `set-limit` exit 78, not 69 (retrying cannot mend it),
+/// and `set-limit` leaves it as it is, on Redis, Redlock, etcd and
+/// ZooKeeper.
 #[cfg(all(feature = "redis", feature = "etcd", feature = "zookeeper"))]
 #[test]
 fn a_semaphore_limit_distlock_did_not_write_exits_78() {
@@ -3349,15 +3351,28 @@ fn a_semaphore_limit_distlock_did_not_write_exits_78() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(code(&out), 78, "status of {backend} {name}: {err}");
+        let out = bin()
+            .args(["set-limit", "--backend", backend, name, "3"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 78, "set-limit of {backend} {name}: {err}");
+        // Left as it was: still refused, not a mismatch with 3 (exit 2).
+        let out = run(backend, &["--limit", "2"], name, &["true"]);
+        assert_eq!(code(&out), 78, "{backend} {name} after set-limit");
     };
     let r = redis_server::spawn(&[]).unwrap();
     let url = format!("redis://127.0.0.1:{}", r.port);
-    for (name, value) in [
+    let redis_values = [
         ("fl/text", "abc"),
         ("fl/zero", "0"),
         ("fl/frac", "2.5"),
         ("fl/big", "99999999999"),
-    ] {
+        ("fl/exp", "1e3"),
+        ("fl/hex", "0x10"),
+        ("fl/space", " 5"),
+    ];
+    for (name, value) in redis_values {
         redis_server::command(
             r.port,
             &["SET", &format!("{{{name}}}:semaphore:limit"), value],
@@ -3365,9 +3380,20 @@ fn a_semaphore_limit_distlock_did_not_write_exits_78() {
         .unwrap();
         refused(&url, name);
     }
+    // Redlock: the same foreign limit on each of three nodes.
+    let more = [
+        redis_server::spawn(&[]).unwrap(),
+        redis_server::spawn(&[]).unwrap(),
+    ];
+    let ports = [r.port, more[0].port, more[1].port];
+    for port in ports {
+        redis_server::command(port, &["SET", "{fl/rl}:semaphore:limit", "abc"]).unwrap();
+    }
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    refused(&format!("redlock://{}", hosts.join(",")), "fl/rl");
     let etcd = etcd();
     let endpoint = etcd.url.trim_start_matches("etcd://").to_string();
-    for (name, value) in [("fl/text", "abc"), ("fl/zero", "0")] {
+    for (name, value) in [("fl/text", "abc"), ("fl/zero", "0"), ("fl/plus", "+5")] {
         let put = integration_tests::harness::etcd::etcdctl(&endpoint)
             .unwrap()
             .args(["put", &format!("/distlock/semaphores/{name}/@limit"), value])

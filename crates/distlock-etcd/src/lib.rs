@@ -635,7 +635,9 @@ impl EtcdBackend {
             });
         let client = match first {
             Ok(Ok(client)) => client,
-            Ok(Err(e @ Error::Unavailable { .. })) => {
+            // Not after a request that timed out: a stalled member, not a
+            // scheme it does not speak.
+            Ok(Err(e @ Error::Unavailable { .. })) if !timed_out(&e) => {
                 return Err(match wrong_scheme(&endpoints[0], https, timeout).await {
                     Some(why) => Error::misconfigured(
                         "etcd",
@@ -1870,6 +1872,12 @@ impl Backend for EtcdBackend {
             )),
         }
     }
+}
+
+/// Whether `e` (from a connect) came from a request that timed out.
+fn timed_out(e: &Error) -> bool {
+    let text = format!("{e} {e:?}").to_ascii_lowercase();
+    text.contains("timeout expired") || text.contains("timed out") || text.contains("deadline")
 }
 
 /// After a connect failed for want of an answer: why `endpoint`

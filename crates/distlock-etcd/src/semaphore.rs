@@ -221,6 +221,7 @@ fn stored_limit(get: &GetResponse) -> Result<Option<u32>> {
     };
     std::str::from_utf8(kv.value())
         .ok()
+        .filter(|v| v.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|l| *l > 0)
         .map(Some)
@@ -827,14 +828,30 @@ impl EtcdBackend {
             return Err(zero_limit());
         }
         let key = SemKeys::new(name).limit;
-        let txn = Txn::new().and_then([
-            TxnOp::get(key.as_str(), None),
-            TxnOp::put(key.as_str(), limit.to_string(), None),
-        ]);
-        let resp = self.txn(txn).await?;
-        match resp.op_responses().first() {
-            Some(TxnOpResponse::Get(old)) => stored_limit(old),
-            _ => Err(unexpected("limit change")),
+        // Read, judge, then write only if the key is still what was read:
+        // a limit distlock does not write is refused and left as it is.
+        loop {
+            let read = self
+                .kv(|mut c| {
+                    let key = key.clone();
+                    async move { c.get(key, None).await }
+                })
+                .await?;
+            let old = stored_limit(&read)?;
+            let unchanged = match read.kvs().first() {
+                Some(kv) => {
+                    Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision())
+                }
+                None => Compare::version(key.as_str(), CompareOp::Equal, 0),
+            };
+            let txn = Txn::new().when([unchanged]).and_then([TxnOp::put(
+                key.as_str(),
+                limit.to_string(),
+                None,
+            )]);
+            if self.txn(txn).await?.succeeded() {
+                return Ok(old);
+            }
         }
     }
 }

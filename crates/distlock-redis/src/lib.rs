@@ -662,7 +662,9 @@ async fn connect_error(
     timeout: Duration,
     e: RedisError,
 ) -> Error {
-    let timed_out = e.is_timeout();
+    // The cluster client reports a timeout at its first connections only
+    // in its text.
+    let timed_out = e.is_timeout() || e.to_string().contains("timed out");
     let e = map_err(endpoint, e);
     if !matches!(e, Error::Unavailable { .. }) {
         return e;

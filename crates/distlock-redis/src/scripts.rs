@@ -387,7 +387,10 @@ impl Scripts {
                 include_str!("scripts/wait_queue.lua"),
                 include_str!("scripts/permit_limit.lua")
             )),
-            permit_inspect: Script::new(include_str!("scripts/permit_inspect.lua")),
+            permit_inspect: Script::new(concat!(
+                include_str!("scripts/wait_queue.lua"),
+                include_str!("scripts/permit_inspect.lua")
+            )),
             election_acquire: Script::new(concat!(
                 include_str!("scripts/wait_queue.lua"),
                 include_str!("scripts/election_acquire.lua")

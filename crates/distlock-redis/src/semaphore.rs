@@ -232,8 +232,18 @@ impl RedisBackend {
                 .key(&keys.queue_ends);
         }
         inv.arg(limit).arg(&keys.channel);
-        let old: Option<String> = self.run(&inv).await?;
-        Ok(old.and_then(|o| o.parse().ok()))
+        match self.run::<redis::Value>(&inv).await? {
+            redis::Value::Nil => Ok(None),
+            redis::Value::Int(-1) => Err(crate::foreign_data(format!(
+                "the limit key {} holds something other than a permit count; nothing was changed",
+                keys.limit
+            ))),
+            redis::Value::BulkString(old) => Ok(String::from_utf8_lossy(&old).parse().ok()),
+            other => Err(Error::backend(
+                "redis",
+                format!("permit_limit.lua answered {other:?}"),
+            )),
+        }
     }
 
     /// Raises the fencing counter of the semaphore `name` to at least

@@ -939,16 +939,31 @@ impl Backend for RedlockBackend {
     async fn inspect_permits(&self, name: &LockName) -> Result<LockStatus> {
         let t = self.connect_timeout();
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
-            let r = timeout(t, n.redis()).await.ok()?.ok()?;
-            timeout(t, r.permit_holders(name)).await.ok()?.ok()
+            let read = async { n.redis().await?.permit_holders(name).await };
+            timeout(t, read).await.ok()
         }))
         .await;
-        let answered: Vec<_> = answers.into_iter().flatten().collect();
+        // A node that refused the configuration (its limit key holds
+        // another application's data, say) is not down: with too few
+        // answers its refusal is the error.
+        let mut refusals = Vec::new();
+        let mut answered = Vec::new();
+        for answer in answers.into_iter().flatten() {
+            match answer {
+                Ok(a) => answered.push(a),
+                Err(e @ Error::Misconfigured { .. }) => refusals.push(e),
+                Err(_) => {}
+            }
+        }
         let limit = most_common(answered.iter().filter_map(|(l, _)| *l));
         let kind = HoldKind::Permits {
             limit: limit.unwrap_or(1),
         };
         let (quorum, total) = (self.quorum(&kind), self.inner.nodes.len());
+        if answered.len() < quorum && !refusals.is_empty() {
+            let others = total - answered.len() - refusals.len();
+            return Err(refused_by(refusals, others, total));
+        }
         if answered.len() < quorum {
             return Err(Error::QuorumNotReached {
                 backend: "redlock",
@@ -1090,11 +1105,26 @@ impl Backend for RedlockBackend {
         self.checked_raise(name, limit).await?;
         let answers = join_all(self.inner.nodes.iter().map(|n| async move {
             let set = async { n.redis().await?.set_limit(name, limit).await };
-            timeout(t, set).await.ok()?.ok()
+            timeout(t, set).await.ok()
         }))
         .await;
         let total = answers.len();
-        let old: Vec<Option<u32>> = answers.into_iter().flatten().collect();
+        // A node that refused (its limit key holds another application's
+        // data, which it leaves as it is) is not down: retrying cannot
+        // store the limit there.
+        let mut refusals = Vec::new();
+        let mut old: Vec<Option<u32>> = Vec::new();
+        for answer in answers.into_iter().flatten() {
+            match answer {
+                Ok(o) => old.push(o),
+                Err(e @ Error::Misconfigured { .. }) => refusals.push(e),
+                Err(_) => {}
+            }
+        }
+        if !refusals.is_empty() {
+            let others = total - old.len() - refusals.len();
+            return Err(refused_by(refusals, others, total));
+        }
         if old.len() < total {
             return Err(Error::unavailable(
                 "redlock",

@@ -353,11 +353,12 @@ fn node_prefix(owner: &Owner, marker: &str) -> String {
 /// the parent's count of child changes, which wraps at 2^31 on servers
 /// that keep it in 32 bits.
 pub(crate) fn wrapped_counter(parent: &str) -> Error {
-    Error::backend(
+    Error::misconfigured(
         "zookeeper",
         format!(
             "ZooKeeper numbered a new child of {parent} negative: its count of child changes passed 2^31, and neither distlock nor Curator orders such children; delete {parent} while nobody holds or waits on it to reset the count"
         ),
+        None,
     )
 }
 

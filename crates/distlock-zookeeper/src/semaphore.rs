@@ -121,6 +121,7 @@ fn parse_limit(path: &str, data: &[u8]) -> Result<Option<u32>> {
     }
     std::str::from_utf8(data)
         .ok()
+        .filter(|v| v.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|l| *l > 0)
         .map(Some)

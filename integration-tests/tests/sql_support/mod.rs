@@ -1220,7 +1220,7 @@ where
     }
 }
 
-/// A limit in the semaphore table that distlock does not write (0, set by
+/// A limit in the semaphore table that distlock does not write (set by
 /// hand: `corrupt(semaphore table, name)`, answering the rows it changed)
 /// is `Misconfigured` (exit 78 in the CLI: retrying cannot mend it), for an
 /// acquire and for `inspect_permits`.
@@ -1251,14 +1251,28 @@ where
             if message.contains("does not write") => {}
         other => {
             return Err(format!(
-                "an acquire under a limit of 0 gave {:?}",
+                "an acquire under a foreign limit gave {:?}",
                 other.map(|g| g.is_some())
             )
             .into())
         }
     }
     match backend.inspect_permits(&LockName::new(name)?).await {
+        Err(distlock_core::Error::Misconfigured { .. }) => {}
+        other => return Err(format!("inspect under a foreign limit gave {other:?}").into()),
+    }
+    // set_limit refuses it too, and leaves it as it is: an acquire with
+    // the limit asked for is still refused, not a mismatch.
+    match backend.set_limit(&LockName::new(name)?, 3).await {
+        Err(distlock_core::Error::Misconfigured { .. }) => {}
+        other => return Err(format!("set_limit over a foreign limit gave {other:?}").into()),
+    }
+    match client.semaphore(name, 3).try_acquire().await {
         Err(distlock_core::Error::Misconfigured { .. }) => Ok(()),
-        other => Err(format!("inspect under a limit of 0 gave {other:?}").into()),
+        other => Err(format!(
+            "after set_limit, an acquire of 3 gave {:?}",
+            other.map(|g| g.is_some())
+        )
+        .into()),
     }
 }

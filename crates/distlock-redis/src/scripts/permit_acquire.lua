@@ -27,8 +27,8 @@ if not stored then
   -- The first acquire stores the limit; only set_limit changes it after.
   redis.call('SET', KEYS[2], ARGV[3])
 else
-  local n = tonumber(stored)
-  if not n or n ~= math.floor(n) or n < 1 or n > 4294967295 then
+  local n = stored_count(stored)
+  if n < 0 then
     return { -1 }
   elseif n ~= limit then
     return { n }

@@ -7,9 +7,6 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local stored = redis.call('GET', KEYS[2])
 local limit = 0
 if stored then
-  limit = tonumber(stored) or -1
-  if limit ~= math.floor(limit) or limit < 1 or limit > 4294967295 then
-    limit = -1
-  end
+  limit = stored_count(stored)
 end
 return { limit, redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf') }

@@ -1,11 +1,25 @@
 -- Prepended to the scripts of a semaphore's or an election's wait queue
 -- (fifo): permit_acquire.lua, permit_release.lua, permit_leave.lua,
--- permit_limit.lua and the election_*.lua scripts that grant or free a
--- leadership. A queue is a sorted set of entries (a client id, a space,
+-- permit_limit.lua, permit_inspect.lua and the election_*.lua scripts
+-- that grant or free a leadership. A queue is a sorted set of entries (a client id, a space,
 -- and the owner) scored by arrival (microseconds of server time), beside a
 -- sorted set of when each entry ends unless its waiter's next attempt
 -- renews it (ms, server clock). With f permits free (one, a free
 -- leadership), the first f live entries may each take one.
+
+-- A semaphore's limit as stored (a string): the count, or -1 for text
+-- distlock does not write (anything but a whole number from 1 to
+-- 4294967295 in plain digits).
+local function stored_count(text)
+  if #text > 10 or not string.match(text, '^[1-9]%d*$') then
+    return -1
+  end
+  local n = tonumber(text)
+  if n > 4294967295 then
+    return -1
+  end
+  return n
+end
 
 -- The server's time in ms.
 local function now_ms()

@@ -447,6 +447,12 @@ impl My {
             .bind(name)
             .fetch_optional(&mut *tx)
             .await?;
+        // A limit distlock does not write (0) is refused by the caller,
+        // and left as it is.
+        if let Some((0, _)) = old {
+            tx.rollback().await?;
+            return Ok(Some(0));
+        }
         match old {
             Some(_) => sqlx::query(&s.update_limit).bind(limit).bind(name),
             None => sqlx::query(&s.insert_semaphore).bind(name).bind(limit),

@@ -26,6 +26,14 @@ pub(crate) struct Statements {
     list: String,
 }
 
+/// The limit column `column` as read: SQLite's columns keep whatever type
+/// was written, and text or a real number there (another application's
+/// data) reads as 0 (NULL stays NULL), which [`limit_from_db`](crate::semaphore::limit_from_db)
+/// refuses as a limit distlock does not write.
+fn stored_limit(column: &str) -> String {
+    format!("CASE WHEN typeof({column}) IN ('integer', 'null') THEN {column} ELSE 0 END")
+}
+
 impl Statements {
     pub(crate) fn new(tables: &PermitTables) -> Self {
         let PermitTables {
@@ -64,13 +72,17 @@ impl Statements {
             lock_semaphore: format!(
                 "INSERT INTO {semaphores} (name, permits, token) VALUES (?1, ?2, 0)
                  ON CONFLICT (name) DO UPDATE SET permits = permits
-                 RETURNING permits"
+                 RETURNING {}",
+                stored_limit("permits")
             ),
             create_semaphore: format!(
                 "INSERT INTO {semaphores} (name, permits, token) VALUES (?1, ?2, 0)
                  ON CONFLICT (name) DO NOTHING"
             ),
-            select_limit: format!("SELECT permits FROM {semaphores} WHERE name = ?1"),
+            select_limit: format!(
+                "SELECT {} FROM {semaphores} WHERE name = ?1",
+                stored_limit("permits")
+            ),
             // Granted only if the stored limit is the requested one and a
             // permit is free. The owner's own earlier permit (a retry after
             // a lost reply) is not counted but replaced: asking again with
@@ -99,18 +111,20 @@ impl Statements {
                 "DELETE FROM {permits} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
             ),
             inspect: format!(
-                "SELECT s.permits,
+                "SELECT {},
                         (SELECT count(*) FROM {permits} p
                           WHERE p.name = s.name AND p.expires_at > {NOW_MS})
-                   FROM {semaphores} s WHERE s.name = ?1"
+                   FROM {semaphores} s WHERE s.name = ?1",
+                stored_limit("s.permits")
             ),
             update_limit: format!("UPDATE {semaphores} SET permits = ?2 WHERE name = ?1"),
             list: format!(
-                "SELECT p.name, p.token, (p.expires_at - {NOW_MS}) * 1000, p.holder, s.permits
+                "SELECT p.name, p.token, (p.expires_at - {NOW_MS}) * 1000, p.holder, {}
                    FROM {permits} p LEFT JOIN {semaphores} s ON s.name = p.name
                   WHERE p.name >= ?1 AND p.name < ?2 AND p.expires_at > {NOW_MS}
                   ORDER BY p.name, p.token
-                  LIMIT ?3"
+                  LIMIT ?3",
+                stored_limit("s.permits")
             ),
         }
     }
@@ -264,6 +278,12 @@ impl Lite {
                         .bind(name.as_str())
                         .fetch_one(&mut *tx)
                         .await?;
+                    // A limit distlock does not write is refused below,
+                    // and left as it is.
+                    if limit_from_db(&self.err, old).is_err() {
+                        tx.rollback().await?;
+                        return Ok(Some(old));
+                    }
                     sqlx::query(&s.update_limit)
                         .bind(name.as_str())
                         .bind(i64::from(limit))
