@@ -316,6 +316,35 @@ fn unreachable_backend_gives_69_at_once() {
     assert!(start.elapsed() < Duration::from_secs(3), "observe: {err}");
 }
 
+/// A Redlock of three nodes of which only one answers at the start: no
+/// lock can be granted, so `run` without `--wait` exits 69 at once, as for
+/// a single server that does not answer, rather than retrying for ever.
+#[cfg(feature = "redlock")]
+#[test]
+fn a_redlock_with_a_majority_unreachable_gives_69_at_once() {
+    let node = integration_tests::harness::redis::spawn(&[]).unwrap();
+    let url = format!("redlock://127.0.0.1:{},127.0.0.1:1,127.0.0.1:2", node.port);
+    let mut child = run_command(&url, &[], "minority", &["true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(15) {
+            let _ = child.kill();
+            panic!("run still retried 15 s after its start");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(69), "{err}");
+    assert!(err.contains("1 of 3 nodes answered"), "{err}");
+}
+
 /// The server answers and refuses the configuration: exit 78, a message
 /// saying what to change, at once.
 #[cfg(feature = "redis")]
@@ -329,6 +358,11 @@ fn refused_configuration_gives_78() {
         (format!("{}/99", r.url), "database index"),
         (format!("sqlite://{}", dir.display()), "path"),
     ];
+    let plain = integration_tests::harness::redis::spawn(&[]).unwrap();
+    let not_a_sentinel = format!("redis+sentinel://127.0.0.1:{}/m", plain.port);
+    let cases = cases
+        .into_iter()
+        .chain([(not_a_sentinel, "not a Sentinel")]);
     for (b, what) in cases {
         let err = refused(&b, 78, what);
         assert!(

@@ -789,6 +789,10 @@ fn refused_configuration(e: &RedisError) -> Option<&'static str> {
         _ if e.to_string().contains("cluster support disabled") => {
             Some("the server is not a Cluster node: use a redis:// URL")
         }
+        // A `redis+sentinel://` URL naming a server that is not a Sentinel.
+        _ if e.to_string().contains("does not point to a sentinel") => {
+            Some("the server is not a Sentinel: use a redis:// URL for it, or name the Sentinels")
+        }
         // An alert: the server refused this side, most often for want of
         // a client certificate, which this backend does not present.
         _ if distlock_core::tls_refusal(e)

@@ -103,27 +103,38 @@ impl RedlockBackend {
         let connected = join_all(backend.inner.nodes.iter().map(|n| timeout(t, n.redis()))).await;
         // A node that is another under a second address is refused first.
         let mut refusals = Vec::new();
-        let (mut answered, mut down) = (false, 0);
+        let (mut answered, mut down) = (0, 0);
         for c in connected {
             match c {
                 Ok(Err(e @ Error::InvalidInput { .. })) => return Err(e),
-                Ok(Err(e @ Error::Misconfigured { .. })) => refusals.push(e),
-                Ok(Ok(_)) => answered = true,
+                Ok(Err(e @ Error::Misconfigured { .. })) => {
+                    tracing::warn!(error = %e, "a redlock node refused the configuration; it counts for no quorum until it accepts it");
+                    refusals.push(e);
+                }
+                Ok(Ok(_)) => answered += 1,
                 _ => down += 1,
             }
         }
         let total = backend.inner.nodes.len();
-        if answered {
+        // Fewer than a majority can grant nothing: as unreachable as a
+        // single server that does not answer (a caller that waits connects
+        // again while its wait lasts).
+        let majority = grant_quorum(total, 1);
+        if answered >= majority {
             return Ok(backend);
         }
-        if refusals.is_empty() {
-            return Err(Error::unavailable(
-                "redlock",
-                format!("no node answered at connect ({down} of {total} unreachable); check the nodes' addresses, or that they run"),
-                None,
-            ));
+        // So many refuse that no majority is left, whoever comes up.
+        if answered + down < majority {
+            return Err(refused_by(refusals, down, total));
         }
-        Err(refused_by(refusals, down, total))
+        Err(Error::unavailable(
+            "redlock",
+            format!(
+                "{answered} of {total} nodes answered at connect, fewer than the {majority} a lock needs ({down} unreachable, {} refusing the configuration); check the nodes' addresses, or that they run",
+                refusals.len()
+            ),
+            None,
+        ))
     }
 
     /// The backend `url` describes, its nodes not connected yet.
