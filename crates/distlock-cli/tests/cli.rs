@@ -3333,13 +3333,39 @@ fn a_campaigner_paused_past_its_session_does_not_lead_beside_the_next() {
             std::thread::sleep(Duration::from_millis(50));
         }
     };
+    // Waits until `n` campaigns are queued (their nodes under the
+    // election's).
+    let queued = |n: usize| {
+        let start = Instant::now();
+        loop {
+            let ls = zookeeper::cli(
+                &format!("127.0.0.1:{}", zk.port),
+                &["ls", "/distlock/paused/e"],
+            )
+            .unwrap()
+            .output()
+            .unwrap();
+            if String::from_utf8_lossy(&ls.stdout)
+                .matches("latch-")
+                .count()
+                >= n
+            {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{n} campaigns never queued"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
     let mut a = elect("A", "sleep 60");
     leads("A");
     let b_runs = format!("echo started >> {}; sleep 60", started.display());
     let mut b = elect("B", &b_runs);
-    std::thread::sleep(Duration::from_millis(700));
+    queued(2);
     let mut c = elect("C", "sleep 60");
-    std::thread::sleep(Duration::from_millis(700));
+    queued(3);
     let pid = |c: &Child| Pid::from_raw(i32::try_from(c.id()).unwrap());
     kill(pid(&b), Signal::SIGSTOP).unwrap();
     let stopped = Instant::now();
