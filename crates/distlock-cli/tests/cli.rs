@@ -328,17 +328,7 @@ fn a_redlock_with_a_majority_unreachable_gives_69_at_once() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > Duration::from_secs(15) {
-            let _ = child.kill();
-            panic!("run still retried 15 s after its start");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within(&mut child, Duration::from_secs(15));
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(69), "{err}");
@@ -2520,17 +2510,7 @@ fn conformance_ends_once_its_reader_went_away() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = run.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            let _ = run.kill();
-            panic!("conformance still ran 30 s after its reader went away");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within(&mut run, Duration::from_secs(30));
     head.wait().unwrap();
     assert_eq!(status.code(), Some(141), "{status:?}");
 }
@@ -2573,18 +2553,7 @@ fn observe_ends_once_its_reader_went_away_while_the_leader_stays() {
         .spawn()
         .unwrap();
     head.wait().unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = observe.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > Duration::from_secs(10) {
-            let _ = observe.kill();
-            let _ = leader.kill();
-            panic!("observe still ran 10 s after its reader went away");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within(&mut observe, Duration::from_secs(10));
     // SIGTERM: the leader ends its command (a SIGKILL would orphan it).
     let pid = nix::unistd::Pid::from_raw(i32::try_from(leader.id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
@@ -2626,7 +2595,7 @@ fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
         }
         if start.elapsed() > limit {
             child.kill().unwrap();
-            panic!("still running {limit:?} after the signal");
+            panic!("still running {limit:?} later");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
