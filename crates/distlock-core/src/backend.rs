@@ -70,6 +70,7 @@ impl fmt::Display for HoldKind {
         match self {
             HoldKind::Exclusive => f.write_str("lock"),
             HoldKind::Shared => f.write_str("shared lock"),
+            HoldKind::Permits { limit: 1 } => f.write_str("semaphore of 1 permit"),
             HoldKind::Permits { limit } => write!(f, "semaphore of {limit} permits"),
             HoldKind::Leader => f.write_str("election"),
         }

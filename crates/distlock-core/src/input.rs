@@ -44,9 +44,10 @@ pub fn query_pairs<'a>(what: &str, query: &'a str) -> Result<Vec<(&'a str, &'a s
 /// `/`, `?` and `#`, those the backend's parser splits the URL at before
 /// it looks for the `@`): the parser would take part of the password for a
 /// host, a path or a parameter, and name it in an error. Nothing of the URL
-/// is in the message. Such a URL has no `@` before its first delimiter, and
-/// after its last `@` a host list with ports; an `@` in a path or a
-/// parameter's value (`/app@prod`, `?prefix=a@b`) is no user's.
+/// is in the message. Such a URL has, after its last `@` that comes after
+/// its first delimiter, a host list with ports (whatever `@` came before
+/// the delimiter: a password may hold one, unencoded, too); an `@` in a
+/// path or a parameter's value (`/app@prod`, `?prefix=a@b`) is no user's.
 pub fn check_userinfo_encoded(url: &str, delimiters: &[char]) -> Result<()> {
     let Some((_, rest)) = url.split_once("://") else {
         return Ok(());
@@ -54,9 +55,6 @@ pub fn check_userinfo_encoded(url: &str, delimiters: &[char]) -> Result<()> {
     let Some(first) = rest.find(delimiters) else {
         return Ok(());
     };
-    if rest[..first].contains('@') {
-        return Ok(());
-    }
     let Some(at) = rest.rfind('@').filter(|at| *at > first) else {
         return Ok(());
     };
@@ -155,6 +153,9 @@ mod tests {
             "redis://u:S3cr3t?XYZ=ZY@127.0.0.1:6379",
             "postgres://u:S3cr3t#XYZZY@db:5432/app",
             "zk://u:S3cr3t/XYZZY==@h:2181,h2:2181/root",
+            "redis://:S3@cr3t?XYZZY@127.0.0.1:6379",
+            "postgres://app:S3@cr3t/XYZZY@127.0.0.1:5432/postgres",
+            "redlock://:S3@cr3t#XYZZY@a:1,b:2,c:3",
         ] {
             let e = check_userinfo_encoded(url, &all).unwrap_err().to_string();
             assert!(!e.contains("S3cr3t") && !e.contains("XYZZY"), "{e}");

@@ -1,9 +1,9 @@
 //! Batched renewal. The keeper decides *when* a lease renews; when the
 //! backend can extend many holds in one request
 //! ([`Capabilities::extend_batch`](crate::Capabilities::extend_batch) > 1),
-//! the renewal goes through one task per client that sends everything
-//! queued in one [`Backend::extend_many`] call, and collects the next batch
-//! while that call is in flight (group commit). The keeper also rounds
+//! the renewal goes through one task per client that collects everything
+//! queued at once and sends it in one [`Backend::extend_many`] call, each
+//! call in a task of its own. The keeper also rounds
 //! renewal times down to a shared grid, so leases taken at different moments
 //! come due together. Holding M locks then costs about M / batch requests
 //! per renewal period instead of M. Each answer goes back to the keeper
@@ -13,9 +13,9 @@
 //! A renewal waits for its answer only until its lease's deadline (a
 //! batch's, the earliest among its leases): past it the answer is worth
 //! nothing, and a request the server never answers (its reply lost on a
-//! connection the network stopped serving) must not hold up the renewals
-//! queued behind it. Cut off, it counts as failed, and the leases still held
-//! renew again.
+//! connection the network stopped serving) holds up no other renewal, as
+//! it goes in a task of its own. Cut off, it counts as failed, and the
+//! leases still held renew again.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -129,54 +129,67 @@ async fn run(
             continue;
         }
         let reqs: Vec<LockRequest> = batch.iter().map(|p| p.lease.req.with_ttl(p.ttl)).collect();
-        let span = tracing::debug_span!("distlock.renew_batch", size = reqs.len());
-        let extend = backend.extend_many(&reqs).instrument(span);
-        let outcome = until_deadline(batch.iter().map(|p| &p.lease), extend).await;
-        // One request the backend could not decide (Redlock: a lock whose
-        // nodes are down, beside others' on nodes that answer) fails the
-        // whole batch, and one hold's deadline cuts it for all (a short
-        // hold beside long ones on a slow server): each is asked alone
-        // then, bounded by its own deadline, in a task of its own so that
-        // the renewals queued meanwhile go out as usual.
-        if matches!(outcome, Ok(Err(_)) | Err(_)) && reqs.len() > 1 {
-            let (backend, answered) = (backend.clone(), answered.clone());
-            let pending: Vec<Pending> = std::mem::take(&mut batch);
-            tokio::spawn(async move {
-                let answers =
-                    futures_util::future::join_all(pending.iter().zip(&reqs).map(|(p, req)| {
-                        let span = tracing::debug_span!("distlock.renew", lock = %req.name);
-                        let extend = backend.extend(req).instrument(span);
-                        async move {
-                            match until_deadline([&p.lease], extend).await {
-                                Ok(answer) => answer.map_err(|e| e.to_string()),
-                                Err(e) => Err(e),
-                            }
-                        }
-                    }))
-                    .await;
-                for (p, answer) in pending.into_iter().zip(answers) {
-                    answered(p.lease, p.sent, p.ttl, answer);
+        // Each batch in a task of its own: one the server does not answer
+        // waits until its earliest deadline (a long hold's, maybe tens of
+        // seconds away), and the renewals queued meanwhile, a shorter
+        // hold's among them, go out as usual.
+        let pending = std::mem::replace(&mut batch, Vec::with_capacity(max_batch));
+        tokio::spawn(renew_batch(
+            backend.clone(),
+            answered.clone(),
+            pending,
+            reqs,
+        ));
+    }
+}
+
+/// Sends one batch of renewals and gives each hold its answer.
+async fn renew_batch(
+    backend: DynBackend,
+    answered: Answered,
+    batch: Vec<Pending>,
+    reqs: Vec<LockRequest>,
+) {
+    let span = tracing::debug_span!("distlock.renew_batch", size = reqs.len());
+    let extend = backend.extend_many(&reqs).instrument(span);
+    let outcome = until_deadline(batch.iter().map(|p| &p.lease), extend).await;
+    // One request the backend could not decide (Redlock: a lock whose
+    // nodes are down, beside others' on nodes that answer) fails the whole
+    // batch, and one hold's deadline cuts it for all (a short hold beside
+    // long ones on a slow server): each is asked alone then, bounded by its
+    // own deadline.
+    if matches!(outcome, Ok(Err(_)) | Err(_)) && reqs.len() > 1 {
+        let answers = futures_util::future::join_all(batch.iter().zip(&reqs).map(|(p, req)| {
+            let span = tracing::debug_span!("distlock.renew", lock = %req.name);
+            let extend = backend.extend(req).instrument(span);
+            async move {
+                match until_deadline([&p.lease], extend).await {
+                    Ok(answer) => answer.map_err(|e| e.to_string()),
+                    Err(e) => Err(e),
                 }
-            });
-            batch = Vec::with_capacity(max_batch);
-            continue;
-        }
-        let answers: Vec<Result<bool, String>> = match outcome {
-            Ok(Ok(answers)) if answers.len() == reqs.len() => answers.into_iter().map(Ok).collect(),
-            Ok(Ok(answers)) => {
-                let e = format!(
-                    "the backend answered {} renewals for {} requests",
-                    answers.len(),
-                    reqs.len()
-                );
-                vec![Err(e); reqs.len()]
             }
-            Ok(Err(e)) => vec![Err(e.to_string())],
-            Err(e) => vec![Err(e); reqs.len()],
-        };
-        for (p, answer) in batch.drain(..).zip(answers) {
+        }))
+        .await;
+        for (p, answer) in batch.into_iter().zip(answers) {
             answered(p.lease, p.sent, p.ttl, answer);
         }
+        return;
+    }
+    let answers: Vec<Result<bool, String>> = match outcome {
+        Ok(Ok(answers)) if answers.len() == reqs.len() => answers.into_iter().map(Ok).collect(),
+        Ok(Ok(answers)) => {
+            let e = format!(
+                "the backend answered {} renewals for {} requests",
+                answers.len(),
+                reqs.len()
+            );
+            vec![Err(e); reqs.len()]
+        }
+        Ok(Err(e)) => vec![Err(e.to_string())],
+        Err(e) => vec![Err(e); reqs.len()],
+    };
+    for (p, answer) in batch.into_iter().zip(answers) {
+        answered(p.lease, p.sent, p.ttl, answer);
     }
 }
 
