@@ -84,6 +84,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "mysql::fifo::two_databases_on_one_server_keep_their_queues_apart",
+                fifo_two_databases(),
+            ),
+            trial(
+                rt,
                 "mysql::fifo::election::grants_in_arrival_order_waking_only_the_head",
                 fifo_order(sql_support::queued_row(true, "fifo/order"), 1),
             ),
@@ -739,6 +744,51 @@ async fn fifo_server() -> Result<(integration_tests::harness::ServerProcess, Str
     Ok((process, url))
 }
 
+/// Two databases on one server, each with the default lock table: a
+/// waiter queued on `jobs` in one does not keep `jobs` in the other from
+/// being granted at once (the server's user locks, which hold the queues,
+/// belong to the whole server).
+async fn fifo_two_databases() -> Result<(), Failed> {
+    let (server, url) = fifo_server().await?;
+    let mut create = my::client(server.port).map_err(|e| e.to_string())?;
+    create.args(["-e", "CREATE DATABASE distlock_other"]);
+    integration_tests::harness::process::run_client(create)?;
+    let (base, _) = url.rsplit_once('/').ok_or("the URL names no database")?;
+    let first = LockClient::new(SqlBackend::connect(&format!("{url}?fifo=true")).await?);
+    let queued = LockClient::new(SqlBackend::connect(&format!("{url}?fifo=true")).await?);
+    let other =
+        LockClient::new(SqlBackend::connect(&format!("{base}/distlock_other?fifo=true")).await?);
+    let held = first.lock("jobs").acquire().await?;
+    let waiter = tokio::spawn(async move {
+        let g = queued
+            .lock("jobs")
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await?;
+        g.release().await
+    });
+    let head = format!(
+        "SELECT IS_USED_LOCK(CONCAT('distlock-q-', MD5('{}/distlock_locks/jobs'))) IS NOT NULL",
+        my::DATABASE
+    );
+    let start = Instant::now();
+    while mariadb_number(server.port, &head)? == 0 {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err("the waiter did not queue within 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let granted = other.lock("jobs").try_acquire().await?;
+    let granted = granted.ok_or("a free lock in another database was refused")?;
+    granted.release().await?;
+    held.release().await?;
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .map_err(|_| "the queued waiter was not granted within 10 s")?
+        .map_err(|e| e.to_string())??;
+    Ok(())
+}
+
 /// One number from the `mariadb` client at `port`.
 fn mariadb_number(port: u16, sql: &str) -> Result<u64, Failed> {
     let mut c = my::client(port).map_err(|e| e.to_string())?;
@@ -754,7 +804,8 @@ fn mariadb_number(port: u16, sql: &str) -> Result<u64, Failed> {
 fn fifo_queued(port: u16, name: &str) -> integration_tests::fifo::Count {
     let sql = format!(
         "SELECT (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock')
-              + (IS_USED_LOCK(CONCAT('distlock-q-', MD5('distlock_locks/{name}'))) IS NOT NULL)"
+              + (IS_USED_LOCK(CONCAT('distlock-q-', MD5('{db}/distlock_locks/{name}'))) IS NOT NULL)",
+        db = my::DATABASE
     );
     Arc::new(move || mariadb_number(port, &sql))
 }
@@ -1091,12 +1142,18 @@ async fn shared_renewal_after_freed(f: Arc<SqlFactory>) -> Result<(), Failed> {
 /// See [`sql_support::a_limit_distlock_did_not_write_is_misconfigured`].
 async fn foreign_limit(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let admin: sqlx::MySqlPool = f.admin_pool().await?;
-    sql_support::a_limit_distlock_did_not_write_is_misconfigured(f, |table, name| async move {
-        let done = sqlx::query(&format!("UPDATE {table} SET permits = 0 WHERE name = ?"))
+    sql_support::a_limit_distlock_did_not_write_is_misconfigured(f, |table, name, set| {
+        let admin = admin.clone();
+        async move {
+            let value = set.unwrap_or(0);
+            let done = sqlx::query(&format!(
+                "UPDATE {table} SET permits = {value} WHERE name = ?"
+            ))
             .bind(name)
             .execute(&admin)
             .await?;
-        Ok(done.rows_affected())
+            Ok(done.rows_affected())
+        }
     })
     .await
 }

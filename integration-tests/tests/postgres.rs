@@ -120,6 +120,11 @@ fn main() {
             ),
             trial(
                 rt,
+                "postgres::a_read_only_server_is_unavailable",
+                read_only(f.clone()),
+            ),
+            trial(
+                rt,
                 "postgres::a_row_lock_past_the_lock_timeout_is_unavailable",
                 lock_timeout(f.clone()),
             ),
@@ -460,7 +465,8 @@ async fn tls_verify_ca(f: Arc<SqlFactory>) -> Result<(), Failed> {
 }
 
 /// The server takes no plaintext TCP client, so the TLS cases above do
-/// test TLS: sslmode=disable is refused, as a configuration error.
+/// test TLS: sslmode=disable is refused, as a configuration error that
+/// says to use TLS (not to check the password).
 async fn tls_plaintext_refused(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let (port, _) = tls_certs(&f)?;
     let url = format!(
@@ -472,6 +478,12 @@ async fn tls_plaintext_refused(f: Arc<SqlFactory>) -> Result<(), Failed> {
         Err(e @ distlock_core::Error::Misconfigured { .. }) => {
             if e.to_string().contains(pg::TLS_PASSWORD) {
                 return Err(format!("the error shows the password: {e}").into());
+            }
+            if !e
+                .to_string()
+                .contains("only over TLS: use sslmode=verify-full")
+            {
+                return Err(format!("plaintext: the error does not say to use TLS: {e}").into());
             }
             Ok(())
         }
@@ -774,6 +786,30 @@ async fn connection_limit(f: Arc<SqlFactory>) -> Result<(), Failed> {
             Ok(())
         }
         other => Err(format!("a role at its limit: expected Unavailable, got {other:?}").into()),
+    }
+}
+
+/// A server that takes no writes (a hot standby, or a primary with
+/// `default_transaction_read_only` during a switchover) refuses them with
+/// SQLSTATE 25006: `Unavailable`, saying read-only, so that a wait goes on
+/// until the URL reaches a server that takes them.
+async fn read_only(f: Arc<SqlFactory>) -> Result<(), Failed> {
+    let (_, url) = f.own_table("read_only")?;
+    // Made writable first: the table exists before the server is read-only.
+    SqlBackend::connect(&url).await?;
+    let refused = async {
+        let url = format!("{url}&options[default_transaction_read_only]=on");
+        let client = LockClient::new(SqlBackend::connect(&url).await?);
+        client.lock("ro/job").try_acquire().await.map(|_| ())
+    }
+    .await;
+    match refused {
+        Err(e @ Error::Unavailable { .. })
+            if e.is_retryable() && e.to_string().contains("read-only") =>
+        {
+            Ok(())
+        }
+        other => Err(format!("a read-only server: expected Unavailable, got {other:?}").into()),
     }
 }
 
@@ -2191,12 +2227,18 @@ async fn shared_renewal_after_freed(f: Arc<SqlFactory>) -> Result<(), Failed> {
 /// See [`sql_support::a_limit_distlock_did_not_write_is_misconfigured`].
 async fn foreign_limit(f: Arc<SqlFactory>) -> Result<(), Failed> {
     let admin: sqlx::PgPool = f.admin_pool().await?;
-    sql_support::a_limit_distlock_did_not_write_is_misconfigured(f, |table, name| async move {
-        let done = sqlx::query(&format!("UPDATE {table} SET permits = 0 WHERE name = $1"))
+    sql_support::a_limit_distlock_did_not_write_is_misconfigured(f, |table, name, set| {
+        let admin = admin.clone();
+        async move {
+            let value = set.unwrap_or(0);
+            let done = sqlx::query(&format!(
+                "UPDATE {table} SET permits = {value} WHERE name = $1"
+            ))
             .bind(name)
             .execute(&admin)
             .await?;
-        Ok(done.rows_affected())
+            Ok(done.rows_affected())
+        }
     })
     .await
 }

@@ -263,6 +263,11 @@ fn main() {
         ));
         let handle = rt.handle().clone();
         extra.push(Trial::test(
+            "redis::a_server_out_of_memory_is_unavailable",
+            move || handle.block_on(out_of_memory()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
             "redis::a_script_running_past_the_busy_threshold_is_unavailable",
             move || handle.block_on(busy_script()),
         ));
@@ -275,6 +280,11 @@ fn main() {
         extra.push(Trial::test(
             "redis::a_sentinel_that_stops_answering_costs_one_timeout",
             move || handle.block_on(sentinel_stalled()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
+            "redis::a_sentinel_that_stops_answering_loses_no_lease",
+            move || handle.block_on(sentinel_hung_during_renewals()),
         ));
         let handle = rt.handle().clone();
         extra.push(Trial::test(
@@ -1164,14 +1174,16 @@ async fn foreign_data() -> Result<(), Failed> {
             .await?;
     }
     // A limit that is no permit count, and counters that hold a negative
-    // number (raised, they give no token).
+    // number (raised, they give no token): -1 becomes 0, -5 stays below.
     let set = |key: &str, value: &str| {
         server::command(server.port, &["SET", key, value]).ok_or("SET failed")
     };
     set("{foreign/limit}:semaphore:limit", "abc")?;
     set("{foreign/negative}:fence", "-1")?;
-    set("{foreign/permits}:semaphore:fence", "-1")?;
-    set("{foreign/leader}:election:fence", "-1")?;
+    set("{foreign/permits}:semaphore:fence", "-5")?;
+    set("{foreign/leader}:election:fence", "-5")?;
+    set("{foreign/shared}:fence", "-5")?;
+    set("{foreign/all}:fence", "-5")?;
     let fenced = LockClient::new(RedisBackend::connect(&url).await?);
     let answers = [
         (
@@ -1206,6 +1218,23 @@ async fn foreign_data() -> Result<(), Failed> {
                 .await
                 .map(|g| g.is_some()),
         ),
+        (
+            "foreign/shared",
+            fenced
+                .lock("foreign/shared")
+                .shared()
+                .try_acquire()
+                .await
+                .map(|g| g.is_some()),
+        ),
+        (
+            "foreign/all",
+            fenced
+                .lock_all(["foreign/free", "foreign/all"])
+                .try_acquire()
+                .await
+                .map(|g| g.is_some()),
+        ),
     ];
     for (name, answer) in answers {
         match answer {
@@ -1216,6 +1245,32 @@ async fn foreign_data() -> Result<(), Failed> {
                 )
                 .into())
             }
+        }
+    }
+    // Nothing refused for a negative counter is left held, and the
+    // counters keep their values.
+    for key in [
+        "foreign/negative",
+        "{foreign/permits}:semaphore",
+        "{foreign/leader}:election",
+        "foreign/shared",
+        "{foreign/shared}:readers",
+        "foreign/all",
+        "foreign/free",
+    ] {
+        let exists = server::command(server.port, &["EXISTS", key]).ok_or("EXISTS failed")?;
+        if !exists.starts_with(":0") {
+            return Err(format!("{key} is left after a refused acquire").into());
+        }
+    }
+    for (key, value) in [
+        ("{foreign/permits}:semaphore:fence", "-5"),
+        ("{foreign/shared}:fence", "-5"),
+        ("{foreign/all}:fence", "-5"),
+    ] {
+        let got = server::command(server.port, &["GET", key]).ok_or("GET failed")?;
+        if !got.contains(&format!("{value}\r\n")) {
+            return Err(format!("{key} holds {got:?} after a refused acquire").into());
         }
     }
     drop(server);
@@ -2037,19 +2092,49 @@ fn unavailable<T: std::fmt::Debug>(what: &str, r: Result<T, Error>) -> Result<()
 /// script that writes with NOREPLICAS until a replica connects: an acquire
 /// is retryable, not a permanent backend error.
 async fn too_few_replicas() -> Result<(), Failed> {
+    refused_by_settings(
+        &[("min-replicas-to-write", "1")],
+        ("min-replicas-to-write", "0"),
+        "noreplicas",
+        "an acquire without enough replicas",
+    )
+    .await
+}
+
+/// A server at its `maxmemory` with `noeviction` refuses every script
+/// that writes with OOM until keys expire or memory is raised: an acquire
+/// is retryable (a wait goes on through it), not a permanent backend error.
+async fn out_of_memory() -> Result<(), Failed> {
+    refused_by_settings(
+        &[("maxmemory-policy", "noeviction"), ("maxmemory", "1")],
+        ("maxmemory", "0"),
+        "oom",
+        "an acquire on a server out of memory",
+    )
+    .await
+}
+
+/// On a server of its own with the settings `set` (`CONFIG SET` pairs),
+/// an acquire of `name` is `Unavailable` (`what` names it in a failure);
+/// once `unset` lifts them, the lock is free.
+async fn refused_by_settings(
+    set: &[(&str, &str)],
+    unset: (&str, &str),
+    name: &str,
+    what: &str,
+) -> Result<(), Failed> {
     let node = blocking(spawned(&[])).await?;
     let client =
         LockClient::new(RedisBackend::connect(&format!("redis://127.0.0.1:{}", node.port)).await?);
-    server::command(node.port, &["CONFIG", "SET", "min-replicas-to-write", "1"])
-        .filter(|r| r.starts_with("+OK"))
-        .ok_or("CONFIG SET min-replicas-to-write failed")?;
-    unavailable(
-        "an acquire without enough replicas",
-        client.lock("noreplicas").try_acquire().await,
-    )?;
-    server::command(node.port, &["CONFIG", "SET", "min-replicas-to-write", "0"]);
+    for (setting, value) in set {
+        server::command(node.port, &["CONFIG", "SET", setting, value])
+            .filter(|r| r.starts_with("+OK"))
+            .ok_or_else(|| format!("CONFIG SET {setting} failed"))?;
+    }
+    unavailable(what, client.lock(name).try_acquire().await)?;
+    server::command(node.port, &["CONFIG", "SET", unset.0, unset.1]);
     client
-        .lock("noreplicas")
+        .lock(name)
         .try_acquire()
         .await?
         .ok_or("the lock was held after a refused acquire")?
@@ -2243,6 +2328,41 @@ async fn sentinel_stalled() -> Result<(), Failed> {
                 )
             }
         }
+    }
+    Ok(())
+}
+
+/// The first Sentinel of the URL stops answering (its connections stay
+/// open, nothing gets through) while a lock of 1 s is held: each renewal
+/// asks the Sentinels for the master first, in turn, and that question is
+/// given a tenth of the TTL, not the 2 s `timeout_ms`, so the lease is
+/// renewed and never lost.
+async fn sentinel_hung_during_renewals() -> Result<(), Failed> {
+    let master = blocking(spawned(&[])).await?;
+    let master_port = master.port;
+    let sentinel = blocking(move || {
+        server::sentinel(master_port, "m").map_err(|e| Failed::from(e.to_string()))
+    })
+    .await?;
+    let hung = Proxy::start(sentinel.port).map_err(|e| e.to_string())?;
+    let url = format!(
+        "redis+sentinel://127.0.0.1:{},127.0.0.1:{}/m?timeout_ms=2000",
+        hung.port, sentinel.port
+    );
+    let client = LockClient::new(RedisBackend::connect(&url).await?);
+    let g = client
+        .lock("sentinel-hung")
+        .ttl(Duration::from_secs(1))
+        .acquire()
+        .await?;
+    hung.set_blackhole(true);
+    let lost = tokio::time::timeout(Duration::from_secs(4), g.lost()).await;
+    hung.set_blackhole(false);
+    if let Ok(why) = lost {
+        return Err(format!("the lease was lost with one Sentinel hung: {why:?}").into());
+    }
+    if !g.release().await? {
+        return Err("the release found the lock gone".into());
     }
     Ok(())
 }

@@ -269,15 +269,19 @@ async fn shared_renewal_after_freed(f: std::sync::Arc<SqlFactory>) -> Result<(),
 /// on SQLite, text in the integer column (its type affinity keeps it).
 async fn foreign_limit(f: std::sync::Arc<SqlFactory>) -> Result<(), Failed> {
     let file = f.clone();
-    sql_support::a_limit_distlock_did_not_write_is_misconfigured(f, |table, name| async move {
-        let admin: sqlx::SqlitePool = file.admin_pool().await?;
-        let done = sqlx::query(&format!(
-            "UPDATE {table} SET permits = 'abc' WHERE name = ?1"
-        ))
-        .bind(name)
-        .execute(&admin)
-        .await?;
-        Ok(done.rows_affected())
+    sql_support::a_limit_distlock_did_not_write_is_misconfigured(f, |table, name, set| {
+        let file = file.clone();
+        async move {
+            let admin: sqlx::SqlitePool = file.admin_pool().await?;
+            let value = set.map_or_else(|| "'abc'".to_string(), |n| n.to_string());
+            let done = sqlx::query(&format!(
+                "UPDATE {table} SET permits = {value} WHERE name = ?1"
+            ))
+            .bind(name)
+            .execute(&admin)
+            .await?;
+            Ok(done.rows_affected())
+        }
     })
     .await
 }

@@ -12,7 +12,9 @@ use distlock_core::{
 use libtest_mimic::{Completion, Failed};
 use tokio::time::Instant;
 
-use crate::cases::{client, name, raw_hold, replaced_after_ttl, BOUND, LONG_TTL};
+use crate::cases::{
+    client, lag_note, latest_replacement, name, raw_hold, replaced_after_ttl, BOUND, LONG_TTL,
+};
 use crate::{ensure, BackendFactory, CaseResult};
 
 cases![
@@ -22,6 +24,7 @@ cases![
     a_writer_is_not_starved_by_a_stream_of_readers,
     crashed_reader_stops_blocking_a_writer_after_its_ttl,
     a_crashed_reader_beside_a_renewing_one_stops_counting_after_its_ttl,
+    a_writer_behind_a_released_and_a_vanished_reader_goes_at_the_vanished_ones_ttl,
     a_writer_that_gives_up_leaves_no_mark,
     upgrade_is_refused_and_an_exclusive_holder_nests_a_shared_request,
     tokens_rise_across_shared_and_exclusive_holds,
@@ -331,6 +334,60 @@ pub async fn a_crashed_reader_beside_a_renewing_one_stops_counting_after_its_ttl
         .await?
         .ok_or("the vanished reader still blocked a writer after the live one left")?;
     w.release().await?;
+    Ok(Completion::Completed)
+}
+
+/// A writer waits behind two readers: one with a long TTL, and one that
+/// vanished with the expiry cases' short TTL still running. The long one
+/// releases, which leaves the name shared only until the vanished reader's
+/// TTL ends: the writer is granted then, no later than a second past it
+/// (and the backend's declared expiry lag), not at the long reader's end
+/// nor at a bound of its own long TTL.
+pub async fn a_writer_behind_a_released_and_a_vanished_reader_goes_at_the_vanished_ones_ttl(
+    f: &dyn BackendFactory,
+    ns: String,
+) -> CaseResult {
+    let lock = name(&ns, "left-and-vanished")?;
+    let ttl = f.short_ttl();
+    let readers = client(f).await?;
+    let kept = try_shared(&readers, &lock)
+        .await?
+        .ok_or("the first reader was refused")?;
+    let mut vanished = LockRequest::new(lock.clone(), ttl);
+    vanished.kind = HoldKind::Shared;
+    let (raw, grant) = raw_hold(f, &vanished).await?;
+    let caps = raw.capabilities();
+    drop(raw);
+    let writer = client(f).await?;
+    let waiting = {
+        let lock = lock.clone();
+        tokio::spawn(async move {
+            writer
+                .lock(&lock)
+                .ttl(LONG_TTL)
+                .wait(LONG_TTL)
+                .acquire()
+                .await
+        })
+    };
+    writer_shows_waiting(&readers, &lock).await?;
+    kept.release().await?;
+    let released = grant.began.elapsed();
+    let g = waiting.await.map_err(|e| Failed::from(e.to_string()))??;
+    let lived = grant.began.elapsed();
+    ensure!(
+        lived >= caps.safe_validity(ttl),
+        "the writer was granted {lived:?} after the vanished reader's hold was asked for, before its holder's deadline ({ttl:?} TTL)"
+    );
+    // Past the vanished reader's TTL, or past the release if that came
+    // later (a slow machine).
+    let late = latest_replacement(&caps, ttl).max(released + Duration::from_secs(1));
+    ensure!(
+        lived <= late,
+        "the writer was granted {lived:?} after the vanished reader's hold was asked for, more than a second past its {ttl:?} TTL{} (the other reader released at {released:?})",
+        lag_note(&caps, ttl)
+    );
+    g.release().await?;
     Ok(Completion::Completed)
 }
 

@@ -637,7 +637,7 @@ impl EtcdBackend {
             Ok(Ok(client)) => client,
             // Not after a request that timed out: a stalled member, not a
             // scheme it does not speak.
-            Ok(Err(e @ Error::Unavailable { .. })) if !timed_out(&e) => {
+            Ok(Err(e @ (Error::Unavailable { .. } | Error::Backend { .. }))) if !timed_out(&e) => {
                 return Err(match wrong_scheme(&endpoints[0], https, timeout).await {
                     Some(why) => Error::misconfigured(
                         "etcd",
@@ -1883,23 +1883,27 @@ fn timed_out(e: &Error) -> bool {
 /// After a connect failed for want of an answer: why `endpoint`
 /// (`http://host:port` or `https://host:port`) cannot be reached with the
 /// URL's scheme, when it speaks plain HTTP to an `etcds://` URL or TLS to
-/// an `etcd://` one.
-async fn wrong_scheme(endpoint: &str, https: bool, timeout: Duration) -> Option<&'static str> {
+/// an `etcd://` one, or another server's protocol than HTTP (a URL with
+/// another backend's port).
+async fn wrong_scheme(endpoint: &str, https: bool, timeout: Duration) -> Option<String> {
     let addr = endpoint
         .split_once("://")
         .map_or(endpoint, |(_, addr)| addr);
     let timeout = timeout.min(Duration::from_secs(1));
     if https {
         let request = b"GET /version HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n";
-        let answer = distlock_core::probe::answer(addr, request, 4096, timeout).await?;
-        String::from_utf8_lossy(&answer)
-            .contains("etcdserver")
-            .then_some("the member answers without TLS: use etcd://")
-    } else {
-        distlock_core::probe::speaks_tls(addr, timeout)
-            .await
-            .then_some("the member speaks TLS only: use etcds:// (with ca_file= for a private CA)")
+        if let Some(answer) = distlock_core::probe::answer(addr, request, 4096, timeout).await {
+            if String::from_utf8_lossy(&answer).contains("etcdserver") {
+                return Some("the member answers without TLS: use etcd://".into());
+            }
+        }
+    } else if distlock_core::probe::speaks_tls(addr, timeout).await {
+        return Some(
+            "the member speaks TLS only: use etcds:// (with ca_file= for a private CA)".into(),
+        );
     }
+    distlock_core::probe::foreign_protocol(addr, distlock_core::probe::Protocol::Http, timeout)
+        .await
 }
 
 /// What an `etcd://` or `etcds://` URL says. Its `Debug` shows no password.

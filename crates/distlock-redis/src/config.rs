@@ -235,12 +235,7 @@ impl Topology {
         timed_out: bool,
         timeout: Duration,
     ) -> Option<&'static str> {
-        let (url, tls) = match self {
-            Self::Single(url) => (url.as_str(), url.starts_with("rediss:")),
-            Self::Cluster(seeds) => (seeds.first()?.as_str(), seeds[0].starts_with("rediss:")),
-            Self::Sentinel { sentinels, tls, .. } => (sentinels.first()?.as_str(), *tls),
-        };
-        let addr = host_port(url)?;
+        let (addr, tls) = self.first_host()?;
         let timeout = timeout.min(Duration::from_secs(1));
         if tls {
             let answer = distlock_core::probe::answer(addr, b"PING\r\n", 1, timeout).await?;
@@ -254,6 +249,28 @@ impl Topology {
                 "the server speaks TLS only: use rediss://, rediss+sentinel:// or rediss+cluster:// (with ca_file= for a private CA)",
             )
         }
+    }
+}
+
+impl Topology {
+    /// The `host:port` of the first server the URL names, and whether the
+    /// URL asks for TLS.
+    fn first_host(&self) -> Option<(&str, bool)> {
+        let (url, tls) = match self {
+            Self::Single(url) => (url.as_str(), url.starts_with("rediss:")),
+            Self::Cluster(seeds) => (seeds.first()?.as_str(), seeds[0].starts_with("rediss:")),
+            Self::Sentinel { sentinels, tls, .. } => (sentinels.first()?.as_str(), *tls),
+        };
+        Some((host_port(url)?, tls))
+    }
+
+    /// After a connect failed: that the first server the URL names speaks
+    /// another protocol than Redis (a URL with another backend's port).
+    /// Asking takes a second at most.
+    pub(crate) async fn foreign_protocol(&self, timeout: Duration) -> Option<String> {
+        let (addr, _) = self.first_host()?;
+        distlock_core::probe::foreign_protocol(addr, distlock_core::probe::Protocol::Redis, timeout)
+            .await
     }
 }
 

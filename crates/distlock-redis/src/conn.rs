@@ -555,12 +555,16 @@ impl Conn {
 
     /// Whether keys of different hash slots may live on different nodes.
     /// Before renewals: on Sentinel, that the connection still talks to
-    /// the master the Sentinels name (see [`SentinelConn::confirm_master`]);
-    /// nothing for a single server or a Cluster. Failing to ask is not an
-    /// error: the renewal goes where the connection is.
-    pub(crate) async fn confirm_master(&self) {
+    /// the master the Sentinels name (see [`SentinelConn::confirm_master`]),
+    /// asking for at most `within` (and the connection's timeout): the
+    /// Sentinels are asked in turn, and one that hangs must not hold a
+    /// renewal past its lease. Nothing for a single server or a Cluster.
+    /// Failing to ask is not an error: the renewal goes where the
+    /// connection is (a failover's `+switch-master` moves it too).
+    pub(crate) async fn confirm_master(&self, within: Duration) {
         if let Conn::Sentinel(s) = self {
-            let asked = Box::pin(tokio::time::timeout(s.timeout, s.confirm_master())).await;
+            let bound = s.timeout.min(within);
+            let asked = Box::pin(tokio::time::timeout(bound, s.confirm_master())).await;
             if let Ok(Err(e)) = asked {
                 tracing::debug!(error = %e, "could not ask the Sentinels for the master");
             }

@@ -654,8 +654,14 @@ fn cluster_replication(nodes: &std::collections::HashMap<String, String>) -> Fin
     }
 }
 
+/// The share of a renewal's TTL that asking the Sentinels for the master
+/// before it may take: a tenth, so that a Sentinel that hangs delays each
+/// renewal by that much at most.
+const ASKING_SHARE: u32 = 10;
+
 /// A failed connect's error: `Misconfigured` naming the scheme to use when
-/// the server answers with the other of plain and TLS than the URL says.
+/// the server answers with the other of plain and TLS than the URL says,
+/// or naming the protocol it speaks when it is not Redis.
 async fn connect_error(
     topology: &config::Topology,
     endpoint: &str,
@@ -666,10 +672,17 @@ async fn connect_error(
     // in its text.
     let timed_out = e.is_timeout() || e.to_string().contains("timed out");
     let e = map_err(endpoint, e);
-    if !matches!(e, Error::Unavailable { .. }) {
+    if !matches!(e, Error::Unavailable { .. } | Error::Backend { .. }) {
         return e;
     }
-    match topology.wrong_scheme(timed_out, timeout).await {
+    // Not after a timeout: a stalled server, not another protocol (each
+    // of the others answers or closes at once).
+    let why = match topology.wrong_scheme(timed_out, timeout).await {
+        Some(why) => Some(why.to_owned()),
+        None if timed_out => None,
+        None => topology.foreign_protocol(timeout).await,
+    };
+    match why {
         Some(why) => Error::misconfigured(
             "redis",
             format!("redis at {endpoint}: {why}"),
@@ -703,9 +716,10 @@ fn map_err(endpoint: &str, e: RedisError) -> Error {
             | ErrorKind::ClusterConnectionNotFound
         )
         // Another client's script runs past busy-reply-threshold
-        // (lua-time-limit), or fewer replicas than min-replicas-to-write
-        // are connected: both pass without anything changing here.
-        || matches!(e.code(), Some("BUSY" | "NOREPLICAS"));
+        // (lua-time-limit), fewer replicas than min-replicas-to-write are
+        // connected, or the server is at its maxmemory with nothing it may
+        // evict: each passes without anything changing here.
+        || matches!(e.code(), Some("BUSY" | "NOREPLICAS" | "OOM"));
     if let Some(what) = refused_configuration(&e) {
         return Error::misconfigured(
             "redis",
@@ -932,6 +946,11 @@ impl Backend for RedisBackend {
             self.run_granting(&Scripts::get().acquire_all, &inv).await?;
         let tokens: Vec<i64> = match answer {
             redis::Value::Int(0) => return Ok(AllAtOnce::Refused),
+            redis::Value::Int(-1) => {
+                return Err(crate::foreign_data(
+                    "a fencing counter of one of the names held a negative number".into(),
+                ))
+            }
             redis::Value::Array(tokens) => tokens
                 .into_iter()
                 .map(|t| match t {
@@ -1036,7 +1055,7 @@ impl Backend for RedisBackend {
     }
 
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
-        self.inner.conn.confirm_master().await;
+        self.inner.conn.confirm_master(req.ttl / ASKING_SHARE).await;
         match req.kind {
             HoldKind::Permits { .. } => {
                 return Ok(self.extend_permits(&[req]).await?.first() == Some(&true))
@@ -1058,7 +1077,11 @@ impl Backend for RedisBackend {
     /// each, all sent at once on the multiplexed connection: one round trip
     /// for a mixed batch.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
-        self.inner.conn.confirm_master().await;
+        let shortest = reqs.iter().map(|r| r.ttl).min().unwrap_or_default();
+        self.inner
+            .conn
+            .confirm_master(shortest / ASKING_SHARE)
+            .await;
         let (mut permits, mut shared, mut leaders, mut locks) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for r in reqs {

@@ -463,12 +463,25 @@ impl RedlockBackend {
                 None,
             ));
         }
-        let split = match req.kind {
-            // Some nodes granted a semaphore's permit while too many were
-            // full for a quorum: the steady state while holders occupy
-            // their nodes, not a race; waiting for a release is right.
-            HoldKind::Permits { .. } => !tokens.is_empty() && held <= total - quorum,
-            _ => !tokens.is_empty(),
+        // Some nodes granted while too many were held for a quorum: a
+        // holder on a bare majority (its key lost on a node that
+        // restarted, say), a semaphore's holders occupying their nodes, or
+        // contenders that each won some nodes in one instant. Not a split
+        // to retry at once, which would take and roll back the free nodes
+        // again and again. A semaphore's waiter waits for a release; a
+        // lock's looks again after a random pause of one to four retry
+        // delays, not at the refusing keys' end: a contender's key is a
+        // TTL away, and its rollback announces nothing.
+        let split = !tokens.is_empty() && held <= total - quorum;
+        let outvoted = !tokens.is_empty() && !split && place.is_none();
+        let left = match req.kind {
+            HoldKind::Permits { .. } => left,
+            _ if outvoted => {
+                let delay = self.inner.config.retry_jitter;
+                let pause = delay + jitter(delay.saturating_mul(3));
+                Some(left.map_or(pause, |l| l.min(pause)))
+            }
+            _ => left,
         };
         Ok(Round::Contended(left, split))
     }
@@ -601,6 +614,56 @@ impl RedlockBackend {
         }))
         .await;
     }
+
+    /// Asks every node at once (`ask(inner, i)` for node `i`), each answer
+    /// (`None` for a node that failed) counting until one node timeout
+    /// from now, and returns the answers in once `decided` holds of them
+    /// or all are in. The requests still out finish in a background task
+    /// within the same deadline, so that a node that restarted, answering
+    /// NOSCRIPT, is sent the script again.
+    async fn until_decided<T: Send + 'static>(
+        &self,
+        ask: impl Fn(Arc<Inner>, usize) -> futures_util::future::BoxFuture<'static, Result<T>>,
+        decided: impl Fn(&[Option<T>]) -> bool,
+    ) -> Vec<Option<T>> {
+        let deadline = Instant::now() + self.inner.config.node_timeout;
+        let total = self.inner.nodes.len();
+        let mut answers: Vec<Option<T>> = (0..total).map(|_| None).collect();
+        let mut pending: FuturesUnordered<_> = (0..total)
+            .map(|i| ask(self.inner.clone(), i).map(move |a| (i, a.ok())))
+            .collect();
+        let _in_time = timeout_at(deadline, async {
+            while let Some((i, a)) = pending.next().await {
+                answers[i] = a;
+                if decided(&answers) {
+                    break;
+                }
+            }
+        })
+        .await;
+        while let Some(Some((i, a))) = pending.next().now_or_never() {
+            answers[i] = a;
+        }
+        if !pending.is_empty() {
+            tokio::spawn(timeout_at(deadline, pending.for_each(|_| async {})));
+        }
+        answers
+    }
+}
+
+/// Whether `answers` (one per node: `Some(yes)`, or `None` for no answer
+/// yet) settle a request that needs `quorum` of `total`: a quorum said yes,
+/// or so many said no that the rest are too few for one.
+fn decided(answers: impl Iterator<Item = Option<bool>>, quorum: usize, total: usize) -> bool {
+    let (mut yes, mut no) = (0, 0);
+    for a in answers {
+        match a {
+            Some(true) => yes += 1,
+            Some(false) => no += 1,
+            None => {}
+        }
+    }
+    yes >= quorum || no > total - quorum
 }
 
 /// Counts the nodes that answered `true`, returning as soon as `enough`
@@ -730,14 +793,22 @@ impl Backend for RedlockBackend {
         granted
     }
 
+    /// Returns once a quorum has answered either way (the other nodes'
+    /// renewals finish in the background, as a release's do): a node that
+    /// is down or slow costs a renewal nothing while a majority answers.
     async fn extend(&self, req: &LockRequest) -> Result<bool> {
         let start = Instant::now();
-        let t = self.inner.config.node_timeout;
-        let answers = join_all(self.inner.nodes.iter().map(|n| async move {
-            let ext = async { n.redis().await?.extend(req).await };
-            timeout(t, ext).await.ok().and_then(Result::ok)
-        }))
-        .await;
+        let (quorum, total) = (self.quorum(&req.kind), self.inner.nodes.len());
+        let req = Arc::new(req.clone());
+        let answers = self
+            .until_decided(
+                |inner, i| {
+                    let req = req.clone();
+                    async move { inner.nodes[i].redis().await?.extend(&req).await }.boxed()
+                },
+                |answers| decided(answers.iter().copied(), quorum, total),
+            )
+            .await;
         self.verdict(
             &answers,
             &req.kind,
@@ -747,7 +818,8 @@ impl Backend for RedlockBackend {
     }
 
     /// The batch goes to every node at once (one script call each, two
-    /// when it mixes locks and permits); then each hold is judged as
+    /// when it mixes locks and permits), and returns once a quorum has
+    /// answered either way for every hold; then each hold is judged as
     /// `extend` judges it: extended where a quorum extended it within its
     /// validity, not ours where too many said no for a quorum.
     /// A lock with neither fails the whole batch; core's renewer then asks
@@ -755,20 +827,36 @@ impl Backend for RedlockBackend {
     /// the renewal of others held on nodes that answer.
     async fn extend_many(&self, reqs: &[LockRequest]) -> Result<Vec<bool>> {
         let start = Instant::now();
-        let t = self.inner.config.node_timeout;
-        let answers = join_all(self.inner.nodes.iter().map(|n| async move {
-            let ext = async { n.redis().await?.extend_many(reqs).await };
-            timeout(t, ext)
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .filter(|a| a.len() == reqs.len())
-        }))
-        .await;
         let total = self.inner.nodes.len();
+        let quorums: Vec<usize> = reqs.iter().map(|r| self.quorum(&r.kind)).collect();
+        let batch: Arc<[LockRequest]> = reqs.into();
+        let answers = self
+            .until_decided(
+                |inner, i| {
+                    let batch = batch.clone();
+                    async move {
+                        let a = inner.nodes[i].redis().await?.extend_many(&batch).await?;
+                        if a.len() == batch.len() {
+                            Ok(a)
+                        } else {
+                            Err(Error::backend(
+                                "redlock",
+                                "a renewal answered for another number of holds",
+                            ))
+                        }
+                    }
+                    .boxed()
+                },
+                |answers: &[Option<Vec<bool>>]| {
+                    quorums.iter().enumerate().all(|(i, q)| {
+                        decided(answers.iter().map(|a| a.as_ref().map(|a| a[i])), *q, total)
+                    })
+                },
+            )
+            .await;
         let mut out = Vec::with_capacity(reqs.len());
         for (i, req) in reqs.iter().enumerate() {
-            let quorum = self.quorum(&req.kind);
+            let quorum = quorums[i];
             let said = |v: bool| answers.iter().flatten().filter(|a| a[i] == v).count();
             let (yes, no) = (said(true), said(false));
             if yes >= quorum && self.valid_after(req.ttl, start) {

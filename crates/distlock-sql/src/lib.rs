@@ -224,6 +224,9 @@ impl DbError {
             "55P03" | "57014" => {
                 Some("gave up on the statement after its lock or statement timeout")
             }
+            // PostgreSQL: a read-only transaction (a hot standby, or
+            // `default_transaction_read_only` during a switchover).
+            "25006" => Some(READ_ONLY),
             // Class 08, PostgreSQL's and MySQL's: the connection failed or
             // was lost; not a protocol violation (08P01), which the next
             // connection meets again.
@@ -232,6 +235,10 @@ impl DbError {
         }
     }
 }
+
+/// Why a statement a read-only server refused may go through later: a
+/// switchover or failover promotes a server that takes writes.
+const READ_ONLY: &str = "is read-only (a replica, or a primary during a switchover): retrying succeeds once the URL reaches a server that takes writes";
 
 /// Whether SQLite's result `code` (as sqlx reports it, the extended code)
 /// is SQLITE_BUSY or SQLITE_LOCKED, which another connection's transaction
@@ -259,6 +266,11 @@ fn mysql_transient(number: u16) -> Option<&'static str> {
         // ER_SERVER_SHUTDOWN; MariaDB's ER_CONNECTION_KILLED (KILL, or
         // the server shutting down).
         1053 | 1927 => Some("is shutting down or ended the connection"),
+        // ER_OPTION_PREVENTS_STATEMENT (`read_only`), MariaDB's
+        // ER_READ_ONLY_MODE, ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: a
+        // replica, or a primary set read-only for a switchover, which the
+        // next primary lifts.
+        1290 | 1836 | 1792 => Some(READ_ONLY),
         _ => None,
     }
 }
@@ -343,29 +355,45 @@ fn refuse_tls_without_support(
 /// Makes one connection directly, once, and closes it. A pool retries a
 /// refused connect until its acquire timeout, so a server that is not there
 /// would take that long to report; a wrong password or a missing database
-/// would be reported after it too.
+/// would be reported after it too. When it fails for want of an answer,
+/// asks `addr` (`host:port`) whether it speaks another protocol than
+/// `own`: a URL with another server's port, which a retry cannot mend.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn first_connection<C: sqlx::Connection>(
     options: &<C as sqlx::Connection>::Options,
     err: &DbError,
     timeout: Duration,
+    (own, addr): (distlock_core::probe::Protocol, String),
 ) -> Result<()> {
-    match tokio::time::timeout(timeout, C::connect_with(options)).await {
+    let e = match tokio::time::timeout(timeout, C::connect_with(options)).await {
         Ok(Ok(conn)) => {
             // A failed goodbye changes nothing: the pool connects anew.
             let _ = conn.close().await;
-            Ok(())
+            return Ok(());
         }
-        Ok(Err(e)) => Err(err.map(e)),
-        Err(_) => Err(Error::unavailable(
+        Ok(Err(e)) => err.map(e),
+        Err(_) => Error::unavailable(
             err.backend,
             format!(
                 "{} at {} did not answer within {timeout:?}",
                 err.backend, err.endpoint
             ),
             None,
-        )),
+        ),
+    };
+    if !matches!(e, Error::Unavailable { .. } | Error::Backend { .. }) {
+        return Err(e);
     }
+    Err(
+        match distlock_core::probe::foreign_protocol(&addr, own, timeout).await {
+            Some(why) => Error::misconfigured(
+                err.backend,
+                format!("{} at {}: {why}", err.backend, err.endpoint),
+                Some(Box::new(e)),
+            ),
+            None => e,
+        },
+    )
 }
 
 impl DbError {
@@ -374,6 +402,11 @@ impl DbError {
     fn refused_configuration(&self, d: &dyn sqlx::error::DatabaseError) -> Option<&'static str> {
         let message = d.message();
         match d.code().as_deref() {
+            // PostgreSQL: no pg_hba.conf line takes a client without TLS
+            // (only `hostssl` lines), which it says in the message.
+            Some("28000") if message.contains("no encryption") => Some(
+                "the server takes this user only over TLS: use sslmode=verify-full with sslrootcert (or require)",
+            ),
             // PostgreSQL: wrong password; no such role. MySQL: access denied.
             Some("28P01" | "28000") => Some("check the user and password in the URL"),
             // PostgreSQL: no such database.
@@ -581,7 +614,12 @@ impl SqlBackend {
         )?;
         // The URL may leave the host to the environment (PGHOST) or default.
         err.endpoint = format!("{}:{}", options.get_host(), options.get_port());
-        first_connection::<sqlx::PgConnection>(&options, &err, config.connect_timeout).await?;
+        let probe = (
+            distlock_core::probe::Protocol::PostgreSql,
+            err.endpoint.clone(),
+        );
+        first_connection::<sqlx::PgConnection>(&options, &err, config.connect_timeout, probe)
+            .await?;
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(config.pool_size.unwrap_or(10))
             .acquire_timeout(config.connect_timeout)
@@ -673,7 +711,12 @@ impl SqlBackend {
             ),
             cfg!(feature = "tls"),
         )?;
-        first_connection::<sqlx::MySqlConnection>(&options, &err, config.connect_timeout).await?;
+        let probe = (
+            distlock_core::probe::Protocol::MySql,
+            format!("{}:{}", options.get_host(), options.get_port()),
+        );
+        first_connection::<sqlx::MySqlConnection>(&options, &err, config.connect_timeout, probe)
+            .await?;
         let pool = sqlx::mysql::MySqlPoolOptions::new()
             .max_connections(config.pool_size.unwrap_or(10))
             .acquire_timeout(config.connect_timeout)
@@ -1650,7 +1693,7 @@ mod tests {
     #[cfg(feature = "mysql")]
     #[test]
     fn mysql_errors_another_moment_can_mend_are_told_by_number() {
-        for number in [1205, 1040, 1203, 1226, 1053, 1927] {
+        for number in [1205, 1040, 1203, 1226, 1053, 1927, 1290, 1836, 1792] {
             assert!(mysql_transient(number).is_some(), "{number}");
         }
         for number in [1062, 1146, 1064, 1366, 1105] {
@@ -1709,7 +1752,7 @@ mod tests {
     fn postgres_errors_another_moment_can_mend_are_retryable() {
         for code in [
             "53300", "57P01", "57P02", "57P03", "08000", "08001", "08003", "08004", "08006",
-            "40001", "40P01", "55P03", "57014",
+            "40001", "40P01", "55P03", "57014", "25006",
         ] {
             assert!(retryable("postgres", code), "{code}");
         }

@@ -80,7 +80,7 @@ pub(crate) fn limit_from_db(err: &DbError, stored: i64) -> Result<u32> {
             Error::misconfigured(
                 err.backend,
                 format!(
-                    "the semaphore table holds the limit {stored}, which distlock does not write (it writes 1 to 4294967295): another application writes to the table, or the row was edited; delete the name's row from the semaphore table while no permit is held"
+                    "the semaphore table holds the limit {stored}, which distlock does not write (it writes 1 to 4294967295): another application writes to the table, or the row was edited; set the row's `permits` column to the limit wanted in the semaphore table (`<table>_sems`), leaving its `token` column as it is: the next permit's token follows it"
                 ),
                 None,
             )

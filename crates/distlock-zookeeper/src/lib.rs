@@ -428,8 +428,35 @@ impl ZooKeeperBackend {
         };
         // Fail at once when no server answers, rather than retrying for a
         // connection timeout; later sessions retry like any reconnect.
-        backend.session(session_timeout, true).await?;
+        if let Err(e) = backend.session(session_timeout, true).await {
+            return Err(backend.foreign_protocol(e).await);
+        }
         Ok(backend)
+    }
+
+    /// After the first connect failed with `e` for want of an answer:
+    /// `Misconfigured` if the first server the URL names speaks another
+    /// protocol (another backend's port), which a retry cannot mend.
+    async fn foreign_protocol(&self, e: Error) -> Error {
+        let first = self.inner.hosts.split(',').next().unwrap_or_default();
+        let timeout = self.inner.session_timeout.min(MAX_CONNECT_TIMEOUT);
+        if !matches!(e, Error::Unavailable { .. }) {
+            return e;
+        }
+        match distlock_core::probe::foreign_protocol(
+            first,
+            distlock_core::probe::Protocol::ZooKeeper,
+            timeout,
+        )
+        .await
+        {
+            Some(why) => Error::misconfigured(
+                "zookeeper",
+                format!("ZooKeeper at {}: {why}", self.inner.hosts),
+                Some(Box::new(e)),
+            ),
+            None => e,
+        }
     }
 
     fn err(&self, e: zk::Error) -> Error {

@@ -1221,29 +1221,32 @@ where
 }
 
 /// A limit in the semaphore table that distlock does not write (set by
-/// hand: `corrupt(semaphore table, name)`, answering the rows it changed)
-/// is `Misconfigured` (exit 78 in the CLI: retrying cannot mend it), for an
-/// acquire and for `inspect_permits`.
+/// hand: `set(semaphore table, name, None)`, answering the rows it
+/// changed) is `Misconfigured` (exit 78 in the CLI: retrying cannot mend
+/// it), for an acquire and for `inspect_permits`. The mend its message
+/// gives, the limit set by hand in the row (`set(.., Some(limit))`), keeps
+/// the tokens rising.
 pub async fn a_limit_distlock_did_not_write_is_misconfigured<F, FF>(
     f: Arc<SqlFactory>,
-    corrupt: F,
+    set: F,
 ) -> Result<(), Failed>
 where
-    F: FnOnce(String, String) -> FF,
+    F: Fn(String, String, Option<u32>) -> FF,
     FF: std::future::Future<Output = Result<u64, Failed>>,
 {
     let (table, url) = f.own_table("foreign_limit")?;
     let backend = SqlBackend::connect(&url).await?;
     let client = LockClient::new(backend.clone());
     let name = "sem/foreign-limit";
-    client
+    let first = client
         .semaphore(name, 2)
         .try_acquire()
         .await?
-        .ok_or("the first permit was refused")?
-        .release()
-        .await?;
-    if corrupt(format!("{table}_sems"), name.to_string()).await? != 1 {
+        .ok_or("the first permit was refused")?;
+    let first_token = first.token();
+    first.release().await?;
+    let sems = format!("{table}_sems");
+    if set(sems.clone(), name.to_string(), None).await? != 1 {
         return Err("the limit was not set by hand".into());
     }
     match client.semaphore(name, 2).try_acquire().await {
@@ -1268,11 +1271,31 @@ where
         other => return Err(format!("set_limit over a foreign limit gave {other:?}").into()),
     }
     match client.semaphore(name, 3).try_acquire().await {
-        Err(distlock_core::Error::Misconfigured { .. }) => Ok(()),
-        other => Err(format!(
-            "after set_limit, an acquire of 3 gave {:?}",
-            other.map(|g| g.is_some())
-        )
-        .into()),
+        Err(distlock_core::Error::Misconfigured { .. }) => {}
+        other => {
+            return Err(format!(
+                "after set_limit, an acquire of 3 gave {:?}",
+                other.map(|g| g.is_some())
+            )
+            .into())
+        }
     }
+    if set(sems, name.to_string(), Some(3)).await? != 1 {
+        return Err("the limit was not mended by hand".into());
+    }
+    let mended = client
+        .semaphore(name, 3)
+        .try_acquire()
+        .await?
+        .ok_or("a permit was refused once the limit was mended")?;
+    if mended.token() <= first_token {
+        return Err(format!(
+            "after the mend, the token {:?} is not above the first {:?}",
+            mended.token(),
+            first_token
+        )
+        .into());
+    }
+    mended.release().await?;
+    Ok(())
 }

@@ -31,6 +31,8 @@
 -- -2 (the key just vanished) and -1 (a key without expiry). A waiting
 -- caller that left a writer's mark or waits behind another queued waiter
 -- gets { -(PTTL + 3), flags } instead: flags 1 marked, 2 behind, 3 both.
+-- 0 answers a fencing counter that holds a negative number (not
+-- distlock's): nothing is granted.
 local queue = KEYS[4]
 local queued = queue and redis.call('EXISTS', queue) == 1
 local function granted()
@@ -43,7 +45,15 @@ local function granted()
   if ARGV[4] == '0' then
     return 1
   end
-  return redis.call('INCR', KEYS[2])
+  local token = redis.call('INCR', KEYS[2])
+  if token < 1 then
+    -- A counter distlock did not write (a negative number): the grant is
+    -- undone and 0 answered, which the caller reports.
+    redis.call('DECR', KEYS[2])
+    redis.call('DEL', KEYS[1])
+    return 0
+  end
+  return token
 end
 -- The caller's own key: this same request sent again after its answer was
 -- lost (a reconnect re-sends it). It holds the lock already: renewed and

@@ -13,7 +13,19 @@ for i = 1, #KEYS, 2 do
 end
 local tokens = {}
 for i = 1, #KEYS, 2 do
+  local token = redis.call('INCR', KEYS[i + 1])
+  tokens[#tokens + 1] = token
+  if token < 1 then
+    -- A counter distlock did not write (a negative number): the counters
+    -- raised are lowered again, nothing is set, and -1 answered, which
+    -- the caller reports.
+    for j = 1, i, 2 do
+      redis.call('DECR', KEYS[j + 1])
+    end
+    return -1
+  end
+end
+for i = 1, #KEYS, 2 do
   redis.call('SET', KEYS[i], ARGV[i], 'PX', ARGV[i + 1])
-  tokens[#tokens + 1] = redis.call('INCR', KEYS[i + 1])
 end
 return tokens

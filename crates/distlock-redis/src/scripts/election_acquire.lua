@@ -57,6 +57,12 @@ else
   end
 end
 local token = redis.call('INCR', KEYS[2])
+if token < 1 then
+  -- A counter distlock did not write (a negative number): nothing is
+  -- granted, and 0 answered, which the caller reports.
+  redis.call('DECR', KEYS[2])
+  return 0
+end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'value', ARGV[3], 'token', token)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PUBLISH', ARGV[4], 'granted')

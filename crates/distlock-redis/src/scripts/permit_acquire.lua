@@ -56,6 +56,12 @@ if live + ahead < limit or redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   local token = 0
   if ARGV[4] == '1' then
     token = redis.call('INCR', KEYS[3])
+    if token < 1 then
+      -- A counter distlock did not write (a negative number): nothing is
+      -- granted, and 0 answered, which the caller reports.
+      redis.call('DECR', KEYS[3])
+      return 0
+    end
   end
   local ttl = tonumber(ARGV[2])
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])

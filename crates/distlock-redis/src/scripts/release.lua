@@ -34,7 +34,12 @@ if what ~= 'mark' and redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('ZREM', KEYS[3], ARGV[4])
     redis.call('ZREM', KEYS[4], ARGV[4])
   end
-  announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4], skip, KEYS[5])
+  -- A rolled-back round announces nothing: the roller, listening on the
+  -- channel too, would wake itself at once; a waiter this node refused
+  -- meanwhile (Redlock) looks again within a few retry delays.
+  if what ~= 'hold' then
+    announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4], skip, KEYS[5])
+  end
   return 1
 end
 if what ~= 'hold' and what ~= 'requeue' then

@@ -107,4 +107,19 @@ redis.call('SET', KEYS[1], 'distlock:shared', 'PX', last)
 if ARGV[3] == '0' then
   return 1
 end
-return redis.call('INCR', KEYS[2])
+local token = redis.call('INCR', KEYS[2])
+if token < 1 then
+  -- A counter distlock did not write (a negative number): the hold is
+  -- undone and 0 answered, which the caller reports.
+  redis.call('DECR', KEYS[2])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  local furthest = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+  if furthest then
+    redis.call('PEXPIRE', KEYS[3], tonumber(furthest) - now)
+    redis.call('PEXPIRE', KEYS[1], tonumber(furthest) - now)
+  else
+    redis.call('DEL', KEYS[1], KEYS[3])
+  end
+  return 0
+end
+return token

@@ -8,7 +8,9 @@
 -- reader keeps its turn, and is not told of the release it makes itself).
 -- Removes only this owner's hold; the lock key then expires with
 -- the furthest remaining live hold, or goes with the last one, which is
--- announced (a waiting writer may go: see announce.lua). Answers 1 only if the hold was
+-- announced (a waiting writer may go: see announce.lua); a release that
+-- brings the key's end forward publishes it too (a waiting writer looks
+-- again, and sleeps until the new end). Answers 1 only if the hold was
 -- still live.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -41,6 +43,11 @@ if redis.call('GET', KEYS[1]) == 'distlock:shared' then
   if furthest then
     redis.call('PEXPIRE', KEYS[1], tonumber(furthest) - now)
     redis.call('PEXPIRE', KEYS[2], tonumber(furthest) - now)
+    -- The lock key now ends sooner: a writer that waits for its end (its
+    -- last attempt read the later one) is told to look again.
+    if tonumber(score) > tonumber(furthest) then
+      redis.call('PUBLISH', ARGV[2], KEYS[1])
+    end
   else
     redis.call('DEL', KEYS[1])
     announce(KEYS[1], ARGV[2], KEYS[3], KEYS[4], skip, KEYS[5])

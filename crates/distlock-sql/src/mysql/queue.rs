@@ -84,9 +84,11 @@ const INTERRUPTED: u16 = 1317;
 
 /// The SQL expression naming `name`'s queue (the statement's next `?`):
 /// within `GET_LOCK`'s 64 characters whatever the name's length, and the
-/// same in every client of the table.
+/// same in every client of the table. User locks belong to the whole
+/// server: the database's name keeps a table of one database from sharing
+/// its queues with the table of the same name in another.
 pub(crate) fn queue_lock(table: &str) -> String {
-    format!("CONCAT('distlock-q-', MD5(CONCAT('{table}/', ?)))")
+    format!("CONCAT('distlock-q-', MD5(CONCAT(IFNULL(DATABASE(), ''), '/{table}/', ?)))")
 }
 
 /// A procedure `name(params)` that runs `change` (an UPDATE or DELETE of
