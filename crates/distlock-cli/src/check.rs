@@ -92,14 +92,14 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
     if let Err(e) = crate::ttl_in_range("--ttl", args.ttl, &caps) {
         return fail(EXIT_USAGE, e);
     }
-    if let Err(code) = first_hold(probe, &args).await {
+    if let Err(code) = take_and_release(probe, &args, "a first try").await {
         return code;
     }
     let mut w = match distlock_check::Workload::new(&args.backend, args.clients) {
         Ok(w) => w,
         Err(e) => return fail(1, e),
     };
-    w.lock = args.lock;
+    w.lock = args.lock.clone();
     w.ttl = args.ttl;
     w.limit = args.limit;
     let pause = args
@@ -148,19 +148,37 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
                 }
             }
             if r.is_unsafe() {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
+                return ExitCode::FAILURE;
+            }
+            // A backend that stopped answering during the run (its acquire
+            // errors count the attempts it failed) leaves a verdict on the
+            // part before only.
+            let last = match crate::connect(&args.backend).await {
+                Ok(b) => take_and_release(b, &args, "a last try").await,
+                Err(e) => Err(fail(
+                    code_for(&e),
+                    format!("{e}; the verdict covers the run until the backend stopped answering"),
+                )),
+            };
+            match last {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(code) => code,
             }
         }
     }
 }
 
-/// Takes and releases the hold the clients will contend for: a deployment
-/// that refuses it (a limit other than the one stored, a read-only replica,
-/// a user without the rights) or a name someone else holds would leave
-/// every client without a grant, and the run without a verdict.
-async fn first_hold(backend: distlock::DynBackend, args: &CheckArgs) -> Result<(), ExitCode> {
+/// Takes and releases the hold the clients contend for, before the run
+/// (`what`: "a first try") and after it ("a last try"): a deployment that
+/// refuses it (a limit other than the one stored, a read-only replica, a
+/// user without the rights) or a name someone else holds would leave every
+/// client without a grant, and the run without a verdict; one that stopped
+/// answering during the run leaves a verdict on part of it.
+async fn take_and_release(
+    backend: distlock::DynBackend,
+    args: &CheckArgs,
+    what: &str,
+) -> Result<(), ExitCode> {
     let client = distlock::LockClient::from_dyn(backend);
     let builder = match args.limit {
         Some(n) => client.semaphore(&args.lock, n),
@@ -184,7 +202,7 @@ async fn first_hold(backend: distlock::DynBackend, args: &CheckArgs) -> Result<(
         )),
         Err(e) => Err(fail(
             code_for(&e),
-            format!("{}: a first try failed: {e}", args.lock),
+            format!("{}: {what} failed: {e}", args.lock),
         )),
     }
 }

@@ -88,12 +88,6 @@ struct Line<'a> {
 }
 
 pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
-    if let Some(why) = crate::one_process_only(
-        &args.backend,
-        "the suite connects a client of its own for each client of a case",
-    ) {
-        return fail(crate::EXIT_USAGE, why);
-    }
     // With --json every way the run ends is a document: one that ends
     // before any case ran has no cases and an `error`.
     let early = |code: u8, why: String, findings: &[distlock::Finding]| {
@@ -104,6 +98,12 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         }
         fail(code, why)
     };
+    if let Some(why) = crate::one_process_only(
+        &args.backend,
+        "the suite connects a client of its own for each client of a case",
+    ) {
+        return early(crate::EXIT_USAGE, why, &[]);
+    }
     let probe = match crate::connect(&args.backend).await {
         Ok(b) => b,
         Err(e) => return early(code_for(&e), e.to_string(), &[]),

@@ -20,7 +20,8 @@ pub(crate) const EXIT_LEASE_LOST: u8 = 76;
 /// Exit code: the backend is unreachable (EX_UNAVAILABLE).
 pub(crate) const EXIT_UNAVAILABLE: u8 = 69;
 /// Exit code: the backend refused the configuration (wrong password, no such
-/// database, unusable path); retrying cannot help (EX_CONFIG).
+/// database, unusable path, another kind of server's port); retrying
+/// cannot help (EX_CONFIG).
 pub(crate) const EXIT_CONFIG: u8 = 78;
 /// Exit code: invalid arguments (bad name, duration or URL).
 pub(crate) const EXIT_USAGE: u8 = 2;
@@ -177,6 +178,20 @@ pub(crate) fn one_process_only(url: &str, what: &str) -> Option<String> {
     })
 }
 
+/// Why a `sqlite://` URL cannot be shared by distlock's commands: a path
+/// that is not absolute names another file (or none, `:memory:`) in each
+/// process, so commands started in other directories would lock other
+/// files.
+fn relative_sqlite(url: &str) -> Option<String> {
+    let path = url.strip_prefix("sqlite://")?;
+    let path = path.split('?').next().unwrap_or(path);
+    (!path.starts_with('/')).then(|| {
+        format!(
+            "sqlite://{path} names no absolute path: commands started in other directories would lock other files; give one, as sqlite:///dir/locks.db"
+        )
+    })
+}
+
 /// Connects to `url`; for the default backend, the state directory is
 /// made first (a fresh machine has none). A SQLite file the user named in a
 /// directory that does not exist is refused by the backend, not created.
@@ -184,6 +199,9 @@ pub(crate) async fn connect(url: &str) -> distlock::Result<distlock::DynBackend>
     // Every distlock command runs in a process of its own: a lock there
     // excludes nothing, and a limit set there is gone when it exits.
     if let Some(why) = one_process_only(url, "each distlock command is a process of its own") {
+        return Err(distlock::Error::invalid(distlock::InputKind::Url, why));
+    }
+    if let Some(why) = relative_sqlite(url) {
         return Err(distlock::Error::invalid(distlock::InputKind::Url, why));
     }
     if url == default_backend() {
@@ -517,7 +535,7 @@ fn main() -> ExitCode {
         Err(e) => return fail(1, format!("cannot start the async runtime: {e}")),
     };
     rt.block_on(async {
-        match cli.command {
+        let code = match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Elect(args) => elect::elect(args).await,
             Command::Observe(args) => elect::observe(args).await,
@@ -527,8 +545,32 @@ fn main() -> ExitCode {
             Command::Backends => status::backends(),
             Command::Check(args) => check::check(args).await,
             Command::Conformance(args) => conformance::conformance(args).await,
-        }
+        };
+        requests_finished().await;
+        code
     })
+}
+
+/// How long the end of the process waits for requests still running in
+/// tasks of their own: a release that returned at a majority of Redlock's
+/// nodes goes on to the others, each bounded by its node timeout.
+const REQUESTS_GRACE: Duration = Duration::from_secs(1);
+
+/// Waits until the runtime has no task left, for at most
+/// [`REQUESTS_GRACE`]: the runtime drops every task when `main` returns,
+/// and a release cut there would leave its key on a node until its TTL.
+/// The command's client is dropped by now, and with it every task that
+/// lives as long as a client.
+async fn requests_finished() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let start = std::time::Instant::now();
+    while metrics.num_alive_tasks() > 0 && start.elapsed() < REQUESTS_GRACE {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let left = metrics.num_alive_tasks();
+    if left > 0 {
+        tracing::debug!(tasks = left, "requests still running at exit are dropped");
+    }
 }
 
 #[cfg(test)]

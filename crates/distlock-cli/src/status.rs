@@ -72,7 +72,9 @@ fn print_status(name: &LockName, s: &LockStatus, args: &StatusArgs) -> Result<()
     }
     if args.semaphore {
         line(format!("semaphore: {name}"))?;
-        line(format!("held:      {} permits", s.holders.unwrap_or(0)))?;
+        let held = s.holders.unwrap_or(0);
+        let plural = if held == 1 { "" } else { "s" };
+        line(format!("held:      {held} permit{plural}"))?;
         line(format!(
             "limit:     {}",
             s.limit

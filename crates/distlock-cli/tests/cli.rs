@@ -1087,6 +1087,58 @@ fn check_without_a_hold_any_client_could_get_says_why() {
     assert!(err.contains("held by someone else"), "{err}");
 }
 
+/// Redlock's release returns at a majority and finishes on the other nodes
+/// in the background: `run` waits for that before it exits. Here the third
+/// node has lost its cached scripts (as after a restart), so its release is
+/// answered NOSCRIPT and sent again; cut by the process's exit, the lock
+/// would stay there for its TTL.
+#[cfg(feature = "redis")]
+#[test]
+fn a_redlock_release_reaches_every_node_before_run_exits() {
+    use integration_tests::harness::redis as server;
+    let nodes: Vec<_> = (0..3)
+        .map(|_| server::spawn(&[]).expect("redis-server must start"))
+        .collect();
+    let url = server::redlock_url(nodes.iter().map(|n| n.port), "");
+    let third = nodes[2].port;
+    for round in 0..5 {
+        // The first two nodes have the scripts; the third has none.
+        assert_eq!(code(&run(&url, &[], "bg/warm", &["true"])), 0);
+        server::command(third, &["SCRIPT", "FLUSH"]).expect("SCRIPT FLUSH");
+        let out = run(&url, &["--ttl", "60s"], "bg/release", &["true"]);
+        assert_eq!(code(&out), 0, "{out:?}");
+        let left = server::command(third, &["EXISTS", "bg/release"]).expect("EXISTS");
+        assert!(
+            left.starts_with(":0"),
+            "round {round}: the lock stayed on the third node after run exited"
+        );
+    }
+}
+
+/// A server that dies during the run: the report shows what ran, and the
+/// exit is 69 (unreachable) saying the verdict covers the run until then,
+/// not 0 with "no violations".
+#[cfg(feature = "redis")]
+#[test]
+fn check_whose_server_dies_during_the_run_exits_69() {
+    let server = integration_tests::harness::redis::spawn(&[])
+        .expect("redis-server must start; run scripts/test.sh to install it");
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let child = bin()
+        .args(["check", "--backend", &url, "--clients", "3"])
+        .args(["--ttl", "1s", "--duration", "4s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(server);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(err.contains("the verdict covers the run until"), "{err}");
+}
+
 /// A `--ttl` outside the backend's TTL range is refused at once, in one
 /// line, before any client starts (no overflow, no run to the end).
 #[test]
@@ -1455,6 +1507,20 @@ fn conformance_on_a_replica_says_so_and_ends_at_once() {
         doc["error"]
             .as_str()
             .is_some_and(|e| e.contains("127.0.0.1:1")),
+        "{text}"
+    );
+    // And memory://, which no suite can run on across clients: exit 2.
+    let out = bin()
+        .args(["conformance", "--json", "--backend", "memory://"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(&out), 2, "{text}");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("one JSON document");
+    assert!(
+        doc["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("memory://")),
         "{text}"
     );
 }
@@ -2740,6 +2806,71 @@ fn a_signal_while_waiting_exits_128_plus_it_and_leaves_no_waiter() {
         let holder = spawn_holder(b, "sigwait/lock", 60);
         wait_held(b, "sigwait/lock");
         signal_while_waiting(b, "sigwait/lock", Signal::SIGTERM, holder, *queued);
+    }
+}
+
+/// A SQLite URL whose path is not absolute would name another file in
+/// each working directory, so two commands started in two directories
+/// would both hold the lock: it exits 2 at once, saying to give an
+/// absolute path.
+#[test]
+fn a_relative_sqlite_path_exits_2() {
+    let dir = scratch("relative-sqlite");
+    for url in [
+        "sqlite://locks.db",
+        "sqlite://./locks.db",
+        "sqlite://:memory:",
+    ] {
+        let out = run_command(url, &["--wait", "0"], "rel/lock", &["true"])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{url}: {err}");
+        assert!(err.contains("absolute path"), "{url}: {err}");
+        assert!(!dir.join("locks.db").exists(), "{url} made a file");
+    }
+}
+
+/// A URL naming another kind of server's port (copied from another
+/// backend's URL, say) exits 78 naming what the port speaks, not 69 as an
+/// outage a retry could mend. MySQL's client waits for a greeting the
+/// Redis server never sends: that one ends after the connect timeout, 5 s.
+#[cfg(all(feature = "redis", feature = "etcd"))]
+#[test]
+fn a_url_with_another_servers_port_exits_78_naming_its_protocol() {
+    use integration_tests::harness::{ServerKind, TestServer};
+    let redis = redis();
+    let redis_port = redis.url.rsplit(':').next().unwrap().to_string();
+    let etcd = etcd();
+    let pg = TestServer::start(ServerKind::Postgres).unwrap();
+    let my = TestServer::start(ServerKind::MariaDb).unwrap();
+    let zk = TestServer::start(ServerKind::ZooKeeper).unwrap();
+    let at = |s: &TestServer| format!("{}:{}", s.host(), s.port());
+    for (url, speaks) in [
+        (
+            format!("redis://{}", at(&pg)),
+            "speaks PostgreSQL, not Redis",
+        ),
+        (
+            format!("postgres://postgres@{}/postgres", at(&my)),
+            "speaks MySQL/MariaDB, not PostgreSQL",
+        ),
+        (
+            format!("mysql://root@127.0.0.1:{redis_port}/distlock"),
+            "speaks Redis, not MySQL/MariaDB",
+        ),
+        (format!("etcd://{}", at(&zk)), "speaks ZooKeeper, not HTTP"),
+        (
+            format!("zk://{}", etcd.url.trim_start_matches("etcd://")),
+            "speaks HTTP",
+        ),
+    ] {
+        let out = run(&url, &[], "ports/mixed", &["true"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 78, "{url}: {err}");
+        assert!(err.contains(speaks), "{url}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{url}: {err}");
     }
 }
 
