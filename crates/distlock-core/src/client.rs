@@ -360,8 +360,11 @@ impl LockBuilder {
     /// Names who holds the lock in your program. A second acquire with the
     /// same holder while the first is held nests (a hold count) instead of
     /// deadlocking; the backend lock is released when the last nested guard
-    /// is released. Not tied to threads, so it works across `.await`. An
-    /// empty holder is [`Error::InvalidInput`] when acquired.
+    /// is released. Not tied to threads, so it works across `.await`. A
+    /// nested guard shares the outer hold's lease: its deadline, renewal
+    /// and `max_hold` are the outer hold's, and this builder's `ttl`,
+    /// `no_renew`, `max_hold` and value are not applied. An empty holder
+    /// is [`Error::InvalidInput`] when acquired.
     pub fn holder(mut self, holder: impl Into<String>) -> Self {
         self.holder = Some(holder.into());
         self

@@ -1217,6 +1217,39 @@ async fn a_nested_acquire_into_a_hold_past_its_deadline_takes_a_fresh_hold() {
     assert!(again.release().await.unwrap());
 }
 
+/// A nested acquire shares the outer hold's lease: its own `ttl`,
+/// `no_renew` and `max_hold` are not applied, and its deadline is the
+/// outer hold's.
+#[tokio::test]
+async fn a_nested_acquire_shares_the_outer_holds_lease_whatever_it_asks() {
+    let c = LockClient::new(MemoryBackend::new());
+    let outer = c
+        .lock("shared-lease")
+        .holder("h")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let inner = c
+        .lock("shared-lease")
+        .holder("h")
+        .ttl(Duration::from_millis(200))
+        .no_renew()
+        .max_hold(Duration::from_millis(200))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(inner.hold_count(), 2);
+    assert_eq!(inner.deadline(), outer.deadline());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        inner.is_held() && outer.is_held(),
+        "the inner builder's short TTL, no_renew or max_hold ended the hold"
+    );
+    assert!(inner.release().await.unwrap());
+    assert!(outer.release().await.unwrap());
+}
+
 /// The same for a multi-lock of a holder whose holds of both names passed
 /// their deadlines: it answers with fresh holds, never nesting in a hold
 /// past its deadline.
