@@ -12,7 +12,6 @@ scripts/install-servers.sh
 
 # docker-compose.yml cannot be run here (no Docker engine); at least parse it
 # and check that it names every server the harness knows.
-python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml
 python3 scripts/check-compose.py
 
 cargo fmt --all -- --check

@@ -297,11 +297,11 @@ pub(crate) fn ttl_in_range(
 ) -> Result<(), String> {
     if ttl < caps.min_ttl || ttl > caps.max_ttl {
         return Err(format!(
-            "{flag} {} is outside {}'s TTL range, {} to {}",
+            "{flag} {} is outside {}'s TTL range, {:?} to {:?}",
             humantime::format_duration(ttl),
             caps.backend,
-            humantime::format_duration(caps.min_ttl),
-            humantime::format_duration(caps.max_ttl)
+            caps.min_ttl,
+            caps.max_ttl
         ));
     }
     Ok(())

@@ -118,7 +118,8 @@ fn code(o: &Output) -> i32 {
 
 #[test]
 fn child_exit_code_and_signal_pass_through() {
-    let b = sqlite("exit");
+    let dir = scratch("exit");
+    let b = sqlite_in(&dir);
     assert_eq!(code(&run(&b, &[], "exit/code", &["sh", "-c", "exit 7"])), 7);
     assert_eq!(
         code(&run(&b, &[], "exit/signal", &["sh", "-c", "kill -9 $$"])),
@@ -128,6 +129,19 @@ fn child_exit_code_and_signal_pass_through() {
         code(&run(&b, &[], "exit/missing", &["/no/such/command"])),
         127
     );
+    // A file that is not executable (root too needs an execute bit).
+    let plain = dir.join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\nexit 0\n").unwrap();
+    let plain = plain.to_str().unwrap();
+    assert_eq!(code(&run(&b, &[], "exit/plain", &[plain])), 126);
+    // Neither failure to start leaves the lock held.
+    for name in ["exit/missing", "exit/plain"] {
+        assert_eq!(
+            code(&run(&b, &["--wait", "0"], name, &["true"])),
+            0,
+            "{name}"
+        );
+    }
 }
 
 fn env_reaches_child(backend: &str, shown: &str) {

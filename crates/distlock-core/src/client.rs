@@ -197,7 +197,7 @@ pub(crate) fn check_ttl(caps: &Capabilities, ttl: Duration) -> Result<()> {
         return Err(Error::invalid(
             InputKind::Duration,
             format!(
-                "TTL {:?} is outside {}'s range {:?}..={:?}",
+                "TTL {:?} is outside {}'s range, {:?} to {:?}",
                 ttl, caps.backend, caps.min_ttl, caps.max_ttl
             ),
         ));

@@ -125,7 +125,7 @@ impl Pg {
         if fifo.is_some() {
             relations.push(format!("{table}_queue"));
             relations.push(format!("{table}_queue_arrival"));
-            // Queue tables made by earlier versions of this crate lack it.
+            // A queue table without the column gets it.
             added_columns.push((
                 format!("{table}_queue"),
                 "shared",

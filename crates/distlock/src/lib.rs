@@ -3,6 +3,11 @@
 
 pub use distlock_core::*;
 
+/// The repository README's example, compiled with the doctests.
+#[cfg(all(doctest, feature = "sqlite"))]
+#[doc = include_str!("../../../README.md")]
+struct RepositoryReadme;
+
 mod connect;
 pub use connect::{connect, declared_backends, redact, SCHEMES};
 
