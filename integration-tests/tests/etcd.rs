@@ -412,8 +412,15 @@ async fn lock_ahead_of_campaigns(f: Arc<Etcd>) -> Result<(), Failed> {
     let campaigner = LockClient::new(EtcdBackend::connect(&url).await?);
     let e = campaigner.election(&lock);
     let nobody_leads = |what: &str| {
-        let (e, what) = (e.clone(), what.to_string());
+        let (e, what, c, lock) = (e.clone(), what.to_string(), &campaigner, &lock);
         async move {
+            // A campaign waiting behind the hold is listed as no leader.
+            let listed = c.list(lock, 10).await?;
+            if let Some(r) = listed.iter().find(|r| r.kind == HoldKind::Leader) {
+                return Err(Failed::from(format!(
+                    "list() shows {r:?} as leader while {what} holds"
+                )));
+            }
             if let Some(l) = e.leader().await? {
                 return Err(Failed::from(format!(
                     "leader() reports {l:?} while {what} holds"

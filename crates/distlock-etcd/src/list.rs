@@ -13,7 +13,8 @@
 //! - a shared key `<name>/@r/<owner>` holds when no key under `<name>/`
 //!   that is not shared was created before it;
 //! - a campaign key `<name>/<lease hex>` leads when it is the first created
-//!   of the election's own keys (Go's `Election`); it is a campaign, not a
+//!   key under `<name>/`, shared ones included (Go's `Election` waits for
+//!   every older key under its prefix); it is a campaign, not a
 //!   lock, when it has a holder info key, or (another client's, e.g.
 //!   `etcdctl elect`) when its value is not an owner;
 //! - a permit key holds when it is `held` and among the first `limit`.
@@ -138,13 +139,6 @@ fn held_by_name(
         };
         let first_any = first_created(&|_| true);
         let first_unshared = first_created(&|kv| !is_shared(kv.key(), &under));
-        // The election's own keys: direct children that are not shared.
-        let own = |kv: &KeyValue| {
-            kv.key()
-                .strip_prefix(under.as_bytes())
-                .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
-        };
-        let first_own = first_created(&own);
         for kv in keys {
             let rev = kv.create_revision();
             let record = match NameKey::of(kv) {
@@ -153,7 +147,7 @@ fn held_by_name(
                         .with_token(Some(FencingToken(kv.mod_revision() as u64)))
                         .with_holder_info(lock_holder_info(kv.value()))
                 }
-                Some(NameKey::Lease(n)) if n == name => {
+                Some(NameKey::Lease(n)) if n == name && first_any == Some(rev) => {
                     let info_key = leader_info_key(&String::from_utf8_lossy(kv.key()));
                     let info = leaders
                         .get(info_key.as_bytes())
@@ -161,17 +155,15 @@ fn held_by_name(
                         .map(KeyValue::value);
                     let campaign =
                         info.is_some() || !(kv.value().is_empty() || looks_like_owner(kv.value()));
-                    if campaign && first_own == Some(rev) {
+                    if campaign {
                         HoldRecord::new(name, HoldKind::Leader)
                             .with_token(Some(FencingToken(rev as u64)))
                             .with_value(Some(String::from_utf8_lossy(kv.value()).into_owned()))
                             .with_holder_info(info.and_then(leader_info))
-                    } else if !campaign && first_any == Some(rev) {
+                    } else {
                         HoldRecord::new(name, HoldKind::Exclusive)
                             .with_token(Some(FencingToken(kv.mod_revision() as u64)))
                             .with_holder_info(lock_holder_info(kv.value()))
-                    } else {
-                        continue;
                     }
                 }
                 _ => continue,

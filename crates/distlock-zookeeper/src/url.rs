@@ -139,7 +139,7 @@ pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
         .any(|s| s.is_empty() || s == "." || s == "..")
     {
         return Err(bad(format!(
-            "chroot and root must be plain paths, got {base:?}"
+            "chroot and root must be plain paths, got chroot {chroot:?} and root {root:?}"
         )));
     }
     Ok(ZkUrl {
@@ -201,6 +201,17 @@ mod tests {
             assert!(text.contains("h:1") && text.contains("twice"), "{text}");
         }
         assert!(parse("zk://h:1,h:2").is_ok());
+    }
+
+    #[test]
+    fn an_empty_or_dotted_root_is_refused_naming_what_was_given() {
+        let text = refused("zk://a:1?root=");
+        assert!(text.contains(r#"root """#), "{text}");
+        let text = refused("zk://a:1/app?root=x/../y");
+        assert!(
+            text.contains(r#"chroot "/app""#) && text.contains(r#"root "x/../y""#),
+            "{text}"
+        );
     }
 
     #[test]
