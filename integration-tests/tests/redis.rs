@@ -176,6 +176,11 @@ fn main() {
         ));
         let handle = rt.handle().clone();
         extra.push(Trial::test(
+            "redis::acl::sentinel_and_cluster_users_need_role_and_cluster_slots_beside_the_rule",
+            move || handle.block_on(acl_topologies()),
+        ));
+        let handle = rt.handle().clone();
+        extra.push(Trial::test(
             "redis::acl::a_command_a_script_may_not_run_is_a_typed_error",
             move || handle.block_on(script_command_refused()),
         ));
@@ -2729,6 +2734,101 @@ async fn outside_the_rule(f: Arc<Redis>) -> Result<(), Failed> {
         Some(g) => g.release().await.map(|_| ()).map_err(Failed::from),
         None => Err("a free name inside the user's keys was refused".into()),
     }
+}
+
+/// Behind Sentinel and in Cluster the least-privilege rule needs one
+/// command more each, as the README says: the client asks the master its
+/// `ROLE` after the Sentinels named it, and reads the slot map with
+/// `CLUSTER SLOTS`. A user without it is refused (a typed configuration
+/// error); with it, a lock, a permit, a shared hold and `list` work.
+async fn acl_topologies() -> Result<(), Failed> {
+    let keys = ["~conformance-*", "~{conformance-*", "&{conformance-*"];
+    let set_user = |port: u16, extra: Option<&str>| -> Result<(), Failed> {
+        let mut rule: Vec<&str> = vec!["ACL", "SETUSER"];
+        rule.extend(app_user(LEAST_PRIVILEGE, &keys).into_iter().skip(1));
+        rule.extend(extra);
+        server::command(port, &["ACL", "DELUSER", "app"]);
+        match server::command(port, &rule) {
+            Some(r) if r.starts_with("+OK") && !r.contains("-ERR") => Ok(()),
+            other => Err(format!("ACL SETUSER on {port}: {other:?}").into()),
+        }
+    };
+    let (master, sentinel, nodes) = tokio::task::spawn_blocking(|| {
+        let master = server::spawn(&[])?;
+        let sentinel = server::sentinel(master.port, "m")?;
+        let nodes = server::cluster(3)?;
+        Ok::<_, integration_tests::harness::HarnessError>((master, sentinel, nodes))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let topologies = [
+        (
+            format!("redis+sentinel://app:app-pw@127.0.0.1:{}/m", sentinel.port),
+            vec![master.port],
+            "+role",
+        ),
+        (
+            format!("redis+cluster://app:app-pw@{}", hosts.join(",")),
+            nodes.iter().map(|n| n.port).collect(),
+            "+cluster|slots",
+        ),
+    ];
+    let ns = integration_tests::namespace();
+    for (url, ports, needed) in topologies {
+        for &port in &ports {
+            set_user(port, None)?;
+        }
+        match RedisBackend::connect(&url).await {
+            Err(Error::Misconfigured { .. }) => {}
+            Err(e) => return Err(format!("{url} without {needed}: {e}").into()),
+            Ok(b) => match LockClient::new(b)
+                .lock(format!("{ns}/acl"))
+                .try_acquire()
+                .await
+            {
+                Err(Error::Misconfigured { .. }) => {}
+                other => {
+                    return Err(format!("{url} without {needed}: a lock gave {other:?}").into())
+                }
+            },
+        }
+        for &port in &ports {
+            set_user(port, Some(needed))?;
+        }
+        let client = LockClient::new(RedisBackend::connect(&url).await?);
+        let lock = client
+            .lock(format!("{ns}/acl"))
+            .try_acquire()
+            .await?
+            .ok_or("the lock was not free")?;
+        let permit = client
+            .semaphore(format!("{ns}/acl-sem"), 2)
+            .try_acquire()
+            .await?
+            .ok_or("no permit")?;
+        let shared = client
+            .lock(format!("{ns}/acl-rw"))
+            .shared()
+            .try_acquire()
+            .await?
+            .ok_or("no shared hold")?;
+        let listed = client.list(&ns, 10).await?;
+        if listed.len() != 3 {
+            return Err(format!("{url}: list shows {listed:?}").into());
+        }
+        for g in [lock, permit, shared] {
+            if !g.release().await? {
+                return Err(format!("{url}: a release found nothing held").into());
+            }
+        }
+    }
+    drop((sentinel, master, nodes));
+    Ok(())
 }
 
 /// A user allowed every command but `ZCOUNT`, which a reader's wait runs

@@ -39,7 +39,8 @@ struct Cli {
     /// it into the backend URL, instead of writing it in the URL.
     /// (`DISTLOCK_PASSWORD` does the same from the environment.) It arrives
     /// as given. A backend that takes no password (sqlite://, memory://),
-    /// and a URL that already carries one, refuse one: exit 2.
+    /// a URL that already carries one, and `DISTLOCK_PASSWORD` set as well,
+    /// refuse one: exit 2.
     #[arg(long, global = true, value_name = "PATH")]
     password_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
@@ -332,8 +333,14 @@ const PASSWORD_SCHEMES: &[&str] = &[
 /// Puts the password from `--password-file` or `DISTLOCK_PASSWORD` into the
 /// command's backend URL.
 fn apply_password(cli: &mut Cli) -> Result<(), String> {
-    let (password, source) = match (&cli.password_file, std::env::var("DISTLOCK_PASSWORD")) {
-        (Some(path), _) => (
+    let (password, source) = match (&cli.password_file, std::env::var_os("DISTLOCK_PASSWORD")) {
+        (Some(_), Some(_)) => {
+            return Err(
+                "--password-file is given and DISTLOCK_PASSWORD is set; give the password in one place only"
+                    .into(),
+            )
+        }
+        (Some(path), None) => (
             std::fs::read_to_string(path)
                 .map_err(|e| format!("--password-file {}: {e}", path.display()))?
                 .lines()
@@ -342,11 +349,13 @@ fn apply_password(cli: &mut Cli) -> Result<(), String> {
                 .to_string(),
             PasswordSource::File,
         ),
-        (None, Ok(p)) => (p, PasswordSource::Env),
-        (None, Err(std::env::VarError::NotPresent)) => return Ok(()),
-        (None, Err(std::env::VarError::NotUnicode(_))) => {
-            return Err("DISTLOCK_PASSWORD is not valid UTF-8; a password must be text".into())
-        }
+        (None, Some(p)) => (
+            p.into_string().map_err(|_| {
+                "DISTLOCK_PASSWORD is not valid UTF-8; a password must be text".to_string()
+            })?,
+            PasswordSource::Env,
+        ),
+        (None, None) => return Ok(()),
     };
     let url = match &mut cli.command {
         Command::Run(a) => a.backend_mut(),

@@ -2507,6 +2507,32 @@ fn a_password_for_a_backend_without_one_exits_2() {
     );
 }
 
+/// `--password-file` with `DISTLOCK_PASSWORD` set too, empty or not, is
+/// refused with exit 2 before anything is sent: neither silently wins.
+#[test]
+fn a_password_file_and_the_password_variable_together_exit_2() {
+    let dir = scratch("pw-both");
+    let file = dir.join("password");
+    std::fs::write(&file, "Zq9-secret\n").unwrap();
+    for env in ["other", ""] {
+        let out = bin()
+            .env("DISTLOCK_PASSWORD", env)
+            .args(["--password-file", file.to_str().unwrap()])
+            .args(["status", "pw/x", "--backend", "redis://127.0.0.1:1"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{env:?}: {err}");
+        assert!(
+            err.lines().count() == 1
+                && err.contains("--password-file")
+                && err.contains("DISTLOCK_PASSWORD"),
+            "{env:?}: {err}"
+        );
+        assert!(!err.contains("Zq9-secret"), "{err}");
+    }
+}
+
 /// The schemes that take a password still get it: none is refused as
 /// taking none (the servers are not there, so each fails otherwise).
 #[test]

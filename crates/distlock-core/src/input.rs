@@ -75,6 +75,35 @@ pub fn check_userinfo_encoded(url: &str, delimiters: &[char]) -> Result<()> {
     ))
 }
 
+/// Refuses a `#fragment` in a URL whose userinfo is percent-encoded (run
+/// after [`check_userinfo_encoded`], so a `#` left is no password's): no
+/// backend URL takes one, and a client library may read one as an option
+/// of its own (the redis client reads `#insecure` as "skip the certificate
+/// checks").
+pub fn check_no_fragment(url: &str) -> Result<()> {
+    if url.contains('#') {
+        return Err(Error::invalid(
+            crate::InputKind::Url,
+            "the URL has a `#` fragment, which no backend URL takes (a `#` in a password is %23)",
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses the userinfo of a URL (what comes before the `@`) that names a
+/// user without a password, or a password that is empty: a client that
+/// authenticates only when it has a password would connect as the
+/// server's default user, without a word.
+pub fn check_user_has_password(userinfo: &str) -> Result<()> {
+    match userinfo.split_once(':') {
+        Some((_, password)) if !password.is_empty() => Ok(()),
+        _ => Err(Error::invalid(
+            crate::InputKind::Url,
+            "the URL names a user without a password, or an empty password: the client would connect as the server's default user; give user:password (or :password for the default user), or no credentials at all",
+        )),
+    }
+}
+
 /// The `host:port` entries of a comma-separated server list, each checked
 /// (a host and a port number) and none listed twice. Entries are compared
 /// as the server sees them: the port as a number (`1` and `01` are one

@@ -315,6 +315,7 @@ fn bad(url: &str, why: impl std::fmt::Display) -> Error {
 /// taking distlock's own query parameters into `config`.
 pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
     distlock_core::input::check_userinfo_encoded(url, &['/', '?', '#'])?;
+    distlock_core::input::check_no_fragment(url)?;
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| bad(url, "expected scheme://host:port"))?;
@@ -373,6 +374,9 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
     };
     if hosts.is_empty() {
         return Err(bad(url, "no host"));
+    }
+    if let Some(u) = userinfo {
+        distlock_core::input::check_user_has_password(u)?;
     }
     // Each entry host:port, none empty, none twice: a Sentinel or seed
     // node listed twice would be asked twice and counted twice.
@@ -438,14 +442,12 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
                     format!("{extra:?} follows the database in the path: {form}"),
                 ));
             }
-            let (username, password) = match userinfo {
-                Some(u) => match u.split_once(':') {
-                    Some((user, pass)) => (
-                        (!user.is_empty()).then(|| user.to_string()),
-                        Some(pass.to_string()),
-                    ),
-                    None => (Some(u.to_string()), None),
-                },
+            // Checked above: userinfo has a password.
+            let (username, password) = match userinfo.and_then(|u| u.split_once(':')) {
+                Some((user, pass)) => (
+                    (!user.is_empty()).then(|| user.to_string()),
+                    Some(pass.to_string()),
+                ),
                 None => (None, None),
             };
             Topology::Sentinel {
@@ -771,6 +773,29 @@ mod tests {
         }
         let (t, _) = p("redis://a:1?protocol=resp3").unwrap();
         assert_eq!(t, Topology::Single("redis://a:1?protocol=resp3".into()));
+    }
+
+    #[test]
+    fn a_user_without_a_password_or_a_fragment_is_refused() {
+        for url in [
+            "redis://ghost@a:1",
+            "redis://ghost:@a:1",
+            "redis://:@a:1",
+            "redis+sentinel://ghost@a:1/m",
+            "rediss+cluster://ghost@a:1",
+            "rediss://a:1/0#insecure",
+            "rediss://:pw@a:1?protocol=resp2#insecure",
+        ] {
+            let e = p(url).unwrap_err();
+            assert!(matches!(e, Error::InvalidInput { .. }), "{url}: {e:?}");
+        }
+        for url in [
+            "redis://:pw@a:1",
+            "redis://app:pw@a:1",
+            "redis://app:%23pw@a:1",
+        ] {
+            assert!(p(url).is_ok(), "{url}");
+        }
     }
 
     #[test]

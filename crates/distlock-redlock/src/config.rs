@@ -100,6 +100,7 @@ impl RedlockConfig {
 /// one `redis://` URL per node.
 pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>> {
     distlock_core::input::check_userinfo_encoded(url, &['/', '?', '#'])?;
+    distlock_core::input::check_no_fragment(url)?;
     let bad = |why: String| Error::invalid(InputKind::Url, format!("redlock:// URL: {why}"));
     let rest = url
         .strip_prefix("redlock://")
@@ -149,7 +150,10 @@ pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>
                 "credentials given per node; give them once, before the first node (user:pass@host1,host2,...), and percent-encode an @ in the password".into(),
             ))
         }
-        Some((u, h)) => (format!("{u}@"), h),
+        Some((u, h)) => {
+            distlock_core::input::check_user_has_password(u)?;
+            (format!("{u}@"), h)
+        }
         None => (String::new(), authority),
     };
     let mut nodes = Vec::new();
@@ -324,6 +328,22 @@ mod tests {
             Err(e @ Error::InvalidInput { .. }) => e.to_string(),
             other => panic!("{url}: expected InvalidInput, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_user_without_a_password_or_a_fragment_is_refused() {
+        for url in [
+            "redlock://ghost@a:1,b:1,c:1",
+            "redlock://ghost:@a:1,b:1,c:1",
+            "redlock://a:1,b:1,c:1#insecure",
+        ] {
+            refused(url);
+        }
+        assert!(parse(
+            "redlock://app:pw@a:1,b:1,c:1",
+            &mut RedlockConfig::default()
+        )
+        .is_ok());
     }
 
     #[test]

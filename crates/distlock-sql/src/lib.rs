@@ -552,6 +552,7 @@ impl SqlBackend {
     pub async fn connect_with(url: &str, mut config: SqlConfig) -> Result<Self> {
         if !url.starts_with("sqlite") {
             distlock_core::input::check_userinfo_encoded(url, &['/', '?', '#'])?;
+            distlock_core::input::check_no_fragment(url)?;
         }
         let url = config.take_url_options(url)?;
         config::validate_table(&config.table)?;
@@ -1628,6 +1629,21 @@ mod tests {
             requests::postgres_channel("my_locks").expect("a valid name"),
             "distlock_my_locks"
         );
+    }
+
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[tokio::test]
+    async fn a_url_with_a_fragment_is_refused_before_connecting() {
+        for url in [
+            "postgres://u:p@127.0.0.1:1/db#x",
+            "mysql://u:p@127.0.0.1:1/db?ssl-mode=DISABLED#x",
+        ] {
+            match SqlBackend::connect(url).await {
+                Err(Error::InvalidInput { .. }) => {}
+                Err(e) => panic!("{url}: {e}"),
+                Ok(_) => panic!("{url}: connected"),
+            }
+        }
     }
 
     #[test]
