@@ -210,21 +210,30 @@ fn err(endpoints: &str, e: etcd_client::Error) -> Error {
                 Some(Box::new(e)),
             )
         }
-        // A wrong password ("authentication failed"), a role without the
-        // key, and a request without a user on a cluster with
-        // authentication enabled ("user name is empty").
+        // A role without the key: the login worked.
+        E::GRpcStatus(ref s) if s.code() == tonic_code::PERMISSION_DENIED => {
+            Error::misconfigured(
+                "etcd",
+                format!(
+                    "etcd at {endpoints}: {}; the user's role needs readwrite on the key prefixes of the lock names, /distlock/semaphores/<name prefix> and /distlock/leaders/<name prefix> (distlock-etcd's README)",
+                    s.message()
+                ),
+                Some(Box::new(e)),
+            )
+        }
+        // A wrong password ("authentication failed"), and a request without
+        // a user on a cluster with authentication enabled ("user name is
+        // empty").
         E::GRpcStatus(ref s)
-            if matches!(
-                s.code(),
-                tonic_code::UNAUTHENTICATED | tonic_code::PERMISSION_DENIED
-            ) || s.message().contains("authentication failed")
+            if s.code() == tonic_code::UNAUTHENTICATED
+                || s.message().contains("authentication failed")
                 || (s.code() == tonic_code::INVALID_ARGUMENT
                     && s.message().contains("user name is empty")) =>
         {
             Error::misconfigured(
                 "etcd",
                 format!(
-                    "etcd at {endpoints}: {}; check the user and password in the URL, and the user's role",
+                    "etcd at {endpoints}: {}; check the user and password in the URL",
                     s.message()
                 ),
                 Some(Box::new(e)),
