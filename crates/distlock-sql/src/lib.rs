@@ -407,7 +407,12 @@ impl DbError {
             Some("28000") if message.contains("no encryption") => Some(
                 "the server takes this user only over TLS: use sslmode=verify-full with sslrootcert (or require)",
             ),
-            // PostgreSQL: wrong password; no such role. MySQL: access denied.
+            // MySQL: access denied, which is also what a user created with
+            // REQUIRE SSL gets over a connection without TLS.
+            Some("28000") if self.backend == "mysql" => Some(
+                "check the user and password in the URL; a user that requires TLS (REQUIRE SSL) is refused this way without it: use ssl-mode=VERIFY_IDENTITY with ssl-ca (or REQUIRED)",
+            ),
+            // PostgreSQL: wrong password; no such role.
             Some("28P01" | "28000") => Some("check the user and password in the URL"),
             // PostgreSQL: no such database.
             Some("3D000") => Some("check the database name in the URL, or create it"),
