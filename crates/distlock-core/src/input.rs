@@ -16,6 +16,19 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 pub fn query_pairs<'a>(what: &str, query: &'a str) -> Result<Vec<(&'a str, &'a str)>> {
     let mut pairs: Vec<(&str, &str)> = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
+        // Most likely the rest of a password holding a raw `&`: not shown.
+        if !pair.contains('=')
+            && pairs
+                .last()
+                .is_some_and(|(k, _)| k.to_ascii_lowercase().contains("pass"))
+        {
+            return Err(Error::invalid(
+                InputKind::Url,
+                format!(
+                    "{what} URL: a parameter without `=` follows the password; a `&` in a password is %26"
+                ),
+            ));
+        }
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         if let Some((_, first)) = pairs.iter().find(|(key, _)| *key == k) {
             // A secret's values are not shown.
@@ -172,6 +185,16 @@ pub fn check_millis(name: &str, value: Duration, min: Duration, max: Duration) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rest_of_a_password_after_a_raw_ampersand_is_not_shown() {
+        let e = query_pairs("postgres://", "sslmode=disable&password=SE&KRIT")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("KRIT") && e.contains("%26"), "{e}");
+        assert!(query_pairs("postgres://", "password=SE%26KRIT&sslmode=disable").is_ok());
+        assert!(query_pairs("redis://", "fifo&prefix=a").is_ok());
+    }
 
     #[test]
     fn a_password_with_an_unencoded_delimiter_is_refused_without_showing_it() {
