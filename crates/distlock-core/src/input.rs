@@ -117,6 +117,14 @@ pub fn check_user_has_password(userinfo: &str) -> Result<()> {
     }
 }
 
+/// Whether `pem` holds a PEM certificate: a CA file that holds none (a
+/// wrong path, a key file) would trust nothing, and every server would be
+/// refused for a certificate "signed by an unknown CA".
+pub fn holds_pem_certificate(pem: &[u8]) -> bool {
+    const BEGIN: &[u8] = b"-----BEGIN CERTIFICATE-----";
+    pem.windows(BEGIN.len()).any(|w| w == BEGIN)
+}
+
 /// The `host:port` entries of a comma-separated server list, each checked
 /// (a host and a port number) and none listed twice. Entries are compared
 /// as the server sees them: the port as a number (`1` and `01` are one
@@ -185,6 +193,17 @@ pub fn check_millis(name: &str, value: Duration, min: Duration, max: Duration) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_without_a_pem_certificate_is_told_apart() {
+        assert!(holds_pem_certificate(
+            b"junk\n-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+        ));
+        assert!(!holds_pem_certificate(b"root:x:0:0:root:/root:/bin/bash\n"));
+        assert!(!holds_pem_certificate(
+            b"-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n"
+        ));
+    }
 
     #[test]
     fn the_rest_of_a_password_after_a_raw_ampersand_is_not_shown() {

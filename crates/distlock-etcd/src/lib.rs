@@ -329,6 +329,12 @@ fn tls_options(ca_file: Option<&str>) -> Result<etcd_client::TlsOptions> {
             format!("etcds:// URL: ca_file {path:?} cannot be read: {e}"),
         )
     })?;
+    if !distlock_core::input::holds_pem_certificate(&pem) {
+        return Err(Error::invalid(
+            InputKind::Url,
+            format!("etcds:// URL: ca_file {path:?} holds no PEM certificate"),
+        ));
+    }
     Ok(tls.ca_certificate(etcd_client::Certificate::from_pem(pem)))
 }
 
@@ -2025,6 +2031,21 @@ mod tests {
         match parse_url(url) {
             Err(e @ Error::InvalidInput { .. }) => e.to_string(),
             other => panic!("{url}: expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused() {
+        let path = std::env::temp_dir().join(format!("distlock-not-a-ca-{}", std::process::id()));
+        std::fs::write(&path, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+        let r = tls_options(path.to_str());
+        let _ = std::fs::remove_file(&path);
+        match r {
+            Err(e @ Error::InvalidInput { .. }) => {
+                assert!(e.to_string().contains("no PEM certificate"), "{e}")
+            }
+            other => panic!("{other:?}"),
         }
     }
 

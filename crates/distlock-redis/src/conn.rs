@@ -246,6 +246,13 @@ fn tls_certificates(ca_file: Option<&Path>) -> RedisResult<Option<redis::TlsCert
             format!("{}: {e}", path.display()),
         ))
     })?;
+    if !distlock_core::input::holds_pem_certificate(&root) {
+        return Err(RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "ca_file holds no PEM certificate",
+            path.display().to_string(),
+        )));
+    }
     Ok(Some(redis::TlsCertificates {
         client_tls: None,
         root_cert: Some(root),
@@ -801,4 +808,21 @@ async fn cluster_masters(conn: &mut ClusterConnection) -> RedisResult<Vec<u16>> 
         }
     }
     Ok(slots)
+}
+
+#[cfg(all(test, feature = "tls"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ca_file_without_a_certificate_is_a_configuration_error() {
+        let path = std::env::temp_dir().join(format!("distlock-not-a-ca-{}", std::process::id()));
+        std::fs::write(&path, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+        let r = tls_certificates(Some(&path));
+        let _ = std::fs::remove_file(&path);
+        match r {
+            Err(e) => assert_eq!(e.kind(), redis::ErrorKind::InvalidClientConfig, "{e}"),
+            Ok(_) => panic!("a file without a certificate was taken for a CA"),
+        }
+    }
 }
