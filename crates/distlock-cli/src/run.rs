@@ -471,12 +471,20 @@ async fn acquire(
     args: &RunArgs,
     wait: Option<Duration>,
 ) -> Result<Held, ExitCode> {
-    let failed = |e: distlock::Error| match &e {
-        distlock::Error::LimitMismatch { name, stored, .. } => fail(
+    let failed = |e: distlock::Error| {
+        match &e {
+        distlock::Error::LimitMismatch {
+            name,
+            stored,
+            requested,
+        } => fail(
             code_for(&e),
-            format!("{e} (here: --limit {stored}, or `distlock set-limit {name} N`)"),
+            format!(
+                "semaphore `{name}` has the stored limit {stored}, and --limit asked for {requested}; run with --limit {stored}, or change the limit with `distlock set-limit {name} N`"
+            ),
         ),
         _ => fail(code_for(&e), e),
+    }
     };
     if names.len() > 1 {
         let mut all = client.lock_all(names).ttl(args.ttl);

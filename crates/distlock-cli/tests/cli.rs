@@ -691,7 +691,12 @@ fn set_limit_changes_a_semaphores_stored_limit() {
     let refused = run(&b, &["--limit", "2"], "pool/db", &["true"]);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(code(&refused), 2, "{err}");
-    assert!(err.contains("distlock set-limit pool/db N"), "{err}");
+    assert!(
+        err.contains("distlock set-limit pool/db N")
+            && err.contains("--limit 3")
+            && !err.contains("set_limit"),
+        "{err}"
+    );
     let set = |limit: &str| {
         bin()
             .args(["set-limit", "--backend", &b, "pool/db", limit])
@@ -3593,7 +3598,12 @@ fn a_semaphore_limit_distlock_did_not_write_exits_78() {
     refused(&format!("redlock://{}", hosts.join(",")), "fl/rl");
     let etcd = etcd();
     let endpoint = etcd.url.trim_start_matches("etcd://").to_string();
-    for (name, value) in [("fl/text", "abc"), ("fl/zero", "0"), ("fl/plus", "+5")] {
+    for (name, value) in [
+        ("fl/text", "abc"),
+        ("fl/zero", "0"),
+        ("fl/plus", "+5"),
+        ("fl/lead0", "03"),
+    ] {
         let put = integration_tests::harness::etcd::etcdctl(&endpoint)
             .unwrap()
             .args(["put", &format!("/distlock/semaphores/{name}/@limit"), value])

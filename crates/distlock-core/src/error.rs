@@ -178,7 +178,7 @@ pub enum Error {
     /// A semaphore was asked for with another limit than the one stored
     /// with it. Nothing was acquired; change the limit deliberately with
     /// `set_limit`, or ask for the stored one.
-    #[error("semaphore `{name}` has a limit of {stored} permits, and this request asked for {requested}; ask for {stored}, or change the limit with set_limit")]
+    #[error("semaphore `{name}` has the stored limit {stored}, and this request asked for {requested}; ask for {stored}, or change the limit with set_limit")]
     LimitMismatch {
         /// The semaphore.
         name: LockName,

@@ -117,6 +117,18 @@ pub fn check_user_has_password(userinfo: &str) -> Result<()> {
     }
 }
 
+/// A semaphore limit as distlock stores it: decimal digits without a
+/// leading zero, 1 to `u32::MAX`; `None` for anything else (a backend's
+/// grant compares the stored text with the limit asked for, so `03` would
+/// read as 3 and yet refuse a request for 3).
+pub fn stored_limit(text: &[u8]) -> Option<u32> {
+    let digits = std::str::from_utf8(text).ok()?;
+    if digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// Whether `pem` holds a PEM certificate: a CA file that holds none (a
 /// wrong path, a key file) would trust nothing, and every server would be
 /// refused for a certificate "signed by an unknown CA".
@@ -193,6 +205,15 @@ pub fn check_millis(name: &str, value: Duration, min: Duration, max: Duration) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_limit_is_plain_digits_from_one() {
+        assert_eq!(stored_limit(b"3"), Some(3));
+        assert_eq!(stored_limit(b"4294967295"), Some(u32::MAX));
+        for bad in ["", "0", "03", "+3", " 3", "3.0", "abc", "4294967296", "-1"] {
+            assert_eq!(stored_limit(bad.as_bytes()), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_file_without_a_pem_certificate_is_told_apart() {

@@ -219,11 +219,7 @@ fn stored_limit(get: &GetResponse) -> Result<Option<u32>> {
     let Some(kv) = get.kvs().first() else {
         return Ok(None);
     };
-    std::str::from_utf8(kv.value())
-        .ok()
-        .filter(|v| v.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|l| *l > 0)
+    distlock_core::input::stored_limit(kv.value())
         .map(Some)
         .ok_or_else(|| {
             Error::misconfigured(

@@ -119,11 +119,7 @@ fn parse_limit(path: &str, data: &[u8]) -> Result<Option<u32>> {
     if data.is_empty() {
         return Ok(None);
     }
-    std::str::from_utf8(data)
-        .ok()
-        .filter(|v| v.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|l| *l > 0)
+    distlock_core::input::stored_limit(data)
         .map(Some)
         .ok_or_else(|| {
             Error::misconfigured(
