@@ -58,7 +58,8 @@ pub(crate) struct ObserveArgs {
     /// line while nobody leads.
     #[arg(long)]
     json: bool,
-    /// Print the current leader and exit (75 if nobody leads).
+    /// Print the current leader and exit (75 if nobody leads, after a
+    /// `null` line with --json).
     #[arg(long)]
     once: bool,
     /// The election's name.
@@ -172,10 +173,17 @@ pub(crate) async fn observe(args: ObserveArgs) -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(code) => code,
             },
-            Ok(None) => fail(
-                EXIT_NOT_ACQUIRED,
-                format!("election `{name}` has no leader"),
-            ),
+            Ok(None) => {
+                if args.json {
+                    if let Err(code) = output::line(line(None, true)) {
+                        return code;
+                    }
+                }
+                fail(
+                    EXIT_NOT_ACQUIRED,
+                    format!("election `{name}` has no leader"),
+                )
+            }
             Err(e) => fail(code_for(&e), e),
         };
     }

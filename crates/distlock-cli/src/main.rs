@@ -78,9 +78,10 @@ enum Command {
     Elect(elect::ElectArgs),
     /// Print the leader of the election NAME, one line per change (its
     /// value, or as a JSON string in quotes another client's value that
-    /// `elect` would refuse; an empty line while nobody leads; with --json
-    /// an object, `null` while nobody leads), until
-    /// interrupted; with --once the current leader only (exit 75 if none).
+    /// `elect` would refuse and a value that begins with a quote; an empty
+    /// line while nobody leads; with --json an object, `null` while nobody
+    /// leads), until interrupted; with --once the current leader only
+    /// (exit 75 if none, after a `null` line with --json).
     /// A backend unreachable at the start exits 69; one that stops
     /// answering later is retried.
     Observe(elect::ObserveArgs),

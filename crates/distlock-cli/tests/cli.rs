@@ -2110,8 +2110,16 @@ fn elect_runs_the_command_while_leading_and_observe_prints_the_leader() {
     let etcd = etcd();
     let dir = scratch("elect");
     let env_file = dir.join("env");
-    let (rc, _) = observe_once(&etcd.url, "svc/leader", &[]);
-    assert_eq!(rc, 75, "observe --once without a leader");
+    assert_eq!(
+        observe_once(&etcd.url, "svc/leader", &[]),
+        (75, String::new()),
+        "observe --once without a leader"
+    );
+    assert_eq!(
+        observe_once(&etcd.url, "svc/leader", &["--json"]),
+        (75, "null".into()),
+        "observe --once --json without a leader"
+    );
     let mut leader = bin()
         .args([
             "elect",

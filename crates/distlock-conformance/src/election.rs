@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::{
-    Error, Fencing, HoldKind, InputKind, LeaderStream, LockClient, LockRequest, MAX_VALUE_LEN,
+    Error, Fencing, HoldKind, InputKind, Leader, LeaderStream, LockClient, LockRequest,
+    MAX_VALUE_LEN,
 };
 use futures_util::StreamExt;
 use libtest_mimic::{Completion, Failed};
@@ -264,8 +265,12 @@ pub async fn resign_hands_over_and_proclaim_changes_the_value(
 
 /// The next value `seen` reports, within the bound.
 async fn next_value(seen: &mut LeaderStream) -> Result<Option<String>, Failed> {
+    Ok(next_leader(seen).await?.map(|l| l.value))
+}
+
+async fn next_leader(seen: &mut LeaderStream) -> Result<Option<Leader>, Failed> {
     match tokio::time::timeout(BOUND, seen.next()).await {
-        Ok(Some(Ok(leader))) => Ok(leader.map(|l| l.value)),
+        Ok(Some(Ok(leader))) => Ok(leader),
         Ok(Some(Err(e))) => Err(format!("observe failed: {e}").into()),
         Ok(None) => Err("observe ended".into()),
         Err(_) => Err("observe reported no change within the bound".into()),
@@ -287,10 +292,20 @@ pub async fn observe_sees_every_leader_in_order_and_ends_on_the_current_one(
         "observe began with a leader"
     );
     let la = a.election(&election).ttl(LONG_TTL).campaign("a1").await?;
+    let first = next_leader(&mut seen).await?;
     ensure!(
-        next_value(&mut seen).await? == Some("a1".into()),
+        first.as_ref().map(|l| l.value.as_str()) == Some("a1"),
         "observe missed the first leader"
     );
+    // Where `leader` tells the remaining lease, so does observe.
+    let read = o.election(&election).leader().await?;
+    if read.as_ref().is_some_and(|l| l.remaining.is_some()) {
+        let left = first.and_then(|l| l.remaining);
+        ensure!(
+            left.is_some_and(|left| left <= LONG_TTL),
+            "leader() tells the remaining lease, observe tells {left:?}"
+        );
+    }
     la.proclaim("a2").await?;
     ensure!(
         next_value(&mut seen).await? == Some("a2".into()),

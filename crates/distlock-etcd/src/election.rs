@@ -119,19 +119,11 @@ impl EtcdBackend {
         let Some((rev, first)) = keys.into_iter().next().filter(|(_, c)| !c.lock) else {
             return Ok(None);
         };
-        let lease = first.lease;
-        let remaining = if lease == 0 {
-            None
-        } else {
-            let ttl = self
-                .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
-                .await?
-                .ttl();
-            // -1: the lease is gone, and the key with it.
-            if ttl < 0 {
-                return Ok(None);
-            }
-            Some(Duration::from_secs(ttl as u64))
+        let remaining = match self.lease_remaining(first.lease).await? {
+            // The lease is gone, and the key with it.
+            Some(None) => return Ok(None),
+            Some(left) => left,
+            None => None,
         };
         Ok(Some(
             Leader::new(
@@ -141,6 +133,44 @@ impl EtcdBackend {
             .with_remaining(remaining)
             .with_holder_info(first.info.flatten()),
         ))
+    }
+
+    /// How long `lease` still runs: `None` for a key on no lease (0),
+    /// `Some(None)` for a lease that is gone.
+    async fn lease_remaining(&self, lease: i64) -> Result<Option<Option<Duration>>> {
+        if lease == 0 {
+            return Ok(None);
+        }
+        let ttl = self
+            .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
+            .await?
+            .ttl();
+        // -1: the lease is gone.
+        Ok(Some(u64::try_from(ttl).ok().map(Duration::from_secs)))
+    }
+
+    /// The leader among `keys` with its remaining lease, read once per
+    /// leadership: `read` keeps the create revision of the leader last read
+    /// and what its lease had left then.
+    async fn first_with_remaining(
+        &self,
+        keys: &Campaigns,
+        read: &mut Option<(i64, Option<Duration>)>,
+    ) -> Result<Option<Leader>> {
+        let Some(leader) = first(keys) else {
+            return Ok(None);
+        };
+        let rev = leader.token.0 as i64;
+        let remaining = match *read {
+            Some((r, left)) if r == rev => left,
+            _ => {
+                let lease = keys.get(&rev).map_or(0, |c| c.lease);
+                let left = self.lease_remaining(lease).await?.flatten();
+                *read = Some((rev, left));
+                left
+            }
+        };
+        Ok(Some(leader.with_remaining(remaining)))
     }
 
     /// Every campaign key under `<name>/` with its holder info, and the
@@ -249,7 +279,9 @@ impl EtcdBackend {
         tx: &tokio::sync::mpsc::Sender<Result<Option<Leader>>>,
     ) -> Result<()> {
         let (mut keys, rev) = self.campaign_keys(prefix).await?;
-        if tx.send(Ok(first(&keys))).await.is_err() {
+        let mut read = None;
+        let leader = self.first_with_remaining(&keys, &mut read).await?;
+        if tx.send(Ok(leader)).await.is_err() {
             return Ok(());
         }
         let mut stream = self
@@ -281,7 +313,8 @@ impl EtcdBackend {
                 // One item per revision, after all its events.
                 if at.is_some_and(|r| r != kv.mod_revision()) {
                     self.fill_first_info(&mut keys).await?;
-                    if tx.send(Ok(first(&keys))).await.is_err() {
+                    let leader = self.first_with_remaining(&keys, &mut read).await?;
+                    if tx.send(Ok(leader)).await.is_err() {
                         return Ok(());
                     }
                 }
@@ -303,7 +336,8 @@ impl EtcdBackend {
             }
             if at.is_some() {
                 self.fill_first_info(&mut keys).await?;
-                if tx.send(Ok(first(&keys))).await.is_err() {
+                let leader = self.first_with_remaining(&keys, &mut read).await?;
+                if tx.send(Ok(leader)).await.is_err() {
                     return Ok(());
                 }
             }
