@@ -28,7 +28,7 @@ pub enum InputKind {
 impl fmt::Display for InputKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            InputKind::LockName => "lock name",
+            InputKind::LockName => "name",
             InputKind::Duration => "duration",
             InputKind::Url => "backend URL",
             InputKind::Config => "configuration",

@@ -90,7 +90,7 @@ fn validate(name: &str) -> Result<(), String> {
 /// Why `name` breaks the rules.
 fn explain(name: &str) -> Result<(), String> {
     if name.is_empty() {
-        return Err("is empty; a lock name needs at least one character".into());
+        return Err("is empty; a name needs at least one character".into());
     }
     if name.len() > MAX_NAME_LEN {
         return Err(format!(

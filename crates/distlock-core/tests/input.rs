@@ -32,7 +32,7 @@ async fn a_bad_lock_name_is_reported_once() {
     ];
     for e in errors {
         let text = e.to_string();
-        assert_eq!(text.matches("invalid lock name").count(), 1, "{text}");
+        assert_eq!(text.matches("invalid name").count(), 1, "{text}");
         assert_invalid(e, InputKind::LockName, "\"bad name\"");
     }
 }
