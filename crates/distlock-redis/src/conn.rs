@@ -8,9 +8,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
-};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Client, Cmd, FromRedisValue, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation,
@@ -688,12 +686,12 @@ impl Conn {
         };
         let masters = cluster_masters(&mut conn.clone()).await?;
         let mut keys = Vec::new();
-        for slot in masters {
-            // A slot the master owns routes each call of its SCAN to it.
-            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-                slot,
-                SlotAddr::Master,
-            )));
+        for (host, port) in masters {
+            // By address: a SCAN carries no key, so one routed by slot to
+            // a master the client holds no connection to (it just died)
+            // would go to another node, which would list its own keys and
+            // no redirection would tell.
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
             let found = scan_node(pattern, count, |c| {
                 let (mut conn, c, route) = (conn.clone(), c.clone(), route.clone());
                 async move {
@@ -778,9 +776,9 @@ where
     }
 }
 
-/// One slot of each master of a cluster, from `CLUSTER SLOTS`: each entry
+/// The address of each master of a cluster, from `CLUSTER SLOTS`: each entry
 /// is `[first slot, last slot, [master host, port, id], replicas...]`.
-async fn cluster_masters(conn: &mut ClusterConnection) -> RedisResult<Vec<u16>> {
+async fn cluster_masters(conn: &mut ClusterConnection) -> RedisResult<Vec<(String, u16)>> {
     let answer = conn
         .route_command(
             redis::cmd("CLUSTER").arg("SLOTS").clone(),
@@ -788,26 +786,24 @@ async fn cluster_masters(conn: &mut ClusterConnection) -> RedisResult<Vec<u16>> 
         )
         .await?;
     let ranges: Vec<Vec<redis::Value>> = redis::from_redis_value(answer)?;
-    let mut seen = std::collections::HashSet::new();
-    let mut slots = Vec::new();
+    let mut masters = Vec::new();
     for range in ranges {
-        let (Some(first), Some(master)) = (range.first(), range.get(2)) else {
+        let Some(master) = range.get(2) else {
             continue;
         };
-        let first: u16 = redis::from_redis_value(first.clone())?;
         let master: Vec<redis::Value> = redis::from_redis_value(master.clone())?;
-        let at: (String, i64) = match master.as_slice() {
+        let at: (String, u16) = match master.as_slice() {
             [host, port, ..] => (
                 redis::from_redis_value(host.clone())?,
                 redis::from_redis_value(port.clone())?,
             ),
             _ => continue,
         };
-        if seen.insert(at) {
-            slots.push(first);
+        if !masters.contains(&at) {
+            masters.push(at);
         }
     }
-    Ok(slots)
+    Ok(masters)
 }
 
 #[cfg(all(test, feature = "tls"))]
