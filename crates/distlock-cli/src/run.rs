@@ -27,8 +27,9 @@ pub(crate) struct RunArgs {
     /// backend down as it starts is asked again; one that has not answered
     /// by then: exit 69); 0 tries once. Default: forever once connected (as
     /// is a wait of more than a century); without --wait a backend that
-    /// refuses the connection as the command starts exits 69 at once (a
-    /// wrong URL does not hang).
+    /// refuses the connection as the command starts, or on Redlock has too
+    /// few nodes up for the first try's quorum (a semaphore needs more than
+    /// a majority), exits 69 at once (a wrong URL does not hang).
     #[arg(long, value_parser = parse_duration)]
     wait: Option<Duration>,
     /// Do not renew: the lease (and the command) ends after --ttl.
@@ -487,10 +488,14 @@ async fn acquire(
     }
     };
     if names.len() > 1 {
-        let mut all = client.lock_all(names).ttl(args.ttl);
-        if args.no_renew {
-            all = all.no_renew();
-        }
+        let all = || {
+            let all = client.lock_all(names).ttl(args.ttl);
+            if args.no_renew {
+                all.no_renew()
+            } else {
+                all
+            }
+        };
         let taken = || {
             fail(
                 EXIT_NOT_ACQUIRED,
@@ -501,25 +506,33 @@ async fn acquire(
             )
         };
         return match wait {
-            Some(w) if w.is_zero() => match all.try_acquire().await {
+            Some(w) if w.is_zero() => match all().try_acquire().await {
                 Ok(Some(m)) => Ok(Held::All(m)),
                 Ok(None) => Err(taken()),
                 Err(e) => Err(failed(e)),
             },
-            Some(w) => all.wait(w).acquire().await.map(Held::All).map_err(failed),
-            None => all.acquire().await.map(Held::All).map_err(failed),
+            Some(w) => all().wait(w).acquire().await.map(Held::All).map_err(failed),
+            None => match all().try_acquire().await {
+                Ok(Some(m)) => Ok(Held::All(m)),
+                Err(e) if unreachable_at_start(&e) => Err(failed(e)),
+                Ok(None) | Err(_) => all().acquire().await.map(Held::All).map_err(failed),
+            },
         };
     }
     let name = &names[0];
-    let mut lock = match args.limit {
-        Some(n) => client.semaphore(name, n),
-        None if args.shared => client.lock(name).shared(),
-        None => client.lock(name),
-    }
-    .ttl(args.ttl);
-    if args.no_renew {
-        lock = lock.no_renew();
-    }
+    let lock = || {
+        let lock = match args.limit {
+            Some(n) => client.semaphore(name, n),
+            None if args.shared => client.lock(name).shared(),
+            None => client.lock(name),
+        }
+        .ttl(args.ttl);
+        if args.no_renew {
+            lock.no_renew()
+        } else {
+            lock
+        }
+    };
     let taken = || match args.limit {
         Some(n) => fail(
             EXIT_NOT_ACQUIRED,
@@ -531,14 +544,33 @@ async fn acquire(
         ),
     };
     match wait {
-        Some(w) if w.is_zero() => match lock.try_acquire().await {
+        Some(w) if w.is_zero() => match lock().try_acquire().await {
             Ok(Some(g)) => Ok(Held::One(g)),
             Ok(None) => Err(taken()),
             Err(e) => Err(failed(e)),
         },
-        Some(w) => lock.wait(w).acquire().await.map(Held::One).map_err(failed),
-        None => lock.acquire().await.map(Held::One).map_err(failed),
+        Some(w) => lock()
+            .wait(w)
+            .acquire()
+            .await
+            .map(Held::One)
+            .map_err(failed),
+        None => match lock().try_acquire().await {
+            Ok(Some(g)) => Ok(Held::One(g)),
+            Err(e) if unreachable_at_start(&e) => Err(failed(e)),
+            Ok(None) | Err(_) => lock().acquire().await.map(Held::One).map_err(failed),
+        },
     }
+}
+
+/// Whether the first try of a wait without `--wait` found too few nodes
+/// up for the hold's quorum: Redlock connects with a majority, and a
+/// semaphore of several permits needs more. Exit 69 at once, as for a
+/// backend that refuses the connection (Redlock's connect refuses fewer
+/// than a majority); a failure later in the wait, or a backend that is
+/// failing over as the command starts (`Unavailable`), is outlasted.
+fn unreachable_at_start(e: &distlock::Error) -> bool {
+    matches!(e, distlock::Error::QuorumNotReached { .. })
 }
 
 fn quoted_names(names: &[LockName]) -> String {

@@ -1134,6 +1134,31 @@ fn a_redlock_release_reaches_every_node_before_run_exits() {
     }
 }
 
+/// Redlock connects with a majority of its nodes, which a semaphore of
+/// several permits needs more of: with one of three nodes down, `run
+/// --limit 2` without `--wait` exits 69 at once rather than waiting for
+/// ever; a lock, which a majority serves, runs.
+#[cfg(feature = "redis")]
+#[test]
+fn a_redlock_semaphore_without_its_quorum_at_start_exits_69() {
+    use integration_tests::harness::redis as server;
+    let mut nodes: Vec<_> = (0..3)
+        .map(|_| server::spawn(&[]).expect("redis-server must start"))
+        .collect();
+    let url = server::redlock_url(nodes.iter().map(|n| n.port), "");
+    drop(nodes.pop());
+    let mut sem = run_command(&url, &["--limit", "2"], "quorum/sem", &["true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = exit_within(&mut sem, Duration::from_secs(20));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut sem.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(69), "{err}");
+    assert!(err.contains("semaphore"), "{err}");
+    assert_eq!(code(&run(&url, &[], "quorum/lock", &["true"])), 0);
+}
+
 /// A server that dies during the run: the report shows what ran, and the
 /// exit is 69 (unreachable) saying the verdict covers the run until then,
 /// not 0 with "no violations".
