@@ -200,6 +200,16 @@ async fn take_and_release(
                 humantime::format_duration(wait)
             ),
         )),
+        Err(
+            ref e @ distlock::Error::LimitMismatch {
+                ref name,
+                stored,
+                requested,
+            },
+        ) => Err(fail(
+            code_for(e),
+            crate::run::limit_mismatch(name, stored, requested),
+        )),
         Err(e) => Err(fail(
             code_for(&e),
             format!("{}: {what} failed: {e}", args.lock),

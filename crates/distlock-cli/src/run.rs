@@ -472,20 +472,13 @@ async fn acquire(
     args: &RunArgs,
     wait: Option<Duration>,
 ) -> Result<Held, ExitCode> {
-    let failed = |e: distlock::Error| {
-        match &e {
+    let failed = |e: distlock::Error| match &e {
         distlock::Error::LimitMismatch {
             name,
             stored,
             requested,
-        } => fail(
-            code_for(&e),
-            format!(
-                "semaphore `{name}` has the stored limit {stored}, and --limit asked for {requested}; run with --limit {stored}, or change the limit with `distlock set-limit {name} N`"
-            ),
-        ),
+        } => fail(code_for(&e), limit_mismatch(name, *stored, *requested)),
         _ => fail(code_for(&e), e),
-    }
     };
     if names.len() > 1 {
         let all = || {
@@ -561,6 +554,14 @@ async fn acquire(
             Ok(None) | Err(_) => lock().acquire().await.map(Held::One).map_err(failed),
         },
     }
+}
+
+/// A `--limit` other than the semaphore's stored one, said in the CLI's
+/// terms.
+pub(crate) fn limit_mismatch(name: &LockName, stored: u32, requested: u32) -> String {
+    format!(
+        "semaphore `{name}` has the stored limit {stored}, and --limit asked for {requested}; run with --limit {stored}, or change the limit with `distlock set-limit {name} N`"
+    )
 }
 
 /// Whether the first try of a wait without `--wait` found too few nodes

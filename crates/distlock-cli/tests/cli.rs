@@ -1091,7 +1091,10 @@ fn check_without_a_hold_any_client_could_get_says_why() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 2, "{err}");
-    assert!(err.contains("limit of 3") && err.contains('2'), "{err}");
+    assert!(
+        err.contains("stored limit 3") && err.contains("--limit asked for 2"),
+        "{err}"
+    );
     let mut holder = spawn_holder(&db, "check-held", 30);
     wait_held(&db, "check-held");
     let out = bin()
