@@ -17,7 +17,8 @@ pub(crate) struct ConformanceArgs {
     /// Backend URL, as for `distlock run`.
     #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value_t = default_backend())]
     backend: String,
-    /// Run only the cases whose name contains this.
+    /// Run only the cases whose name contains this (a name as a line
+    /// prints it, `<backend>::<case>`, too).
     #[arg(long, value_name = "PATTERN")]
     only: Option<String>,
     /// Print the findings and verdicts as JSON (`{findings, cases}`, and
@@ -26,7 +27,8 @@ pub(crate) struct ConformanceArgs {
     json: bool,
     /// The TTL of the expiry cases. Default: 1s, and 3s on etcd and
     /// ZooKeeper (a session backend; a ZooKeeper whose minSessionTimeout is
-    /// above 3 s needs at least that). A TTL outside the backend's range is
+    /// above 3 s needs at least that; etcd, which grants leases of at least
+    /// 2 s by default, refuses less). A TTL outside the backend's range is
     /// refused: exit 2.
     #[arg(long, value_parser = crate::parse_duration)]
     short_ttl: Option<Duration>,
@@ -131,8 +133,14 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
         backend: caps.backend,
         short_ttl,
     });
-    if let Some(p) = &args.only {
-        if !distlock_conformance::case_names().any(|case| case.contains(p.as_str())) {
+    // A name as the output prints it (`<backend>::<case>`) matches its case.
+    let prefix = format!("{}::", caps.backend);
+    let only = args
+        .only
+        .as_deref()
+        .map(|p| p.strip_prefix(prefix.as_str()).unwrap_or(p));
+    if let Some(p) = only {
+        if !distlock_conformance::case_names().any(|case| case.contains(p)) {
             return early(
                 crate::EXIT_USAGE,
                 format!("no case matches {p:?}"),
@@ -159,7 +167,7 @@ pub(crate) async fn conformance(args: ConformanceArgs) -> ExitCode {
     }
     let mut broken = None;
     // A reader that went away (`| head -1`) ends the run at the next case.
-    let verdicts = check_deployment(&*factory, args.only.as_deref(), |case, v| {
+    let verdicts = check_deployment(&*factory, only, |case, v| {
         if !args.json && broken.is_none() {
             broken = print_verdict(caps.backend, case, v).err();
         }
@@ -332,8 +340,20 @@ fn short_ttl(given: Option<Duration>, caps: &distlock::Capabilities) -> Result<D
         return Ok(default.clamp(caps.min_ttl, caps.max_ttl));
     };
     crate::ttl_in_range("--short-ttl", ttl, caps)?;
+    // etcd grants a lease of at least its minimum TTL: the expiry cases
+    // would judge a shorter TTL against a longer lease.
+    if caps.backend == "etcd" && ttl < ETCD_MIN_LEASE {
+        return Err(format!(
+            "--short-ttl {} is below etcd's minimum lease TTL ({ETCD_MIN_LEASE:?} by default), which the server grants instead; use --short-ttl {ETCD_MIN_LEASE:?} or more",
+            humantime::format_duration(ttl)
+        ));
+    }
     Ok(ttl)
 }
+
+/// etcd's minimum lease TTL with its default election timeout (1 s): one
+/// and a half election timeouts, rounded up to whole seconds.
+const ETCD_MIN_LEASE: Duration = Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {

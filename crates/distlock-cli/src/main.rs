@@ -299,11 +299,8 @@ pub(crate) fn ttl_in_range(
 ) -> Result<(), String> {
     if ttl < caps.min_ttl || ttl > caps.max_ttl {
         return Err(format!(
-            "{flag} {} is outside {}'s TTL range, {:?} to {:?}",
-            humantime::format_duration(ttl),
-            caps.backend,
-            caps.min_ttl,
-            caps.max_ttl
+            "{flag} {:?} is outside {}'s TTL range, {:?} to {:?}",
+            ttl, caps.backend, caps.min_ttl, caps.max_ttl
         ));
     }
     Ok(())
@@ -334,7 +331,22 @@ const PASSWORD_SCHEMES: &[&str] = &[
 /// Puts the password from `--password-file` or `DISTLOCK_PASSWORD` into the
 /// command's backend URL.
 fn apply_password(cli: &mut Cli) -> Result<(), String> {
-    let (password, source) = match (&cli.password_file, std::env::var_os("DISTLOCK_PASSWORD")) {
+    let source = (&cli.password_file, std::env::var_os("DISTLOCK_PASSWORD"));
+    if source == (&None, None) {
+        return Ok(());
+    }
+    let url = match &mut cli.command {
+        Command::Run(a) => a.backend_mut(),
+        Command::Elect(a) => a.backend_mut(),
+        Command::Observe(a) => a.backend_mut(),
+        Command::Status(a) => a.backend_mut(),
+        Command::List(a) => a.backend_mut(),
+        Command::SetLimit(a) => a.backend_mut(),
+        Command::Check(a) => a.backend_mut(),
+        Command::Conformance(a) => a.backend_mut(),
+        Command::Backends => return Ok(()),
+    };
+    let (password, source) = match source {
         (Some(_), Some(_)) => {
             return Err(
                 "--password-file is given and DISTLOCK_PASSWORD is set; give the password in one place only"
@@ -357,17 +369,6 @@ fn apply_password(cli: &mut Cli) -> Result<(), String> {
             PasswordSource::Env,
         ),
         (None, None) => return Ok(()),
-    };
-    let url = match &mut cli.command {
-        Command::Run(a) => a.backend_mut(),
-        Command::Elect(a) => a.backend_mut(),
-        Command::Observe(a) => a.backend_mut(),
-        Command::Status(a) => a.backend_mut(),
-        Command::List(a) => a.backend_mut(),
-        Command::SetLimit(a) => a.backend_mut(),
-        Command::Check(a) => a.backend_mut(),
-        Command::Conformance(a) => a.backend_mut(),
-        Command::Backends => return Ok(()),
     };
     *url = with_password(url, &password, source)?;
     Ok(())

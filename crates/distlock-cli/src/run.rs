@@ -28,8 +28,9 @@ pub(crate) struct RunArgs {
     /// by then: exit 69); 0 tries once. Default: forever once connected (as
     /// is a wait of more than a century); without --wait a backend that
     /// refuses the connection as the command starts, or on Redlock has too
-    /// few nodes up for the first try's quorum (a semaphore needs more than
-    /// a majority), exits 69 at once (a wrong URL does not hang).
+    /// few nodes up for the first try of a semaphore of several permits
+    /// (which needs more than a majority), exits 69 at once (a wrong URL
+    /// does not hang).
     #[arg(long, value_parser = parse_duration)]
     wait: Option<Duration>,
     /// Do not renew: the lease (and the command) ends after --ttl.
@@ -505,11 +506,7 @@ async fn acquire(
                 Err(e) => Err(failed(e)),
             },
             Some(w) => all().wait(w).acquire().await.map(Held::All).map_err(failed),
-            None => match all().try_acquire().await {
-                Ok(Some(m)) => Ok(Held::All(m)),
-                Err(e) if unreachable_at_start(&e) => Err(failed(e)),
-                Ok(None) | Err(_) => all().acquire().await.map(Held::All).map_err(failed),
-            },
+            None => all().acquire().await.map(Held::All).map_err(failed),
         };
     }
     let name = &names[0];
@@ -548,11 +545,16 @@ async fn acquire(
             .await
             .map(Held::One)
             .map_err(failed),
-        None => match lock().try_acquire().await {
+        // A semaphore of several permits may need more Redlock nodes than
+        // the connect asked for (a majority): a first try that finds too
+        // few exits 69 at once, as a connect refused would; a failure later
+        // in the wait is outlasted.
+        None if args.limit.is_some_and(|n| n > 1) => match lock().try_acquire().await {
             Ok(Some(g)) => Ok(Held::One(g)),
-            Err(e) if unreachable_at_start(&e) => Err(failed(e)),
+            Err(e @ distlock::Error::QuorumNotReached { .. }) => Err(failed(e)),
             Ok(None) | Err(_) => lock().acquire().await.map(Held::One).map_err(failed),
         },
+        None => lock().acquire().await.map(Held::One).map_err(failed),
     }
 }
 
@@ -562,16 +564,6 @@ pub(crate) fn limit_mismatch(name: &LockName, stored: u32, requested: u32) -> St
     format!(
         "semaphore `{name}` has the stored limit {stored}, and --limit asked for {requested}; run with --limit {stored}, or change the limit with `distlock set-limit {name} N`"
     )
-}
-
-/// Whether the first try of a wait without `--wait` found too few nodes
-/// up for the hold's quorum: Redlock connects with a majority, and a
-/// semaphore of several permits needs more. Exit 69 at once, as for a
-/// backend that refuses the connection (Redlock's connect refuses fewer
-/// than a majority); a failure later in the wait, or a backend that is
-/// failing over as the command starts (`Unavailable`), is outlasted.
-fn unreachable_at_start(e: &distlock::Error) -> bool {
-    matches!(e, distlock::Error::QuorumNotReached { .. })
 }
 
 fn quoted_names(names: &[LockName]) -> String {

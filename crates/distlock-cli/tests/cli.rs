@@ -1365,6 +1365,19 @@ fn conformance_passes_on_sqlite_and_refuses_bad_input() {
         assert!(c["case"].as_str().unwrap().contains("tokens"), "{c}");
         assert_eq!(c["verdict"], "ok", "{c}");
     }
+    // A case's name as a line prints it, backend prefix and all, reruns it.
+    let printed = "sqlite::try_acquire_on_held_lock_returns_none";
+    let out = bin()
+        .args(["conformance", "--backend", &b, "--only", printed])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("ok") && l.trim_end().ends_with(printed)),
+        "{text}"
+    );
     for (args, want) in [
         (vec!["--backend", &b, "--only", "no-such-case"], 2),
         (vec!["--backend", "nonsense"], 2),
@@ -1609,6 +1622,21 @@ fn conformance_reports_a_single_member_etcd() {
     let server = TestServer::start_private(ServerKind::Etcd).unwrap();
     let text = findings(server.url());
     assert!(text.contains("WARNING members: 1: "), "{text}");
+    // A short TTL below the lease etcd would grant instead is refused: the
+    // expiry cases would judge it against the longer lease.
+    let out = bin()
+        .args([
+            "conformance",
+            "--backend",
+            server.url(),
+            "--short-ttl",
+            "1s",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("minimum lease TTL"), "{err}");
     // Two members tolerate no more failures than one.
     let two = integration_tests::harness::etcd::cluster(2).unwrap();
     let text = findings(&format!("etcd://127.0.0.1:{}", two[0].port));

@@ -166,18 +166,31 @@ async fn run_case(factory: &dyn BackendFactory, f: CaseFn, needs: Needs) -> Case
             None => f(factory, namespace()).await,
         }
     };
-    bounded(case).await
+    bounded_by(case_bound(factory.short_ttl()), case).await
 }
 
 /// A case's run, failed if it has not finished within `CASE_BOUND`.
 pub(crate) async fn bounded(case: impl std::future::Future<Output = CaseResult>) -> CaseResult {
-    tokio::time::timeout(CASE_BOUND, case)
-        .await
-        .map_err(|_| Failed::from(format!("case did not finish within {CASE_BOUND:?}")))?
+    bounded_by(CASE_BOUND, case).await
 }
 
-/// The longest a case may take.
+async fn bounded_by(
+    bound: Duration,
+    case: impl std::future::Future<Output = CaseResult>,
+) -> CaseResult {
+    tokio::time::timeout(bound, case)
+        .await
+        .map_err(|_| Failed::from(format!("case did not finish within {bound:?}")))?
+}
+
+/// The longest a case may take with the default short TTLs.
 const CASE_BOUND: Duration = Duration::from_secs(120);
+
+/// The longest a case may take with `short_ttl`: the expiry cases wait a
+/// few of them (and renew for six), so a longer one lengthens the bound.
+fn case_bound(short_ttl: Duration) -> Duration {
+    CASE_BOUND.max(short_ttl.saturating_mul(20))
+}
 
 /// Builds the trials for `factory`: every case, named
 /// `<backend>::<case>`.

@@ -88,13 +88,14 @@ pub fn check_userinfo_encoded(url: &str, delimiters: &[char]) -> Result<()> {
     ))
 }
 
-/// Refuses a `#fragment` in a URL whose userinfo is percent-encoded (run
-/// after [`check_userinfo_encoded`], so a `#` left is no password's): no
-/// backend URL takes one, and a client library may read one as an option
-/// of its own (the redis client reads `#insecure` as "skip the certificate
-/// checks").
-pub fn check_no_fragment(url: &str) -> Result<()> {
-    if url.contains('#') {
+/// Refuses a `#fragment` in the part of a URL that a client library reads
+/// (the whole URL for sqlx; for the redis client what precedes the query
+/// and the values it is passed), run after [`check_userinfo_encoded`], so
+/// a `#` left is no password's: no backend URL takes one, and the library
+/// may read one as an option of its own (the redis client reads
+/// `#insecure` as "skip the certificate checks") or drop what follows.
+pub fn check_no_fragment(read: &str) -> Result<()> {
+    if read.contains('#') {
         return Err(Error::invalid(
             crate::InputKind::Url,
             "the URL has a `#` fragment, which no backend URL takes (a `#` in a password is %23)",

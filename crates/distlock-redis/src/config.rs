@@ -315,7 +315,10 @@ fn bad(url: &str, why: impl std::fmt::Display) -> Error {
 /// taking distlock's own query parameters into `config`.
 pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
     distlock_core::input::check_userinfo_encoded(url, &['/', '?', '#'])?;
-    distlock_core::input::check_no_fragment(url)?;
+    // What the redis client reads: the URL before its query, and the
+    // parameters passed on to it (checked below). A `#` in distlock's own
+    // parameters (a prefix) stays with distlock.
+    distlock_core::input::check_no_fragment(url.split('?').next().unwrap_or(url))?;
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| bad(url, "expected scheme://host:port"))?;
@@ -351,7 +354,10 @@ pub(crate) fn parse(url: &str, config: &mut RedisConfig) -> Result<Parsed> {
                 ))
             }
             // The one parameter the redis client reads from a host:port URL.
-            "protocol" if matches!(scheme, "redis" | "rediss") => passthrough.push(format!("{k}={v}")),
+            "protocol" if matches!(scheme, "redis" | "rediss") => {
+                distlock_core::input::check_no_fragment(v)?;
+                passthrough.push(format!("{k}={v}"))
+            }
             "protocol" => {
                 return Err(bad(
                     url,
@@ -793,6 +799,7 @@ mod tests {
             "redis://:pw@a:1",
             "redis://app:pw@a:1",
             "redis://app:%23pw@a:1",
+            "redis://a:1?prefix=team#1:",
         ] {
             assert!(p(url).is_ok(), "{url}");
         }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Client, Cmd, FromRedisValue, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation,
@@ -686,12 +688,18 @@ impl Conn {
         };
         let masters = cluster_masters(&mut conn.clone()).await?;
         let mut keys = Vec::new();
-        for (host, port) in masters {
+        for master in masters {
             // By address: a SCAN carries no key, so one routed by slot to
             // a master the client holds no connection to (it just died)
             // would go to another node, which would list its own keys and
-            // no redirection would tell.
-            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+            // no redirection would tell. A master that names no address
+            // of its own (a cluster of one node says "") goes by its slot.
+            let route = RoutingInfo::SingleNode(match master {
+                Master::At(host, port) => SingleNodeRoutingInfo::ByAddress { host, port },
+                Master::OfSlot(slot) => {
+                    SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
+                }
+            });
             let found = scan_node(pattern, count, |c| {
                 let (mut conn, c, route) = (conn.clone(), c.clone(), route.clone());
                 async move {
@@ -776,9 +784,16 @@ where
     }
 }
 
-/// The address of each master of a cluster, from `CLUSTER SLOTS`: each entry
-/// is `[first slot, last slot, [master host, port, id], replicas...]`.
-async fn cluster_masters(conn: &mut ClusterConnection) -> RedisResult<Vec<(String, u16)>> {
+/// A master of a cluster: its address, or one of its slots when `CLUSTER
+/// SLOTS` names no address for it.
+enum Master {
+    At(String, u16),
+    OfSlot(u16),
+}
+
+/// Each master of a cluster, from `CLUSTER SLOTS`: each entry is
+/// `[first slot, last slot, [master host, port, id], replicas...]`.
+async fn cluster_masters(conn: &mut ClusterConnection) -> RedisResult<Vec<Master>> {
     let answer = conn
         .route_command(
             redis::cmd("CLUSTER").arg("SLOTS").clone(),
@@ -786,22 +801,32 @@ async fn cluster_masters(conn: &mut ClusterConnection) -> RedisResult<Vec<(Strin
         )
         .await?;
     let ranges: Vec<Vec<redis::Value>> = redis::from_redis_value(answer)?;
+    let mut seen = Vec::new();
     let mut masters = Vec::new();
     for range in ranges {
-        let Some(master) = range.get(2) else {
+        let (Some(first), Some(master)) = (range.first(), range.get(2)) else {
             continue;
         };
+        let first: u16 = redis::from_redis_value(first.clone())?;
         let master: Vec<redis::Value> = redis::from_redis_value(master.clone())?;
-        let at: (String, u16) = match master.as_slice() {
+        let (host, port): (Option<String>, u16) = match master.as_slice() {
             [host, port, ..] => (
                 redis::from_redis_value(host.clone())?,
                 redis::from_redis_value(port.clone())?,
             ),
             _ => continue,
         };
-        if !masters.contains(&at) {
-            masters.push(at);
+        let at = (host.clone().unwrap_or_default(), port);
+        if seen.contains(&at) {
+            continue;
         }
+        seen.push(at);
+        // The redis client names such a master after the node that
+        // answered, which this request, sent to any node, cannot know.
+        masters.push(match host {
+            Some(h) if !matches!(h.as_str(), "" | "?" | "0.0.0.0" | "::") => Master::At(h, port),
+            _ => Master::OfSlot(first),
+        });
     }
     Ok(masters)
 }

@@ -100,7 +100,6 @@ impl RedlockConfig {
 /// one `redis://` URL per node.
 pub(crate) fn parse(url: &str, config: &mut RedlockConfig) -> Result<Vec<String>> {
     distlock_core::input::check_userinfo_encoded(url, &['/', '?', '#'])?;
-    distlock_core::input::check_no_fragment(url)?;
     let bad = |why: String| Error::invalid(InputKind::Url, format!("redlock:// URL: {why}"));
     let rest = url
         .strip_prefix("redlock://")
@@ -339,11 +338,14 @@ mod tests {
         ] {
             refused(url);
         }
-        assert!(parse(
+        for url in [
             "redlock://app:pw@a:1,b:1,c:1",
-            &mut RedlockConfig::default()
-        )
-        .is_ok());
+            // The prefix stays with distlock; the nodes' URLs are built
+            // from the hosts alone.
+            "redlock://a:1,b:1,c:1?prefix=team#1:",
+        ] {
+            assert!(parse(url, &mut RedlockConfig::default()).is_ok(), "{url}");
+        }
     }
 
     #[test]
