@@ -128,14 +128,19 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
         }
     ));
     let pause_holder = args.pause_holder;
-    let report = distlock_check::run(&w, |faults| async move {
+    let run = distlock_check::run(&w, |faults| async move {
         if pause_holder {
             faults.pause_holder(0, pause).await
         } else {
             Ok(())
         }
-    })
-    .await;
+    });
+    // A signal ends the run: dropped, it kills its workers (a paused one
+    // too), which would otherwise go on taking the lock, or stay stopped.
+    let report = match until_signal(run).await {
+        Ok(report) => report,
+        Err(code) => return code,
+    };
     match report {
         Err(e) => fail(1, e),
         Ok(r) => {
@@ -165,6 +170,37 @@ pub(crate) async fn check(args: CheckArgs) -> ExitCode {
                 Err(code) => code,
             }
         }
+    }
+}
+
+/// Runs `run` unless SIGINT, SIGTERM or SIGHUP comes first: then `run` is
+/// dropped, and the exit code is 128 + the signal's number.
+async fn until_signal<T>(run: impl std::future::Future<Output = T>) -> Result<T, ExitCode> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut streams = Vec::new();
+    for kind in [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ] {
+        match signal(kind) {
+            Ok(s) => streams.push((kind.as_raw_value(), s)),
+            Err(e) => return Err(fail(1, format!("cannot install signal handlers: {e}"))),
+        }
+    }
+    let caught = futures_util::future::select_all(streams.iter_mut().map(|(n, s)| {
+        let n = *n;
+        Box::pin(async move {
+            s.recv().await;
+            n
+        })
+    }));
+    tokio::select! {
+        done = run => Ok(done),
+        (n, _, _) = caught => Err(fail(
+            u8::try_from(128 + n).unwrap_or(255),
+            format!("signal {n} ended the run; its workers are killed, and no verdict is given"),
+        )),
     }
 }
 

@@ -1162,6 +1162,76 @@ fn a_redlock_semaphore_without_its_quorum_at_start_exits_69() {
     assert_eq!(code(&run(&url, &[], "quorum/lock", &["true"])), 0);
 }
 
+/// SIGTERM to `check` while one worker is paused ends the run with 143 and
+/// kills every worker, the paused one too: none goes on taking the lock,
+/// none stays stopped.
+#[test]
+fn check_ended_by_a_signal_leaves_no_worker_behind() {
+    let db = sqlite("check-signal");
+    let child = bin()
+        .args([
+            "check",
+            "--backend",
+            &db,
+            "--clients",
+            "3",
+            "--pause-holder",
+        ])
+        .args(["--ttl", "1s", "--duration", "20s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // The workers, once all three run (and the pause has begun).
+    let start = Instant::now();
+    let workers = loop {
+        // Each thread's children (the runtime's threads spawn them).
+        let pids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|c| {
+                c.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .collect();
+        if pids.len() == 3 && start.elapsed() > Duration::from_secs(4) {
+            break pids;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "check started {} workers",
+            pids.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(143), "{out:?}");
+    // Gone, or a zombie nobody reaps here; never running or stopped.
+    let alive = |p: &u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+            let state = s.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        })
+    };
+    let start = Instant::now();
+    while workers.iter().any(alive) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "workers left after check exited: {:?}",
+            workers.iter().filter(|p| alive(p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A server that dies during the run: the report shows what ran, and the
 /// exit is 69 (unreachable) saying the verdict covers the run until then,
 /// not 0 with "no violations".
