@@ -438,8 +438,10 @@ impl fmt::Display for Report {
             "verdict: {}",
             if self.fencing_failed() {
                 "UNSAFE: the fenced register accepted stale or lost writes, or more writers than the limit"
-            } else if self.lock_failed() {
+            } else if self.lock_failed() && self.faulted_hold_end.is_some() {
                 "UNSAFE: more holders at once than the limit while every lease still ran (the pause excuses the paused holder only past its deadline)"
+            } else if self.lock_failed() {
+                "UNSAFE: more holders at once than the limit while every lease still ran"
             } else if self.fencing == "None" && self.unfenced.violations() > 0 {
                 "UNSAFE without fencing: the lock alone let stale or lost writes through, and the backend declares no fencing tokens to catch them (the fenced register, refusing repeated tokens, is not judged)"
             } else if self.fencing == "None" {
