@@ -225,6 +225,11 @@ fn main() {
                 "redlock::delayed_restart_protection_covers_a_client_that_meets_the_node_after_its_restart",
                 restart(FirstContact::AfterRestart),
             ),
+            trial(
+                rt,
+                "redlock::nodes_without_persistence_are_a_finding_unless_delayed_restart_covers_them",
+                persistence_findings(),
+            ),
         ]);
         extra
     })
@@ -1160,6 +1165,35 @@ async fn held_on(ports: &[u16], key: &str) -> Result<usize, Failed> {
         })
     })
     .await
+}
+
+/// Nodes that keep no data across a restart are a warning of the
+/// deployment checks, each node named; with `delayed_restart_ms` they are
+/// not, and the finding says what covers them.
+async fn persistence_findings() -> Result<(), Failed> {
+    let nodes = blocking(three_nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    for (options, warned) in [("", true), ("delayed_restart_ms=2000", false)] {
+        let b = RedlockBackend::connect(&server::redlock_url(ports.clone(), options)).await?;
+        let found = distlock_core::Backend::deployment_findings(&b).await?;
+        let persistence: Vec<_> = found
+            .iter()
+            .filter(|f| f.setting.ends_with(" persistence"))
+            .collect();
+        if persistence.len() != 3
+            || persistence.iter().any(|f| f.warning.is_some() != warned)
+            || (!warned
+                && !persistence.iter().all(|f| {
+                    f.value
+                        .as_ref()
+                        .is_ok_and(|v| v.contains("delayed_restart_ms"))
+                }))
+        {
+            return Err(format!("with {options:?}: {persistence:?}").into());
+        }
+    }
+    drop(nodes);
+    Ok(())
 }
 
 fn three_nodes() -> Result<Vec<ServerProcess>, Failed> {

@@ -964,6 +964,18 @@ impl Backend for RedlockBackend {
                 Ok(found) => found
                     .into_iter()
                     .map(|mut f| {
+                        // A node that restarts without its data sits out
+                        // the quarantine: its lost keys cost nothing.
+                        if f.setting == "persistence" && f.warning.is_some() {
+                            if let Some(q) = self.inner.config.delayed_restart {
+                                f.warning = None;
+                                if let Ok(v) = &mut f.value {
+                                    v.push_str(&format!(
+                                        "; a restart is covered by delayed_restart_ms ({q:?} of quarantine)"
+                                    ));
+                                }
+                            }
+                        }
                         f.setting = format!("{} {}", n.endpoint, f.setting);
                         f
                     })
