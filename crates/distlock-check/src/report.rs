@@ -404,11 +404,19 @@ impl fmt::Display for Report {
                 self.overlaps, self.overlaps_without_faulted, self.overlaps_in_faulted_lease
             )?;
         }
-        writeln!(
-            f,
-            "token order: {} successive grants whose token did not rise",
-            self.token_order_violations
-        )?;
+        if self.limit > 1 {
+            writeln!(
+                f,
+                "token order: {} (grants whose token was not above every grant answered before it was asked for, plus tokens given twice)",
+                self.token_order_violations
+            )?;
+        } else {
+            writeln!(
+                f,
+                "token order: {} successive grants whose token did not rise",
+                self.token_order_violations
+            )?;
+        }
         for (name, c) in [
             ("fenced register  ", &self.fenced),
             ("unfenced register", &self.unfenced),

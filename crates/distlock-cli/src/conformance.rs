@@ -76,7 +76,7 @@ struct Setting<'a> {
     setting: &'a str,
     /// `fine`, `warning` or `unknown`.
     verdict: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// `null` for `unknown`.
     value: Option<&'a str>,
     why: Option<&'a str>,
 }
@@ -85,7 +85,7 @@ struct Setting<'a> {
 struct Line<'a> {
     case: &'a str,
     verdict: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// `null` for `ok`.
     why: Option<&'a str>,
 }
 

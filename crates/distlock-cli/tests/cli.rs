@@ -1434,6 +1434,7 @@ fn conformance_passes_on_sqlite_and_refuses_bad_input() {
     for c in cases {
         assert!(c["case"].as_str().unwrap().contains("tokens"), "{c}");
         assert_eq!(c["verdict"], "ok", "{c}");
+        assert!(c.get("why").is_some_and(|w| w.is_null()), "{c}");
     }
     // A case's name as a line prints it, backend prefix and all, reruns it.
     let printed = "sqlite::try_acquire_on_held_lock_returns_none";
