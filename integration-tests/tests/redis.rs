@@ -2843,6 +2843,25 @@ async fn acl_topologies() -> Result<(), Failed> {
             }
         }
     }
+    // A wrong password is a configuration error on either topology (the
+    // cluster client wraps it in an I/O error of its first connections).
+    for url in [
+        format!("redis+sentinel://app:wrong@127.0.0.1:{}/m", sentinel.port),
+        format!("redis+cluster://app:wrong@{}", hosts.join(",")),
+    ] {
+        let r = match RedisBackend::connect(&url).await {
+            Ok(b) => LockClient::new(b)
+                .lock(format!("{ns}/acl"))
+                .try_acquire()
+                .await
+                .map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match r {
+            Err(Error::Misconfigured { .. }) => {}
+            other => return Err(format!("{url} gave {other:?}").into()),
+        }
+    }
     drop((sentinel, master, nodes));
     Ok(())
 }

@@ -344,8 +344,7 @@ fn short_ttl(given: Option<Duration>, caps: &distlock::Capabilities) -> Result<D
     // would judge a shorter TTL against a longer lease.
     if caps.backend == "etcd" && ttl < ETCD_MIN_LEASE {
         return Err(format!(
-            "--short-ttl {} is below etcd's minimum lease TTL ({ETCD_MIN_LEASE:?} by default), which the server grants instead; use --short-ttl {ETCD_MIN_LEASE:?} or more",
-            humantime::format_duration(ttl)
+            "--short-ttl {ttl:?} is below etcd's minimum lease TTL ({ETCD_MIN_LEASE:?} by default), which the server grants instead; use --short-ttl {ETCD_MIN_LEASE:?} or more"
         ));
     }
     Ok(ttl)

@@ -29,8 +29,9 @@ pub(crate) struct RunArgs {
     /// is a wait of more than a century); without --wait a backend that
     /// refuses the connection as the command starts, or on Redlock has too
     /// few nodes up for the first try of a semaphore of several permits
-    /// (which needs more than a majority), exits 69 at once (a wrong URL
-    /// does not hang).
+    /// (which needs more than a majority; a node quarantined after a
+    /// restart counts as down), exits 69 at once (a wrong URL does not
+    /// hang).
     #[arg(long, value_parser = parse_duration)]
     wait: Option<Duration>,
     /// Do not renew: the lease (and the command) ends after --ttl.

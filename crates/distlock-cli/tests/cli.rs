@@ -1183,7 +1183,13 @@ fn check_ended_by_a_signal_leaves_no_worker_behind() {
         .spawn()
         .unwrap();
     let pid = child.id();
-    // The workers, once all three run (and the pause has begun).
+    // A process's state letter, from /proc (None once it is gone).
+    let state = |p: &u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit(')').next()?.trim_start().chars().next())
+    };
+    // The workers, once all three run and one of them is paused.
     let start = Instant::now();
     let workers = loop {
         // Each thread's children (the runtime's threads spawn them).
@@ -1198,12 +1204,12 @@ fn check_ended_by_a_signal_leaves_no_worker_behind() {
                     .collect::<Vec<u32>>()
             })
             .collect();
-        if pids.len() == 3 && start.elapsed() > Duration::from_secs(4) {
+        if pids.len() == 3 && pids.iter().any(|p| state(p) == Some('T')) {
             break pids;
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "check started {} workers",
+            "check started {} workers, none paused within 30s",
             pids.len()
         );
         std::thread::sleep(Duration::from_millis(50));
@@ -1215,12 +1221,7 @@ fn check_ended_by_a_signal_leaves_no_worker_behind() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(143), "{out:?}");
     // Gone, or a zombie nobody reaps here; never running or stopped.
-    let alive = |p: &u32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
-            let state = s.rsplit(')').next().unwrap_or("").trim_start();
-            !state.starts_with('Z') && !state.starts_with('X')
-        })
-    };
+    let alive = |p: &u32| state(p).is_some_and(|s| s != 'Z' && s != 'X');
     let start = Instant::now();
     while workers.iter().any(alive) {
         assert!(

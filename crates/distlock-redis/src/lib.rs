@@ -764,6 +764,13 @@ fn refused_configuration(e: &RedisError) -> Option<&'static str> {
         (ErrorKind::AuthenticationFailed, _) | (_, Some("WRONGPASS")) => {
             Some("check the user and password in the URL")
         }
+        // The cluster client wraps each seed's refusal in an I/O error of
+        // its first connections.
+        _ if e.to_string().contains("AuthenticationFailed")
+            || e.to_string().contains("WRONGPASS") =>
+        {
+            Some("check the user and password in the URL")
+        }
         (_, Some("NOAUTH")) => Some("the server requires a password: put it in the URL"),
         // A key distlock uses for the name holds another application's data
         // (another type, or a counter that is not a number).

@@ -216,7 +216,7 @@ impl RedlockBackend {
     fn quorum_hint(kind: &HoldKind, what: &'static str) -> &'static str {
         match kind {
             HoldKind::Permits { limit } if *limit > 1 => {
-                "a semaphore of several permits needs more nodes than a lock (see the Semaphores section of the distlock-redlock README); check the Redis nodes or raise node_timeout_ms"
+                "a semaphore of several permits needs more nodes than a lock (see the Semaphores section of the distlock-redlock README), and nodes down, slow or quarantined after a restart count against it; check the Redis nodes or raise node_timeout_ms"
             }
             _ => what,
         }
@@ -965,14 +965,21 @@ impl Backend for RedlockBackend {
                     .into_iter()
                     .map(|mut f| {
                         // A node that restarts without its data sits out
-                        // the quarantine: its lost keys cost nothing.
+                        // the quarantine: its lost locks cost nothing. Its
+                        // lost fencing counter does, with fencing on.
                         if f.setting == "persistence" && f.warning.is_some() {
                             if let Some(q) = self.inner.config.delayed_restart {
-                                f.warning = None;
-                                if let Ok(v) = &mut f.value {
-                                    v.push_str(&format!(
-                                        "; a restart is covered by delayed_restart_ms ({q:?} of quarantine)"
+                                if self.inner.config.fencing {
+                                    f.warning = Some(format!(
+                                        "delayed_restart_ms ({q:?}) covers the locks a restart loses, not the fencing counters: tokens can go backwards; set appendonly yes"
                                     ));
+                                } else {
+                                    f.warning = None;
+                                    if let Ok(v) = &mut f.value {
+                                        v.push_str(&format!(
+                                            "; a restart is covered by delayed_restart_ms ({q:?} of quarantine)"
+                                        ));
+                                    }
                                 }
                             }
                         }
