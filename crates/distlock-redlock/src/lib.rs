@@ -1272,11 +1272,21 @@ impl RedlockBackend {
             timeout(t, read).await.ok()?.ok()
         }))
         .await;
-        let held = before.iter().flatten().any(|s| s.holders.unwrap_or(0) > 0);
         let Some(current) = most_common(before.iter().flatten().filter_map(|s| s.limit)) else {
             return Ok(());
         };
         let (was, needs) = (grant_quorum(total, current), grant_quorum(total, limit));
+        // A permit is granted on `was` nodes, and its release returns once
+        // `was` nodes let it go. Fewer nodes than that holding permits are
+        // a release's last answers still on their way, or an acquire that
+        // did not win; a node that did not answer may hold one.
+        let holding = before
+            .iter()
+            .flatten()
+            .filter(|s| s.holders.unwrap_or(0) > 0)
+            .count();
+        let silent = before.iter().filter(|s| s.is_none()).count();
+        let held = holding > 0 && holding + silent >= was;
         if held && needs > was {
             return Err(Error::invalid(
                 InputKind::Config,
