@@ -772,7 +772,22 @@ async fn restart(first: FirstContact) -> Result<(), Failed> {
         server::command(n.port, &["SET", name, "someone-else", "PX", "60000"]).ok_or("no reply")?;
     }
     let a = LockClient::new(RedlockBackend::connect(&url(&nodes, "")).await?);
+    let busy: Vec<u16> = nodes[3..].iter().map(|n| n.port).collect();
+    let before: Vec<u64> = busy.iter().map(|p| script_calls(&[*p])).collect();
     let held = a.lock(name).ttl(Duration::from_secs(30)).acquire().await?;
+    // The acquire returns at three grants; its refused tries on nodes 3
+    // and 4 must land before the foreign keys go.
+    let sent = Instant::now();
+    while busy
+        .iter()
+        .zip(&before)
+        .any(|(p, b)| script_calls(&[*p]) == *b)
+    {
+        if sent.elapsed() > Duration::from_secs(10) {
+            return Err("A's try never reached nodes 3 and 4".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for n in &nodes[3..] {
         server::command(n.port, &["DEL", name]).ok_or("no reply")?;
     }
@@ -1116,7 +1131,7 @@ async fn listening_waiter() -> Result<(), Failed> {
         })
     };
     let first = wait(&waiters);
-    let queued = settled().await;
+    let queued = settled_past(&ports, tried + 2 * round).await;
     if queued - tried < 2 * round {
         return Err(format!(
             "the first waiter sent {} script calls; expected two rounds of {round}",
@@ -1125,7 +1140,7 @@ async fn listening_waiter() -> Result<(), Failed> {
         .into());
     }
     let second = wait(&others);
-    let sent = settled().await - queued;
+    let sent = settled_past(&ports, queued + round).await - queued;
     if sent < round || sent >= 2 * round {
         return Err(format!(
             "the second waiter sent {sent} script calls before sleeping; expected one round of {round}"
@@ -1165,6 +1180,16 @@ async fn settled_script_calls(ports: &[u16]) -> u64 {
         last = now;
     }
     last
+}
+
+/// [`settled_script_calls`] once the count has reached `least` (within
+/// 10 s): a task just spawned may not have sent anything yet.
+async fn settled_past(ports: &[u16], least: u64) -> u64 {
+    let start = Instant::now();
+    while script_calls(ports) < least && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    settled_script_calls(ports).await
 }
 
 /// On how many of the nodes at `ports` the key `key` exists.

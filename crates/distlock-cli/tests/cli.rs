@@ -644,16 +644,29 @@ fn a_wait_past_the_clocks_range_is_for_ever() {
 /// command, in its process group of its own; the lock is released after.
 #[test]
 fn signals_are_forwarded_and_the_lock_released() {
-    let b = sqlite("signal");
+    let dir = scratch("signal");
+    let b = sqlite_in(&dir);
     for sig in ["TERM", "HUP", "QUIT"] {
+        // The command says when its trap is set: a signal before that
+        // would end it by the default action.
+        let ready = dir.join(format!("trapped-{sig}"));
         let child = spawn_run(
             &b,
             &[],
             "sig/lock",
-            &["sh", "-c", &format!("trap 'exit 9' {sig}; sleep 30 & wait")],
+            &[
+                "sh",
+                "-c",
+                &format!(
+                    "trap 'exit 9' {sig}; touch '{}'; sleep 30 & wait",
+                    ready.display()
+                ),
+            ],
         );
-        wait_held(&b, "sig/lock");
-        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            appears(&ready, Duration::from_secs(20)),
+            "SIG{sig}: the command never set its trap"
+        );
         Command::new("kill")
             .args([&format!("-{sig}"), &child.id().to_string()])
             .status()
@@ -1242,18 +1255,24 @@ fn check_whose_server_dies_during_the_run_exits_69() {
     let server = integration_tests::harness::redis::spawn(&[])
         .expect("redis-server must start; run scripts/test.sh to install it");
     let url = format!("redis://127.0.0.1:{}", server.port);
-    let child = bin()
+    let mut child = bin()
         .args(["check", "--backend", &url, "--clients", "3"])
         .args(["--ttl", "1s", "--duration", "4s"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The banner comes after the first try, as the run starts; the server
+    // dies during the run.
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut err = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut err).unwrap();
+    assert!(err.starts_with("distlock check: 3 clients"), "{err}");
     std::thread::sleep(Duration::from_millis(1500));
     drop(server);
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code(&out), 69, "{err}");
+    std::io::Read::read_to_string(&mut stderr, &mut err).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(69), "{err}");
     assert!(err.contains("the verdict covers the run until"), "{err}");
 }
 
@@ -2878,7 +2897,8 @@ fn signal_while_waiting(
             std::thread::sleep(Duration::from_millis(50));
         }
     } else {
-        std::thread::sleep(Duration::from_millis(700));
+        wait_catching(waiter.id(), sig as i32);
+        std::thread::sleep(Duration::from_millis(300));
     }
     kill(pid(&waiter), sig).unwrap();
     let signalled = Instant::now();
@@ -2951,7 +2971,8 @@ fn a_signal_while_waiting_exits_128_plus_it_and_leaves_no_waiter() {
     }
     for sig in [Signal::SIGHUP, Signal::SIGTERM] {
         let mut waiter = elect("second", &["--wait", "30s"], "0");
-        std::thread::sleep(Duration::from_millis(700));
+        wait_catching(waiter.id(), sig as i32);
+        std::thread::sleep(Duration::from_millis(300));
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(i32::try_from(waiter.id()).unwrap()),
             sig,
@@ -3137,6 +3158,29 @@ fn gone(pid: u32) -> bool {
 }
 
 /// Waits up to `limit` for `path` to exist.
+/// Waits until process `pid` catches signal `sig` (its handler is
+/// installed, as `/proc/<pid>/status` shows), up to 20 s: a signal before
+/// that ends it by the default action.
+fn wait_catching(pid: u32, sig: i32) {
+    let start = Instant::now();
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let caught = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .unwrap_or(0);
+        if caught & (1 << (sig - 1)) != 0 {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "process {pid} never caught signal {sig}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn appears(path: &Path, limit: Duration) -> bool {
     let start = Instant::now();
     while !path.exists() {
