@@ -330,7 +330,8 @@ async fn etcdctl_holds_against_reader(f: Arc<Etcd>) -> Result<(), Failed> {
 async fn etcdctl_holds_against(f: Arc<Etcd>, shared: bool) -> Result<(), Failed> {
     let url = f.url()?;
     let lock = name();
-    let child = spawn_etcdctl_lock(&url, &lock, &["sleep", "3"])?;
+    // Long enough for the checks below on a loaded machine.
+    let child = spawn_etcdctl_lock(&url, &lock, &["sleep", "6"])?;
     let start = Instant::now();
     while keys_under(&url, &lock).await? < 1 {
         if start.elapsed() > Duration::from_secs(10) {
@@ -963,7 +964,7 @@ async fn wait_runs_out_while_down() -> Result<(), Failed> {
     if !matches!(r, Err(Error::Unavailable { .. })) {
         return Err(format!("the wait ended with {r:?}, not the member's failure").into());
     }
-    if took > wait + Duration::from_millis(800) {
+    if took > wait + Duration::from_secs(2) {
         return Err(format!("a {wait:?} wait ended after {took:?}").into());
     }
     Ok(())

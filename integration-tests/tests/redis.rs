@@ -443,12 +443,12 @@ async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
     // announces no release, so they look again within 100 ms rather than
     // at its expiry, a minute away, past their wait.
     let channel = format!("{{{name}}}:released");
-    // Within 1.5 s: a subscription lingers 2 s after its last waiter
-    // unless its client is dropped.
-    let subscribers = |n: usize| {
+    // Gone within 1.5 s (60 looks): a subscription lingers 2 s after its
+    // last waiter unless its client is dropped. A new one has 10 s.
+    let subscribers = |n: usize, looks: usize| {
         let (raw, channel) = (&raw, &channel);
         async move {
-            for _ in 0..60 {
+            for _ in 0..looks {
                 // The count, then the reply to the QUIT `command` sends.
                 if raw(&["PUBSUB", "NUMSUB", channel])?.contains(&format!("\r\n:{n}\r\n+OK")) {
                     return Ok::<(), Failed>(());
@@ -467,7 +467,7 @@ async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
             waiter.lock(&name)
         };
         let waiting = tokio::spawn(lock.wait(Duration::from_secs(20)).acquire());
-        subscribers(1).await?;
+        subscribers(1, 400).await?;
         let reply = raw(&["EVAL", cad, "1", &name, "classic-owner"])?;
         if !reply.starts_with(":1") {
             return Err(format!("raw compare-and-delete failed: {reply:?}").into());
@@ -487,7 +487,7 @@ async fn interop(f: Arc<Redis>) -> Result<(), Failed> {
         g.release().await?;
         // Its subscription ends with the client.
         drop(waiter);
-        subscribers(0).await?;
+        subscribers(0, 60).await?;
         let reply = raw(&["SET", &name, "classic-owner", "NX", "PX", "60000"])?;
         if !reply.starts_with("+OK") {
             return Err(format!("raw SET NX failed: {reply:?}").into());
@@ -1944,6 +1944,8 @@ async fn failover() -> Result<(), Failed> {
     })
     .await
     .map_err(|e| e.to_string())??;
+    // No renewal reaches a master from here until the promotion.
+    let due = lagging.deadline();
     match client.lock("failover/during").ttl(ttl).try_acquire().await {
         Ok(g) => drop(g),
         Err(e) if e.is_retryable() => {}
@@ -1964,11 +1966,16 @@ async fn failover() -> Result<(), Failed> {
     .await
     .map_err(|e| e.to_string())??;
 
+    // A promotion after the holder's deadline (a split vote the Sentinels
+    // retry) leaves its renewals failing until then.
+    let promoted_late = due.is_none_or(|d| tokio::time::Instant::now() >= d);
     let reason = tokio::time::timeout(ttl * 3, lagging.lost())
         .await
         .map_err(|_| Failed::from("the holder of the vanished lock never saw lost()"))?;
-    if reason != LostReason::RenewalRejected {
-        return Err(format!("unexpected loss reason: {reason}").into());
+    match reason {
+        LostReason::RenewalRejected => {}
+        LostReason::RenewalFailed(_) if promoted_late => {}
+        _ => return Err(format!("unexpected loss reason: {reason}").into()),
     }
     let second = LockClient::new(RedisBackend::connect(&url).await?);
     let again = second
@@ -2315,8 +2322,10 @@ async fn sentinel_stalled() -> Result<(), Failed> {
         "127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
         stalled[0].port, stalled[1].port, sentinel.port
     );
-    let timeout = Duration::from_millis(1000);
-    let bound = Duration::from_millis(2500);
+    // Below two timeouts, which a Sentinel asked after the other would
+    // cost.
+    let timeout = Duration::from_millis(2000);
+    let bound = Duration::from_millis(3900);
     for (service, misconfigured) in [("m", false), ("nosuch", true)] {
         let url = format!(
             "redis+sentinel://{hosts}/{service}?timeout_ms={}",
@@ -2354,9 +2363,9 @@ async fn sentinel_stalled() -> Result<(), Failed> {
 }
 
 /// The first Sentinel of the URL stops answering (its connections stay
-/// open, nothing gets through) while a lock of 1 s is held: each renewal
+/// open, nothing gets through) while a lock of 2 s is held: each renewal
 /// asks the Sentinels for the master first, in turn, and that question is
-/// given a tenth of the TTL, not the 2 s `timeout_ms`, so the lease is
+/// given a tenth of the TTL, not the 5 s `timeout_ms`, so the lease is
 /// renewed and never lost.
 async fn sentinel_hung_during_renewals() -> Result<(), Failed> {
     let master = blocking(spawned(&[])).await?;
@@ -2367,17 +2376,17 @@ async fn sentinel_hung_during_renewals() -> Result<(), Failed> {
     .await?;
     let hung = Proxy::start(sentinel.port).map_err(|e| e.to_string())?;
     let url = format!(
-        "redis+sentinel://127.0.0.1:{},127.0.0.1:{}/m?timeout_ms=2000",
+        "redis+sentinel://127.0.0.1:{},127.0.0.1:{}/m?timeout_ms=5000",
         hung.port, sentinel.port
     );
     let client = LockClient::new(RedisBackend::connect(&url).await?);
     let g = client
         .lock("sentinel-hung")
-        .ttl(Duration::from_secs(1))
+        .ttl(Duration::from_secs(2))
         .acquire()
         .await?;
     hung.set_blackhole(true);
-    let lost = tokio::time::timeout(Duration::from_secs(4), g.lost()).await;
+    let lost = tokio::time::timeout(Duration::from_secs(8), g.lost()).await;
     hung.set_blackhole(false);
     if let Ok(why) = lost {
         return Err(format!("the lease was lost with one Sentinel hung: {why:?}").into());
@@ -2494,7 +2503,7 @@ async fn stalled_pubsub() -> Result<(), Failed> {
     let before = proxy.accepted();
     match waiter
         .lock("stalled/warm")
-        .wait(Duration::from_millis(300))
+        .wait(Duration::from_secs(2))
         .acquire()
         .await
     {

@@ -499,7 +499,7 @@ async fn wait_runs_out_while_cut_off(f: Arc<Zk>) -> Result<(), Failed> {
             return Err(format!("{what} cut-off wait ended with {r:?}, not unreachable").into());
         }
         let took = ended - started;
-        if took > wait + Duration::from_millis(800) {
+        if took > wait + Duration::from_secs(2) {
             return Err(format!("{what} {wait:?} wait ended after {took:?}").into());
         }
     }
@@ -686,10 +686,13 @@ async fn stock_tick() -> Result<(), Failed> {
         .await?;
     let took = grant.began.elapsed();
     g.release().await?;
-    if took < caps.safe_validity(ttl) || took > ttl + lag + Duration::from_secs(1) {
+    // Beyond the lag, the server's closing of the session (a JVM that
+    // syncs its log), the watch and the next grant on a loaded machine.
+    let slack = Duration::from_secs(2);
+    if took < caps.safe_validity(ttl) || took > ttl + lag + slack {
         return Err(format!(
             "replaced after {took:?}, outside {ttl:?}..{:?}",
-            ttl + lag + Duration::from_secs(1)
+            ttl + lag + slack
         )
         .into());
     }

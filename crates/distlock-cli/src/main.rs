@@ -517,15 +517,17 @@ fn main() -> ExitCode {
         _ => "trace",
     };
     // The ZooKeeper client warns of each failed connection attempt, which
-    // distlock reports itself, in one line, when it gives up.
-    let zookeeper = if level == "warn" {
-        ",zookeeper_client=error"
+    // distlock reports itself, in one line, when it gives up; sqlx warns of
+    // each statement slower than a second, and distlock's statements may
+    // wait that long for a row or a file lock by design.
+    let quieted = if level == "warn" {
+        ",zookeeper_client=error,sqlx=error"
     } else {
         ""
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
-            "{level},h2=warn,hyper=warn,tower=warn{zookeeper}"
+            "{level},h2=warn,hyper=warn,tower=warn{quieted}"
         ))
     });
     tracing_subscriber::fmt()

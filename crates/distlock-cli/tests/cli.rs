@@ -179,7 +179,7 @@ fn environment_reaches_the_child_without_password() {
 }
 
 fn not_acquired_is_75(backend: &str) {
-    let mut holder = spawn_holder(backend, "busy/lock", 5);
+    let holder = spawn_holder(backend, "busy/lock", 60);
     wait_held(backend, "busy/lock");
     let start = Instant::now();
     assert_eq!(
@@ -191,8 +191,13 @@ fn not_acquired_is_75(backend: &str) {
         75
     );
     assert!(start.elapsed() >= Duration::from_millis(300));
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    // distlock forwards the signal to its command and releases.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(holder.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    holder.wait_with_output().unwrap();
 }
 
 #[test]
@@ -1134,13 +1139,25 @@ fn a_redlock_release_reaches_every_node_before_run_exits() {
     let nodes: Vec<_> = (0..3)
         .map(|_| server::spawn(&[]).expect("redis-server must start"))
         .collect();
-    let url = server::redlock_url(nodes.iter().map(|n| n.port), "");
+    // A node timeout that leaves the re-sent release time on a loaded
+    // machine.
+    let url = server::redlock_url(nodes.iter().map(|n| n.port), "&node_timeout_ms=1000");
     let third = nodes[2].port;
+    // The command ends once the grant re-sent to the third node landed
+    // there (5 s at most), so that the release comes after it.
+    let landed = format!(
+        "for i in $(seq 500); do redis-cli -p {third} EXISTS bg/release | grep -q 1 && break; sleep 0.01; done"
+    );
     for round in 0..5 {
         // The first two nodes have the scripts; the third has none.
         assert_eq!(code(&run(&url, &[], "bg/warm", &["true"])), 0);
         server::command(third, &["SCRIPT", "FLUSH"]).expect("SCRIPT FLUSH");
-        let out = run(&url, &["--ttl", "60s"], "bg/release", &["true"]);
+        let out = run(
+            &url,
+            &["--ttl", "60s"],
+            "bg/release",
+            &["sh", "-c", &landed],
+        );
         assert_eq!(code(&out), 0, "{out:?}");
         let left = server::command(third, &["EXISTS", "bg/release"]).expect("EXISTS");
         assert!(
@@ -2099,7 +2116,8 @@ fn a_client_clock_hours_off_moves_no_lease_on_postgres_or_mysql() {
                 .env("RUST_LOG", "error")
                 .args(["-f", offset, env!("CARGO_BIN_EXE_distlock")])
                 .args(["run", "--backend", url, "--ttl", "20s", name, "--"])
-                .args(["sleep", "4"])
+                // Long enough for the reads below on a loaded machine.
+                .args(["sleep", "8"])
                 .stdin(Stdio::null())
                 .spawn()
                 .expect("faketime must run; run scripts/test.sh to install it");
@@ -2509,9 +2527,9 @@ fn holders_are_shown(backend: &str) {
         backend,
         &["--holder-info", "nightly backup"],
         "jobs/a",
-        &["sleep", "10"],
+        &["sleep", "60"],
     );
-    let mut plain = spawn_holder(backend, "jobs/b", 10);
+    let mut plain = spawn_holder(backend, "jobs/b", 60);
     wait_held(backend, "jobs/a");
     wait_held(backend, "jobs/b");
     let status = bin()
@@ -2541,7 +2559,7 @@ fn holders_are_shown(backend: &str) {
     assert!(lines[0]["token"].as_u64().is_some(), "{lines:?}");
     let default = lines[1]["holder_info"].as_str().unwrap_or_default();
     assert!(
-        default.contains(" pid ") && default.ends_with(": sleep 10"),
+        default.contains(" pid ") && default.ends_with(": sleep 60"),
         "the default holder info is {default:?}"
     );
     let out = bin()
@@ -3413,7 +3431,8 @@ fn a_signal_while_waiting_for_several_locks_ends_it_at_once() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    wait_catching(waiter.id(), Signal::SIGINT as i32);
+    std::thread::sleep(Duration::from_millis(500));
     kill(Pid::from_raw(waiter.id() as i32), Signal::SIGINT).unwrap();
     let status = exit_within(&mut waiter, Duration::from_secs(8));
     let mut err = String::new();
@@ -3498,6 +3517,7 @@ fn sigterm_stops_a_shell_loop_without_waiting_for_its_zombies() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    wait_catching(child.id(), Signal::SIGTERM as i32);
     std::thread::sleep(Duration::from_millis(1000));
     let start = Instant::now();
     kill(
@@ -3581,15 +3601,23 @@ fn a_closed_stderr_keeps_the_exit_code() {
 fn conformance_whose_server_goes_away_exits_unavailable() {
     let server = integration_tests::harness::redis::spawn(&[])
         .expect("redis-server must start; run scripts/test.sh to install it");
-    let run = bin()
+    let mut run = bin()
         .args(["conformance", "--backend"])
         .arg(format!("redis://127.0.0.1:{}", server.port))
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    // The server goes once the first case has reported.
+    let mut stdout = std::io::BufReader::new(run.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("::") {
+        line.clear();
+        let read = std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(read > 0, "conformance reported no case");
+    }
     drop(server);
+    std::io::Read::read_to_string(&mut stdout, &mut line).unwrap();
     let out = run.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 69, "{err}");
@@ -3616,7 +3644,24 @@ fn a_wait_that_gave_up_releases_a_grant_that_lands_after_it() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // The row is locked once the blocker sleeps.
+    let start = Instant::now();
+    loop {
+        let sleeping = postgres::psql(&url)
+            .unwrap()
+            .args(["-tA", "-c"])
+            .arg("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'")
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&sleeping.stdout).trim() == "1" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the blocker never slept: {sleeping:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let waited = run(&url, &["--ttl", "60s", "--wait", "1s"], &name, &["true"]);
     assert_eq!(code(&waited), 75, "{waited:?}");
     assert!(blocker.wait().unwrap().success());
